@@ -1,0 +1,193 @@
+//! Settings, read once from `GITSTATE_*` environment variables.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::service::Identity;
+use crate::{BranchName, NameError};
+
+/// A secret value: never printed, not even by `Debug`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: String) -> Self {
+        Self(value)
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+/// Where the process runs; it decides the defaults that differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Runtime {
+    /// `gitstate serve`: caches and the embedded repository under `./.gitstate/`.
+    Local,
+    /// AWS Lambda: the only writable place is `/tmp`, and a hosted repository is required.
+    Lambda,
+}
+
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// `GITSTATE_REPOSITORY`: the hosted repository (smart HTTP(S)); unset = the embedded local one.
+    pub repository: Option<String>,
+    /// `GITSTATE_ALLOWED_REPOSITORIES`: further repositories requests may name (comma-separated).
+    pub allowed_repositories: Vec<String>,
+    /// `GITSTATE_REF`: the branch states live on (default `main`).
+    pub branch: BranchName,
+    /// `GITSTATE_GIT_USERNAME` / `GITSTATE_GIT_TOKEN`: credentials for the hosted repository.
+    pub git_username: Option<String>,
+    pub git_token: Option<Secret>,
+    /// `GITSTATE_LOCK_REF_PREFIX`: where lock refs go (default `refs/heads/locks/`, as the seed tool).
+    pub lock_ref_prefix: String,
+    /// `GITSTATE_CACHE_DIR`: bare cache repositories (default `/tmp/gitstate` or `./.gitstate/cache`).
+    pub cache_dir: PathBuf,
+    /// `GITSTATE_LOCAL_REPOSITORY`: the embedded default repository (default `./.gitstate/repo.git`).
+    pub local_repository: PathBuf,
+    /// `GITSTATE_MAX_BODY_BYTES`: largest request body (default 6 MiB, the Function URL limit).
+    pub max_body_bytes: usize,
+    /// `GITSTATE_GIT_TIMEOUT_SECS`: timeout of one git HTTP request (default 20).
+    pub git_timeout: Duration,
+    /// `GITSTATE_COMMITTER_NAME` / `GITSTATE_COMMITTER_EMAIL`: who commits are written as.
+    pub committer: Identity,
+    /// `GITSTATE_LISTEN`: address of the local server (default `127.0.0.1:8080`).
+    pub listen: SocketAddr,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{var}: {reason}")]
+    Invalid { var: &'static str, reason: String },
+    #[error("GITSTATE_REF: {0}")]
+    Branch(#[source] NameError),
+    #[error("GITSTATE_REPOSITORY is required on Lambda (the embedded repository would live in /tmp and vanish)")]
+    RepositoryRequired,
+}
+
+pub const DEFAULT_MAX_BODY_BYTES: usize = 6 * 1024 * 1024;
+
+impl Settings {
+    /// Read the process environment.
+    pub fn from_env(runtime: Runtime) -> Result<Self, ConfigError> {
+        Self::from_lookup(runtime, |key| std::env::var(key).ok())
+    }
+
+    /// Read settings from any lookup (the environment, or a map in tests).
+    pub fn from_lookup(runtime: Runtime, lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let get = |key: &str| lookup(key).map(|v| v.trim().to_owned()).filter(|v| !v.is_empty());
+        let repository = get("GITSTATE_REPOSITORY");
+        if runtime == Runtime::Lambda && repository.is_none() {
+            return Err(ConfigError::RepositoryRequired);
+        }
+        if let Some(url) = &repository {
+            check_url("GITSTATE_REPOSITORY", url)?;
+        }
+        let allowed_repositories: Vec<String> = get("GITSTATE_ALLOWED_REPOSITORIES")
+            .map(|v| v.split(',').map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect())
+            .unwrap_or_default();
+        for url in &allowed_repositories {
+            check_url("GITSTATE_ALLOWED_REPOSITORIES", url)?;
+        }
+        let branch = BranchName::parse(&get("GITSTATE_REF").unwrap_or_else(|| "main".into())).map_err(ConfigError::Branch)?;
+        let lock_ref_prefix = get("GITSTATE_LOCK_REF_PREFIX").unwrap_or_else(|| "refs/heads/locks/".into());
+        if !lock_ref_prefix.starts_with("refs/") || !lock_ref_prefix.ends_with('/') || lock_ref_prefix.contains("..") {
+            return Err(ConfigError::Invalid {
+                var: "GITSTATE_LOCK_REF_PREFIX",
+                reason: "must start with 'refs/' and end with '/', e.g. refs/locks/".into(),
+            });
+        }
+        let default_cache = match runtime {
+            Runtime::Lambda => PathBuf::from("/tmp/gitstate"),
+            Runtime::Local => PathBuf::from(".gitstate/cache"),
+        };
+        let number = |var: &'static str, default: u64| -> Result<u64, ConfigError> {
+            get(var).map_or(Ok(default), |v| {
+                v.parse::<u64>()
+                    .ok()
+                    .filter(|n| *n > 0)
+                    .ok_or(ConfigError::Invalid { var, reason: format!("{v:?} is not a positive whole number") })
+            })
+        };
+        let listen = get("GITSTATE_LISTEN").unwrap_or_else(|| "127.0.0.1:8080".into());
+        Ok(Self {
+            repository,
+            allowed_repositories,
+            branch,
+            git_username: get("GITSTATE_GIT_USERNAME"),
+            git_token: get("GITSTATE_GIT_TOKEN").map(Secret),
+            lock_ref_prefix,
+            cache_dir: get("GITSTATE_CACHE_DIR").map_or(default_cache, PathBuf::from),
+            local_repository: get("GITSTATE_LOCAL_REPOSITORY").map_or_else(|| PathBuf::from(".gitstate/repo.git"), PathBuf::from),
+            max_body_bytes: usize::try_from(number("GITSTATE_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES as u64)?)
+                .unwrap_or(usize::MAX),
+            git_timeout: Duration::from_secs(number("GITSTATE_GIT_TIMEOUT_SECS", 20)?),
+            committer: Identity {
+                name: get("GITSTATE_COMMITTER_NAME").unwrap_or_else(|| "gitstate".into()),
+                email: get("GITSTATE_COMMITTER_EMAIL").unwrap_or_else(|| "gitstate@localhost".into()),
+            },
+            listen: listen.parse().map_err(|_| ConfigError::Invalid {
+                var: "GITSTATE_LISTEN",
+                reason: format!("{listen:?} is not an address like 127.0.0.1:8080"),
+            })?,
+        })
+    }
+}
+
+fn check_url(var: &'static str, url: &str) -> Result<(), ConfigError> {
+    if url.starts_with("https://") || url.starts_with("http://") {
+        Ok(())
+    } else {
+        Err(ConfigError::Invalid { var, reason: format!("{url:?} is not an http(s):// URL (smart HTTP is the only transport)") })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn settings(runtime: Runtime, vars: &[(&str, &str)]) -> Result<Settings, ConfigError> {
+        let map: HashMap<String, String> = vars.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect();
+        Settings::from_lookup(runtime, |k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn local_defaults() {
+        let s = settings(Runtime::Local, &[]).expect("defaults are valid");
+        assert_eq!((s.repository, s.branch.as_str(), s.max_body_bytes), (None, "main", 6 * 1024 * 1024));
+        assert_eq!(s.cache_dir, PathBuf::from(".gitstate/cache"));
+        assert_eq!(s.lock_ref_prefix, "refs/heads/locks/");
+    }
+
+    #[test]
+    fn lambda_needs_a_repository_and_uses_tmp() {
+        assert!(matches!(settings(Runtime::Lambda, &[]), Err(ConfigError::RepositoryRequired)));
+        let s = settings(Runtime::Lambda, &[("GITSTATE_REPOSITORY", "https://h/o/r.git"), ("GITSTATE_GIT_TOKEN", "t0k")])
+            .expect("valid");
+        assert_eq!(s.cache_dir, PathBuf::from("/tmp/gitstate"));
+        assert!(!format!("{s:?}").contains("t0k"), "the token must not be printed");
+    }
+
+    #[test]
+    fn refuses_bad_values() {
+        for vars in [
+            [("GITSTATE_REPOSITORY", "git@github.com:o/r.git")],
+            [("GITSTATE_LOCK_REF_PREFIX", "locks/")],
+            [("GITSTATE_MAX_BODY_BYTES", "-1")],
+            [("GITSTATE_REF", "a..b")],
+            [("GITSTATE_LISTEN", "nowhere")],
+        ] {
+            assert!(settings(Runtime::Local, &vars).is_err(), "{vars:?}");
+        }
+    }
+}

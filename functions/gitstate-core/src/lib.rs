@@ -1,0 +1,13 @@
+//! gitstate's domain: names, locks, the service rules, the ports to storage, the HTTP router and
+//! the settings. It knows nothing of git libraries or AWS.
+
+pub mod config;
+pub mod http;
+mod lock;
+mod name;
+pub mod ports;
+pub mod service;
+pub mod testing;
+
+pub use lock::{LockInfo, LockInfoError, UnlockRequest};
+pub use name::{BranchName, MAX_NAME_BYTES, NameError, StateName};

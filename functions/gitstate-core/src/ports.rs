@@ -1,0 +1,128 @@
+//! The small traits the service needs from the outside world, and the types they speak.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+use crate::{BranchName, LockInfo, StateName};
+
+/// Where states live: one repository and one branch of it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Location {
+    /// The repository URL (or, for the embedded default, its local path).
+    pub repository: String,
+    pub branch: BranchName,
+}
+
+/// A lock as it is stored, with an opaque token that identifies this very instance of it (for
+/// git: the lock commit), so a release can be made conditional on nothing having changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldLock {
+    pub info: LockInfo,
+    pub token: String,
+}
+
+/// Who a commit is written as and what it says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommitMeta {
+    pub author_name: String,
+    pub author_email: String,
+    pub message: String,
+}
+
+/// Outcome of a create-only lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Acquire {
+    Acquired,
+    Held(HeldLock),
+}
+
+/// Outcome of a conditional release.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Release {
+    Released,
+    /// The lock is no longer the one that was read (released or re-taken meanwhile).
+    Changed,
+}
+
+/// What a write does to the state file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    Put(Bytes),
+    Delete,
+}
+
+/// Why the service refuses a write after looking at what is stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// Someone holds the lock and the write did not name it.
+    Locked(HeldLock),
+    /// The write names a lock ID that is not the holder's.
+    LockMismatch(HeldLock),
+    /// The write names a lock ID but nobody holds the lock.
+    NotLocked { id: String },
+    /// Same lineage, lower serial than what is stored.
+    Stale { stored: u64, sent: u64 },
+    /// Delete of a state that does not exist.
+    NotFound,
+}
+
+/// The service's decision on a write, taken against the freshest lock and state the store has
+/// read (again on every retry): refuse it, or say what the commit records.
+pub type WritePlan = Arc<dyn Fn(Option<&HeldLock>, Option<&[u8]>) -> Result<CommitMeta, Refusal> + Send + Sync>;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Written {
+    /// The change is on the branch; `version` identifies it (for git: the commit id).
+    Committed { version: String },
+    /// Nothing to do: the stored bytes already equal the new ones.
+    Unchanged,
+    Refused(Refusal),
+}
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Failures of the storage itself, never of the client's request.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The remote could not be reached or answered with a transient failure.
+    #[error("the git remote is unavailable")]
+    Unavailable(#[source] BoxError),
+    /// The remote answered, but not as a git server should (or refused our credentials).
+    #[error("the git remote answered unexpectedly")]
+    Remote(#[source] BoxError),
+    /// Other writers kept moving the branch; the client may retry.
+    #[error("the branch kept moving after {attempts} attempts")]
+    Contention { attempts: u32 },
+    /// What is stored cannot be read back (a lock file without an ID, an unreadable object).
+    #[error("stored data is unreadable: {0}")]
+    Corrupt(String),
+    #[error("internal storage failure")]
+    Internal(#[source] BoxError),
+}
+
+/// Storage of states and locks, keyed by location and state name.
+#[async_trait]
+pub trait StateStore: Send + Sync + 'static {
+    async fn read_state(&self, at: &Location, name: &StateName) -> Result<Option<Bytes>, StoreError>;
+
+    async fn read_lock(&self, at: &Location, name: &StateName) -> Result<Option<HeldLock>, StoreError>;
+
+    /// Create the lock if and only if no lock exists; otherwise report the holder.
+    async fn acquire_lock(
+        &self,
+        at: &Location,
+        name: &StateName,
+        lock: &LockInfo,
+        meta: &CommitMeta,
+    ) -> Result<Acquire, StoreError>;
+
+    /// Remove the lock if it is still exactly `held`.
+    async fn release_lock(&self, at: &Location, name: &StateName, held: &HeldLock) -> Result<Release, StoreError>;
+
+    /// Apply `change` if `plan` accepts the current lock and state; never loses another writer's
+    /// change to the same branch.
+    async fn write_state(&self, at: &Location, name: &StateName, change: Change, plan: WritePlan)
+    -> Result<Written, StoreError>;
+}

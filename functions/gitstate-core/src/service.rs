@@ -1,0 +1,352 @@
+//! The rules of the backend: locking, writing and reading states, independent of HTTP and git.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde::Deserialize;
+
+use crate::ports::{Acquire, Change, CommitMeta, HeldLock, Location, Refusal, Release, StateStore, StoreError, Written};
+use crate::{BranchName, LockInfo, LockInfoError, NameError, StateName, UnlockRequest};
+
+/// Everything that can go wrong in a request, client mistakes and storage failures alike.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    #[error("invalid state name: {0}")]
+    Name(#[from] NameError),
+    #[error("invalid ref: {0}")]
+    Branch(#[source] NameError),
+    #[error("{0}")]
+    LockBody(#[from] LockInfoError),
+    #[error("state is not valid JSON: {0}")]
+    InvalidState(String),
+    #[error("repository {0:?} is not served by this backend (not on its allowlist)")]
+    RepositoryNotAllowed(String),
+    #[error("state is locked by {} (lock ID {})", .0.info.who(), .0.info.id())]
+    Locked(HeldLock),
+    #[error("lock ID does not match the holder's {}", .0.info.id())]
+    LockMismatch(HeldLock),
+    #[error("lock {id} is not held: take the lock again before writing")]
+    NotLocked { id: String },
+    #[error("stale write refused: serial {sent} is lower than the stored serial {stored} of the same lineage")]
+    Stale { stored: u64, sent: u64 },
+    #[error("no state stored under this name")]
+    NotFound,
+    #[error("no lock held on this state")]
+    NoLock,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<Refusal> for ServiceError {
+    fn from(refusal: Refusal) -> Self {
+        match refusal {
+            Refusal::Locked(held) => Self::Locked(held),
+            Refusal::LockMismatch(held) => Self::LockMismatch(held),
+            Refusal::NotLocked { id } => Self::NotLocked { id },
+            Refusal::Stale { stored, sent } => Self::Stale { stored, sent },
+            Refusal::NotFound => Self::NotFound,
+        }
+    }
+}
+
+/// The name and e-mail address commits are written under.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub name: String,
+    pub email: String,
+}
+
+/// Which repositories and branches requests may address.
+#[derive(Debug, Clone)]
+pub struct Repositories {
+    /// The configured repository; requests that name none use it.
+    pub primary: String,
+    pub default_branch: BranchName,
+    /// Further repositories a request may name (the seed tool's `repository=` parameter).
+    pub allowed: Vec<String>,
+}
+
+impl Repositories {
+    fn find(&self, url: &str) -> Option<&str> {
+        let wanted = normalise(url);
+        std::iter::once(&self.primary)
+            .chain(&self.allowed)
+            .find(|known| normalise(known) == wanted)
+            .map(String::as_str)
+    }
+}
+
+/// Compare repository URLs without caring for a trailing slash or `.git`.
+fn normalise(url: &str) -> &str {
+    let url = url.trim_end_matches('/');
+    url.strip_suffix(".git").unwrap_or(url)
+}
+
+/// The backend: the rules, over a store.
+pub struct Backend {
+    store: Arc<dyn StateStore>,
+    repositories: Repositories,
+    committer: Identity,
+}
+
+/// Lineage and serial of a Terraform state, when it has them (OpenTofu-encrypted states do not).
+#[derive(Debug, Default, Deserialize)]
+struct Version {
+    lineage: Option<String>,
+    serial: Option<u64>,
+}
+
+impl Version {
+    fn of(bytes: &[u8]) -> Self {
+        serde_json::from_slice(bytes).unwrap_or_default()
+    }
+}
+
+impl Backend {
+    pub fn new(store: Arc<dyn StateStore>, repositories: Repositories, committer: Identity) -> Self {
+        Self { store, repositories, committer }
+    }
+
+    /// Resolve the repository and branch a request addresses, refusing repositories that are not
+    /// configured: the function's git credentials must never be pointed at arbitrary hosts.
+    pub fn locate(&self, repository: Option<&str>, branch: Option<&str>) -> Result<Location, ServiceError> {
+        let repository = match repository {
+            None => self.repositories.primary.clone(),
+            Some(url) => self
+                .repositories
+                .find(url)
+                .ok_or_else(|| ServiceError::RepositoryNotAllowed(url.chars().take(200).collect()))?
+                .to_owned(),
+        };
+        let branch = match branch {
+            None => self.repositories.default_branch.clone(),
+            Some(b) => BranchName::parse(b).map_err(ServiceError::Branch)?,
+        };
+        Ok(Location { repository, branch })
+    }
+
+    #[tracing::instrument(skip(self), fields(state = %name))]
+    pub async fn get_state(&self, at: &Location, name: &StateName) -> Result<Bytes, ServiceError> {
+        self.store.read_state(at, name).await?.ok_or(ServiceError::NotFound)
+    }
+
+    #[tracing::instrument(skip(self), fields(state = %name))]
+    pub async fn get_lock(&self, at: &Location, name: &StateName) -> Result<LockInfo, ServiceError> {
+        Ok(self.store.read_lock(at, name).await?.ok_or(ServiceError::NoLock)?.info)
+    }
+
+    /// Take the lock. Taking it again with the same ID succeeds, because clients retry a LOCK
+    /// whose answer they did not see.
+    #[tracing::instrument(skip(self, body), fields(state = %name, lock_id))]
+    pub async fn lock(&self, at: &Location, name: &StateName, body: Bytes) -> Result<(), ServiceError> {
+        let info = LockInfo::parse(body)?;
+        tracing::Span::current().record("lock_id", info.id());
+        let meta = self.meta(format!(
+            "lock {name}\n\nOperation: {}\nLock-ID: {}\nWho: {}\n",
+            one_line(info.operation()),
+            one_line(info.id()),
+            one_line(info.who())
+        ));
+        match self.store.acquire_lock(at, name, &info, &meta).await? {
+            Acquire::Acquired => Ok(()),
+            Acquire::Held(held) if held.info.id() == info.id() => Ok(()),
+            Acquire::Held(held) => Err(ServiceError::Locked(held)),
+        }
+    }
+
+    /// Release the lock. An ID must match the holder; no ID is Terraform's force-unlock.
+    /// Releasing a lock nobody holds succeeds.
+    #[tracing::instrument(skip(self, body), fields(state = %name))]
+    pub async fn unlock(&self, at: &Location, name: &StateName, body: &[u8]) -> Result<(), ServiceError> {
+        let request = UnlockRequest::parse(body)?;
+        // A bounded loop: the lock can change between reading it and releasing it.
+        for _ in 0..4 {
+            let Some(held) = self.store.read_lock(at, name).await? else {
+                return Ok(());
+            };
+            match &request {
+                UnlockRequest::Id(id) if id != held.info.id() => return Err(ServiceError::LockMismatch(held)),
+                UnlockRequest::Force => tracing::warn!(holder = held.info.id(), "force-unlock"),
+                UnlockRequest::Id(_) => {}
+            }
+            if self.store.release_lock(at, name, &held).await? == Release::Released {
+                return Ok(());
+            }
+        }
+        Err(StoreError::Contention { attempts: 4 }.into())
+    }
+
+    /// Write a state. `lock_id` is Terraform's `?ID=`: present when it holds the lock.
+    #[tracing::instrument(skip(self, body), fields(state = %name, bytes = body.len()))]
+    pub async fn put_state(
+        &self,
+        at: &Location,
+        name: &StateName,
+        lock_id: Option<&str>,
+        body: Bytes,
+    ) -> Result<(), ServiceError> {
+        let value: serde_json::Value =
+            serde_json::from_slice(&body).map_err(|e| ServiceError::InvalidState(e.to_string()))?;
+        if !value.is_object() {
+            return Err(ServiceError::InvalidState("the top level must be an object".into()));
+        }
+        let sent: Version = serde_json::from_value(value).unwrap_or_default();
+        let base = self.meta(String::new());
+        let (state, lock_id) = (name.to_string(), lock_id.map(str::to_owned));
+        let plan = Arc::new(move |lock: Option<&HeldLock>, stored: Option<&[u8]>| {
+            let holder = admit(lock, lock_id.as_deref())?;
+            if let (Some(stored), Some(lineage), Some(serial)) = (stored, &sent.lineage, sent.serial) {
+                let current = Version::of(stored);
+                if current.lineage.as_ref() == Some(lineage) {
+                    if let Some(stored) = current.serial.filter(|s| *s > serial) {
+                        return Err(Refusal::Stale { stored, sent: serial });
+                    }
+                }
+            }
+            let serial = sent.serial.map(|s| format!(" (serial {s})")).unwrap_or_default();
+            Ok(CommitMeta { message: format!("write {state}{serial}\n\n{}", trailer(holder)), ..base.clone() })
+        });
+        match self.store.write_state(at, name, Change::Put(body), plan).await? {
+            Written::Committed { .. } | Written::Unchanged => Ok(()),
+            Written::Refused(refusal) => Err(refusal.into()),
+        }
+    }
+
+    /// Remove a state file (Terraform itself never does; administrators may).
+    #[tracing::instrument(skip(self), fields(state = %name))]
+    pub async fn delete_state(&self, at: &Location, name: &StateName, lock_id: Option<&str>) -> Result<(), ServiceError> {
+        let base = self.meta(String::new());
+        let (state, lock_id) = (name.to_string(), lock_id.map(str::to_owned));
+        let plan = Arc::new(move |lock: Option<&HeldLock>, stored: Option<&[u8]>| {
+            let holder = admit(lock, lock_id.as_deref())?;
+            if stored.is_none() {
+                return Err(Refusal::NotFound);
+            }
+            Ok(CommitMeta { message: format!("delete {state}\n\n{}", trailer(holder)), ..base.clone() })
+        });
+        match self.store.write_state(at, name, Change::Delete, plan).await? {
+            Written::Committed { .. } | Written::Unchanged => Ok(()),
+            Written::Refused(refusal) => Err(refusal.into()),
+        }
+    }
+
+    fn meta(&self, message: String) -> CommitMeta {
+        CommitMeta { author_name: self.committer.name.clone(), author_email: self.committer.email.clone(), message }
+    }
+}
+
+/// The lock rule for writes: with an ID, it must be the holder's; without one, nobody may hold it.
+fn admit<'a>(lock: Option<&'a HeldLock>, id: Option<&str>) -> Result<Option<&'a HeldLock>, Refusal> {
+    match (lock, id) {
+        (Some(held), Some(id)) if held.info.id() == id => Ok(Some(held)),
+        (Some(held), Some(_)) => Err(Refusal::LockMismatch(held.clone())),
+        (None, Some(id)) => Err(Refusal::NotLocked { id: id.to_owned() }),
+        (Some(held), None) => Err(Refusal::Locked(held.clone())),
+        (None, None) => Ok(None),
+    }
+}
+
+fn trailer(holder: Option<&HeldLock>) -> String {
+    match holder {
+        Some(held) => format!(
+            "Operation: {}\nLock-ID: {}\nWho: {}\n",
+            one_line(held.info.operation()),
+            one_line(held.info.id()),
+            one_line(held.info.who())
+        ),
+        None => "Lock-ID: none (written without a lock)\n".to_owned(),
+    }
+}
+
+/// Client-chosen text goes into commit messages: keep it to one printable line.
+fn one_line(s: &str) -> String {
+    s.chars().take(200).map(|c| if c.is_control() { ' ' } else { c }).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::MemoryStore;
+
+    fn backend() -> (Backend, Location, StateName) {
+        let repos = Repositories {
+            primary: "https://git.example/org/state.git".into(),
+            default_branch: BranchName::parse("main").expect("valid"),
+            allowed: vec!["https://git.example/org/other".into()],
+        };
+        let identity = Identity { name: "gitstate".into(), email: "gitstate@localhost".into() };
+        let backend = Backend::new(Arc::new(MemoryStore::default()), repos, identity);
+        let at = backend.locate(None, None).expect("primary");
+        (backend, at, StateName::parse("net/prod.tfstate").expect("valid"))
+    }
+
+    fn lock_body(id: &str) -> Bytes {
+        Bytes::from(format!(r#"{{"ID":"{id}","Operation":"OperationTypeApply","Who":"me@host"}}"#))
+    }
+
+    fn state(lineage: &str, serial: u64) -> Bytes {
+        Bytes::from(format!(r#"{{"version":4,"lineage":"{lineage}","serial":{serial}}}"#))
+    }
+
+    #[tokio::test]
+    async fn lock_is_exclusive_and_idempotent() {
+        // GIVEN a lock held by A
+        let (b, at, name) = backend();
+        b.lock(&at, &name, lock_body("A")).await.expect("first lock");
+        // WHEN A locks again, THEN it succeeds; WHEN B locks, THEN it sees A
+        b.lock(&at, &name, lock_body("A")).await.expect("same ID again");
+        match b.lock(&at, &name, lock_body("B")).await {
+            Err(ServiceError::Locked(held)) => assert_eq!(held.info.id(), "A"),
+            other => panic!("expected Locked, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn unlock_rules() {
+        let (b, at, name) = backend();
+        b.unlock(&at, &name, b"").await.expect("unlocking nothing is fine");
+        b.lock(&at, &name, lock_body("A")).await.expect("lock");
+        assert!(matches!(b.unlock(&at, &name, &lock_body("B")).await, Err(ServiceError::LockMismatch(_))));
+        b.unlock(&at, &name, &lock_body("A")).await.expect("holder unlocks");
+        b.lock(&at, &name, lock_body("C")).await.expect("lock again");
+        b.unlock(&at, &name, b"").await.expect("force-unlock");
+        assert!(matches!(b.get_lock(&at, &name).await, Err(ServiceError::NoLock)));
+    }
+
+    #[tokio::test]
+    async fn write_rules() {
+        let (b, at, name) = backend();
+        b.put_state(&at, &name, None, state("L", 1)).await.expect("unlocked write without ID");
+        assert!(matches!(b.put_state(&at, &name, Some("X"), state("L", 2)).await, Err(ServiceError::NotLocked { .. })));
+        b.lock(&at, &name, lock_body("A")).await.expect("lock");
+        assert!(matches!(b.put_state(&at, &name, None, state("L", 2)).await, Err(ServiceError::Locked(_))));
+        assert!(matches!(b.put_state(&at, &name, Some("B"), state("L", 2)).await, Err(ServiceError::LockMismatch(_))));
+        b.put_state(&at, &name, Some("A"), state("L", 3)).await.expect("holder writes");
+        assert!(matches!(
+            b.put_state(&at, &name, Some("A"), state("L", 2)).await,
+            Err(ServiceError::Stale { stored: 3, sent: 2 })
+        ));
+        b.put_state(&at, &name, Some("A"), state("other-lineage", 1)).await.expect("new lineage");
+        b.put_state(&at, &name, Some("A"), Bytes::from_static(b"{\"encrypted_data\":\"x\"}")).await.expect("no serial");
+        assert!(matches!(b.put_state(&at, &name, Some("A"), Bytes::from_static(b"[]")).await, Err(ServiceError::InvalidState(_))));
+        assert_eq!(b.get_state(&at, &name).await.expect("stored").as_ref(), b"{\"encrypted_data\":\"x\"}");
+    }
+
+    #[tokio::test]
+    async fn delete_requires_existing_state() {
+        let (b, at, name) = backend();
+        assert!(matches!(b.delete_state(&at, &name, None).await, Err(ServiceError::NotFound)));
+        b.put_state(&at, &name, None, state("L", 1)).await.expect("write");
+        b.delete_state(&at, &name, None).await.expect("delete");
+        assert!(matches!(b.get_state(&at, &name).await, Err(ServiceError::NotFound)));
+    }
+
+    #[test]
+    fn allowlist() {
+        let (b, _, _) = backend();
+        assert!(b.locate(Some("https://git.example/org/other.git/"), Some("dev")).is_ok());
+        assert!(b.locate(Some("https://git.example/org/state"), None).is_ok());
+        assert!(matches!(b.locate(Some("https://evil.example/x"), None), Err(ServiceError::RepositoryNotAllowed(_))));
+        assert!(matches!(b.locate(None, Some("a..b")), Err(ServiceError::Branch(_))));
+    }
+}

@@ -1,0 +1,107 @@
+//! An in-memory store with the same semantics as the git store, for tests of the rules and the
+//! router that need no git server.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+use crate::ports::{Acquire, Change, CommitMeta, HeldLock, Location, Release, StateStore, StoreError, WritePlan, Written};
+use crate::{LockInfo, StateName};
+
+type Key = (Location, StateName);
+
+#[derive(Default)]
+pub struct MemoryStore {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    states: HashMap<Key, Bytes>,
+    locks: HashMap<Key, HeldLock>,
+    /// Every commit message, oldest first, standing in for the repository history.
+    log: Vec<CommitMeta>,
+    counter: u64,
+}
+
+impl MemoryStore {
+    fn with<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> Result<T, StoreError> {
+        let mut inner = self.inner.lock().map_err(|_| StoreError::Corrupt("memory store poisoned".into()))?;
+        Ok(f(&mut inner))
+    }
+
+    /// The commit messages written so far.
+    pub fn history(&self) -> Vec<CommitMeta> {
+        self.with(|i| i.log.clone()).unwrap_or_default()
+    }
+}
+
+fn key(at: &Location, name: &StateName) -> Key {
+    (at.clone(), name.clone())
+}
+
+#[async_trait]
+impl StateStore for MemoryStore {
+    async fn read_state(&self, at: &Location, name: &StateName) -> Result<Option<Bytes>, StoreError> {
+        self.with(|i| i.states.get(&key(at, name)).cloned())
+    }
+
+    async fn read_lock(&self, at: &Location, name: &StateName) -> Result<Option<HeldLock>, StoreError> {
+        self.with(|i| i.locks.get(&key(at, name)).cloned())
+    }
+
+    async fn acquire_lock(
+        &self,
+        at: &Location,
+        name: &StateName,
+        lock: &LockInfo,
+        meta: &CommitMeta,
+    ) -> Result<Acquire, StoreError> {
+        self.with(|i| {
+            if let Some(held) = i.locks.get(&key(at, name)) {
+                return Acquire::Held(held.clone());
+            }
+            i.counter += 1;
+            let held = HeldLock { info: lock.clone(), token: i.counter.to_string() };
+            i.locks.insert(key(at, name), held);
+            i.log.push(meta.clone());
+            Acquire::Acquired
+        })
+    }
+
+    async fn release_lock(&self, at: &Location, name: &StateName, held: &HeldLock) -> Result<Release, StoreError> {
+        self.with(|i| match i.locks.get(&key(at, name)) {
+            Some(current) if current == held => {
+                i.locks.remove(&key(at, name));
+                Release::Released
+            }
+            _ => Release::Changed,
+        })
+    }
+
+    async fn write_state(
+        &self,
+        at: &Location,
+        name: &StateName,
+        change: Change,
+        plan: WritePlan,
+    ) -> Result<Written, StoreError> {
+        self.with(|i| {
+            let k = key(at, name);
+            let meta = match plan(i.locks.get(&k), i.states.get(&k).map(|b| b.as_ref())) {
+                Ok(meta) => meta,
+                Err(refusal) => return Written::Refused(refusal),
+            };
+            match change {
+                Change::Put(bytes) if i.states.get(&k) == Some(&bytes) => return Written::Unchanged,
+                Change::Put(bytes) => i.states.insert(k, bytes),
+                Change::Delete => i.states.remove(&k),
+            };
+            i.counter += 1;
+            i.log.push(meta);
+            Written::Committed { version: i.counter.to_string() }
+        })
+    }
+}
