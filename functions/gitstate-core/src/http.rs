@@ -293,3 +293,21 @@ async fn dispatch(app: &App, method: Method, uri: &Uri, headers: &HeaderMap, bod
         (Resource::Health, _) => Err(ApiError::NoRoute),
     }
 }
+
+/// Print the `backend "http"` block that points Terraform at `base` for `state`.
+pub fn write_backend_block(out: &mut impl std::io::Write, base: &str, state: &str) -> std::io::Result<()> {
+    let base = base.trim_end_matches('/');
+    writeln!(
+        out,
+        r#"
+terraform {{
+  backend "http" {{
+    address        = "{base}/states/{state}"
+    lock_address   = "{base}/locks/{state}"
+    unlock_address = "{base}/locks/{state}"
+    lock_method    = "POST"
+    unlock_method  = "DELETE"
+  }}
+}}"#
+    )
+}

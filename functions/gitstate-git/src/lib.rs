@@ -1,0 +1,65 @@
+//! The git store: states and locks kept in a git repository with the branch-lock protocol, over
+//! smart HTTP(S) to a hosted repository or directly on an embedded local one.
+
+mod cache;
+mod local;
+mod pack;
+pub mod pkt;
+pub mod smart;
+mod store;
+
+pub use store::{GitStore, StoreOptions};
+
+use gitstate_core::ports::StoreError;
+
+/// Failures inside the git adapter; mapped once onto the core's [`StoreError`].
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("git HTTP request failed")]
+    Http(#[source] reqwest::Error),
+    #[error("git remote answered HTTP {status} to the {what}")]
+    Status { status: u16, what: &'static str },
+    #[error("git protocol error: {0}")]
+    Protocol(String),
+    #[error("git remote reports: {0}")]
+    Remote(String),
+    #[error("configuration: {0}")]
+    Config(String),
+    #[error("local git repository")]
+    Git(#[from] gix::Error),
+    #[error("received pack is invalid")]
+    Pack(#[source] gix::Error),
+    #[error("cache is corrupt: {0}")]
+    Corrupt(String),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    #[error("background task failed")]
+    Join(#[from] tokio::task::JoinError),
+}
+
+impl From<Error> for StoreError {
+    fn from(error: Error) -> Self {
+        match error {
+            Error::Http(e) if e.is_timeout() || e.is_connect() || e.is_request() || e.is_body() => {
+                StoreError::Unavailable(Box::new(Error::Http(e)))
+            }
+            Error::Status { status, .. } if status >= 500 || status == 429 => StoreError::Unavailable(Box::new(error)),
+            Error::Http(_) | Error::Status { .. } | Error::Protocol(_) | Error::Remote(_) | Error::Pack(_) => {
+                StoreError::Remote(Box::new(error))
+            }
+            Error::Corrupt(what) => StoreError::Corrupt(what),
+            Error::Config(_) | Error::Git(_) | Error::Io(_) | Error::Join(_) => StoreError::Internal(Box::new(error)),
+        }
+    }
+}
+
+/// The backend over a git store, as `settings` describe it: what every binary serves.
+pub fn backend(settings: &gitstate_core::config::Settings) -> Result<gitstate_core::service::Backend, Error> {
+    let (store, primary) = GitStore::new(settings)?;
+    let repositories = gitstate_core::service::Repositories {
+        primary,
+        default_branch: settings.branch.clone(),
+        allowed: settings.allowed_repositories.clone(),
+    };
+    Ok(gitstate_core::service::Backend::new(std::sync::Arc::new(store), repositories, settings.committer.clone()))
+}

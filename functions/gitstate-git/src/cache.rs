@@ -1,0 +1,163 @@
+//! A bare repository on local disk: the cache of a remote, or the embedded repository itself.
+//!
+//! Blobs are read straight from the object database; there is never a worktree.
+
+use std::path::{Path, PathBuf};
+use std::sync::RwLock;
+
+use gix::ObjectId;
+use gix::objs::Kind;
+use gix::objs::tree::EntryKind;
+
+use crate::Error;
+use gitstate_core::ports::CommitMeta;
+
+pub struct Cache {
+    dir: PathBuf,
+    repo: RwLock<gix::ThreadSafeRepository>,
+}
+
+/// A commit made locally, and every object a remote that has its parent still needs.
+pub struct NewCommit {
+    pub id: ObjectId,
+    pub objects: Vec<ObjectId>,
+}
+
+fn open_options() -> gix::open::Options {
+    // Never read the user's or the system's git configuration: the cache must behave the same
+    // everywhere, Lambda included.
+    gix::open::Options::isolated()
+}
+
+impl Cache {
+    /// Open the bare repository at `dir`, creating it if it does not exist.
+    pub fn open_or_init(dir: &Path) -> Result<Self, Error> {
+        let repo = Self::load(dir)?;
+        Ok(Self { dir: dir.to_owned(), repo: RwLock::new(repo) })
+    }
+
+    fn load(dir: &Path) -> Result<gix::ThreadSafeRepository, Error> {
+        if !dir.join("HEAD").is_file() {
+            std::fs::create_dir_all(dir)?;
+            gix::init_bare(dir)?;
+        }
+        Ok(gix::open_opts(dir, open_options())?.into_sync())
+    }
+
+    /// Throw the cache away and start empty: used when it was found corrupt.
+    pub fn rebuild(&self) -> Result<(), Error> {
+        tracing::warn!(dir = %self.dir.display(), "rebuilding the git cache");
+        let mut guard = self.repo.write().map_err(|_| Error::Corrupt("cache lock poisoned".into()))?;
+        let trash = self.dir.with_extension(format!("trash-{}", rand::random::<u32>()));
+        std::fs::rename(&self.dir, &trash)?;
+        let fresh = Self::load(&self.dir)?;
+        *guard = fresh;
+        std::fs::remove_dir_all(&trash)?;
+        Ok(())
+    }
+
+    pub fn repo(&self) -> Result<gix::Repository, Error> {
+        let guard = self.repo.read().map_err(|_| Error::Corrupt("cache lock poisoned".into()))?;
+        Ok(guard.to_thread_local())
+    }
+
+    pub fn git_dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn has(&self, id: ObjectId) -> Result<bool, Error> {
+        Ok(self.repo()?.has_object(id))
+    }
+
+    /// The content of `path` in the tree of `commit`, or `None` if the path does not exist.
+    pub fn read_path(&self, commit: ObjectId, path: &str) -> Result<Option<Vec<u8>>, Error> {
+        let repo = self.repo()?;
+        let tree = repo.find_commit(commit)?.tree()?;
+        let Some(entry) = tree.lookup_entry_by_path(path)? else { return Ok(None) };
+        if !entry.mode().is_blob() {
+            return Ok(None);
+        }
+        let blob = entry.object()?;
+        Ok(Some(blob.detach().data))
+    }
+
+    /// Kind and content of an object, for packing.
+    pub fn object(&self, id: ObjectId) -> Result<(Kind, Vec<u8>), Error> {
+        let object = self.repo()?.find_object(id)?.detach();
+        Ok((object.kind, object.data))
+    }
+
+    /// Commit `content` at `path` (or its removal) on top of `parent` (or as a root commit).
+    pub fn commit(
+        &self,
+        parent: Option<ObjectId>,
+        path: &str,
+        content: Option<&[u8]>,
+        meta: &CommitMeta,
+    ) -> Result<NewCommit, Error> {
+        let repo = self.repo()?;
+        let base_tree = match parent {
+            Some(parent) => repo.find_commit(parent)?.tree_id()?.detach(),
+            None => ObjectId::empty_tree(repo.object_hash()),
+        };
+        let mut editor = repo.edit_tree(base_tree)?;
+        let blob = match content {
+            Some(bytes) => {
+                let blob = repo.write_blob(bytes)?.detach();
+                editor.upsert(path, EntryKind::Blob, blob)?;
+                Some(blob)
+            }
+            None => {
+                editor.remove(path)?;
+                None
+            }
+        };
+        let tree = editor.write()?.detach();
+        let now = gix::date::Time::now_utc();
+        let signature = gix::actor::Signature {
+            name: meta.author_name.as_str().into(),
+            email: meta.author_email.as_str().into(),
+            time: now,
+        };
+        let commit = gix::objs::Commit {
+            tree,
+            parents: parent.into_iter().collect(),
+            author: signature.clone(),
+            committer: signature,
+            encoding: None,
+            message: meta.message.as_str().into(),
+            extra_headers: Vec::new(),
+        };
+        let id = repo.write_object(commit)?.detach();
+
+        // The objects the remote lacks: the commit, the trees along `path` that changed, the blob.
+        let mut objects = vec![id, tree];
+        let components: Vec<&str> = path.split('/').collect();
+        let old_root = (base_tree != ObjectId::empty_tree(repo.object_hash())).then_some(base_tree);
+        let (mut new_dir, mut old_dir) = (Some(tree), old_root);
+        for component in &components[..components.len().saturating_sub(1)] {
+            new_dir = match new_dir {
+                Some(t) => subtree(&repo, t, component)?,
+                None => None,
+            };
+            old_dir = match old_dir {
+                Some(t) => subtree(&repo, t, component)?,
+                None => None,
+            };
+            match new_dir {
+                Some(t) if Some(t) != old_dir => objects.push(t),
+                _ => {}
+            }
+        }
+        objects.extend(blob);
+        Ok(NewCommit { id, objects })
+    }
+}
+
+fn subtree(repo: &gix::Repository, tree: ObjectId, name: &str) -> Result<Option<ObjectId>, Error> {
+    let tree = repo.find_tree(tree)?;
+    Ok(tree
+        .find_entry(name)
+        .filter(|e| e.mode().is_tree())
+        .map(|e| e.object_id()))
+}

@@ -1,0 +1,345 @@
+//! A smart-HTTP git client (protocol v0/v1, stateless RPC): ref advertisement, shallow fetch and
+//! push (send-pack), written for this store's few operations.
+//!
+//! Decisions are taken from `ok`/`ng` in the report-status and from advertised tips, never from
+//! the text of a message, which differs between hosts.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use base64::Engine;
+use gix::ObjectId;
+use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue};
+
+use crate::{Error, pkt};
+
+const AGENT: &str = concat!("agent=gitstate/", env!("CARGO_PKG_VERSION"));
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Service {
+    UploadPack,
+    ReceivePack,
+}
+
+impl Service {
+    fn name(self) -> &'static str {
+        match self {
+            Self::UploadPack => "git-upload-pack",
+            Self::ReceivePack => "git-receive-pack",
+        }
+    }
+}
+
+/// Ref tips and capabilities, as a server advertises them (or the local repository reports them).
+#[derive(Debug, Clone, Default)]
+pub struct Advert {
+    pub refs: HashMap<String, ObjectId>,
+    pub caps: Vec<String>,
+}
+
+impl Advert {
+    pub fn tip(&self, name: &str) -> Option<ObjectId> {
+        self.refs.get(name).copied()
+    }
+
+    pub fn has_cap(&self, cap: &str) -> bool {
+        self.caps.iter().any(|c| c == cap || c.split('=').next() == Some(cap))
+    }
+
+    /// Parse the body of `GET info/refs?service=…` (after the service announcement).
+    pub fn parse(body: &[u8], service: Service) -> Result<Self, Error> {
+        let mut reader = pkt::Reader::new(body);
+        let first = reader.next_line()?.ok_or_else(|| Error::Protocol("empty ref advertisement".into()))?;
+        let announced = format!("# service={}", service.name());
+        if first != announced.as_bytes() {
+            return Err(Error::Protocol("the server did not announce the service (not a smart HTTP server?)".into()));
+        }
+        // A flush ends the announcement.
+        if reader.next_frame()? != Some(pkt::Frame::Flush) {
+            return Err(Error::Protocol("no flush after the service announcement".into()));
+        }
+        let mut advert = Advert::default();
+        let mut first_ref = true;
+        while let Some(line) = reader.next_line()? {
+            let (line, caps) = match line.iter().position(|b| *b == 0) {
+                Some(nul) => (&line[..nul], Some(&line[nul + 1..])),
+                None => (line, None),
+            };
+            if let (true, Some(caps)) = (first_ref, caps) {
+                advert.caps = String::from_utf8_lossy(caps).split(' ').filter(|c| !c.is_empty()).map(str::to_owned).collect();
+            }
+            first_ref = false;
+            let text = std::str::from_utf8(line).map_err(|_| Error::Protocol("ref advertisement is not UTF-8".into()))?;
+            let (oid, name) = text.split_once(' ').ok_or_else(|| Error::Protocol("malformed ref line".into()))?;
+            if name == "capabilities^{}" || name.ends_with("^{}") {
+                continue;
+            }
+            let oid = ObjectId::from_hex(oid.as_bytes()).map_err(|_| Error::Protocol("malformed object id".into()))?;
+            advert.refs.insert(name.to_owned(), oid);
+        }
+        Ok(advert)
+    }
+}
+
+/// One ref update of a push. A zero `old` creates; a zero `new` deletes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Command {
+    pub old: ObjectId,
+    pub new: ObjectId,
+    pub name: String,
+}
+
+/// The server's verdict on each ref of a push: `Ok(())` or `Err(reason)`.
+#[derive(Debug, Clone, Default)]
+pub struct PushReport {
+    pub refs: Vec<(String, Result<(), String>)>,
+}
+
+impl PushReport {
+    pub fn all_ok(&self, commands: &[Command]) -> bool {
+        commands.iter().all(|c| self.refs.iter().any(|(name, status)| *name == c.name && status.is_ok()))
+    }
+
+    /// Parse report-status (`unpack ok`, then `ok <ref>` / `ng <ref> <reason>` lines).
+    pub fn parse(data: &[u8]) -> Result<Self, Error> {
+        let mut reader = pkt::Reader::new(data);
+        let unpack = reader.next_line()?.ok_or_else(|| Error::Protocol("empty report-status".into()))?;
+        match unpack.strip_prefix(b"unpack ") {
+            Some(b"ok") => {}
+            Some(why) => return Err(Error::Remote(format!("the remote could not unpack: {}", String::from_utf8_lossy(why)))),
+            None => return Err(Error::Protocol("report-status does not start with 'unpack'".into())),
+        }
+        let mut report = PushReport::default();
+        while let Some(line) = reader.next_line()? {
+            let text = String::from_utf8_lossy(line);
+            if let Some(name) = text.strip_prefix("ok ") {
+                report.refs.push((name.to_owned(), Ok(())));
+            } else if let Some(rest) = text.strip_prefix("ng ") {
+                let (name, why) = rest.split_once(' ').unwrap_or((rest, ""));
+                report.refs.push((name.to_owned(), Err(why.to_owned())));
+            } else {
+                return Err(Error::Protocol(format!("unexpected report-status line {text:?}")));
+            }
+        }
+        Ok(report)
+    }
+}
+
+/// A remote repository reached over smart HTTP(S).
+pub struct SmartHttp {
+    client: reqwest::Client,
+    url: String,
+    authorization: Option<HeaderValue>,
+}
+
+impl SmartHttp {
+    /// `username`/`token` are sent pre-emptively as Basic credentials; never over plain http to
+    /// anything but the loopback interface.
+    pub fn new(url: &str, username: Option<&str>, token: Option<&str>, timeout: Duration) -> Result<Self, Error> {
+        let parsed = reqwest::Url::parse(url).map_err(|e| Error::Config(format!("repository URL: {e}")))?;
+        let authorization = match token {
+            None => None,
+            Some(token) => {
+                let loopback = matches!(parsed.host_str(), Some("127.0.0.1" | "localhost" | "[::1]"));
+                if parsed.scheme() != "https" && !loopback {
+                    return Err(Error::Config("refusing to send git credentials over plain http; use https://".into()));
+                }
+                let pair = format!("{}:{token}", username.unwrap_or("gitstate"));
+                let mut value = HeaderValue::try_from(format!(
+                    "Basic {}",
+                    base64::engine::general_purpose::STANDARD.encode(pair)
+                ))
+                .map_err(|_| Error::Config("git credentials contain characters a header cannot carry".into()))?;
+                value.set_sensitive(true);
+                Some(value)
+            }
+        };
+        let client = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(timeout.min(Duration::from_secs(5)))
+            .user_agent(AGENT.trim_start_matches("agent="))
+            .build()
+            .map_err(Error::Http)?;
+        Ok(Self { client, url: url.trim_end_matches('/').to_owned(), authorization })
+    }
+
+    fn with_auth(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.authorization {
+            Some(value) => request.header(AUTHORIZATION, value.clone()),
+            None => request,
+        }
+    }
+
+    async fn send(&self, request: reqwest::RequestBuilder, what: &'static str) -> Result<Vec<u8>, Error> {
+        let response = self.with_auth(request).send().await.map_err(Error::Http)?;
+        let status = response.status();
+        if !status.is_success() {
+            return Err(Error::Status { status: status.as_u16(), what });
+        }
+        Ok(response.bytes().await.map_err(Error::Http)?.to_vec())
+    }
+
+    /// `GET info/refs?service=…`: one request.
+    pub async fn advertise(&self, service: Service) -> Result<Advert, Error> {
+        let url = format!("{}/info/refs?service={}", self.url, service.name());
+        let request = self.client.get(url);
+        let response = self.with_auth(request).send().await.map_err(Error::Http)?;
+        let status = response.status();
+        if !status.is_success() {
+            return Err(Error::Status { status: status.as_u16(), what: "ref advertisement" });
+        }
+        let expected = format!("application/x-{}-advertisement", service.name());
+        let content_type = response.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();
+        if content_type != expected {
+            return Err(Error::Protocol(format!("ref advertisement has content type {content_type:?}, not {expected}")));
+        }
+        let body = response.bytes().await.map_err(Error::Http)?;
+        Advert::parse(&body, service)
+    }
+
+    /// `POST git-upload-pack`: the objects of `wants` at depth 1, given we have `haves` (as shallow
+    /// commits). Returns the pack. One request.
+    pub async fn fetch(&self, wants: &[ObjectId], haves: &[ObjectId]) -> Result<Vec<u8>, Error> {
+        let mut body = Vec::new();
+        for (i, want) in wants.iter().enumerate() {
+            let line = if i == 0 {
+                format!("want {want} side-band-64k ofs-delta shallow no-progress {AGENT}\n")
+            } else {
+                format!("want {want}\n")
+            };
+            pkt::write(&mut body, line.as_bytes());
+        }
+        for have in haves {
+            pkt::write(&mut body, format!("shallow {have}\n").as_bytes());
+        }
+        pkt::write(&mut body, b"deepen 1\n");
+        pkt::flush(&mut body);
+        for have in haves {
+            pkt::write(&mut body, format!("have {have}\n").as_bytes());
+        }
+        pkt::write(&mut body, b"done\n");
+        let request = self
+            .client
+            .post(format!("{}/git-upload-pack", self.url))
+            .header(CONTENT_TYPE, "application/x-git-upload-pack-request")
+            .header(ACCEPT, "application/x-git-upload-pack-result")
+            .body(body);
+        let response = self.send(request, "fetch").await?;
+        let mut reader = pkt::Reader::new(&response);
+        loop {
+            match reader.next_frame()? {
+                Some(pkt::Frame::Data(d)) if matches!(d.first(), Some(1..=3)) => return pkt::demux(&mut reader, Some(d)),
+                Some(pkt::Frame::Data(d)) if d.starts_with(b"ERR ") => {
+                    return Err(Error::Remote(String::from_utf8_lossy(&d[4..]).trim().to_owned()));
+                }
+                // shallow/unshallow updates, ACK/NAK: nothing to keep, the cache never walks history.
+                Some(pkt::Frame::Data(_) | pkt::Frame::Flush | pkt::Frame::Special) => {}
+                None => return Err(Error::Protocol("the fetch response has no pack".into())),
+            }
+        }
+    }
+
+    /// `POST git-receive-pack` with `commands` and `pack`. `caps` are the receive-pack
+    /// capabilities advertised earlier. One request.
+    pub async fn push(&self, caps: &Advert, commands: &[Command], pack: Option<Vec<u8>>) -> Result<PushReport, Error> {
+        let mut wanted = vec!["report-status"];
+        let sideband = caps.has_cap("side-band-64k");
+        if sideband {
+            wanted.push("side-band-64k");
+        }
+        if commands.len() > 1 {
+            if !caps.has_cap("atomic") {
+                return Err(Error::Remote("the remote does not support atomic pushes".into()));
+            }
+            wanted.push("atomic");
+        }
+        if commands.iter().any(|c| c.new.is_null()) && !caps.has_cap("delete-refs") {
+            return Err(Error::Remote("the remote does not allow deleting refs".into()));
+        }
+        wanted.push(AGENT);
+        let mut body = Vec::new();
+        for (i, c) in commands.iter().enumerate() {
+            let mut line = format!("{} {} {}", c.old, c.new, c.name).into_bytes();
+            if i == 0 {
+                line.push(0);
+                line.extend_from_slice(wanted.join(" ").as_bytes());
+            }
+            line.push(b'\n');
+            pkt::write(&mut body, &line);
+        }
+        pkt::flush(&mut body);
+        if let Some(pack) = pack {
+            body.extend_from_slice(&pack);
+        }
+        let request = self
+            .client
+            .post(format!("{}/git-receive-pack", self.url))
+            .header(CONTENT_TYPE, "application/x-git-receive-pack-request")
+            .header(ACCEPT, "application/x-git-receive-pack-result")
+            .body(body);
+        let response = self.send(request, "push").await?;
+        if sideband {
+            let data = pkt::demux(&mut pkt::Reader::new(&response), None)?;
+            PushReport::parse(&data)
+        } else {
+            PushReport::parse(&response)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn advert_body(lines: &[&[u8]]) -> Vec<u8> {
+        let mut body = Vec::new();
+        pkt::write(&mut body, b"# service=git-receive-pack\n");
+        pkt::flush(&mut body);
+        for line in lines {
+            pkt::write(&mut body, line);
+        }
+        pkt::flush(&mut body);
+        body
+    }
+
+    #[test]
+    fn parses_advertisements() {
+        let a = "1111111111111111111111111111111111111111";
+        let body = advert_body(&[
+            format!("{a} refs/heads/main\0report-status delete-refs atomic side-band-64k\n").as_bytes(),
+            format!("{a} refs/heads/locks/x.tfstate\n").as_bytes(),
+        ]);
+        let advert = Advert::parse(&body, Service::ReceivePack).expect("valid");
+        assert!(advert.has_cap("atomic") && !advert.has_cap("thin-pack"));
+        assert_eq!(advert.refs.len(), 2);
+        assert_eq!(advert.tip("refs/heads/main").map(|o| o.to_string()), Some(a.to_owned()));
+    }
+
+    #[test]
+    fn parses_empty_repository() {
+        let zero = "0000000000000000000000000000000000000000";
+        let body = advert_body(&[format!("{zero} capabilities^{{}}\0report-status\n").as_bytes()]);
+        let advert = Advert::parse(&body, Service::ReceivePack).expect("valid");
+        assert!(advert.refs.is_empty() && advert.has_cap("report-status"));
+    }
+
+    #[test]
+    fn refuses_dumb_servers() {
+        assert!(Advert::parse(b"1111111 refs/heads/main\n", Service::UploadPack).is_err());
+    }
+
+    #[test]
+    fn parses_report_status() {
+        let mut data = Vec::new();
+        pkt::write(&mut data, b"unpack ok\n");
+        pkt::write(&mut data, b"ok refs/heads/main\n");
+        pkt::write(&mut data, b"ng refs/heads/locks/a failed to update ref\n");
+        pkt::flush(&mut data);
+        let report = PushReport::parse(&data).expect("valid");
+        assert_eq!(report.refs[0], ("refs/heads/main".into(), Ok(())));
+        assert_eq!(report.refs[1], ("refs/heads/locks/a".into(), Err("failed to update ref".into())));
+        let mut bad = Vec::new();
+        pkt::write(&mut bad, b"unpack index-pack failed\n");
+        assert!(matches!(PushReport::parse(&bad), Err(Error::Remote(_))));
+    }
+}

@@ -1,0 +1,406 @@
+//! [`StateStore`] over git: the seed protocol's branch locks, made atomic.
+//!
+//! - read: advertised tip of the branch → fetch only if the cache lacks it → blob from the ODB;
+//! - lock: push of an orphan commit holding `<name>.lock` to the lock ref, create-only;
+//! - unlock: delete of the lock ref, conditional on the lock commit that was checked;
+//! - write: commit on the advertised tip, pushed with compare-and-swap (atomically with an
+//!   unchanged lock ref when a lock is held), rebuilt and retried when another state moved it.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use gix::ObjectId;
+use sha1::{Digest, Sha1};
+
+use gitstate_core::config::{Secret, Settings};
+use gitstate_core::ports::{
+    Acquire, Change, CommitMeta, HeldLock, Location, Release, StateStore, StoreError, WritePlan, Written,
+};
+use gitstate_core::{LockInfo, StateName};
+
+use crate::Error;
+use crate::cache::{Cache, NewCommit};
+use crate::local::LocalRefs;
+use crate::pack;
+use crate::smart::{Advert, Command, PushReport, Service, SmartHttp};
+
+/// How often a write is rebuilt on a moved branch before giving up with a retryable 503.
+const MAX_WRITE_ATTEMPTS: u32 = 12;
+
+/// What the store needs to know, taken from [`Settings`].
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    pub cache_dir: PathBuf,
+    pub lock_ref_prefix: String,
+    pub username: Option<String>,
+    pub token: Option<Secret>,
+    pub timeout: Duration,
+}
+
+pub struct GitStore {
+    options: StoreOptions,
+    /// The embedded repository, when no hosted one is configured: its identifier and refs.
+    local: Option<(String, Arc<LocalRefs>, Arc<Cache>)>,
+    remotes: Mutex<HashMap<(String, String), Arc<Remote>>>,
+}
+
+enum Transport {
+    Local(Arc<LocalRefs>),
+    Http(SmartHttp),
+}
+
+/// One (repository, branch): its cache and how to reach it.
+struct Remote {
+    cache: Arc<Cache>,
+    transport: Transport,
+    /// The newest branch tip this process has in its cache: what a fetch says it has.
+    known_tip: Mutex<Option<ObjectId>>,
+    /// Receive-pack capabilities, once advertised.
+    push_caps: Mutex<Option<Advert>>,
+    fetching: tokio::sync::Mutex<()>,
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, Error> + Send + 'static) -> Result<T, Error> {
+    tokio::task::spawn_blocking(f).await?
+}
+
+fn null() -> ObjectId {
+    ObjectId::null(gix::hash::Kind::Sha1)
+}
+
+impl GitStore {
+    /// The store for `settings`, and the identifier of its primary repository (the hosted URL, or
+    /// the embedded repository's path).
+    pub fn new(settings: &Settings) -> Result<(Self, String), Error> {
+        let options = StoreOptions {
+            cache_dir: settings.cache_dir.clone(),
+            lock_ref_prefix: settings.lock_ref_prefix.clone(),
+            username: settings.git_username.clone(),
+            token: settings.git_token.clone(),
+            timeout: settings.git_timeout,
+        };
+        match &settings.repository {
+            Some(url) => Ok((Self { options, local: None, remotes: Mutex::default() }, url.clone())),
+            None => {
+                let cache = Arc::new(Cache::open_or_init(&settings.local_repository)?);
+                let id = std::fs::canonicalize(&settings.local_repository)?.display().to_string();
+                let refs = Arc::new(LocalRefs::new(cache.clone()));
+                Ok((Self { options, local: Some((id.clone(), refs, cache)), remotes: Mutex::default() }, id))
+            }
+        }
+    }
+
+    fn remote(&self, at: &Location) -> Result<Arc<Remote>, Error> {
+        let key = (at.repository.clone(), at.branch.as_str().to_owned());
+        let mut remotes = self.remotes.lock().map_err(|_| Error::Corrupt("remote table poisoned".into()))?;
+        if let Some(remote) = remotes.get(&key) {
+            return Ok(remote.clone());
+        }
+        let (cache, transport) = match &self.local {
+            Some((id, refs, cache)) if *id == at.repository => (cache.clone(), Transport::Local(refs.clone())),
+            _ => {
+                let http = SmartHttp::new(
+                    &at.repository,
+                    self.options.username.as_deref(),
+                    self.options.token.as_ref().map(Secret::expose),
+                    self.options.timeout,
+                )?;
+                (Arc::new(open_cache(&self.cache_path(at))?), Transport::Http(http))
+            }
+        };
+        let remote = Arc::new(Remote {
+            cache,
+            transport,
+            known_tip: Mutex::new(None),
+            push_caps: Mutex::new(None),
+            fetching: tokio::sync::Mutex::new(()),
+        });
+        remotes.insert(key, remote.clone());
+        Ok(remote)
+    }
+
+    /// `<cache dir>/<hash of url and branch>-<readable name>.git`
+    fn cache_path(&self, at: &Location) -> PathBuf {
+        let digest = Sha1::digest(format!("{}\n{}", at.repository, at.branch).as_bytes());
+        let hash: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+        let readable: String = at
+            .repository
+            .trim_end_matches('/')
+            .rsplit('/')
+            .next()
+            .unwrap_or("repo")
+            .trim_end_matches(".git")
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
+            .take(40)
+            .collect();
+        self.options.cache_dir.join(format!("{hash}-{readable}.git"))
+    }
+
+    fn lock_ref(&self, name: &StateName) -> String {
+        format!("{}{}", self.options.lock_ref_prefix, name)
+    }
+
+    async fn held(&self, remote: &Remote, tip: ObjectId, name: &StateName) -> Result<HeldLock, Error> {
+        let bytes = remote.read(tip, name.lock_file()).await?;
+        let info = bytes
+            .and_then(|b| LockInfo::parse(Bytes::from(b)).ok())
+            .map_or_else(|| unreadable_lock(tip), Ok)?;
+        Ok(HeldLock { info, token: tip.to_string() })
+    }
+}
+
+/// A lock ref whose commit has no readable lock file still locks the state; describe it so an
+/// administrator can see and force-unlock it.
+fn unreadable_lock(tip: ObjectId) -> Result<LockInfo, Error> {
+    let json = format!(
+        r#"{{"ID":"{tip}","Operation":"unknown","Info":"lock ref without a readable lock file","Who":"unknown","Version":"","Created":"","Path":""}}"#
+    );
+    LockInfo::parse(Bytes::from(json)).map_err(|e| Error::Corrupt(e.to_string()))
+}
+
+/// Open a cache, starting over if what is on disk is not a usable repository.
+fn open_cache(dir: &Path) -> Result<Cache, Error> {
+    match Cache::open_or_init(dir) {
+        Ok(cache) => Ok(cache),
+        Err(error) => {
+            tracing::warn!(dir = %dir.display(), error = %gitstate_core::http::chain(&error), "unusable cache, recreating");
+            std::fs::remove_dir_all(dir)?;
+            Cache::open_or_init(dir)
+        }
+    }
+}
+
+impl Remote {
+    fn is_cache(&self) -> bool {
+        matches!(self.transport, Transport::Http(_))
+    }
+
+    async fn refs(&self, service: Service, names: Vec<String>) -> Result<Advert, Error> {
+        match &self.transport {
+            Transport::Local(refs) => {
+                let refs = refs.clone();
+                blocking(move || refs.list(&names)).await
+            }
+            Transport::Http(http) => {
+                let advert = http.advertise(service).await?;
+                if service == Service::ReceivePack {
+                    let caps = Advert { caps: advert.caps.clone(), ..Advert::default() };
+                    *self.push_caps.lock().map_err(|_| Error::Corrupt("poisoned".into()))? = Some(caps);
+                }
+                Ok(advert)
+            }
+        }
+    }
+
+    fn saw_tip(&self, tip: ObjectId) {
+        if let Ok(mut known) = self.known_tip.lock() {
+            *known = Some(tip);
+        }
+    }
+
+    /// Make sure the cache has `wants` (commits and everything in their trees).
+    async fn ensure(&self, wants: Vec<ObjectId>) -> Result<(), Error> {
+        let Transport::Http(http) = &self.transport else { return Ok(()) };
+        let missing = self.missing(wants.clone()).await?;
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let _one_fetch_at_a_time = self.fetching.lock().await;
+        let missing = self.missing(missing).await?;
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let known = *self.known_tip.lock().map_err(|_| Error::Corrupt("poisoned".into()))?;
+        let haves: Vec<ObjectId> = match known {
+            Some(tip) if self.cache.has(tip)? => vec![tip],
+            _ => Vec::new(),
+        };
+        let pack = http.fetch(&missing, &haves).await?;
+        let cache = self.cache.clone();
+        blocking(move || pack::index_into(cache.git_dir(), &pack)).await?;
+        if !self.missing(missing).await?.is_empty() {
+            return Err(Error::Protocol("the fetch did not deliver the requested commits".into()));
+        }
+        Ok(())
+    }
+
+    async fn missing(&self, ids: Vec<ObjectId>) -> Result<Vec<ObjectId>, Error> {
+        let cache = self.cache.clone();
+        blocking(move || {
+            let repo = cache.repo()?;
+            Ok(ids.into_iter().filter(|id| !repo.has_object(id)).collect())
+        })
+        .await
+    }
+
+    /// `path` at `commit`, fetching first if needed. A cache that fails to read is rebuilt once.
+    async fn read(&self, commit: ObjectId, path: String) -> Result<Option<Vec<u8>>, Error> {
+        self.ensure(vec![commit]).await?;
+        let cache = self.cache.clone();
+        let first_path = path.clone();
+        match blocking(move || cache.read_path(commit, &first_path)).await {
+            Ok(found) => Ok(found),
+            Err(error) if self.is_cache() => {
+                tracing::warn!(error = %gitstate_core::http::chain(&error), "cache read failed");
+                self.rebuild().await?;
+                self.ensure(vec![commit]).await?;
+                let cache = self.cache.clone();
+                blocking(move || cache.read_path(commit, &path)).await
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    async fn rebuild(&self) -> Result<(), Error> {
+        let _no_fetch_meanwhile = self.fetching.lock().await;
+        if let Ok(mut known) = self.known_tip.lock() {
+            *known = None;
+        }
+        let cache = self.cache.clone();
+        blocking(move || cache.rebuild()).await
+    }
+
+    async fn commit(&self, parent: Option<ObjectId>, path: String, content: Option<Bytes>, meta: CommitMeta) -> Result<NewCommit, Error> {
+        let cache = self.cache.clone();
+        blocking(move || cache.commit(parent, &path, content.as_deref(), &meta)).await
+    }
+
+    async fn push(&self, commands: Vec<Command>, objects: Vec<ObjectId>) -> Result<PushReport, Error> {
+        match &self.transport {
+            Transport::Local(refs) => {
+                let refs = refs.clone();
+                blocking(move || refs.push(&commands)).await
+            }
+            Transport::Http(http) => {
+                let known = self.push_caps.lock().map_err(|_| Error::Corrupt("poisoned".into()))?.clone();
+                let caps = match known {
+                    Some(caps) => caps,
+                    None => self.refs(Service::ReceivePack, Vec::new()).await?,
+                };
+                let pack = if commands.iter().all(|c| c.new.is_null()) {
+                    None
+                } else {
+                    let cache = self.cache.clone();
+                    Some(
+                        blocking(move || {
+                            let objects = objects.into_iter().map(|id| cache.object(id)).collect::<Result<Vec<_>, _>>()?;
+                            pack::write(&objects)
+                        })
+                        .await?,
+                    )
+                };
+                http.push(&caps, &commands, pack).await
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl StateStore for GitStore {
+    async fn read_state(&self, at: &Location, name: &StateName) -> Result<Option<Bytes>, StoreError> {
+        let remote = self.remote(at)?;
+        let branch = at.branch.full_ref();
+        let advert = remote.refs(Service::UploadPack, vec![branch.clone()]).await?;
+        let Some(tip) = advert.tip(&branch) else { return Ok(None) };
+        let state = remote.read(tip, name.to_string()).await?;
+        remote.saw_tip(tip);
+        Ok(state.map(Bytes::from))
+    }
+
+    async fn read_lock(&self, at: &Location, name: &StateName) -> Result<Option<HeldLock>, StoreError> {
+        let remote = self.remote(at)?;
+        let lock_ref = self.lock_ref(name);
+        let advert = remote.refs(Service::UploadPack, vec![lock_ref.clone()]).await?;
+        match advert.tip(&lock_ref) {
+            Some(tip) => Ok(Some(self.held(&remote, tip, name).await?)),
+            None => Ok(None),
+        }
+    }
+
+    async fn acquire_lock(
+        &self,
+        at: &Location,
+        name: &StateName,
+        lock: &LockInfo,
+        meta: &CommitMeta,
+    ) -> Result<Acquire, StoreError> {
+        let remote = self.remote(at)?;
+        let lock_ref = self.lock_ref(name);
+        let advert = remote.refs(Service::ReceivePack, vec![lock_ref.clone()]).await?;
+        if let Some(tip) = advert.tip(&lock_ref) {
+            return Ok(Acquire::Held(self.held(&remote, tip, name).await?));
+        }
+        let commit = remote.commit(None, name.lock_file(), Some(lock.as_bytes().clone()), meta.clone()).await?;
+        let command = Command { old: null(), new: commit.id, name: lock_ref.clone() };
+        let report = remote.push(vec![command.clone()], commit.objects).await?;
+        if report.all_ok(&[command]) {
+            return Ok(Acquire::Acquired);
+        }
+        // Refused: normally because someone else created the lock first. Look, don't guess.
+        let advert = remote.refs(Service::ReceivePack, vec![lock_ref.clone()]).await?;
+        match advert.tip(&lock_ref) {
+            Some(tip) => Ok(Acquire::Held(self.held(&remote, tip, name).await?)),
+            None => Err(Error::Remote(format!(
+                "the remote refused to create {lock_ref} ({report:?}); does it clash with another lock ref?"
+            ))
+            .into()),
+        }
+    }
+
+    async fn release_lock(&self, at: &Location, name: &StateName, held: &HeldLock) -> Result<Release, StoreError> {
+        let remote = self.remote(at)?;
+        let Ok(old) = ObjectId::from_hex(held.token.as_bytes()) else { return Ok(Release::Changed) };
+        // The delete is conditional on the lock commit that was checked: the server refuses it
+        // if the lock changed meanwhile, so no fresh advertisement is needed.
+        let command = Command { old, new: null(), name: self.lock_ref(name) };
+        let report = remote.push(vec![command.clone()], Vec::new()).await?;
+        Ok(if report.all_ok(&[command]) { Release::Released } else { Release::Changed })
+    }
+
+    async fn write_state(&self, at: &Location, name: &StateName, change: Change, plan: WritePlan) -> Result<Written, StoreError> {
+        let remote = self.remote(at)?;
+        let (branch, lock_ref) = (at.branch.full_ref(), self.lock_ref(name));
+        for attempt in 1..=MAX_WRITE_ATTEMPTS {
+            let advert = remote.refs(Service::ReceivePack, vec![branch.clone(), lock_ref.clone()]).await?;
+            let (tip, lock_tip) = (advert.tip(&branch), advert.tip(&lock_ref));
+            remote.ensure(tip.into_iter().chain(lock_tip).collect()).await?;
+            let held = match lock_tip {
+                Some(lock_tip) => Some(self.held(&remote, lock_tip, name).await?),
+                None => None,
+            };
+            let stored = match tip {
+                Some(tip) => remote.read(tip, name.to_string()).await?,
+                None => None,
+            };
+            let meta = match plan(held.as_ref(), stored.as_deref()) {
+                Ok(meta) => meta,
+                Err(refusal) => return Ok(Written::Refused(refusal)),
+            };
+            let content = match &change {
+                Change::Put(bytes) if stored.as_deref() == Some(bytes.as_ref()) => return Ok(Written::Unchanged),
+                Change::Put(bytes) => Some(bytes.clone()),
+                Change::Delete => None,
+            };
+            let commit = remote.commit(tip, name.to_string(), content, meta).await?;
+            let mut commands = vec![Command { old: tip.unwrap_or_else(null), new: commit.id, name: branch.clone() }];
+            if let Some(lock_tip) = lock_tip {
+                // The plan accepted the lock as it is: the write lands only if it still is.
+                commands.push(Command { old: lock_tip, new: lock_tip, name: lock_ref.clone() });
+            }
+            let report = remote.push(commands.clone(), commit.objects).await?;
+            if report.all_ok(&commands) {
+                remote.saw_tip(commit.id);
+                return Ok(Written::Committed { version: commit.id.to_string() });
+            }
+            tracing::debug!(attempt, ?report, "write lost a race, rebuilding on the new tip");
+            let pause = rand::random_range(5..30) * u64::from(attempt);
+            tokio::time::sleep(Duration::from_millis(pause)).await;
+        }
+        Err(StoreError::Contention { attempts: MAX_WRITE_ATTEMPTS })
+    }
+}
