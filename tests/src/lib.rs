@@ -1,0 +1,304 @@
+//! Test support: a real smart-HTTP git server (the machine's `git http-backend` as CGI) on
+//! loopback, in-process gitstate backends, and helpers to drive the git CLI and Terraform.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::response::Response;
+use base64::Engine;
+use bytes::Bytes;
+use http::{HeaderMap, Method, StatusCode, Uri};
+use http_body_util::BodyExt;
+use tokio::io::AsyncWriteExt;
+
+pub const GIT_USER: &str = "git-bot";
+pub const GIT_TOKEN: &str = "s3cret-git-token";
+
+/// Log output for tests, enabled with `TEST_LOG=1`.
+pub fn init_tracing() {
+    if std::env::var_os("TEST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new("debug,hyper=info,reqwest=info,h2=info"))
+            .with_test_writer()
+            .try_init();
+    }
+}
+
+/// One request the git server saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    pub method: String,
+    pub path: String,
+    pub query: String,
+    pub status: u16,
+}
+
+impl Seen {
+    /// A short label: `GET refs/upload-pack`, `POST upload-pack`, `POST receive-pack`.
+    pub fn label(&self) -> String {
+        let service = if self.path.ends_with("/info/refs") {
+            format!("refs/{}", self.query.trim_start_matches("service=git-"))
+        } else {
+            self.path.rsplit('/').next().unwrap_or_default().trim_start_matches("git-").to_owned()
+        };
+        format!("{} {service}", self.method)
+    }
+}
+
+#[derive(Clone)]
+struct ServerState {
+    root: PathBuf,
+    backend: PathBuf,
+    seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+/// `git http-backend` behind Basic auth on 127.0.0.1, counting every request.
+pub struct GitServer {
+    pub address: SocketAddr,
+    root: tempfile::TempDir,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    _task: tokio::task::JoinHandle<()>,
+}
+
+fn git_exec_path() -> PathBuf {
+    let out = std::process::Command::new("git").arg("--exec-path").output().expect("git is on PATH");
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+impl GitServer {
+    pub async fn start() -> Self {
+        let root = tempfile::tempdir().expect("tempdir");
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let state = ServerState { root: root.path().to_owned(), backend: git_exec_path().join("git-http-backend"), seen: seen.clone() };
+        let app = axum::Router::new().fallback(cgi).with_state(state);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("address");
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Self { address, root, seen, _task: task }
+    }
+
+    /// Create an empty bare repository and return its URL (without credentials).
+    pub fn create_repo(&self, name: &str) -> String {
+        let dir = self.repo_dir(name);
+        git(&["init", "--bare", "--initial-branch=main", "-q", dir.to_str().expect("utf-8 path")], None);
+        git(&["config", "http.receivepack", "true"], Some(&dir));
+        self.url(name)
+    }
+
+    pub fn url(&self, name: &str) -> String {
+        format!("http://{}/{name}.git", self.address)
+    }
+
+    /// The URL with credentials in it, for the git CLI.
+    pub fn url_with_credentials(&self, name: &str) -> String {
+        format!("http://{GIT_USER}:{GIT_TOKEN}@{}/{name}.git", self.address)
+    }
+
+    pub fn repo_dir(&self, name: &str) -> PathBuf {
+        self.root.path().join(format!("{name}.git"))
+    }
+
+    pub fn take_requests(&self) -> Vec<Seen> {
+        std::mem::take(&mut *self.seen.lock().expect("log"))
+    }
+
+    /// The labels of requests since the last call, e.g. `["GET refs/upload-pack"]`.
+    pub fn take_labels(&self) -> Vec<String> {
+        self.take_requests().iter().map(Seen::label).collect()
+    }
+}
+
+async fn cgi(State(state): State<ServerState>, method: Method, uri: Uri, headers: HeaderMap, body: Body) -> Response {
+    let path = uri.path().to_owned();
+    let query = uri.query().unwrap_or_default().to_owned();
+    let expected = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(format!("{GIT_USER}:{GIT_TOKEN}")));
+    let authorised = headers.get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()) == Some(expected.as_str());
+    let response = if authorised {
+        run_cgi(&state, &method, &path, &query, &headers, body).await
+    } else {
+        Response::builder()
+            .status(StatusCode::UNAUTHORIZED)
+            .header("WWW-Authenticate", "Basic realm=\"git\"")
+            .body(Body::from("auth required\n"))
+            .expect("static response")
+    };
+    state.seen.lock().expect("log").push(Seen { method: method.to_string(), path, query, status: response.status().as_u16() });
+    response
+}
+
+async fn run_cgi(state: &ServerState, method: &Method, path: &str, query: &str, headers: &HeaderMap, body: Body) -> Response {
+    let input = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+    let mut child = tokio::process::Command::new(&state.backend)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("GIT_PROJECT_ROOT", &state.root)
+        .env("GIT_HTTP_EXPORT_ALL", "1")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("HOME", &state.root)
+        .env("REQUEST_METHOD", method.as_str())
+        .env("PATH_INFO", path)
+        .env("QUERY_STRING", query)
+        .env("CONTENT_TYPE", header("content-type"))
+        .env("CONTENT_LENGTH", input.len().to_string())
+        .env("HTTP_CONTENT_ENCODING", header("content-encoding"))
+        .env("HTTP_GIT_PROTOCOL", header("git-protocol"))
+        .env("REMOTE_USER", GIT_USER)
+        .env("REMOTE_ADDR", "127.0.0.1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn git http-backend");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let feed = tokio::spawn(async move {
+        let _ = stdin.write_all(&input).await;
+    });
+    let output = child.wait_with_output().await.expect("git http-backend output");
+    let _ = feed.await;
+    parse_cgi(&output.stdout)
+}
+
+fn parse_cgi(out: &[u8]) -> Response {
+    let split = out.windows(4).position(|w| w == b"\r\n\r\n").map(|p| (p, 4)).or_else(|| out.windows(2).position(|w| w == b"\n\n").map(|p| (p, 2)));
+    let Some((end, sep)) = split else {
+        return Response::builder().status(500).body(Body::from("bad CGI output")).expect("static response");
+    };
+    let mut builder = Response::builder().status(200);
+    for line in String::from_utf8_lossy(&out[..end]).lines() {
+        let Some((name, value)) = line.split_once(':') else { continue };
+        let value = value.trim();
+        if name.eq_ignore_ascii_case("status") {
+            let code = value.split(' ').next().and_then(|c| c.parse::<u16>().ok()).unwrap_or(500);
+            builder = builder.status(code);
+        } else {
+            builder = builder.header(name.trim(), value);
+        }
+    }
+    builder.body(Body::from(Bytes::copy_from_slice(&out[end + sep..]))).expect("CGI response")
+}
+
+/// Run the git CLI (in `dir` if given), panicking with its output if it fails.
+pub fn git(args: &[&str], dir: Option<&Path>) -> String {
+    let output = git_output(args, dir);
+    assert!(output.status.success(), "git {args:?} failed: {}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// Run the git CLI and return its whole output, succeed or fail.
+pub fn git_output(args: &[&str], dir: Option<&Path>) -> std::process::Output {
+    let mut command = std::process::Command::new("git");
+    command
+        .args(args)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .env("GIT_AUTHOR_NAME", "seed")
+        .env("GIT_AUTHOR_EMAIL", "seed@example.invalid")
+        .env("GIT_COMMITTER_NAME", "seed")
+        .env("GIT_COMMITTER_EMAIL", "seed@example.invalid");
+    if let Some(dir) = dir {
+        command.current_dir(dir);
+    }
+    command.output().expect("git runs")
+}
+
+/// A gitstate backend served in-process on 127.0.0.1.
+pub struct TestBackend {
+    pub url: String,
+    pub cache: tempfile::TempDir,
+    _task: tokio::task::JoinHandle<()>,
+}
+
+/// Settings for a backend over `repository` with its own cache, plus `extra` variables.
+pub fn settings_for(repository: &str, cache: &Path, extra: &[(&str, &str)]) -> gitstate_core::config::Settings {
+    let mut vars: HashMap<String, String> = HashMap::from([
+        ("GITSTATE_REPOSITORY".into(), repository.into()),
+        ("GITSTATE_GIT_USERNAME".into(), GIT_USER.into()),
+        ("GITSTATE_GIT_TOKEN".into(), GIT_TOKEN.into()),
+        ("GITSTATE_CACHE_DIR".into(), cache.display().to_string()),
+        ("GITSTATE_GIT_TIMEOUT_SECS".into(), "10".into()),
+    ]);
+    for (k, v) in extra {
+        vars.insert((*k).into(), (*v).into());
+    }
+    gitstate_core::config::Settings::from_lookup(gitstate_core::config::Runtime::Local, |k| vars.get(k).cloned())
+        .expect("valid test settings")
+}
+
+/// The router for `settings`, as every binary builds it.
+pub fn app(settings: &gitstate_core::config::Settings) -> axum::Router {
+    let backend = gitstate_git::backend(settings).expect("backend");
+    gitstate_core::http::router(Arc::new(backend), gitstate_core::http::Limits { max_body_bytes: settings.max_body_bytes })
+}
+
+impl TestBackend {
+    /// A backend over `repository` on the test git server, with a fresh cache.
+    pub async fn start(repository: &str, extra: &[(&str, &str)]) -> Self {
+        let cache = tempfile::tempdir().expect("tempdir");
+        let settings = settings_for(repository, cache.path(), extra);
+        Self::serve(app(&settings), cache).await
+    }
+
+    pub async fn serve(app: axum::Router, cache: tempfile::TempDir) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("address");
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Self { url: format!("http://{address}"), cache, _task: task }
+    }
+}
+
+/// A small HTTP client for the backend.
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+}
+
+/// Status and body of a response.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: u16,
+    pub body: String,
+}
+
+impl Client {
+    pub fn new(base: &str) -> Self {
+        Self { http: reqwest::Client::new(), base: base.trim_end_matches('/').to_owned() }
+    }
+
+    pub async fn send(&self, method: &str, path: &str, body: Option<&str>) -> Answer {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+        let mut request = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(body) = body {
+            request = request.header("content-type", "application/json").body(body.to_owned());
+        }
+        let response = request.send().await.expect("backend answers");
+        let status = response.status().as_u16();
+        Answer { status, body: response.text().await.unwrap_or_default() }
+    }
+
+    pub async fn lock(&self, name: &str, id: &str) -> Answer {
+        let body = lock_info(id);
+        self.send("POST", &format!("/locks/{name}"), Some(&body)).await
+    }
+}
+
+/// A LockInfo body as Terraform sends it.
+pub fn lock_info(id: &str) -> String {
+    format!(
+        r#"{{"ID":"{id}","Operation":"OperationTypeApply","Info":"","Who":"tester@host","Version":"1.11.4","Created":"2026-11-21T00:00:00Z","Path":""}}"#
+    )
+}
+
+/// A minimal Terraform state with `lineage` and `serial`.
+pub fn state_json(lineage: &str, serial: u64) -> String {
+    format!(r#"{{"version":4,"terraform_version":"1.11.4","serial":{serial},"lineage":"{lineage}","outputs":{{}},"resources":[]}}"#)
+}
