@@ -89,6 +89,7 @@ impl GitServer {
         let dir = self.repo_dir(name);
         git(&["init", "--bare", "--initial-branch=main", "-q", dir.to_str().expect("utf-8 path")], None);
         git(&["config", "http.receivepack", "true"], Some(&dir));
+        git(&["config", "receive.unpackLimit", "1"], Some(&dir));
         self.url(name)
     }
 
@@ -163,6 +164,9 @@ async fn run_cgi(state: &ServerState, method: &Method, path: &str, query: &str, 
     });
     let output = child.wait_with_output().await.expect("git http-backend output");
     let _ = feed.await;
+    if !output.stderr.is_empty() {
+        eprintln!("git http-backend {method} {path}: {}", String::from_utf8_lossy(&output.stderr).trim());
+    }
     parse_cgi(&output.stdout)
 }
 

@@ -29,7 +29,9 @@ use crate::pack;
 use crate::smart::{Advert, Command, PushReport, Service, SmartHttp};
 
 /// How often a write is rebuilt on a moved branch before giving up with a retryable 503.
-const MAX_WRITE_ATTEMPTS: u32 = 12;
+const MAX_WRITE_ATTEMPTS: u32 = 40;
+/// How long a write may keep retrying, well under a Lambda timeout.
+const WRITE_DEADLINE: Duration = Duration::from_secs(20);
 
 /// What the store needs to know, taken from [`Settings`].
 #[derive(Debug, Clone)]
@@ -305,11 +307,21 @@ impl StateStore for GitStore {
     async fn read_state(&self, at: &Location, name: &StateName) -> Result<Option<Bytes>, StoreError> {
         let remote = self.remote(at)?;
         let branch = at.branch.full_ref();
-        let advert = remote.refs(Service::UploadPack, vec![branch.clone()]).await?;
-        let Some(tip) = advert.tip(&branch) else { return Ok(None) };
-        let state = remote.read(tip, name.to_string()).await?;
-        remote.saw_tip(tip);
-        Ok(state.map(Bytes::from))
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let advert = remote.refs(Service::UploadPack, vec![branch.clone()]).await?;
+            let Some(tip) = advert.tip(&branch) else { return Ok(None) };
+            match remote.read(tip, name.to_string()).await {
+                Ok(state) => {
+                    remote.saw_tip(tip);
+                    return Ok(state.map(Bytes::from));
+                }
+                // The tip moved between advertisement and fetch: look again, a few times.
+                Err(Error::Remote(why)) if attempt < 4 => tracing::debug!(why, "tip moved during a read, retrying"),
+                Err(other) => return Err(other.into()),
+            }
+        }
     }
 
     async fn read_lock(&self, at: &Location, name: &StateName) -> Result<Option<HeldLock>, StoreError> {
@@ -365,10 +377,27 @@ impl StateStore for GitStore {
     async fn write_state(&self, at: &Location, name: &StateName, change: Change, plan: WritePlan) -> Result<Written, StoreError> {
         let remote = self.remote(at)?;
         let (branch, lock_ref) = (at.branch.full_ref(), self.lock_ref(name));
+        let started = std::time::Instant::now();
         for attempt in 1..=MAX_WRITE_ATTEMPTS {
+            if attempt > 1 {
+                // Exponential backoff with full jitter, so contenders spread out.
+                let ceiling = 10u64 << attempt.min(7);
+                tokio::time::sleep(Duration::from_millis(rand::random_range(0..ceiling))).await;
+                if started.elapsed() > WRITE_DEADLINE {
+                    break;
+                }
+            }
             let advert = remote.refs(Service::ReceivePack, vec![branch.clone(), lock_ref.clone()]).await?;
             let (tip, lock_tip) = (advert.tip(&branch), advert.tip(&lock_ref));
-            remote.ensure(tip.into_iter().chain(lock_tip).collect()).await?;
+            match remote.ensure(tip.into_iter().chain(lock_tip).collect()).await {
+                Ok(()) => {}
+                // The tip moved between advertisement and fetch ("not our ref"): look again.
+                Err(Error::Remote(why)) => {
+                    tracing::debug!(attempt, why, "fetch of an advertised tip failed, retrying");
+                    continue;
+                }
+                Err(other) => return Err(other.into()),
+            }
             let held = match lock_tip {
                 Some(lock_tip) => Some(self.held(&remote, lock_tip, name).await?),
                 None => None,
@@ -398,8 +427,6 @@ impl StateStore for GitStore {
                 return Ok(Written::Committed { version: commit.id.to_string() });
             }
             tracing::debug!(attempt, ?report, "write lost a race, rebuilding on the new tip");
-            let pause = rand::random_range(5..30) * u64::from(attempt);
-            tokio::time::sleep(Duration::from_millis(pause)).await;
         }
         Err(StoreError::Contention { attempts: MAX_WRITE_ATTEMPTS })
     }
