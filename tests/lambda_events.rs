@@ -9,20 +9,32 @@ use http_body_util::BodyExt;
 use tower::ServiceExt;
 
 fn events_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join("events")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("events")
 }
 
 fn load(name: &str) -> (lambda_http::Request, serde_json::Value) {
     let text = std::fs::read_to_string(events_dir().join(name)).expect("event file");
-    let request = lambda_http::request::from_str(&text).expect("a Function URL event lambda_http accepts");
+    let request =
+        lambda_http::request::from_str(&text).expect("a Function URL event lambda_http accepts");
     (request, serde_json::from_str(&text).expect("json"))
 }
 
 async fn replay(router: &axum::Router, name: &str) -> (u16, String) {
     let (request, _) = load(name);
-    let response = router.clone().oneshot(request).await.expect("router answers");
+    let response = router
+        .clone()
+        .oneshot(request)
+        .await
+        .expect("router answers");
     let status = response.status().as_u16();
-    let body = response.into_body().collect().await.expect("body").to_bytes();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
     (status, String::from_utf8_lossy(&body).into_owned())
 }
 
@@ -53,20 +65,39 @@ async fn every_event_file_replays_through_lambda_http() {
 
     // The conflict names the holder from lock.json.
     let (_, lock_event) = load("lock.json");
-    let holder: serde_json::Value = serde_json::from_str(lock_event["body"].as_str().expect("body")).expect("lock info");
-    assert!(answers[1].1.contains(holder["ID"].as_str().expect("ID")), "{}", answers[1].1);
+    let holder: serde_json::Value =
+        serde_json::from_str(lock_event["body"].as_str().expect("body")).expect("lock info");
+    assert!(
+        answers[1].1.contains(holder["ID"].as_str().expect("ID")),
+        "{}",
+        answers[1].1
+    );
 
     // GET returns exactly what the base64-encoded write carried.
     let (_, write_event) = load("write-base64.json");
     assert_eq!(write_event["isBase64Encoded"], true);
-    let sent = base64::engine::general_purpose::STANDARD.decode(write_event["body"].as_str().expect("body")).expect("base64");
+    let sent = base64::engine::general_purpose::STANDARD
+        .decode(write_event["body"].as_str().expect("body"))
+        .expect("base64");
     assert_eq!(answers[4].1.as_bytes(), sent.as_slice());
 
     // Force-unlock left no lock behind; the state is on main.
     let refs = git(&["ls-remote", &server.url_with_credentials("lambda")], None);
     assert!(!refs.contains("locks/"), "{refs}");
     let bare = server.repo_dir("lambda");
-    assert_eq!(git(&["--git-dir", bare.to_str().expect("utf-8"), "show", "main:demo/app.tfstate"], None).as_bytes(), sent.as_slice());
+    assert_eq!(
+        git(
+            &[
+                "--git-dir",
+                bare.to_str().expect("utf-8"),
+                "show",
+                "main:demo/app.tfstate"
+            ],
+            None
+        )
+        .as_bytes(),
+        sent.as_slice()
+    );
 
     // Every event file is part of the sequence.
     let mut files: Vec<String> = std::fs::read_dir(events_dir())

@@ -1,6 +1,8 @@
 //! The HTTP protocol and the git branch-lock protocol against a real smart-HTTP git server.
 
-use gitstate_tests::{Client, GitServer, TestBackend, git, git_output, init_tracing, lock_info, state_json};
+use gitstate_tests::{
+    Client, GitServer, TestBackend, git, git_output, init_tracing, lock_info, state_json,
+};
 
 const NAME: &str = "net/prod.tfstate";
 
@@ -23,13 +25,22 @@ async fn full_cycle_counts_git_requests_and_leaves_an_audit_trail() {
 
     // LOCK: advertisement + create-only push = 2 requests.
     assert_eq!(client.lock(NAME, "lock-1").await.status, 200);
-    assert_eq!(server.take_labels(), ["GET refs/receive-pack", "POST receive-pack"]);
+    assert_eq!(
+        server.take_labels(),
+        ["GET refs/receive-pack", "POST receive-pack"]
+    );
     assert!(ls_remote(&server, "state").contains(&format!("refs/heads/locks/{NAME}")));
     server.take_requests(); // the git CLI's own requests
 
     // Write with the lock: advertisement + push (atomic with the unchanged lock ref).
     let first = state_json("lin-1", 1);
-    assert_eq!(client.send("POST", &format!("{path}?ID=lock-1"), Some(&first)).await.status, 200);
+    assert_eq!(
+        client
+            .send("POST", &format!("{path}?ID=lock-1"), Some(&first))
+            .await
+            .status,
+        200
+    );
     let write = server.take_labels();
     assert!(write.len() <= 5, "write took {write:?}");
     assert_eq!(write, ["GET refs/receive-pack", "POST receive-pack"]);
@@ -40,11 +51,27 @@ async fn full_cycle_counts_git_requests_and_leaves_an_audit_trail() {
     assert_eq!(server.take_labels(), ["GET refs/upload-pack"]);
 
     let second = state_json("lin-1", 2);
-    assert_eq!(client.send("PUT", &format!("{path}?ID=lock-1"), Some(&second)).await.status, 200);
+    assert_eq!(
+        client
+            .send("PUT", &format!("{path}?ID=lock-1"), Some(&second))
+            .await
+            .status,
+        200
+    );
     server.take_labels();
 
     // UNLOCK: read the lock (cached commit) + conditional delete.
-    assert_eq!(client.send("DELETE", &format!("/locks/{NAME}"), Some(&lock_info("lock-1"))).await.status, 200);
+    assert_eq!(
+        client
+            .send(
+                "DELETE",
+                &format!("/locks/{NAME}"),
+                Some(&lock_info("lock-1"))
+            )
+            .await
+            .status,
+        200
+    );
     let unlock = server.take_labels();
     assert!(unlock.len() <= 3, "unlock took {unlock:?}");
     assert!(!ls_remote(&server, "state").contains("locks/"));
@@ -54,21 +81,36 @@ async fn full_cycle_counts_git_requests_and_leaves_an_audit_trail() {
     let cold = TestBackend::start(&url, &[]).await;
     let cold_client = Client::new(&cold.url);
     assert_eq!(cold_client.send("GET", &path, None).await.body, second);
-    assert_eq!(server.take_labels(), ["GET refs/upload-pack", "POST upload-pack"]);
+    assert_eq!(
+        server.take_labels(),
+        ["GET refs/upload-pack", "POST upload-pack"]
+    );
     assert_eq!(cold_client.send("GET", &path, None).await.body, second);
     assert_eq!(server.take_labels(), ["GET refs/upload-pack"]);
 
     // The repository, seen by the git CLI: the state, the history, the authors.
     let bare = server.repo_dir("state");
     let bare = bare.to_str().expect("utf-8");
-    assert_eq!(git(&["--git-dir", bare, "show", &format!("main:{NAME}")], None), second);
+    assert_eq!(
+        git(&["--git-dir", bare, "show", &format!("main:{NAME}")], None),
+        second
+    );
     let log = git(&["--git-dir", bare, "log", "--format=%an|%s", "main"], None);
-    assert_eq!(log.lines().collect::<Vec<_>>(), [
-        format!("ci-bot|write {NAME} (serial 2)"),
-        format!("ci-bot|write {NAME} (serial 1)")
-    ]);
-    let body = git(&["--git-dir", bare, "log", "-1", "--format=%B", "main"], None);
-    assert!(body.contains("Lock-ID: lock-1") && body.contains("Who: tester@host"), "{body}");
+    assert_eq!(
+        log.lines().collect::<Vec<_>>(),
+        [
+            format!("ci-bot|write {NAME} (serial 2)"),
+            format!("ci-bot|write {NAME} (serial 1)")
+        ]
+    );
+    let body = git(
+        &["--git-dir", bare, "log", "-1", "--format=%B", "main"],
+        None,
+    );
+    assert!(
+        body.contains("Lock-ID: lock-1") && body.contains("Who: tester@host"),
+        "{body}"
+    );
     git(&["--git-dir", bare, "fsck", "--strict"], None);
 }
 
@@ -84,38 +126,106 @@ async fn lock_and_write_rules_over_git() {
     assert_eq!(c.lock(NAME, "A").await.status, 200);
     let conflict = c.lock(NAME, "B").await;
     assert_eq!(conflict.status, 423);
-    assert!(conflict.body.contains(r#""ID":"A""#), "holder's LockInfo: {}", conflict.body);
-    assert_eq!(c.lock(NAME, "A").await.status, 200, "re-lock with the same ID is idempotent");
-    assert_eq!(c.send("LOCK", &path, Some(&lock_info("C"))).await.status, 423, "LOCK verb on /states");
+    assert!(
+        conflict.body.contains(r#""ID":"A""#),
+        "holder's LockInfo: {}",
+        conflict.body
+    );
+    assert_eq!(
+        c.lock(NAME, "A").await.status,
+        200,
+        "re-lock with the same ID is idempotent"
+    );
+    assert_eq!(
+        c.send("LOCK", &path, Some(&lock_info("C"))).await.status,
+        423,
+        "LOCK verb on /states"
+    );
 
     let s1 = state_json("L", 1);
     let wrong = c.send("POST", &format!("{path}?ID=B"), Some(&s1)).await;
     assert_eq!(wrong.status, 409);
     assert!(wrong.body.contains(r#""ID":"A""#));
-    assert_eq!(c.send("POST", &path, Some(&s1)).await.status, 423, "write without ID while locked");
-    assert_eq!(c.send("POST", &format!("{path}?ID=A"), Some(&s1)).await.status, 200);
-    assert_eq!(c.send("POST", &format!("{path}?ID=A"), Some(&state_json("L", 5))).await.status, 200);
-    let stale = c.send("POST", &format!("{path}?ID=A"), Some(&state_json("L", 4))).await;
+    assert_eq!(
+        c.send("POST", &path, Some(&s1)).await.status,
+        423,
+        "write without ID while locked"
+    );
+    assert_eq!(
+        c.send("POST", &format!("{path}?ID=A"), Some(&s1))
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        c.send("POST", &format!("{path}?ID=A"), Some(&state_json("L", 5)))
+            .await
+            .status,
+        200
+    );
+    let stale = c
+        .send("POST", &format!("{path}?ID=A"), Some(&state_json("L", 4)))
+        .await;
     assert_eq!(stale.status, 409);
     assert!(stale.body.contains("stale"), "{}", stale.body);
 
-    assert_eq!(c.send("UNLOCK", &path, Some(&lock_info("B"))).await.status, 409);
+    assert_eq!(
+        c.send("UNLOCK", &path, Some(&lock_info("B"))).await.status,
+        409
+    );
     let held = c.send("GET", &format!("/locks/{NAME}"), None).await;
     assert_eq!(held.status, 200);
     assert!(held.body.contains(r#""ID":"A""#));
-    assert_eq!(c.send("UNLOCK", &path, Some("")).await.status, 200, "Terraform's force-unlock");
-    assert_eq!(c.send("GET", &format!("/locks/{NAME}"), None).await.status, 404);
-    assert_eq!(c.send("DELETE", &format!("/locks/{NAME}"), Some(&lock_info("A"))).await.status, 200, "not locked");
+    assert_eq!(
+        c.send("UNLOCK", &path, Some("")).await.status,
+        200,
+        "Terraform's force-unlock"
+    );
+    assert_eq!(
+        c.send("GET", &format!("/locks/{NAME}"), None).await.status,
+        404
+    );
+    assert_eq!(
+        c.send("DELETE", &format!("/locks/{NAME}"), Some(&lock_info("A")))
+            .await
+            .status,
+        200,
+        "not locked"
+    );
 
     // Unlocked write with an ID whose lock is gone: refused.
-    assert_eq!(c.send("POST", &format!("{path}?ID=A"), Some(&state_json("L", 6))).await.status, 409);
+    assert_eq!(
+        c.send("POST", &format!("{path}?ID=A"), Some(&state_json("L", 6)))
+            .await
+            .status,
+        409
+    );
     // -lock=false: accepted.
-    assert_eq!(c.send("POST", &path, Some(&state_json("L", 6))).await.status, 200);
+    assert_eq!(
+        c.send("POST", &path, Some(&state_json("L", 6)))
+            .await
+            .status,
+        200
+    );
     // Terraform re-encodes and sorts the query: decode it properly.
     assert_eq!(c.lock(NAME, "id with space/+").await.status, 200);
     let encoded = format!("{path}?ID=id%20with%20space%2F%2B&ref=main");
-    assert_eq!(c.send("POST", &encoded, Some(&state_json("L", 7))).await.status, 200);
-    assert_eq!(c.send("DELETE", &format!("/locks/{NAME}"), Some(&lock_info("id with space/+"))).await.status, 200);
+    assert_eq!(
+        c.send("POST", &encoded, Some(&state_json("L", 7)))
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        c.send(
+            "DELETE",
+            &format!("/locks/{NAME}"),
+            Some(&lock_info("id with space/+"))
+        )
+        .await
+        .status,
+        200
+    );
 
     assert_eq!(c.send("DELETE", &path, None).await.status, 200);
     assert_eq!(c.send("GET", &path, None).await.status, 404);
@@ -130,31 +240,86 @@ async fn interoperates_with_the_seed_tools_lock_branches() {
     let backend = TestBackend::start(&url, &[]).await;
     let c = Client::new(&backend.url);
     let file = "app.tfstate";
-    assert_eq!(c.send("POST", &format!("/states/{file}"), Some(&state_json("S", 1))).await.status, 200);
+    assert_eq!(
+        c.send(
+            "POST",
+            &format!("/states/{file}"),
+            Some(&state_json("S", 1))
+        )
+        .await
+        .status,
+        200
+    );
 
     // The seed recipe, run with the git CLI: clone, branch locks/<file>, commit <file>.lock, push.
     let work = tempfile::tempdir().expect("tempdir");
     let clone = work.path().join("clone");
-    git(&["clone", "-q", &server.url_with_credentials("state"), clone.to_str().expect("utf-8")], None);
-    git(&["checkout", "-q", "-b", &format!("locks/{file}")], Some(&clone));
-    std::fs::write(clone.join(format!("{file}.lock")), lock_info("seed-lock")).expect("write lock file");
+    git(
+        &[
+            "clone",
+            "-q",
+            &server.url_with_credentials("state"),
+            clone.to_str().expect("utf-8"),
+        ],
+        None,
+    );
+    git(
+        &["checkout", "-q", "-b", &format!("locks/{file}")],
+        Some(&clone),
+    );
+    std::fs::write(clone.join(format!("{file}.lock")), lock_info("seed-lock"))
+        .expect("write lock file");
     git(&["add", "."], Some(&clone));
-    git(&["commit", "-q", "-m", &format!("Lock {file}")], Some(&clone));
+    git(
+        &["commit", "-q", "-m", &format!("Lock {file}")],
+        Some(&clone),
+    );
 
     // WHEN gitstate holds the lock, THEN the seed recipe's push is rejected.
     assert_eq!(c.lock(file, "gitstate-lock").await.status, 200);
-    let push = git_output(&["push", "-q", "origin", &format!("locks/{file}")], Some(&clone));
+    let push = git_output(
+        &["push", "-q", "origin", &format!("locks/{file}")],
+        Some(&clone),
+    );
     assert!(!push.status.success(), "the seed tool must see the lock");
 
     // WHEN the seed recipe holds the lock, THEN gitstate answers 423 with its LockInfo.
-    assert_eq!(c.send("DELETE", &format!("/locks/{file}"), Some(&lock_info("gitstate-lock"))).await.status, 200);
-    git(&["push", "-q", "origin", &format!("locks/{file}")], Some(&clone));
+    assert_eq!(
+        c.send(
+            "DELETE",
+            &format!("/locks/{file}"),
+            Some(&lock_info("gitstate-lock"))
+        )
+        .await
+        .status,
+        200
+    );
+    git(
+        &["push", "-q", "origin", &format!("locks/{file}")],
+        Some(&clone),
+    );
     let refused = c.lock(file, "gitstate-2").await;
     assert_eq!(refused.status, 423);
-    assert!(refused.body.contains(r#""ID":"seed-lock""#), "{}", refused.body);
-    assert_eq!(c.send("POST", &format!("/states/{file}"), Some(&state_json("S", 2))).await.status, 423);
+    assert!(
+        refused.body.contains(r#""ID":"seed-lock""#),
+        "{}",
+        refused.body
+    );
+    assert_eq!(
+        c.send(
+            "POST",
+            &format!("/states/{file}"),
+            Some(&state_json("S", 2))
+        )
+        .await
+        .status,
+        423
+    );
     // The seed tool's unlock (delete the branch) frees it for gitstate.
-    git(&["push", "-q", "origin", "--delete", &format!("locks/{file}")], Some(&clone));
+    git(
+        &["push", "-q", "origin", "--delete", &format!("locks/{file}")],
+        Some(&clone),
+    );
     assert_eq!(c.lock(file, "gitstate-2").await.status, 200);
 }
 
@@ -166,24 +331,75 @@ async fn seed_address_format_and_allowlist() {
     let other = server.create_repo("other");
     let backend = TestBackend::start(&url, &[("GITSTATE_ALLOWED_REPOSITORIES", &other)]).await;
     let c = Client::new(&backend.url);
-    let address = |repo: &str| format!("/?type=git&repository={}&ref=main&state=team%2Fa.json", repo.replace(':', "%3A").replace('/', "%2F"));
+    let address = |repo: &str| {
+        format!(
+            "/?type=git&repository={}&ref=main&state=team%2Fa.json",
+            repo.replace(':', "%3A").replace('/', "%2F")
+        )
+    };
 
-    assert_eq!(c.send("LOCK", &address(&other), Some(&lock_info("X"))).await.status, 200);
+    assert_eq!(
+        c.send("LOCK", &address(&other), Some(&lock_info("X")))
+            .await
+            .status,
+        200
+    );
     // Terraform appends ?ID= and sorts the parameters.
-    let write = format!("/?ID=X&ref=main&repository={}&state=team%2Fa.json&type=git", other.replace(':', "%3A").replace('/', "%2F"));
-    assert_eq!(c.send("POST", &write, Some(&state_json("Q", 1))).await.status, 200);
-    assert_eq!(c.send("GET", &address(&other), None).await.body, state_json("Q", 1));
-    assert_eq!(c.send("UNLOCK", &address(&other), Some(&lock_info("X"))).await.status, 200);
+    let write = format!(
+        "/?ID=X&ref=main&repository={}&state=team%2Fa.json&type=git",
+        other.replace(':', "%3A").replace('/', "%2F")
+    );
+    assert_eq!(
+        c.send("POST", &write, Some(&state_json("Q", 1)))
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        c.send("GET", &address(&other), None).await.body,
+        state_json("Q", 1)
+    );
+    assert_eq!(
+        c.send("UNLOCK", &address(&other), Some(&lock_info("X")))
+            .await
+            .status,
+        200
+    );
     let other_dir = server.repo_dir("other");
-    assert_eq!(git(&["--git-dir", other_dir.to_str().expect("utf-8"), "show", "main:team/a.json"], None), state_json("Q", 1));
+    assert_eq!(
+        git(
+            &[
+                "--git-dir",
+                other_dir.to_str().expect("utf-8"),
+                "show",
+                "main:team/a.json"
+            ],
+            None
+        ),
+        state_json("Q", 1)
+    );
 
     // A repository that is not configured is refused before any git request is made.
     server.take_requests();
-    let foreign = c.send("GET", &address("https://evil.example/x.git"), None).await;
+    let foreign = c
+        .send("GET", &address("https://evil.example/x.git"), None)
+        .await;
     assert_eq!(foreign.status, 403);
     assert!(foreign.body.contains("allowlist"));
-    assert_eq!(c.send("LOCK", &address(&server.url("unlisted")), Some(&lock_info("Y"))).await.status, 403);
-    assert!(server.take_requests().is_empty(), "nothing may be fetched for a foreign repository");
+    assert_eq!(
+        c.send(
+            "LOCK",
+            &address(&server.url("unlisted")),
+            Some(&lock_info("Y"))
+        )
+        .await
+        .status,
+        403
+    );
+    assert!(
+        server.take_requests().is_empty(),
+        "nothing may be fetched for a foreign repository"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -193,7 +409,12 @@ async fn bad_input_is_4xx_and_changes_nothing() {
     let url = server.create_repo("state");
     let backend = TestBackend::start(&url, &[("GITSTATE_MAX_BODY_BYTES", "2048")]).await;
     let c = Client::new(&backend.url);
-    assert_eq!(c.send("POST", "/states/ok.tfstate", Some(&state_json("B", 1))).await.status, 200);
+    assert_eq!(
+        c.send("POST", "/states/ok.tfstate", Some(&state_json("B", 1)))
+            .await
+            .status,
+        200
+    );
     let before = ls_remote(&server, "state");
 
     let big = format!(r#"{{"pad":"{}"}}"#, "x".repeat(4096));
@@ -203,7 +424,12 @@ async fn bad_input_is_4xx_and_changes_nothing() {
         ("GET", "/states/a/".into(), None, 400),
         ("GET", "/states/a%20b".into(), None, 400),
         ("GET", "/states/.git/config".into(), None, 400),
-        ("POST", "/states/.gitstate/access.toml".into(), Some(state_json("B", 1)), 400),
+        (
+            "POST",
+            "/states/.gitstate/access.toml".into(),
+            Some(state_json("B", 1)),
+            400,
+        ),
         // The client resolves a literal `..` itself; the server sees /etc/passwd.
         ("GET", "/states/a/../../etc/passwd".into(), None, 404),
         ("GET", "/states/..%2fx".into(), None, 400),
@@ -213,24 +439,52 @@ async fn bad_input_is_4xx_and_changes_nothing() {
         ("GET", "/states/caf%C3%A9".into(), None, 400),
         ("GET", "/states/%ff".into(), None, 400),
         ("POST", "/states/ok.tfstate".into(), Some(big), 413),
-        ("POST", "/states/ok.tfstate".into(), Some("{not json".into()), 400),
-        ("POST", "/states/ok.tfstate".into(), Some("[1,2]".into()), 400),
+        (
+            "POST",
+            "/states/ok.tfstate".into(),
+            Some("{not json".into()),
+            400,
+        ),
+        (
+            "POST",
+            "/states/ok.tfstate".into(),
+            Some("[1,2]".into()),
+            400,
+        ),
         ("POST", "/locks/ok.tfstate".into(), Some("{}".into()), 400),
-        ("POST", "/locks/ok.tfstate".into(), Some(r#"{"ID":""}"#.into()), 400),
+        (
+            "POST",
+            "/locks/ok.tfstate".into(),
+            Some(r#"{"ID":""}"#.into()),
+            400,
+        ),
         ("PATCH", "/states/ok.tfstate".into(), Some("{}".into()), 405),
         ("PROPFIND", "/locks/ok.tfstate".into(), None, 405),
         ("GET", "/nowhere".into(), None, 404),
         ("GET", "/?type=svn&repository=x&state=a".into(), None, 400),
         ("GET", "/states/ok.tfstate?ref=a..b".into(), None, 400),
         ("GET", "/states/ok.tfstate?ID=1&ID=2".into(), None, 400),
-        ("GET", format!("/states/ok.tfstate?x={}", "q".repeat(5000)), None, 414),
+        (
+            "GET",
+            format!("/states/ok.tfstate?x={}", "q".repeat(5000)),
+            None,
+            414,
+        ),
     ];
     for (method, path, body, want) in cases {
         let answer = c.send(method, &path, body.as_deref()).await;
         assert_eq!(answer.status, want, "{method} {path}: {}", answer.body);
-        assert!(!answer.body.trim().is_empty() && !answer.body.trim().contains('\n'), "one-line reason: {:?}", answer.body);
+        assert!(
+            !answer.body.trim().is_empty() && !answer.body.trim().contains('\n'),
+            "one-line reason: {:?}",
+            answer.body
+        );
     }
-    assert_eq!(ls_remote(&server, "state"), before, "refs must be untouched");
+    assert_eq!(
+        ls_remote(&server, "state"),
+        before,
+        "refs must be untouched"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -241,7 +495,12 @@ async fn corrupt_cache_is_rebuilt_not_served() {
     let backend = TestBackend::start(&url, &[]).await;
     let c = Client::new(&backend.url);
     let state = state_json("C", 1);
-    assert_eq!(c.send("POST", "/states/c.tfstate", Some(&state)).await.status, 200);
+    assert_eq!(
+        c.send("POST", "/states/c.tfstate", Some(&state))
+            .await
+            .status,
+        200
+    );
     // Destroy every object in the cache behind the backend's back.
     for entry in walk(backend.cache.path()) {
         if entry.components().any(|c| c.as_os_str() == "objects") && entry.is_file() {

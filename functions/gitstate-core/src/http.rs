@@ -39,7 +39,9 @@ struct App {
 
 /// Build the router over a backend.
 pub fn router(backend: Arc<Backend>, limits: Limits) -> Router {
-    Router::new().fallback(handle).with_state(App { backend, limits })
+    Router::new()
+        .fallback(handle)
+        .with_state(App { backend, limits })
 }
 
 /// Errors of the HTTP layer, and the only place where statuses are chosen.
@@ -50,7 +52,10 @@ pub enum ApiError {
     #[error("no such route: use /states/<name>, /locks/<name> or /?type=git&repository=…&state=…")]
     NoRoute,
     #[error("method {method} is not allowed here (allowed: {allowed})")]
-    Method { method: String, allowed: &'static str },
+    Method {
+        method: String,
+        allowed: &'static str,
+    },
     #[error("request body is larger than the limit of {limit} bytes")]
     TooLarge { limit: usize },
     #[error("could not read the request body")]
@@ -67,10 +72,14 @@ impl ApiError {
     fn status(&self) -> StatusCode {
         use ServiceError as S;
         match self {
-            Self::Service(S::Name(_) | S::Branch(_) | S::LockBody(_) | S::InvalidState(_)) => StatusCode::BAD_REQUEST,
+            Self::Service(S::Name(_) | S::Branch(_) | S::LockBody(_) | S::InvalidState(_)) => {
+                StatusCode::BAD_REQUEST
+            }
             Self::Service(S::RepositoryNotAllowed(_)) => StatusCode::FORBIDDEN,
             Self::Service(S::Locked(_)) => StatusCode::LOCKED,
-            Self::Service(S::LockMismatch(_) | S::NotLocked { .. } | S::Stale { .. }) => StatusCode::CONFLICT,
+            Self::Service(S::LockMismatch(_) | S::NotLocked { .. } | S::Stale { .. }) => {
+                StatusCode::CONFLICT
+            }
             Self::Service(S::NotFound | S::NoLock) | Self::NoRoute => StatusCode::NOT_FOUND,
             Self::Service(S::Store(StoreError::Unavailable(_) | StoreError::Contention { .. })) => {
                 StatusCode::SERVICE_UNAVAILABLE
@@ -97,33 +106,43 @@ impl IntoResponse for ApiError {
                 tracing::info!(status = status.as_u16(), "{self}");
                 return json(status, held.info.as_bytes().clone());
             }
-            _ if status.is_server_error() => tracing::error!(status = status.as_u16(), error = %chain(&self)),
+            _ if status.is_server_error() => {
+                tracing::error!(status = status.as_u16(), error = %chain(&self))
+            }
             _ => tracing::info!(status = status.as_u16(), "{self}"),
         }
         let reason = match &self {
             // 5xx bodies say what to do, never what broke inside.
-            Self::Service(ServiceError::Store(StoreError::Unavailable(_) | StoreError::Contention { .. })) => {
-                "the git remote is busy or unreachable; retry".to_owned()
-            }
+            Self::Service(ServiceError::Store(
+                StoreError::Unavailable(_) | StoreError::Contention { .. },
+            )) => "the git remote is busy or unreachable; retry".to_owned(),
             Self::Service(ServiceError::Store(StoreError::Remote(_))) => {
                 "the git remote refused or garbled the request; see the backend's log".to_owned()
             }
-            Self::Service(ServiceError::Store(_)) => "internal error; see the backend's log".to_owned(),
+            Self::Service(ServiceError::Store(_)) => {
+                "internal error; see the backend's log".to_owned()
+            }
             other => other.to_string(),
         };
         let mut response = (status, format!("{}\n", one_line(&reason))).into_response();
         if let Self::Method { allowed, .. } = self {
-            response.headers_mut().insert(header::ALLOW, HeaderValue::from_static(allowed));
+            response
+                .headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static(allowed));
         }
         if status == StatusCode::SERVICE_UNAVAILABLE {
-            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         response
     }
 }
 
 fn one_line(s: &str) -> String {
-    s.chars().map(|c| if c.is_control() { ' ' } else { c }).collect()
+    s.chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
 }
 
 /// The error and all its sources, for the log.
@@ -169,29 +188,56 @@ fn parse_target(uri: &Uri) -> Result<Addressed, ApiError> {
         }
         params.push((key.into_owned(), value.into_owned()));
     }
-    let take = |key: &str| params.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone());
+    let take = |key: &str| {
+        params
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.clone())
+    };
     let path = percent_decode(uri.path())?;
     let (resource, name) = if path == "/" {
         match take("type").as_deref() {
             Some("git") => {}
-            Some(other) => return Err(ApiError::Query(format!("type {other:?} is not supported (only type=git)"))),
+            Some(other) => {
+                return Err(ApiError::Query(format!(
+                    "type {other:?} is not supported (only type=git)"
+                )));
+            }
             None => return Err(ApiError::NoRoute),
         }
         if take("repository").is_none() {
-            return Err(ApiError::Query("the seed address format needs repository=<url>".into()));
+            return Err(ApiError::Query(
+                "the seed address format needs repository=<url>".into(),
+            ));
         }
-        let state = take("state").ok_or_else(|| ApiError::Query("the seed address format needs state=<path>".into()))?;
-        (Resource::State, Some(StateName::parse(&state).map_err(ServiceError::from)?))
+        let state = take("state")
+            .ok_or_else(|| ApiError::Query("the seed address format needs state=<path>".into()))?;
+        (
+            Resource::State,
+            Some(StateName::parse(&state).map_err(ServiceError::from)?),
+        )
     } else if let Some(name) = path.strip_prefix("/states/") {
-        (Resource::State, Some(StateName::parse(name).map_err(ServiceError::from)?))
+        (
+            Resource::State,
+            Some(StateName::parse(name).map_err(ServiceError::from)?),
+        )
     } else if let Some(name) = path.strip_prefix("/locks/") {
-        (Resource::Lock, Some(StateName::parse(name).map_err(ServiceError::from)?))
+        (
+            Resource::Lock,
+            Some(StateName::parse(name).map_err(ServiceError::from)?),
+        )
     } else if path == "/health" {
         (Resource::Health, None)
     } else {
         return Err(ApiError::NoRoute);
     };
-    Ok(Addressed { resource, name, repository: take("repository"), branch: take("ref"), lock_id: take("ID") })
+    Ok(Addressed {
+        resource,
+        name,
+        repository: take("repository"),
+        branch: take("ref"),
+        lock_id: take("ID"),
+    })
 }
 
 fn percent_decode(path: &str) -> Result<String, ApiError> {
@@ -200,7 +246,9 @@ fn percent_decode(path: &str) -> Result<String, ApiError> {
     let mut i = 0;
     while i < bytes.len() {
         if bytes[i] == b'%' {
-            let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
+            let hex = bytes
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok());
             let byte = hex
                 .and_then(|h| u8::from_str_radix(h, 16).ok())
                 .ok_or_else(|| ApiError::Query("bad percent-encoding in the path".into()))?;
@@ -215,22 +263,34 @@ fn percent_decode(path: &str) -> Result<String, ApiError> {
 }
 
 async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, ApiError> {
-    if let Some(length) = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok()) {
-        if length > limit as u64 {
-            return Err(ApiError::TooLarge { limit });
-        }
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > limit as u64) {
+        return Err(ApiError::TooLarge { limit });
     }
     match Limited::new(body, limit).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(ApiError::TooLarge { limit }),
+        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
+            Err(ApiError::TooLarge { limit })
+        }
         Err(_) => Err(ApiError::BodyRead),
     }
 }
 
 fn check_media_type(headers: &HeaderMap) -> Result<(), ApiError> {
-    let Some(value) = headers.get(header::CONTENT_TYPE) else { return Ok(()) };
-    let text = value.to_str().map_err(|_| ApiError::MediaType("<not ASCII>".into()))?;
-    let essence = text.split(';').next().unwrap_or_default().trim().to_ascii_lowercase();
+    let Some(value) = headers.get(header::CONTENT_TYPE) else {
+        return Ok(());
+    };
+    let text = value
+        .to_str()
+        .map_err(|_| ApiError::MediaType("<not ASCII>".into()))?;
+    let essence = text
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
     if essence == "application/json" || essence.is_empty() {
         Ok(())
     } else {
@@ -238,20 +298,35 @@ fn check_media_type(headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
-async fn handle(State(app): State<App>, method: Method, uri: Uri, headers: HeaderMap, body: Body) -> Response {
+async fn handle(
+    State(app): State<App>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     match dispatch(&app, method, &uri, &headers, body).await {
         Ok(response) => response,
         Err(error) => error.into_response(),
     }
 }
 
-async fn dispatch(app: &App, method: Method, uri: &Uri, headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
+async fn dispatch(
+    app: &App,
+    method: Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
     let target = parse_target(uri)?;
     let backend = &app.backend;
     let Some(name) = target.name else {
         return match method {
             Method::GET | Method::HEAD => Ok((StatusCode::OK, "ok\n").into_response()),
-            other => Err(ApiError::Method { method: other.to_string(), allowed: "GET" }),
+            other => Err(ApiError::Method {
+                method: other.to_string(),
+                allowed: "GET",
+            }),
         };
     };
     let at = backend.locate(target.repository.as_deref(), target.branch.as_deref())?;
@@ -267,11 +342,15 @@ async fn dispatch(app: &App, method: Method, uri: &Uri, headers: &HeaderMap, bod
     match (target.resource, verb) {
         (Resource::State, "GET") => Ok(json(StatusCode::OK, backend.get_state(&at, &name).await?)),
         (Resource::State, "POST" | "PUT") => {
-            backend.put_state(&at, &name, target.lock_id.as_deref(), body).await?;
+            backend
+                .put_state(&at, &name, target.lock_id.as_deref(), body)
+                .await?;
             Ok(ok())
         }
         (Resource::State, "DELETE") => {
-            backend.delete_state(&at, &name, target.lock_id.as_deref()).await?;
+            backend
+                .delete_state(&at, &name, target.lock_id.as_deref())
+                .await?;
             Ok(ok())
         }
         (Resource::State | Resource::Lock, "LOCK") | (Resource::Lock, "POST") => {
@@ -286,16 +365,24 @@ async fn dispatch(app: &App, method: Method, uri: &Uri, headers: &HeaderMap, bod
             let info: LockInfo = backend.get_lock(&at, &name).await?;
             Ok(json(StatusCode::OK, info.as_bytes().clone()))
         }
-        (Resource::State, other) => {
-            Err(ApiError::Method { method: other.into(), allowed: "GET, POST, PUT, DELETE, LOCK, UNLOCK" })
-        }
-        (Resource::Lock, other) => Err(ApiError::Method { method: other.into(), allowed: "GET, POST, DELETE, LOCK, UNLOCK" }),
+        (Resource::State, other) => Err(ApiError::Method {
+            method: other.into(),
+            allowed: "GET, POST, PUT, DELETE, LOCK, UNLOCK",
+        }),
+        (Resource::Lock, other) => Err(ApiError::Method {
+            method: other.into(),
+            allowed: "GET, POST, DELETE, LOCK, UNLOCK",
+        }),
         (Resource::Health, _) => Err(ApiError::NoRoute),
     }
 }
 
 /// Print the `backend "http"` block that points Terraform at `base` for `state`.
-pub fn write_backend_block(out: &mut impl std::io::Write, base: &str, state: &str) -> std::io::Result<()> {
+pub fn write_backend_block(
+    out: &mut impl std::io::Write,
+    base: &str,
+    state: &str,
+) -> std::io::Result<()> {
     let base = base.trim_end_matches('/');
     writeln!(
         out,

@@ -27,14 +27,26 @@ pub enum LockInfoError {
 
 impl LockInfo {
     pub fn parse(raw: Bytes) -> Result<Self, LockInfoError> {
-        let value: Value = serde_json::from_slice(&raw).map_err(|e| LockInfoError::Json(e.to_string()))?;
+        let value: Value =
+            serde_json::from_slice(&raw).map_err(|e| LockInfoError::Json(e.to_string()))?;
         let object = value.as_object().ok_or(LockInfoError::NotAnObject)?;
-        let field = |key: &str| object.get(key).and_then(Value::as_str).unwrap_or_default().to_owned();
+        let field = |key: &str| {
+            object
+                .get(key)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        };
         let id = field("ID");
         if id.is_empty() {
             return Err(LockInfoError::MissingId);
         }
-        Ok(Self { id, who: field("Who"), operation: field("Operation"), raw })
+        Ok(Self {
+            id,
+            who: field("Who"),
+            operation: field("Operation"),
+            raw,
+        })
     }
 
     pub fn id(&self) -> &str {
@@ -82,26 +94,49 @@ mod tests {
 
     #[test]
     fn keeps_raw_bytes_and_reads_fields() {
-        let raw = Bytes::from_static(br#"{"ID":"a-1","Operation":"OperationTypeApply","Who":"me@host","Extra":[1]}"#);
+        let raw = Bytes::from_static(
+            br#"{"ID":"a-1","Operation":"OperationTypeApply","Who":"me@host","Extra":[1]}"#,
+        );
         let info = LockInfo::parse(raw.clone()).expect("valid lock info");
-        assert_eq!((info.id(), info.who(), info.operation()), ("a-1", "me@host", "OperationTypeApply"));
+        assert_eq!(
+            (info.id(), info.who(), info.operation()),
+            ("a-1", "me@host", "OperationTypeApply")
+        );
         assert_eq!(info.as_bytes(), &raw);
     }
 
     #[test]
     fn refuses_bad_lock_bodies() {
-        assert!(matches!(LockInfo::parse(Bytes::from_static(b"{")), Err(LockInfoError::Json(_))));
-        assert_eq!(LockInfo::parse(Bytes::from_static(b"[1]")), Err(LockInfoError::NotAnObject));
-        assert_eq!(LockInfo::parse(Bytes::from_static(br#"{"ID":""}"#)), Err(LockInfoError::MissingId));
-        assert_eq!(LockInfo::parse(Bytes::from_static(br#"{"ID":7}"#)), Err(LockInfoError::MissingId));
+        assert!(matches!(
+            LockInfo::parse(Bytes::from_static(b"{")),
+            Err(LockInfoError::Json(_))
+        ));
+        assert_eq!(
+            LockInfo::parse(Bytes::from_static(b"[1]")),
+            Err(LockInfoError::NotAnObject)
+        );
+        assert_eq!(
+            LockInfo::parse(Bytes::from_static(br#"{"ID":""}"#)),
+            Err(LockInfoError::MissingId)
+        );
+        assert_eq!(
+            LockInfo::parse(Bytes::from_static(br#"{"ID":7}"#)),
+            Err(LockInfoError::MissingId)
+        );
     }
 
     #[test]
     fn unlock_bodies() {
         assert_eq!(UnlockRequest::parse(b""), Ok(UnlockRequest::Force));
         assert_eq!(UnlockRequest::parse(b" \n"), Ok(UnlockRequest::Force));
-        assert_eq!(UnlockRequest::parse(br#"{"ID":"x","Who":""}"#), Ok(UnlockRequest::Id("x".into())));
-        assert_eq!(UnlockRequest::parse(br#"{"ID":""}"#), Ok(UnlockRequest::Force));
+        assert_eq!(
+            UnlockRequest::parse(br#"{"ID":"x","Who":""}"#),
+            Ok(UnlockRequest::Id("x".into()))
+        );
+        assert_eq!(
+            UnlockRequest::parse(br#"{"ID":""}"#),
+            Ok(UnlockRequest::Force)
+        );
         assert!(UnlockRequest::parse(b"nope").is_err());
     }
 }

@@ -61,7 +61,10 @@ fn check_path(name: &str, max: usize) -> Result<(), NameError> {
 
 /// Keeps error messages one line and free of control characters.
 fn printable(s: &str) -> String {
-    s.chars().take(64).map(|c| if c.is_control() { '?' } else { c }).collect()
+    s.chars()
+        .take(64)
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
 }
 
 /// The path of one state file in the repository, e.g. `network/prod.tfstate`.
@@ -132,8 +135,16 @@ mod tests {
 
     #[test]
     fn accepts_nested_paths() {
-        for ok in ["prod.tfstate", "network/prod.tfstate", "a/b/c_d-e.json", "x"] {
-            assert_eq!(StateName::parse(ok).map(|n| n.to_string()), Ok(ok.to_owned()));
+        for ok in [
+            "prod.tfstate",
+            "network/prod.tfstate",
+            "a/b/c_d-e.json",
+            "x",
+        ] {
+            assert_eq!(
+                StateName::parse(ok).map(|n| n.to_string()),
+                Ok(ok.to_owned())
+            );
         }
     }
 
@@ -151,13 +162,20 @@ mod tests {
             ("é.tfstate", NameError::BadCharacter("é.tfstate".into())),
             ("a:b", NameError::BadCharacter("a:b".into())),
             (".git/config", NameError::LeadingDot(".git".into())),
-            (".gitstate/access.toml", NameError::LeadingDot(".gitstate".into())),
+            (
+                ".gitstate/access.toml",
+                NameError::LeadingDot(".gitstate".into()),
+            ),
             ("a/prod.lock", NameError::LockSuffix("prod.lock".into())),
             ("a/../b", NameError::DoubleDot),
             ("a..b", NameError::DoubleDot),
         ];
         for (input, want) in cases {
-            assert_eq!(StateName::parse(input).as_ref(), Err(want), "input {input:?}");
+            assert_eq!(
+                StateName::parse(input).as_ref(),
+                Err(want),
+                "input {input:?}"
+            );
         }
     }
 
@@ -168,7 +186,13 @@ mod tests {
 
     #[test]
     fn branches_strip_prefix_and_refuse_dash() {
-        assert_eq!(BranchName::parse("refs/heads/main").map(|b| b.full_ref()), Ok("refs/heads/main".into()));
-        assert_eq!(BranchName::parse("-x"), Err(NameError::LeadingDash("-x".into())));
+        assert_eq!(
+            BranchName::parse("refs/heads/main").map(|b| b.full_ref()),
+            Ok("refs/heads/main".into())
+        );
+        assert_eq!(
+            BranchName::parse("-x"),
+            Err(NameError::LeadingDash("-x".into()))
+        );
     }
 }

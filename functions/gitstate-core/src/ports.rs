@@ -70,12 +70,15 @@ pub enum Refusal {
 
 /// The service's decision on a write, taken against the freshest lock and state the store has
 /// read (again on every retry): refuse it, or say what the commit records.
-pub type WritePlan = Arc<dyn Fn(Option<&HeldLock>, Option<&[u8]>) -> Result<CommitMeta, Refusal> + Send + Sync>;
+pub type WritePlan =
+    Arc<dyn Fn(Option<&HeldLock>, Option<&[u8]>) -> Result<CommitMeta, Refusal> + Send + Sync>;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Written {
     /// The change is on the branch; `version` identifies it (for git: the commit id).
-    Committed { version: String },
+    Committed {
+        version: String,
+    },
     /// Nothing to do: the stored bytes already equal the new ones.
     Unchanged,
     Refused(Refusal),
@@ -105,9 +108,17 @@ pub enum StoreError {
 /// Storage of states and locks, keyed by location and state name.
 #[async_trait]
 pub trait StateStore: Send + Sync + 'static {
-    async fn read_state(&self, at: &Location, name: &StateName) -> Result<Option<Bytes>, StoreError>;
+    async fn read_state(
+        &self,
+        at: &Location,
+        name: &StateName,
+    ) -> Result<Option<Bytes>, StoreError>;
 
-    async fn read_lock(&self, at: &Location, name: &StateName) -> Result<Option<HeldLock>, StoreError>;
+    async fn read_lock(
+        &self,
+        at: &Location,
+        name: &StateName,
+    ) -> Result<Option<HeldLock>, StoreError>;
 
     /// Create the lock if and only if no lock exists; otherwise report the holder.
     async fn acquire_lock(
@@ -119,10 +130,20 @@ pub trait StateStore: Send + Sync + 'static {
     ) -> Result<Acquire, StoreError>;
 
     /// Remove the lock if it is still exactly `held`.
-    async fn release_lock(&self, at: &Location, name: &StateName, held: &HeldLock) -> Result<Release, StoreError>;
+    async fn release_lock(
+        &self,
+        at: &Location,
+        name: &StateName,
+        held: &HeldLock,
+    ) -> Result<Release, StoreError>;
 
     /// Apply `change` if `plan` accepts the current lock and state; never loses another writer's
     /// change to the same branch.
-    async fn write_state(&self, at: &Location, name: &StateName, change: Change, plan: WritePlan)
-    -> Result<Written, StoreError>;
+    async fn write_state(
+        &self,
+        at: &Location,
+        name: &StateName,
+        change: Change,
+        plan: WritePlan,
+    ) -> Result<Written, StoreError>;
 }

@@ -5,7 +5,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde::Deserialize;
 
-use crate::ports::{Acquire, Change, CommitMeta, HeldLock, Location, Refusal, Release, StateStore, StoreError, Written};
+use crate::ports::{
+    Acquire, Change, CommitMeta, HeldLock, Location, Refusal, Release, StateStore, StoreError,
+    Written,
+};
 use crate::{BranchName, LockInfo, LockInfoError, NameError, StateName, UnlockRequest};
 
 /// Everything that can go wrong in a request, client mistakes and storage failures alike.
@@ -27,7 +30,9 @@ pub enum ServiceError {
     LockMismatch(HeldLock),
     #[error("lock {id} is not held: take the lock again before writing")]
     NotLocked { id: String },
-    #[error("stale write refused: serial {sent} is lower than the stored serial {stored} of the same lineage")]
+    #[error(
+        "stale write refused: serial {sent} is lower than the stored serial {stored} of the same lineage"
+    )]
     Stale { stored: u64, sent: u64 },
     #[error("no state stored under this name")]
     NotFound,
@@ -103,13 +108,25 @@ impl Version {
 }
 
 impl Backend {
-    pub fn new(store: Arc<dyn StateStore>, repositories: Repositories, committer: Identity) -> Self {
-        Self { store, repositories, committer }
+    pub fn new(
+        store: Arc<dyn StateStore>,
+        repositories: Repositories,
+        committer: Identity,
+    ) -> Self {
+        Self {
+            store,
+            repositories,
+            committer,
+        }
     }
 
     /// Resolve the repository and branch a request addresses, refusing repositories that are not
     /// configured: the function's git credentials must never be pointed at arbitrary hosts.
-    pub fn locate(&self, repository: Option<&str>, branch: Option<&str>) -> Result<Location, ServiceError> {
+    pub fn locate(
+        &self,
+        repository: Option<&str>,
+        branch: Option<&str>,
+    ) -> Result<Location, ServiceError> {
         let repository = match repository {
             None => self.repositories.primary.clone(),
             Some(url) => self
@@ -127,18 +144,35 @@ impl Backend {
 
     #[tracing::instrument(skip(self), fields(state = %name))]
     pub async fn get_state(&self, at: &Location, name: &StateName) -> Result<Bytes, ServiceError> {
-        self.store.read_state(at, name).await?.ok_or(ServiceError::NotFound)
+        self.store
+            .read_state(at, name)
+            .await?
+            .ok_or(ServiceError::NotFound)
     }
 
     #[tracing::instrument(skip(self), fields(state = %name))]
-    pub async fn get_lock(&self, at: &Location, name: &StateName) -> Result<LockInfo, ServiceError> {
-        Ok(self.store.read_lock(at, name).await?.ok_or(ServiceError::NoLock)?.info)
+    pub async fn get_lock(
+        &self,
+        at: &Location,
+        name: &StateName,
+    ) -> Result<LockInfo, ServiceError> {
+        Ok(self
+            .store
+            .read_lock(at, name)
+            .await?
+            .ok_or(ServiceError::NoLock)?
+            .info)
     }
 
     /// Take the lock. Taking it again with the same ID succeeds, because clients retry a LOCK
     /// whose answer they did not see.
     #[tracing::instrument(skip(self, body), fields(state = %name, lock_id))]
-    pub async fn lock(&self, at: &Location, name: &StateName, body: Bytes) -> Result<(), ServiceError> {
+    pub async fn lock(
+        &self,
+        at: &Location,
+        name: &StateName,
+        body: Bytes,
+    ) -> Result<(), ServiceError> {
         let info = LockInfo::parse(body)?;
         tracing::Span::current().record("lock_id", info.id());
         let meta = self.meta(format!(
@@ -157,7 +191,12 @@ impl Backend {
     /// Release the lock. An ID must match the holder; no ID is Terraform's force-unlock.
     /// Releasing a lock nobody holds succeeds.
     #[tracing::instrument(skip(self, body), fields(state = %name))]
-    pub async fn unlock(&self, at: &Location, name: &StateName, body: &[u8]) -> Result<(), ServiceError> {
+    pub async fn unlock(
+        &self,
+        at: &Location,
+        name: &StateName,
+        body: &[u8],
+    ) -> Result<(), ServiceError> {
         let request = UnlockRequest::parse(body)?;
         // A bounded loop: the lock can change between reading it and releasing it.
         for _ in 0..4 {
@@ -165,7 +204,9 @@ impl Backend {
                 return Ok(());
             };
             match &request {
-                UnlockRequest::Id(id) if id != held.info.id() => return Err(ServiceError::LockMismatch(held)),
+                UnlockRequest::Id(id) if id != held.info.id() => {
+                    return Err(ServiceError::LockMismatch(held));
+                }
                 UnlockRequest::Force => tracing::warn!(holder = held.info.id(), "force-unlock"),
                 UnlockRequest::Id(_) => {}
             }
@@ -188,25 +229,41 @@ impl Backend {
         let value: serde_json::Value =
             serde_json::from_slice(&body).map_err(|e| ServiceError::InvalidState(e.to_string()))?;
         if !value.is_object() {
-            return Err(ServiceError::InvalidState("the top level must be an object".into()));
+            return Err(ServiceError::InvalidState(
+                "the top level must be an object".into(),
+            ));
         }
         let sent: Version = serde_json::from_value(value).unwrap_or_default();
         let base = self.meta(String::new());
         let (state, lock_id) = (name.to_string(), lock_id.map(str::to_owned));
         let plan = Arc::new(move |lock: Option<&HeldLock>, stored: Option<&[u8]>| {
             let holder = admit(lock, lock_id.as_deref())?;
-            if let (Some(stored), Some(lineage), Some(serial)) = (stored, &sent.lineage, sent.serial) {
+            if let (Some(stored), Some(lineage), Some(serial)) =
+                (stored, &sent.lineage, sent.serial)
+            {
                 let current = Version::of(stored);
-                if current.lineage.as_ref() == Some(lineage) {
-                    if let Some(stored) = current.serial.filter(|s| *s > serial) {
-                        return Err(Refusal::Stale { stored, sent: serial });
-                    }
+                let newer = current.serial.filter(|s| *s > serial);
+                if let (true, Some(stored)) = (current.lineage.as_ref() == Some(lineage), newer) {
+                    return Err(Refusal::Stale {
+                        stored,
+                        sent: serial,
+                    });
                 }
             }
-            let serial = sent.serial.map(|s| format!(" (serial {s})")).unwrap_or_default();
-            Ok(CommitMeta { message: format!("write {state}{serial}\n\n{}", trailer(holder)), ..base.clone() })
+            let serial = sent
+                .serial
+                .map(|s| format!(" (serial {s})"))
+                .unwrap_or_default();
+            Ok(CommitMeta {
+                message: format!("write {state}{serial}\n\n{}", trailer(holder)),
+                ..base.clone()
+            })
         });
-        match self.store.write_state(at, name, Change::Put(body), plan).await? {
+        match self
+            .store
+            .write_state(at, name, Change::Put(body), plan)
+            .await?
+        {
             Written::Committed { .. } | Written::Unchanged => Ok(()),
             Written::Refused(refusal) => Err(refusal.into()),
         }
@@ -214,7 +271,12 @@ impl Backend {
 
     /// Remove a state file (Terraform itself never does; administrators may).
     #[tracing::instrument(skip(self), fields(state = %name))]
-    pub async fn delete_state(&self, at: &Location, name: &StateName, lock_id: Option<&str>) -> Result<(), ServiceError> {
+    pub async fn delete_state(
+        &self,
+        at: &Location,
+        name: &StateName,
+        lock_id: Option<&str>,
+    ) -> Result<(), ServiceError> {
         let base = self.meta(String::new());
         let (state, lock_id) = (name.to_string(), lock_id.map(str::to_owned));
         let plan = Arc::new(move |lock: Option<&HeldLock>, stored: Option<&[u8]>| {
@@ -222,21 +284,35 @@ impl Backend {
             if stored.is_none() {
                 return Err(Refusal::NotFound);
             }
-            Ok(CommitMeta { message: format!("delete {state}\n\n{}", trailer(holder)), ..base.clone() })
+            Ok(CommitMeta {
+                message: format!("delete {state}\n\n{}", trailer(holder)),
+                ..base.clone()
+            })
         });
-        match self.store.write_state(at, name, Change::Delete, plan).await? {
+        match self
+            .store
+            .write_state(at, name, Change::Delete, plan)
+            .await?
+        {
             Written::Committed { .. } | Written::Unchanged => Ok(()),
             Written::Refused(refusal) => Err(refusal.into()),
         }
     }
 
     fn meta(&self, message: String) -> CommitMeta {
-        CommitMeta { author_name: self.committer.name.clone(), author_email: self.committer.email.clone(), message }
+        CommitMeta {
+            author_name: self.committer.name.clone(),
+            author_email: self.committer.email.clone(),
+            message,
+        }
     }
 }
 
 /// The lock rule for writes: with an ID, it must be the holder's; without one, nobody may hold it.
-fn admit<'a>(lock: Option<&'a HeldLock>, id: Option<&str>) -> Result<Option<&'a HeldLock>, Refusal> {
+fn admit<'a>(
+    lock: Option<&'a HeldLock>,
+    id: Option<&str>,
+) -> Result<Option<&'a HeldLock>, Refusal> {
     match (lock, id) {
         (Some(held), Some(id)) if held.info.id() == id => Ok(Some(held)),
         (Some(held), Some(_)) => Err(Refusal::LockMismatch(held.clone())),
@@ -260,7 +336,10 @@ fn trailer(holder: Option<&HeldLock>) -> String {
 
 /// Client-chosen text goes into commit messages: keep it to one printable line.
 fn one_line(s: &str) -> String {
-    s.chars().take(200).map(|c| if c.is_control() { ' ' } else { c }).collect()
+    s.chars()
+        .take(200)
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
 }
 
 #[cfg(test)]
@@ -274,27 +353,42 @@ mod tests {
             default_branch: BranchName::parse("main").expect("valid"),
             allowed: vec!["https://git.example/org/other".into()],
         };
-        let identity = Identity { name: "gitstate".into(), email: "gitstate@localhost".into() };
+        let identity = Identity {
+            name: "gitstate".into(),
+            email: "gitstate@localhost".into(),
+        };
         let backend = Backend::new(Arc::new(MemoryStore::default()), repos, identity);
         let at = backend.locate(None, None).expect("primary");
-        (backend, at, StateName::parse("net/prod.tfstate").expect("valid"))
+        (
+            backend,
+            at,
+            StateName::parse("net/prod.tfstate").expect("valid"),
+        )
     }
 
     fn lock_body(id: &str) -> Bytes {
-        Bytes::from(format!(r#"{{"ID":"{id}","Operation":"OperationTypeApply","Who":"me@host"}}"#))
+        Bytes::from(format!(
+            r#"{{"ID":"{id}","Operation":"OperationTypeApply","Who":"me@host"}}"#
+        ))
     }
 
     fn state(lineage: &str, serial: u64) -> Bytes {
-        Bytes::from(format!(r#"{{"version":4,"lineage":"{lineage}","serial":{serial}}}"#))
+        Bytes::from(format!(
+            r#"{{"version":4,"lineage":"{lineage}","serial":{serial}}}"#
+        ))
     }
 
     #[tokio::test]
     async fn lock_is_exclusive_and_idempotent() {
         // GIVEN a lock held by A
         let (b, at, name) = backend();
-        b.lock(&at, &name, lock_body("A")).await.expect("first lock");
+        b.lock(&at, &name, lock_body("A"))
+            .await
+            .expect("first lock");
         // WHEN A locks again, THEN it succeeds; WHEN B locks, THEN it sees A
-        b.lock(&at, &name, lock_body("A")).await.expect("same ID again");
+        b.lock(&at, &name, lock_body("A"))
+            .await
+            .expect("same ID again");
         match b.lock(&at, &name, lock_body("B")).await {
             Err(ServiceError::Locked(held)) => assert_eq!(held.info.id(), "A"),
             other => panic!("expected Locked, got {other:?}"),
@@ -304,49 +398,110 @@ mod tests {
     #[tokio::test]
     async fn unlock_rules() {
         let (b, at, name) = backend();
-        b.unlock(&at, &name, b"").await.expect("unlocking nothing is fine");
+        b.unlock(&at, &name, b"")
+            .await
+            .expect("unlocking nothing is fine");
         b.lock(&at, &name, lock_body("A")).await.expect("lock");
-        assert!(matches!(b.unlock(&at, &name, &lock_body("B")).await, Err(ServiceError::LockMismatch(_))));
-        b.unlock(&at, &name, &lock_body("A")).await.expect("holder unlocks");
-        b.lock(&at, &name, lock_body("C")).await.expect("lock again");
+        assert!(matches!(
+            b.unlock(&at, &name, &lock_body("B")).await,
+            Err(ServiceError::LockMismatch(_))
+        ));
+        b.unlock(&at, &name, &lock_body("A"))
+            .await
+            .expect("holder unlocks");
+        b.lock(&at, &name, lock_body("C"))
+            .await
+            .expect("lock again");
         b.unlock(&at, &name, b"").await.expect("force-unlock");
-        assert!(matches!(b.get_lock(&at, &name).await, Err(ServiceError::NoLock)));
+        assert!(matches!(
+            b.get_lock(&at, &name).await,
+            Err(ServiceError::NoLock)
+        ));
     }
 
     #[tokio::test]
     async fn write_rules() {
         let (b, at, name) = backend();
-        b.put_state(&at, &name, None, state("L", 1)).await.expect("unlocked write without ID");
-        assert!(matches!(b.put_state(&at, &name, Some("X"), state("L", 2)).await, Err(ServiceError::NotLocked { .. })));
+        b.put_state(&at, &name, None, state("L", 1))
+            .await
+            .expect("unlocked write without ID");
+        assert!(matches!(
+            b.put_state(&at, &name, Some("X"), state("L", 2)).await,
+            Err(ServiceError::NotLocked { .. })
+        ));
         b.lock(&at, &name, lock_body("A")).await.expect("lock");
-        assert!(matches!(b.put_state(&at, &name, None, state("L", 2)).await, Err(ServiceError::Locked(_))));
-        assert!(matches!(b.put_state(&at, &name, Some("B"), state("L", 2)).await, Err(ServiceError::LockMismatch(_))));
-        b.put_state(&at, &name, Some("A"), state("L", 3)).await.expect("holder writes");
+        assert!(matches!(
+            b.put_state(&at, &name, None, state("L", 2)).await,
+            Err(ServiceError::Locked(_))
+        ));
+        assert!(matches!(
+            b.put_state(&at, &name, Some("B"), state("L", 2)).await,
+            Err(ServiceError::LockMismatch(_))
+        ));
+        b.put_state(&at, &name, Some("A"), state("L", 3))
+            .await
+            .expect("holder writes");
         assert!(matches!(
             b.put_state(&at, &name, Some("A"), state("L", 2)).await,
             Err(ServiceError::Stale { stored: 3, sent: 2 })
         ));
-        b.put_state(&at, &name, Some("A"), state("other-lineage", 1)).await.expect("new lineage");
-        b.put_state(&at, &name, Some("A"), Bytes::from_static(b"{\"encrypted_data\":\"x\"}")).await.expect("no serial");
-        assert!(matches!(b.put_state(&at, &name, Some("A"), Bytes::from_static(b"[]")).await, Err(ServiceError::InvalidState(_))));
-        assert_eq!(b.get_state(&at, &name).await.expect("stored").as_ref(), b"{\"encrypted_data\":\"x\"}");
+        b.put_state(&at, &name, Some("A"), state("other-lineage", 1))
+            .await
+            .expect("new lineage");
+        b.put_state(
+            &at,
+            &name,
+            Some("A"),
+            Bytes::from_static(b"{\"encrypted_data\":\"x\"}"),
+        )
+        .await
+        .expect("no serial");
+        assert!(matches!(
+            b.put_state(&at, &name, Some("A"), Bytes::from_static(b"[]"))
+                .await,
+            Err(ServiceError::InvalidState(_))
+        ));
+        assert_eq!(
+            b.get_state(&at, &name).await.expect("stored").as_ref(),
+            b"{\"encrypted_data\":\"x\"}"
+        );
     }
 
     #[tokio::test]
     async fn delete_requires_existing_state() {
         let (b, at, name) = backend();
-        assert!(matches!(b.delete_state(&at, &name, None).await, Err(ServiceError::NotFound)));
-        b.put_state(&at, &name, None, state("L", 1)).await.expect("write");
+        assert!(matches!(
+            b.delete_state(&at, &name, None).await,
+            Err(ServiceError::NotFound)
+        ));
+        b.put_state(&at, &name, None, state("L", 1))
+            .await
+            .expect("write");
         b.delete_state(&at, &name, None).await.expect("delete");
-        assert!(matches!(b.get_state(&at, &name).await, Err(ServiceError::NotFound)));
+        assert!(matches!(
+            b.get_state(&at, &name).await,
+            Err(ServiceError::NotFound)
+        ));
     }
 
     #[test]
     fn allowlist() {
         let (b, _, _) = backend();
-        assert!(b.locate(Some("https://git.example/org/other.git/"), Some("dev")).is_ok());
-        assert!(b.locate(Some("https://git.example/org/state"), None).is_ok());
-        assert!(matches!(b.locate(Some("https://evil.example/x"), None), Err(ServiceError::RepositoryNotAllowed(_))));
-        assert!(matches!(b.locate(None, Some("a..b")), Err(ServiceError::Branch(_))));
+        assert!(
+            b.locate(Some("https://git.example/org/other.git/"), Some("dev"))
+                .is_ok()
+        );
+        assert!(
+            b.locate(Some("https://git.example/org/state"), None)
+                .is_ok()
+        );
+        assert!(matches!(
+            b.locate(Some("https://evil.example/x"), None),
+            Err(ServiceError::RepositoryNotAllowed(_))
+        ));
+        assert!(matches!(
+            b.locate(None, Some("a..b")),
+            Err(ServiceError::Branch(_))
+        ));
     }
 }

@@ -7,7 +7,10 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use crate::ports::{Acquire, Change, CommitMeta, HeldLock, Location, Release, StateStore, StoreError, WritePlan, Written};
+use crate::ports::{
+    Acquire, Change, CommitMeta, HeldLock, Location, Release, StateStore, StoreError, WritePlan,
+    Written,
+};
 use crate::{LockInfo, StateName};
 
 type Key = (Location, StateName);
@@ -28,7 +31,10 @@ struct Inner {
 
 impl MemoryStore {
     fn with<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> Result<T, StoreError> {
-        let mut inner = self.inner.lock().map_err(|_| StoreError::Corrupt("memory store poisoned".into()))?;
+        let mut inner = self
+            .inner
+            .lock()
+            .map_err(|_| StoreError::Corrupt("memory store poisoned".into()))?;
         Ok(f(&mut inner))
     }
 
@@ -44,11 +50,19 @@ fn key(at: &Location, name: &StateName) -> Key {
 
 #[async_trait]
 impl StateStore for MemoryStore {
-    async fn read_state(&self, at: &Location, name: &StateName) -> Result<Option<Bytes>, StoreError> {
+    async fn read_state(
+        &self,
+        at: &Location,
+        name: &StateName,
+    ) -> Result<Option<Bytes>, StoreError> {
         self.with(|i| i.states.get(&key(at, name)).cloned())
     }
 
-    async fn read_lock(&self, at: &Location, name: &StateName) -> Result<Option<HeldLock>, StoreError> {
+    async fn read_lock(
+        &self,
+        at: &Location,
+        name: &StateName,
+    ) -> Result<Option<HeldLock>, StoreError> {
         self.with(|i| i.locks.get(&key(at, name)).cloned())
     }
 
@@ -64,14 +78,22 @@ impl StateStore for MemoryStore {
                 return Acquire::Held(held.clone());
             }
             i.counter += 1;
-            let held = HeldLock { info: lock.clone(), token: i.counter.to_string() };
+            let held = HeldLock {
+                info: lock.clone(),
+                token: i.counter.to_string(),
+            };
             i.locks.insert(key(at, name), held);
             i.log.push(meta.clone());
             Acquire::Acquired
         })
     }
 
-    async fn release_lock(&self, at: &Location, name: &StateName, held: &HeldLock) -> Result<Release, StoreError> {
+    async fn release_lock(
+        &self,
+        at: &Location,
+        name: &StateName,
+        held: &HeldLock,
+    ) -> Result<Release, StoreError> {
         self.with(|i| match i.locks.get(&key(at, name)) {
             Some(current) if current == held => {
                 i.locks.remove(&key(at, name));
@@ -95,13 +117,17 @@ impl StateStore for MemoryStore {
                 Err(refusal) => return Written::Refused(refusal),
             };
             match change {
-                Change::Put(bytes) if i.states.get(&k) == Some(&bytes) => return Written::Unchanged,
+                Change::Put(bytes) if i.states.get(&k) == Some(&bytes) => {
+                    return Written::Unchanged;
+                }
                 Change::Put(bytes) => i.states.insert(k, bytes),
                 Change::Delete => i.states.remove(&k),
             };
             i.counter += 1;
             i.log.push(meta);
-            Written::Committed { version: i.counter.to_string() }
+            Written::Committed {
+                version: i.counter.to_string(),
+            }
         })
     }
 }

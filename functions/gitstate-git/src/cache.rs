@@ -33,7 +33,10 @@ impl Cache {
     /// Open the bare repository at `dir`, creating it if it does not exist.
     pub fn open_or_init(dir: &Path) -> Result<Self, Error> {
         let repo = Self::load(dir)?;
-        Ok(Self { dir: dir.to_owned(), repo: RwLock::new(repo) })
+        Ok(Self {
+            dir: dir.to_owned(),
+            repo: RwLock::new(repo),
+        })
     }
 
     fn load(dir: &Path) -> Result<gix::ThreadSafeRepository, Error> {
@@ -47,8 +50,13 @@ impl Cache {
     /// Throw the cache away and start empty: used when it was found corrupt.
     pub fn rebuild(&self) -> Result<(), Error> {
         tracing::warn!(dir = %self.dir.display(), "rebuilding the git cache");
-        let mut guard = self.repo.write().map_err(|_| Error::Corrupt("cache lock poisoned".into()))?;
-        let trash = self.dir.with_extension(format!("trash-{}", rand::random::<u32>()));
+        let mut guard = self
+            .repo
+            .write()
+            .map_err(|_| Error::Corrupt("cache lock poisoned".into()))?;
+        let trash = self
+            .dir
+            .with_extension(format!("trash-{}", rand::random::<u32>()));
         std::fs::rename(&self.dir, &trash)?;
         let fresh = Self::load(&self.dir)?;
         *guard = fresh;
@@ -57,7 +65,10 @@ impl Cache {
     }
 
     pub fn repo(&self) -> Result<gix::Repository, Error> {
-        let guard = self.repo.read().map_err(|_| Error::Corrupt("cache lock poisoned".into()))?;
+        let guard = self
+            .repo
+            .read()
+            .map_err(|_| Error::Corrupt("cache lock poisoned".into()))?;
         Ok(guard.to_thread_local())
     }
 
@@ -73,7 +84,9 @@ impl Cache {
     pub fn read_path(&self, commit: ObjectId, path: &str) -> Result<Option<Vec<u8>>, Error> {
         let repo = self.repo()?;
         let tree = repo.find_commit(commit)?.tree()?;
-        let Some(entry) = tree.lookup_entry_by_path(path)? else { return Ok(None) };
+        let Some(entry) = tree.lookup_entry_by_path(path)? else {
+            return Ok(None);
+        };
         if !entry.mode().is_blob() {
             return Ok(None);
         }

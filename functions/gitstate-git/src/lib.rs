@@ -43,23 +43,35 @@ impl From<Error> for StoreError {
             Error::Http(e) if e.is_timeout() || e.is_connect() || e.is_request() || e.is_body() => {
                 StoreError::Unavailable(Box::new(Error::Http(e)))
             }
-            Error::Status { status, .. } if status >= 500 || status == 429 => StoreError::Unavailable(Box::new(error)),
-            Error::Http(_) | Error::Status { .. } | Error::Protocol(_) | Error::Remote(_) | Error::Pack(_) => {
-                StoreError::Remote(Box::new(error))
+            Error::Status { status, .. } if status >= 500 || status == 429 => {
+                StoreError::Unavailable(Box::new(error))
             }
+            Error::Http(_)
+            | Error::Status { .. }
+            | Error::Protocol(_)
+            | Error::Remote(_)
+            | Error::Pack(_) => StoreError::Remote(Box::new(error)),
             Error::Corrupt(what) => StoreError::Corrupt(what),
-            Error::Config(_) | Error::Git(_) | Error::Io(_) | Error::Join(_) => StoreError::Internal(Box::new(error)),
+            Error::Config(_) | Error::Git(_) | Error::Io(_) | Error::Join(_) => {
+                StoreError::Internal(Box::new(error))
+            }
         }
     }
 }
 
 /// The backend over a git store, as `settings` describe it: what every binary serves.
-pub fn backend(settings: &gitstate_core::config::Settings) -> Result<gitstate_core::service::Backend, Error> {
+pub fn backend(
+    settings: &gitstate_core::config::Settings,
+) -> Result<gitstate_core::service::Backend, Error> {
     let (store, primary) = GitStore::new(settings)?;
     let repositories = gitstate_core::service::Repositories {
         primary,
         default_branch: settings.branch.clone(),
         allowed: settings.allowed_repositories.clone(),
     };
-    Ok(gitstate_core::service::Backend::new(std::sync::Arc::new(store), repositories, settings.committer.clone()))
+    Ok(gitstate_core::service::Backend::new(
+        std::sync::Arc::new(store),
+        repositories,
+        settings.committer.clone(),
+    ))
 }

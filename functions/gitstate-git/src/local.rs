@@ -19,14 +19,19 @@ pub struct LocalRefs {
 
 impl LocalRefs {
     pub fn new(repo: Arc<Cache>) -> Self {
-        Self { repo, serial: Mutex::new(()) }
+        Self {
+            repo,
+            serial: Mutex::new(()),
+        }
     }
 
     /// The current tips of `names` (missing refs are left out), with the capabilities a push here has.
     pub fn list(&self, names: &[String]) -> Result<Advert, Error> {
         let repo = self.repo.repo()?;
         let mut advert = Advert {
-            caps: ["report-status", "delete-refs", "atomic"].map(str::to_owned).to_vec(),
+            caps: ["report-status", "delete-refs", "atomic"]
+                .map(str::to_owned)
+                .to_vec(),
             ..Advert::default()
         };
         for name in names {
@@ -40,14 +45,24 @@ impl LocalRefs {
 
     /// Apply `commands` in one transaction: all succeed, or none does and each is reported `ng`.
     pub fn push(&self, commands: &[Command]) -> Result<PushReport, Error> {
-        let _serial = self.serial.lock().map_err(|_| Error::Corrupt("local ref lock poisoned".into()))?;
+        let _serial = self
+            .serial
+            .lock()
+            .map_err(|_| Error::Corrupt("local ref lock poisoned".into()))?;
         let repo = self.repo.repo()?;
         let edits = commands
             .iter()
             .map(|c| -> Result<RefEdit, Error> {
-                let name = c.name.as_str().try_into().map_err(|_| Error::Protocol(format!("invalid ref name {}", c.name)))?;
+                let name = c
+                    .name
+                    .as_str()
+                    .try_into()
+                    .map_err(|_| Error::Protocol(format!("invalid ref name {}", c.name)))?;
                 let change = if c.new.is_null() {
-                    Change::Delete { expected: PreviousValue::MustExistAndMatch(Target::Object(c.old)), log: RefLog::AndReference }
+                    Change::Delete {
+                        expected: PreviousValue::MustExistAndMatch(Target::Object(c.old)),
+                        log: RefLog::AndReference,
+                    }
                 } else {
                     Change::Update {
                         log: LogChange::default(),
@@ -59,7 +74,11 @@ impl LocalRefs {
                         new: Target::Object(c.new),
                     }
                 };
-                Ok(RefEdit { change, name, deref: false })
+                Ok(RefEdit {
+                    change,
+                    name,
+                    deref: false,
+                })
             })
             .collect::<Result<Vec<_>, _>>()?;
         let verdict = match repo.edit_references(edits) {
@@ -69,13 +88,20 @@ impl LocalRefs {
                 // holds, this is a lost race; otherwise something else broke.
                 let names: Vec<String> = commands.iter().map(|c| c.name.clone()).collect();
                 let now = self.list(&names)?;
-                let raced = commands.iter().any(|c| now.tip(&c.name).unwrap_or(ObjectId::null(c.old.kind())) != c.old);
+                let raced = commands
+                    .iter()
+                    .any(|c| now.tip(&c.name).unwrap_or(ObjectId::null(c.old.kind())) != c.old);
                 if !raced {
                     return Err(error.into());
                 }
                 Err("failed to update ref".to_owned())
             }
         };
-        Ok(PushReport { refs: commands.iter().map(|c| (c.name.clone(), verdict.clone())).collect() })
+        Ok(PushReport {
+            refs: commands
+                .iter()
+                .map(|c| (c.name.clone(), verdict.clone()))
+                .collect(),
+        })
     }
 }

@@ -15,7 +15,8 @@ pub fn write(objects: &[(Kind, Vec<u8>)]) -> Result<Vec<u8>, Error> {
     let mut pack = Vec::new();
     pack.extend_from_slice(b"PACK");
     pack.extend_from_slice(&2u32.to_be_bytes());
-    let count = u32::try_from(objects.len()).map_err(|_| Error::Protocol("too many objects for one pack".into()))?;
+    let count = u32::try_from(objects.len())
+        .map_err(|_| Error::Protocol("too many objects for one pack".into()))?;
     pack.extend_from_slice(&count.to_be_bytes());
     for (kind, data) in objects {
         let code: u8 = match kind {
@@ -74,7 +75,8 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let repo = gix::init_bare(dir.path()).expect("init");
         let big = vec![b'x'; 5000];
-        let pack = write(&[(Kind::Blob, b"hello".to_vec()), (Kind::Blob, big.clone())]).expect("pack");
+        let pack =
+            write(&[(Kind::Blob, b"hello".to_vec()), (Kind::Blob, big.clone())]).expect("pack");
         index_into(repo.git_dir(), &pack).expect("index");
         let repo = gix::open(dir.path()).expect("reopen");
         let id = gix::objs::compute_hash(gix::hash::Kind::Sha1, Kind::Blob, &big).expect("hash");

@@ -36,11 +36,19 @@ impl<'a> Reader<'a> {
         if self.buf.is_empty() {
             return Ok(None);
         }
-        let head = self.buf.get(..4).ok_or_else(|| Error::Protocol("truncated pkt-line header".into()))?;
+        let head = self
+            .buf
+            .get(..4)
+            .ok_or_else(|| Error::Protocol("truncated pkt-line header".into()))?;
         let len = std::str::from_utf8(head)
             .ok()
             .and_then(|h| usize::from_str_radix(h, 16).ok())
-            .ok_or_else(|| Error::Protocol(format!("bad pkt-line length {:?}", String::from_utf8_lossy(head))))?;
+            .ok_or_else(|| {
+                Error::Protocol(format!(
+                    "bad pkt-line length {:?}",
+                    String::from_utf8_lossy(head)
+                ))
+            })?;
         match len {
             0 => {
                 self.buf = &self.buf[4..];
@@ -52,7 +60,10 @@ impl<'a> Reader<'a> {
             }
             3 => Err(Error::Protocol("pkt-line length 3 is invalid".into())),
             n => {
-                let data = self.buf.get(4..n).ok_or_else(|| Error::Protocol("truncated pkt-line".into()))?;
+                let data = self
+                    .buf
+                    .get(4..n)
+                    .ok_or_else(|| Error::Protocol("truncated pkt-line".into()))?;
                 self.buf = &self.buf[n..];
                 Ok(Some(Frame::Data(data)))
             }
@@ -80,8 +91,16 @@ pub fn demux(reader: &mut Reader<'_>, first: Option<&[u8]>) -> Result<Vec<u8>, E
         match frame.split_first() {
             Some((1, payload)) => data.extend_from_slice(payload),
             Some((2, _)) => {}
-            Some((3, message)) => return Err(Error::Remote(String::from_utf8_lossy(message).trim().to_owned())),
-            _ => return Err(Error::Protocol("side-band frame without a valid channel".into())),
+            Some((3, message)) => {
+                return Err(Error::Remote(
+                    String::from_utf8_lossy(message).trim().to_owned(),
+                ));
+            }
+            _ => {
+                return Err(Error::Protocol(
+                    "side-band frame without a valid channel".into(),
+                ));
+            }
         }
         Ok(())
     };
@@ -132,6 +151,8 @@ mod tests {
         assert_eq!(demux(&mut Reader::new(&out), None).expect("ok"), b"PACK");
         let mut err = Vec::new();
         write(&mut err, b"\x03boom");
-        assert!(matches!(demux(&mut Reader::new(&err), None), Err(Error::Remote(m)) if m == "boom"));
+        assert!(
+            matches!(demux(&mut Reader::new(&err), None), Err(Error::Remote(m)) if m == "boom")
+        );
     }
 }

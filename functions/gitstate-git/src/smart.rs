@@ -43,20 +43,28 @@ impl Advert {
     }
 
     pub fn has_cap(&self, cap: &str) -> bool {
-        self.caps.iter().any(|c| c == cap || c.split('=').next() == Some(cap))
+        self.caps
+            .iter()
+            .any(|c| c == cap || c.split('=').next() == Some(cap))
     }
 
     /// Parse the body of `GET info/refs?service=…` (after the service announcement).
     pub fn parse(body: &[u8], service: Service) -> Result<Self, Error> {
         let mut reader = pkt::Reader::new(body);
-        let first = reader.next_line()?.ok_or_else(|| Error::Protocol("empty ref advertisement".into()))?;
+        let first = reader
+            .next_line()?
+            .ok_or_else(|| Error::Protocol("empty ref advertisement".into()))?;
         let announced = format!("# service={}", service.name());
         if first != announced.as_bytes() {
-            return Err(Error::Protocol("the server did not announce the service (not a smart HTTP server?)".into()));
+            return Err(Error::Protocol(
+                "the server did not announce the service (not a smart HTTP server?)".into(),
+            ));
         }
         // A flush ends the announcement.
         if reader.next_frame()? != Some(pkt::Frame::Flush) {
-            return Err(Error::Protocol("no flush after the service announcement".into()));
+            return Err(Error::Protocol(
+                "no flush after the service announcement".into(),
+            ));
         }
         let mut advert = Advert::default();
         let mut first_ref = true;
@@ -66,15 +74,23 @@ impl Advert {
                 None => (line, None),
             };
             if let (true, Some(caps)) = (first_ref, caps) {
-                advert.caps = String::from_utf8_lossy(caps).split(' ').filter(|c| !c.is_empty()).map(str::to_owned).collect();
+                advert.caps = String::from_utf8_lossy(caps)
+                    .split(' ')
+                    .filter(|c| !c.is_empty())
+                    .map(str::to_owned)
+                    .collect();
             }
             first_ref = false;
-            let text = std::str::from_utf8(line).map_err(|_| Error::Protocol("ref advertisement is not UTF-8".into()))?;
-            let (oid, name) = text.split_once(' ').ok_or_else(|| Error::Protocol("malformed ref line".into()))?;
+            let text = std::str::from_utf8(line)
+                .map_err(|_| Error::Protocol("ref advertisement is not UTF-8".into()))?;
+            let (oid, name) = text
+                .split_once(' ')
+                .ok_or_else(|| Error::Protocol("malformed ref line".into()))?;
             if name == "capabilities^{}" || name.ends_with("^{}") {
                 continue;
             }
-            let oid = ObjectId::from_hex(oid.as_bytes()).map_err(|_| Error::Protocol("malformed object id".into()))?;
+            let oid = ObjectId::from_hex(oid.as_bytes())
+                .map_err(|_| Error::Protocol("malformed object id".into()))?;
             advert.refs.insert(name.to_owned(), oid);
         }
         Ok(advert)
@@ -97,17 +113,32 @@ pub struct PushReport {
 
 impl PushReport {
     pub fn all_ok(&self, commands: &[Command]) -> bool {
-        commands.iter().all(|c| self.refs.iter().any(|(name, status)| *name == c.name && status.is_ok()))
+        commands.iter().all(|c| {
+            self.refs
+                .iter()
+                .any(|(name, status)| *name == c.name && status.is_ok())
+        })
     }
 
     /// Parse report-status (`unpack ok`, then `ok <ref>` / `ng <ref> <reason>` lines).
     pub fn parse(data: &[u8]) -> Result<Self, Error> {
         let mut reader = pkt::Reader::new(data);
-        let unpack = reader.next_line()?.ok_or_else(|| Error::Protocol("empty report-status".into()))?;
+        let unpack = reader
+            .next_line()?
+            .ok_or_else(|| Error::Protocol("empty report-status".into()))?;
         match unpack.strip_prefix(b"unpack ") {
             Some(b"ok") => {}
-            Some(why) => return Err(Error::Remote(format!("the remote could not unpack: {}", String::from_utf8_lossy(why)))),
-            None => return Err(Error::Protocol("report-status does not start with 'unpack'".into())),
+            Some(why) => {
+                return Err(Error::Remote(format!(
+                    "the remote could not unpack: {}",
+                    String::from_utf8_lossy(why)
+                )));
+            }
+            None => {
+                return Err(Error::Protocol(
+                    "report-status does not start with 'unpack'".into(),
+                ));
+            }
         }
         let mut report = PushReport::default();
         while let Some(line) = reader.next_line()? {
@@ -118,7 +149,9 @@ impl PushReport {
                 let (name, why) = rest.split_once(' ').unwrap_or((rest, ""));
                 report.refs.push((name.to_owned(), Err(why.to_owned())));
             } else {
-                return Err(Error::Protocol(format!("unexpected report-status line {text:?}")));
+                return Err(Error::Protocol(format!(
+                    "unexpected report-status line {text:?}"
+                )));
             }
         }
         Ok(report)
@@ -135,21 +168,32 @@ pub struct SmartHttp {
 impl SmartHttp {
     /// `username`/`token` are sent pre-emptively as Basic credentials; never over plain http to
     /// anything but the loopback interface.
-    pub fn new(url: &str, username: Option<&str>, token: Option<&str>, timeout: Duration) -> Result<Self, Error> {
-        let parsed = reqwest::Url::parse(url).map_err(|e| Error::Config(format!("repository URL: {e}")))?;
+    pub fn new(
+        url: &str,
+        username: Option<&str>,
+        token: Option<&str>,
+        timeout: Duration,
+    ) -> Result<Self, Error> {
+        let parsed =
+            reqwest::Url::parse(url).map_err(|e| Error::Config(format!("repository URL: {e}")))?;
         let authorization = match token {
             None => None,
             Some(token) => {
-                let loopback = matches!(parsed.host_str(), Some("127.0.0.1" | "localhost" | "[::1]"));
+                let loopback =
+                    matches!(parsed.host_str(), Some("127.0.0.1" | "localhost" | "[::1]"));
                 if parsed.scheme() != "https" && !loopback {
-                    return Err(Error::Config("refusing to send git credentials over plain http; use https://".into()));
+                    return Err(Error::Config(
+                        "refusing to send git credentials over plain http; use https://".into(),
+                    ));
                 }
                 let pair = format!("{}:{token}", username.unwrap_or("gitstate"));
                 let mut value = HeaderValue::try_from(format!(
                     "Basic {}",
                     base64::engine::general_purpose::STANDARD.encode(pair)
                 ))
-                .map_err(|_| Error::Config("git credentials contain characters a header cannot carry".into()))?;
+                .map_err(|_| {
+                    Error::Config("git credentials contain characters a header cannot carry".into())
+                })?;
                 value.set_sensitive(true);
                 Some(value)
             }
@@ -160,7 +204,11 @@ impl SmartHttp {
             .user_agent(AGENT.trim_start_matches("agent="))
             .build()
             .map_err(Error::Http)?;
-        Ok(Self { client, url: url.trim_end_matches('/').to_owned(), authorization })
+        Ok(Self {
+            client,
+            url: url.trim_end_matches('/').to_owned(),
+            authorization,
+        })
     }
 
     fn with_auth(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
@@ -170,11 +218,18 @@ impl SmartHttp {
         }
     }
 
-    async fn send(&self, request: reqwest::RequestBuilder, what: &'static str) -> Result<Vec<u8>, Error> {
+    async fn send(
+        &self,
+        request: reqwest::RequestBuilder,
+        what: &'static str,
+    ) -> Result<Vec<u8>, Error> {
         let response = self.with_auth(request).send().await.map_err(Error::Http)?;
         let status = response.status();
         if !status.is_success() {
-            return Err(Error::Status { status: status.as_u16(), what });
+            return Err(Error::Status {
+                status: status.as_u16(),
+                what,
+            });
         }
         Ok(response.bytes().await.map_err(Error::Http)?.to_vec())
     }
@@ -186,12 +241,21 @@ impl SmartHttp {
         let response = self.with_auth(request).send().await.map_err(Error::Http)?;
         let status = response.status();
         if !status.is_success() {
-            return Err(Error::Status { status: status.as_u16(), what: "ref advertisement" });
+            return Err(Error::Status {
+                status: status.as_u16(),
+                what: "ref advertisement",
+            });
         }
         let expected = format!("application/x-{}-advertisement", service.name());
-        let content_type = response.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();
+        let content_type = response
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
         if content_type != expected {
-            return Err(Error::Protocol(format!("ref advertisement has content type {content_type:?}, not {expected}")));
+            return Err(Error::Protocol(format!(
+                "ref advertisement has content type {content_type:?}, not {expected}"
+            )));
         }
         let body = response.bytes().await.map_err(Error::Http)?;
         Advert::parse(&body, service)
@@ -228,9 +292,13 @@ impl SmartHttp {
         let mut reader = pkt::Reader::new(&response);
         loop {
             match reader.next_frame()? {
-                Some(pkt::Frame::Data(d)) if matches!(d.first(), Some(1..=3)) => return pkt::demux(&mut reader, Some(d)),
+                Some(pkt::Frame::Data(d)) if matches!(d.first(), Some(1..=3)) => {
+                    return pkt::demux(&mut reader, Some(d));
+                }
                 Some(pkt::Frame::Data(d)) if d.starts_with(b"ERR ") => {
-                    return Err(Error::Remote(String::from_utf8_lossy(&d[4..]).trim().to_owned()));
+                    return Err(Error::Remote(
+                        String::from_utf8_lossy(&d[4..]).trim().to_owned(),
+                    ));
                 }
                 // shallow/unshallow updates, ACK/NAK: nothing to keep, the cache never walks history.
                 Some(pkt::Frame::Data(_) | pkt::Frame::Flush | pkt::Frame::Special) => {}
@@ -241,7 +309,12 @@ impl SmartHttp {
 
     /// `POST git-receive-pack` with `commands` and `pack`. `caps` are the receive-pack
     /// capabilities advertised earlier. One request.
-    pub async fn push(&self, caps: &Advert, commands: &[Command], pack: Option<Vec<u8>>) -> Result<PushReport, Error> {
+    pub async fn push(
+        &self,
+        caps: &Advert,
+        commands: &[Command],
+        pack: Option<Vec<u8>>,
+    ) -> Result<PushReport, Error> {
         let mut wanted = vec!["report-status"];
         let sideband = caps.has_cap("side-band-64k");
         if sideband {
@@ -249,12 +322,16 @@ impl SmartHttp {
         }
         if commands.len() > 1 {
             if !caps.has_cap("atomic") {
-                return Err(Error::Remote("the remote does not support atomic pushes".into()));
+                return Err(Error::Remote(
+                    "the remote does not support atomic pushes".into(),
+                ));
             }
             wanted.push("atomic");
         }
         if commands.iter().any(|c| c.new.is_null()) && !caps.has_cap("delete-refs") {
-            return Err(Error::Remote("the remote does not allow deleting refs".into()));
+            return Err(Error::Remote(
+                "the remote does not allow deleting refs".into(),
+            ));
         }
         wanted.push(AGENT);
         let mut body = Vec::new();
@@ -306,13 +383,17 @@ mod tests {
     fn parses_advertisements() {
         let a = "1111111111111111111111111111111111111111";
         let body = advert_body(&[
-            format!("{a} refs/heads/main\0report-status delete-refs atomic side-band-64k\n").as_bytes(),
+            format!("{a} refs/heads/main\0report-status delete-refs atomic side-band-64k\n")
+                .as_bytes(),
             format!("{a} refs/heads/locks/x.tfstate\n").as_bytes(),
         ]);
         let advert = Advert::parse(&body, Service::ReceivePack).expect("valid");
         assert!(advert.has_cap("atomic") && !advert.has_cap("thin-pack"));
         assert_eq!(advert.refs.len(), 2);
-        assert_eq!(advert.tip("refs/heads/main").map(|o| o.to_string()), Some(a.to_owned()));
+        assert_eq!(
+            advert.tip("refs/heads/main").map(|o| o.to_string()),
+            Some(a.to_owned())
+        );
     }
 
     #[test]
@@ -337,7 +418,13 @@ mod tests {
         pkt::flush(&mut data);
         let report = PushReport::parse(&data).expect("valid");
         assert_eq!(report.refs[0], ("refs/heads/main".into(), Ok(())));
-        assert_eq!(report.refs[1], ("refs/heads/locks/a".into(), Err("failed to update ref".into())));
+        assert_eq!(
+            report.refs[1],
+            (
+                "refs/heads/locks/a".into(),
+                Err("failed to update ref".into())
+            )
+        );
         let mut bad = Vec::new();
         pkt::write(&mut bad, b"unpack index-pack failed\n");
         assert!(matches!(PushReport::parse(&bad), Err(Error::Remote(_))));

@@ -18,7 +18,8 @@ use sha1::{Digest, Sha1};
 
 use gitstate_core::config::{Secret, Settings};
 use gitstate_core::ports::{
-    Acquire, Change, CommitMeta, HeldLock, Location, Release, StateStore, StoreError, WritePlan, Written,
+    Acquire, Change, CommitMeta, HeldLock, Location, Release, StateStore, StoreError, WritePlan,
+    Written,
 };
 use gitstate_core::{LockInfo, StateName};
 
@@ -66,7 +67,9 @@ struct Remote {
     fetching: tokio::sync::Mutex<()>,
 }
 
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, Error> + Send + 'static) -> Result<T, Error> {
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, Error> + Send + 'static,
+) -> Result<T, Error> {
     tokio::task::spawn_blocking(f).await?
 }
 
@@ -86,24 +89,45 @@ impl GitStore {
             timeout: settings.git_timeout,
         };
         match &settings.repository {
-            Some(url) => Ok((Self { options, local: None, remotes: Mutex::default() }, url.clone())),
+            Some(url) => Ok((
+                Self {
+                    options,
+                    local: None,
+                    remotes: Mutex::default(),
+                },
+                url.clone(),
+            )),
             None => {
                 let cache = Arc::new(Cache::open_or_init(&settings.local_repository)?);
-                let id = std::fs::canonicalize(&settings.local_repository)?.display().to_string();
+                let id = std::fs::canonicalize(&settings.local_repository)?
+                    .display()
+                    .to_string();
                 let refs = Arc::new(LocalRefs::new(cache.clone()));
-                Ok((Self { options, local: Some((id.clone(), refs, cache)), remotes: Mutex::default() }, id))
+                Ok((
+                    Self {
+                        options,
+                        local: Some((id.clone(), refs, cache)),
+                        remotes: Mutex::default(),
+                    },
+                    id,
+                ))
             }
         }
     }
 
     fn remote(&self, at: &Location) -> Result<Arc<Remote>, Error> {
         let key = (at.repository.clone(), at.branch.as_str().to_owned());
-        let mut remotes = self.remotes.lock().map_err(|_| Error::Corrupt("remote table poisoned".into()))?;
+        let mut remotes = self
+            .remotes
+            .lock()
+            .map_err(|_| Error::Corrupt("remote table poisoned".into()))?;
         if let Some(remote) = remotes.get(&key) {
             return Ok(remote.clone());
         }
         let (cache, transport) = match &self.local {
-            Some((id, refs, cache)) if *id == at.repository => (cache.clone(), Transport::Local(refs.clone())),
+            Some((id, refs, cache)) if *id == at.repository => {
+                (cache.clone(), Transport::Local(refs.clone()))
+            }
             _ => {
                 let http = SmartHttp::new(
                     &at.repository,
@@ -111,7 +135,10 @@ impl GitStore {
                     self.options.token.as_ref().map(Secret::expose),
                     self.options.timeout,
                 )?;
-                (Arc::new(open_cache(&self.cache_path(at))?), Transport::Http(http))
+                (
+                    Arc::new(open_cache(&self.cache_path(at))?),
+                    Transport::Http(http),
+                )
             }
         };
         let remote = Arc::new(Remote {
@@ -140,19 +167,29 @@ impl GitStore {
             .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
             .take(40)
             .collect();
-        self.options.cache_dir.join(format!("{hash}-{readable}.git"))
+        self.options
+            .cache_dir
+            .join(format!("{hash}-{readable}.git"))
     }
 
     fn lock_ref(&self, name: &StateName) -> String {
         format!("{}{}", self.options.lock_ref_prefix, name)
     }
 
-    async fn held(&self, remote: &Remote, tip: ObjectId, name: &StateName) -> Result<HeldLock, Error> {
+    async fn held(
+        &self,
+        remote: &Remote,
+        tip: ObjectId,
+        name: &StateName,
+    ) -> Result<HeldLock, Error> {
         let bytes = remote.read(tip, name.lock_file()).await?;
         let info = bytes
             .and_then(|b| LockInfo::parse(Bytes::from(b)).ok())
             .map_or_else(|| unreadable_lock(tip), Ok)?;
-        Ok(HeldLock { info, token: tip.to_string() })
+        Ok(HeldLock {
+            info,
+            token: tip.to_string(),
+        })
     }
 }
 
@@ -191,8 +228,14 @@ impl Remote {
             Transport::Http(http) => {
                 let advert = http.advertise(service).await?;
                 if service == Service::ReceivePack {
-                    let caps = Advert { caps: advert.caps.clone(), ..Advert::default() };
-                    *self.push_caps.lock().map_err(|_| Error::Corrupt("poisoned".into()))? = Some(caps);
+                    let caps = Advert {
+                        caps: advert.caps.clone(),
+                        ..Advert::default()
+                    };
+                    *self
+                        .push_caps
+                        .lock()
+                        .map_err(|_| Error::Corrupt("poisoned".into()))? = Some(caps);
                 }
                 Ok(advert)
             }
@@ -207,7 +250,9 @@ impl Remote {
 
     /// Make sure the cache has `wants` (commits and everything in their trees).
     async fn ensure(&self, wants: Vec<ObjectId>) -> Result<(), Error> {
-        let Transport::Http(http) = &self.transport else { return Ok(()) };
+        let Transport::Http(http) = &self.transport else {
+            return Ok(());
+        };
         let missing = self.missing(wants.clone()).await?;
         if missing.is_empty() {
             return Ok(());
@@ -217,7 +262,10 @@ impl Remote {
         if missing.is_empty() {
             return Ok(());
         }
-        let known = *self.known_tip.lock().map_err(|_| Error::Corrupt("poisoned".into()))?;
+        let known = *self
+            .known_tip
+            .lock()
+            .map_err(|_| Error::Corrupt("poisoned".into()))?;
         let haves: Vec<ObjectId> = match known {
             Some(tip) if self.cache.has(tip)? => vec![tip],
             _ => Vec::new(),
@@ -226,7 +274,9 @@ impl Remote {
         let cache = self.cache.clone();
         blocking(move || pack::index_into(cache.git_dir(), &pack)).await?;
         if !self.missing(missing).await?.is_empty() {
-            return Err(Error::Protocol("the fetch did not deliver the requested commits".into()));
+            return Err(Error::Protocol(
+                "the fetch did not deliver the requested commits".into(),
+            ));
         }
         Ok(())
     }
@@ -267,19 +317,33 @@ impl Remote {
         blocking(move || cache.rebuild()).await
     }
 
-    async fn commit(&self, parent: Option<ObjectId>, path: String, content: Option<Bytes>, meta: CommitMeta) -> Result<NewCommit, Error> {
+    async fn commit(
+        &self,
+        parent: Option<ObjectId>,
+        path: String,
+        content: Option<Bytes>,
+        meta: CommitMeta,
+    ) -> Result<NewCommit, Error> {
         let cache = self.cache.clone();
         blocking(move || cache.commit(parent, &path, content.as_deref(), &meta)).await
     }
 
-    async fn push(&self, commands: Vec<Command>, objects: Vec<ObjectId>) -> Result<PushReport, Error> {
+    async fn push(
+        &self,
+        commands: Vec<Command>,
+        objects: Vec<ObjectId>,
+    ) -> Result<PushReport, Error> {
         match &self.transport {
             Transport::Local(refs) => {
                 let refs = refs.clone();
                 blocking(move || refs.push(&commands)).await
             }
             Transport::Http(http) => {
-                let known = self.push_caps.lock().map_err(|_| Error::Corrupt("poisoned".into()))?.clone();
+                let known = self
+                    .push_caps
+                    .lock()
+                    .map_err(|_| Error::Corrupt("poisoned".into()))?
+                    .clone();
                 let caps = match known {
                     Some(caps) => caps,
                     None => self.refs(Service::ReceivePack, Vec::new()).await?,
@@ -290,7 +354,10 @@ impl Remote {
                     let cache = self.cache.clone();
                     Some(
                         blocking(move || {
-                            let objects = objects.into_iter().map(|id| cache.object(id)).collect::<Result<Vec<_>, _>>()?;
+                            let objects = objects
+                                .into_iter()
+                                .map(|id| cache.object(id))
+                                .collect::<Result<Vec<_>, _>>()?;
                             pack::write(&objects)
                         })
                         .await?,
@@ -304,30 +371,46 @@ impl Remote {
 
 #[async_trait]
 impl StateStore for GitStore {
-    async fn read_state(&self, at: &Location, name: &StateName) -> Result<Option<Bytes>, StoreError> {
+    async fn read_state(
+        &self,
+        at: &Location,
+        name: &StateName,
+    ) -> Result<Option<Bytes>, StoreError> {
         let remote = self.remote(at)?;
         let branch = at.branch.full_ref();
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let advert = remote.refs(Service::UploadPack, vec![branch.clone()]).await?;
-            let Some(tip) = advert.tip(&branch) else { return Ok(None) };
+            let advert = remote
+                .refs(Service::UploadPack, vec![branch.clone()])
+                .await?;
+            let Some(tip) = advert.tip(&branch) else {
+                return Ok(None);
+            };
             match remote.read(tip, name.to_string()).await {
                 Ok(state) => {
                     remote.saw_tip(tip);
                     return Ok(state.map(Bytes::from));
                 }
                 // The tip moved between advertisement and fetch: look again, a few times.
-                Err(Error::Remote(why)) if attempt < 4 => tracing::debug!(why, "tip moved during a read, retrying"),
+                Err(Error::Remote(why)) if attempt < 4 => {
+                    tracing::debug!(why, "tip moved during a read, retrying")
+                }
                 Err(other) => return Err(other.into()),
             }
         }
     }
 
-    async fn read_lock(&self, at: &Location, name: &StateName) -> Result<Option<HeldLock>, StoreError> {
+    async fn read_lock(
+        &self,
+        at: &Location,
+        name: &StateName,
+    ) -> Result<Option<HeldLock>, StoreError> {
         let remote = self.remote(at)?;
         let lock_ref = self.lock_ref(name);
-        let advert = remote.refs(Service::UploadPack, vec![lock_ref.clone()]).await?;
+        let advert = remote
+            .refs(Service::UploadPack, vec![lock_ref.clone()])
+            .await?;
         match advert.tip(&lock_ref) {
             Some(tip) => Ok(Some(self.held(&remote, tip, name).await?)),
             None => Ok(None),
@@ -343,18 +426,33 @@ impl StateStore for GitStore {
     ) -> Result<Acquire, StoreError> {
         let remote = self.remote(at)?;
         let lock_ref = self.lock_ref(name);
-        let advert = remote.refs(Service::ReceivePack, vec![lock_ref.clone()]).await?;
+        let advert = remote
+            .refs(Service::ReceivePack, vec![lock_ref.clone()])
+            .await?;
         if let Some(tip) = advert.tip(&lock_ref) {
             return Ok(Acquire::Held(self.held(&remote, tip, name).await?));
         }
-        let commit = remote.commit(None, name.lock_file(), Some(lock.as_bytes().clone()), meta.clone()).await?;
-        let command = Command { old: null(), new: commit.id, name: lock_ref.clone() };
+        let commit = remote
+            .commit(
+                None,
+                name.lock_file(),
+                Some(lock.as_bytes().clone()),
+                meta.clone(),
+            )
+            .await?;
+        let command = Command {
+            old: null(),
+            new: commit.id,
+            name: lock_ref.clone(),
+        };
         let report = remote.push(vec![command.clone()], commit.objects).await?;
         if report.all_ok(&[command]) {
             return Ok(Acquire::Acquired);
         }
         // Refused: normally because someone else created the lock first. Look, don't guess.
-        let advert = remote.refs(Service::ReceivePack, vec![lock_ref.clone()]).await?;
+        let advert = remote
+            .refs(Service::ReceivePack, vec![lock_ref.clone()])
+            .await?;
         match advert.tip(&lock_ref) {
             Some(tip) => Ok(Acquire::Held(self.held(&remote, tip, name).await?)),
             None => Err(Error::Remote(format!(
@@ -364,17 +462,38 @@ impl StateStore for GitStore {
         }
     }
 
-    async fn release_lock(&self, at: &Location, name: &StateName, held: &HeldLock) -> Result<Release, StoreError> {
+    async fn release_lock(
+        &self,
+        at: &Location,
+        name: &StateName,
+        held: &HeldLock,
+    ) -> Result<Release, StoreError> {
         let remote = self.remote(at)?;
-        let Ok(old) = ObjectId::from_hex(held.token.as_bytes()) else { return Ok(Release::Changed) };
+        let Ok(old) = ObjectId::from_hex(held.token.as_bytes()) else {
+            return Ok(Release::Changed);
+        };
         // The delete is conditional on the lock commit that was checked: the server refuses it
         // if the lock changed meanwhile, so no fresh advertisement is needed.
-        let command = Command { old, new: null(), name: self.lock_ref(name) };
+        let command = Command {
+            old,
+            new: null(),
+            name: self.lock_ref(name),
+        };
         let report = remote.push(vec![command.clone()], Vec::new()).await?;
-        Ok(if report.all_ok(&[command]) { Release::Released } else { Release::Changed })
+        Ok(if report.all_ok(&[command]) {
+            Release::Released
+        } else {
+            Release::Changed
+        })
     }
 
-    async fn write_state(&self, at: &Location, name: &StateName, change: Change, plan: WritePlan) -> Result<Written, StoreError> {
+    async fn write_state(
+        &self,
+        at: &Location,
+        name: &StateName,
+        change: Change,
+        plan: WritePlan,
+    ) -> Result<Written, StoreError> {
         let remote = self.remote(at)?;
         let (branch, lock_ref) = (at.branch.full_ref(), self.lock_ref(name));
         let started = std::time::Instant::now();
@@ -387,9 +506,14 @@ impl StateStore for GitStore {
                     break;
                 }
             }
-            let advert = remote.refs(Service::ReceivePack, vec![branch.clone(), lock_ref.clone()]).await?;
+            let advert = remote
+                .refs(Service::ReceivePack, vec![branch.clone(), lock_ref.clone()])
+                .await?;
             let (tip, lock_tip) = (advert.tip(&branch), advert.tip(&lock_ref));
-            match remote.ensure(tip.into_iter().chain(lock_tip).collect()).await {
+            match remote
+                .ensure(tip.into_iter().chain(lock_tip).collect())
+                .await
+            {
                 Ok(()) => {}
                 // The tip moved between advertisement and fetch ("not our ref"): look again.
                 Err(Error::Remote(why)) => {
@@ -411,23 +535,41 @@ impl StateStore for GitStore {
                 Err(refusal) => return Ok(Written::Refused(refusal)),
             };
             let content = match &change {
-                Change::Put(bytes) if stored.as_deref() == Some(bytes.as_ref()) => return Ok(Written::Unchanged),
+                Change::Put(bytes) if stored.as_deref() == Some(bytes.as_ref()) => {
+                    return Ok(Written::Unchanged);
+                }
                 Change::Put(bytes) => Some(bytes.clone()),
                 Change::Delete => None,
             };
             let commit = remote.commit(tip, name.to_string(), content, meta).await?;
-            let mut commands = vec![Command { old: tip.unwrap_or_else(null), new: commit.id, name: branch.clone() }];
+            let mut commands = vec![Command {
+                old: tip.unwrap_or_else(null),
+                new: commit.id,
+                name: branch.clone(),
+            }];
             if let Some(lock_tip) = lock_tip {
                 // The plan accepted the lock as it is: the write lands only if it still is.
-                commands.push(Command { old: lock_tip, new: lock_tip, name: lock_ref.clone() });
+                commands.push(Command {
+                    old: lock_tip,
+                    new: lock_tip,
+                    name: lock_ref.clone(),
+                });
             }
             let report = remote.push(commands.clone(), commit.objects).await?;
             if report.all_ok(&commands) {
                 remote.saw_tip(commit.id);
-                return Ok(Written::Committed { version: commit.id.to_string() });
+                return Ok(Written::Committed {
+                    version: commit.id.to_string(),
+                });
             }
-            tracing::debug!(attempt, ?report, "write lost a race, rebuilding on the new tip");
+            tracing::debug!(
+                attempt,
+                ?report,
+                "write lost a race, rebuilding on the new tip"
+            );
         }
-        Err(StoreError::Contention { attempts: MAX_WRITE_ATTEMPTS })
+        Err(StoreError::Contention {
+            attempts: MAX_WRITE_ATTEMPTS,
+        })
     }
 }

@@ -12,6 +12,8 @@ async fn main() -> Result<(), lambda_http::Error> {
     lambda_http::tracing::init_default_subscriber();
     let settings = Settings::from_env(Runtime::Lambda).context("reading GITSTATE_* settings")?;
     let backend = gitstate_git::backend(&settings).context("opening the git store")?;
-    let limits = Limits { max_body_bytes: settings.max_body_bytes };
+    let limits = Limits {
+        max_body_bytes: settings.max_body_bytes,
+    };
     lambda_http::run(router(Arc::new(backend), limits)).await
 }
