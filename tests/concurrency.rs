@@ -113,3 +113,131 @@ async fn eight_writers_lose_no_update() {
     }
     git(&["--git-dir", bare, "fsck", "--strict"], None);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_backend_serves_concurrent_writers_on_one_cache() {
+    init_tracing();
+    let server = GitServer::start().await;
+    let url = server.create_repo("shared-cache");
+    let backend = TestBackend::start(&url, &[]).await;
+    let tasks: Vec<_> = (0..8)
+        .map(|w| {
+            let client = Client::new(&backend.url);
+            tokio::spawn(async move {
+                for serial in 1..=5u64 {
+                    let write = client
+                        .send(
+                            "POST",
+                            &format!("/states/s{w}.tfstate"),
+                            Some(&state_json("one-cache", serial)),
+                        )
+                        .await;
+                    assert_eq!(write.status, 200, "s{w} serial {serial}: {}", write.body);
+                    let read = client
+                        .send("GET", &format!("/states/s{w}.tfstate"), None)
+                        .await;
+                    assert_eq!(read.body, state_json("one-cache", serial));
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("writer");
+    }
+    let bare = server.repo_dir("shared-cache");
+    let count = git(
+        &[
+            "--git-dir",
+            bare.to_str().expect("utf-8"),
+            "rev-list",
+            "--count",
+            "main",
+        ],
+        None,
+    );
+    assert_eq!(count.trim(), "40");
+}
+
+/// The embedded default: a local bare repository updated with ref transactions, many requests
+/// at once on one process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn embedded_repository_locks_and_writes_concurrently() {
+    init_tracing();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let repo = dir.path().join("repo.git");
+    let vars = std::collections::HashMap::from([
+        (
+            "GITSTATE_LOCAL_REPOSITORY".to_owned(),
+            repo.display().to_string(),
+        ),
+        (
+            "GITSTATE_CACHE_DIR".to_owned(),
+            dir.path().join("cache").display().to_string(),
+        ),
+    ]);
+    let settings =
+        gitstate_core::config::Settings::from_lookup(gitstate_core::config::Runtime::Local, |k| {
+            vars.get(k).cloned()
+        })
+        .expect("settings");
+    let backend = TestBackend::serve(
+        gitstate_tests::app(&settings),
+        tempfile::tempdir().expect("tempdir"),
+    )
+    .await;
+
+    let lockers: Vec<_> = (0..16)
+        .map(|i| {
+            let client = Client::new(&backend.url);
+            tokio::spawn(async move { client.lock("local.tfstate", &format!("L{i}")).await.status })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for task in lockers {
+        statuses.push(task.await.expect("locker"));
+    }
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 200).count(),
+        1,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 423).count(),
+        15,
+        "{statuses:?}"
+    );
+
+    let writers: Vec<_> = (0..4)
+        .map(|w| {
+            let client = Client::new(&backend.url);
+            tokio::spawn(async move {
+                for serial in 1..=5u64 {
+                    let answer = client
+                        .send(
+                            "POST",
+                            &format!("/states/w{w}.tfstate"),
+                            Some(&state_json("local", serial)),
+                        )
+                        .await;
+                    assert_eq!(answer.status, 200, "{}", answer.body);
+                }
+            })
+        })
+        .collect();
+    for task in writers {
+        task.await.expect("writer");
+    }
+    let repo = repo.to_str().expect("utf-8");
+    assert_eq!(
+        git(&["--git-dir", repo, "rev-list", "--count", "main"], None).trim(),
+        "20"
+    );
+    assert_eq!(
+        git(&["--git-dir", repo, "show", "main:w3.tfstate"], None),
+        state_json("local", 5)
+    );
+    assert!(
+        git(&["--git-dir", repo, "for-each-ref"], None).contains("refs/heads/locks/local.tfstate")
+    );
+    git(&["--git-dir", repo, "fsck", "--strict"], None);
+}

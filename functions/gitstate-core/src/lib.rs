@@ -7,6 +7,7 @@ mod lock;
 mod name;
 pub mod ports;
 pub mod service;
+#[cfg(any(test, feature = "test-util"))]
 pub mod testing;
 
 pub use lock::{LockInfo, LockInfoError, UnlockRequest};
