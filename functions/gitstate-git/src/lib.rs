@@ -37,6 +37,18 @@ pub enum Error {
     Join(#[from] tokio::task::JoinError),
 }
 
+impl Error {
+    /// Failures worth one more try from a fresh look at the remote: a refused fetch of a tip that
+    /// just moved, or a remote answering 5xx.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Remote(_) => true,
+            Self::Status { status, .. } => *status >= 500 || *status == 429,
+            _ => false,
+        }
+    }
+}
+
 impl From<Error> for StoreError {
     fn from(error: Error) -> Self {
         match error {

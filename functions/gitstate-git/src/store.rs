@@ -495,8 +495,8 @@ impl StateStore for GitStore {
         plan: WritePlan,
     ) -> Result<Written, StoreError> {
         let remote = self.remote(at)?;
-        let (branch, lock_ref) = (at.branch.full_ref(), self.lock_ref(name));
         let started = std::time::Instant::now();
+        let mut last_error = None;
         for attempt in 1..=MAX_WRITE_ATTEMPTS {
             if attempt > 1 {
                 // Exponential backoff with full jitter, so contenders spread out.
@@ -506,70 +506,98 @@ impl StateStore for GitStore {
                     break;
                 }
             }
-            let advert = remote
-                .refs(Service::ReceivePack, vec![branch.clone(), lock_ref.clone()])
-                .await?;
-            let (tip, lock_tip) = (advert.tip(&branch), advert.tip(&lock_ref));
-            match remote
-                .ensure(tip.into_iter().chain(lock_tip).collect())
-                .await
-            {
-                Ok(()) => {}
-                // The tip moved between advertisement and fetch ("not our ref"): look again.
-                Err(Error::Remote(why)) => {
-                    tracing::debug!(attempt, why, "fetch of an advertised tip failed, retrying");
-                    continue;
+            match self.write_attempt(&remote, at, name, &change, &plan).await {
+                Ok(Attempt::Done(written)) => return Ok(written),
+                Ok(Attempt::Lost(report)) => {
+                    tracing::debug!(
+                        attempt,
+                        ?report,
+                        "write lost a race, rebuilding on the new tip"
+                    );
                 }
-                Err(other) => return Err(other.into()),
-            }
-            let held = match lock_tip {
-                Some(lock_tip) => Some(self.held(&remote, lock_tip, name).await?),
-                None => None,
-            };
-            let stored = match tip {
-                Some(tip) => remote.read(tip, name.to_string()).await?,
-                None => None,
-            };
-            let meta = match plan(held.as_ref(), stored.as_deref()) {
-                Ok(meta) => meta,
-                Err(refusal) => return Ok(Written::Refused(refusal)),
-            };
-            let content = match &change {
-                Change::Put(bytes) if stored.as_deref() == Some(bytes.as_ref()) => {
-                    return Ok(Written::Unchanged);
+                // A tip that moved between advertisement and fetch ("not our ref"), a remote that
+                // hiccuped: every attempt starts from what the remote says now, and a push that
+                // did land shows up as "unchanged", so trying again is safe.
+                Err(error) if error.is_transient() => {
+                    tracing::debug!(attempt, error = %gitstate_core::http::chain(&error), "write attempt failed, retrying");
+                    last_error = Some(error);
                 }
-                Change::Put(bytes) => Some(bytes.clone()),
-                Change::Delete => None,
-            };
-            let commit = remote.commit(tip, name.to_string(), content, meta).await?;
-            let mut commands = vec![Command {
-                old: tip.unwrap_or_else(null),
-                new: commit.id,
-                name: branch.clone(),
-            }];
-            if let Some(lock_tip) = lock_tip {
-                // The plan accepted the lock as it is: the write lands only if it still is.
-                commands.push(Command {
-                    old: lock_tip,
-                    new: lock_tip,
-                    name: lock_ref.clone(),
-                });
+                Err(error) => return Err(error.into()),
             }
-            let report = remote.push(commands.clone(), commit.objects).await?;
-            if report.all_ok(&commands) {
-                remote.saw_tip(commit.id);
-                return Ok(Written::Committed {
-                    version: commit.id.to_string(),
-                });
-            }
-            tracing::debug!(
-                attempt,
-                ?report,
-                "write lost a race, rebuilding on the new tip"
-            );
         }
-        Err(StoreError::Contention {
-            attempts: MAX_WRITE_ATTEMPTS,
-        })
+        match last_error {
+            Some(error) => Err(error.into()),
+            None => Err(StoreError::Contention {
+                attempts: MAX_WRITE_ATTEMPTS,
+            }),
+        }
+    }
+}
+
+/// How one write attempt ended.
+enum Attempt {
+    Done(Written),
+    /// The remote refused the push: another writer moved the branch or the lock changed.
+    Lost(PushReport),
+}
+
+impl GitStore {
+    async fn write_attempt(
+        &self,
+        remote: &Remote,
+        at: &Location,
+        name: &StateName,
+        change: &Change,
+        plan: &WritePlan,
+    ) -> Result<Attempt, Error> {
+        let (branch, lock_ref) = (at.branch.full_ref(), self.lock_ref(name));
+        let advert = remote
+            .refs(Service::ReceivePack, vec![branch.clone(), lock_ref.clone()])
+            .await?;
+        let (tip, lock_tip) = (advert.tip(&branch), advert.tip(&lock_ref));
+        remote
+            .ensure(tip.into_iter().chain(lock_tip).collect())
+            .await?;
+        let held = match lock_tip {
+            Some(lock_tip) => Some(self.held(remote, lock_tip, name).await?),
+            None => None,
+        };
+        let stored = match tip {
+            Some(tip) => remote.read(tip, name.to_string()).await?,
+            None => None,
+        };
+        let meta = match plan(held.as_ref(), stored.as_deref()) {
+            Ok(meta) => meta,
+            Err(refusal) => return Ok(Attempt::Done(Written::Refused(refusal))),
+        };
+        let content = match change {
+            Change::Put(bytes) if stored.as_deref() == Some(bytes.as_ref()) => {
+                return Ok(Attempt::Done(Written::Unchanged));
+            }
+            Change::Put(bytes) => Some(bytes.clone()),
+            Change::Delete => None,
+        };
+        let commit = remote.commit(tip, name.to_string(), content, meta).await?;
+        let mut commands = vec![Command {
+            old: tip.unwrap_or_else(null),
+            new: commit.id,
+            name: branch,
+        }];
+        if let Some(lock_tip) = lock_tip {
+            // The plan accepted the lock as it is: the write lands only if it still is.
+            commands.push(Command {
+                old: lock_tip,
+                new: lock_tip,
+                name: lock_ref,
+            });
+        }
+        let report = remote.push(commands.clone(), commit.objects).await?;
+        if report.all_ok(&commands) {
+            remote.saw_tip(commit.id);
+            return Ok(Attempt::Done(Written::Committed {
+                version: commit.id.to_string(),
+            }));
+        }
+        Ok(Attempt::Lost(report))
     }
 }
