@@ -64,6 +64,17 @@ impl Cache {
         Ok(())
     }
 
+    /// Open the repository afresh, so objects another handle just wrote (a new pack) are seen
+    /// without relying on the object database noticing on its own.
+    pub fn reload(&self) -> Result<(), Error> {
+        let fresh = gix::open_opts(&self.dir, open_options())?.into_sync();
+        *self
+            .repo
+            .write()
+            .map_err(|_| Error::Corrupt("cache lock poisoned".into()))? = fresh;
+        Ok(())
+    }
+
     pub fn repo(&self) -> Result<gix::Repository, Error> {
         let guard = self
             .repo

@@ -272,9 +272,13 @@ impl Remote {
         };
         let pack = http.fetch(&missing, &haves).await?;
         let cache = self.cache.clone();
-        blocking(move || pack::index_into(cache.git_dir(), &pack)).await?;
+        blocking(move || {
+            pack::index_into(cache.git_dir(), &pack)?;
+            cache.reload()
+        })
+        .await?;
         if !self.missing(missing).await?.is_empty() {
-            return Err(Error::Protocol(
+            return Err(Error::Remote(
                 "the fetch did not deliver the requested commits".into(),
             ));
         }
