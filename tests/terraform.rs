@@ -61,6 +61,32 @@ impl Cli {
         command
     }
 
+    /// Start an apply of `round` whose provisioner sleeps `sleep` seconds while holding the lock.
+    fn slow_apply(
+        &self,
+        dir: &Path,
+        round: u32,
+        sleep: u32,
+    ) -> tokio::task::JoinHandle<std::process::ExitStatus> {
+        let (round, sleep) = (format!("round={round}"), format!("sleep={sleep}"));
+        let mut child = self
+            .command(
+                dir,
+                &[
+                    "apply",
+                    "-auto-approve",
+                    "-no-color",
+                    "-var",
+                    &round,
+                    "-var",
+                    &sleep,
+                ],
+            )
+            .spawn()
+            .expect("spawn apply");
+        tokio::spawn(async move { child.wait().await.expect("apply exits") })
+    }
+
     async fn run(&self, dir: &Path, args: &[&str]) -> Output {
         self.command(dir, args).output().await.expect("client runs")
     }
@@ -205,21 +231,7 @@ async fn full_flow(cli: Cli, label: &str) {
     );
 
     // A second apply while the first holds the lock is refused with the holder's lock ID.
-    let mut first = cli
-        .command(
-            &dir,
-            &[
-                "apply",
-                "-auto-approve",
-                "-no-color",
-                "-var",
-                "round=1",
-                "-var",
-                "sleep=4",
-            ],
-        )
-        .spawn()
-        .expect("spawn");
+    let first = cli.slow_apply(&dir, 1, 4);
     let holder = wait_for_lock(&client, NAME).await;
     let refs = git(&["ls-remote", &server.url_with_credentials("infra")], None);
     assert!(
@@ -241,24 +253,10 @@ async fn full_flow(cli: Cli, label: &str) {
         text.contains(&holder),
         "the refusal names the holder {holder}:\n{text}"
     );
-    assert!(first.wait().await.expect("first apply").success());
+    assert!(first.await.expect("first apply").success());
 
     // -lock-timeout waits for the holder, then succeeds.
-    let mut first = cli
-        .command(
-            &dir,
-            &[
-                "apply",
-                "-auto-approve",
-                "-no-color",
-                "-var",
-                "round=2",
-                "-var",
-                "sleep=3",
-            ],
-        )
-        .spawn()
-        .expect("spawn");
+    let first = cli.slow_apply(&dir, 2, 3);
     wait_for_lock(&client, NAME).await;
     let waited = cli
         .ok(
@@ -273,7 +271,7 @@ async fn full_flow(cli: Cli, label: &str) {
             ],
         )
         .await;
-    assert!(first.wait().await.expect("first apply").success());
+    assert!(first.await.expect("first apply").success());
     assert!(waited.contains("Apply complete"), "{waited}");
     assert_eq!(
         stored_state(&server, NAME)["outputs"]["items"]["value"]["alpha"],

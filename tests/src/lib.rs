@@ -90,13 +90,7 @@ impl GitServer {
             seen: seen.clone(),
         };
         let app = axum::Router::new().fallback(cgi).with_state(state);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let address = listener.local_addr().expect("address");
-        let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
+        let (address, task) = serve_on_loopback(app).await;
         Self {
             address,
             root,
@@ -302,6 +296,18 @@ pub fn git_output(args: &[&str], dir: Option<&Path>) -> std::process::Output {
     command.output().expect("git runs")
 }
 
+/// Serve `app` on a free port of 127.0.0.1 until the returned task is dropped with the test.
+async fn serve_on_loopback(app: axum::Router) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let address = listener.local_addr().expect("address");
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (address, task)
+}
+
 /// A gitstate backend served in-process on 127.0.0.1.
 pub struct TestBackend {
     pub url: String,
@@ -351,13 +357,7 @@ impl TestBackend {
     }
 
     pub async fn serve(app: axum::Router, cache: tempfile::TempDir) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let address = listener.local_addr().expect("address");
-        let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
+        let (address, task) = serve_on_loopback(app).await;
         Self {
             url: format!("http://{address}"),
             cache,

@@ -253,7 +253,7 @@ impl Remote {
         let Transport::Http(http) = &self.transport else {
             return Ok(());
         };
-        let missing = self.missing(wants.clone()).await?;
+        let missing = self.missing(wants).await?;
         if missing.is_empty() {
             return Ok(());
         }
