@@ -105,6 +105,16 @@ impl Cache {
         Ok(Some(blob.detach().data))
     }
 
+    /// The message of a commit and its committer time (seconds since the epoch).
+    pub fn commit_summary(&self, id: ObjectId) -> Result<(String, i64), Error> {
+        let repo = self.repo()?;
+        let commit = repo.find_commit(id)?;
+        let decoded = commit.decode()?;
+        let message = decoded.message.to_string();
+        let seconds = decoded.committer()?.seconds();
+        Ok((message, seconds))
+    }
+
     /// Kind and content of an object, for packing.
     pub fn object(&self, id: ObjectId) -> Result<(Kind, Vec<u8>), Error> {
         let object = self.repo()?.find_object(id)?.detach();
