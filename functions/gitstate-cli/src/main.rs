@@ -98,6 +98,8 @@ async fn serve(state: &str) -> anyhow::Result<()> {
             let meta = CommitMeta {
                 author_name: committer.name.clone(),
                 author_email: committer.email.clone(),
+                committer_name: committer.name.clone(),
+                committer_email: committer.email.clone(),
                 message: String::new(),
             };
             access
@@ -179,7 +181,9 @@ fn hash_password() -> anyhow::Result<()> {
         .map(|s| s.strip_suffix('\r').unwrap_or(s))
         .unwrap_or(&input);
     if secret.is_empty() {
-        bail!("no secret on standard input (e.g. `printf %s \"$SECRET\" | gitstate hash-password`)");
+        bail!(
+            "no secret on standard input (e.g. `printf %s \"$SECRET\" | gitstate hash-password`)"
+        );
     }
     if secret.chars().count() < 16 {
         eprintln!("warning: a secret shorter than 16 characters is easy to guess");
@@ -189,8 +193,8 @@ fn hash_password() -> anyhow::Result<()> {
 }
 
 fn access_check(file: &std::path::Path) -> anyhow::Result<()> {
-    let text = std::fs::read_to_string(file)
-        .with_context(|| format!("reading {}", file.display()))?;
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
     let policy = Policy::parse(&text).with_context(|| format!("{} is invalid", file.display()))?;
     let mut out = std::io::stdout().lock();
     writeln!(

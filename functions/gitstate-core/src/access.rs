@@ -181,9 +181,7 @@ pub fn check_user_name(name: &str) -> Result<(), AccessError> {
     } else {
         Err(AccessError::User {
             user: name.chars().take(MAX_USER_BYTES).collect(),
-            reason: format!(
-                "a user name is 1 to {MAX_USER_BYTES} characters of [A-Za-z0-9._@-]"
-            ),
+            reason: format!("a user name is 1 to {MAX_USER_BYTES} characters of [A-Za-z0-9._@-]"),
         })
     }
 }
@@ -333,7 +331,15 @@ mod tests {
         let all = Grant::parse("read:*").expect("valid");
         assert!(all.allows(Role::Read, &name("x.tfstate")));
         assert_eq!(all.to_string(), "read:*");
-        for bad in ["write", "owner:*", "read:", "read:/etc", "read:../x", "read:a b", "read:.gitstate/"] {
+        for bad in [
+            "write",
+            "owner:*",
+            "read:",
+            "read:/etc",
+            "read:../x",
+            "read:a b",
+            "read:.gitstate/",
+        ] {
             assert!(Grant::parse(bad).is_err(), "{bad}");
         }
     }
@@ -346,10 +352,16 @@ mod tests {
         let policy = Policy::parse(&text).expect("valid file");
         let alice = policy.user("alice").expect("alice");
         assert_eq!(alice.grants.len(), 2);
-        assert!(!format!("{alice:?}").contains("argon2"), "Debug hides the hash");
+        assert!(
+            !format!("{alice:?}").contains("argon2"),
+            "Debug hides the hash"
+        );
         let policy = policy.with_bootstrap("root", HASH).expect("bootstrap");
         assert_eq!(policy.users().count(), 2);
-        assert_eq!(policy.user("root").expect("root").grants[0].role, Role::Admin);
+        assert_eq!(
+            policy.user("root").expect("root").grants[0].role,
+            Role::Admin
+        );
 
         for (bad, needle) in [
             ("[users.bob]\nhash = \"secret\"\n", "PHC"),
@@ -361,7 +373,12 @@ mod tests {
             assert!(error.contains(needle), "{bad}: {error}");
         }
         let weak = "[users.bob]\nhash = \"$argon2id$v=19$m=4096,t=3,p=1$c29tZXNhbHQ$RdescudvJCsgt3ub+b+dWRWJTmaaJObG\"\n";
-        assert!(Policy::parse(weak).expect_err("weak").to_string().contains("weaker"));
+        assert!(
+            Policy::parse(weak)
+                .expect_err("weak")
+                .to_string()
+                .contains("weaker")
+        );
     }
 
     #[test]
@@ -371,7 +388,10 @@ mod tests {
         let denied = caller
             .require(Role::Admin, &name("app/x.tfstate"))
             .expect_err("no admin");
-        assert_eq!(denied.to_string(), "user ci needs the admin grant on app/x.tfstate");
+        assert_eq!(
+            denied.to_string(),
+            "user ci needs the admin grant on app/x.tfstate"
+        );
         assert!(Caller::operator("ops").may(Role::Admin, &name("any/thing.tfstate")));
     }
 }

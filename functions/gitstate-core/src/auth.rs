@@ -295,9 +295,7 @@ impl Access {
                     .map(|l| (*l.policy).clone());
                 match previous {
                     Some(policy) => policy,
-                    None => self
-                        .complete(Policy::default())
-                        .map_err(|_| poisoned(()))?,
+                    None => self.complete(Policy::default()).map_err(|_| poisoned(()))?,
                 }
             }
         };
@@ -359,11 +357,10 @@ impl Access {
         }
         let hash = known.map_or(dummy, |u| u.hash.clone());
         let verifier = self.verifier.clone();
-        let verified = tokio::task::spawn_blocking(move || {
-            verifier.verify(&hash, secret.expose().as_bytes())
-        })
-        .await
-        .unwrap_or(false);
+        let verified =
+            tokio::task::spawn_blocking(move || verifier.verify(&hash, secret.expose().as_bytes()))
+                .await
+                .unwrap_or(false);
         match known {
             Some(found) if verified => {
                 if let Ok(mut loaded) = self.loaded.lock()
@@ -468,13 +465,13 @@ mod tests {
             Ok(("alice".into(), "pw:with:colons".into()))
         );
         assert_eq!(parse_basic(None), Err(BasicError::Missing));
-        assert_eq!(
-            parse_basic(Some(b"Bearer abc")),
-            Err(BasicError::Scheme)
-        );
+        assert_eq!(parse_basic(Some(b"Bearer abc")), Err(BasicError::Scheme));
         assert_eq!(parse_basic(Some(b"Basic !!!")), Err(BasicError::Base64));
         assert_eq!(parse_basic(Some(b"Basic /w==")), Err(BasicError::Utf8));
-        assert_eq!(parse_basic(Some(b"Basic bm9jb2xvbg==")), Err(BasicError::NoColon));
+        assert_eq!(
+            parse_basic(Some(b"Basic bm9jb2xvbg==")),
+            Err(BasicError::NoColon)
+        );
         assert_eq!(parse_basic(Some(b"Basic OnB3")), Err(BasicError::Empty));
         assert_eq!(parse_basic(Some(b"Basic")), Err(BasicError::Scheme));
         assert_eq!(
@@ -518,11 +515,18 @@ mod tests {
         .expect("valid");
         let count = || counter.0.load(Ordering::SeqCst);
         assert!(matches!(
-            access.authenticate(Some(&header("nobody", "x")), None).await,
+            access
+                .authenticate(Some(&header("nobody", "x")), None)
+                .await,
             Err(AuthError::Unauthenticated)
         ));
         assert_eq!(count(), 1, "an unknown user is verified against the dummy");
-        assert!(access.authenticate(Some(&header("alice", "wrong")), None).await.is_err());
+        assert!(
+            access
+                .authenticate(Some(&header("alice", "wrong")), None)
+                .await
+                .is_err()
+        );
         assert_eq!(count(), 2);
         let caller = access
             .authenticate(Some(&header("alice", "right")), None)
@@ -535,8 +539,17 @@ mod tests {
             .await
             .expect("cached");
         assert_eq!(count(), 3, "a verified credential is not hashed again");
-        assert!(access.authenticate(Some(&header("alice", "wrong")), None).await.is_err());
-        assert_eq!(count(), 4, "a different secret is never served from the cache");
+        assert!(
+            access
+                .authenticate(Some(&header("alice", "wrong")), None)
+                .await
+                .is_err()
+        );
+        assert_eq!(
+            count(),
+            4,
+            "a different secret is never served from the cache"
+        );
         assert!(access.authenticate(Some(b"Basic !!"), None).await.is_err());
         assert_eq!(count(), 4, "malformed headers are refused before argon2");
     }
@@ -577,6 +590,8 @@ mod tests {
         let meta = CommitMeta {
             author_name: "gitstate".into(),
             author_email: "gitstate@localhost".into(),
+            committer_name: "gitstate".into(),
+            committer_email: "gitstate@localhost".into(),
             message: String::new(),
         };
         let token = access
@@ -596,7 +611,10 @@ mod tests {
             .authenticate(Some(&header("admin", token.expose())), None)
             .await
             .expect("first admin works");
-        assert!(caller.may(Role::Admin, &crate::StateName::parse("a.tfstate").expect("valid")));
+        assert!(caller.may(
+            Role::Admin,
+            &crate::StateName::parse("a.tfstate").expect("valid")
+        ));
         // Replacing the file drops the admin and the cached credential with it.
         store.put_config(ACCESS_PATH, Bytes::from_static(b"[users]\n"));
         assert!(matches!(

@@ -153,12 +153,14 @@ impl Settings {
         let source = match (get("GITSTATE_ACCESS"), get("GITSTATE_ACCESS_FILE")) {
             (Some(_), Some(_)) => return Err(ConfigError::TwoAccessSources),
             (Some(text), None) => AccessSource::Text(text),
-            (None, Some(path)) => AccessSource::Text(std::fs::read_to_string(&path).map_err(
-                |e| ConfigError::Invalid {
-                    var: "GITSTATE_ACCESS_FILE",
-                    reason: format!("cannot read {path:?}: {e}"),
-                },
-            )?),
+            (None, Some(path)) => {
+                AccessSource::Text(std::fs::read_to_string(&path).map_err(|e| {
+                    ConfigError::Invalid {
+                        var: "GITSTATE_ACCESS_FILE",
+                        reason: format!("cannot read {path:?}: {e}"),
+                    }
+                })?)
+            }
             (None, None) => AccessSource::Repository,
         };
         let refresh = match get("GITSTATE_ACCESS_REFRESH_SECS") {

@@ -356,7 +356,9 @@ async fn dispatch(
     let caller = if uri.path() == "/health" {
         None
     } else {
-        let authorization = headers.get(header::AUTHORIZATION).map(HeaderValue::as_bytes);
+        let authorization = headers
+            .get(header::AUTHORIZATION)
+            .map(HeaderValue::as_bytes);
         Some(app.access.authenticate(authorization, client).await?)
     };
     let target = parse_target(uri)?;

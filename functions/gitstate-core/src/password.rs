@@ -33,9 +33,7 @@ pub enum HashError {
     Algorithm(String),
     #[error("argon2 version {0} is not 19 (0x13)")]
     Version(u32),
-    #[error(
-        "parameters m={m},t={t} are weaker than the minimum m={MIN_MEMORY_KIB},t={MIN_PASSES}"
-    )]
+    #[error("parameters m={m},t={t} are weaker than the minimum m={MIN_MEMORY_KIB},t={MIN_PASSES}")]
     Weak { m: u32, t: u32 },
     #[error("hashing failed: {0}")]
     Hashing(String),
@@ -67,7 +65,8 @@ pub fn hash_secret(secret: &[u8]) -> Result<String, HashError> {
         .map_err(|e| HashError::Hashing(e.to_string()))?;
     let hasher = Argon2::new(Algorithm::Argon2id, Version::V0x13, params);
     let salt_bytes: [u8; 16] = rand::random();
-    let salt = SaltString::encode_b64(&salt_bytes).map_err(|e| HashError::Hashing(e.to_string()))?;
+    let salt =
+        SaltString::encode_b64(&salt_bytes).map_err(|e| HashError::Hashing(e.to_string()))?;
     hasher
         .hash_password(secret, &salt)
         .map(|hash| hash.to_string())

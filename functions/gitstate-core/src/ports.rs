@@ -31,8 +31,12 @@ pub struct HeldLock {
 /// Who a commit is written as and what it says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommitMeta {
+    /// The authenticated user.
     pub author_name: String,
     pub author_email: String,
+    /// The backend itself (`GITSTATE_COMMITTER_NAME`).
+    pub committer_name: String,
+    pub committer_email: String,
     pub message: String,
 }
 

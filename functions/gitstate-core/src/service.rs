@@ -348,6 +348,8 @@ impl Backend {
         CommitMeta {
             author_name: caller.user.clone(),
             author_email: self.committer.email.clone(),
+            committer_name: self.committer.name.clone(),
+            committer_email: self.committer.email.clone(),
             message,
         }
     }
@@ -456,7 +458,9 @@ mod tests {
         b.unlock(&admin(), &at, &name, b"")
             .await
             .expect("unlocking nothing is fine");
-        b.lock(&admin(), &at, &name, lock_body("A")).await.expect("lock");
+        b.lock(&admin(), &at, &name, lock_body("A"))
+            .await
+            .expect("lock");
         assert!(matches!(
             b.unlock(&admin(), &at, &name, &lock_body("B")).await,
             Err(ServiceError::LockMismatch(_))
@@ -467,7 +471,9 @@ mod tests {
         b.lock(&admin(), &at, &name, lock_body("C"))
             .await
             .expect("lock again");
-        b.unlock(&admin(), &at, &name, b"").await.expect("force-unlock");
+        b.unlock(&admin(), &at, &name, b"")
+            .await
+            .expect("force-unlock");
         assert!(matches!(
             b.get_lock(&admin(), &at, &name).await,
             Err(ServiceError::NoLock)
@@ -481,29 +487,36 @@ mod tests {
             .await
             .expect("unlocked write without ID");
         assert!(matches!(
-            b.put_state(&admin(), &at, &name, Some("X"), state("L", 2)).await,
+            b.put_state(&admin(), &at, &name, Some("X"), state("L", 2))
+                .await,
             Err(ServiceError::NotLocked { .. })
         ));
-        b.lock(&admin(), &at, &name, lock_body("A")).await.expect("lock");
+        b.lock(&admin(), &at, &name, lock_body("A"))
+            .await
+            .expect("lock");
         assert!(matches!(
             b.put_state(&admin(), &at, &name, None, state("L", 2)).await,
             Err(ServiceError::Locked(_))
         ));
         assert!(matches!(
-            b.put_state(&admin(), &at, &name, Some("B"), state("L", 2)).await,
+            b.put_state(&admin(), &at, &name, Some("B"), state("L", 2))
+                .await,
             Err(ServiceError::LockMismatch(_))
         ));
         b.put_state(&admin(), &at, &name, Some("A"), state("L", 3))
             .await
             .expect("holder writes");
         assert!(matches!(
-            b.put_state(&admin(), &at, &name, Some("A"), state("L", 2)).await,
+            b.put_state(&admin(), &at, &name, Some("A"), state("L", 2))
+                .await,
             Err(ServiceError::Stale { stored: 3, sent: 2 })
         ));
         b.put_state(&admin(), &at, &name, Some("A"), state("other-lineage", 1))
             .await
             .expect("new lineage");
-        b.put_state(&admin(), &at,
+        b.put_state(
+            &admin(),
+            &at,
             &name,
             Some("A"),
             Bytes::from_static(b"{\"encrypted_data\":\"x\"}"),
@@ -516,7 +529,10 @@ mod tests {
             Err(ServiceError::InvalidState(_))
         ));
         assert_eq!(
-            b.get_state(&admin(), &at, &name).await.expect("stored").as_ref(),
+            b.get_state(&admin(), &at, &name)
+                .await
+                .expect("stored")
+                .as_ref(),
             b"{\"encrypted_data\":\"x\"}"
         );
     }
@@ -531,7 +547,9 @@ mod tests {
         b.put_state(&admin(), &at, &name, None, state("L", 1))
             .await
             .expect("write");
-        b.delete_state(&admin(), &at, &name, None).await.expect("delete");
+        b.delete_state(&admin(), &at, &name, None)
+            .await
+            .expect("delete");
         assert!(matches!(
             b.get_state(&admin(), &at, &name).await,
             Err(ServiceError::NotFound)
@@ -569,17 +587,22 @@ mod tests {
             Err(ServiceError::Forbidden(denied)) => assert_eq!(denied.role, Role::Admin),
             other => panic!("bob must not release ann's lock: {other:?}"),
         }
-        assert!(matches!(
-            b.unlock(&writer("ann"), &at, &name, b"").await,
-            Err(ServiceError::Forbidden(_))
-        ), "force-unlock takes admin, even for the owner");
+        assert!(
+            matches!(
+                b.unlock(&writer("ann"), &at, &name, b"").await,
+                Err(ServiceError::Forbidden(_))
+            ),
+            "force-unlock takes admin, even for the owner"
+        );
         b.unlock(&writer("ann"), &at, &name, &lock_body("A"))
             .await
             .expect("ann releases her own lock");
         b.lock(&writer("ann"), &at, &name, lock_body("B"))
             .await
             .expect("lock again");
-        b.unlock(&admin(), &at, &name, b"").await.expect("admin force-unlocks");
+        b.unlock(&admin(), &at, &name, b"")
+            .await
+            .expect("admin force-unlocks");
         let outside = StateName::parse("app/x.tfstate").expect("valid");
         assert!(matches!(
             b.get_state(&writer("ann"), &at, &outside).await,

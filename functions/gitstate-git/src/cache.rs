@@ -148,16 +148,21 @@ impl Cache {
         };
         let tree = editor.write()?.detach();
         let now = gix::date::Time::now_utc();
-        let signature = gix::actor::Signature {
+        let author = gix::actor::Signature {
             name: meta.author_name.as_str().into(),
             email: meta.author_email.as_str().into(),
+            time: now,
+        };
+        let committer = gix::actor::Signature {
+            name: meta.committer_name.as_str().into(),
+            email: meta.committer_email.as_str().into(),
             time: now,
         };
         let commit = gix::objs::Commit {
             tree,
             parents: parent.into_iter().collect(),
-            author: signature.clone(),
-            committer: signature,
+            author,
+            committer,
             encoding: None,
             message: meta.message.as_str().into(),
             extra_headers: Vec::new(),

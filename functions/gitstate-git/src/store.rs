@@ -582,7 +582,10 @@ impl GitStore {
                     break;
                 }
             }
-            match self.write_attempt(&remote, at, path, lock, &change, &plan).await {
+            match self
+                .write_attempt(&remote, at, path, lock, &change, &plan)
+                .await
+            {
                 Ok(Attempt::Done(written)) => return Ok(written),
                 Ok(Attempt::Lost(report)) => {
                     tracing::debug!(
