@@ -63,6 +63,45 @@ pub fn init_tracing() {
     }
 }
 
+/// Every log line of this test process, at trace level for every crate (hyper, reqwest and gix
+/// included), kept in memory so a test can assert that no secret was ever logged.
+pub fn capture_logs() {
+    static INSTALLED: OnceLock<()> = OnceLock::new();
+    INSTALLED.get_or_init(|| {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new("trace"))
+            .with_writer(|| CapturedWriter)
+            .with_ansi(false)
+            .try_init();
+    });
+}
+
+fn log_buffer() -> &'static Mutex<Vec<u8>> {
+    static BUFFER: OnceLock<Mutex<Vec<u8>>> = OnceLock::new();
+    BUFFER.get_or_init(Mutex::default)
+}
+
+struct CapturedWriter;
+
+impl std::io::Write for CapturedWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        log_buffer()
+            .lock()
+            .expect("log buffer")
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// What [`capture_logs`] has captured so far.
+pub fn captured_logs() -> String {
+    String::from_utf8_lossy(&log_buffer().lock().expect("log buffer")).into_owned()
+}
+
 /// One request the git server saw.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Seen {

@@ -37,12 +37,22 @@ const MAX_TRACKED: usize = 10_000;
 const MAX_VERIFIED: usize = 4_096;
 
 /// Where the access policy comes from.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub enum AccessSource {
     /// [`ACCESS_PATH`] on the configured branch of the primary repository.
     Repository,
     /// A fixed access file (`GITSTATE_ACCESS`, or the contents of `GITSTATE_ACCESS_FILE`).
     Text(String),
+}
+
+impl std::fmt::Debug for AccessSource {
+    // The text holds password hashes: keep it out of logs.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Repository => f.write_str("Repository"),
+            Self::Text(text) => write!(f, "Text({} bytes)", text.len()),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
