@@ -39,13 +39,29 @@ fn tofu_binary() -> PathBuf {
 struct Cli {
     bin: PathBuf,
     config: tempfile::TempDir,
+    /// TF_HTTP_USERNAME / TF_HTTP_PASSWORD.
+    user: (String, String),
 }
 
 impl Cli {
     fn new(bin: PathBuf) -> Self {
         let config = tempfile::tempdir().expect("tempdir");
         std::fs::write(config.path().join("empty.tfrc"), "").expect("cli config");
-        Self { bin, config }
+        Self {
+            bin,
+            config,
+            user: (
+                gitstate_tests::TEST_USER.to_owned(),
+                gitstate_tests::TEST_PASSWORD.to_owned(),
+            ),
+        }
+    }
+
+    fn as_user(bin: PathBuf, user: &str, password: &str) -> Self {
+        Self {
+            user: (user.to_owned(), password.to_owned()),
+            ..Self::new(bin)
+        }
     }
 
     fn command(&self, dir: &Path, args: &[&str]) -> tokio::process::Command {
@@ -55,8 +71,8 @@ impl Cli {
             .current_dir(dir)
             .env("TF_CLI_CONFIG_FILE", self.config.path().join("empty.tfrc"))
             .env("CHECKPOINT_DISABLE", "1")
-            .env("TF_HTTP_USERNAME", gitstate_tests::TEST_USER)
-            .env("TF_HTTP_PASSWORD", gitstate_tests::TEST_PASSWORD)
+            .env("TF_HTTP_USERNAME", &self.user.0)
+            .env("TF_HTTP_PASSWORD", &self.user.1)
             .env("TF_IN_AUTOMATION", "1")
             .env("TF_INPUT", "0")
             .kill_on_drop(true);
@@ -352,4 +368,136 @@ async fn terraform_end_to_end() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn opentofu_end_to_end() {
     full_flow(Cli::new(tofu_binary()), "tofu-e2e").await;
+}
+
+/// Grants as Terraform meets them: a reader can plan without a lock but not apply, a writer
+/// applies, a writer cannot force-unlock another user's lock, an administrator can.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terraform_respects_each_users_grants() {
+    init_tracing();
+    let server = GitServer::start().await;
+    let url = server.create_repo("infra");
+    let users: [(&str, &str, &[&str]); 4] = [
+        ("reader", "reader-password-0123456789", &["read:env/"]),
+        ("writer", "writer-password-0123456789", &["write:env/"]),
+        ("other", "other-password-0123456789", &["write:env/"]),
+        ("admin", "admin-password-0123456789", &["admin:*"]),
+    ];
+    let access = gitstate_tests::access_file(&users);
+    let backend = TestBackend::start(&url, &[("GITSTATE_ACCESS", &access)]).await;
+    let cli = |i: usize| Cli::as_user(terraform_binary(), users[i].0, users[i].1);
+    let (reader, writer, admin) = (cli(0), cli(1), cli(3));
+    let work = tempfile::tempdir().expect("tempdir");
+    let dir = work.path();
+    std::fs::write(
+        dir.join("main.tf"),
+        format!("{}{RESOURCES}", backend_block(&backend.url, NAME)),
+    )
+    .expect("config");
+
+    writer.ok(dir, &["init", "-input=false", "-no-color"]).await;
+    writer
+        .ok(
+            dir,
+            &["apply", "-auto-approve", "-input=false", "-no-color"],
+        )
+        .await;
+    assert_eq!(instances(&stored_state(&server, NAME)), 4);
+
+    // The reader plans without the lock, and cannot apply.
+    let plan = reader
+        .run(
+            dir,
+            &["plan", "-lock=false", "-detailed-exitcode", "-no-color"],
+        )
+        .await;
+    assert_eq!(plan.status.code(), Some(0), "{}", transcript(&plan));
+    let apply = reader
+        .run(
+            dir,
+            &[
+                "apply",
+                "-auto-approve",
+                "-input=false",
+                "-no-color",
+                "-var",
+                "round=1",
+            ],
+        )
+        .await;
+    let text = transcript(&apply);
+    assert!(!apply.status.success(), "a reader must not apply:\n{text}");
+    // Terraform's http client words a 403 as "invalid auth" (a 401 as "requires auth").
+    assert!(text.contains("invalid auth"), "{text}");
+    assert_eq!(
+        stored_state(&server, NAME)["serial"].as_u64(),
+        Some(1),
+        "nothing written"
+    );
+
+    // Another writer holds the lock: the writer cannot force-unlock it, the admin can.
+    let other = Client::with_credentials(&backend.url, Some((users[2].0, users[2].1)));
+    assert_eq!(other.lock(NAME, "held-by-other").await.status, 200);
+    let refused = writer
+        .run(
+            dir,
+            &["force-unlock", "-force", "-no-color", "held-by-other"],
+        )
+        .await;
+    assert!(!refused.status.success(), "{}", transcript(&refused));
+    assert!(
+        transcript(&refused).contains("403"),
+        "{}",
+        transcript(&refused)
+    );
+    assert_eq!(
+        other
+            .send("GET", &format!("/locks/{NAME}"), None)
+            .await
+            .status,
+        200,
+        "the lock is still held"
+    );
+    admin
+        .ok(
+            dir,
+            &["force-unlock", "-force", "-no-color", "held-by-other"],
+        )
+        .await;
+    assert_eq!(
+        other
+            .send("GET", &format!("/locks/{NAME}"), None)
+            .await
+            .status,
+        404,
+        "the admin released it"
+    );
+
+    // The writer applies again; the commit is authored as the writer.
+    writer
+        .ok(
+            dir,
+            &[
+                "apply",
+                "-auto-approve",
+                "-input=false",
+                "-no-color",
+                "-var",
+                "round=2",
+            ],
+        )
+        .await;
+    let bare = server.repo_dir("infra");
+    let author = git(
+        &[
+            "--git-dir",
+            bare.to_str().expect("utf-8"),
+            "log",
+            "-1",
+            "--format=%an",
+            "main",
+        ],
+        None,
+    );
+    assert_eq!(author.trim(), "writer");
 }
