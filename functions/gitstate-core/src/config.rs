@@ -278,4 +278,46 @@ mod tests {
             assert!(settings(Runtime::Local, &vars).is_err(), "{vars:?}");
         }
     }
+
+    #[test]
+    fn access_sources() {
+        let s = settings(Runtime::Local, &[]).expect("defaults");
+        assert_eq!(s.access.source, AccessSource::Repository);
+        assert_eq!(s.access.refresh, Duration::from_secs(10));
+        let dir = std::env::temp_dir().join(format!("gitstate-access-{}", std::process::id()));
+        std::fs::write(&dir, "[users]\n").expect("write");
+        let path = dir.display().to_string();
+        let s = settings(
+            Runtime::Local,
+            &[
+                ("GITSTATE_ACCESS_FILE", &path),
+                ("GITSTATE_ADMIN_HASH", "$argon2id$…"),
+                ("GITSTATE_ACCESS_REFRESH_SECS", "0"),
+            ],
+        )
+        .expect("valid");
+        assert_eq!(s.access.source, AccessSource::Text("[users]\n".into()));
+        assert_eq!(s.access.refresh, Duration::ZERO);
+        let (user, hash) = s.access.bootstrap.clone().expect("bootstrap");
+        assert_eq!((user.as_str(), hash.expose()), ("admin", "$argon2id$…"));
+        assert!(
+            !format!("{s:?}").contains("argon2id"),
+            "hashes stay out of Debug"
+        );
+        let _ = std::fs::remove_file(&dir);
+        assert!(matches!(
+            settings(
+                Runtime::Local,
+                &[("GITSTATE_ACCESS", "x"), ("GITSTATE_ACCESS_FILE", "y")]
+            ),
+            Err(ConfigError::TwoAccessSources)
+        ));
+        assert!(
+            settings(
+                Runtime::Local,
+                &[("GITSTATE_ACCESS_FILE", "/nonexistent/x")]
+            )
+            .is_err()
+        );
+    }
 }
