@@ -4,6 +4,10 @@
 //! - `GET|POST|PUT|DELETE|LOCK|UNLOCK /states/<name>`: read, write, remove, lock, unlock;
 //! - `GET /locks/<name>` (current lock), `POST|LOCK /locks/<name>`, `DELETE|UNLOCK /locks/<name>`;
 //! - `/?type=git&repository=<url>&ref=<branch>&state=<name>`: the seed tool's address format;
+//! - `GET /history/<name>[?page=&per_page=]` (revisions, newest first), `GET
+//!   /history/<name>?at=<commit|serial>` (one revision's state), `POST
+//!   /history/<name>?restore=<commit|serial>` (admin: write it again on top);
+//! - `GET /locks`: every lock the caller may read;
 //! - `GET /health` (the only route without authentication).
 //!
 //! Every route takes `?ref=` to address another branch; writes take Terraform's `?ID=`.
@@ -22,7 +26,7 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 
 use crate::auth::{Access, AuthError};
 use crate::ports::StoreError;
-use crate::service::{Backend, ServiceError};
+use crate::service::{Backend, Selector, ServiceError};
 use crate::{LockInfo, StateName};
 
 /// The client's address, set by whatever serves the router when it knows it (Lambda: the
@@ -33,6 +37,33 @@ pub struct ClientAddr(pub IpAddr);
 /// Headers of `GET /locks/<name>` that describe the lock beyond Terraform's LockInfo.
 pub const LOCK_USER_HEADER: &str = "gitstate-lock-user";
 pub const LOCK_CREATED_HEADER: &str = "gitstate-lock-created";
+pub const LOCK_AGE_HEADER: &str = "gitstate-lock-age";
+
+fn now_seconds() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+/// A lock as `GET /locks` lists it.
+#[derive(Debug, serde::Serialize)]
+struct ListedLock<'a> {
+    state: &'a str,
+    id: &'a str,
+    who: &'a str,
+    operation: &'a str,
+    user: Option<&'a str>,
+    created: Option<i64>,
+    age_seconds: Option<i64>,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct HistoryAnswer<'a> {
+    state: &'a str,
+    page: usize,
+    versions: Vec<crate::service::VersionInfo>,
+    next_page: Option<usize>,
+}
 
 /// Longest query string accepted.
 pub const MAX_QUERY_BYTES: usize = 4096;
@@ -96,6 +127,8 @@ impl ApiError {
             Self::Auth(AuthError::Unauthenticated) => StatusCode::UNAUTHORIZED,
             Self::Auth(AuthError::Unavailable(_)) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Service(S::Exists) => StatusCode::CONFLICT,
+            Self::Service(S::NoSuchVersion(_)) => StatusCode::NOT_FOUND,
+            Self::Service(S::BadSelector(_)) => StatusCode::BAD_REQUEST,
             Self::Service(S::Locked(_)) => StatusCode::LOCKED,
             Self::Service(S::LockMismatch(_) | S::NotLocked { .. } | S::Stale { .. }) => {
                 StatusCode::CONFLICT
@@ -186,6 +219,12 @@ pub fn chain(error: &dyn std::error::Error) -> String {
     out
 }
 
+fn to_json(value: &impl serde::Serialize) -> Result<Bytes, ApiError> {
+    serde_json::to_vec(value)
+        .map(Bytes::from)
+        .map_err(|e| ApiError::Service(ServiceError::Store(StoreError::Internal(Box::new(e)))))
+}
+
 fn json(status: StatusCode, body: Bytes) -> Response {
     (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
@@ -194,6 +233,8 @@ fn json(status: StatusCode, body: Bytes) -> Response {
 enum Resource {
     State,
     Lock,
+    History,
+    LockList,
     Health,
 }
 
@@ -203,6 +244,10 @@ struct Addressed {
     repository: Option<String>,
     branch: Option<String>,
     lock_id: Option<String>,
+    page: Option<String>,
+    per_page: Option<String>,
+    at: Option<String>,
+    restore: Option<String>,
 }
 
 fn parse_target(uri: &Uri) -> Result<Addressed, ApiError> {
@@ -255,6 +300,13 @@ fn parse_target(uri: &Uri) -> Result<Addressed, ApiError> {
             Resource::Lock,
             Some(StateName::parse(name).map_err(ServiceError::from)?),
         )
+    } else if let Some(name) = path.strip_prefix("/history/") {
+        (
+            Resource::History,
+            Some(StateName::parse(name).map_err(ServiceError::from)?),
+        )
+    } else if path == "/locks" || path == "/locks/" {
+        (Resource::LockList, None)
     } else if path == "/health" {
         (Resource::Health, None)
     } else {
@@ -266,6 +318,10 @@ fn parse_target(uri: &Uri) -> Result<Addressed, ApiError> {
         repository: take("repository"),
         branch: take("ref"),
         lock_id: take("ID"),
+        page: take("page"),
+        per_page: take("per_page"),
+        at: take("at"),
+        restore: take("restore"),
     })
 }
 
@@ -363,6 +419,30 @@ async fn dispatch(
     };
     let target = parse_target(uri)?;
     let backend = &app.backend;
+    if let (Resource::LockList, Some(caller)) = (&target.resource, &caller) {
+        if method != Method::GET {
+            return Err(ApiError::Method {
+                method: method.to_string(),
+                allowed: "GET",
+            });
+        }
+        let at = backend.locate(target.repository.as_deref(), target.branch.as_deref())?;
+        let locks = backend.list_locks(caller, &at).await?;
+        let now = now_seconds();
+        let listed: Vec<ListedLock<'_>> = locks
+            .iter()
+            .map(|(name, held)| ListedLock {
+                state: name.as_str(),
+                id: held.info.id(),
+                who: held.info.who(),
+                operation: held.info.operation(),
+                user: held.owner.as_deref(),
+                created: held.created,
+                age_seconds: held.created.map(|c| now.saturating_sub(c).max(0)),
+            })
+            .collect();
+        return Ok(json(StatusCode::OK, to_json(&listed)?));
+    }
     let Some(name) = target.name else {
         return match method {
             Method::GET | Method::HEAD => Ok((StatusCode::OK, "ok\n").into_response()),
@@ -421,9 +501,53 @@ async fn dispatch(
             }
             if let Some(created) = held.created {
                 headers.insert(LOCK_CREATED_HEADER, HeaderValue::from(created));
+                let age = now_seconds().saturating_sub(created).max(0);
+                headers.insert(LOCK_AGE_HEADER, HeaderValue::from(age));
             }
             Ok(response)
         }
+        (Resource::History, "GET") => match &target.at {
+            Some(selector) => {
+                let selector = Selector::parse(selector)?;
+                let (version, state) = backend.get_version(caller, &at, &name, &selector).await?;
+                let mut response = json(StatusCode::OK, state);
+                if let Ok(value) = HeaderValue::from_str(&version) {
+                    response.headers_mut().insert("gitstate-version", value);
+                }
+                Ok(response)
+            }
+            None => {
+                let number = |text: &Option<String>, default: usize| match text {
+                    None => Ok(default),
+                    Some(t) => t
+                        .parse::<usize>()
+                        .map_err(|_| ApiError::Query(format!("{t:?} is not a page number"))),
+                };
+                let page = number(&target.page, 0)?;
+                let per_page = number(&target.per_page, 20)?;
+                let (versions, more) = backend.history(caller, &at, &name, page, per_page).await?;
+                let answer = HistoryAnswer {
+                    state: name.as_str(),
+                    page,
+                    versions,
+                    next_page: more.then_some(page + 1),
+                };
+                Ok(json(StatusCode::OK, to_json(&answer)?))
+            }
+        },
+        (Resource::History, "POST") => {
+            let selector = target.restore.as_deref().ok_or_else(|| {
+                ApiError::Query("restore needs ?restore=<commit id or serial>".into())
+            })?;
+            let restored = backend
+                .restore(caller, &at, &name, &Selector::parse(selector)?)
+                .await?;
+            Ok(json(StatusCode::OK, to_json(&restored)?))
+        }
+        (Resource::History, other) => Err(ApiError::Method {
+            method: other.into(),
+            allowed: "GET, POST",
+        }),
         (Resource::State, other) => Err(ApiError::Method {
             method: other.into(),
             allowed: "GET, POST, PUT, DELETE, LOCK, UNLOCK",
@@ -432,7 +556,7 @@ async fn dispatch(
             method: other.into(),
             allowed: "GET, POST, DELETE, LOCK, UNLOCK",
         }),
-        (Resource::Health, _) => Err(ApiError::NoRoute),
+        (Resource::Health | Resource::LockList, _) => Err(ApiError::NoRoute),
     }
 }
 
