@@ -299,12 +299,15 @@ async fn the_lambda_binary_answers_every_event_and_terraform_under_cargo_lambda_
     replayed.dedup();
     assert_eq!(files, replayed, "every file in events/ is invoked");
 
-    // Real Terraform through the emulated Function URL.
-    let root = tempfile::tempdir().expect("tempdir");
-    terraform_apply(root.path(), &watch.base_url(), "first").await;
-    terraform_apply(root.path(), &watch.base_url(), "second").await;
-    let state: serde_json::Value =
-        serde_json::from_str(&show(&server, "watched", "main:smoke/app.tfstate")).expect("state");
+    // Real Terraform through the emulated Function URL: the post-deploy smoke script, twice.
+    smoke_run(&watch.base_url(), "first").await;
+    smoke_run(&watch.base_url(), "second").await;
+    let state: serde_json::Value = serde_json::from_str(&show(
+        &server,
+        "watched",
+        "main:smoke/gitstate-smoke.tfstate",
+    ))
+    .expect("state");
     assert_eq!(state["serial"], 2, "two applies: {state}");
     assert_eq!(
         state["resources"][0]["instances"][0]["attributes"]["input"]["value"],
@@ -317,52 +320,23 @@ async fn the_lambda_binary_answers_every_event_and_terraform_under_cargo_lambda_
     assert!(!refs.contains("locks/"), "no lock left behind: {refs}");
 }
 
-/// `terraform init` + `apply` of a `terraform_data` resource whose input is `value`, with the
-/// state behind `base` (POST/DELETE locking, as the README's block).
-async fn terraform_apply(dir: &Path, base: &str, value: &str) {
-    let terraform = find_on_path("terraform").expect("terraform is on PATH");
-    std::fs::write(
-        dir.join("main.tf"),
-        format!(
-            r#"
-terraform {{
-  backend "http" {{
-    address        = "{base}/states/smoke/app.tfstate"
-    lock_address   = "{base}/locks/smoke/app.tfstate"
-    unlock_address = "{base}/locks/smoke/app.tfstate"
-    lock_method    = "POST"
-    unlock_method  = "DELETE"
-  }}
-}}
-resource "terraform_data" "smoke" {{
-  input = "{value}"
-}}
-"#
-        ),
-    )
-    .expect("main.tf");
-    std::fs::write(dir.join("empty.tfrc"), "").expect("cli config");
-    for args in [
-        &["init", "-input=false", "-no-color", "-reconfigure"][..],
-        &["apply", "-auto-approve", "-input=false", "-no-color"][..],
-    ] {
-        let output = tokio::process::Command::new(&terraform)
-            .args(args)
-            .current_dir(dir)
-            .env("TF_CLI_CONFIG_FILE", dir.join("empty.tfrc"))
-            .env("CHECKPOINT_DISABLE", "1")
-            .env("TF_IN_AUTOMATION", "1")
-            .env("TF_HTTP_USERNAME", "terraform")
-            .env("TF_HTTP_PASSWORD", "example-password")
-            .kill_on_drop(true)
-            .output()
-            .await
-            .expect("terraform runs");
-        assert!(
-            output.status.success(),
-            "terraform {args:?}: {}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
+/// `infra/smoke/run <url> <run id>`: terraform init + apply of infra/smoke against `url`.
+async fn smoke_run(url: &str, run_id: &str) {
+    let config = tempfile::NamedTempFile::new().expect("empty CLI config");
+    let output = tokio::process::Command::new("bash")
+        .arg(workspace_root().join("infra/smoke/run"))
+        .args([url, run_id])
+        .env("TF_CLI_CONFIG_FILE", config.path())
+        .env("TF_HTTP_USERNAME", "terraform")
+        .env("TF_HTTP_PASSWORD", "example-password")
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("bash runs");
+    assert!(
+        output.status.success(),
+        "infra/smoke/run {url} {run_id}: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
 }
