@@ -189,7 +189,7 @@ mod tests {
     #[test]
     fn helpers() {
         assert_eq!(format_time(0), "1970-01-01 00:00:00Z");
-        assert_eq!(format_time(1_795_235_400), "2026-11-21 02:30:00Z");
+        assert_eq!(format_time(1_795_235_400), "2026-11-21 04:30:00Z");
         assert_eq!(parse_duration("2h").expect("valid"), 7200);
         assert_eq!(parse_duration("45").expect("valid"), 45);
         assert!(parse_duration("2w").is_err());
