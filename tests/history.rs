@@ -312,3 +312,70 @@ async fn locks_are_listed_with_age_and_holder() {
             .all(|l| l["state"].as_str().is_some_and(|s| s.starts_with("team1/")))
     );
 }
+
+/// A Terraform-shaped state of about `megabytes` MB.
+fn big_state(megabytes: usize) -> String {
+    let chunk = "x".repeat(1000);
+    let resources: Vec<String> = (0..megabytes * 1000)
+        .map(|i| {
+            format!(
+                r#"{{"mode":"managed","type":"terraform_data","name":"r{i}","provider":"provider[\"terraform.io/builtin/terraform\"]","instances":[{{"attributes":{{"id":"{i}","output":"{chunk}"}}}}]}}"#
+            )
+        })
+        .collect();
+    format!(
+        r#"{{"version":4,"terraform_version":"1.11.4","serial":1,"lineage":"big","outputs":{{}},"resources":[{}]}}"#,
+        resources.join(",")
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_states_round_trip_or_are_refused_with_a_reason() {
+    let server = GitServer::start().await;
+    let url = server.create_repo("big");
+    let state = big_state(20);
+    assert!(state.len() > 20_000_000);
+
+    // Direct serving (the local server, and Lambda with response streaming): 20 MB both ways.
+    let big_limit = (64 << 20).to_string();
+    let backend = TestBackend::start(&url, &[("GITSTATE_MAX_BODY_BYTES", &big_limit)]).await;
+    let c = Client::new(&backend.url);
+    let put = c.send("POST", "/states/big.tfstate", Some(&state)).await;
+    assert_eq!(put.status, 200, "{}", put.body);
+    let got = c.send("GET", "/states/big.tfstate", None).await;
+    assert_eq!(got.status, 200);
+    assert!(
+        got.body == state,
+        "the 20 MB state comes back byte for byte"
+    );
+
+    // A buffered Function URL cannot carry it: 413 saying how to enable streaming, never a
+    // truncated body.
+    let cache = tempfile::tempdir().expect("tempdir");
+    let settings = gitstate_tests::settings_for(&url, cache.path(), &[]);
+    let (b, access) = gitstate_git::service(&settings).expect("service");
+    let buffered = gitstate_core::http::router(
+        b,
+        access,
+        gitstate_core::http::Limits {
+            max_body_bytes: settings.max_body_bytes,
+            max_response_bytes: Some(gitstate_core::http::BUFFERED_RESPONSE_LIMIT),
+        },
+    );
+    let buffered = TestBackend::serve(buffered, cache).await;
+    let refused = Client::new(&buffered.url)
+        .send("GET", "/states/big.tfstate", None)
+        .await;
+    assert_eq!(refused.status, 413);
+    assert!(refused.body.contains("RESPONSE_STREAM"), "{}", refused.body);
+
+    // A write over the request limit is 413 naming the limit, and changes nothing.
+    let limited = TestBackend::start(&url, &[]).await;
+    let too_big = Client::new(&limited.url)
+        .send("POST", "/states/big.tfstate", Some(&big_state(7)))
+        .await;
+    assert_eq!(too_big.status, 413);
+    assert!(too_big.body.contains("6291456"), "{}", too_big.body);
+    let still = c.send("GET", "/states/big.tfstate", None).await;
+    assert!(still.body == state);
+}

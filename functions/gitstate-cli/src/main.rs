@@ -237,6 +237,7 @@ async fn serve(state: &str) -> anyhow::Result<()> {
         access,
         Limits {
             max_body_bytes: settings.max_body_bytes,
+            max_response_bytes: None,
         },
     );
     axum::serve(

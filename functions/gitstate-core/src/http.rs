@@ -68,10 +68,30 @@ struct HistoryAnswer<'a> {
 /// Longest query string accepted.
 pub const MAX_QUERY_BYTES: usize = 4096;
 
-/// Limits applied before a request reaches the service.
+/// Limits applied before a request reaches the service, and to what it answers.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
     pub max_body_bytes: usize,
+    /// Largest response payload the transport can carry (a buffered Function URL: 6 MB for the
+    /// whole JSON envelope); `None` when responses are streamed or served directly.
+    pub max_response_bytes: Option<usize>,
+}
+
+/// The payload limit of a buffered Function URL response.
+pub const BUFFERED_RESPONSE_LIMIT: usize = 6 * 1024 * 1024;
+
+/// Size of `body` inside Lambda's JSON response envelope: quotes and backslashes are escaped,
+/// control characters become `\uXXXX`, plus room for the status and headers.
+fn envelope_size(body: &[u8]) -> usize {
+    let escapes: usize = body
+        .iter()
+        .map(|b| match b {
+            b'"' | b'\\' => 1,
+            0..=0x1f => 5,
+            _ => 0,
+        })
+        .sum();
+    body.len() + escapes + 2048
 }
 
 #[derive(Clone)]
@@ -79,6 +99,18 @@ struct App {
     backend: Arc<Backend>,
     access: Arc<Access>,
     limits: Limits,
+}
+
+impl Limits {
+    fn check_response(&self, body: &[u8]) -> Result<(), ApiError> {
+        match self.max_response_bytes {
+            Some(limit) if envelope_size(body) > limit => Err(ApiError::ResponseTooLarge {
+                size: envelope_size(body),
+                limit,
+            }),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// Build the router over a backend and its access policy.
@@ -114,6 +146,10 @@ pub enum ApiError {
     Query(String),
     #[error("query string is longer than {MAX_QUERY_BYTES} bytes")]
     QueryTooLong,
+    #[error(
+        "the state needs {size} bytes in a buffered Function URL response, over its limit of {limit}: deploy with InvokeMode RESPONSE_STREAM and GITSTATE_RESPONSE_STREAMING=true to read it"
+    )]
+    ResponseTooLarge { size: usize, limit: usize },
 }
 
 impl ApiError {
@@ -142,7 +178,7 @@ impl ApiError {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
             Self::Method { .. } => StatusCode::METHOD_NOT_ALLOWED,
-            Self::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::TooLarge { .. } | Self::ResponseTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyRead | Self::Query(_) => StatusCode::BAD_REQUEST,
             Self::MediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::QueryTooLong => StatusCode::URI_TOO_LONG,
@@ -354,13 +390,24 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Byte
     if declared.is_some_and(|length| length > limit as u64) {
         return Err(ApiError::TooLarge { limit });
     }
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
-            Err(ApiError::TooLarge { limit })
+    // One buffer of the declared size, filled frame by frame: collecting the frames first and
+    // joining them after would hold every large state twice.
+    let declared = declared.and_then(|d| usize::try_from(d).ok()).unwrap_or(0);
+    let mut buffer = Vec::with_capacity(declared.min(limit));
+    let mut body = Limited::new(body, limit);
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| {
+            if e.downcast_ref::<LengthLimitError>().is_some() {
+                ApiError::TooLarge { limit }
+            } else {
+                ApiError::BodyRead
+            }
+        })?;
+        if let Ok(data) = frame.into_data() {
+            buffer.extend_from_slice(&data);
         }
-        Err(_) => Err(ApiError::BodyRead),
     }
+    Ok(Bytes::from(buffer))
 }
 
 fn check_media_type(headers: &HeaderMap) -> Result<(), ApiError> {
@@ -467,10 +514,11 @@ async fn dispatch(
     };
     let ok = || StatusCode::OK.into_response();
     match (target.resource, verb) {
-        (Resource::State, "GET") => Ok(json(
-            StatusCode::OK,
-            backend.get_state(caller, &at, &name).await?,
-        )),
+        (Resource::State, "GET") => {
+            let state = backend.get_state(caller, &at, &name).await?;
+            app.limits.check_response(&state)?;
+            Ok(json(StatusCode::OK, state))
+        }
         (Resource::State, "POST" | "PUT") => {
             backend
                 .put_state(caller, &at, &name, target.lock_id.as_deref(), body)
@@ -510,6 +558,7 @@ async fn dispatch(
             Some(selector) => {
                 let selector = Selector::parse(selector)?;
                 let (version, state) = backend.get_version(caller, &at, &name, &selector).await?;
+                app.limits.check_response(&state)?;
                 let mut response = json(StatusCode::OK, state);
                 if let Ok(value) = HeaderValue::from_str(&version) {
                     response.headers_mut().insert("gitstate-version", value);
