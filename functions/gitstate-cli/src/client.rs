@@ -160,7 +160,7 @@ pub fn print_locks(answer: &str, stale_after: i64) -> anyhow::Result<usize> {
     let mut stale = 0;
     for lock in &locks {
         let age = lock["age_seconds"].as_i64();
-        let old = age.is_some_and(|a| a > stale_after);
+        let old = age.is_some_and(|a| a >= stale_after);
         stale += usize::from(old);
         println!(
             "{:<40} {:>6}  {:<12} {:<24} {:<22} {}{}",

@@ -134,9 +134,64 @@ fn serve_prints_the_backend_block_and_serves_the_embedded_repository() {
         request(&address, &auth, "GET", "/states/default.tfstate", "").1,
         r#"{"serial":1,"lineage":"l"}"#
     );
+    // The remote commands, against this server, as an operator runs them.
+    let cli = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_gitstate"))
+            .args(args)
+            .env("GITSTATE_URL", format!("http://{address}"))
+            .env("TF_HTTP_USERNAME", "admin")
+            .env("TF_HTTP_PASSWORD", &password)
+            .output()
+            .expect("gitstate runs");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, locks, _) = cli(&["locks"]);
+    assert!(
+        ok && locks.contains("default.tfstate") && locks.contains("cli-1"),
+        "{locks}"
+    );
+    assert!(
+        locks.contains("admin") && !locks.contains("STALE"),
+        "{locks}"
+    );
+    let (ok, stale, _) = cli(&["locks", "--older-than", "0s"]);
+    assert!(ok && stale.contains("STALE"), "{stale}");
     assert_eq!(
         request(&address, &auth, "DELETE", "/locks/default.tfstate", lock).0,
         200
+    );
+    assert_eq!(
+        request(
+            &address,
+            &auth,
+            "POST",
+            "/states/default.tfstate",
+            r#"{"serial":2,"lineage":"l"}"#
+        )
+        .0,
+        200
+    );
+    let (ok, history, _) = cli(&["history", "default.tfstate"]);
+    assert!(ok, "{history}");
+    let rows: Vec<&str> = history.lines().skip(1).collect();
+    assert_eq!(rows.len(), 2, "{history}");
+    assert!(rows[0].contains(" 2  admin"), "{history}");
+    let (ok, shown, _) = cli(&["show", "default.tfstate@1"]);
+    assert!(
+        ok && shown.trim() == r#"{"serial":1,"lineage":"l"}"#,
+        "{shown}"
+    );
+    let (ok, restored, _) = cli(&["restore", "default.tfstate@1"]);
+    assert!(ok && restored.contains("as serial 3"), "{restored}");
+    let (ok, _, refused) = cli(&["show", "default.tfstate"]);
+    assert!(!ok && refused.contains("<state>@<serial"), "{refused}");
+    assert_eq!(
+        request(&address, &auth, "GET", "/states/default.tfstate", "").1,
+        r#"{"lineage":"l","serial":3}"#
     );
     child.kill().expect("stop");
     let _ = child.wait();
@@ -157,7 +212,7 @@ fn serve_prints_the_backend_block_and_serves_the_embedded_repository() {
         .expect("git");
     assert_eq!(
         String::from_utf8_lossy(&show.stdout),
-        r#"{"serial":1,"lineage":"l"}"#
+        r#"{"lineage":"l","serial":3}"#
     );
 }
 
