@@ -174,6 +174,14 @@ async fn embedded_repository_locks_and_writes_concurrently() {
             "GITSTATE_CACHE_DIR".to_owned(),
             dir.path().join("cache").display().to_string(),
         ),
+        (
+            "GITSTATE_ACCESS".to_owned(),
+            gitstate_tests::access_file(&[(
+                gitstate_tests::TEST_USER,
+                gitstate_tests::TEST_PASSWORD,
+                &["admin:*"],
+            )]),
+        ),
     ]);
     let settings =
         gitstate_core::config::Settings::from_lookup(gitstate_core::config::Runtime::Local, |k| {

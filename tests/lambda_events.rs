@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use base64::Engine;
-use gitstate_tests::{GitServer, app, git, init_tracing, settings_for};
+use gitstate_tests::{GitServer, access_file, app, git, init_tracing, settings_for};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
 
@@ -44,9 +44,20 @@ async fn every_event_file_replays_through_lambda_http() {
     let server = GitServer::start().await;
     let url = server.create_repo("lambda");
     let cache = tempfile::tempdir().expect("tempdir");
-    let router = app(&settings_for(&url, cache.path(), &[]));
+    // The users the event files authenticate as.
+    let access = access_file(&[
+        ("terraform", "example-password", &["admin:demo/"]),
+        ("reader", "reader-example-password", &["read:demo/"]),
+    ]);
+    let router = app(&settings_for(
+        &url,
+        cache.path(),
+        &[("GITSTATE_ACCESS", &access)],
+    ));
 
     let sequence = [
+        ("unauthorized.json", 401),
+        ("forbidden.json", 403),
         ("lock.json", 200),
         ("lock-conflict.json", 423),
         ("write.json", 200),
@@ -62,6 +73,7 @@ async fn every_event_file_replays_through_lambda_http() {
         assert_eq!(status, want, "{name}: {body}");
         answers.push((name, body));
     }
+    let answers = answers.split_off(2);
 
     // The conflict names the holder from lock.json.
     let (_, lock_event) = load("lock.json");

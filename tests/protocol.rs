@@ -95,12 +95,15 @@ async fn full_cycle_counts_git_requests_and_leaves_an_audit_trail() {
         git(&["--git-dir", bare, "show", &format!("main:{NAME}")], None),
         second
     );
-    let log = git(&["--git-dir", bare, "log", "--format=%an|%s", "main"], None);
+    let log = git(
+        &["--git-dir", bare, "log", "--format=%an|%cn|%s", "main"],
+        None,
+    );
     assert_eq!(
         log.lines().collect::<Vec<_>>(),
         [
-            format!("ci-bot|write {NAME} (serial 2)"),
-            format!("ci-bot|write {NAME} (serial 1)")
+            format!("tester|ci-bot|write {NAME} (serial 2)"),
+            format!("tester|ci-bot|write {NAME} (serial 1)")
         ]
     );
     let body = git(

@@ -55,6 +55,8 @@ impl Cli {
             .current_dir(dir)
             .env("TF_CLI_CONFIG_FILE", self.config.path().join("empty.tfrc"))
             .env("CHECKPOINT_DISABLE", "1")
+            .env("TF_HTTP_USERNAME", gitstate_tests::TEST_USER)
+            .env("TF_HTTP_PASSWORD", gitstate_tests::TEST_PASSWORD)
             .env("TF_IN_AUTOMATION", "1")
             .env("TF_INPUT", "0")
             .kill_on_drop(true);
@@ -216,10 +218,14 @@ async fn full_flow(cli: Cli, label: &str) {
         "{state}"
     );
     let author = git(
-        &["--git-dir", bare, "log", "-1", "--format=%an", "main"],
+        &["--git-dir", bare, "log", "-1", "--format=%an|%cn", "main"],
         None,
     );
-    assert_eq!(author.trim(), label);
+    assert_eq!(
+        author.trim(),
+        format!("{}|{label}", gitstate_tests::TEST_USER),
+        "authored by the Basic-auth user, committed by the backend"
+    );
     let plan = cli
         .run(&dir, &["plan", "-detailed-exitcode", "-no-color"])
         .await;

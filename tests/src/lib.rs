@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use axum::body::Body;
 use axum::extract::State;
@@ -18,6 +18,38 @@ use tokio::io::AsyncWriteExt;
 
 pub const GIT_USER: &str = "git-bot";
 pub const GIT_TOKEN: &str = "s3cret-git-token";
+
+/// The gitstate user every test backend knows unless a test says otherwise: admin on everything.
+pub const TEST_USER: &str = "tester";
+pub const TEST_PASSWORD: &str = "tester-Pa55word-for-the-suite";
+
+/// The argon2id hash of `secret`, computed once per secret and process (argon2 is slow on
+/// purpose).
+pub fn hash_of(secret: &str) -> String {
+    static HASHES: OnceLock<Mutex<HashMap<String, String>>> = OnceLock::new();
+    let hashes = HASHES.get_or_init(Mutex::default);
+    let mut hashes = hashes.lock().expect("hash table");
+    hashes
+        .entry(secret.to_owned())
+        .or_insert_with(|| {
+            gitstate_core::password::hash_secret(secret.as_bytes()).expect("argon2 hashes")
+        })
+        .clone()
+}
+
+/// An access file (TOML) for `users`: (name, password, grants).
+pub fn access_file(users: &[(&str, &str, &[&str])]) -> String {
+    let mut out = String::new();
+    for (name, password, grants) in users {
+        let grants: Vec<String> = grants.iter().map(|g| format!("\"{g}\"")).collect();
+        out.push_str(&format!(
+            "[users.{name}]\nhash = \"{}\"\ngrants = [{}]\n\n",
+            hash_of(password),
+            grants.join(", ")
+        ));
+    }
+    out
+}
 
 /// Log output for tests, enabled with `TEST_LOG=1`.
 pub fn init_tracing() {
@@ -328,6 +360,12 @@ pub fn settings_for(
         ("GITSTATE_CACHE_DIR".into(), cache.display().to_string()),
         ("GITSTATE_GIT_TIMEOUT_SECS".into(), "10".into()),
     ]);
+    if !extra.iter().any(|(k, _)| k.starts_with("GITSTATE_ACCESS")) {
+        vars.insert(
+            "GITSTATE_ACCESS".into(),
+            access_file(&[(TEST_USER, TEST_PASSWORD, &["admin:*"])]),
+        );
+    }
     for (k, v) in extra {
         vars.insert((*k).into(), (*v).into());
     }
@@ -339,9 +377,10 @@ pub fn settings_for(
 
 /// The router for `settings`, as every binary builds it.
 pub fn app(settings: &gitstate_core::config::Settings) -> axum::Router {
-    let backend = gitstate_git::backend(settings).expect("backend");
+    let (backend, access) = gitstate_git::service(settings).expect("backend");
     gitstate_core::http::router(
-        Arc::new(backend),
+        backend,
+        access,
         gitstate_core::http::Limits {
             max_body_bytes: settings.max_body_bytes,
         },
@@ -366,10 +405,12 @@ impl TestBackend {
     }
 }
 
-/// A small HTTP client for the backend.
+/// A small HTTP client for the backend, sending Basic credentials (the test admin's unless
+/// told otherwise).
 pub struct Client {
     http: reqwest::Client,
     base: String,
+    credentials: Option<(String, String)>,
 }
 
 /// Status and body of a response.
@@ -381,15 +422,44 @@ pub struct Answer {
 
 impl Client {
     pub fn new(base: &str) -> Self {
+        Self::with_credentials(base, Some((TEST_USER, TEST_PASSWORD)))
+    }
+
+    pub fn with_credentials(base: &str, credentials: Option<(&str, &str)>) -> Self {
         Self {
             http: reqwest::Client::new(),
             base: base.trim_end_matches('/').to_owned(),
+            credentials: credentials.map(|(u, p)| (u.to_owned(), p.to_owned())),
         }
+    }
+
+    /// Send with a raw `Authorization` header (or none), for tests of malformed ones.
+    pub async fn send_with_authorization(
+        &self,
+        method: &str,
+        path: &str,
+        authorization: Option<&[u8]>,
+    ) -> (u16, HeaderMap, String) {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+        let mut request = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(value) = authorization {
+            request = request.header(
+                "authorization",
+                http::HeaderValue::from_bytes(value).expect("header value"),
+            );
+        }
+        let response = request.send().await.expect("backend answers");
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        (status, headers, response.text().await.unwrap_or_default())
     }
 
     pub async fn send(&self, method: &str, path: &str, body: Option<&str>) -> Answer {
         let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
         let mut request = self.http.request(method, format!("{}{path}", self.base));
+        if let Some((user, password)) = &self.credentials {
+            request = request.basic_auth(user, Some(password));
+        }
         if let Some(body) = body {
             request = request
                 .header("content-type", "application/json")

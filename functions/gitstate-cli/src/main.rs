@@ -1,13 +1,17 @@
-//! `gitstate`: the local server and (later) administration commands. Wiring only; the work is in
-//! the library crates.
+//! `gitstate`: the local server and administration commands. Wiring only; the work is in the
+//! library crates.
 
-use std::io::Write;
-use std::sync::Arc;
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::path::PathBuf;
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
+use gitstate_core::access::{Grant, Policy, check_user_name};
 use gitstate_core::config::{Runtime, Settings};
 use gitstate_core::http::{Limits, router};
+use gitstate_core::password::{generate_token, hash_secret};
+use gitstate_core::ports::CommitMeta;
 
 #[derive(Parser)]
 #[command(
@@ -23,12 +27,40 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve the backend on GITSTATE_LISTEN (default 127.0.0.1:8080). Without
-    /// GITSTATE_REPOSITORY, states go to an embedded repository under ./.gitstate/.
+    /// GITSTATE_REPOSITORY, states go to an embedded repository under ./.gitstate/, and the first
+    /// run creates an administrator and prints its credentials once.
     Serve {
         /// State name used in the printed backend block.
         #[arg(long, default_value = "default.tfstate")]
         state: String,
     },
+    /// Users of the access file.
+    #[command(subcommand)]
+    User(UserCommand),
+    /// Hash a secret read from standard input (argon2id), for an access file or
+    /// GITSTATE_ADMIN_HASH.
+    HashPassword,
+    /// Access files.
+    #[command(subcommand)]
+    Access(AccessCommand),
+}
+
+#[derive(Subcommand)]
+enum UserCommand {
+    /// Make a user with a fresh random token: the access file entry goes to standard output, the
+    /// token (shown once) to standard error.
+    Add {
+        name: String,
+        /// role:prefix, e.g. write:network/ or read:* (repeatable).
+        #[arg(long = "grant", required = true)]
+        grants: Vec<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum AccessCommand {
+    /// Validate an access file and print who can do what.
+    Check { file: PathBuf },
 }
 
 #[tokio::main]
@@ -42,12 +74,15 @@ async fn main() -> anyhow::Result<()> {
         .init();
     match Cli::parse().command {
         Command::Serve { state } => serve(&state).await,
+        Command::User(UserCommand::Add { name, grants }) => user_add(&name, &grants),
+        Command::HashPassword => hash_password(),
+        Command::Access(AccessCommand::Check { file }) => access_check(&file),
     }
 }
 
 async fn serve(state: &str) -> anyhow::Result<()> {
     let settings = Settings::from_env(Runtime::Local).context("reading GITSTATE_* settings")?;
-    let backend = gitstate_git::backend(&settings).context("opening the git store")?;
+    let (backend, access) = gitstate_git::service(&settings).context("opening the git store")?;
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("binding {}", settings.listen))?;
@@ -56,26 +91,126 @@ async fn serve(state: &str) -> anyhow::Result<()> {
         .repository
         .clone()
         .unwrap_or_else(|| format!("{} (embedded)", settings.local_repository.display()));
+    let first_admin = match settings.repository {
+        Some(_) => None,
+        None => {
+            let committer = backend.committer();
+            let meta = CommitMeta {
+                author_name: committer.name.clone(),
+                author_email: committer.email.clone(),
+                committer_name: committer.name.clone(),
+                committer_email: committer.email.clone(),
+                message: String::new(),
+            };
+            access
+                .create_first_admin("admin", meta)
+                .await
+                .context("creating the first administrator")?
+        }
+    };
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
         "gitstate serving states from {storage} on http://{address}"
     )?;
+    if let Some(token) = first_admin {
+        writeln!(
+            out,
+            "\nFirst administrator created in .gitstate/access.toml of the embedded repository.\n\
+             Its password is shown only this once:\n\n  \
+             export TF_HTTP_USERNAME=admin\n  export TF_HTTP_PASSWORD={}",
+            token.expose()
+        )?;
+    }
     gitstate_core::http::write_backend_block(&mut out, &format!("http://{address}"), state)?;
     out.flush()?;
     drop(out);
     let app = router(
-        Arc::new(backend),
+        backend,
+        access,
         Limits {
             max_body_bytes: settings.max_body_bytes,
         },
     );
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown())
-        .await
-        .context("serving")
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown())
+    .await
+    .context("serving")
 }
 
 async fn shutdown() {
     let _ = tokio::signal::ctrl_c().await;
+}
+
+fn user_add(name: &str, grants: &[String]) -> anyhow::Result<()> {
+    check_user_name(name)?;
+    let grants = grants
+        .iter()
+        .map(|g| Grant::parse(g))
+        .collect::<Result<Vec<_>, _>>()?;
+    let token = generate_token();
+    let hash = hash_secret(token.as_bytes())?;
+    let listed: Vec<String> = grants.iter().map(|g| format!("\"{g}\"")).collect();
+    let entry = format!(
+        "[users.{name}]\nhash = \"{hash}\"\ngrants = [{}]\n",
+        listed.join(", ")
+    );
+    // The entry must be valid for the backend before anyone commits it.
+    Policy::parse(&entry).context("the generated entry does not parse (a bug)")?;
+    eprintln!(
+        "Token for {name} (shown only this once; use it as TF_HTTP_PASSWORD):\n{}\n\n\
+         Add this entry to .gitstate/access.toml on the state branch:",
+        token
+    );
+    print!("{entry}");
+    std::io::stdout().flush()?;
+    Ok(())
+}
+
+fn hash_password() -> anyhow::Result<()> {
+    let mut input = String::new();
+    std::io::stdin()
+        .take(64 * 1024)
+        .read_to_string(&mut input)
+        .context("reading the secret from standard input")?;
+    let secret = input
+        .strip_suffix('\n')
+        .map(|s| s.strip_suffix('\r').unwrap_or(s))
+        .unwrap_or(&input);
+    if secret.is_empty() {
+        bail!(
+            "no secret on standard input (e.g. `printf %s \"$SECRET\" | gitstate hash-password`)"
+        );
+    }
+    if secret.chars().count() < 16 {
+        eprintln!("warning: a secret shorter than 16 characters is easy to guess");
+    }
+    println!("{}", hash_secret(secret.as_bytes())?);
+    Ok(())
+}
+
+fn access_check(file: &std::path::Path) -> anyhow::Result<()> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let policy = Policy::parse(&text).with_context(|| format!("{} is invalid", file.display()))?;
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "{}: valid, {} user(s)",
+        file.display(),
+        policy.users().count()
+    )?;
+    for user in policy.users() {
+        writeln!(out, "\n{}", user.name)?;
+        if user.grants.is_empty() {
+            writeln!(out, "  (no grants: can authenticate, can do nothing)")?;
+        }
+        for grant in &user.grants {
+            writeln!(out, "  {:<24} {}", grant.to_string(), grant.describe())?;
+        }
+    }
+    Ok(())
 }

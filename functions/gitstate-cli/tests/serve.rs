@@ -4,11 +4,19 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
 
-fn request(address: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+use gitstate_core::password::PasswordVerifier as _;
+
+fn request(
+    address: &str,
+    authorization: &str,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> (u16, String) {
     let mut stream = TcpStream::connect(address).expect("connect");
     write!(
         stream,
-        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nAuthorization: {authorization}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
     .expect("send");
@@ -66,14 +74,45 @@ fn serve_prints_the_backend_block_and_serves_the_embedded_repository() {
         "{printed}"
     );
 
+    // The first run made an administrator and printed its password once.
+    let password = printed
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("export TF_HTTP_PASSWORD="))
+        .unwrap_or_else(|| panic!("no password printed: {printed}"))
+        .to_owned();
+    assert!(
+        printed.contains("export TF_HTTP_USERNAME=admin"),
+        "{printed}"
+    );
+    let basic = |user: &str, password: &str| {
+        use base64::Engine as _;
+        format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
+        )
+    };
+    let auth = basic("admin", &password);
+    assert_eq!(
+        request(
+            &address,
+            &basic("admin", "wrong"),
+            "GET",
+            "/states/default.tfstate",
+            ""
+        )
+        .0,
+        401
+    );
+
     let lock = r#"{"ID":"cli-1","Who":"me@host","Operation":"OperationTypeApply"}"#;
     assert_eq!(
-        request(&address, "POST", "/locks/default.tfstate", lock).0,
+        request(&address, &auth, "POST", "/locks/default.tfstate", lock).0,
         200
     );
     assert_eq!(
         request(
             &address,
+            &auth,
             "POST",
             "/states/default.tfstate?ID=cli-1",
             r#"{"serial":1,"lineage":"l"}"#
@@ -82,11 +121,11 @@ fn serve_prints_the_backend_block_and_serves_the_embedded_repository() {
         200
     );
     assert_eq!(
-        request(&address, "GET", "/states/default.tfstate", "").1,
+        request(&address, &auth, "GET", "/states/default.tfstate", "").1,
         r#"{"serial":1,"lineage":"l"}"#
     );
     assert_eq!(
-        request(&address, "DELETE", "/locks/default.tfstate", lock).0,
+        request(&address, &auth, "DELETE", "/locks/default.tfstate", lock).0,
         200
     );
     child.kill().expect("stop");
@@ -109,5 +148,87 @@ fn serve_prints_the_backend_block_and_serves_the_embedded_repository() {
     assert_eq!(
         String::from_utf8_lossy(&show.stdout),
         r#"{"serial":1,"lineage":"l"}"#
+    );
+}
+
+#[test]
+fn user_tools_make_entries_the_backend_accepts() {
+    let bin = env!("CARGO_BIN_EXE_gitstate");
+    let add = Command::new(bin)
+        .args([
+            "user",
+            "add",
+            "ci-net",
+            "--grant",
+            "write:network/",
+            "--grant",
+            "read:*",
+        ])
+        .output()
+        .expect("user add runs");
+    assert!(add.status.success(), "{add:?}");
+    let entry = String::from_utf8(add.stdout).expect("utf-8");
+    let told = String::from_utf8(add.stderr).expect("utf-8");
+    let token = told
+        .lines()
+        .find(|l| l.starts_with("gst_"))
+        .expect("the token is shown once on stderr");
+    assert!(
+        !entry.contains(token),
+        "the token never goes into the entry"
+    );
+    assert!(
+        entry.contains(r#"grants = ["write:network/", "read:*"]"#),
+        "{entry}"
+    );
+    assert!(entry.contains("$argon2id$v=19$m=19456,t=2,p=1$"), "{entry}");
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("access.toml");
+    std::fs::write(&file, &entry).expect("write");
+    let check = Command::new(bin)
+        .args(["access", "check"])
+        .arg(&file)
+        .output()
+        .expect("access check runs");
+    let listing = String::from_utf8_lossy(&check.stdout);
+    assert!(check.status.success(), "{check:?}");
+    assert!(
+        listing.contains("1 user(s)") && listing.contains("ci-net"),
+        "{listing}"
+    );
+    assert!(listing.contains("states under network/"), "{listing}");
+
+    std::fs::write(&file, "[users.bob]\nhash = \"plain-text-password\"\n").expect("write");
+    let bad = Command::new(bin)
+        .args(["access", "check"])
+        .arg(&file)
+        .output()
+        .expect("access check runs");
+    assert!(!bad.status.success());
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("PHC"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+
+    let mut hash = Command::new(bin)
+        .arg("hash-password")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("hash-password runs");
+    hash.stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"a-long-enough-secret-value\n")
+        .expect("send secret");
+    let out = hash.wait_with_output().expect("done");
+    assert!(out.status.success(), "{out:?}");
+    let phc = String::from_utf8(out.stdout).expect("utf-8");
+    assert!(
+        gitstate_core::password::Argon2id.verify(phc.trim(), b"a-long-enough-secret-value"),
+        "{phc}"
     );
 }

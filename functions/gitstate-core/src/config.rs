@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::auth::{AccessOptions, AccessSource};
 use crate::service::Identity;
 use crate::{BranchName, NameError};
 
@@ -62,6 +63,12 @@ pub struct Settings {
     pub committer: Identity,
     /// `GITSTATE_LISTEN`: address of the local server (default `127.0.0.1:8080`).
     pub listen: SocketAddr,
+    /// Who may do what: `GITSTATE_ACCESS` (the access file's text) or `GITSTATE_ACCESS_FILE` (its
+    /// path), else `.gitstate/access.toml` in the repository; `GITSTATE_ADMIN_USER` (default
+    /// `admin`) with `GITSTATE_ADMIN_HASH` adds a bootstrap administrator;
+    /// `GITSTATE_ACCESS_REFRESH_SECS` (default 10) bounds how long a warm process trusts the
+    /// branch tip it saw last before looking for a changed access file.
+    pub access: AccessOptions,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -74,6 +81,8 @@ pub enum ConfigError {
         "GITSTATE_REPOSITORY is required on Lambda (the embedded repository would live in /tmp and vanish)"
     )]
     RepositoryRequired,
+    #[error("GITSTATE_ACCESS and GITSTATE_ACCESS_FILE are both set: choose one")]
+    TwoAccessSources,
 }
 
 pub const DEFAULT_MAX_BODY_BYTES: usize = 6 * 1024 * 1024;
@@ -141,6 +150,36 @@ impl Settings {
             })
         };
         let listen = get("GITSTATE_LISTEN").unwrap_or_else(|| "127.0.0.1:8080".into());
+        let source = match (get("GITSTATE_ACCESS"), get("GITSTATE_ACCESS_FILE")) {
+            (Some(_), Some(_)) => return Err(ConfigError::TwoAccessSources),
+            (Some(text), None) => AccessSource::Text(text),
+            (None, Some(path)) => {
+                AccessSource::Text(std::fs::read_to_string(&path).map_err(|e| {
+                    ConfigError::Invalid {
+                        var: "GITSTATE_ACCESS_FILE",
+                        reason: format!("cannot read {path:?}: {e}"),
+                    }
+                })?)
+            }
+            (None, None) => AccessSource::Repository,
+        };
+        let refresh = match get("GITSTATE_ACCESS_REFRESH_SECS") {
+            None => 10,
+            Some(v) => v.parse::<u64>().map_err(|_| ConfigError::Invalid {
+                var: "GITSTATE_ACCESS_REFRESH_SECS",
+                reason: format!("{v:?} is not a whole number of seconds"),
+            })?,
+        };
+        let access = AccessOptions {
+            source,
+            bootstrap: get("GITSTATE_ADMIN_HASH").map(|hash| {
+                (
+                    get("GITSTATE_ADMIN_USER").unwrap_or_else(|| "admin".into()),
+                    Secret(hash),
+                )
+            }),
+            refresh: Duration::from_secs(refresh),
+        };
         Ok(Self {
             repository,
             allowed_repositories,
@@ -166,6 +205,7 @@ impl Settings {
                 var: "GITSTATE_LISTEN",
                 reason: format!("{listen:?} is not an address like 127.0.0.1:8080"),
             })?,
+            access,
         })
     }
 }

@@ -4,23 +4,35 @@
 //! - `GET|POST|PUT|DELETE|LOCK|UNLOCK /states/<name>`: read, write, remove, lock, unlock;
 //! - `GET /locks/<name>` (current lock), `POST|LOCK /locks/<name>`, `DELETE|UNLOCK /locks/<name>`;
 //! - `/?type=git&repository=<url>&ref=<branch>&state=<name>`: the seed tool's address format;
-//! - `GET /health`.
+//! - `GET /health` (the only route without authentication).
 //!
 //! Every route takes `?ref=` to address another branch; writes take Terraform's `?ID=`.
+//! Every other request needs the Basic credentials of a user of the access policy.
 
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{ConnectInfo, Request, State};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 
+use crate::auth::{Access, AuthError};
 use crate::ports::StoreError;
 use crate::service::{Backend, ServiceError};
 use crate::{LockInfo, StateName};
+
+/// The client's address, set by whatever serves the router when it knows it (Lambda: the
+/// Function URL's source IP). The local server provides `ConnectInfo` instead.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientAddr(pub IpAddr);
+
+/// Headers of `GET /locks/<name>` that describe the lock beyond Terraform's LockInfo.
+pub const LOCK_USER_HEADER: &str = "gitstate-lock-user";
+pub const LOCK_CREATED_HEADER: &str = "gitstate-lock-created";
 
 /// Longest query string accepted.
 pub const MAX_QUERY_BYTES: usize = 4096;
@@ -34,14 +46,17 @@ pub struct Limits {
 #[derive(Clone)]
 struct App {
     backend: Arc<Backend>,
+    access: Arc<Access>,
     limits: Limits,
 }
 
-/// Build the router over a backend.
-pub fn router(backend: Arc<Backend>, limits: Limits) -> Router {
-    Router::new()
-        .fallback(handle)
-        .with_state(App { backend, limits })
+/// Build the router over a backend and its access policy.
+pub fn router(backend: Arc<Backend>, access: Arc<Access>, limits: Limits) -> Router {
+    Router::new().fallback(handle).with_state(App {
+        backend,
+        access,
+        limits,
+    })
 }
 
 /// Errors of the HTTP layer, and the only place where statuses are chosen.
@@ -49,6 +64,8 @@ pub fn router(backend: Arc<Backend>, limits: Limits) -> Router {
 pub enum ApiError {
     #[error(transparent)]
     Service(#[from] ServiceError),
+    #[error(transparent)]
+    Auth(#[from] AuthError),
     #[error("no such route: use /states/<name>, /locks/<name> or /?type=git&repository=…&state=…")]
     NoRoute,
     #[error("method {method} is not allowed here (allowed: {allowed})")]
@@ -75,7 +92,10 @@ impl ApiError {
             Self::Service(S::Name(_) | S::Branch(_) | S::LockBody(_) | S::InvalidState(_)) => {
                 StatusCode::BAD_REQUEST
             }
-            Self::Service(S::RepositoryNotAllowed(_)) => StatusCode::FORBIDDEN,
+            Self::Service(S::RepositoryNotAllowed(_) | S::Forbidden(_)) => StatusCode::FORBIDDEN,
+            Self::Auth(AuthError::Unauthenticated) => StatusCode::UNAUTHORIZED,
+            Self::Auth(AuthError::Unavailable(_)) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Service(S::Exists) => StatusCode::CONFLICT,
             Self::Service(S::Locked(_)) => StatusCode::LOCKED,
             Self::Service(S::LockMismatch(_) | S::NotLocked { .. } | S::Stale { .. }) => {
                 StatusCode::CONFLICT
@@ -122,6 +142,9 @@ impl IntoResponse for ApiError {
             Self::Service(ServiceError::Store(_)) => {
                 "internal error; see the backend's log".to_owned()
             }
+            Self::Auth(AuthError::Unavailable(_)) => {
+                "the access policy could not be read from the git remote; retry".to_owned()
+            }
             other => other.to_string(),
         };
         let mut response = (status, format!("{}\n", one_line(&reason))).into_response();
@@ -129,6 +152,12 @@ impl IntoResponse for ApiError {
             response
                 .headers_mut()
                 .insert(header::ALLOW, HeaderValue::from_static(allowed));
+        }
+        if status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Basic realm=\"gitstate\", charset=\"UTF-8\""),
+            );
         }
         if status == StatusCode::SERVICE_UNAVAILABLE {
             response
@@ -298,14 +327,19 @@ fn check_media_type(headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
-async fn handle(
-    State(app): State<App>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    match dispatch(&app, method, &uri, &headers, body).await {
+async fn handle(State(app): State<App>, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    let client = parts
+        .extensions
+        .get::<ClientAddr>()
+        .map(|c| c.0)
+        .or_else(|| {
+            parts
+                .extensions
+                .get::<ConnectInfo<SocketAddr>>()
+                .map(|c| c.0.ip())
+        });
+    match dispatch(&app, parts.method, &parts.uri, &parts.headers, client, body).await {
         Ok(response) => response,
         Err(error) => error.into_response(),
     }
@@ -316,8 +350,17 @@ async fn dispatch(
     method: Method,
     uri: &Uri,
     headers: &HeaderMap,
+    client: Option<IpAddr>,
     body: Body,
 ) -> Result<Response, ApiError> {
+    let caller = if uri.path() == "/health" {
+        None
+    } else {
+        let authorization = headers
+            .get(header::AUTHORIZATION)
+            .map(HeaderValue::as_bytes);
+        Some(app.access.authenticate(authorization, client).await?)
+    };
     let target = parse_target(uri)?;
     let backend = &app.backend;
     let Some(name) = target.name else {
@@ -329,6 +372,10 @@ async fn dispatch(
             }),
         };
     };
+    let Some(caller) = caller else {
+        return Err(ApiError::NoRoute);
+    };
+    let caller = &caller;
     let at = backend.locate(target.repository.as_deref(), target.branch.as_deref())?;
     let verb = method.as_str();
     let with_body = !matches!(method, Method::GET | Method::HEAD);
@@ -340,30 +387,42 @@ async fn dispatch(
     };
     let ok = || StatusCode::OK.into_response();
     match (target.resource, verb) {
-        (Resource::State, "GET") => Ok(json(StatusCode::OK, backend.get_state(&at, &name).await?)),
+        (Resource::State, "GET") => Ok(json(
+            StatusCode::OK,
+            backend.get_state(caller, &at, &name).await?,
+        )),
         (Resource::State, "POST" | "PUT") => {
             backend
-                .put_state(&at, &name, target.lock_id.as_deref(), body)
+                .put_state(caller, &at, &name, target.lock_id.as_deref(), body)
                 .await?;
             Ok(ok())
         }
         (Resource::State, "DELETE") => {
             backend
-                .delete_state(&at, &name, target.lock_id.as_deref())
+                .delete_state(caller, &at, &name, target.lock_id.as_deref())
                 .await?;
             Ok(ok())
         }
         (Resource::State | Resource::Lock, "LOCK") | (Resource::Lock, "POST") => {
-            backend.lock(&at, &name, body).await?;
+            backend.lock(caller, &at, &name, body).await?;
             Ok(ok())
         }
         (Resource::State | Resource::Lock, "UNLOCK") | (Resource::Lock, "DELETE") => {
-            backend.unlock(&at, &name, &body).await?;
+            backend.unlock(caller, &at, &name, &body).await?;
             Ok(ok())
         }
         (Resource::Lock, "GET") => {
-            let info: LockInfo = backend.get_lock(&at, &name).await?;
-            Ok(json(StatusCode::OK, info.as_bytes().clone()))
+            let held = backend.get_lock(caller, &at, &name).await?;
+            let info: &LockInfo = &held.info;
+            let mut response = json(StatusCode::OK, info.as_bytes().clone());
+            let headers = response.headers_mut();
+            if let Some(value) = held.owner.and_then(|o| HeaderValue::from_str(&o).ok()) {
+                headers.insert(LOCK_USER_HEADER, value);
+            }
+            if let Some(created) = held.created {
+                headers.insert(LOCK_CREATED_HEADER, HeaderValue::from(created));
+            }
+            Ok(response)
         }
         (Resource::State, other) => Err(ApiError::Method {
             method: other.into(),

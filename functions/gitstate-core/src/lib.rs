@@ -1,10 +1,13 @@
 //! gitstate's domain: names, locks, the service rules, the ports to storage, the HTTP router and
 //! the settings. It knows nothing of git libraries or AWS.
 
+pub mod access;
+pub mod auth;
 pub mod config;
 pub mod http;
 mod lock;
 mod name;
+pub mod password;
 pub mod ports;
 pub mod service;
 #[cfg(any(test, feature = "test-util"))]

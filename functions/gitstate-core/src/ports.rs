@@ -21,13 +21,22 @@ pub struct Location {
 pub struct HeldLock {
     pub info: LockInfo,
     pub token: String,
+    /// The gitstate user who took the lock, when the store knows it (locks taken by other tools
+    /// have none).
+    pub owner: Option<String>,
+    /// When the lock was taken, in seconds since the Unix epoch, when the store knows it.
+    pub created: Option<i64>,
 }
 
 /// Who a commit is written as and what it says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommitMeta {
+    /// The authenticated user.
     pub author_name: String,
     pub author_email: String,
+    /// The backend itself (`GITSTATE_COMMITTER_NAME`).
+    pub committer_name: String,
+    pub committer_email: String,
     pub message: String,
 }
 
@@ -66,6 +75,8 @@ pub enum Refusal {
     Stale { stored: u64, sent: u64 },
     /// Delete of a state that does not exist.
     NotFound,
+    /// Create-only write of a file that already exists.
+    Exists,
 }
 
 /// The service's decision on a write, taken against the freshest lock and state the store has
@@ -82,6 +93,19 @@ pub enum Written {
     /// Nothing to do: the stored bytes already equal the new ones.
     Unchanged,
     Refused(Refusal),
+}
+
+/// The line of a commit message that records the authenticated user (`User: alice`).
+pub const USER_TRAILER: &str = "User: ";
+
+/// The user recorded in a commit message's trailer, if any.
+pub fn user_from_message(message: &str) -> Option<String> {
+    message
+        .lines()
+        .rev()
+        .find_map(|line| line.strip_prefix(USER_TRAILER))
+        .map(|user| user.trim().to_owned())
+        .filter(|user| !user.is_empty())
 }
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -146,4 +170,24 @@ pub trait StateStore: Send + Sync + 'static {
         change: Change,
         plan: WritePlan,
     ) -> Result<Written, StoreError>;
+
+    /// A file of the backend's own configuration (e.g. the access file) at the branch tip.
+    /// A process that saw the tip less than `fresh_within` ago may answer from that tip without
+    /// asking the remote again.
+    async fn read_config(
+        &self,
+        at: &Location,
+        path: &str,
+        fresh_within: std::time::Duration,
+    ) -> Result<Option<Bytes>, StoreError>;
+
+    /// Commit a configuration file if, and only if, it does not exist yet. Returns whether it
+    /// was written.
+    async fn create_config(
+        &self,
+        at: &Location,
+        path: &str,
+        content: Bytes,
+        meta: &CommitMeta,
+    ) -> Result<bool, StoreError>;
 }

@@ -5,9 +5,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde::Deserialize;
 
+use crate::access::{Caller, Denied, Role};
 use crate::ports::{
     Acquire, Change, CommitMeta, HeldLock, Location, Refusal, Release, StateStore, StoreError,
-    Written,
+    USER_TRAILER, Written,
 };
 use crate::{BranchName, LockInfo, LockInfoError, NameError, StateName, UnlockRequest};
 
@@ -38,6 +39,10 @@ pub enum ServiceError {
     NotFound,
     #[error("no lock held on this state")]
     NoLock,
+    #[error("already exists")]
+    Exists,
+    #[error(transparent)]
+    Forbidden(#[from] Denied),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -50,6 +55,7 @@ impl From<Refusal> for ServiceError {
             Refusal::NotLocked { id } => Self::NotLocked { id },
             Refusal::Stale { stored, sent } => Self::Stale { stored, sent },
             Refusal::NotFound => Self::NotFound,
+            Refusal::Exists => Self::Exists,
         }
     }
 }
@@ -142,45 +148,67 @@ impl Backend {
         Ok(Location { repository, branch })
     }
 
-    #[tracing::instrument(skip(self), fields(state = %name))]
-    pub async fn get_state(&self, at: &Location, name: &StateName) -> Result<Bytes, ServiceError> {
+    /// The store this backend writes to.
+    pub fn store(&self) -> &Arc<dyn StateStore> {
+        &self.store
+    }
+
+    /// The identity commits are written under when no user is known.
+    pub fn committer(&self) -> &Identity {
+        &self.committer
+    }
+
+    #[tracing::instrument(skip(self, caller), fields(state = %name, user = %caller.user))]
+    pub async fn get_state(
+        &self,
+        caller: &Caller,
+        at: &Location,
+        name: &StateName,
+    ) -> Result<Bytes, ServiceError> {
+        caller.require(Role::Read, name)?;
         self.store
             .read_state(at, name)
             .await?
             .ok_or(ServiceError::NotFound)
     }
 
-    #[tracing::instrument(skip(self), fields(state = %name))]
+    #[tracing::instrument(skip(self, caller), fields(state = %name, user = %caller.user))]
     pub async fn get_lock(
         &self,
+        caller: &Caller,
         at: &Location,
         name: &StateName,
-    ) -> Result<LockInfo, ServiceError> {
-        Ok(self
-            .store
+    ) -> Result<HeldLock, ServiceError> {
+        caller.require(Role::Read, name)?;
+        self.store
             .read_lock(at, name)
             .await?
-            .ok_or(ServiceError::NoLock)?
-            .info)
+            .ok_or(ServiceError::NoLock)
     }
 
     /// Take the lock. Taking it again with the same ID succeeds, because clients retry a LOCK
     /// whose answer they did not see.
-    #[tracing::instrument(skip(self, body), fields(state = %name, lock_id))]
+    #[tracing::instrument(skip(self, caller, body), fields(state = %name, user = %caller.user, lock_id))]
     pub async fn lock(
         &self,
+        caller: &Caller,
         at: &Location,
         name: &StateName,
         body: Bytes,
     ) -> Result<(), ServiceError> {
+        caller.require(Role::Write, name)?;
         let info = LockInfo::parse(body)?;
         tracing::Span::current().record("lock_id", info.id());
-        let meta = self.meta(format!(
-            "lock {name}\n\nOperation: {}\nLock-ID: {}\nWho: {}\n",
-            one_line(info.operation()),
-            one_line(info.id()),
-            one_line(info.who())
-        ));
+        let meta = self.meta(
+            caller,
+            format!(
+                "lock {name}\n\nOperation: {}\nLock-ID: {}\nWho: {}\n{USER_TRAILER}{}\n",
+                one_line(info.operation()),
+                one_line(info.id()),
+                one_line(info.who()),
+                caller.user
+            ),
+        );
         match self.store.acquire_lock(at, name, &info, &meta).await? {
             Acquire::Acquired => Ok(()),
             Acquire::Held(held) if held.info.id() == info.id() => Ok(()),
@@ -189,14 +217,17 @@ impl Backend {
     }
 
     /// Release the lock. An ID must match the holder; no ID is Terraform's force-unlock.
-    /// Releasing a lock nobody holds succeeds.
-    #[tracing::instrument(skip(self, body), fields(state = %name))]
+    /// Releasing a lock nobody holds succeeds. Writers release their own locks; force-unlock
+    /// and releasing another user's lock take the admin grant.
+    #[tracing::instrument(skip(self, caller, body), fields(state = %name, user = %caller.user))]
     pub async fn unlock(
         &self,
+        caller: &Caller,
         at: &Location,
         name: &StateName,
         body: &[u8],
     ) -> Result<(), ServiceError> {
+        caller.require(Role::Write, name)?;
         let request = UnlockRequest::parse(body)?;
         // A bounded loop: the lock can change between reading it and releasing it.
         for _ in 0..4 {
@@ -207,7 +238,14 @@ impl Backend {
                 UnlockRequest::Id(id) if id != held.info.id() => {
                     return Err(ServiceError::LockMismatch(held));
                 }
-                UnlockRequest::Force => tracing::warn!(holder = held.info.id(), "force-unlock"),
+                UnlockRequest::Force => {
+                    caller.require(Role::Admin, name)?;
+                    tracing::warn!(holder = held.info.id(), owner = ?held.owner, "force-unlock");
+                }
+                UnlockRequest::Id(_) if held.owner.as_deref() != Some(caller.user.as_str()) => {
+                    caller.require(Role::Admin, name)?;
+                    tracing::warn!(owner = ?held.owner, "unlocking another user's lock");
+                }
                 UnlockRequest::Id(_) => {}
             }
             if self.store.release_lock(at, name, &held).await? == Release::Released {
@@ -218,14 +256,16 @@ impl Backend {
     }
 
     /// Write a state. `lock_id` is Terraform's `?ID=`: present when it holds the lock.
-    #[tracing::instrument(skip(self, body), fields(state = %name, bytes = body.len()))]
+    #[tracing::instrument(skip(self, caller, body), fields(state = %name, user = %caller.user, bytes = body.len()))]
     pub async fn put_state(
         &self,
+        caller: &Caller,
         at: &Location,
         name: &StateName,
         lock_id: Option<&str>,
         body: Bytes,
     ) -> Result<(), ServiceError> {
+        caller.require(Role::Write, name)?;
         let value: serde_json::Value =
             serde_json::from_slice(&body).map_err(|e| ServiceError::InvalidState(e.to_string()))?;
         if !value.is_object() {
@@ -234,7 +274,8 @@ impl Backend {
             ));
         }
         let sent: Version = serde_json::from_value(value).unwrap_or_default();
-        let base = self.meta(String::new());
+        let base = self.meta(caller, String::new());
+        let user = caller.user.clone();
         let (state, lock_id) = (name.to_string(), lock_id.map(str::to_owned));
         let plan = Arc::new(move |lock: Option<&HeldLock>, stored: Option<&[u8]>| {
             let holder = admit(lock, lock_id.as_deref())?;
@@ -255,7 +296,7 @@ impl Backend {
                 .map(|s| format!(" (serial {s})"))
                 .unwrap_or_default();
             Ok(CommitMeta {
-                message: format!("write {state}{serial}\n\n{}", trailer(holder)),
+                message: format!("write {state}{serial}\n\n{}", trailer(holder, &user)),
                 ..base.clone()
             })
         });
@@ -270,14 +311,17 @@ impl Backend {
     }
 
     /// Remove a state file (Terraform itself never does; administrators may).
-    #[tracing::instrument(skip(self), fields(state = %name))]
+    #[tracing::instrument(skip(self, caller), fields(state = %name, user = %caller.user))]
     pub async fn delete_state(
         &self,
+        caller: &Caller,
         at: &Location,
         name: &StateName,
         lock_id: Option<&str>,
     ) -> Result<(), ServiceError> {
-        let base = self.meta(String::new());
+        caller.require(Role::Admin, name)?;
+        let base = self.meta(caller, String::new());
+        let user = caller.user.clone();
         let (state, lock_id) = (name.to_string(), lock_id.map(str::to_owned));
         let plan = Arc::new(move |lock: Option<&HeldLock>, stored: Option<&[u8]>| {
             let holder = admit(lock, lock_id.as_deref())?;
@@ -285,7 +329,7 @@ impl Backend {
                 return Err(Refusal::NotFound);
             }
             Ok(CommitMeta {
-                message: format!("delete {state}\n\n{}", trailer(holder)),
+                message: format!("delete {state}\n\n{}", trailer(holder, &user)),
                 ..base.clone()
             })
         });
@@ -299,10 +343,13 @@ impl Backend {
         }
     }
 
-    fn meta(&self, message: String) -> CommitMeta {
+    /// Commits are authored as the authenticated user, at the backend's e-mail address.
+    fn meta(&self, caller: &Caller, message: String) -> CommitMeta {
         CommitMeta {
-            author_name: self.committer.name.clone(),
+            author_name: caller.user.clone(),
             author_email: self.committer.email.clone(),
+            committer_name: self.committer.name.clone(),
+            committer_email: self.committer.email.clone(),
             message,
         }
     }
@@ -322,8 +369,8 @@ fn admit<'a>(
     }
 }
 
-fn trailer(holder: Option<&HeldLock>) -> String {
-    match holder {
+fn trailer(holder: Option<&HeldLock>, user: &str) -> String {
+    let lock = match holder {
         Some(held) => format!(
             "Operation: {}\nLock-ID: {}\nWho: {}\n",
             one_line(held.info.operation()),
@@ -331,7 +378,8 @@ fn trailer(holder: Option<&HeldLock>) -> String {
             one_line(held.info.who())
         ),
         None => "Lock-ID: none (written without a lock)\n".to_owned(),
-    }
+    };
+    format!("{lock}{USER_TRAILER}{user}\n")
 }
 
 /// Client-chosen text goes into commit messages: keep it to one printable line.
@@ -345,7 +393,16 @@ fn one_line(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::access::Grant;
     use crate::testing::MemoryStore;
+
+    fn admin() -> Caller {
+        Caller::operator("root")
+    }
+
+    fn writer(name: &str) -> Caller {
+        Caller::new(name, vec![Grant::parse("write:net/").expect("valid")])
+    }
 
     fn backend() -> (Backend, Location, StateName) {
         let repos = Repositories {
@@ -382,14 +439,14 @@ mod tests {
     async fn lock_is_exclusive_and_idempotent() {
         // GIVEN a lock held by A
         let (b, at, name) = backend();
-        b.lock(&at, &name, lock_body("A"))
+        b.lock(&admin(), &at, &name, lock_body("A"))
             .await
             .expect("first lock");
         // WHEN A locks again, THEN it succeeds; WHEN B locks, THEN it sees A
-        b.lock(&at, &name, lock_body("A"))
+        b.lock(&admin(), &at, &name, lock_body("A"))
             .await
             .expect("same ID again");
-        match b.lock(&at, &name, lock_body("B")).await {
+        match b.lock(&admin(), &at, &name, lock_body("B")).await {
             Err(ServiceError::Locked(held)) => assert_eq!(held.info.id(), "A"),
             other => panic!("expected Locked, got {other:?}"),
         }
@@ -398,23 +455,27 @@ mod tests {
     #[tokio::test]
     async fn unlock_rules() {
         let (b, at, name) = backend();
-        b.unlock(&at, &name, b"")
+        b.unlock(&admin(), &at, &name, b"")
             .await
             .expect("unlocking nothing is fine");
-        b.lock(&at, &name, lock_body("A")).await.expect("lock");
+        b.lock(&admin(), &at, &name, lock_body("A"))
+            .await
+            .expect("lock");
         assert!(matches!(
-            b.unlock(&at, &name, &lock_body("B")).await,
+            b.unlock(&admin(), &at, &name, &lock_body("B")).await,
             Err(ServiceError::LockMismatch(_))
         ));
-        b.unlock(&at, &name, &lock_body("A"))
+        b.unlock(&admin(), &at, &name, &lock_body("A"))
             .await
             .expect("holder unlocks");
-        b.lock(&at, &name, lock_body("C"))
+        b.lock(&admin(), &at, &name, lock_body("C"))
             .await
             .expect("lock again");
-        b.unlock(&at, &name, b"").await.expect("force-unlock");
+        b.unlock(&admin(), &at, &name, b"")
+            .await
+            .expect("force-unlock");
         assert!(matches!(
-            b.get_lock(&at, &name).await,
+            b.get_lock(&admin(), &at, &name).await,
             Err(ServiceError::NoLock)
         ));
     }
@@ -422,33 +483,39 @@ mod tests {
     #[tokio::test]
     async fn write_rules() {
         let (b, at, name) = backend();
-        b.put_state(&at, &name, None, state("L", 1))
+        b.put_state(&admin(), &at, &name, None, state("L", 1))
             .await
             .expect("unlocked write without ID");
         assert!(matches!(
-            b.put_state(&at, &name, Some("X"), state("L", 2)).await,
+            b.put_state(&admin(), &at, &name, Some("X"), state("L", 2))
+                .await,
             Err(ServiceError::NotLocked { .. })
         ));
-        b.lock(&at, &name, lock_body("A")).await.expect("lock");
+        b.lock(&admin(), &at, &name, lock_body("A"))
+            .await
+            .expect("lock");
         assert!(matches!(
-            b.put_state(&at, &name, None, state("L", 2)).await,
+            b.put_state(&admin(), &at, &name, None, state("L", 2)).await,
             Err(ServiceError::Locked(_))
         ));
         assert!(matches!(
-            b.put_state(&at, &name, Some("B"), state("L", 2)).await,
+            b.put_state(&admin(), &at, &name, Some("B"), state("L", 2))
+                .await,
             Err(ServiceError::LockMismatch(_))
         ));
-        b.put_state(&at, &name, Some("A"), state("L", 3))
+        b.put_state(&admin(), &at, &name, Some("A"), state("L", 3))
             .await
             .expect("holder writes");
         assert!(matches!(
-            b.put_state(&at, &name, Some("A"), state("L", 2)).await,
+            b.put_state(&admin(), &at, &name, Some("A"), state("L", 2))
+                .await,
             Err(ServiceError::Stale { stored: 3, sent: 2 })
         ));
-        b.put_state(&at, &name, Some("A"), state("other-lineage", 1))
+        b.put_state(&admin(), &at, &name, Some("A"), state("other-lineage", 1))
             .await
             .expect("new lineage");
         b.put_state(
+            &admin(),
             &at,
             &name,
             Some("A"),
@@ -457,12 +524,15 @@ mod tests {
         .await
         .expect("no serial");
         assert!(matches!(
-            b.put_state(&at, &name, Some("A"), Bytes::from_static(b"[]"))
+            b.put_state(&admin(), &at, &name, Some("A"), Bytes::from_static(b"[]"))
                 .await,
             Err(ServiceError::InvalidState(_))
         ));
         assert_eq!(
-            b.get_state(&at, &name).await.expect("stored").as_ref(),
+            b.get_state(&admin(), &at, &name)
+                .await
+                .expect("stored")
+                .as_ref(),
             b"{\"encrypted_data\":\"x\"}"
         );
     }
@@ -471,15 +541,17 @@ mod tests {
     async fn delete_requires_existing_state() {
         let (b, at, name) = backend();
         assert!(matches!(
-            b.delete_state(&at, &name, None).await,
+            b.delete_state(&admin(), &at, &name, None).await,
             Err(ServiceError::NotFound)
         ));
-        b.put_state(&at, &name, None, state("L", 1))
+        b.put_state(&admin(), &at, &name, None, state("L", 1))
             .await
             .expect("write");
-        b.delete_state(&at, &name, None).await.expect("delete");
+        b.delete_state(&admin(), &at, &name, None)
+            .await
+            .expect("delete");
         assert!(matches!(
-            b.get_state(&at, &name).await,
+            b.get_state(&admin(), &at, &name).await,
             Err(ServiceError::NotFound)
         ));
     }
@@ -503,5 +575,72 @@ mod tests {
             b.locate(None, Some("a..b")),
             Err(ServiceError::Branch(_))
         ));
+    }
+
+    #[tokio::test]
+    async fn writers_release_only_their_own_locks() {
+        let (b, at, name) = backend();
+        b.lock(&writer("ann"), &at, &name, lock_body("A"))
+            .await
+            .expect("ann locks");
+        match b.unlock(&writer("bob"), &at, &name, &lock_body("A")).await {
+            Err(ServiceError::Forbidden(denied)) => assert_eq!(denied.role, Role::Admin),
+            other => panic!("bob must not release ann's lock: {other:?}"),
+        }
+        assert!(
+            matches!(
+                b.unlock(&writer("ann"), &at, &name, b"").await,
+                Err(ServiceError::Forbidden(_))
+            ),
+            "force-unlock takes admin, even for the owner"
+        );
+        b.unlock(&writer("ann"), &at, &name, &lock_body("A"))
+            .await
+            .expect("ann releases her own lock");
+        b.lock(&writer("ann"), &at, &name, lock_body("B"))
+            .await
+            .expect("lock again");
+        b.unlock(&admin(), &at, &name, b"")
+            .await
+            .expect("admin force-unlocks");
+        let outside = StateName::parse("app/x.tfstate").expect("valid");
+        assert!(matches!(
+            b.get_state(&writer("ann"), &at, &outside).await,
+            Err(ServiceError::Forbidden(_))
+        ));
+        assert!(matches!(
+            b.delete_state(&writer("ann"), &at, &name, None).await,
+            Err(ServiceError::Forbidden(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn commits_are_authored_by_the_user() {
+        let store = Arc::new(MemoryStore::default());
+        let b = Backend::new(
+            store.clone(),
+            Repositories {
+                primary: "r".into(),
+                default_branch: BranchName::parse("main").expect("valid"),
+                allowed: Vec::new(),
+            },
+            Identity {
+                name: "gitstate".into(),
+                email: "gitstate@localhost".into(),
+            },
+        );
+        let at = b.locate(None, None).expect("primary");
+        let name = StateName::parse("net/a.tfstate").expect("valid");
+        b.lock(&writer("ann"), &at, &name, lock_body("A"))
+            .await
+            .expect("lock");
+        b.put_state(&writer("ann"), &at, &name, Some("A"), state("L", 1))
+            .await
+            .expect("write");
+        let history = store.history();
+        assert!(history.iter().all(|c| c.author_name == "ann"));
+        assert!(history.iter().all(|c| c.message.contains("User: ann\n")));
+        let held = b.get_lock(&admin(), &at, &name).await.expect("held");
+        assert_eq!(held.owner.as_deref(), Some("ann"));
     }
 }

@@ -9,7 +9,7 @@ use bytes::Bytes;
 
 use crate::ports::{
     Acquire, Change, CommitMeta, HeldLock, Location, Release, StateStore, StoreError, WritePlan,
-    Written,
+    Written, user_from_message,
 };
 use crate::{LockInfo, StateName};
 
@@ -24,6 +24,8 @@ pub struct MemoryStore {
 struct Inner {
     states: HashMap<Key, Bytes>,
     locks: HashMap<Key, HeldLock>,
+    /// Configuration files by path (one repository's worth: tests use one location).
+    configs: HashMap<String, Bytes>,
     /// Every commit message, oldest first, standing in for the repository history.
     log: Vec<CommitMeta>,
     counter: u64,
@@ -36,6 +38,11 @@ impl MemoryStore {
             .lock()
             .map_err(|_| StoreError::Corrupt("memory store poisoned".into()))?;
         Ok(f(&mut inner))
+    }
+
+    /// Replace a configuration file, as a commit pushed by someone else would.
+    pub fn put_config(&self, path: &str, content: Bytes) {
+        let _ = self.with(|i| i.configs.insert(path.to_owned(), content));
     }
 
     /// The commit messages written so far.
@@ -81,6 +88,8 @@ impl StateStore for MemoryStore {
             let held = HeldLock {
                 info: lock.clone(),
                 token: i.counter.to_string(),
+                owner: user_from_message(&meta.message),
+                created: Some(0),
             };
             i.locks.insert(key(at, name), held);
             i.log.push(meta.clone());
@@ -128,6 +137,32 @@ impl StateStore for MemoryStore {
             Written::Committed {
                 version: i.counter.to_string(),
             }
+        })
+    }
+
+    async fn read_config(
+        &self,
+        _at: &Location,
+        path: &str,
+        _fresh_within: std::time::Duration,
+    ) -> Result<Option<Bytes>, StoreError> {
+        self.with(|i| i.configs.get(path).cloned())
+    }
+
+    async fn create_config(
+        &self,
+        _at: &Location,
+        path: &str,
+        content: Bytes,
+        meta: &CommitMeta,
+    ) -> Result<bool, StoreError> {
+        self.with(|i| {
+            if i.configs.contains_key(path) {
+                return false;
+            }
+            i.configs.insert(path.to_owned(), content);
+            i.log.push(meta.clone());
+            true
         })
     }
 }

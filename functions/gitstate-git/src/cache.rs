@@ -105,6 +105,16 @@ impl Cache {
         Ok(Some(blob.detach().data))
     }
 
+    /// The message of a commit and its committer time (seconds since the epoch).
+    pub fn commit_summary(&self, id: ObjectId) -> Result<(String, i64), Error> {
+        let repo = self.repo()?;
+        let commit = repo.find_commit(id)?;
+        let decoded = commit.decode()?;
+        let message = decoded.message.to_string();
+        let seconds = decoded.committer()?.seconds();
+        Ok((message, seconds))
+    }
+
     /// Kind and content of an object, for packing.
     pub fn object(&self, id: ObjectId) -> Result<(Kind, Vec<u8>), Error> {
         let object = self.repo()?.find_object(id)?.detach();
@@ -138,16 +148,21 @@ impl Cache {
         };
         let tree = editor.write()?.detach();
         let now = gix::date::Time::now_utc();
-        let signature = gix::actor::Signature {
+        let author = gix::actor::Signature {
             name: meta.author_name.as_str().into(),
             email: meta.author_email.as_str().into(),
+            time: now,
+        };
+        let committer = gix::actor::Signature {
+            name: meta.committer_name.as_str().into(),
+            email: meta.committer_email.as_str().into(),
             time: now,
         };
         let commit = gix::objs::Commit {
             tree,
             parents: parent.into_iter().collect(),
-            author: signature.clone(),
-            committer: signature,
+            author,
+            committer,
             encoding: None,
             message: meta.message.as_str().into(),
             extra_headers: Vec::new(),

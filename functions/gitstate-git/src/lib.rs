@@ -71,7 +71,32 @@ impl From<Error> for StoreError {
     }
 }
 
-/// The backend over a git store, as `settings` describe it: what every binary serves.
+/// What every binary serves: the backend over a git store and the access policy guarding it, as
+/// `settings` describe them.
+pub fn service(
+    settings: &gitstate_core::config::Settings,
+) -> Result<
+    (
+        std::sync::Arc<gitstate_core::service::Backend>,
+        std::sync::Arc<gitstate_core::auth::Access>,
+    ),
+    Error,
+> {
+    let backend = backend(settings)?;
+    let primary = backend
+        .locate(None, None)
+        .map_err(|e| Error::Config(e.to_string()))?;
+    let access = gitstate_core::auth::Access::new(
+        backend.store().clone(),
+        primary,
+        settings.access.clone(),
+        std::sync::Arc::new(gitstate_core::password::Argon2id),
+    )
+    .map_err(|e| Error::Config(format!("access policy: {e}")))?;
+    Ok((std::sync::Arc::new(backend), std::sync::Arc::new(access)))
+}
+
+/// The backend over a git store, as `settings` describe it.
 pub fn backend(
     settings: &gitstate_core::config::Settings,
 ) -> Result<gitstate_core::service::Backend, Error> {

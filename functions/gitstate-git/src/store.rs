@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -18,8 +18,8 @@ use sha1::{Digest, Sha1};
 
 use gitstate_core::config::{Secret, Settings};
 use gitstate_core::ports::{
-    Acquire, Change, CommitMeta, HeldLock, Location, Release, StateStore, StoreError, WritePlan,
-    Written,
+    Acquire, Change, CommitMeta, HeldLock, Location, Refusal, Release, StateStore, StoreError,
+    WritePlan, Written, user_from_message,
 };
 use gitstate_core::{LockInfo, StateName};
 
@@ -60,8 +60,9 @@ enum Transport {
 struct Remote {
     cache: Arc<Cache>,
     transport: Transport,
-    /// The newest branch tip this process has in its cache: what a fetch says it has.
-    known_tip: Mutex<Option<ObjectId>>,
+    /// The newest branch tip this process has in its cache (what a fetch says it has), and when
+    /// it was last seen on the remote.
+    known_tip: Mutex<Option<(ObjectId, Instant)>>,
     /// Receive-pack capabilities, once advertised.
     push_caps: Mutex<Option<Advert>>,
     fetching: tokio::sync::Mutex<()>,
@@ -186,9 +187,13 @@ impl GitStore {
         let info = bytes
             .and_then(|b| LockInfo::parse(Bytes::from(b)).ok())
             .map_or_else(|| unreadable_lock(tip), Ok)?;
+        let cache = remote.cache.clone();
+        let (message, created) = blocking(move || cache.commit_summary(tip)).await?;
         Ok(HeldLock {
             info,
             token: tip.to_string(),
+            owner: user_from_message(&message),
+            created: Some(created),
         })
     }
 }
@@ -244,8 +249,16 @@ impl Remote {
 
     fn saw_tip(&self, tip: ObjectId) {
         if let Ok(mut known) = self.known_tip.lock() {
-            *known = Some(tip);
+            *known = Some((tip, Instant::now()));
         }
+    }
+
+    /// The branch tip, if this process saw it on the remote less than `within` ago.
+    fn recent_tip(&self, within: Duration) -> Option<ObjectId> {
+        let known = *self.known_tip.lock().ok()?;
+        known
+            .filter(|(_, seen)| seen.elapsed() < within)
+            .map(|(tip, _)| tip)
     }
 
     /// Make sure the cache has `wants` (commits and everything in their trees).
@@ -267,7 +280,7 @@ impl Remote {
             .lock()
             .map_err(|_| Error::Corrupt("poisoned".into()))?;
         let haves: Vec<ObjectId> = match known {
-            Some(tip) if self.cache.has(tip)? => vec![tip],
+            Some((tip, _)) if self.cache.has(tip)? => vec![tip],
             _ => Vec::new(),
         };
         let pack = http.fetch(&missing, &haves).await?;
@@ -380,29 +393,39 @@ impl StateStore for GitStore {
         at: &Location,
         name: &StateName,
     ) -> Result<Option<Bytes>, StoreError> {
+        Ok(self.read_path(at, name.to_string()).await?)
+    }
+
+    async fn read_config(
+        &self,
+        at: &Location,
+        path: &str,
+        fresh_within: Duration,
+    ) -> Result<Option<Bytes>, StoreError> {
         let remote = self.remote(at)?;
-        let branch = at.branch.full_ref();
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let advert = remote
-                .refs(Service::UploadPack, vec![branch.clone()])
-                .await?;
-            let Some(tip) = advert.tip(&branch) else {
-                return Ok(None);
-            };
-            match remote.read(tip, name.to_string()).await {
-                Ok(state) => {
-                    remote.saw_tip(tip);
-                    return Ok(state.map(Bytes::from));
-                }
-                // The tip moved between advertisement and fetch: look again, a few times.
-                Err(Error::Remote(why)) if attempt < 4 => {
-                    tracing::debug!(why, "tip moved during a read, retrying")
-                }
-                Err(other) => return Err(other.into()),
-            }
+        if let Some(tip) = remote.recent_tip(fresh_within) {
+            return Ok(remote.read(tip, path.to_owned()).await?.map(Bytes::from));
         }
+        Ok(self.read_path(at, path.to_owned()).await?)
+    }
+
+    async fn create_config(
+        &self,
+        at: &Location,
+        path: &str,
+        content: Bytes,
+        meta: &CommitMeta,
+    ) -> Result<bool, StoreError> {
+        let meta = meta.clone();
+        let plan: WritePlan = Arc::new(move |_, stored| match stored {
+            Some(_) => Err(Refusal::Exists),
+            None => Ok(meta.clone()),
+        });
+        Ok(matches!(
+            self.write_loop(at, path, None, Change::Put(content), plan)
+                .await?,
+            Written::Committed { .. }
+        ))
     }
 
     async fn read_lock(
@@ -498,6 +521,55 @@ impl StateStore for GitStore {
         change: Change,
         plan: WritePlan,
     ) -> Result<Written, StoreError> {
+        self.write_loop(at, name.as_str(), Some(name), change, plan)
+            .await
+    }
+}
+
+/// How one write attempt ended.
+enum Attempt {
+    Done(Written),
+    /// The remote refused the push: another writer moved the branch or the lock changed.
+    Lost(PushReport),
+}
+
+impl GitStore {
+    /// Read `path` at the advertised branch tip.
+    async fn read_path(&self, at: &Location, path: String) -> Result<Option<Bytes>, Error> {
+        let remote = self.remote(at)?;
+        let branch = at.branch.full_ref();
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let advert = remote
+                .refs(Service::UploadPack, vec![branch.clone()])
+                .await?;
+            let Some(tip) = advert.tip(&branch) else {
+                return Ok(None);
+            };
+            match remote.read(tip, path.clone()).await {
+                Ok(state) => {
+                    remote.saw_tip(tip);
+                    return Ok(state.map(Bytes::from));
+                }
+                // The tip moved between advertisement and fetch: look again, a few times.
+                Err(Error::Remote(why)) if attempt < 4 => {
+                    tracing::debug!(why, "tip moved during a read, retrying")
+                }
+                Err(other) => return Err(other),
+            }
+        }
+    }
+
+    /// Write `path`, guarded by the lock of `lock` when given; retried on a moved branch.
+    async fn write_loop(
+        &self,
+        at: &Location,
+        path: &str,
+        lock: Option<&StateName>,
+        change: Change,
+        plan: WritePlan,
+    ) -> Result<Written, StoreError> {
         let remote = self.remote(at)?;
         let started = std::time::Instant::now();
         let mut last_error = None;
@@ -510,7 +582,10 @@ impl StateStore for GitStore {
                     break;
                 }
             }
-            match self.write_attempt(&remote, at, name, &change, &plan).await {
+            match self
+                .write_attempt(&remote, at, path, lock, &change, &plan)
+                .await
+            {
                 Ok(Attempt::Done(written)) => return Ok(written),
                 Ok(Attempt::Lost(report)) => {
                     tracing::debug!(
@@ -536,38 +611,40 @@ impl StateStore for GitStore {
             }),
         }
     }
-}
 
-/// How one write attempt ended.
-enum Attempt {
-    Done(Written),
-    /// The remote refused the push: another writer moved the branch or the lock changed.
-    Lost(PushReport),
-}
-
-impl GitStore {
     async fn write_attempt(
         &self,
         remote: &Remote,
         at: &Location,
-        name: &StateName,
+        path: &str,
+        lock: Option<&StateName>,
         change: &Change,
         plan: &WritePlan,
     ) -> Result<Attempt, Error> {
-        let (branch, lock_ref) = (at.branch.full_ref(), self.lock_ref(name));
+        let branch = at.branch.full_ref();
+        let lock_ref = lock.map(|name| self.lock_ref(name));
         let advert = remote
-            .refs(Service::ReceivePack, vec![branch.clone(), lock_ref.clone()])
+            .refs(
+                Service::ReceivePack,
+                std::iter::once(branch.clone())
+                    .chain(lock_ref.clone())
+                    .collect(),
+            )
             .await?;
-        let (tip, lock_tip) = (advert.tip(&branch), advert.tip(&lock_ref));
+        let tip = advert.tip(&branch);
+        let lock_tip = match (&lock_ref, lock) {
+            (Some(lock_ref), Some(name)) => advert.tip(lock_ref).map(|t| (t, lock_ref, name)),
+            _ => None,
+        };
         remote
-            .ensure(tip.into_iter().chain(lock_tip).collect())
+            .ensure(tip.into_iter().chain(lock_tip.map(|l| l.0)).collect())
             .await?;
         let held = match lock_tip {
-            Some(lock_tip) => Some(self.held(remote, lock_tip, name).await?),
+            Some((lock_tip, _, name)) => Some(self.held(remote, lock_tip, name).await?),
             None => None,
         };
         let stored = match tip {
-            Some(tip) => remote.read(tip, name.to_string()).await?,
+            Some(tip) => remote.read(tip, path.to_owned()).await?,
             None => None,
         };
         let meta = match plan(held.as_ref(), stored.as_deref()) {
@@ -581,18 +658,18 @@ impl GitStore {
             Change::Put(bytes) => Some(bytes.clone()),
             Change::Delete => None,
         };
-        let commit = remote.commit(tip, name.to_string(), content, meta).await?;
+        let commit = remote.commit(tip, path.to_owned(), content, meta).await?;
         let mut commands = vec![Command {
             old: tip.unwrap_or_else(null),
             new: commit.id,
             name: branch,
         }];
-        if let Some(lock_tip) = lock_tip {
+        if let Some((lock_tip, lock_ref, _)) = lock_tip {
             // The plan accepted the lock as it is: the write lands only if it still is.
             commands.push(Command {
                 old: lock_tip,
                 new: lock_tip,
-                name: lock_ref,
+                name: lock_ref.clone(),
             });
         }
         let report = remote.push(commands.clone(), commit.objects).await?;

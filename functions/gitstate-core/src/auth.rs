@@ -1,0 +1,627 @@
+//! Authentication: Basic credentials checked against the access policy.
+//!
+//! - The policy comes from the access file in the state repository (re-read when the branch tip
+//!   changes, at most every `refresh`), or from a fixed text given at start-up, plus an optional
+//!   bootstrap administrator.
+//! - Every check of an unknown user runs argon2 against a dummy hash with the policy's own
+//!   parameters, so unknown users and wrong passwords cost the same and answer the same.
+//! - A verified credential is remembered by a keyed hash of user and secret (never the secret),
+//!   until the policy changes, so a warm process pays argon2 once per credential.
+//! - Failures are counted per user and per client address; past a few, each attempt waits.
+
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use bytes::Bytes;
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+use crate::access::{ACCESS_PATH, AccessError, Caller, Grant, Policy, Role};
+use crate::config::Secret;
+use crate::password::{PasswordVerifier, generate_token, hash_secret};
+use crate::ports::{CommitMeta, Location, StateStore, StoreError, USER_TRAILER};
+
+/// Longest `Authorization` header looked at.
+pub const MAX_AUTHORIZATION_BYTES: usize = 4096;
+/// Failures per user or address that cost nothing extra.
+const FREE_FAILURES: u32 = 5;
+const FIRST_DELAY: Duration = Duration::from_millis(100);
+const MAX_DELAY: Duration = Duration::from_secs(4);
+/// A failure count is forgotten after this long without a new failure.
+const FORGET_AFTER: Duration = Duration::from_secs(15 * 60);
+/// Bounds on what a process remembers, so a flood cannot grow memory without end.
+const MAX_TRACKED: usize = 10_000;
+const MAX_VERIFIED: usize = 4_096;
+
+/// Where the access policy comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AccessSource {
+    /// [`ACCESS_PATH`] on the configured branch of the primary repository.
+    Repository,
+    /// A fixed access file (`GITSTATE_ACCESS`, or the contents of `GITSTATE_ACCESS_FILE`).
+    Text(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct AccessOptions {
+    pub source: AccessSource,
+    /// A bootstrap administrator: user name and argon2id hash (`GITSTATE_ADMIN_HASH`).
+    pub bootstrap: Option<(String, Secret)>,
+    /// How long a warm process may use the branch tip it saw last before asking the remote.
+    pub refresh: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AuthError {
+    /// No, malformed or wrong credentials; the same for unknown users and wrong passwords.
+    #[error("authentication required: send the Basic credentials of a gitstate user")]
+    Unauthenticated,
+    /// The access file could not be read from the repository.
+    #[error("the access policy could not be read")]
+    Unavailable(#[source] StoreError),
+}
+
+/// Why a header did not yield credentials (for the debug log only; the client sees 401).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BasicError {
+    #[error("no Authorization header")]
+    Missing,
+    #[error("Authorization header longer than {MAX_AUTHORIZATION_BYTES} bytes")]
+    TooLong,
+    #[error("Authorization scheme is not Basic")]
+    Scheme,
+    #[error("Basic credentials are not valid base64")]
+    Base64,
+    #[error("Basic credentials are not UTF-8")]
+    Utf8,
+    #[error("Basic credentials have no ':' between user and password")]
+    NoColon,
+    #[error("Basic credentials have an empty user or password")]
+    Empty,
+}
+
+/// Decode `Basic base64(user:password)`.
+pub fn parse_basic(header: Option<&[u8]>) -> Result<(String, Secret), BasicError> {
+    let header = header.ok_or(BasicError::Missing)?;
+    if header.len() > MAX_AUTHORIZATION_BYTES {
+        return Err(BasicError::TooLong);
+    }
+    let text = std::str::from_utf8(header).map_err(|_| BasicError::Scheme)?;
+    let (scheme, encoded) = text.trim().split_once(' ').ok_or(BasicError::Scheme)?;
+    if !scheme.eq_ignore_ascii_case("basic") {
+        return Err(BasicError::Scheme);
+    }
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(encoded.trim())
+        .map_err(|_| BasicError::Base64)?;
+    let decoded = String::from_utf8(decoded).map_err(|_| BasicError::Utf8)?;
+    let (user, password) = decoded.split_once(':').ok_or(BasicError::NoColon)?;
+    if user.is_empty() || password.is_empty() {
+        return Err(BasicError::Empty);
+    }
+    Ok((user.to_owned(), Secret::new(password.to_owned())))
+}
+
+/// A dummy hash with the same parameters as `like`, so verifying against it costs the same.
+fn dummy_like(like: Option<&str>) -> String {
+    const SALT_AND_HASH: &str =
+        "ZHVtbXlzYWx0ZHVtbXlzYWx0$ZHVtbXloYXNoZHVtbXloYXNoZHVtbXloYXNoZHVtbXk";
+    let params = like
+        .and_then(|phc| phc.split('$').nth(3))
+        .filter(|p| p.starts_with("m="))
+        .unwrap_or("m=19456,t=2,p=1");
+    format!("$argon2id$v=19${params}${SALT_AND_HASH}")
+}
+
+struct Loaded {
+    /// The access file last read from the repository (`None`: there is none).
+    file: Option<Bytes>,
+    policy: Arc<Policy>,
+    dummy: String,
+    /// Keyed hashes of (user, secret) pairs verified under `policy`.
+    verified: HashSet<[u8; 32]>,
+}
+
+#[derive(Default)]
+struct Throttle {
+    failures: HashMap<String, (u32, Instant)>,
+}
+
+impl Throttle {
+    fn count(&mut self, key: &str) -> u32 {
+        match self.failures.get(key) {
+            Some((_, last)) if last.elapsed() > FORGET_AFTER => {
+                self.failures.remove(key);
+                0
+            }
+            Some((n, _)) => *n,
+            None => 0,
+        }
+    }
+
+    fn delay(&mut self, keys: &[String]) -> Duration {
+        let worst = keys.iter().map(|k| self.count(k)).max().unwrap_or(0);
+        match worst.checked_sub(FREE_FAILURES) {
+            Some(over) => FIRST_DELAY
+                .saturating_mul(1u32 << over.min(10))
+                .min(MAX_DELAY),
+            None => Duration::ZERO,
+        }
+    }
+
+    fn failed(&mut self, keys: &[String]) {
+        if self.failures.len() >= MAX_TRACKED {
+            self.failures
+                .retain(|_, (_, last)| last.elapsed() <= FORGET_AFTER);
+        }
+        for key in keys {
+            if self.failures.len() >= MAX_TRACKED && !self.failures.contains_key(key) {
+                continue;
+            }
+            let entry = self
+                .failures
+                .entry(key.clone())
+                .or_insert((0, Instant::now()));
+            *entry = (entry.0.saturating_add(1), Instant::now());
+        }
+    }
+
+    fn succeeded(&mut self, key: &str) {
+        self.failures.remove(key);
+    }
+}
+
+/// Turns an `Authorization` header into a [`Caller`], or refuses it.
+pub struct Access {
+    store: Arc<dyn StateStore>,
+    at: Location,
+    options: AccessOptions,
+    verifier: Arc<dyn PasswordVerifier>,
+    /// Key of the credential cache's hashes; random per process.
+    key: [u8; 32],
+    loaded: Mutex<Option<Loaded>>,
+    throttle: Mutex<Throttle>,
+}
+
+fn poisoned<T>(_: T) -> AuthError {
+    AuthError::Unavailable(StoreError::Corrupt("access state poisoned".into()))
+}
+
+/// Names from clients go into log lines: printable and short.
+fn printable(s: &str) -> String {
+    s.chars()
+        .take(64)
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
+}
+
+impl Access {
+    /// `at` is where the access file lives: the primary repository on the configured branch.
+    /// A fixed source that does not parse is refused here, at start-up.
+    pub fn new(
+        store: Arc<dyn StateStore>,
+        at: Location,
+        options: AccessOptions,
+        verifier: Arc<dyn PasswordVerifier>,
+    ) -> Result<Self, AccessError> {
+        let access = Self {
+            store,
+            at,
+            options,
+            verifier,
+            key: rand::random(),
+            loaded: Mutex::new(None),
+            throttle: Mutex::default(),
+        };
+        if let AccessSource::Text(text) = &access.options.source {
+            let policy = access.complete(Policy::parse(text)?)?;
+            access.install(None, policy);
+        } else {
+            // Fail early on a bad bootstrap hash.
+            access.complete(Policy::default())?;
+        }
+        Ok(access)
+    }
+
+    /// Add the bootstrap administrator to a parsed policy.
+    fn complete(&self, policy: Policy) -> Result<Policy, AccessError> {
+        match &self.options.bootstrap {
+            Some((user, hash)) => policy.with_bootstrap(user, hash.expose()),
+            None => Ok(policy),
+        }
+    }
+
+    fn install(&self, file: Option<Bytes>, policy: Policy) -> (Arc<Policy>, String) {
+        let dummy = dummy_like(policy.users().next().map(|u| u.hash.as_str()));
+        let policy = Arc::new(policy);
+        if let Ok(mut loaded) = self.loaded.lock() {
+            *loaded = Some(Loaded {
+                file,
+                policy: policy.clone(),
+                dummy: dummy.clone(),
+                verified: HashSet::new(),
+            });
+        }
+        (policy, dummy)
+    }
+
+    /// The current policy: for the repository source, re-read when the file changed.
+    async fn policy(&self) -> Result<(Arc<Policy>, String), AuthError> {
+        if self.options.source != AccessSource::Repository {
+            let loaded = self.loaded.lock().map_err(poisoned)?;
+            return match loaded.as_ref() {
+                Some(l) => Ok((l.policy.clone(), l.dummy.clone())),
+                None => Err(poisoned(())),
+            };
+        }
+        let file = self
+            .store
+            .read_config(&self.at, ACCESS_PATH, self.options.refresh)
+            .await
+            .map_err(AuthError::Unavailable)?;
+        {
+            let loaded = self.loaded.lock().map_err(poisoned)?;
+            if let Some(l) = loaded.as_ref().filter(|l| l.file == file) {
+                return Ok((l.policy.clone(), l.dummy.clone()));
+            }
+        }
+        let parsed = match &file {
+            None => Ok(Policy::default()),
+            Some(bytes) => std::str::from_utf8(bytes)
+                .map_err(|_| AccessError::Syntax("the file is not UTF-8".into()))
+                .and_then(Policy::parse),
+        }
+        .and_then(|p| self.complete(p));
+        let policy = match parsed {
+            Ok(policy) => {
+                tracing::info!(
+                    users = policy.users().count(),
+                    "access policy loaded from {ACCESS_PATH}"
+                );
+                policy
+            }
+            Err(error) => {
+                // Keep serving with what was valid before; a new process has only the
+                // bootstrap administrator until the file is fixed.
+                tracing::error!(%error, "{ACCESS_PATH} is invalid; keeping the previous policy");
+                let previous = self
+                    .loaded
+                    .lock()
+                    .map_err(poisoned)?
+                    .as_ref()
+                    .map(|l| (*l.policy).clone());
+                match previous {
+                    Some(policy) => policy,
+                    None => self.complete(Policy::default()).map_err(|_| poisoned(()))?,
+                }
+            }
+        };
+        let (installed, dummy) = self.install(file, policy);
+        if installed.is_empty() {
+            tracing::warn!(
+                "no users: add {ACCESS_PATH} to the repository or set GITSTATE_ADMIN_HASH"
+            );
+        }
+        Ok((installed, dummy))
+    }
+
+    fn fingerprint(&self, user: &str, secret: &Secret) -> [u8; 32] {
+        // HMAC accepts keys of any length; this cannot fail.
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.key)
+            .unwrap_or_else(|_| unreachable!("HMAC takes any key length"));
+        mac.update(user.as_bytes());
+        mac.update(&[0]);
+        mac.update(secret.expose().as_bytes());
+        mac.finalize().into_bytes().into()
+    }
+
+    /// Check the request's credentials. `client` is the caller's address, when known.
+    pub async fn authenticate(
+        &self,
+        header: Option<&[u8]>,
+        client: Option<IpAddr>,
+    ) -> Result<Caller, AuthError> {
+        let address_key = client.map(|ip| format!("addr\0{ip}"));
+        let (user, secret) = match parse_basic(header) {
+            Ok(credentials) => credentials,
+            Err(why) => {
+                tracing::info!(client = ?client, "unauthenticated request: {why}");
+                if why != BasicError::Missing {
+                    self.failed(address_key.into_iter().collect());
+                }
+                return Err(AuthError::Unauthenticated);
+            }
+        };
+        let keys: Vec<String> = std::iter::once(format!("user\0{user}"))
+            .chain(address_key)
+            .collect();
+        let delay = self.throttle.lock().map_err(poisoned)?.delay(&keys);
+        if !delay.is_zero() {
+            tracing::warn!(user = %printable(&user), client = ?client, delay_ms = delay.as_millis() as u64, "slowing down repeated failures");
+            tokio::time::sleep(delay).await;
+        }
+        let (policy, dummy) = self.policy().await?;
+        let fingerprint = self.fingerprint(&user, &secret);
+        let known = policy.user(&user);
+        if let Some(found) = known {
+            let loaded = self.loaded.lock().map_err(poisoned)?;
+            let cached = loaded.as_ref().is_some_and(|l| {
+                Arc::ptr_eq(&l.policy, &policy) && l.verified.contains(&fingerprint)
+            });
+            if cached {
+                return Ok(Caller::new(user, found.grants.clone()));
+            }
+        }
+        let hash = known.map_or(dummy, |u| u.hash.clone());
+        let verifier = self.verifier.clone();
+        let verified =
+            tokio::task::spawn_blocking(move || verifier.verify(&hash, secret.expose().as_bytes()))
+                .await
+                .unwrap_or(false);
+        match known {
+            Some(found) if verified => {
+                if let Ok(mut loaded) = self.loaded.lock()
+                    && let Some(l) = loaded.as_mut().filter(|l| Arc::ptr_eq(&l.policy, &policy))
+                {
+                    if l.verified.len() >= MAX_VERIFIED {
+                        l.verified.clear();
+                    }
+                    l.verified.insert(fingerprint);
+                }
+                if let Ok(mut throttle) = self.throttle.lock() {
+                    throttle.succeeded(&keys[0]);
+                }
+                Ok(Caller::new(user, found.grants.clone()))
+            }
+            _ => {
+                tracing::warn!(user = %printable(&user), client = ?client, "authentication failed");
+                self.failed(keys);
+                Err(AuthError::Unauthenticated)
+            }
+        }
+    }
+
+    fn failed(&self, keys: Vec<String>) {
+        if let Ok(mut throttle) = self.throttle.lock() {
+            throttle.failed(&keys);
+        }
+    }
+
+    /// For a repository source with no access file and no bootstrap administrator: commit an
+    /// access file with one administrator and return their credentials (shown once).
+    pub async fn create_first_admin(
+        &self,
+        user: &str,
+        meta: CommitMeta,
+    ) -> Result<Option<Secret>, FirstAdminError> {
+        if self.options.source != AccessSource::Repository || self.options.bootstrap.is_some() {
+            return Ok(None);
+        }
+        let existing = self
+            .store
+            .read_config(&self.at, ACCESS_PATH, Duration::ZERO)
+            .await?;
+        if existing.is_some() {
+            return Ok(None);
+        }
+        crate::access::check_user_name(user)?;
+        let token = generate_token();
+        let hash = hash_secret(token.as_bytes())?;
+        let grant = Grant {
+            role: Role::Admin,
+            prefix: String::new(),
+        };
+        let file = format!(
+            "# gitstate access file: users, argon2id hashes, grants (read, write, admin on a path prefix).\n\
+             # Add users with `gitstate user add <name> --grant write:<prefix>/`.\n\n\
+             [users.{user}]\nhash = \"{hash}\"\ngrants = [\"{grant}\"]\n"
+        );
+        let meta = CommitMeta {
+            message: format!(
+                "access: first administrator {user}\n\n{USER_TRAILER}{}\n",
+                meta.author_name
+            ),
+            ..meta
+        };
+        let created = self
+            .store
+            .create_config(&self.at, ACCESS_PATH, Bytes::from(file), &meta)
+            .await?;
+        Ok(created.then(|| Secret::new(token)))
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum FirstAdminError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Access(#[from] AccessError),
+    #[error(transparent)]
+    Hash(#[from] crate::password::HashError),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::BranchName;
+    use crate::password::{Argon2id, hash_secret};
+    use crate::testing::MemoryStore;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    fn header(user: &str, password: &str) -> Vec<u8> {
+        let raw = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+        format!("Basic {raw}").into_bytes()
+    }
+
+    #[test]
+    fn basic_header_parsing() {
+        assert_eq!(
+            parse_basic(Some(&header("alice", "pw:with:colons")))
+                .map(|(u, s)| (u, s.expose().to_owned())),
+            Ok(("alice".into(), "pw:with:colons".into()))
+        );
+        assert_eq!(parse_basic(None), Err(BasicError::Missing));
+        assert_eq!(parse_basic(Some(b"Bearer abc")), Err(BasicError::Scheme));
+        assert_eq!(parse_basic(Some(b"Basic !!!")), Err(BasicError::Base64));
+        assert_eq!(parse_basic(Some(b"Basic /w==")), Err(BasicError::Utf8));
+        assert_eq!(
+            parse_basic(Some(b"Basic bm9jb2xvbg==")),
+            Err(BasicError::NoColon)
+        );
+        assert_eq!(parse_basic(Some(b"Basic OnB3")), Err(BasicError::Empty));
+        assert_eq!(parse_basic(Some(b"Basic")), Err(BasicError::Scheme));
+        assert_eq!(
+            parse_basic(Some(&vec![b'a'; MAX_AUTHORIZATION_BYTES + 1])),
+            Err(BasicError::TooLong)
+        );
+        assert_eq!(parse_basic(Some(b"\xff\xfe")), Err(BasicError::Scheme));
+    }
+
+    #[derive(Default)]
+    struct Counting(AtomicUsize);
+    impl PasswordVerifier for Counting {
+        fn verify(&self, phc: &str, secret: &[u8]) -> bool {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Argon2id.verify(phc, secret)
+        }
+    }
+
+    fn location() -> Location {
+        Location {
+            repository: "r".into(),
+            branch: BranchName::parse("main").expect("valid"),
+        }
+    }
+
+    #[tokio::test]
+    async fn unknown_users_and_wrong_passwords_both_run_argon2_and_successes_are_cached() {
+        let hash = hash_secret(b"right").expect("hash");
+        let text = format!("[users.alice]\nhash = \"{hash}\"\ngrants = [\"read:*\"]\n");
+        let counter = Arc::new(Counting::default());
+        let access = Access::new(
+            Arc::new(MemoryStore::default()),
+            location(),
+            AccessOptions {
+                source: AccessSource::Text(text),
+                bootstrap: None,
+                refresh: Duration::from_secs(10),
+            },
+            counter.clone(),
+        )
+        .expect("valid");
+        let count = || counter.0.load(Ordering::SeqCst);
+        assert!(matches!(
+            access
+                .authenticate(Some(&header("nobody", "x")), None)
+                .await,
+            Err(AuthError::Unauthenticated)
+        ));
+        assert_eq!(count(), 1, "an unknown user is verified against the dummy");
+        assert!(
+            access
+                .authenticate(Some(&header("alice", "wrong")), None)
+                .await
+                .is_err()
+        );
+        assert_eq!(count(), 2);
+        let caller = access
+            .authenticate(Some(&header("alice", "right")), None)
+            .await
+            .expect("right password");
+        assert_eq!(caller.user, "alice");
+        assert_eq!(count(), 3);
+        access
+            .authenticate(Some(&header("alice", "right")), None)
+            .await
+            .expect("cached");
+        assert_eq!(count(), 3, "a verified credential is not hashed again");
+        assert!(
+            access
+                .authenticate(Some(&header("alice", "wrong")), None)
+                .await
+                .is_err()
+        );
+        assert_eq!(
+            count(),
+            4,
+            "a different secret is never served from the cache"
+        );
+        assert!(access.authenticate(Some(b"Basic !!"), None).await.is_err());
+        assert_eq!(count(), 4, "malformed headers are refused before argon2");
+    }
+
+    #[tokio::test]
+    async fn repeated_failures_are_slowed_down() {
+        let mut throttle = Throttle::default();
+        let keys = vec!["user\0x".to_owned()];
+        for _ in 0..FREE_FAILURES {
+            assert_eq!(throttle.delay(&keys), Duration::ZERO);
+            throttle.failed(&keys);
+        }
+        assert_eq!(throttle.delay(&keys), FIRST_DELAY);
+        throttle.failed(&keys);
+        assert_eq!(throttle.delay(&keys), FIRST_DELAY * 2);
+        for _ in 0..20 {
+            throttle.failed(&keys);
+        }
+        assert_eq!(throttle.delay(&keys), MAX_DELAY);
+        throttle.succeeded(&keys[0]);
+        assert_eq!(throttle.delay(&keys), Duration::ZERO);
+    }
+
+    #[tokio::test]
+    async fn repository_policy_is_reloaded_and_first_admin_created_once() {
+        let store = Arc::new(MemoryStore::default());
+        let access = Access::new(
+            store.clone(),
+            location(),
+            AccessOptions {
+                source: AccessSource::Repository,
+                bootstrap: None,
+                refresh: Duration::ZERO,
+            },
+            Arc::new(Argon2id),
+        )
+        .expect("valid");
+        let meta = CommitMeta {
+            author_name: "gitstate".into(),
+            author_email: "gitstate@localhost".into(),
+            committer_name: "gitstate".into(),
+            committer_email: "gitstate@localhost".into(),
+            message: String::new(),
+        };
+        let token = access
+            .create_first_admin("admin", meta.clone())
+            .await
+            .expect("created")
+            .expect("a token");
+        assert!(
+            access
+                .create_first_admin("admin", meta)
+                .await
+                .expect("no-op")
+                .is_none(),
+            "only once"
+        );
+        let caller = access
+            .authenticate(Some(&header("admin", token.expose())), None)
+            .await
+            .expect("first admin works");
+        assert!(caller.may(
+            Role::Admin,
+            &crate::StateName::parse("a.tfstate").expect("valid")
+        ));
+        // Replacing the file drops the admin and the cached credential with it.
+        store.put_config(ACCESS_PATH, Bytes::from_static(b"[users]\n"));
+        assert!(matches!(
+            access
+                .authenticate(Some(&header("admin", token.expose())), None)
+                .await,
+            Err(AuthError::Unauthenticated)
+        ));
+    }
+}

@@ -1,0 +1,116 @@
+//! Secrets and their argon2id hashes: making tokens, hashing them, checking hashes.
+
+use argon2::password_hash::{PasswordHash, PasswordVerifier as _, SaltString};
+use argon2::{Algorithm, Argon2, Params, PasswordHasher as _, Version};
+use base64::Engine as _;
+
+/// OWASP's minimum for argon2id: 19 MiB of memory, two passes, one lane.
+pub const MIN_MEMORY_KIB: u32 = 19 * 1024;
+pub const MIN_PASSES: u32 = 2;
+
+/// Checks a secret against a stored PHC hash. A trait so tests can count the calls to the real
+/// verifier; production uses [`Argon2id`].
+pub trait PasswordVerifier: Send + Sync + 'static {
+    fn verify(&self, phc: &str, secret: &[u8]) -> bool;
+}
+
+/// argon2id verification with the parameters written in the hash itself.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Argon2id;
+
+impl PasswordVerifier for Argon2id {
+    fn verify(&self, phc: &str, secret: &[u8]) -> bool {
+        PasswordHash::new(phc)
+            .is_ok_and(|hash| Argon2::default().verify_password(secret, &hash).is_ok())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum HashError {
+    #[error("not a PHC hash string ($argon2id$v=19$m=…,t=…,p=…$salt$hash)")]
+    NotPhc,
+    #[error("algorithm {0} is not argon2id")]
+    Algorithm(String),
+    #[error("argon2 version {0} is not 19 (0x13)")]
+    Version(u32),
+    #[error("parameters m={m},t={t} are weaker than the minimum m={MIN_MEMORY_KIB},t={MIN_PASSES}")]
+    Weak { m: u32, t: u32 },
+    #[error("hashing failed: {0}")]
+    Hashing(String),
+}
+
+/// Accept only argon2id hashes at least as strong as OWASP's minimum.
+pub fn check_phc(phc: &str) -> Result<(), HashError> {
+    let hash = PasswordHash::new(phc).map_err(|_| HashError::NotPhc)?;
+    if hash.algorithm.as_str() != "argon2id" {
+        return Err(HashError::Algorithm(hash.algorithm.as_str().to_owned()));
+    }
+    if let Some(version) = hash.version.filter(|v| *v != 0x13) {
+        return Err(HashError::Version(version));
+    }
+    let params = Params::try_from(&hash).map_err(|_| HashError::NotPhc)?;
+    let (m, t) = (params.m_cost(), params.t_cost());
+    if m < MIN_MEMORY_KIB || t < MIN_PASSES {
+        return Err(HashError::Weak { m, t });
+    }
+    if hash.hash.is_none() {
+        return Err(HashError::NotPhc);
+    }
+    Ok(())
+}
+
+/// Hash a secret with argon2id at the minimum parameters and a fresh random salt.
+pub fn hash_secret(secret: &[u8]) -> Result<String, HashError> {
+    let params = Params::new(MIN_MEMORY_KIB, MIN_PASSES, 1, None)
+        .map_err(|e| HashError::Hashing(e.to_string()))?;
+    let hasher = Argon2::new(Algorithm::Argon2id, Version::V0x13, params);
+    let salt_bytes: [u8; 16] = rand::random();
+    let salt =
+        SaltString::encode_b64(&salt_bytes).map_err(|e| HashError::Hashing(e.to_string()))?;
+    hasher
+        .hash_password(secret, &salt)
+        .map(|hash| hash.to_string())
+        .map_err(|e| HashError::Hashing(e.to_string()))
+}
+
+/// A fresh random token: 256 bits, URL-safe, with a prefix that secret scanners can match.
+pub fn generate_token() -> String {
+    let bytes: [u8; 32] = rand::random();
+    format!(
+        "gst_{}",
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hash_then_verify() {
+        let token = generate_token();
+        assert_eq!(token.len(), 4 + 43);
+        let phc = hash_secret(token.as_bytes()).expect("hash");
+        assert!(phc.starts_with("$argon2id$v=19$m=19456,t=2,p=1$"), "{phc}");
+        check_phc(&phc).expect("strong enough");
+        assert!(Argon2id.verify(&phc, token.as_bytes()));
+        assert!(!Argon2id.verify(&phc, b"wrong"));
+        assert!(!Argon2id.verify("not a hash", token.as_bytes()));
+    }
+
+    #[test]
+    fn refuses_weak_or_foreign_hashes() {
+        let weak = "$argon2id$v=19$m=4096,t=3,p=1$c29tZXNhbHQ$RdescudvJCsgt3ub+b+dWRWJTmaaJObG";
+        assert!(matches!(
+            check_phc(weak),
+            Err(HashError::Weak { m: 4096, t: 3 })
+        ));
+        let argon2i = "$argon2i$v=19$m=19456,t=2,p=1$c29tZXNhbHQ$RdescudvJCsgt3ub+b+dWRWJTmaaJObG";
+        assert!(matches!(check_phc(argon2i), Err(HashError::Algorithm(_))));
+        assert!(matches!(check_phc("plaintext"), Err(HashError::NotPhc)));
+        assert!(matches!(
+            check_phc("$2y$10$abcdefghijklmnopqrstuv"),
+            Err(HashError::NotPhc | HashError::Algorithm(_))
+        ));
+    }
+}
