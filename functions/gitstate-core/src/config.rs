@@ -69,6 +69,27 @@ pub struct Settings {
     /// `GITSTATE_ACCESS_REFRESH_SECS` (default 10) bounds how long a warm process trusts the
     /// branch tip it saw last before looking for a changed access file.
     pub access: AccessOptions,
+    /// Encryption at rest (see [`EncryptionSettings`]).
+    pub encryption: EncryptionSettings,
+}
+
+/// `GITSTATE_KMS_KEY_IDS`: KMS keys (ARNs, aliases; comma-separated) every write is sealed
+/// under, the first making the data key; `GITSTATE_ENCRYPTION`: `optional` (default: plaintext
+/// states are still served and encrypted on their next write) or `enforced` (states not under
+/// the configured keys are refused until `gitstate rekey`); `GITSTATE_PASSPHRASE`: reads
+/// terraform-backend-git's aes passphrase mode.
+#[derive(Debug, Clone, Default)]
+pub struct EncryptionSettings {
+    pub kms_key_ids: Vec<String>,
+    pub enforced: bool,
+    pub passphrase: Option<Secret>,
+}
+
+impl EncryptionSettings {
+    /// Whether states pass through encryption at all.
+    pub fn is_configured(&self) -> bool {
+        !self.kms_key_ids.is_empty() || self.passphrase.is_some()
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -83,6 +104,8 @@ pub enum ConfigError {
     RepositoryRequired,
     #[error("GITSTATE_ACCESS and GITSTATE_ACCESS_FILE are both set: choose one")]
     TwoAccessSources,
+    #[error("GITSTATE_ENCRYPTION=enforced needs GITSTATE_KMS_KEY_IDS")]
+    EnforcedWithoutKeys,
 }
 
 pub const DEFAULT_MAX_BODY_BYTES: usize = 6 * 1024 * 1024;
@@ -150,6 +173,30 @@ impl Settings {
             })
         };
         let listen = get("GITSTATE_LISTEN").unwrap_or_else(|| "127.0.0.1:8080".into());
+        let encryption = EncryptionSettings {
+            kms_key_ids: get("GITSTATE_KMS_KEY_IDS")
+                .map(|v| {
+                    v.split(',')
+                        .map(|s| s.trim().to_owned())
+                        .filter(|s| !s.is_empty())
+                        .collect()
+                })
+                .unwrap_or_default(),
+            enforced: match get("GITSTATE_ENCRYPTION").as_deref() {
+                None | Some("optional") => false,
+                Some("enforced") => true,
+                Some(other) => {
+                    return Err(ConfigError::Invalid {
+                        var: "GITSTATE_ENCRYPTION",
+                        reason: format!("{other:?} is neither `optional` nor `enforced`"),
+                    });
+                }
+            },
+            passphrase: get("GITSTATE_PASSPHRASE").map(Secret),
+        };
+        if encryption.enforced && encryption.kms_key_ids.is_empty() {
+            return Err(ConfigError::EnforcedWithoutKeys);
+        }
         let source = match (get("GITSTATE_ACCESS"), get("GITSTATE_ACCESS_FILE")) {
             (Some(_), Some(_)) => return Err(ConfigError::TwoAccessSources),
             (Some(text), None) => AccessSource::Text(text),
@@ -206,6 +253,7 @@ impl Settings {
                 reason: format!("{listen:?} is not an address like 127.0.0.1:8080"),
             })?,
             access,
+            encryption,
         })
     }
 }
@@ -267,6 +315,30 @@ mod tests {
     }
 
     #[test]
+    fn encryption_settings() {
+        let s = settings(
+            Runtime::Local,
+            &[
+                (
+                    "GITSTATE_KMS_KEY_IDS",
+                    " alias/a , arn:aws:kms:eu-west-1:1:key/b,",
+                ),
+                ("GITSTATE_ENCRYPTION", "enforced"),
+                ("GITSTATE_PASSPHRASE", "pw-123"),
+            ],
+        )
+        .expect("valid");
+        assert_eq!(
+            s.encryption.kms_key_ids,
+            ["alias/a", "arn:aws:kms:eu-west-1:1:key/b"]
+        );
+        assert!(s.encryption.enforced && s.encryption.is_configured());
+        assert!(!format!("{s:?}").contains("pw-123"));
+        let plain = settings(Runtime::Local, &[]).expect("valid");
+        assert!(!plain.encryption.is_configured());
+    }
+
+    #[test]
     fn refuses_bad_values() {
         for vars in [
             [("GITSTATE_REPOSITORY", "git@github.com:o/r.git")],
@@ -274,6 +346,8 @@ mod tests {
             [("GITSTATE_MAX_BODY_BYTES", "-1")],
             [("GITSTATE_REF", "a..b")],
             [("GITSTATE_LISTEN", "nowhere")],
+            [("GITSTATE_ENCRYPTION", "enforced")],
+            [("GITSTATE_ENCRYPTION", "sometimes")],
         ] {
             assert!(settings(Runtime::Local, &vars).is_err(), "{vars:?}");
         }

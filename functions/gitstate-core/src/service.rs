@@ -1,5 +1,6 @@
 //! The rules of the backend: locking, writing and reading states, independent of HTTP and git.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -7,8 +8,8 @@ use serde::Deserialize;
 
 use crate::access::{Caller, Denied, Role};
 use crate::ports::{
-    Acquire, Change, CommitMeta, HeldLock, Location, Refusal, Release, StateStore, StoreError,
-    USER_TRAILER, Written,
+    Acquire, Change, CommitMeta, HeldLock, Location, Opened, Protection, Refusal, Release,
+    SealError, Sealer, StateStore, StoreError, USER_TRAILER, Written,
 };
 use crate::{BranchName, LockInfo, LockInfoError, NameError, StateName, UnlockRequest};
 
@@ -45,6 +46,14 @@ pub enum ServiceError {
     Forbidden(#[from] Denied),
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error(transparent)]
+    Seal(#[from] SealError),
+    #[error(
+        "the stored state is {format}, not encrypted with the configured KMS keys, and encryption is enforced: an operator must run `gitstate rekey`"
+    )]
+    Unprotected { format: &'static str },
+    #[error("no KMS key is configured (GITSTATE_KMS_KEY_IDS)")]
+    NoKeys,
 }
 
 impl From<Refusal> for ServiceError {
@@ -56,6 +65,11 @@ impl From<Refusal> for ServiceError {
             Refusal::Stale { stored, sent } => Self::Stale { stored, sent },
             Refusal::NotFound => Self::NotFound,
             Refusal::Exists => Self::Exists,
+            Refusal::Unprotected { format } => Self::Unprotected { format },
+            // Only escapes when the stored state kept changing while it was being opened.
+            Refusal::Sealed(_) => Self::Store(StoreError::Contention {
+                attempts: MAX_OPENS,
+            }),
         }
     }
 }
@@ -98,10 +112,35 @@ pub struct Backend {
     store: Arc<dyn StateStore>,
     repositories: Repositories,
     committer: Identity,
+    encryption: Option<Encryption>,
+}
+
+/// Encryption at rest: every state passes through the sealer; lock and configuration files stay
+/// plain.
+#[derive(Clone)]
+pub struct Encryption {
+    pub sealer: Arc<dyn Sealer>,
+    /// Refuse to serve or overwrite a state that is not under the configured keys.
+    pub enforced: bool,
+}
+
+/// How often a write opens a stored state that keeps changing under it before giving up.
+const MAX_OPENS: u32 = 4;
+
+/// What `rekey` did to one state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rekeyed {
+    /// Already sealed under exactly the configured keys.
+    Current,
+    /// Rewritten; it was stored as `from`.
+    Rewritten {
+        from: &'static str,
+    },
+    Missing,
 }
 
 /// Lineage and serial of a Terraform state, when it has them (OpenTofu-encrypted states do not).
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Clone, Deserialize)]
 struct Version {
     lineage: Option<String>,
     serial: Option<u64>,
@@ -123,7 +162,14 @@ impl Backend {
             store,
             repositories,
             committer,
+            encryption: None,
         }
+    }
+
+    /// Seal every state written from now on and open every state read.
+    pub fn with_encryption(mut self, encryption: Encryption) -> Self {
+        self.encryption = Some(encryption);
+        self
     }
 
     /// Resolve the repository and branch a request addresses, refusing repositories that are not
@@ -166,10 +212,35 @@ impl Backend {
         name: &StateName,
     ) -> Result<Bytes, ServiceError> {
         caller.require(Role::Read, name)?;
-        self.store
+        let stored = self
+            .store
             .read_state(at, name)
             .await?
-            .ok_or(ServiceError::NotFound)
+            .ok_or(ServiceError::NotFound)?;
+        Ok(self.open(at, name, stored).await?.plaintext)
+    }
+
+    /// Open a stored state, enforcing the encryption policy.
+    async fn open(
+        &self,
+        at: &Location,
+        name: &StateName,
+        stored: Bytes,
+    ) -> Result<Opened, ServiceError> {
+        let Some(encryption) = &self.encryption else {
+            return Ok(Opened {
+                plaintext: stored,
+                protection: Protection::Unprotected,
+                format: "unencrypted",
+            });
+        };
+        let opened = encryption.sealer.open(stored, at, name).await?;
+        if encryption.enforced && opened.protection == Protection::Unprotected {
+            return Err(ServiceError::Unprotected {
+                format: opened.format,
+            });
+        }
+        Ok(opened)
     }
 
     #[tracing::instrument(skip(self, caller), fields(state = %name, user = %caller.user))]
@@ -274,21 +345,97 @@ impl Backend {
             ));
         }
         let sent: Version = serde_json::from_value(value).unwrap_or_default();
+        self.write(caller, at, name, lock_id, body, sent, Verb::Write)
+            .await
+    }
+
+    /// Seal `body` and write it, under the lock and stale-serial rules. The stored state the rules
+    /// compare against may be sealed: the plan then asks for it to be opened, and the write is
+    /// tried again knowing its version.
+    #[allow(clippy::too_many_arguments)]
+    async fn write(
+        &self,
+        caller: &Caller,
+        at: &Location,
+        name: &StateName,
+        lock_id: Option<&str>,
+        body: Bytes,
+        sent: Version,
+        verb: Verb,
+    ) -> Result<(), ServiceError> {
+        let body = match &self.encryption {
+            Some(e) if e.sealer.seals() => e.sealer.seal(&body, at, name).await?,
+            _ => body,
+        };
+        let mut known: HashMap<Bytes, Version> = HashMap::new();
+        for _ in 0..MAX_OPENS {
+            let plan = self.write_plan(caller, name, lock_id, &sent, verb, known.clone());
+            match self
+                .store
+                .write_state(at, name, Change::Put(body.clone()), plan)
+                .await?
+            {
+                Written::Committed { .. } | Written::Unchanged => return Ok(()),
+                Written::Refused(Refusal::Sealed(stored)) => {
+                    let opened = match verb {
+                        // rekey rewrites what enforcement would refuse
+                        Verb::Rekey => match &self.encryption {
+                            Some(e) => e.sealer.open(stored.clone(), at, name).await?,
+                            None => return Err(ServiceError::NoKeys),
+                        },
+                        Verb::Write => self.open(at, name, stored.clone()).await?,
+                    };
+                    known.insert(stored, Version::of(&opened.plaintext));
+                }
+                Written::Refused(refusal) => return Err(refusal.into()),
+            }
+        }
+        Err(StoreError::Contention {
+            attempts: MAX_OPENS,
+        }
+        .into())
+    }
+
+    fn write_plan(
+        &self,
+        caller: &Caller,
+        name: &StateName,
+        lock_id: Option<&str>,
+        sent: &Version,
+        verb: Verb,
+        known: HashMap<Bytes, Version>,
+    ) -> crate::ports::WritePlan {
         let base = self.meta(caller, String::new());
         let user = caller.user.clone();
-        let (state, lock_id) = (name.to_string(), lock_id.map(str::to_owned));
-        let plan = Arc::new(move |lock: Option<&HeldLock>, stored: Option<&[u8]>| {
+        let (state, lock_id, sent) = (name.to_string(), lock_id.map(str::to_owned), sent.clone());
+        let (sealer, enforced) = match &self.encryption {
+            Some(e) => (Some(e.sealer.clone()), e.enforced && verb == Verb::Write),
+            None => (None, false),
+        };
+        Arc::new(move |lock: Option<&HeldLock>, stored: Option<&[u8]>| {
             let holder = admit(lock, lock_id.as_deref())?;
-            if let (Some(stored), Some(lineage), Some(serial)) =
-                (stored, &sent.lineage, sent.serial)
-            {
-                let current = Version::of(stored);
-                let newer = current.serial.filter(|s| *s > serial);
-                if let (true, Some(stored)) = (current.lineage.as_ref() == Some(lineage), newer) {
-                    return Err(Refusal::Stale {
-                        stored,
-                        sent: serial,
-                    });
+            if let Some(stored) = stored {
+                let current = match &sealer {
+                    Some(sealer) if sealer.is_sealed(stored) => known
+                        .get(stored)
+                        .cloned()
+                        .ok_or_else(|| Refusal::Sealed(Bytes::copy_from_slice(stored)))?,
+                    Some(_) if enforced => {
+                        return Err(Refusal::Unprotected {
+                            format: "unencrypted",
+                        });
+                    }
+                    _ => Version::of(stored),
+                };
+                if let (Some(lineage), Some(serial)) = (&sent.lineage, sent.serial) {
+                    let newer = current.serial.filter(|s| *s > serial);
+                    if let (true, Some(stored)) = (current.lineage.as_ref() == Some(lineage), newer)
+                    {
+                        return Err(Refusal::Stale {
+                            stored,
+                            sent: serial,
+                        });
+                    }
                 }
             }
             let serial = sent
@@ -296,18 +443,70 @@ impl Backend {
                 .map(|s| format!(" (serial {s})"))
                 .unwrap_or_default();
             Ok(CommitMeta {
-                message: format!("write {state}{serial}\n\n{}", trailer(holder, &user)),
+                message: format!(
+                    "{} {state}{serial}\n\n{}",
+                    verb.as_str(),
+                    trailer(holder, &user)
+                ),
                 ..base.clone()
             })
+        })
+    }
+
+    /// Re-encrypt one state under the configured keys, holding its lock so it never races
+    /// Terraform. A state already sealed exactly so is left alone.
+    #[tracing::instrument(skip(self, caller), fields(state = %name, user = %caller.user))]
+    pub async fn rekey(
+        &self,
+        caller: &Caller,
+        at: &Location,
+        name: &StateName,
+    ) -> Result<Rekeyed, ServiceError> {
+        caller.require(Role::Admin, name)?;
+        let encryption = self
+            .encryption
+            .as_ref()
+            .filter(|e| e.sealer.seals())
+            .ok_or(ServiceError::NoKeys)?;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default();
+        let id = format!("rekey-{nanos:x}-{}", std::process::id());
+        let info = serde_json::json!({
+            "ID": id, "Operation": "OperationTypeRekey", "Info": "gitstate rekey",
+            "Who": format!("{}@gitstate", caller.user), "Version": "", "Created": "", "Path": name.as_str(),
         });
-        match self
-            .store
-            .write_state(at, name, Change::Put(body), plan)
-            .await?
-        {
-            Written::Committed { .. } | Written::Unchanged => Ok(()),
-            Written::Refused(refusal) => Err(refusal.into()),
+        let body = Bytes::from(info.to_string());
+        self.lock(caller, at, name, body.clone()).await?;
+        let outcome = async {
+            let Some(stored) = self.store.read_state(at, name).await? else {
+                return Ok::<_, ServiceError>(Rekeyed::Missing);
+            };
+            let opened = encryption.sealer.open(stored, at, name).await?;
+            if opened.protection == Protection::Current {
+                return Ok(Rekeyed::Current);
+            }
+            let sent = Version::of(&opened.plaintext);
+            self.write(
+                caller,
+                at,
+                name,
+                Some(&id),
+                opened.plaintext,
+                sent,
+                Verb::Rekey,
+            )
+            .await?;
+            Ok(Rekeyed::Rewritten {
+                from: opened.format,
+            })
         }
+        .await;
+        let unlocked = self.unlock(caller, at, name, &body).await;
+        let outcome = outcome?;
+        unlocked?;
+        Ok(outcome)
     }
 
     /// Remove a state file (Terraform itself never does; administrators may).
@@ -351,6 +550,21 @@ impl Backend {
             committer_name: self.committer.name.clone(),
             committer_email: self.committer.email.clone(),
             message,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verb {
+    Write,
+    Rekey,
+}
+
+impl Verb {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Write => "write",
+            Self::Rekey => "rekey",
         }
     }
 }

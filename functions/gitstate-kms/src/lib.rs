@@ -8,6 +8,12 @@
 //! and instance roles); `AWS_ENDPOINT_URL_KMS` / `AWS_ENDPOINT_URL` point it at LocalStack or
 //! moto.
 
+mod sealer;
+
+pub use sealer::{
+    CONTEXT_REPOSITORY, CONTEXT_STATE, SopsSealer, context, encryption, encryption_with, seal_error,
+};
+
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -169,7 +175,12 @@ impl Kms {
 }
 
 fn non_empty(context: &Context) -> Option<HashMap<String, String>> {
-    (!context.is_empty()).then(|| context.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+    (!context.is_empty()).then(|| {
+        context
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    })
 }
 
 /// Take a plaintext key out of a KMS answer, wiping the SDK's copy.
@@ -233,7 +244,10 @@ impl KeyService for Kms {
         let key = data_key(out.plaintext)?;
         let wrapped = WrappedKey {
             arn: out.key_id.unwrap_or_else(|| key_id.to_owned()),
-            blob: out.ciphertext_blob.map(Blob::into_inner).unwrap_or_default(),
+            blob: out
+                .ciphertext_blob
+                .map(Blob::into_inner)
+                .unwrap_or_default(),
         };
         self.remember(&wrapped.blob, context, &key);
         Ok((key, wrapped))
@@ -257,7 +271,10 @@ impl KeyService for Kms {
             .map_err(key_error)?;
         let wrapped = WrappedKey {
             arn: out.key_id.unwrap_or_else(|| key_id.to_owned()),
-            blob: out.ciphertext_blob.map(Blob::into_inner).unwrap_or_default(),
+            blob: out
+                .ciphertext_blob
+                .map(Blob::into_inner)
+                .unwrap_or_default(),
         };
         self.remember(&wrapped.blob, context, key);
         Ok(wrapped)

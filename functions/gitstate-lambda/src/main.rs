@@ -28,7 +28,9 @@ async fn main() -> Result<(), lambda_http::Error> {
     // Honours AWS_LAMBDA_LOG_LEVEL / RUST_LOG and the JSON log format Lambda sets.
     lambda_http::tracing::init_default_subscriber();
     let settings = Settings::from_env(Runtime::Lambda).context("reading GITSTATE_* settings")?;
-    let (backend, access) = gitstate_git::service(&settings).context("opening the git store")?;
+    let encryption = gitstate_kms::encryption(&settings.encryption).await;
+    let (backend, access) =
+        gitstate_git::service_with(&settings, encryption).context("opening the git store")?;
     let limits = Limits {
         max_body_bytes: settings.max_body_bytes,
     };

@@ -28,7 +28,9 @@ pub struct Sealed {
 impl Sealed {
     /// Parse the `ENC[…]` form; `None` when `text` is not one.
     pub fn parse(text: &str) -> Option<Result<Self, Error>> {
-        let body = text.strip_prefix("ENC[AES256_GCM,data:")?.strip_suffix(']')?;
+        let body = text
+            .strip_prefix("ENC[AES256_GCM,data:")?
+            .strip_suffix(']')?;
         Some(Self::parse_body(body))
     }
 
@@ -100,10 +102,7 @@ pub fn decrypt(key: &DataKey, sealed: &Sealed, aad: &[u8]) -> Result<Zeroizing<V
     let mut message = Vec::with_capacity(sealed.data.len() + TAG_LEN);
     message.extend_from_slice(&sealed.data);
     message.extend_from_slice(&sealed.tag);
-    let payload = Payload {
-        msg: &message,
-        aad,
-    };
+    let payload = Payload { msg: &message, aad };
     // aes-gcm fixes the nonce length in the type: the two lengths sops files carry.
     let opened = match sealed.iv.len() {
         IV_LEN => Cipher::new_from_slice(key.as_slice())
@@ -138,7 +137,9 @@ mod tests {
         let sealed = Sealed::parse(enc).expect("ENC form").expect("well formed");
         // THEN it opens with its path and fails under another
         assert_eq!(
-            decrypt(&key(b'f'), &sealed, b"bar:").expect("opens").as_slice(),
+            decrypt(&key(b'f'), &sealed, b"bar:")
+                .expect("opens")
+                .as_slice(),
             b"foo"
         );
         assert!(matches!(
@@ -151,10 +152,14 @@ mod tests {
     fn round_trip_and_render() {
         let sealed = encrypt(&key(7), b"secret", b"a:b:", "str").expect("encrypts");
         let text = sealed.render();
-        let parsed = Sealed::parse(&text).expect("ENC form").expect("well formed");
+        let parsed = Sealed::parse(&text)
+            .expect("ENC form")
+            .expect("well formed");
         assert_eq!(parsed, sealed);
         assert_eq!(
-            decrypt(&key(7), &parsed, b"a:b:").expect("opens").as_slice(),
+            decrypt(&key(7), &parsed, b"a:b:")
+                .expect("opens")
+                .as_slice(),
             b"secret"
         );
         assert!(decrypt(&key(8), &parsed, b"a:b:").is_err(), "wrong key");

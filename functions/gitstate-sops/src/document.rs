@@ -319,7 +319,13 @@ impl Walk<'_> {
         let plain = cipher::decrypt(self.key, &sealed, aad.as_bytes())?;
         let text = std::str::from_utf8(&plain)
             .map_err(|_| Error::Format(format!("value at {:?} is not UTF-8", at())))?;
-        let bad = || Error::Format(format!("value at {:?} is not a valid {}", at(), sealed.kind));
+        let bad = || {
+            Error::Format(format!(
+                "value at {:?} is not a valid {}",
+                at(),
+                sealed.kind
+            ))
+        };
         let (value, mac) = match sealed.kind.as_str() {
             "str" | "bytes" | "time" => (Value::String(text.to_owned()), text.to_owned()),
             "int" => {

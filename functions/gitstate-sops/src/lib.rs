@@ -106,3 +106,31 @@ pub enum Error {
     #[error("cipher failure")]
     Crypto,
 }
+
+#[async_trait]
+impl<T: KeyService + ?Sized> KeyService for std::sync::Arc<T> {
+    async fn generate(
+        &self,
+        key_id: &str,
+        context: &Context,
+    ) -> Result<(DataKey, WrappedKey), KeyError> {
+        (**self).generate(key_id, context).await
+    }
+
+    async fn wrap(
+        &self,
+        key_id: &str,
+        key: &DataKey,
+        context: &Context,
+    ) -> Result<WrappedKey, KeyError> {
+        (**self).wrap(key_id, key, context).await
+    }
+
+    async fn unwrap(&self, wrapped: &WrappedKey, context: &Context) -> Result<DataKey, KeyError> {
+        (**self).unwrap(wrapped, context).await
+    }
+
+    async fn resolve(&self, key_id: &str) -> Result<String, KeyError> {
+        (**self).resolve(key_id).await
+    }
+}

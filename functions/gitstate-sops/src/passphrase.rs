@@ -14,7 +14,8 @@ const MIN_LEN: usize = NONCE_LEN + 16;
 
 fn cipher(passphrase: &str) -> Result<Aes256Gcm, Error> {
     let digest = Md5::digest(passphrase.as_bytes());
-    let hex: Zeroizing<String> = Zeroizing::new(digest.iter().map(|b| format!("{b:02x}")).collect());
+    let hex: Zeroizing<String> =
+        Zeroizing::new(digest.iter().map(|b| format!("{b:02x}")).collect());
     Aes256Gcm::new_from_slice(hex.as_bytes()).map_err(|_| Error::Crypto)
 }
 
@@ -30,7 +31,11 @@ pub fn open_passphrase(passphrase: &str, stored: &[u8]) -> Result<Vec<u8>, Error
         })
 }
 
-pub fn seal_passphrase(passphrase: &str, nonce: [u8; NONCE_LEN], plaintext: &[u8]) -> Result<Vec<u8>, Error> {
+pub fn seal_passphrase(
+    passphrase: &str,
+    nonce: [u8; NONCE_LEN],
+    plaintext: &[u8],
+) -> Result<Vec<u8>, Error> {
     let mut out = nonce.to_vec();
     out.extend(
         cipher(passphrase)?

@@ -163,8 +163,9 @@ mod tests {
 
     #[test]
     fn keeps_order_and_number_text() {
-        let v = Value::parse(br#"{"z": 1, "a": [0.25, -3, 12345678901234567890], "m": {"k": null}}"#)
-            .expect("valid");
+        let v =
+            Value::parse(br#"{"z": 1, "a": [0.25, -3, 12345678901234567890], "m": {"k": null}}"#)
+                .expect("valid");
         let Value::Object(members) = &v else {
             panic!("object")
         };
