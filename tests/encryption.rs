@@ -317,7 +317,7 @@ async fn migration_enforcement_rotation_and_rekey() {
             .status,
         200
     );
-    assert_eq!(arns(&s.stored_json("net/a.tfstate")), [old_key.clone()]);
+    assert_eq!(arns(&s.stored_json("net/a.tfstate")), [old_key.as_str()]);
     assert!(
         !String::from_utf8(s.stored("net/a.tfstate"))
             .expect("utf-8")
@@ -411,7 +411,7 @@ async fn migration_enforcement_rotation_and_rekey() {
         Rekeyed::Current
     );
     for name in ["net/a.tfstate", "net/b.tfstate"] {
-        assert_eq!(arns(&s.stored_json(name)), [new_key.clone()]);
+        assert_eq!(arns(&s.stored_json(name)), [new_key.as_str()]);
         let answer = rotated_client
             .send("GET", &format!("/states/{name}"), None)
             .await;

@@ -27,10 +27,13 @@ fn vector_key() -> DataKey {
     Zeroizing::new(key)
 }
 
+/// A wrapped key's master key ARN, context and plaintext.
+type Bound = (String, Context, [u8; 32]);
+
 /// A key service in memory: blobs are opaque handles, bound to their context like KMS does.
 #[derive(Default)]
 struct FakeKms {
-    wrapped: Mutex<HashMap<Vec<u8>, (String, Context, [u8; 32])>>,
+    wrapped: Mutex<HashMap<Vec<u8>, Bound>>,
     calls: Mutex<Vec<&'static str>>,
 }
 
