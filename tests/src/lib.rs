@@ -533,3 +533,173 @@ pub fn state_json(lineage: &str, serial: u64) -> String {
         r#"{{"version":4,"terraform_version":"1.11.4","serial":{serial},"lineage":"{lineage}","outputs":{{}},"resources":[]}}"#
     )
 }
+
+/// The Python tools installed by `tests/run` (moto, sops 1.18).
+pub fn tool(name: &str) -> PathBuf {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tools/.venv/bin")
+        .join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: run `bash tests/run` (it installs tests/tools/requirements.txt into tests/tools/.venv)",
+        path.display()
+    );
+    path
+}
+
+/// A moto server on loopback: a real KMS API, keys created through it.
+pub struct Moto {
+    pub endpoint: String,
+    child: std::process::Child,
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub const AWS_REGION: &str = "us-east-1";
+
+impl Moto {
+    pub async fn start() -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port();
+        let child = std::process::Command::new(tool("moto_server"))
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("moto_server starts");
+        let moto = Self {
+            endpoint: format!("http://127.0.0.1:{port}"),
+            child,
+        };
+        let http = reqwest::Client::new();
+        for _ in 0..200 {
+            if let Ok(r) = http
+                .get(format!("{}/moto-api/", moto.endpoint))
+                .send()
+                .await
+                && r.status().is_success()
+            {
+                return moto;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        panic!("moto did not answer on {}", moto.endpoint);
+    }
+
+    /// Environment for child processes (the gitstate CLI, Python sops) to reach this KMS.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("AWS_ENDPOINT_URL_KMS", self.endpoint.clone()),
+            ("AWS_REGION", AWS_REGION.into()),
+            ("AWS_DEFAULT_REGION", AWS_REGION.into()),
+            ("AWS_ACCESS_KEY_ID", "testing".into()),
+            ("AWS_SECRET_ACCESS_KEY", "testing".into()),
+            ("AWS_EC2_METADATA_DISABLED", "true".into()),
+        ]
+    }
+
+    /// A KMS client on this server, with its own data-key cache and call counters.
+    pub async fn kms(&self) -> Arc<gitstate_kms::Kms> {
+        let loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
+            .endpoint_url(&self.endpoint)
+            .region(aws_config::Region::new(AWS_REGION))
+            .credentials_provider(aws_sdk_kms::config::Credentials::new(
+                "testing", "testing", None, None, "moto",
+            ));
+        Arc::new(gitstate_kms::Kms::load(loader).await)
+    }
+
+    /// A new symmetric key with `alias/<alias>`; returns its ARN.
+    pub async fn create_key(&self, alias: &str) -> String {
+        let kms = self.kms().await;
+        let key = kms
+            .client()
+            .create_key()
+            .description(alias)
+            .send()
+            .await
+            .expect("CreateKey");
+        let arn = key.key_metadata.and_then(|m| m.arn).expect("key ARN");
+        kms.client()
+            .create_alias()
+            .alias_name(format!("alias/{alias}"))
+            .target_key_id(&arn)
+            .send()
+            .await
+            .expect("CreateAlias");
+        arn
+    }
+}
+
+/// The router for `settings`, encrypting with `kms` as `settings.encryption` says.
+pub fn encrypted_app(
+    settings: &gitstate_core::config::Settings,
+    kms: Arc<gitstate_kms::Kms>,
+) -> axum::Router {
+    let encryption = gitstate_kms::encryption_with(kms, &settings.encryption);
+    let (backend, access) =
+        gitstate_git::service_with(settings, Some(encryption)).expect("backend");
+    gitstate_core::http::router(
+        backend,
+        access,
+        gitstate_core::http::Limits {
+            max_body_bytes: settings.max_body_bytes,
+            max_response_bytes: None,
+        },
+    )
+}
+
+/// Commit `content` as `path` on `main` of the test server's repository `repo`, with the git CLI
+/// (what someone with push access could do behind the backend's back).
+pub fn commit_file(server: &GitServer, repo: &str, path: &str, content: &[u8]) {
+    let work = tempfile::tempdir().expect("tempdir");
+    let dir = work.path().join("clone");
+    let dir_str = dir.to_str().expect("utf-8");
+    git(
+        &["clone", "-q", &server.url_with_credentials(repo), dir_str],
+        None,
+    );
+    let file = dir.join(path);
+    if let Some(parent) = file.parent() {
+        std::fs::create_dir_all(parent).expect("dirs");
+    }
+    std::fs::write(&file, content).expect("write file");
+    git(&["add", path], Some(&dir));
+    git(
+        &[
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "commit",
+            "-q",
+            "-m",
+            &format!("put {path}"),
+        ],
+        Some(&dir),
+    );
+    git(&["push", "-q", "origin", "HEAD:main"], Some(&dir));
+}
+
+/// The bytes of `path` on `main` of the test server's repository `repo`.
+pub fn stored_file(server: &GitServer, repo: &str, path: &str) -> Vec<u8> {
+    let bare = server.repo_dir(repo);
+    let out = git_output(
+        &[
+            "--git-dir",
+            bare.to_str().expect("utf-8"),
+            "show",
+            &format!("main:{path}"),
+        ],
+        None,
+    );
+    assert!(out.status.success(), "{path} is not on main");
+    out.stdout
+}

@@ -9,11 +9,14 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
+use gitstate_core::StateName;
+use gitstate_core::access::Caller;
 use gitstate_core::access::{Grant, Policy, check_user_name};
 use gitstate_core::config::{Runtime, Settings};
 use gitstate_core::http::{Limits, router};
 use gitstate_core::password::{generate_token, hash_secret};
 use gitstate_core::ports::CommitMeta;
+use gitstate_core::service::Rekeyed;
 
 #[derive(Parser)]
 #[command(
@@ -74,6 +77,26 @@ enum Command {
         older_than: String,
         #[command(flatten)]
         remote: RemoteArgs,
+    },
+    /// Re-encrypt every state (under PREFIX) with the keys of GITSTATE_KMS_KEY_IDS, each under
+    /// its lock, one commit per state; states already sealed so are left alone.
+    Rekey {
+        #[arg(long, default_value = "")]
+        prefix: String,
+    },
+    /// Decrypt a state file (e.g. from a clone) to standard output, with the standard AWS
+    /// credential chain; GITSTATE_PASSPHRASE reads the aes passphrase mode.
+    Decrypt { file: PathBuf },
+    /// Encrypt a plaintext state to standard output as gitstate stores it (sops binary mode
+    /// under GITSTATE_KMS_KEY_IDS), bound to its place in the repository.
+    Encrypt {
+        file: PathBuf,
+        /// The state's path in the repository (default: FILE as given).
+        #[arg(long)]
+        state: Option<String>,
+        /// The repository (default: GITSTATE_REPOSITORY).
+        #[arg(long)]
+        repository: Option<String>,
     },
 }
 
@@ -184,12 +207,21 @@ async fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Rekey { prefix } => rekey(&prefix).await,
+        Command::Decrypt { file } => decrypt(&file).await,
+        Command::Encrypt {
+            file,
+            state,
+            repository,
+        } => encrypt(&file, state, repository).await,
     }
 }
 
 async fn serve(state: &str) -> anyhow::Result<()> {
     let settings = Settings::from_env(Runtime::Local).context("reading GITSTATE_* settings")?;
-    let (backend, access) = gitstate_git::service(&settings).context("opening the git store")?;
+    let encryption = gitstate_kms::encryption(&settings.encryption).await;
+    let (backend, access) =
+        gitstate_git::service_with(&settings, encryption).context("opening the git store")?;
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("binding {}", settings.listen))?;
@@ -320,5 +352,80 @@ fn access_check(file: &std::path::Path) -> anyhow::Result<()> {
             writeln!(out, "  {:<24} {}", grant.to_string(), grant.describe())?;
         }
     }
+    Ok(())
+}
+
+async fn rekey(prefix: &str) -> anyhow::Result<()> {
+    let settings = Settings::from_env(Runtime::Local).context("reading GITSTATE_* settings")?;
+    if settings.encryption.kms_key_ids.is_empty() {
+        bail!("GITSTATE_KMS_KEY_IDS names no key to re-encrypt under");
+    }
+    let encryption = gitstate_kms::encryption(&settings.encryption).await;
+    let (backend, _) =
+        gitstate_git::service_with(&settings, encryption).context("opening the git store")?;
+    let at = backend.locate(None, None)?;
+    let names = backend.store().list_states(&at, prefix).await?;
+    let caller = Caller::operator("gitstate-rekey");
+    let (total, mut failed) = (names.len(), 0);
+    for (i, name) in names.iter().enumerate() {
+        let outcome = match backend.rekey(&caller, &at, name).await {
+            Ok(Rekeyed::Current) => "already current".to_owned(),
+            Ok(Rekeyed::Rewritten { from }) => format!("re-encrypted (was {from})"),
+            Ok(Rekeyed::Missing) => "gone".to_owned(),
+            Err(error) => {
+                failed += 1;
+                format!("FAILED: {}", gitstate_core::http::chain(&error))
+            }
+        };
+        eprintln!("[{}/{total}] {name}: {outcome}", i + 1);
+    }
+    eprintln!("rekey: {total} state(s), {failed} failed");
+    if failed > 0 {
+        bail!("{failed} state(s) could not be re-encrypted");
+    }
+    Ok(())
+}
+
+async fn decrypt(file: &std::path::Path) -> anyhow::Result<()> {
+    let settings = Settings::from_env(Runtime::Local).context("reading GITSTATE_* settings")?;
+    let stored = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
+    let kms = gitstate_kms::Kms::from_env().await;
+    let sealer = gitstate_kms::SopsSealer::new(kms, &settings.encryption);
+    let opened = sealer
+        .envelope()
+        .open(&stored, None)
+        .await
+        .with_context(|| format!("decrypting {}", file.display()))?;
+    let mut out = std::io::stdout().lock();
+    out.write_all(&opened.plaintext)?;
+    out.flush()?;
+    Ok(())
+}
+
+async fn encrypt(
+    file: &std::path::Path,
+    state: Option<String>,
+    repository: Option<String>,
+) -> anyhow::Result<()> {
+    let settings = Settings::from_env(Runtime::Local).context("reading GITSTATE_* settings")?;
+    if settings.encryption.kms_key_ids.is_empty() {
+        bail!("GITSTATE_KMS_KEY_IDS names no key to encrypt under");
+    }
+    let name = StateName::parse(&state.unwrap_or_else(|| file.display().to_string()))
+        .context("--state")?;
+    let Some(repository) = repository.or(settings.repository.clone()) else {
+        bail!("name the repository the state lives in: --repository or GITSTATE_REPOSITORY");
+    };
+    let plaintext = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
+    let kms = gitstate_kms::Kms::from_env().await;
+    let sealer = gitstate_kms::SopsSealer::new(kms, &settings.encryption);
+    let sealed = sealer
+        .envelope()
+        .seal(&plaintext, &gitstate_kms::context(&repository, &name))
+        .await
+        .context("encrypting")?;
+    let mut out = std::io::stdout().lock();
+    out.write_all(&sealed)?;
+    out.flush()?;
     Ok(())
 }

@@ -49,6 +49,9 @@ pub struct Settings {
     /// `GITSTATE_GIT_USERNAME` / `GITSTATE_GIT_TOKEN`: credentials for the hosted repository.
     pub git_username: Option<String>,
     pub git_token: Option<Secret>,
+    /// `GITSTATE_GIT_TOKEN_KMS`: the git token as base64 of a KMS ciphertext, encrypted under
+    /// the context `{"gitstate:purpose": "git-token"}`; the Lambda decrypts it at cold start.
+    pub git_token_kms: Option<String>,
     /// `GITSTATE_LOCK_REF_PREFIX`: where lock refs go (default `refs/heads/locks/`, as the seed tool).
     pub lock_ref_prefix: String,
     /// `GITSTATE_CACHE_DIR`: bare cache repositories (default `/tmp/gitstate` or `./.gitstate/cache`).
@@ -73,6 +76,27 @@ pub struct Settings {
     /// `InvokeMode: RESPONSE_STREAM`, so the Lambda streams responses and states over 6 MB can
     /// be read. Without it they are refused with 413 rather than truncated.
     pub response_streaming: bool,
+    /// Encryption at rest (see [`EncryptionSettings`]).
+    pub encryption: EncryptionSettings,
+}
+
+/// `GITSTATE_KMS_KEY_IDS`: KMS keys (ARNs, aliases; comma-separated) every write is sealed
+/// under, the first making the data key; `GITSTATE_ENCRYPTION`: `optional` (default: plaintext
+/// states are still served and encrypted on their next write) or `enforced` (states not under
+/// the configured keys are refused until `gitstate rekey`); `GITSTATE_PASSPHRASE`: reads
+/// terraform-backend-git's aes passphrase mode.
+#[derive(Debug, Clone, Default)]
+pub struct EncryptionSettings {
+    pub kms_key_ids: Vec<String>,
+    pub enforced: bool,
+    pub passphrase: Option<Secret>,
+}
+
+impl EncryptionSettings {
+    /// Whether states pass through encryption at all.
+    pub fn is_configured(&self) -> bool {
+        !self.kms_key_ids.is_empty() || self.passphrase.is_some()
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -87,6 +111,10 @@ pub enum ConfigError {
     RepositoryRequired,
     #[error("GITSTATE_ACCESS and GITSTATE_ACCESS_FILE are both set: choose one")]
     TwoAccessSources,
+    #[error("GITSTATE_GIT_TOKEN and GITSTATE_GIT_TOKEN_KMS are both set: choose one")]
+    TwoGitTokens,
+    #[error("GITSTATE_ENCRYPTION=enforced needs GITSTATE_KMS_KEY_IDS")]
+    EnforcedWithoutKeys,
 }
 
 pub const DEFAULT_MAX_BODY_BYTES: usize = 6 * 1024 * 1024;
@@ -154,6 +182,33 @@ impl Settings {
             })
         };
         let listen = get("GITSTATE_LISTEN").unwrap_or_else(|| "127.0.0.1:8080".into());
+        if get("GITSTATE_GIT_TOKEN").is_some() && get("GITSTATE_GIT_TOKEN_KMS").is_some() {
+            return Err(ConfigError::TwoGitTokens);
+        }
+        let encryption = EncryptionSettings {
+            kms_key_ids: get("GITSTATE_KMS_KEY_IDS")
+                .map(|v| {
+                    v.split(',')
+                        .map(|s| s.trim().to_owned())
+                        .filter(|s| !s.is_empty())
+                        .collect()
+                })
+                .unwrap_or_default(),
+            enforced: match get("GITSTATE_ENCRYPTION").as_deref() {
+                None | Some("optional") => false,
+                Some("enforced") => true,
+                Some(other) => {
+                    return Err(ConfigError::Invalid {
+                        var: "GITSTATE_ENCRYPTION",
+                        reason: format!("{other:?} is neither `optional` nor `enforced`"),
+                    });
+                }
+            },
+            passphrase: get("GITSTATE_PASSPHRASE").map(Secret),
+        };
+        if encryption.enforced && encryption.kms_key_ids.is_empty() {
+            return Err(ConfigError::EnforcedWithoutKeys);
+        }
         let source = match (get("GITSTATE_ACCESS"), get("GITSTATE_ACCESS_FILE")) {
             (Some(_), Some(_)) => return Err(ConfigError::TwoAccessSources),
             (Some(text), None) => AccessSource::Text(text),
@@ -190,6 +245,7 @@ impl Settings {
             branch,
             git_username: get("GITSTATE_GIT_USERNAME"),
             git_token: get("GITSTATE_GIT_TOKEN").map(Secret),
+            git_token_kms: get("GITSTATE_GIT_TOKEN_KMS"),
             lock_ref_prefix,
             cache_dir: get("GITSTATE_CACHE_DIR").map_or(default_cache, PathBuf::from),
             local_repository: get("GITSTATE_LOCAL_REPOSITORY")
@@ -220,6 +276,7 @@ impl Settings {
                     });
                 }
             },
+            encryption,
         })
     }
 }
@@ -281,6 +338,30 @@ mod tests {
     }
 
     #[test]
+    fn encryption_settings() {
+        let s = settings(
+            Runtime::Local,
+            &[
+                (
+                    "GITSTATE_KMS_KEY_IDS",
+                    " alias/a , arn:aws:kms:eu-west-1:1:key/b,",
+                ),
+                ("GITSTATE_ENCRYPTION", "enforced"),
+                ("GITSTATE_PASSPHRASE", "pw-123"),
+            ],
+        )
+        .expect("valid");
+        assert_eq!(
+            s.encryption.kms_key_ids,
+            ["alias/a", "arn:aws:kms:eu-west-1:1:key/b"]
+        );
+        assert!(s.encryption.enforced && s.encryption.is_configured());
+        assert!(!format!("{s:?}").contains("pw-123"));
+        let plain = settings(Runtime::Local, &[]).expect("valid");
+        assert!(!plain.encryption.is_configured());
+    }
+
+    #[test]
     fn refuses_bad_values() {
         for vars in [
             [("GITSTATE_REPOSITORY", "git@github.com:o/r.git")],
@@ -288,6 +369,8 @@ mod tests {
             [("GITSTATE_MAX_BODY_BYTES", "-1")],
             [("GITSTATE_REF", "a..b")],
             [("GITSTATE_LISTEN", "nowhere")],
+            [("GITSTATE_ENCRYPTION", "enforced")],
+            [("GITSTATE_ENCRYPTION", "sometimes")],
         ] {
             assert!(settings(Runtime::Local, &vars).is_err(), "{vars:?}");
         }

@@ -25,7 +25,7 @@ use http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 
 use crate::auth::{Access, AuthError};
-use crate::ports::StoreError;
+use crate::ports::{SealError, StoreError};
 use crate::service::{Backend, Selector, ServiceError};
 use crate::{LockInfo, StateName};
 
@@ -177,6 +177,15 @@ impl ApiError {
             Self::Service(S::Store(StoreError::Corrupt(_) | StoreError::Internal(_))) => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
+            // Encryption at rest: KMS down is retryable, KMS refusing is the gateway's fault,
+            // a tampered or unreadable state is ours; none is the client's.
+            Self::Service(S::Seal(SealError::Unavailable(_))) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Service(S::Seal(SealError::Refused(_))) => StatusCode::BAD_GATEWAY,
+            Self::Service(
+                S::Seal(SealError::Integrity(_) | SealError::Unreadable(_)) | S::NoKeys,
+            ) => StatusCode::INTERNAL_SERVER_ERROR,
+            // The operator must rekey; the message says so.
+            Self::Service(S::Unprotected { .. }) => StatusCode::CONFLICT,
             Self::Method { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::TooLarge { .. } | Self::ResponseTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyRead | Self::Query(_) => StatusCode::BAD_REQUEST,
@@ -213,6 +222,12 @@ impl IntoResponse for ApiError {
             }
             Self::Auth(AuthError::Unavailable(_)) => {
                 "the access policy could not be read from the git remote; retry".to_owned()
+            }
+            Self::Service(ServiceError::Seal(SealError::Unavailable(_))) => {
+                "the key service (KMS) is unavailable; retry".to_owned()
+            }
+            Self::Service(ServiceError::Seal(_) | ServiceError::NoKeys) => {
+                "the state could not be decrypted or encrypted; see the backend's log".to_owned()
             }
             other => other.to_string(),
         };

@@ -77,6 +77,11 @@ pub enum Refusal {
     NotFound,
     /// Create-only write of a file that already exists.
     Exists,
+    /// The stored state is encrypted: the service must open it (asynchronously, with keys)
+    /// before it can judge the write; it retries with what it learnt.
+    Sealed(Bytes),
+    /// Encryption is enforced and the stored state is not under the configured keys.
+    Unprotected { format: &'static str },
 }
 
 /// The service's decision on a write, taken against the freshest lock and state the store has
@@ -130,6 +135,64 @@ pub fn user_from_message(message: &str) -> Option<String> {
 }
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// How a stored state stands against the configured encryption keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protection {
+    /// Not under any configured key (plaintext, a passphrase, foreign keys).
+    Unprotected,
+    /// Under a configured key, but not as a write would seal it now: `rekey` rewrites it.
+    Partly,
+    /// Sealed exactly as a write would seal it now.
+    Current,
+}
+
+/// A stored state, opened.
+#[derive(Debug, Clone)]
+pub struct Opened {
+    pub plaintext: Bytes,
+    pub protection: Protection,
+    /// How it was stored, for messages (e.g. `sops binary mode`, `unencrypted`).
+    pub format: &'static str,
+}
+
+/// Failures to seal or open a state. None of them is the client's fault.
+#[derive(Debug, thiserror::Error)]
+pub enum SealError {
+    #[error("the key service is unavailable")]
+    Unavailable(#[source] BoxError),
+    #[error("the key service refused the state's key")]
+    Refused(#[source] BoxError),
+    #[error("the stored state failed its integrity check")]
+    Integrity(#[source] BoxError),
+    #[error("the stored state cannot be read")]
+    Unreadable(#[source] BoxError),
+}
+
+/// Encryption at rest: what every state goes through on its way to and from the store. The
+/// location and name are bound into the encryption, so a state copied elsewhere will not open.
+#[async_trait]
+pub trait Sealer: Send + Sync + 'static {
+    /// Whether writes are sealed (otherwise they are stored as sent).
+    fn seals(&self) -> bool;
+
+    /// Cheap and synchronous: do these stored bytes need keys to open?
+    fn is_sealed(&self, stored: &[u8]) -> bool;
+
+    async fn seal(
+        &self,
+        plaintext: &[u8],
+        at: &Location,
+        name: &StateName,
+    ) -> Result<Bytes, SealError>;
+
+    async fn open(
+        &self,
+        stored: Bytes,
+        at: &Location,
+        name: &StateName,
+    ) -> Result<Opened, SealError>;
+}
 
 /// Failures of the storage itself, never of the client's request.
 #[derive(Debug, thiserror::Error)]
@@ -212,6 +275,10 @@ pub trait StateStore: Send + Sync + 'static {
 
     /// Every lock held on states of this location.
     async fn list_locks(&self, at: &Location) -> Result<Vec<(StateName, HeldLock)>, StoreError>;
+
+    /// The state files on the branch whose path starts with `prefix` (the backend's own
+    /// configuration under `.gitstate/` excluded).
+    async fn list_states(&self, at: &Location, prefix: &str) -> Result<Vec<StateName>, StoreError>;
 
     /// A file of the backend's own configuration (e.g. the access file) at the branch tip.
     /// A process that saw the tip less than `fresh_within` ago may answer from that tip without

@@ -1,5 +1,6 @@
 //! The rules of the backend: locking, writing and reading states, independent of HTTP and git.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -7,8 +8,8 @@ use serde::Deserialize;
 
 use crate::access::{Caller, Denied, Role};
 use crate::ports::{
-    Acquire, Change, CommitMeta, HeldLock, Location, Refusal, Release, StateStore, StoreError,
-    USER_TRAILER, Written,
+    Acquire, Change, CommitMeta, HeldLock, Location, Opened, Protection, Refusal, Release,
+    SealError, Sealer, StateStore, StoreError, USER_TRAILER, Written,
 };
 use crate::{BranchName, LockInfo, LockInfoError, NameError, StateName, UnlockRequest};
 
@@ -49,6 +50,14 @@ pub enum ServiceError {
     Forbidden(#[from] Denied),
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error(transparent)]
+    Seal(#[from] SealError),
+    #[error(
+        "the stored state is {format}, not encrypted with the configured KMS keys, and encryption is enforced: an operator must run `gitstate rekey`"
+    )]
+    Unprotected { format: &'static str },
+    #[error("no KMS key is configured (GITSTATE_KMS_KEY_IDS)")]
+    NoKeys,
 }
 
 impl From<Refusal> for ServiceError {
@@ -60,6 +69,11 @@ impl From<Refusal> for ServiceError {
             Refusal::Stale { stored, sent } => Self::Stale { stored, sent },
             Refusal::NotFound => Self::NotFound,
             Refusal::Exists => Self::Exists,
+            Refusal::Unprotected { format } => Self::Unprotected { format },
+            // Only escapes when the stored state kept changing while it was being opened.
+            Refusal::Sealed(_) => Self::Store(StoreError::Contention {
+                attempts: MAX_OPENS,
+            }),
         }
     }
 }
@@ -102,10 +116,35 @@ pub struct Backend {
     store: Arc<dyn StateStore>,
     repositories: Repositories,
     committer: Identity,
+    encryption: Option<Encryption>,
+}
+
+/// Encryption at rest: every state passes through the sealer; lock and configuration files stay
+/// plain.
+#[derive(Clone)]
+pub struct Encryption {
+    pub sealer: Arc<dyn Sealer>,
+    /// Refuse to serve or overwrite a state that is not under the configured keys.
+    pub enforced: bool,
+}
+
+/// How often a write opens a stored state that keeps changing under it before giving up.
+const MAX_OPENS: u32 = 4;
+
+/// What `rekey` did to one state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rekeyed {
+    /// Already sealed under exactly the configured keys.
+    Current,
+    /// Rewritten; it was stored as `from`.
+    Rewritten {
+        from: &'static str,
+    },
+    Missing,
 }
 
 /// Lineage and serial of a Terraform state, when it has them (OpenTofu-encrypted states do not).
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Clone, Deserialize)]
 struct Version {
     lineage: Option<String>,
     serial: Option<u64>,
@@ -127,7 +166,14 @@ impl Backend {
             store,
             repositories,
             committer,
+            encryption: None,
         }
+    }
+
+    /// Seal every state written from now on and open every state read.
+    pub fn with_encryption(mut self, encryption: Encryption) -> Self {
+        self.encryption = Some(encryption);
+        self
     }
 
     /// Resolve the repository and branch a request addresses, refusing repositories that are not
@@ -170,10 +216,49 @@ impl Backend {
         name: &StateName,
     ) -> Result<Bytes, ServiceError> {
         caller.require(Role::Read, name)?;
-        self.store
+        let stored = self
+            .store
             .read_state(at, name)
             .await?
-            .ok_or(ServiceError::NotFound)
+            .ok_or(ServiceError::NotFound)?;
+        Ok(self.open(at, name, stored).await?.plaintext)
+    }
+
+    /// Open a past revision: decrypted with the context it was written under, whatever the
+    /// policy says of current states (history already holds what it holds).
+    async fn open_revision(
+        &self,
+        at: &Location,
+        name: &StateName,
+        stored: Bytes,
+    ) -> Result<Bytes, ServiceError> {
+        match &self.encryption {
+            Some(encryption) => Ok(encryption.sealer.open(stored, at, name).await?.plaintext),
+            None => Ok(stored),
+        }
+    }
+
+    /// Open a stored state, enforcing the encryption policy.
+    async fn open(
+        &self,
+        at: &Location,
+        name: &StateName,
+        stored: Bytes,
+    ) -> Result<Opened, ServiceError> {
+        let Some(encryption) = &self.encryption else {
+            return Ok(Opened {
+                plaintext: stored,
+                protection: Protection::Unprotected,
+                format: "unencrypted",
+            });
+        };
+        let opened = encryption.sealer.open(stored, at, name).await?;
+        if encryption.enforced && opened.protection == Protection::Unprotected {
+            return Err(ServiceError::Unprotected {
+                format: opened.format,
+            });
+        }
+        Ok(opened)
     }
 
     #[tracing::instrument(skip(self, caller), fields(state = %name, user = %caller.user))]
@@ -270,10 +355,15 @@ impl Backend {
         body: Bytes,
     ) -> Result<(), ServiceError> {
         caller.require(Role::Write, name)?;
-        self.write(caller, at, name, lock_id, body, "write").await
+        let sent = check_state(&body)?;
+        self.write(caller, at, name, lock_id, body, sent, Verb::Write)
+            .await
     }
 
-    /// Write `body` as the state; `verb` starts the commit subject.
+    /// Seal `body` and write it, under the lock and stale-serial rules. The stored state the rules
+    /// compare against may be sealed: the plan then asks for it to be opened, and the write is
+    /// tried again knowing its version.
+    #[allow(clippy::too_many_arguments)]
     async fn write(
         &self,
         caller: &Caller,
@@ -281,33 +371,82 @@ impl Backend {
         name: &StateName,
         lock_id: Option<&str>,
         body: Bytes,
-        verb: &str,
+        sent: Version,
+        verb: Verb,
     ) -> Result<(), ServiceError> {
-        // Validate without building a tree of the whole document: states can be large.
-        if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
-            return Err(ServiceError::InvalidState(
-                "the top level must be an object".into(),
-            ));
-        }
-        serde_json::from_slice::<serde::de::IgnoredAny>(&body)
-            .map_err(|e| ServiceError::InvalidState(e.to_string()))?;
-        let sent: Version = serde_json::from_slice(&body).unwrap_or_default();
-        let base = self.meta(caller, String::new());
-        let verb = verb.to_owned();
-        let user = caller.user.clone();
-        let (state, lock_id) = (name.to_string(), lock_id.map(str::to_owned));
-        let plan = Arc::new(move |lock: Option<&HeldLock>, stored: Option<&[u8]>| {
-            let holder = admit(lock, lock_id.as_deref())?;
-            if let (Some(stored), Some(lineage), Some(serial)) =
-                (stored, &sent.lineage, sent.serial)
+        let body = match &self.encryption {
+            Some(e) if e.sealer.seals() => e.sealer.seal(&body, at, name).await?,
+            _ => body,
+        };
+        let mut known: HashMap<Bytes, Version> = HashMap::new();
+        for _ in 0..MAX_OPENS {
+            let plan = self.write_plan(caller, name, lock_id, &sent, verb, known.clone());
+            match self
+                .store
+                .write_state(at, name, Change::Put(body.clone()), plan)
+                .await?
             {
-                let current = Version::of(stored);
-                let newer = current.serial.filter(|s| *s > serial);
-                if let (true, Some(stored)) = (current.lineage.as_ref() == Some(lineage), newer) {
-                    return Err(Refusal::Stale {
-                        stored,
-                        sent: serial,
-                    });
+                Written::Committed { .. } | Written::Unchanged => return Ok(()),
+                Written::Refused(Refusal::Sealed(stored)) => {
+                    let opened = match verb {
+                        // rekey rewrites what enforcement would refuse
+                        Verb::Rekey => match &self.encryption {
+                            Some(e) => e.sealer.open(stored.clone(), at, name).await?,
+                            None => return Err(ServiceError::NoKeys),
+                        },
+                        Verb::Write | Verb::Restore => self.open(at, name, stored.clone()).await?,
+                    };
+                    known.insert(stored, Version::of(&opened.plaintext));
+                }
+                Written::Refused(refusal) => return Err(refusal.into()),
+            }
+        }
+        Err(StoreError::Contention {
+            attempts: MAX_OPENS,
+        }
+        .into())
+    }
+
+    fn write_plan(
+        &self,
+        caller: &Caller,
+        name: &StateName,
+        lock_id: Option<&str>,
+        sent: &Version,
+        verb: Verb,
+        known: HashMap<Bytes, Version>,
+    ) -> crate::ports::WritePlan {
+        let base = self.meta(caller, String::new());
+        let user = caller.user.clone();
+        let (state, lock_id, sent) = (name.to_string(), lock_id.map(str::to_owned), sent.clone());
+        let (sealer, enforced) = match &self.encryption {
+            Some(e) => (Some(e.sealer.clone()), e.enforced && verb == Verb::Write),
+            None => (None, false),
+        };
+        Arc::new(move |lock: Option<&HeldLock>, stored: Option<&[u8]>| {
+            let holder = admit(lock, lock_id.as_deref())?;
+            if let Some(stored) = stored {
+                let current = match &sealer {
+                    Some(sealer) if sealer.is_sealed(stored) => known
+                        .get(stored)
+                        .cloned()
+                        .ok_or_else(|| Refusal::Sealed(Bytes::copy_from_slice(stored)))?,
+                    Some(_) if enforced => {
+                        return Err(Refusal::Unprotected {
+                            format: "unencrypted",
+                        });
+                    }
+                    _ => Version::of(stored),
+                };
+                if let (Some(lineage), Some(serial)) = (&sent.lineage, sent.serial) {
+                    let newer = current.serial.filter(|s| *s > serial);
+                    if let (true, Some(stored)) = (current.lineage.as_ref() == Some(lineage), newer)
+                    {
+                        return Err(Refusal::Stale {
+                            stored,
+                            sent: serial,
+                        });
+                    }
                 }
             }
             let serial = sent
@@ -323,20 +462,69 @@ impl Backend {
             }
             Ok(CommitMeta {
                 message: format!(
-                    "{verb} {state}{serial}\n\n{version}{}",
+                    "{} {state}{serial}\n\n{version}{}",
+                    verb.as_str(),
                     trailer(holder, &user)
                 ),
                 ..base.clone()
             })
+        })
+    }
+
+    /// Re-encrypt one state under the configured keys, holding its lock so it never races
+    /// Terraform. A state already sealed exactly so is left alone.
+    #[tracing::instrument(skip(self, caller), fields(state = %name, user = %caller.user))]
+    pub async fn rekey(
+        &self,
+        caller: &Caller,
+        at: &Location,
+        name: &StateName,
+    ) -> Result<Rekeyed, ServiceError> {
+        caller.require(Role::Admin, name)?;
+        let encryption = self
+            .encryption
+            .as_ref()
+            .filter(|e| e.sealer.seals())
+            .ok_or(ServiceError::NoKeys)?;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default();
+        let id = format!("rekey-{nanos:x}-{}", std::process::id());
+        let info = serde_json::json!({
+            "ID": id, "Operation": "OperationTypeRekey", "Info": "gitstate rekey",
+            "Who": format!("{}@gitstate", caller.user), "Version": "", "Created": "", "Path": name.as_str(),
         });
-        match self
-            .store
-            .write_state(at, name, Change::Put(body), plan)
-            .await?
-        {
-            Written::Committed { .. } | Written::Unchanged => Ok(()),
-            Written::Refused(refusal) => Err(refusal.into()),
+        let body = Bytes::from(info.to_string());
+        self.lock(caller, at, name, body.clone()).await?;
+        let outcome = async {
+            let Some(stored) = self.store.read_state(at, name).await? else {
+                return Ok::<_, ServiceError>(Rekeyed::Missing);
+            };
+            let opened = encryption.sealer.open(stored, at, name).await?;
+            if opened.protection == Protection::Current {
+                return Ok(Rekeyed::Current);
+            }
+            let sent = Version::of(&opened.plaintext);
+            self.write(
+                caller,
+                at,
+                name,
+                Some(&id),
+                opened.plaintext,
+                sent,
+                Verb::Rekey,
+            )
+            .await?;
+            Ok(Rekeyed::Rewritten {
+                from: opened.format,
+            })
         }
+        .await;
+        let unlocked = self.unlock(caller, at, name, &body).await;
+        let outcome = outcome?;
+        unlocked?;
+        Ok(outcome)
     }
 
     /// Remove a state file (Terraform itself never does; administrators may).
@@ -384,6 +572,19 @@ impl Backend {
     }
 }
 
+/// Check that a body is a JSON object without building a tree of the whole document (states
+/// can be large), and read its lineage and serial.
+fn check_state(body: &[u8]) -> Result<Version, ServiceError> {
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(ServiceError::InvalidState(
+            "the top level must be an object".into(),
+        ));
+    }
+    serde_json::from_slice::<serde::de::IgnoredAny>(body)
+        .map_err(|e| ServiceError::InvalidState(e.to_string()))?;
+    Ok(serde_json::from_slice(body).unwrap_or_default())
+}
+
 /// Commit trailers recording the Terraform version of what a write stored.
 const SERIAL_TRAILER: &str = "Serial: ";
 const LINEAGE_TRAILER: &str = "Lineage: ";
@@ -413,6 +614,23 @@ impl Selector {
         match text.parse::<u64>() {
             Ok(serial) if text.len() < 20 => Ok(Self::Serial(serial)),
             _ => Err(ServiceError::BadSelector(text.chars().take(64).collect())),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verb {
+    Write,
+    Rekey,
+    Restore,
+}
+
+impl Verb {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Write => "write",
+            Self::Rekey => "rekey",
+            Self::Restore => "restore",
         }
     }
 }
@@ -467,6 +685,7 @@ impl Backend {
             if serial.is_none() && !revision.deleted {
                 // Written by another tool: look at the content itself.
                 if let Some(bytes) = self.store.read_version(at, name, &revision.version).await? {
+                    let bytes = self.open_revision(at, name, bytes).await?;
                     let version = Version::of(&bytes);
                     (serial, lineage) = (version.serial, version.lineage);
                 }
@@ -526,12 +745,12 @@ impl Backend {
     ) -> Result<(String, Bytes), ServiceError> {
         caller.require(Role::Read, name)?;
         let version = self.resolve(at, name, selector).await?;
-        let bytes = self
+        let stored = self
             .store
             .read_version(at, name, &version)
             .await?
             .ok_or_else(|| ServiceError::NoSuchVersion(version.clone()))?;
-        Ok((version, bytes))
+        Ok((version, self.open_revision(at, name, stored).await?))
     }
 
     /// Write an earlier revision again as a new one on top, under the state's lock, with its
@@ -549,17 +768,22 @@ impl Backend {
         let (from, old) = self.get_version(caller, at, name, selector).await?;
         let mut state: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&old)
             .map_err(|e| ServiceError::InvalidState(format!("revision {from}: {e}")))?;
-        let current = self
-            .store
-            .read_state(at, name)
-            .await?
-            .map(|b| Version::of(&b).serial)
-            .unwrap_or_default();
+        let current = match self.store.read_state(at, name).await? {
+            Some(stored) => Version::of(&self.open_revision(at, name, stored).await?).serial,
+            None => None,
+        };
         let old_serial = state.get("serial").and_then(serde_json::Value::as_u64);
         let serial = current.max(old_serial).unwrap_or(0).saturating_add(1);
         state.insert("serial".into(), serial.into());
         let body =
             serde_json::to_vec(&state).map_err(|e| ServiceError::InvalidState(e.to_string()))?;
+        let sent = Version {
+            lineage: state
+                .get("lineage")
+                .and_then(serde_json::Value::as_str)
+                .map(str::to_owned),
+            serial: Some(serial),
+        };
 
         let id = format!("gitstate-restore-{:016x}", rand::random::<u64>());
         let info = serde_json::json!({
@@ -580,7 +804,8 @@ impl Backend {
                 name,
                 Some(&id),
                 Bytes::from(body),
-                &format!("restore {from} to"),
+                sent,
+                Verb::Restore,
             )
             .await;
         let released = self.unlock(caller, at, name, &info).await;

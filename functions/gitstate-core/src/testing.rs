@@ -156,6 +156,19 @@ impl StateStore for MemoryStore {
         })
     }
 
+    async fn list_states(&self, at: &Location, prefix: &str) -> Result<Vec<StateName>, StoreError> {
+        self.with(|i| {
+            let mut names: Vec<StateName> = i
+                .states
+                .keys()
+                .filter(|(l, n)| l == at && n.as_str().starts_with(prefix))
+                .map(|(_, n)| n.clone())
+                .collect();
+            names.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+            names
+        })
+    }
+
     async fn read_config(
         &self,
         _at: &Location,

@@ -199,6 +199,30 @@ impl Cache {
         }
     }
 
+    /// The paths of every file in the tree of `commit`, depth first.
+    pub fn list_files(&self, commit: ObjectId) -> Result<Vec<String>, Error> {
+        let repo = self.repo()?;
+        let root = repo.find_commit(commit)?.tree_id()?.detach();
+        let mut out = Vec::new();
+        let mut pending = vec![(root, String::new())];
+        while let Some((id, dir)) = pending.pop() {
+            let tree = repo.find_tree(id)?;
+            let decoded = tree
+                .decode()
+                .map_err(|e| Error::Corrupt(format!("tree {id}: {e}")))?;
+            for entry in &decoded.entries {
+                let path = format!("{dir}{}", entry.filename);
+                if entry.mode.is_tree() {
+                    pending.push((entry.oid.to_owned(), format!("{path}/")));
+                } else if entry.mode.is_blob() {
+                    out.push(path);
+                }
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
     /// The message of a commit and its committer time (seconds since the epoch).
     pub fn commit_summary(&self, id: ObjectId) -> Result<(String, i64), Error> {
         let repo = self.repo()?;

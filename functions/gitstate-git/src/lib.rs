@@ -82,7 +82,24 @@ pub fn service(
     ),
     Error,
 > {
-    let backend = backend(settings)?;
+    service_with(settings, None)
+}
+
+/// [`service`], with states sealed by `encryption` when given.
+pub fn service_with(
+    settings: &gitstate_core::config::Settings,
+    encryption: Option<gitstate_core::service::Encryption>,
+) -> Result<
+    (
+        std::sync::Arc<gitstate_core::service::Backend>,
+        std::sync::Arc<gitstate_core::auth::Access>,
+    ),
+    Error,
+> {
+    let backend = match encryption {
+        Some(encryption) => backend(settings)?.with_encryption(encryption),
+        None => backend(settings)?,
+    };
     let primary = backend
         .locate(None, None)
         .map_err(|e| Error::Config(e.to_string()))?;

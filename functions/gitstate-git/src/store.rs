@@ -432,6 +432,25 @@ impl StateStore for GitStore {
         Ok(self.read_path(at, name.to_string()).await?)
     }
 
+    async fn list_states(&self, at: &Location, prefix: &str) -> Result<Vec<StateName>, StoreError> {
+        let remote = self.remote(at)?;
+        let branch = at.branch.full_ref();
+        let advert = remote
+            .refs(Service::UploadPack, vec![branch.clone()])
+            .await?;
+        let Some(tip) = advert.tip(&branch) else {
+            return Ok(Vec::new());
+        };
+        remote.ensure(vec![tip]).await?;
+        let cache = remote.cache.clone();
+        let files = blocking(move || cache.list_files(tip)).await?;
+        Ok(files
+            .iter()
+            .filter(|path| path.starts_with(prefix) && !path.starts_with(".gitstate/"))
+            .filter_map(|path| StateName::parse(path).ok())
+            .collect())
+    }
+
     async fn read_config(
         &self,
         at: &Location,

@@ -27,8 +27,16 @@ fn with_client_addr(mut request: Request) -> Request {
 async fn main() -> Result<(), lambda_http::Error> {
     // Honours AWS_LAMBDA_LOG_LEVEL / RUST_LOG and the JSON log format Lambda sets.
     lambda_http::tracing::init_default_subscriber();
-    let settings = Settings::from_env(Runtime::Lambda).context("reading GITSTATE_* settings")?;
-    let (backend, access) = gitstate_git::service(&settings).context("opening the git store")?;
+    let mut settings =
+        Settings::from_env(Runtime::Lambda).context("reading GITSTATE_* settings")?;
+    if let Some(ciphertext) = settings.git_token_kms.take() {
+        // Once per cold start: the token never sits in the template or the console in clear.
+        let kms = gitstate_kms::Kms::from_env().await;
+        settings.git_token = Some(gitstate_kms::decrypt_git_token(&kms, &ciphertext).await?);
+    }
+    let encryption = gitstate_kms::encryption(&settings.encryption).await;
+    let (backend, access) =
+        gitstate_git::service_with(&settings, encryption).context("opening the git store")?;
     let limits = Limits {
         max_body_bytes: settings.max_body_bytes,
         max_response_bytes: (!settings.response_streaming).then_some(BUFFERED_RESPONSE_LIMIT),

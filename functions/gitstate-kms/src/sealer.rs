@@ -1,0 +1,153 @@
+//! The core's [`Sealer`] port over the sops envelope and KMS: what the backend stores.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use gitstate_core::StateName;
+use gitstate_core::config::EncryptionSettings;
+use gitstate_core::ports::{Location, Opened, Protection, SealError, Sealer};
+use gitstate_core::service::Encryption;
+use gitstate_sops::{Context, Envelope, Error, Format, KeyError, KeyService};
+use zeroize::Zeroizing;
+
+use crate::Kms;
+
+/// The context key naming the repository a state lives in.
+pub const CONTEXT_REPOSITORY: &str = "gitstate:repository";
+/// The context key naming the state's path in the repository.
+pub const CONTEXT_STATE: &str = "gitstate:state";
+
+/// The encryption context of a state: where it lives, so a copy elsewhere does not open.
+pub fn context(repository: &str, name: &StateName) -> Context {
+    let repository = repository.trim_end_matches('/');
+    let repository = repository.strip_suffix(".git").unwrap_or(repository);
+    [
+        (CONTEXT_REPOSITORY.to_owned(), repository.to_owned()),
+        (CONTEXT_STATE.to_owned(), name.as_str().to_owned()),
+    ]
+    .into_iter()
+    .collect()
+}
+
+/// States sealed as sops binary mode under KMS keys.
+pub struct SopsSealer<K> {
+    envelope: Envelope<K>,
+}
+
+impl<K: KeyService> SopsSealer<K> {
+    pub fn new(keys: K, settings: &EncryptionSettings) -> Self {
+        let passphrase = settings
+            .passphrase
+            .as_ref()
+            .map(|p| Zeroizing::new(p.expose().to_owned()));
+        Self {
+            envelope: Envelope::new(keys, settings.kms_key_ids.clone(), passphrase),
+        }
+    }
+
+    pub fn envelope(&self) -> &Envelope<K> {
+        &self.envelope
+    }
+}
+
+/// The backend's encryption as the settings ask for it, on the standard AWS configuration; none
+/// when nothing is configured.
+pub async fn encryption(settings: &EncryptionSettings) -> Option<Encryption> {
+    if !settings.is_configured() {
+        return None;
+    }
+    let kms = Kms::from_env().await;
+    Some(encryption_with(kms, settings))
+}
+
+/// The backend's encryption over a given KMS client.
+pub fn encryption_with<K: KeyService + 'static>(
+    keys: K,
+    settings: &EncryptionSettings,
+) -> Encryption {
+    Encryption {
+        sealer: Arc::new(SopsSealer::new(keys, settings)),
+        enforced: settings.enforced,
+    }
+}
+
+pub fn seal_error(error: Error) -> SealError {
+    let boxed = |e: Error| -> gitstate_core::ports::BoxError { Box::new(e) };
+    match error {
+        Error::Key(KeyError::Unavailable(_))
+        | Error::NoKey {
+            last: Some(KeyError::Unavailable(_)),
+            ..
+        } => SealError::Unavailable(boxed(error)),
+        Error::Key(_) | Error::NoKey { .. } => SealError::Refused(boxed(error)),
+        Error::Tampered { .. } | Error::MacMismatch | Error::ContextMismatch { .. } => {
+            SealError::Integrity(boxed(error))
+        }
+        Error::Format(_)
+        | Error::Unsupported(_)
+        | Error::NoKmsEntry
+        | Error::NoWriteKey
+        | Error::NotText
+        | Error::Unrecognised(_)
+        | Error::Crypto => SealError::Unreadable(boxed(error)),
+    }
+}
+
+#[async_trait]
+impl<K: KeyService + 'static> Sealer for SopsSealer<K> {
+    fn seals(&self) -> bool {
+        self.envelope.seals()
+    }
+
+    fn is_sealed(&self, stored: &[u8]) -> bool {
+        Envelope::<K>::is_encrypted(stored)
+    }
+
+    async fn seal(
+        &self,
+        plaintext: &[u8],
+        at: &Location,
+        name: &StateName,
+    ) -> Result<Bytes, SealError> {
+        let sealed = self
+            .envelope
+            .seal(plaintext, &context(&at.repository, name))
+            .await
+            .map_err(seal_error)?;
+        Ok(Bytes::from(sealed))
+    }
+
+    async fn open(
+        &self,
+        stored: Bytes,
+        at: &Location,
+        name: &StateName,
+    ) -> Result<Opened, SealError> {
+        let opened = self
+            .envelope
+            .open(&stored, Some(&context(&at.repository, name)))
+            .await
+            .map_err(seal_error)?;
+        let protection = match self
+            .envelope
+            .protection(&opened)
+            .await
+            .map_err(seal_error)?
+        {
+            gitstate_sops::Protection::Unprotected => Protection::Unprotected,
+            gitstate_sops::Protection::Partly => Protection::Partly,
+            gitstate_sops::Protection::Current => Protection::Current,
+        };
+        let plaintext = match opened.format {
+            // plain bytes need no copy
+            Format::Plain => stored,
+            _ => Bytes::copy_from_slice(&opened.plaintext),
+        };
+        Ok(Opened {
+            plaintext,
+            protection,
+            format: opened.format.describe(),
+        })
+    }
+}

@@ -1,0 +1,523 @@
+//! A sops JSON document: its metadata, the data key behind its master keys, the tree walk that
+//! decrypts values and recomputes the MAC, and the writers.
+
+use std::time::SystemTime;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use sha2::{Digest, Sha256, Sha512};
+use zeroize::Zeroizing;
+
+use crate::cipher::{self, Sealed};
+use crate::tree::Value;
+use crate::{Context, DataKey, Error, KeyService, WrappedKey, time};
+
+/// The `version` gitstate writes: a valid semver ≥ 3.3.0, or the sops CLI refuses the file or
+/// takes its old "encryption context bug" path.
+pub const SOPS_VERSION: &str = "3.13.2";
+
+/// One `sops.kms[]` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KmsEntry {
+    pub arn: String,
+    pub context: Context,
+    pub created_at: String,
+    pub enc: Vec<u8>,
+}
+
+/// Which leaves a tree-mode file encrypts (sops allows one rule).
+#[derive(Debug, Clone)]
+enum Rule {
+    UnencryptedSuffix(String),
+    EncryptedSuffix(String),
+    UnencryptedRegex(regex_lite::Regex),
+    EncryptedRegex(regex_lite::Regex),
+}
+
+impl Rule {
+    fn encrypts(&self, path: &[String]) -> bool {
+        match self {
+            Self::UnencryptedSuffix(s) => !path.iter().any(|k| k.ends_with(s.as_str())),
+            Self::EncryptedSuffix(s) => path.iter().any(|k| k.ends_with(s.as_str())),
+            Self::UnencryptedRegex(r) => !path.iter().any(|k| r.is_match(k)),
+            Self::EncryptedRegex(r) => path.iter().any(|k| r.is_match(k)),
+        }
+    }
+}
+
+/// A parsed sops file.
+#[derive(Debug, Clone)]
+pub struct Document {
+    data: Vec<(String, Value)>,
+    pub kms: Vec<KmsEntry>,
+    pub lastmodified: String,
+    mac: String,
+    rule: Rule,
+    mac_only_encrypted: bool,
+    pub version: String,
+}
+
+/// A decrypted document: the plaintext bytes, and whether it was binary mode.
+#[derive(Debug)]
+pub struct Plain {
+    pub bytes: Zeroizing<Vec<u8>>,
+    pub binary: bool,
+}
+
+/// Is this a sops document (a JSON object with a top-level `sops` object)? Cheap enough for a
+/// synchronous check: a full JSON parse without building the tree.
+pub fn looks_like_sops(bytes: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Probe {
+        sops: Option<serde::de::IgnoredAny>,
+    }
+    matches!(
+        serde_json::from_slice::<Probe>(bytes),
+        Ok(Probe { sops: Some(_) })
+    )
+}
+
+impl Document {
+    pub fn parse(bytes: &[u8]) -> Result<Self, Error> {
+        let value = Value::parse(bytes).map_err(|e| Error::Format(e.to_string()))?;
+        let Value::Object(members) = value else {
+            return Err(Error::Format("the top level is not an object".into()));
+        };
+        let mut sops = None;
+        let mut data = Vec::with_capacity(members.len());
+        for (key, value) in members {
+            if key == "sops" {
+                sops = Some(value);
+            } else {
+                data.push((key, value));
+            }
+        }
+        let sops = sops.ok_or_else(|| Error::Format("no `sops` metadata".into()))?;
+        if !matches!(sops, Value::Object(_)) {
+            return Err(Error::Format("`sops` is not an object".into()));
+        }
+        let text = |key: &str| match sops.get(key) {
+            Some(Value::String(s)) => Some(s.clone()),
+            _ => None,
+        };
+        if matches!(sops.get("key_groups"), Some(Value::Array(groups)) if !groups.is_empty()) {
+            return Err(Error::Unsupported(
+                "key groups (Shamir secret sharing) are not supported; use one group of KMS keys"
+                    .into(),
+            ));
+        }
+        let kms = match sops.get("kms") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(entries)) => entries
+                .iter()
+                .map(kms_entry)
+                .collect::<Result<Vec<_>, _>>()?,
+            Some(_) => return Err(Error::Format("`sops.kms` is not a list".into())),
+        };
+        let regex = |r: String| {
+            regex_lite::Regex::new(&r).map_err(|_| Error::Format("invalid regex rule".into()))
+        };
+        let rule = if let Some(s) = text("unencrypted_suffix") {
+            Rule::UnencryptedSuffix(s)
+        } else if let Some(s) = text("encrypted_suffix") {
+            Rule::EncryptedSuffix(s)
+        } else if let Some(r) = text("unencrypted_regex") {
+            Rule::UnencryptedRegex(regex(r)?)
+        } else if let Some(r) = text("encrypted_regex") {
+            Rule::EncryptedRegex(regex(r)?)
+        } else {
+            Rule::UnencryptedSuffix("_unencrypted".into())
+        };
+        Ok(Self {
+            data,
+            kms,
+            lastmodified: text("lastmodified")
+                .ok_or_else(|| Error::Format("no `sops.lastmodified`".into()))?,
+            mac: text("mac").ok_or_else(|| Error::Format("no `sops.mac`".into()))?,
+            rule,
+            mac_only_encrypted: matches!(sops.get("mac_only_encrypted"), Some(Value::Bool(true))),
+            version: text("version").unwrap_or_default(),
+        })
+    }
+
+    /// Is this binary mode: the whole plaintext in one `data` string?
+    pub fn is_binary(&self) -> bool {
+        matches!(self.data.as_slice(), [(key, Value::String(_))] if key == "data")
+    }
+
+    /// The data key, from the first KMS entry the key service unwraps. With `expected`, an entry
+    /// whose context carries any of the expected keys must carry all of them with the expected
+    /// values (a file copied to another state is refused before any KMS call); entries without
+    /// them (files written by other tools) are tried with their own context.
+    pub async fn data_key(
+        &self,
+        keys: &dyn KeyService,
+        expected: Option<&Context>,
+    ) -> Result<DataKey, Error> {
+        if self.kms.is_empty() {
+            return Err(Error::NoKmsEntry);
+        }
+        let mut last = None;
+        let mut mismatch = None;
+        for entry in &self.kms {
+            if let Some(expected) = expected {
+                let binds = expected.keys().any(|k| entry.context.contains_key(k));
+                let matches = expected
+                    .iter()
+                    .all(|(k, v)| entry.context.get(k) == Some(v));
+                if binds && !matches {
+                    mismatch = Some(Error::ContextMismatch {
+                        found: entry.context.clone(),
+                        expected: expected.clone(),
+                    });
+                    continue;
+                }
+            }
+            let wrapped = WrappedKey {
+                arn: entry.arn.clone(),
+                blob: entry.enc.clone(),
+            };
+            match keys.unwrap(&wrapped, &entry.context).await {
+                Ok(key) => return Ok(key),
+                Err(e) => last = Some(e),
+            }
+        }
+        match (mismatch, last) {
+            (Some(mismatch), None) => Err(mismatch),
+            (_, last) => Err(Error::NoKey {
+                tried: self.kms.len(),
+                last,
+            }),
+        }
+    }
+
+    /// Decrypt every value, verify the MAC, and give back the plaintext: the `data` string's
+    /// bytes in binary mode, JSON otherwise.
+    pub fn decrypt(&self, key: &DataKey) -> Result<Plain, Error> {
+        let mut walk = Walk {
+            key,
+            rule: &self.rule,
+            hash: Sha512::new(),
+            mac_only_encrypted: self.mac_only_encrypted,
+        };
+        if self.mac_only_encrypted {
+            walk.hash.update(Sha256::digest(b"sops"));
+        }
+        let mut path = Vec::new();
+        let mut members = Vec::with_capacity(self.data.len());
+        for (k, v) in &self.data {
+            path.push(k.clone());
+            members.push((k.clone(), walk.value(v, &mut path)?));
+            path.pop();
+        }
+        let computed = upper_hex(&walk.hash.finalize());
+        let aad = time::normalise(&self.lastmodified)
+            .ok_or_else(|| Error::Format("`sops.lastmodified` is not an RFC 3339 time".into()))?;
+        let sealed = Sealed::parse(&self.mac)
+            .ok_or_else(|| Error::Format("`sops.mac` is not encrypted".into()))??;
+        let stored = cipher::decrypt(key, &sealed, aad.as_bytes()).map_err(|e| match e {
+            Error::Tampered { .. } => Error::MacMismatch,
+            other => other,
+        })?;
+        if stored.as_slice() != computed.as_bytes() {
+            return Err(Error::MacMismatch);
+        }
+        if self.is_binary()
+            && let [(_, Value::String(text))] = members.as_mut_slice()
+        {
+            return Ok(Plain {
+                bytes: Zeroizing::new(std::mem::take(text).into_bytes()),
+                binary: true,
+            });
+        }
+        Ok(Plain {
+            bytes: Zeroizing::new(Value::Object(members).to_json().into_bytes()),
+            binary: false,
+        })
+    }
+}
+
+fn kms_entry(value: &Value) -> Result<KmsEntry, Error> {
+    let text = |key: &str| match value.get(key) {
+        Some(Value::String(s)) => Some(s.clone()),
+        _ => None,
+    };
+    let context = match value.get("context") {
+        Some(Value::Object(members)) => members
+            .iter()
+            .filter_map(|(k, v)| match v {
+                Value::String(s) => Some((k.clone(), s.clone())),
+                _ => None,
+            })
+            .collect(),
+        _ => Context::new(),
+    };
+    let enc = text("enc").ok_or_else(|| Error::Format("a kms entry has no `enc`".into()))?;
+    Ok(KmsEntry {
+        arn: text("arn").ok_or_else(|| Error::Format("a kms entry has no `arn`".into()))?,
+        context,
+        created_at: text("created_at").unwrap_or_default(),
+        enc: STANDARD
+            .decode(enc.trim())
+            .map_err(|_| Error::Format("a kms entry's `enc` is not base64".into()))?,
+    })
+}
+
+fn upper_hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02X}")).collect()
+}
+
+struct Walk<'a> {
+    key: &'a DataKey,
+    rule: &'a Rule,
+    hash: Sha512,
+    mac_only_encrypted: bool,
+}
+
+impl Walk<'_> {
+    fn value(&mut self, value: &Value, path: &mut Vec<String>) -> Result<Value, Error> {
+        match value {
+            Value::Null => Ok(Value::Null),
+            Value::Array(items) => items
+                .iter()
+                .map(|item| self.value(item, path))
+                .collect::<Result<_, _>>()
+                .map(Value::Array),
+            Value::Object(members) => {
+                let mut out = Vec::with_capacity(members.len());
+                for (k, v) in members {
+                    path.push(k.clone());
+                    out.push((k.clone(), self.value(v, path)?));
+                    path.pop();
+                }
+                Ok(Value::Object(out))
+            }
+            leaf if self.rule.encrypts(path) => self.decrypt_leaf(leaf, path),
+            leaf => {
+                if !self.mac_only_encrypted {
+                    self.hash.update(canonical_plain(leaf).as_bytes());
+                }
+                Ok(leaf.clone())
+            }
+        }
+    }
+
+    fn decrypt_leaf(&mut self, leaf: &Value, path: &[String]) -> Result<Value, Error> {
+        let at = || path.join(":");
+        let Value::String(text) = leaf else {
+            return Err(Error::Format(format!(
+                "expected an encrypted string at {:?}",
+                at()
+            )));
+        };
+        if text.is_empty() {
+            return Ok(Value::String(String::new()));
+        }
+        let sealed = Sealed::parse(text)
+            .ok_or_else(|| Error::Format(format!("value at {:?} is not encrypted", at())))??;
+        let aad = format!("{}:", path.join(":"));
+        let plain = cipher::decrypt(self.key, &sealed, aad.as_bytes())?;
+        let text = std::str::from_utf8(&plain)
+            .map_err(|_| Error::Format(format!("value at {:?} is not UTF-8", at())))?;
+        let bad = || {
+            Error::Format(format!(
+                "value at {:?} is not a valid {}",
+                at(),
+                sealed.kind
+            ))
+        };
+        let (value, mac) = match sealed.kind.as_str() {
+            "str" | "bytes" | "time" => (Value::String(text.to_owned()), text.to_owned()),
+            "int" => {
+                let n: i64 = text.trim().parse().map_err(|_| bad())?;
+                (Value::Number(n.to_string()), n.to_string())
+            }
+            "float" => {
+                let n: f64 = text.trim().parse().map_err(|_| bad())?;
+                // Emit the written digits verbatim (`4`, not `4.0`) when they are a JSON number.
+                let verbatim = serde_json::from_str::<serde_json::Number>(text.trim()).is_ok();
+                let shown = if verbatim {
+                    text.trim().to_owned()
+                } else if n.is_finite() {
+                    format!("{n}")
+                } else {
+                    return Err(bad());
+                };
+                (Value::Number(shown), format!("{n}"))
+            }
+            "bool" => {
+                let b = parse_bool(text).ok_or_else(bad)?;
+                (Value::Bool(b), if b { "True" } else { "False" }.to_owned())
+            }
+            other => {
+                return Err(Error::Unsupported(format!("value type {other:?}")));
+            }
+        };
+        self.hash.update(mac.as_bytes());
+        Ok(value)
+    }
+}
+
+/// Go's `strconv.ParseBool`.
+fn parse_bool(text: &str) -> Option<bool> {
+    match text {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
+        _ => None,
+    }
+}
+
+/// The MAC bytes of a cleartext leaf (sops `ToBytes` of the value as sops 3.13.2 parses it).
+fn canonical_plain(leaf: &Value) -> String {
+    match leaf {
+        Value::String(s) => s.clone(),
+        Value::Bool(true) => "True".into(),
+        Value::Bool(false) => "False".into(),
+        Value::Number(n) => number_text(n).1,
+        Value::Null | Value::Array(_) | Value::Object(_) => String::new(),
+    }
+}
+
+/// sops 3.13.2's typing of a JSON number: an integer within i64 is `int`, anything else is a
+/// `float` printed with the shortest round-trip digits. Returns (type, text).
+fn number_text(n: &str) -> (&'static str, String) {
+    if let Ok(i) = n.parse::<i64>() {
+        return ("int", i.to_string());
+    }
+    let f: f64 = n.parse().unwrap_or(f64::NAN);
+    ("float", format!("{f}"))
+}
+
+/// The settings of one write.
+pub struct Seal<'a> {
+    pub keys: &'a dyn KeyService,
+    /// The master keys, in file order; the first generates the data key.
+    pub key_ids: &'a [String],
+    pub context: &'a Context,
+    pub now: SystemTime,
+}
+
+impl Seal<'_> {
+    async fn data_key(&self) -> Result<(DataKey, Vec<WrappedKey>), Error> {
+        let (first, rest) = self.key_ids.split_first().ok_or(Error::NoWriteKey)?;
+        let (key, wrapped) = self.keys.generate(first, self.context).await?;
+        let mut all = vec![wrapped];
+        for id in rest {
+            all.push(self.keys.wrap(id, &key, self.context).await?);
+        }
+        Ok((key, all))
+    }
+
+    /// Encrypt a whole state as sops binary mode: tab-indented, keys sorted, trailing newline.
+    pub async fn binary(&self, plaintext: &[u8]) -> Result<Vec<u8>, Error> {
+        let text = std::str::from_utf8(plaintext).map_err(|_| Error::NotText)?;
+        let (key, wrapped) = self.data_key().await?;
+        let data = if text.is_empty() {
+            String::new()
+        } else {
+            cipher::encrypt(&key, text.as_bytes(), b"data:", "str")?.render()
+        };
+        let mac = upper_hex(&Sha512::digest(text.as_bytes()));
+        let members = vec![("data".to_owned(), Value::String(data))];
+        self.emit(members, &key, &wrapped, &mac)
+    }
+
+    /// Encrypt a JSON document as sops tree mode, typing numbers as sops 3.13.2 does. gitstate
+    /// writes binary mode; this exists for reading tests and a possible diffable mode.
+    pub async fn tree(&self, plaintext: &[u8]) -> Result<Vec<u8>, Error> {
+        let Value::Object(members) =
+            Value::parse(plaintext).map_err(|e| Error::Format(e.to_string()))?
+        else {
+            return Err(Error::Format("the top level is not an object".into()));
+        };
+        let (key, wrapped) = self.data_key().await?;
+        let mut hash = Sha512::new();
+        let mut path = Vec::new();
+        let mut out = Vec::with_capacity(members.len());
+        for (k, v) in &members {
+            path.push(k.clone());
+            out.push((k.clone(), encrypt_value(&key, v, &mut path, &mut hash)?));
+            path.pop();
+        }
+        let mac = upper_hex(&hash.finalize());
+        self.emit(out, &key, &wrapped, &mac)
+    }
+
+    fn emit(
+        &self,
+        mut members: Vec<(String, Value)>,
+        key: &DataKey,
+        wrapped: &[WrappedKey],
+        mac: &str,
+    ) -> Result<Vec<u8>, Error> {
+        let lastmodified = time::format(self.now);
+        let mac = cipher::encrypt(key, mac.as_bytes(), lastmodified.as_bytes(), "str")?.render();
+        let s = |t: &str| Value::String(t.to_owned());
+        let entries = wrapped
+            .iter()
+            .map(|w| {
+                let context = self
+                    .context
+                    .iter()
+                    .map(|(k, v)| (k.clone(), s(v)))
+                    .collect();
+                Value::Object(vec![
+                    ("arn".into(), s(&w.arn)),
+                    ("aws_profile".into(), s("")),
+                    ("context".into(), Value::Object(context)),
+                    ("created_at".into(), s(&lastmodified)),
+                    ("enc".into(), Value::String(STANDARD.encode(&w.blob))),
+                ])
+            })
+            .collect();
+        let sops = Value::Object(vec![
+            ("kms".into(), Value::Array(entries)),
+            ("lastmodified".into(), s(&lastmodified)),
+            ("mac".into(), Value::String(mac)),
+            ("unencrypted_suffix".into(), s("_unencrypted")),
+            ("version".into(), s(SOPS_VERSION)),
+        ]);
+        members.push(("sops".into(), sops));
+        Ok(Value::Object(members).to_json_tabs().into_bytes())
+    }
+}
+
+fn encrypt_value(
+    key: &DataKey,
+    value: &Value,
+    path: &mut Vec<String>,
+    hash: &mut Sha512,
+) -> Result<Value, Error> {
+    let aad = |path: &[String]| format!("{}:", path.join(":"));
+    let (kind, text) = match value {
+        Value::Null => return Ok(Value::Null),
+        Value::Array(items) => {
+            return items
+                .iter()
+                .map(|item| encrypt_value(key, item, path, hash))
+                .collect::<Result<_, _>>()
+                .map(Value::Array);
+        }
+        Value::Object(members) => {
+            let mut out = Vec::with_capacity(members.len());
+            for (k, v) in members {
+                path.push(k.clone());
+                out.push((k.clone(), encrypt_value(key, v, path, hash)?));
+                path.pop();
+            }
+            return Ok(Value::Object(out));
+        }
+        Value::String(s) if s.is_empty() => return Ok(Value::String(String::new())),
+        Value::String(s) => ("str", s.clone()),
+        Value::Bool(b) => ("bool", if *b { "True" } else { "False" }.to_owned()),
+        Value::Number(n) => number_text(n),
+    };
+    if path.iter().any(|k| k.ends_with("_unencrypted")) {
+        hash.update(canonical_plain(value).as_bytes());
+        return Ok(value.clone());
+    }
+    hash.update(text.as_bytes());
+    Ok(Value::String(
+        cipher::encrypt(key, text.as_bytes(), aad(path).as_bytes(), kind)?.render(),
+    ))
+}

@@ -1,0 +1,435 @@
+//! The sops format against deterministic vectors and a fake key service: reading what sops and
+//! terraform-backend-git write, and round trips of what gitstate writes.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use base64::Engine;
+use gitstate_sops::{
+    Context, DataKey, Document, Envelope, Error, Format, KeyError, KeyService, Protection, Seal,
+    WrappedKey, cipher,
+};
+use zeroize::Zeroizing;
+
+const VECTORS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/vectors");
+
+fn vector(name: &str) -> Vec<u8> {
+    std::fs::read(format!("{VECTORS}/{name}")).expect("vector file")
+}
+
+fn vector_key() -> DataKey {
+    let mut key = [0u8; 32];
+    for (i, b) in key.iter_mut().enumerate() {
+        *b = u8::try_from(i).expect("small");
+    }
+    Zeroizing::new(key)
+}
+
+/// A wrapped key's master key ARN, context and plaintext.
+type Bound = (String, Context, [u8; 32]);
+
+/// A key service in memory: blobs are opaque handles, bound to their context like KMS does.
+#[derive(Default)]
+struct FakeKms {
+    wrapped: Mutex<HashMap<Vec<u8>, Bound>>,
+    calls: Mutex<Vec<&'static str>>,
+}
+
+impl FakeKms {
+    fn arn(key_id: &str) -> String {
+        format!("arn:aws:kms:us-east-1:123456789012:key/{key_id}")
+    }
+    fn store(&self, key_id: &str, key: &DataKey, context: &Context) -> WrappedKey {
+        let mut map = self.wrapped.lock().expect("lock");
+        let blob = format!("blob-{}", map.len()).into_bytes();
+        map.insert(blob.clone(), (Self::arn(key_id), context.clone(), **key));
+        WrappedKey {
+            arn: Self::arn(key_id),
+            blob,
+        }
+    }
+    fn calls(&self) -> Vec<&'static str> {
+        self.calls.lock().expect("lock").clone()
+    }
+}
+
+fn refused(what: &str) -> KeyError {
+    KeyError::Refused(what.to_owned().into())
+}
+
+#[async_trait]
+impl KeyService for FakeKms {
+    async fn generate(
+        &self,
+        key_id: &str,
+        context: &Context,
+    ) -> Result<(DataKey, WrappedKey), KeyError> {
+        self.calls.lock().expect("lock").push("GenerateDataKey");
+        let mut key = Zeroizing::new([0u8; 32]);
+        for (i, b) in key.iter_mut().enumerate() {
+            *b = u8::try_from(i).expect("small") ^ 0x5a;
+        }
+        let wrapped = self.store(key_id, &key, context);
+        Ok((key, wrapped))
+    }
+    async fn wrap(
+        &self,
+        key_id: &str,
+        key: &DataKey,
+        context: &Context,
+    ) -> Result<WrappedKey, KeyError> {
+        self.calls.lock().expect("lock").push("Encrypt");
+        Ok(self.store(key_id, key, context))
+    }
+    async fn unwrap(&self, wrapped: &WrappedKey, context: &Context) -> Result<DataKey, KeyError> {
+        self.calls.lock().expect("lock").push("Decrypt");
+        let map = self.wrapped.lock().expect("lock");
+        match map.get(&wrapped.blob) {
+            Some((_, bound, key)) if bound == context => Ok(Zeroizing::new(*key)),
+            Some(_) => Err(refused("wrong context")),
+            None => Err(refused("invalid ciphertext")),
+        }
+    }
+    async fn resolve(&self, key_id: &str) -> Result<String, KeyError> {
+        Ok(Self::arn(key_id.trim_start_matches("alias/")))
+    }
+}
+
+fn context(state: &str) -> Context {
+    [
+        (
+            "gitstate:repository".to_owned(),
+            "https://git.example/r".to_owned(),
+        ),
+        ("gitstate:state".to_owned(), state.to_owned()),
+    ]
+    .into_iter()
+    .collect()
+}
+
+fn envelope(keys: &[&str]) -> Envelope<FakeKms> {
+    Envelope::new(
+        FakeKms::default(),
+        keys.iter().map(|k| (*k).to_owned()).collect(),
+        Some(Zeroizing::new("my-passphrase".to_owned())),
+    )
+}
+
+#[test]
+fn value_vectors_encrypt_and_decrypt_exactly() {
+    // GIVEN the per-value vectors (fixed key and IVs)
+    let doc: serde_json::Value =
+        serde_json::from_slice(&vector("value-vectors.json")).expect("json");
+    let key = vector_key();
+    for v in doc["values"].as_array().expect("values") {
+        let plaintext = match &v["plaintext"] {
+            serde_json::Value::String(s) => s.clone(),
+            serde_json::Value::Bool(true) => "True".into(),
+            serde_json::Value::Bool(false) => "False".into(),
+            other => other.to_string(),
+        };
+        let enc = v["enc"].as_str().expect("enc");
+        let kind = enc
+            .rsplit("type:")
+            .next()
+            .expect("type")
+            .trim_end_matches(']');
+        let iv: [u8; 32] = hex(v["iv_hex"].as_str().expect("iv"))
+            .try_into()
+            .expect("32 bytes");
+        let aad = v["aad"].as_str().expect("aad").as_bytes();
+        // WHEN encrypted with the same IV, THEN the exact ENC string; and it decrypts back
+        let sealed =
+            cipher::encrypt_with_iv(&key, &iv, plaintext.as_bytes(), aad, kind).expect("encrypts");
+        assert_eq!(sealed.render(), enc);
+        let parsed = gitstate_sops::Sealed::parse(enc)
+            .expect("ENC")
+            .expect("valid");
+        assert_eq!(
+            cipher::decrypt(&key, &parsed, aad)
+                .expect("opens")
+                .as_slice(),
+            plaintext.as_bytes()
+        );
+    }
+    // AND the MAC of the plain tfstate is SHA-512 of its bytes, upper-case hex
+    use sha2::Digest;
+    let mac: String = sha2::Sha512::digest(vector("tfstate.plain.json"))
+        .iter()
+        .map(|b| format!("{b:02X}"))
+        .collect();
+    assert_ne!(mac, "", "computed");
+}
+
+fn hex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
+        .collect()
+}
+
+#[test]
+fn tree_vector_decrypts_to_its_plain_file() {
+    // GIVEN the tree-mode vector written with the fixed data key
+    let document = Document::parse(&vector("tfstate.enc.fixedkey.json")).expect("sops file");
+    assert!(!document.is_binary());
+    // WHEN decrypted (MAC verified)
+    let plain = document.decrypt(&vector_key()).expect("decrypts");
+    let got: serde_json::Value = serde_json::from_slice(&plain.bytes).expect("json");
+    let mut want: serde_json::Value =
+        serde_json::from_slice(&vector("tfstate.plain.json")).expect("json");
+    // THEN it equals the plain file, except the over-int64 number sops types as a lossy float
+    assert_eq!(
+        got["outputs"]["big"]["value"].to_string(),
+        "12345678901234567000"
+    );
+    want["outputs"]["big"]["value"] = got["outputs"]["big"]["value"].clone();
+    assert_eq!(got, want);
+    // AND integers come back as integers (Terraform refuses "version": 4.0)
+    let text = String::from_utf8(plain.bytes.to_vec()).expect("utf-8");
+    assert!(text.contains("\"version\": 4,"), "{text}");
+    // AND a wrong data key fails
+    assert!(document.decrypt(&Zeroizing::new([9u8; 32])).is_err());
+}
+
+#[test]
+fn tree_vector_tampering_is_detected() {
+    let original = String::from_utf8(vector("tfstate.enc.fixedkey.json")).expect("utf-8");
+    // a value swapped between two paths: its AAD no longer matches
+    let lineage = original
+        .lines()
+        .find(|l| l.contains("\"lineage\""))
+        .expect("line")
+        .split('"')
+        .nth(3)
+        .expect("value")
+        .to_owned();
+    let terraform = original
+        .lines()
+        .find(|l| l.contains("\"terraform_version\""))
+        .expect("line")
+        .split('"')
+        .nth(3)
+        .expect("value")
+        .to_owned();
+    let swapped = original
+        .replace(&lineage, "@@SWAP@@")
+        .replace(&terraform, &lineage)
+        .replace("@@SWAP@@", &terraform);
+    let moved = Document::parse(swapped.as_bytes())
+        .expect("parses")
+        .decrypt(&vector_key());
+    assert!(matches!(moved, Err(Error::Tampered { .. })), "{moved:?}");
+    // a cleartext value changed: only the MAC notices
+    let changed = original.replace("\"empty\": \"\"", "\"empty\": \"x\"");
+    assert_ne!(changed, original);
+    let mac = Document::parse(changed.as_bytes())
+        .expect("parses")
+        .decrypt(&vector_key());
+    assert!(mac.is_err(), "{mac:?}");
+    // the lastmodified changed: the MAC's AAD no longer matches
+    let when = original.replace(
+        "\"lastmodified\": \"2026-01-02T03:04:05Z\"",
+        "\"lastmodified\": \"2026-01-02T03:04:06Z\"",
+    );
+    let when = Document::parse(when.as_bytes())
+        .expect("parses")
+        .decrypt(&vector_key());
+    assert!(matches!(when, Err(Error::MacMismatch)), "{when:?}");
+}
+
+#[tokio::test]
+async fn passphrase_vector_opens_with_the_passphrase_only() {
+    let stored = vector("plumber-aes.tfstate.bin");
+    let opened = envelope(&[]).open(&stored, None).await.expect("aes mode");
+    assert_eq!(opened.format, Format::Passphrase);
+    let got: serde_json::Value = serde_json::from_slice(&opened.plaintext).expect("json");
+    assert_eq!(got["lineage"], "3f1c2a9e-8b7d-4c1e-9f00-1234567890ab");
+    let without = Envelope::new(FakeKms::default(), vec![], None);
+    assert!(matches!(
+        without.open(&stored, None).await,
+        Err(Error::Unrecognised(_))
+    ));
+    let wrong = Envelope::new(
+        FakeKms::default(),
+        vec![],
+        Some(Zeroizing::new("nope".into())),
+    );
+    assert!(matches!(
+        wrong.open(&stored, None).await,
+        Err(Error::Tampered { .. })
+    ));
+}
+
+#[tokio::test]
+async fn binary_round_trip_is_byte_exact_under_two_keys() {
+    // GIVEN two configured keys
+    let env = envelope(&["k1", "k2"]);
+    let plaintext = vector("tfstate.plain.json");
+    // WHEN sealed
+    let sealed = env
+        .seal(&plaintext, &context("a.tfstate"))
+        .await
+        .expect("seals");
+    let text = String::from_utf8(sealed.clone()).expect("utf-8");
+    // THEN binary mode, tab-indented, no plaintext, one generate and one wrap
+    assert!(
+        text.starts_with("{\n\t\"data\": \"ENC[AES256_GCM,data:"),
+        "{text}"
+    );
+    assert!(text.ends_with("}\n"));
+    assert!(!text.contains("lineage") && !text.contains("3f1c2a9e"));
+    assert_eq!(env.keys().calls(), ["GenerateDataKey", "Encrypt"]);
+    let doc: serde_json::Value = serde_json::from_slice(&sealed).expect("json");
+    assert_eq!(doc["sops"]["kms"].as_array().expect("kms").len(), 2);
+    assert_eq!(doc["sops"]["version"], "3.13.2");
+    assert_eq!(doc["sops"]["kms"][0]["aws_profile"], "");
+    // AND it opens byte-exact, as Current
+    let opened = env
+        .open(&sealed, Some(&context("a.tfstate")))
+        .await
+        .expect("opens");
+    assert_eq!(opened.plaintext.as_slice(), plaintext.as_slice());
+    assert_eq!(opened.format, Format::SopsBinary);
+    assert_eq!(
+        env.protection(&opened).await.expect("resolves"),
+        Protection::Current
+    );
+    // AND either key alone suffices: drop the first entry
+    let mut second_only = doc.clone();
+    second_only["sops"]["kms"]
+        .as_array_mut()
+        .expect("kms")
+        .remove(0);
+    let reopened = env
+        .open(&serde_json::to_vec(&second_only).expect("json"), None)
+        .await
+        .expect("second key");
+    assert_eq!(reopened.plaintext.as_slice(), plaintext.as_slice());
+    // AND after rotation to another key set, it is only partly current
+    let rotated = Envelope::new(FakeKms::default(), vec!["k2".into(), "k3".into()], None);
+    let opened = Opened2::from(opened);
+    assert_eq!(
+        rotated.protection(&opened.0).await.expect("resolves"),
+        Protection::Partly
+    );
+    let foreign = Envelope::new(FakeKms::default(), vec!["k9".into()], None);
+    assert_eq!(
+        foreign.protection(&opened.0).await.expect("resolves"),
+        Protection::Unprotected
+    );
+}
+
+struct Opened2(gitstate_sops::Opened);
+impl From<gitstate_sops::Opened> for Opened2 {
+    fn from(o: gitstate_sops::Opened) -> Self {
+        Self(o)
+    }
+}
+
+#[tokio::test]
+async fn tampered_data_mac_enc_and_context_are_refused() {
+    let env = envelope(&["k1"]);
+    let ctx = context("a.tfstate");
+    let sealed = String::from_utf8(
+        env.seal(b"{\"serial\":1,\"secret\":\"hunter2\"}", &ctx)
+            .await
+            .expect("seals"),
+    )
+    .expect("utf-8");
+    let doc: serde_json::Value = serde_json::from_str(&sealed).expect("json");
+    let flip = |s: &str| -> String {
+        // change one base64 character inside the data: part
+        let start = s.find("data:").expect("data") + 5;
+        let mut chars: Vec<char> = s.chars().collect();
+        chars[start] = if chars[start] == 'A' { 'B' } else { 'A' };
+        chars.into_iter().collect()
+    };
+    let with = |path: &[&str], value: serde_json::Value| -> Vec<u8> {
+        let mut d = doc.clone();
+        let mut at = &mut d;
+        for p in path {
+            at = match p.parse::<usize>() {
+                Ok(i) => &mut at[i],
+                Err(_) => &mut at[*p],
+            };
+        }
+        *at = value;
+        serde_json::to_vec(&d).expect("json")
+    };
+    let data = with(&["data"], flip(doc["data"].as_str().expect("data")).into());
+    assert!(matches!(
+        env.open(&data, Some(&ctx)).await,
+        Err(Error::Tampered { .. })
+    ));
+    let mac = with(
+        &["sops", "mac"],
+        flip(doc["sops"]["mac"].as_str().expect("mac")).into(),
+    );
+    assert!(matches!(
+        env.open(&mac, Some(&ctx)).await,
+        Err(Error::MacMismatch)
+    ));
+    let enc = with(
+        &["sops", "kms", "0", "enc"],
+        base64::engine::general_purpose::STANDARD
+            .encode("forged")
+            .into(),
+    );
+    assert!(matches!(
+        env.open(&enc, Some(&ctx)).await,
+        Err(Error::NoKey { .. })
+    ));
+    // copied to another state: refused before asking the key service
+    assert!(matches!(
+        env.open(sealed.as_bytes(), Some(&context("b.tfstate")))
+            .await,
+        Err(Error::ContextMismatch { .. })
+    ));
+    // ... and with the context rewritten to match, the key service refuses
+    let moved = with(
+        &["sops", "kms", "0", "context", "gitstate:state"],
+        "b.tfstate".into(),
+    );
+    assert!(matches!(
+        env.open(&moved, Some(&context("b.tfstate"))).await,
+        Err(Error::NoKey { .. })
+    ));
+}
+
+#[tokio::test]
+async fn tree_mode_written_and_read_back() {
+    let env = envelope(&["k1"]);
+    let plaintext = vector("tfstate-nonull.plain.json");
+    let seal = Seal {
+        keys: env.keys(),
+        key_ids: &["k1".to_owned()],
+        context: &context("t.tfstate"),
+        now: UNIX_EPOCH + Duration::from_secs(1_767_323_045),
+    };
+    let tree = seal.tree(&plaintext).await.expect("tree mode");
+    let opened = env.open(&tree, None).await.expect("opens");
+    assert_eq!(opened.format, Format::SopsTree);
+    let got: serde_json::Value = serde_json::from_slice(&opened.plaintext).expect("json");
+    let want: serde_json::Value = serde_json::from_slice(&plaintext).expect("json");
+    assert_eq!(got, want);
+    assert_eq!(
+        env.protection(&opened).await.expect("resolves"),
+        Protection::Partly
+    );
+}
+
+#[tokio::test]
+async fn plain_json_passes_and_garbage_is_refused() {
+    let env = envelope(&["k1"]);
+    let opened = env.open(b"{\"version\":4}", None).await.expect("plain");
+    assert_eq!(opened.format, Format::Plain);
+    assert_eq!(
+        env.protection(&opened).await.expect("ok"),
+        Protection::Unprotected
+    );
+    assert!(env.open(b"not json, too short", None).await.is_err());
+    assert!(env.keys().calls().is_empty());
+}
