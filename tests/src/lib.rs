@@ -16,6 +16,9 @@ use http::{HeaderMap, Method, StatusCode, Uri};
 use http_body_util::BodyExt;
 use tokio::io::AsyncWriteExt;
 
+pub mod faults;
+pub mod process;
+
 pub const GIT_USER: &str = "git-bot";
 pub const GIT_TOKEN: &str = "s3cret-git-token";
 
