@@ -6,7 +6,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gitstate_tests::faults::{Fault, FaultProxy};
-use gitstate_tests::{Answer, Client, GitServer, TestBackend, git, init_tracing, lock_info, state_json};
+use gitstate_tests::{
+    Answer, Client, GIT_TOKEN, GitServer, TEST_PASSWORD, TestBackend, capture_logs, captured_logs,
+    git, lock_info, state_json,
+};
 
 /// Git request timeout of the backend under test; stalls last longer.
 const TIMEOUT_SECS: u64 = 2;
@@ -38,7 +41,7 @@ fn serial_of(body: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn git_server_faults_give_5xx_or_success_never_half_writes_or_stuck_locks() {
-    init_tracing();
+    capture_logs();
     let server = GitServer::start().await;
     server.create_repo("faulty");
     let stall = Duration::from_secs(TIMEOUT_SECS) + Duration::from_millis(500);
@@ -75,17 +78,40 @@ async fn git_server_faults_give_5xx_or_success_never_half_writes_or_stuck_locks(
                 for cycle in 1..=CYCLES {
                     let client = Client::new(&urls[(s + cycle as usize) % urls.len()]);
                     let id = format!("s{s}-c{cycle}");
-                    let lock = with_retries(&client, "POST", &format!("/locks/{name}"), Some(&lock_info(&id)), &mut seen).await;
+                    let lock = with_retries(
+                        &client,
+                        "POST",
+                        &format!("/locks/{name}"),
+                        Some(&lock_info(&id)),
+                        &mut seen,
+                    )
+                    .await;
                     assert_eq!(lock.status, 200, "{name} {id}: {}", lock.body);
-                    let got = with_retries(&client, "GET", &format!("/states/{name}"), None, &mut seen).await;
+                    let got =
+                        with_retries(&client, "GET", &format!("/states/{name}"), None, &mut seen)
+                            .await;
                     if cycle > 1 {
                         assert_eq!(got.status, 200, "{name}: {}", got.body);
                         assert_eq!(serial_of(&got.body), cycle - 1);
                     }
                     let body = state_json(&format!("lineage-{s}"), cycle);
-                    let write = with_retries(&client, "POST", &format!("/states/{name}?ID={id}"), Some(&body), &mut seen).await;
+                    let write = with_retries(
+                        &client,
+                        "POST",
+                        &format!("/states/{name}?ID={id}"),
+                        Some(&body),
+                        &mut seen,
+                    )
+                    .await;
                     assert_eq!(write.status, 200, "{name} {id}: {}", write.body);
-                    let unlock = with_retries(&client, "DELETE", &format!("/locks/{name}"), Some(&lock_info(&id)), &mut seen).await;
+                    let unlock = with_retries(
+                        &client,
+                        "DELETE",
+                        &format!("/locks/{name}"),
+                        Some(&lock_info(&id)),
+                        &mut seen,
+                    )
+                    .await;
                     assert_eq!(unlock.status, 200, "{name} {id}: {}", unlock.body);
                 }
                 seen
@@ -104,9 +130,15 @@ async fn git_server_faults_give_5xx_or_success_never_half_writes_or_stuck_locks(
 
     // Every answer was a success or a 5xx: nothing else leaks out of a git failure.
     for status in statuses.keys() {
-        assert!(*status == 200 || *status == 404 || *status >= 500, "answers: {statuses:?}");
+        assert!(
+            *status == 200 || *status == 404 || *status >= 500,
+            "answers: {statuses:?}"
+        );
     }
-    assert!(statuses.keys().any(|s| *s >= 500), "the faults were felt: {statuses:?}");
+    assert!(
+        statuses.keys().any(|s| *s >= 500),
+        "the faults were felt: {statuses:?}"
+    );
 
     // Nothing half-written: every version of every state in the history parses, serials only
     // grow, and each state ends at its last cycle.
@@ -124,7 +156,11 @@ async fn git_server_faults_give_5xx_or_success_never_half_writes_or_stuck_locks(
         assert_eq!(last, CYCLES, "{name} ends at its last write");
     }
     let fsck = gitstate_tests::git_output(&["fsck", "--strict", "--no-progress"], Some(&repo));
-    assert!(fsck.status.success(), "{}", String::from_utf8_lossy(&fsck.stderr));
+    assert!(
+        fsck.status.success(),
+        "{}",
+        String::from_utf8_lossy(&fsck.stderr)
+    );
 
     // No lock leaked, and a clean lock/unlock cycle works on every state once the faults stop.
     let refs = git(&["ls-remote", &server.url_with_credentials("faulty")], None);
@@ -134,9 +170,22 @@ async fn git_server_faults_give_5xx_or_success_never_half_writes_or_stuck_locks(
         let name = format!("svc-{s}/app.tfstate");
         assert_eq!(client.lock(&name, "clean").await.status, 200);
         let unlock = client
-            .send("DELETE", &format!("/locks/{name}"), Some(&lock_info("clean")))
+            .send(
+                "DELETE",
+                &format!("/locks/{name}"),
+                Some(&lock_info("clean")),
+            )
             .await;
         assert_eq!(unlock.status, 200);
+    }
+    let logs = captured_logs();
+    assert!(logs.contains("DEBUG"), "logs were captured");
+    for secret in [GIT_TOKEN, TEST_PASSWORD] {
+        assert!(
+            !logs.contains(secret),
+            "a secret ({}…) was logged",
+            &secret[..3]
+        );
     }
     let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
     for fault in &injected {

@@ -4,8 +4,8 @@
 
 use base64::Engine;
 use gitstate_tests::{
-    Client, GitServer, TEST_PASSWORD, TEST_USER, TestBackend, git, init_tracing, lock_info,
-    state_json,
+    Client, GIT_TOKEN, GitServer, TEST_PASSWORD, TEST_USER, TestBackend, capture_logs,
+    captured_logs, git, lock_info, state_json,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -13,6 +13,8 @@ const NAME: &str = "net/prod.tfstate";
 const HOLDER: &str = "real-holder-id";
 /// The body limit of the backend under attack (small, so oversize bodies are cheap to send).
 const LIMIT: usize = 64 * 1024;
+/// A sensitive output inside the stored state: it must never reach a log line.
+const STATE_SECRET: &str = "hunter2-state-secret-value";
 
 /// One hostile request.
 struct Case {
@@ -67,6 +69,15 @@ impl Case {
     }
 }
 
+/// A user who may write every state but not force-unlock (that takes admin).
+const WRITER: &str = "writer";
+const WRITER_PASSWORD: &str = "writer-Pa55word-not-admin";
+
+fn as_writer(case: Case) -> Case {
+    let header = basic(format!("{WRITER}:{WRITER_PASSWORD}").as_bytes());
+    case.authorization(Some(&header))
+}
+
 fn basic(pair: &[u8]) -> Vec<u8> {
     format!(
         "Basic {}",
@@ -88,7 +99,11 @@ fn corpus(repo: &str, other: &str) -> Vec<Case> {
         case("traversal", "GET", "/states/../../etc/passwd"),
         case("traversal in lock", "POST", "/locks/../../x.tfstate").body(lock()),
         case("encoded dots", "GET", "/states/%2e%2e/%2e%2e/etc/passwd"),
-        case("encoded dots and slash", "GET", "/states/%2E%2E%2Fetc%2Fpasswd"),
+        case(
+            "encoded dots and slash",
+            "GET",
+            "/states/%2E%2E%2Fetc%2Fpasswd",
+        ),
         case("mixed encoding", "GET", "/states/net/..%2fprod.tfstate"),
         case("double encoding", "GET", "/states/%252e%252e/x.tfstate"),
         case("absolute", "GET", "/states//etc/passwd"),
@@ -105,7 +120,11 @@ fn corpus(repo: &str, other: &str) -> Vec<Case> {
         case(".gitstate read", "GET", "/states/.gitstate/access.toml"),
         case(".gitstate write", "POST", "/states/.gitstate/access.toml").body(good_state.clone()),
         case(".gitstate lock", "POST", "/locks/.gitstate/access.toml").body(lock()),
-        case(".gitstate delete", "DELETE", "/states/.gitstate/access.toml"),
+        case(
+            ".gitstate delete",
+            "DELETE",
+            "/states/.gitstate/access.toml",
+        ),
         case(".gitattributes", "POST", "/states/.gitattributes").body(good_state.clone()),
         // Names that would inject into a ref.
         case("ref double dot", "POST", "/locks/a..b").body(lock()),
@@ -115,19 +134,41 @@ fn corpus(repo: &str, other: &str) -> Vec<Case> {
         case("refspec colon", "POST", "/locks/a:refs/heads/main").body(lock()),
         case("space", "POST", "/locks/a%20b").body(lock()),
         case("glob", "POST", "/locks/a*b").body(lock()),
-        case("ref query traversal", "GET", format!("/states/{NAME}?ref=../main")),
-        case("ref option", "GET", format!("/states/{NAME}?ref=-upload-pack")),
-        case("ref double dot query", "POST", format!("/locks/{NAME}?ref=refs/heads/a..b"))
-            .body(lock()),
+        case(
+            "ref query traversal",
+            "GET",
+            format!("/states/{NAME}?ref=../main"),
+        ),
+        case(
+            "ref option",
+            "GET",
+            format!("/states/{NAME}?ref=-upload-pack"),
+        ),
+        case(
+            "ref double dot query",
+            "POST",
+            format!("/locks/{NAME}?ref=refs/heads/a..b"),
+        )
+        .body(lock()),
         case("ref NUL", "GET", format!("/states/{NAME}?ref=main%00x")),
-        case("ref colon", "POST", "/locks/y.tfstate?ref=HEAD:refs/heads/main").body(lock()),
+        case(
+            "ref colon",
+            "POST",
+            "/locks/y.tfstate?ref=HEAD:refs/heads/main",
+        )
+        .body(lock()),
         case("ref lock suffix", "POST", "/locks/y.tfstate?ref=main.lock").body(lock()),
         case("ref HEAD@", "GET", format!("/states/{NAME}?ref=%40")),
         // Names ending .lock.
         case(".lock name", "POST", "/locks/prod.lock").body(lock()),
         case(".lock nested", "GET", "/states/net/prod.lock"),
         case(".lock directory", "POST", "/states/a.lock/b.tfstate").body(good_state.clone()),
-        case("lock file of a state", "POST", format!("/states/{NAME}.lock")).body(good_state.clone()),
+        case(
+            "lock file of a state",
+            "POST",
+            format!("/states/{NAME}.lock"),
+        )
+        .body(good_state.clone()),
         // NUL and unicode tricks.
         case("NUL", "GET", "/states/a%00b"),
         case("NUL in lock", "POST", "/locks/a%00.tfstate").body(lock()),
@@ -142,10 +183,18 @@ fn corpus(repo: &str, other: &str) -> Vec<Case> {
         case("zero-width space", "GET", "/states/x%E2%80%8B.tfstate"),
         case("long name", "GET", format!("/states/{}", "a".repeat(201))),
         // Oversize bodies.
-        case("oversize state", "POST", format!("/states/{NAME}?ID={HOLDER}"))
-            .body(vec![b' '; LIMIT + 1]),
-        case("oversize chunked state", "POST", format!("/states/{NAME}?ID={HOLDER}"))
-            .chunked(vec![b' '; LIMIT * 2]),
+        case(
+            "oversize state",
+            "POST",
+            format!("/states/{NAME}?ID={HOLDER}"),
+        )
+        .body(vec![b' '; LIMIT + 1]),
+        case(
+            "oversize chunked state",
+            "POST",
+            format!("/states/{NAME}?ID={HOLDER}"),
+        )
+        .chunked(vec![b' '; LIMIT * 2]),
         case("oversize lock", "POST", "/locks/y.tfstate").body(vec![b' '; LIMIT + 1]),
         case("oversize chunked lock", "POST", "/locks/y.tfstate").chunked(vec![b'{'; LIMIT + 10]),
         // Invalid and deeply nested JSON.
@@ -158,12 +207,30 @@ fn corpus(repo: &str, other: &str) -> Vec<Case> {
         case("lock ID empty", "POST", "/locks/y.tfstate").body(r#"{"ID":""}"#),
         case("lock no ID", "POST", "/locks/y.tfstate").body(r#"{"Who":"x"}"#),
         case("lock invalid UTF-8", "POST", "/locks/y.tfstate").body(b"{\"ID\":\"\xff\"}".to_vec()),
-        case("state not JSON", "POST", format!("/states/{NAME}?ID={HOLDER}")).body("not json"),
-        case("state truncated", "POST", format!("/states/{NAME}?ID={HOLDER}"))
-            .body(r#"{"version":4,"#),
-        case("state nested", "POST", format!("/states/{NAME}?ID={HOLDER}")).body(nested_arrays),
-        case("state nested objects", "POST", format!("/states/{NAME}?ID={HOLDER}"))
-            .body(nested_objects),
+        case(
+            "state not JSON",
+            "POST",
+            format!("/states/{NAME}?ID={HOLDER}"),
+        )
+        .body("not json"),
+        case(
+            "state truncated",
+            "POST",
+            format!("/states/{NAME}?ID={HOLDER}"),
+        )
+        .body(r#"{"version":4,"#),
+        case(
+            "state nested",
+            "POST",
+            format!("/states/{NAME}?ID={HOLDER}"),
+        )
+        .body(nested_arrays),
+        case(
+            "state nested objects",
+            "POST",
+            format!("/states/{NAME}?ID={HOLDER}"),
+        )
+        .body(nested_objects),
         case("state array", "POST", format!("/states/{NAME}?ID={HOLDER}")).body("[1,2]"),
         case("state string", "PUT", format!("/states/{NAME}?ID={HOLDER}")).body(r#""x""#),
         case("empty state", "POST", format!("/states/{NAME}?ID={HOLDER}")).body(""),
@@ -174,9 +241,13 @@ fn corpus(repo: &str, other: &str) -> Vec<Case> {
         case("state form", "POST", format!("/states/{NAME}?ID={HOLDER}"))
             .content_type("application/x-www-form-urlencoded")
             .body(good_state.clone()),
-        case("state multipart", "PUT", format!("/states/{NAME}?ID={HOLDER}"))
-            .content_type("multipart/form-data; boundary=x")
-            .body(good_state.clone()),
+        case(
+            "state multipart",
+            "PUT",
+            format!("/states/{NAME}?ID={HOLDER}"),
+        )
+        .content_type("multipart/form-data; boundary=x")
+        .body(good_state.clone()),
         case("unlock xml", "DELETE", format!("/locks/{NAME}"))
             .content_type("application/xml")
             .body(lock_info(HOLDER)),
@@ -202,11 +273,17 @@ fn corpus(repo: &str, other: &str) -> Vec<Case> {
             .authorization(Some(b"Basic \xff\xfe")),
         case("basic huge", "GET", format!("/states/{NAME}"))
             .authorization(Some(format!("Basic {}", "A".repeat(10_000)).as_bytes())),
-        case("unknown user", "POST", format!("/states/{NAME}?ID={HOLDER}"))
-            .authorization(Some(&basic(b"mallory:guess")))
-            .body(good_state.clone()),
+        case(
+            "unknown user",
+            "POST",
+            format!("/states/{NAME}?ID={HOLDER}"),
+        )
+        .authorization(Some(&basic(b"mallory:guess")))
+        .body(good_state.clone()),
         case("user with NUL", "POST", "/locks/y.tfstate")
-            .authorization(Some(&basic(format!("{TEST_USER}\0:{TEST_PASSWORD}").as_bytes())))
+            .authorization(Some(&basic(
+                format!("{TEST_USER}\0:{TEST_PASSWORD}").as_bytes(),
+            )))
             .body(lock()),
         case("password prefix", "DELETE", format!("/locks/{NAME}"))
             .authorization(Some(&basic(
@@ -214,35 +291,71 @@ fn corpus(repo: &str, other: &str) -> Vec<Case> {
             )))
             .body(""),
         // Wrong and empty lock IDs.
-        case("write wrong ID", "POST", format!("/states/{NAME}?ID=not-the-holder"))
-            .body(good_state.clone()),
+        case(
+            "write wrong ID",
+            "POST",
+            format!("/states/{NAME}?ID=not-the-holder"),
+        )
+        .body(good_state.clone()),
         case("write empty ID", "POST", format!("/states/{NAME}?ID=")).body(good_state.clone()),
         case("write without ID", "POST", format!("/states/{NAME}")).body(good_state.clone()),
-        case("write encoded ID", "POST", format!("/states/{NAME}?ID=real%2Dholder%2Did%00"))
-            .body(good_state.clone()),
+        case(
+            "write encoded ID",
+            "POST",
+            format!("/states/{NAME}?ID=real%2Dholder%2Did%00"),
+        )
+        .body(good_state.clone()),
         case("unlock wrong ID", "DELETE", format!("/locks/{NAME}")).body(lock_info("someone-else")),
         case("UNLOCK wrong ID", "UNLOCK", format!("/states/{NAME}")).body(lock_info("x")),
-        case("unlock empty ID", "DELETE", format!("/locks/{NAME}")).body(r#"{"ID":""}"#),
+        // An empty ID (or no body) is a force-unlock, which only an administrator may do.
+        as_writer(case("unlock empty ID", "DELETE", format!("/locks/{NAME}")).body(r#"{"ID":""}"#)),
+        as_writer(case("unlock no body", "DELETE", format!("/locks/{NAME}"))),
+        as_writer(case("UNLOCK blank body", "UNLOCK", format!("/states/{NAME}")).body(" \n")),
+        as_writer(
+            case(
+                "writer wrong ID",
+                "POST",
+                format!("/states/{NAME}?ID=guess"),
+            )
+            .body(good_state.clone()),
+        ),
         case("relock other ID", "LOCK", format!("/states/{NAME}")).body(lock()),
-        case("delete wrong ID", "DELETE", format!("/states/{NAME}?ID=nope")),
-        case("stale serial", "POST", format!("/states/{NAME}?ID={HOLDER}"))
-            .body(state_json("lineage-1", 1)),
+        case(
+            "delete wrong ID",
+            "DELETE",
+            format!("/states/{NAME}?ID=nope"),
+        ),
+        case(
+            "stale serial",
+            "POST",
+            format!("/states/{NAME}?ID={HOLDER}"),
+        )
+        .body(state_json("lineage-1", 1)),
         // Foreign repositories in the seed tool's address format.
         case(
             "seed foreign host",
             "GET",
-            format!("/?type=git&repository={}&ref=main&state=x.tfstate", enc("https://evil.example/x.git")),
+            format!(
+                "/?type=git&repository={}&ref=main&state=x.tfstate",
+                enc("https://evil.example/x.git")
+            ),
         ),
         case(
             "seed foreign lock",
             "LOCK",
-            format!("/?type=git&repository={}&ref=main&state=x.tfstate", enc("https://evil.example/x.git")),
+            format!(
+                "/?type=git&repository={}&ref=main&state=x.tfstate",
+                enc("https://evil.example/x.git")
+            ),
         )
         .body(lock()),
         case(
             "seed file URL",
             "GET",
-            format!("/?type=git&repository={}&state=x.tfstate", enc("file:///etc")),
+            format!(
+                "/?type=git&repository={}&state=x.tfstate",
+                enc("file:///etc")
+            ),
         ),
         case(
             "seed other repo on the same server",
@@ -253,12 +366,18 @@ fn corpus(repo: &str, other: &str) -> Vec<Case> {
         case(
             "seed traversal off the repo",
             "GET",
-            format!("/?type=git&repository={}&state=x.tfstate", enc(&format!("{repo}/../other.git"))),
+            format!(
+                "/?type=git&repository={}&state=x.tfstate",
+                enc(&format!("{repo}/../other.git"))
+            ),
         ),
         case(
             "seed ssh",
             "GET",
-            format!("/?type=git&repository={}&state=x.tfstate", enc("ssh://git@evil.example/x")),
+            format!(
+                "/?type=git&repository={}&state=x.tfstate",
+                enc("ssh://git@evil.example/x")
+            ),
         ),
         case(
             "seed credentials in URL",
@@ -268,8 +387,16 @@ fn corpus(repo: &str, other: &str) -> Vec<Case> {
                 enc(&repo.replacen("http://", "http://u:p@", 1))
             ),
         ),
-        case("seed type s3", "GET", "/?type=s3&repository=x&state=x.tfstate"),
-        case("seed no state", "GET", format!("/?type=git&repository={}", enc(repo))),
+        case(
+            "seed type s3",
+            "GET",
+            "/?type=s3&repository=x&state=x.tfstate",
+        ),
+        case(
+            "seed no state",
+            "GET",
+            format!("/?type=git&repository={}", enc(repo)),
+        ),
         case("seed no repository", "GET", "/?type=git&state=x.tfstate"),
         case(
             "seed state traversal",
@@ -285,15 +412,28 @@ fn corpus(repo: &str, other: &str) -> Vec<Case> {
                 enc("https://evil.example/x.git")
             ),
         ),
-        case("repository on /states", "GET", format!("/states/x.tfstate?repository={}", enc(other))),
+        case(
+            "repository on /states",
+            "GET",
+            format!("/states/x.tfstate?repository={}", enc(other)),
+        ),
         // Huge query strings, odd routes and methods.
-        case("huge query", "GET", format!("/states/{NAME}?x={}", "a".repeat(5_000))),
+        case(
+            "huge query",
+            "GET",
+            format!("/states/{NAME}?x={}", "a".repeat(5_000)),
+        ),
         case(
             "many parameters",
             "GET",
             format!("/states/{NAME}?{}", "a=1&".repeat(500)),
         ),
-        case("ID twice", "POST", format!("/states/{NAME}?ID={HOLDER}&ID=x")).body(good_state),
+        case(
+            "ID twice",
+            "POST",
+            format!("/states/{NAME}?ID={HOLDER}&ID=x"),
+        )
+        .body(good_state),
         case("unknown route", "GET", "/admin"),
         case("PATCH", "PATCH", format!("/states/{NAME}")).body("{}"),
         case("PUT lock", "PUT", format!("/locks/{NAME}")).body(lock()),
@@ -334,7 +474,8 @@ async fn send_raw(address: &str, case: &Case) -> (u16, String) {
     match &case.body {
         Body::None => request.extend_from_slice(b"Content-Length: 0\r\n\r\n"),
         Body::Bytes(bytes) => {
-            request.extend_from_slice(format!("Content-Length: {}\r\n\r\n", bytes.len()).as_bytes());
+            request
+                .extend_from_slice(format!("Content-Length: {}\r\n\r\n", bytes.len()).as_bytes());
             request.extend_from_slice(bytes);
         }
         Body::Chunked(bytes) => {
@@ -395,22 +536,38 @@ fn dechunk(mut raw: &[u8]) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_corpus_is_refused_with_reasons_and_leaves_refs_untouched() {
-    init_tracing();
+    capture_logs();
     let server = GitServer::start().await;
     let url = server.create_repo("target");
     let other = server.create_repo("other");
     let limit = LIMIT.to_string();
-    let backend = TestBackend::start(&url, &[("GITSTATE_MAX_BODY_BYTES", limit.as_str())]).await;
+    let access = gitstate_tests::access_file(&[
+        (TEST_USER, TEST_PASSWORD, &["admin:*"]),
+        (WRITER, WRITER_PASSWORD, &["write:*"]),
+    ]);
+    let backend = TestBackend::start(
+        &url,
+        &[
+            ("GITSTATE_MAX_BODY_BYTES", limit.as_str()),
+            ("GITSTATE_ACCESS", access.as_str()),
+        ],
+    )
+    .await;
     let client = Client::new(&backend.url);
 
     // GIVEN a state at serial 5, locked by HOLDER.
     assert_eq!(client.lock(NAME, HOLDER).await.status, 200);
-    let stored = state_json("lineage-1", 5);
+    let stored = format!(
+        r#"{{"version":4,"serial":5,"lineage":"lineage-1","outputs":{{"db_password":{{"value":"{STATE_SECRET}","type":"string","sensitive":true}}}},"resources":[]}}"#
+    );
     let path = format!("/states/{NAME}?ID={HOLDER}");
     assert_eq!(client.send("POST", &path, Some(&stored)).await.status, 200);
     let ls_remote = |repo: &str| git(&["ls-remote", &server.url_with_credentials(repo)], None);
     let (before, other_before) = (ls_remote("target"), ls_remote("other"));
-    assert!(before.contains(&format!("refs/heads/locks/{NAME}")), "{before}");
+    assert!(
+        before.contains(&format!("refs/heads/locks/{NAME}")),
+        "{before}"
+    );
 
     // WHEN the corpus is sent.
     let address = backend.url.trim_start_matches("http://").to_owned();
@@ -440,11 +597,31 @@ async fn hostile_corpus_is_refused_with_reasons_and_leaves_refs_untouched() {
 
     // AND the remotes' refs are byte-identical, the state and its lock unchanged.
     assert_eq!(ls_remote("target"), before, "refs of the target changed");
-    assert_eq!(ls_remote("other"), other_before, "refs of the other repository changed");
+    assert_eq!(
+        ls_remote("other"),
+        other_before,
+        "refs of the other repository changed"
+    );
     let got = client.send("GET", &format!("/states/{NAME}"), None).await;
     assert_eq!((got.status, got.body.as_str()), (200, stored.as_str()));
     let lock = client.send("GET", &format!("/locks/{NAME}"), None).await;
     assert_eq!(lock.status, 200);
     assert!(lock.body.contains(HOLDER), "{}", lock.body);
-    eprintln!("hostile corpus: {} requests, all 4xx with a reason, refs unchanged", cases.len());
+    // AND no secret reached the logs (trace level, every crate).
+    let logs = captured_logs();
+    assert!(
+        logs.contains("unauthenticated request"),
+        "logs were captured"
+    );
+    for secret in [GIT_TOKEN, TEST_PASSWORD, WRITER_PASSWORD, STATE_SECRET] {
+        assert!(
+            !logs.contains(secret),
+            "a secret ({}…) was logged",
+            &secret[..3]
+        );
+    }
+    eprintln!(
+        "hostile corpus: {} requests, all 4xx with a reason, refs unchanged",
+        cases.len()
+    );
 }

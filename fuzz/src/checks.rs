@@ -7,8 +7,8 @@
 use base64::Engine as _;
 use gitstate_core::auth::parse_basic;
 use gitstate_core::{BranchName, StateName};
-use gitstate_git::smart::{Advert, PushReport, Service};
 use gitstate_git::pkt;
+use gitstate_git::smart::{Advert, PushReport, Service};
 
 /// State and branch names: an accepted name is a safe relative path and a valid ref component.
 pub fn state_name(data: &[u8]) {
@@ -60,7 +60,10 @@ pub fn pkt_line(data: &[u8]) {
     let mut frames = 0usize;
     while let Ok(Some(_)) = reader.next_frame() {
         frames += 1;
-        assert!(frames <= data.len() / 4 + 1, "the reader must consume input");
+        assert!(
+            frames <= data.len() / 4 + 1,
+            "the reader must consume input"
+        );
     }
     let _ = pkt::demux(&mut pkt::Reader::new(data), None);
     let _ = PushReport::parse(data);

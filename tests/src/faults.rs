@@ -108,7 +108,8 @@ fn choose(state: &Proxy) -> Fault {
     if !state.enabled.load(Ordering::SeqCst) {
         return Fault::Pass;
     }
-    let mut plan = state.plan.lock().expect("plan");
+    let mut guard = state.plan.lock().expect("plan");
+    let plan = &mut *guard;
     if plan.faults.is_empty() || !plan.rng.random_bool(plan.rate) {
         return Fault::Pass;
     }
@@ -141,10 +142,7 @@ async fn forward(
         .await
         .map(|c| c.to_bytes())
         .unwrap_or_default();
-    let path = uri
-        .path_and_query()
-        .map(|p| p.as_str())
-        .unwrap_or_default();
+    let path = uri.path_and_query().map(|p| p.as_str()).unwrap_or_default();
     let mut request = state
         .client
         .request(method, format!("http://{}{path}", state.upstream))
@@ -175,7 +173,8 @@ async fn forward(
     }
     if fault == Fault::CutBody {
         // Promise the whole body, deliver half, then fail the stream: the connection is cut.
-        let (mut sender, channel) = http_body_util::channel::Channel::<Bytes, std::io::Error>::new(2);
+        let (mut sender, channel) =
+            http_body_util::channel::Channel::<Bytes, std::io::Error>::new(2);
         let half = bytes.slice(..bytes.len() / 2);
         tokio::spawn(async move {
             let _ = sender.send_data(half).await;

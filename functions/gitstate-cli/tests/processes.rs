@@ -57,7 +57,10 @@ async fn sixty_four_processes_race_for_one_lock_twenty_rounds() {
     let url = server.create_repo("race");
     let root = tempfile::tempdir().expect("tempdir");
     let procs = servers(root.path(), &url, PROCESSES).await;
-    let clients: Vec<Arc<Client>> = procs.iter().map(|p| Arc::new(Client::new(&p.url))).collect();
+    let clients: Vec<Arc<Client>> = procs
+        .iter()
+        .map(|p| Arc::new(Client::new(&p.url)))
+        .collect();
     let name = "shared/race.tfstate";
     // Warm every process (connection, argon2, cache) so the race is about the lock alone.
     for client in &clients {
@@ -103,7 +106,11 @@ async fn sixty_four_processes_race_for_one_lock_twenty_rounds() {
         }
         // The winner releases, through its own process.
         let unlock = clients[winners[0]]
-            .send("DELETE", &format!("/locks/{name}"), Some(&lock_info(winner)))
+            .send(
+                "DELETE",
+                &format!("/locks/{name}"),
+                Some(&lock_info(winner)),
+            )
             .await;
         assert_eq!(unlock.status, 200, "round {round}: {}", unlock.body);
     }
@@ -111,7 +118,11 @@ async fn sixty_four_processes_race_for_one_lock_twenty_rounds() {
         "lock race: {PROCESSES} processes x {ROUNDS} rounds, {} violations",
         violations.len()
     );
-    assert!(violations.is_empty(), "violations:\n{}", violations.join("\n"));
+    assert!(
+        violations.is_empty(),
+        "violations:\n{}",
+        violations.join("\n")
+    );
     let refs = git(&["ls-remote", &server.url_with_credentials("race")], None);
     assert!(!refs.contains("refs/heads/locks/"), "no lock left: {refs}");
     assert_no_secret_in_logs(&procs);
@@ -136,7 +147,10 @@ async fn eight_processes_eight_states_lose_no_update_and_never_rewind() {
     let server = GitServer::start().await;
     let url = server.create_repo("updates");
     let repo_dir = server.repo_dir("updates");
-    git(&["config", "core.logAllRefUpdates", "always"], Some(&repo_dir));
+    git(
+        &["config", "core.logAllRefUpdates", "always"],
+        Some(&repo_dir),
+    );
     let root = tempfile::tempdir().expect("tempdir");
     let procs = servers(root.path(), &url, N).await;
     let clients: Arc<Vec<Client>> = Arc::new(procs.iter().map(|p| Client::new(&p.url)).collect());
@@ -177,7 +191,10 @@ async fn eight_processes_eight_states_lose_no_update_and_never_rewind() {
 
     // Every write is in the history, once.
     let subjects = git(&["log", "--format=%s", "main"], Some(&repo_dir));
-    let writes: BTreeSet<&str> = subjects.lines().filter(|l| l.starts_with("write ")).collect();
+    let writes: BTreeSet<&str> = subjects
+        .lines()
+        .filter(|l| l.starts_with("write "))
+        .collect();
     let count = subjects.lines().filter(|l| l.starts_with("write ")).count();
     for s in 0..N {
         for cycle in 1..=N {
@@ -199,7 +216,10 @@ async fn eight_processes_eight_states_lose_no_update_and_never_rewind() {
     for line in parents.lines() {
         assert!(line.split(' ').count() <= 2, "merge commit: {line}");
     }
-    let root_commits = parents.lines().filter(|l| l.split(' ').count() == 1).count();
+    let root_commits = parents
+        .lines()
+        .filter(|l| l.split(' ').count() == 1)
+        .count();
     assert_eq!(root_commits, 1, "one root");
     // The branch only ever moved forward: each reflog entry starts where the last ended and is a
     // fast-forward of it.
@@ -214,7 +234,10 @@ async fn eight_processes_eight_states_lose_no_update_and_never_rewind() {
                 &["merge-base", "--is-ancestor", old, new],
                 Some(&repo_dir),
             );
-            assert!(forward.status.success(), "{old} -> {new} is not a fast-forward");
+            assert!(
+                forward.status.success(),
+                "{old} -> {new} is not a fast-forward"
+            );
         }
         previous = new.clone();
     }
@@ -324,11 +347,7 @@ async fn kill_dash_nine_at_random_points_leaves_a_sound_repository() {
         if lock.status == 200 {
             leftover_locks += 1;
             let (status, headers, _) = survivor
-                .send_with_authorization(
-                    "GET",
-                    &format!("/locks/{name}"),
-                    Some(&basic_admin()),
-                )
+                .send_with_authorization("GET", &format!("/locks/{name}"), Some(&basic_admin()))
                 .await;
             assert_eq!(status, 200);
             let created: i64 = headers
@@ -340,7 +359,11 @@ async fn kill_dash_nine_at_random_points_leaves_a_sound_repository() {
                 .duration_since(std::time::UNIX_EPOCH)
                 .expect("clock")
                 .as_secs() as i64;
-            assert!((0..=120).contains(&(now - created)), "age {}", now - created);
+            assert!(
+                (0..=120).contains(&(now - created)),
+                "age {}",
+                now - created
+            );
             let force = survivor
                 .send("DELETE", &format!("/locks/{name}"), None)
                 .await;
@@ -397,10 +420,8 @@ fn basic_admin() -> Vec<u8> {
     use base64::Engine;
     format!(
         "Basic {}",
-        base64::engine::general_purpose::STANDARD.encode(format!(
-            "{}:{TEST_PASSWORD}",
-            gitstate_tests::TEST_USER
-        ))
+        base64::engine::general_purpose::STANDARD
+            .encode(format!("{}:{TEST_PASSWORD}", gitstate_tests::TEST_USER))
     )
     .into_bytes()
 }
@@ -431,8 +452,7 @@ fn damage(cache: &Path, how: Damage) -> usize {
             Damage::GarbageRef => {
                 std::fs::write(repo.join("HEAD"), b"\0garbage\xff\n").expect("HEAD");
                 std::fs::create_dir_all(repo.join("refs/heads")).expect("refs");
-                std::fs::write(repo.join("refs/heads/main"), b"not-an-object-id\n")
-                    .expect("ref");
+                std::fs::write(repo.join("refs/heads/main"), b"not-an-object-id\n").expect("ref");
                 touched += 1;
             }
             Damage::DeletedObjects => {
@@ -484,7 +504,13 @@ async fn a_corrupted_cache_is_detected_and_rebuilt_on_the_next_request() {
         let put = format!("/states/{name}?ID={id}");
         assert_eq!(writer.send("POST", &put, Some(&first)).await.status, 200);
         let victim = Client::new(&procs[0].url);
-        assert_eq!(victim.send("GET", &format!("/states/{name}"), None).await.body, first);
+        assert_eq!(
+            victim
+                .send("GET", &format!("/states/{name}"), None)
+                .await
+                .body,
+            first
+        );
         let second = state_json("lin", serial + 1);
         assert_eq!(writer.send("POST", &put, Some(&second)).await.status, 200);
         let unlock = writer
@@ -499,7 +525,11 @@ async fn a_corrupted_cache_is_detected_and_rebuilt_on_the_next_request() {
         // THEN the next requests answer correctly: a read, a lock, a write and an unlock.
         let victim = Client::new(&procs[0].url);
         let got = victim.send("GET", &format!("/states/{name}"), None).await;
-        assert_eq!((got.status, got.body.as_str()), (200, second.as_str()), "{how:?}");
+        assert_eq!(
+            (got.status, got.body.as_str()),
+            (200, second.as_str()),
+            "{how:?}"
+        );
         let id = format!("after-{round}");
         assert_eq!(victim.lock(name, &id).await.status, 200, "{how:?}");
         let third = state_json("lin", serial + 2);
