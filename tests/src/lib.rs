@@ -136,6 +136,9 @@ struct ServerState {
     root: PathBuf,
     backend: PathBuf,
     seen: Arc<Mutex<Vec<Seen>>>,
+    /// Requests being worked on; a request whose client went away still runs to the end, as on
+    /// a real server.
+    in_flight: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// `git http-backend` behind Basic auth on 127.0.0.1, counting every request.
@@ -143,6 +146,7 @@ pub struct GitServer {
     pub address: SocketAddr,
     root: tempfile::TempDir,
     seen: Arc<Mutex<Vec<Seen>>>,
+    in_flight: Arc<std::sync::atomic::AtomicUsize>,
     _task: tokio::task::JoinHandle<()>,
 }
 
@@ -158,10 +162,12 @@ impl GitServer {
     pub async fn start() -> Self {
         let root = tempfile::tempdir().expect("tempdir");
         let seen = Arc::new(Mutex::new(Vec::new()));
+        let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let state = ServerState {
             root: root.path().to_owned(),
             backend: git_exec_path().join("git-http-backend"),
             seen: seen.clone(),
+            in_flight: in_flight.clone(),
         };
         let app = axum::Router::new().fallback(cgi).with_state(state);
         let (address, task) = serve_on_loopback(app).await;
@@ -169,7 +175,15 @@ impl GitServer {
             address,
             root,
             seen,
+            in_flight,
             _task: task,
+        }
+    }
+
+    /// Wait until no request is being worked on (those of clients that died included).
+    pub async fn quiesce(&self) {
+        while self.in_flight.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
         }
     }
 
@@ -216,6 +230,32 @@ impl GitServer {
 
 async fn cgi(
     State(state): State<ServerState>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    // Counted from the first byte; the work runs in its own task so that it finishes even if the
+    // client disconnects (the body it sent so far is what the server got).
+    state
+        .in_flight
+        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let counter = state.in_flight.clone();
+    let task = tokio::spawn(async move {
+        let response = serve_git(state, method, uri, headers, body).await;
+        counter.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        response
+    });
+    task.await.unwrap_or_else(|_| {
+        Response::builder()
+            .status(500)
+            .body(Body::from("git server task failed"))
+            .expect("static response")
+    })
+}
+
+async fn serve_git(
+    state: ServerState,
     method: Method,
     uri: Uri,
     headers: HeaderMap,

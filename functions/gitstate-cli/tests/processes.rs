@@ -299,9 +299,20 @@ async fn kill_dash_nine_at_random_points_leaves_a_sound_repository() {
     // Three victims, killed and restarted on their own caches; one survivor that inspects.
     let mut procs = servers(root.path(), &url, 4).await;
     let survivor = Client::new(&procs[3].url);
+    for p in &procs {
+        let warm = Client::new(&p.url);
+        assert_eq!(
+            warm.send("GET", "/locks/warm-up.tfstate", None)
+                .await
+                .status,
+            404
+        );
+    }
     let names = ["a.tfstate", "env/b.tfstate", "env/deep/c.tfstate"];
     let mut serials = [0u64; 3];
     let (mut killed_midway, mut completed, mut leftover_locks) = (0, 0, 0);
+    // Per operation: trials, and how many took effect on the remote before the kill.
+    let mut landed: std::collections::BTreeMap<String, (usize, usize)> = Default::default();
     for trial in 0..TRIALS {
         let victim = rng.random_range(0..3usize);
         let state = rng.random_range(0..names.len());
@@ -339,11 +350,23 @@ async fn kill_dash_nine_at_random_points_leaves_a_sound_repository() {
             }
             None => killed_midway += 1,
         }
+        // What reached the git server before the kill runs to its end there, as it would on a
+        // real one; judge the outcome after that.
+        server.quiesce().await;
+        let sent_serial = serials[state];
         // THEN the remote is sound and every state parses.
         fsck(&repo_dir);
         states_parse(&repo_dir);
         // AND a lock left behind is visible with its age and removable by force-unlock.
         let lock = survivor.send("GET", &format!("/locks/{name}"), None).await;
+        let current = survivor.send("GET", &format!("/states/{name}"), None).await;
+        let took_effect = match op {
+            Op::Lock => lock.status == 200 && lock.body.contains(&format!(r#""ID":"{id}""#)),
+            Op::Write => current.status == 200 && serial_of(&current.body) == sent_serial,
+            Op::Unlock => lock.status == 404,
+        };
+        let entry = landed.entry(format!("{op:?}")).or_default();
+        *entry = (entry.0 + 1, entry.1 + usize::from(took_effect));
         if lock.status == 200 {
             leftover_locks += 1;
             let (status, headers, _) = survivor
@@ -379,11 +402,19 @@ async fn kill_dash_nine_at_random_points_leaves_a_sound_repository() {
             serials[state] = serials[state].max(serial_of(&got.body));
         }
         procs[victim].restart().await;
+        // Pay argon2 now, so the next kill lands in the git work, not in authentication.
+        let warm = Client::new(&procs[victim].url);
+        assert_eq!(
+            warm.send("GET", "/locks/warm-up.tfstate", None)
+                .await
+                .status,
+            404
+        );
     }
     eprintln!(
         "crashes (seed {seed}): {TRIALS} trials, {killed_midway} killed mid-request, {completed} \
          completed first, {leftover_locks} locks left behind and force-unlocked; git fsck clean \
-         after every trial"
+         after every trial; (trials, took effect before the kill) per operation: {landed:?}"
     );
     // The restarted servers still work on the caches the killed ones left.
     for p in &procs[..3] {
