@@ -94,7 +94,10 @@ impl Seed {
     fn clone_of(remote: &str) -> Self {
         let tmp = tempfile::tempdir().expect("tempdir");
         let path = tmp.path().join("repo");
-        git(&["clone", "-q", remote, path.to_str().expect("utf-8 path")], None);
+        git(
+            &["clone", "-q", remote, path.to_str().expect("utf-8 path")],
+            None,
+        );
         let seed = Self { _tmp: tmp, path };
         seed.must(&["config", "pull.rebase", "false"]);
         seed
@@ -149,7 +152,7 @@ impl Seed {
         if !self.run(&["checkout", "-q", &format!("locks/{file}")]) {
             return None;
         }
-        std::fs::read_to_string(&self.path.join(format!("{file}.lock"))).ok()
+        std::fs::read_to_string(self.path.join(format!("{file}.lock"))).ok()
     }
 
     fn unlock(&self, file: &str) {
@@ -160,7 +163,7 @@ impl Seed {
     fn get(&self, file: &str) -> Option<String> {
         self.clean_checkout();
         self.run(&["pull", "-q", "origin", "main"]);
-        std::fs::read_to_string(&self.path.join(file)).ok()
+        std::fs::read_to_string(self.path.join(file)).ok()
     }
 
     fn write(&self, file: &str, state: &str) {
@@ -307,10 +310,7 @@ async fn protocol_comparison(out: &mut String, binary: &Path) {
             serial += 1;
             // Set the stage with a warm process: lock held for write/unlock.
             if matches!(op, Op::Write | Op::Unlock) {
-                assert_eq!(
-                    client_lock(&server, binary, &url, root.path(), run).await,
-                    200
-                );
+                assert_eq!(client_lock(binary, &url, root.path()).await, 200);
             }
             let dir = root.path().join(format!("cold-{run}-{name}"));
             std::fs::create_dir_all(&dir).expect("dir");
@@ -385,7 +385,7 @@ async fn protocol_comparison(out: &mut String, binary: &Path) {
     ));
 }
 
-/// A helper process on `url` (started once per bench, kept in a static-free way: a directory).
+/// The URL of a helper process on `url`, started on first use, that sets the stage for cold runs.
 async fn client_url(binary: &Path, url: &str, root: &Path) -> String {
     static HELPER: tokio::sync::OnceCell<ServeProcess> = tokio::sync::OnceCell::const_new();
     let helper = HELPER
@@ -398,13 +398,7 @@ async fn client_url(binary: &Path, url: &str, root: &Path) -> String {
     helper.url.clone()
 }
 
-async fn client_lock(
-    _server: &GitServer,
-    binary: &Path,
-    url: &str,
-    root: &Path,
-    _run: usize,
-) -> u16 {
+async fn client_lock(binary: &Path, url: &str, root: &Path) -> u16 {
     let c = Client::new(&client_url(binary, url, root).await);
     c.lock(STATE, "gs-lock").await.status
 }
@@ -419,9 +413,19 @@ fn big_repo(server: &GitServer, name: &str, states: usize, commits: usize) {
         let content = state_json(&format!("lineage-{s}"), (c / states + 1) as u64);
         // About 2 KB of poorly compressible text per state, like a small real state.
         let pad: String = (0..64)
-            .map(|i| format!("{:016x}{:016x}", hash64(c * 64 + i), hash64(1_000_000 + c * 64 + i)))
+            .map(|i| {
+                format!(
+                    "{:016x}{:016x}",
+                    hash64(c * 64 + i),
+                    hash64(1_000_000 + c * 64 + i)
+                )
+            })
             .collect();
-        let content = content.replacen("\"resources\":[]", &format!("\"resources\":[],\"pad\":\"{pad}\""), 1);
+        let content = content.replacen(
+            "\"resources\":[]",
+            &format!("\"resources\":[],\"pad\":\"{pad}\""),
+            1,
+        );
         write!(
             stream,
             "commit refs/heads/main\ncommitter bench <b@x> {} +0000\ndata 10\nwrite {:04}\n",
@@ -429,9 +433,6 @@ fn big_repo(server: &GitServer, name: &str, states: usize, commits: usize) {
             s % 10_000
         )
         .expect("write");
-        if c == 0 {
-            // fast-import starts from nothing on the first commit.
-        }
         write!(
             stream,
             "M 100644 inline states/s{s:03}.tfstate\ndata {}\n{content}\n",
@@ -515,16 +516,13 @@ async fn history_length(out: &mut String, binary: &Path) {
             let time = started.elapsed();
             assert_eq!(got.status, 200, "{name}: {}", got.body);
             sample.add(time, server.take_requests().len());
-            bytes = dir_bytes(&p.cache.join("."));
-            let packs: u64 = std::fs::read_dir(&p.cache)
+            // The cache's packs: what the fetch brought.
+            bytes = std::fs::read_dir(&p.cache)
                 .into_iter()
                 .flatten()
                 .flatten()
                 .map(|e| dir_bytes(&e.path().join("objects/pack")))
-                .sum();
-            if packs > 0 {
-                bytes = packs;
-            }
+                .sum::<u64>();
         }
         out.push_str(&format!(
             "| {label} | {} | {} | {} | {} |\n",
