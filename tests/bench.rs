@@ -34,6 +34,11 @@ fn gitstate_binary() -> PathBuf {
     path
 }
 
+/// A `gitstate serve` on `url` logging warnings only, its cache and log under `dir`.
+async fn quiet_server(binary: &Path, dir: &Path, url: &str) -> ServeProcess {
+    ServeProcess::start(binary, dir, serve_env(url, &[("RUST_LOG", "warn")])).await
+}
+
 /// Latencies and request counts of one operation.
 #[derive(Default)]
 struct Sample {
@@ -273,7 +278,7 @@ async fn protocol_comparison(out: &mut String, binary: &Path) {
     // Warm: one process / one clone, many cycles (the first cycle warms up and is not counted).
     let dir = root.path().join("warm");
     std::fs::create_dir_all(&dir).expect("dir");
-    let process = ServeProcess::start(binary, &dir, serve_env(&url, &[("RUST_LOG", "warn")])).await;
+    let process = quiet_server(binary, &dir, &url).await;
     let client = Client::new(&process.url);
     let seed = Seed::new(&server.url_with_credentials("cmp-seed"));
     // The seed needs the branch to exist; both then start with the state stored once.
@@ -314,8 +319,7 @@ async fn protocol_comparison(out: &mut String, binary: &Path) {
             }
             let dir = root.path().join(format!("cold-{run}-{name}"));
             std::fs::create_dir_all(&dir).expect("dir");
-            let fresh =
-                ServeProcess::start(binary, &dir, serve_env(&url, &[("RUST_LOG", "warn")])).await;
+            let fresh = quiet_server(binary, &dir, &url).await;
             let fresh_client = Client::new(&fresh.url);
             // Authenticate once (argon2) outside the measurement.
             fresh_client
@@ -392,7 +396,7 @@ async fn client_url(binary: &Path, url: &str, root: &Path) -> String {
         .get_or_init(|| async {
             let dir = root.join("helper");
             std::fs::create_dir_all(&dir).expect("dir");
-            ServeProcess::start(binary, &dir, serve_env(url, &[("RUST_LOG", "warn")])).await
+            quiet_server(binary, &dir, url).await
         })
         .await;
     helper.url.clone()
@@ -506,8 +510,7 @@ async fn history_length(out: &mut String, binary: &Path) {
         for run in 0..COLD_RUNS {
             let dir = root.path().join(format!("{name}-{run}"));
             std::fs::create_dir_all(&dir).expect("dir");
-            let p =
-                ServeProcess::start(binary, &dir, serve_env(&url, &[("RUST_LOG", "warn")])).await;
+            let p = quiet_server(binary, &dir, &url).await;
             let c = Client::new(&p.url);
             c.send("GET", "/locks/warm-up.tfstate", None).await;
             server.take_requests();
@@ -539,12 +542,7 @@ async fn large_state(out: &mut String, binary: &Path) {
     let server = GitServer::start().await;
     let url = server.create_repo("large");
     let root = tempfile::tempdir().expect("tempdir");
-    let p = ServeProcess::start(
-        binary,
-        root.path(),
-        serve_env(&url, &[("RUST_LOG", "warn")]),
-    )
-    .await;
+    let p = quiet_server(binary, root.path(), &url).await;
     let c = Client::new(&p.url);
     let filler: String = (0..5 * 1024 * 1024 / 64)
         .map(|i| format!("{i:0>63}\n"))
@@ -575,7 +573,7 @@ async fn large_state(out: &mut String, binary: &Path) {
     // A cold read of it, from another process.
     let dir = root.path().join("cold");
     std::fs::create_dir_all(&dir).expect("dir");
-    let cold = ServeProcess::start(binary, &dir, serve_env(&url, &[("RUST_LOG", "warn")])).await;
+    let cold = quiet_server(binary, &dir, &url).await;
     let cc = Client::new(&cold.url);
     cc.send("GET", "/locks/warm-up.tfstate", None).await;
     let started = Instant::now();
@@ -619,12 +617,7 @@ async fn argon2_cost(out: &mut String, binary: &Path) {
     let mut warm = Sample::default();
     for _ in 0..COLD_RUNS {
         let root = tempfile::tempdir().expect("tempdir");
-        let p = ServeProcess::start(
-            binary,
-            root.path(),
-            serve_env(&url, &[("RUST_LOG", "warn")]),
-        )
-        .await;
+        let p = quiet_server(binary, root.path(), &url).await;
         let c = Client::new(&p.url);
         c.send("GET", "/health", None).await;
         let started = Instant::now();
@@ -655,9 +648,7 @@ async fn concurrent_writers(out: &mut String, binary: &Path) {
     for i in 0..8 {
         let dir = root.path().join(format!("w{i}"));
         std::fs::create_dir_all(&dir).expect("dir");
-        procs.push(
-            ServeProcess::start(binary, &dir, serve_env(&url, &[("RUST_LOG", "warn")])).await,
-        );
+        procs.push(quiet_server(binary, &dir, &url).await);
     }
     let clients: Vec<Client> = procs.iter().map(|p| Client::new(&p.url)).collect();
     for (i, c) in clients.iter().enumerate() {

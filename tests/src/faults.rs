@@ -74,13 +74,7 @@ impl FaultProxy {
             enabled: enabled.clone(),
         };
         let app = axum::Router::new().fallback(forward).with_state(state);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let address = listener.local_addr().expect("address");
-        let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
+        let (address, task) = crate::serve_on_loopback(app).await;
         Self {
             address,
             plan,
