@@ -286,11 +286,15 @@ enum Op {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_dash_nine_at_random_points_leaves_a_sound_repository() {
-    const TRIALS: usize = 120;
-    let seed: u64 = std::env::var("GITSTATE_CRASH_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(7);
+    // CI runs 120 seeded trials; longer runs by hand: GITSTATE_CRASH_TRIALS, GITSTATE_CRASH_SEED.
+    let from_env = |var: &str, default: u64| {
+        std::env::var(var)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(default)
+    };
+    let trials = from_env("GITSTATE_CRASH_TRIALS", 120) as usize;
+    let seed = from_env("GITSTATE_CRASH_SEED", 7);
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let server = GitServer::start().await;
     let url = server.create_repo("crash");
@@ -313,7 +317,7 @@ async fn kill_dash_nine_at_random_points_leaves_a_sound_repository() {
     let (mut killed_midway, mut completed, mut leftover_locks) = (0, 0, 0);
     // Per operation: trials, and how many took effect on the remote before the kill.
     let mut landed: std::collections::BTreeMap<String, (usize, usize)> = Default::default();
-    for trial in 0..TRIALS {
+    for trial in 0..trials {
         let victim = rng.random_range(0..3usize);
         let state = rng.random_range(0..names.len());
         let name = names[state];
@@ -412,7 +416,7 @@ async fn kill_dash_nine_at_random_points_leaves_a_sound_repository() {
         );
     }
     eprintln!(
-        "crashes (seed {seed}): {TRIALS} trials, {killed_midway} killed mid-request, {completed} \
+        "crashes (seed {seed}): {trials} trials, {killed_midway} killed mid-request, {completed} \
          completed first, {leftover_locks} locks left behind and force-unlocked; git fsck clean \
          after every trial; (trials, took effect before the kill) per operation: {landed:?}"
     );
