@@ -282,6 +282,7 @@ async fn unknown_users_and_wrong_passwords_both_pay_argon2_and_look_the_same() {
         Arc::new(access),
         gitstate_core::http::Limits {
             max_body_bytes: 1 << 20,
+            max_response_bytes: None,
         },
     );
     let served = TestBackend::serve(router, cache).await;

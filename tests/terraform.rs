@@ -501,3 +501,82 @@ async fn terraform_respects_each_users_grants() {
     );
     assert_eq!(author.trim(), "writer");
 }
+
+/// Apply, apply again, restore the first revision through the history API: Terraform reads the
+/// restored state and plans the drift back to the second configuration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terraform_plans_the_drift_after_a_restore() {
+    init_tracing();
+    let server = GitServer::start().await;
+    let url = server.create_repo("infra");
+    let backend = TestBackend::start(&url, &[]).await;
+    let client = Client::new(&backend.url);
+    let cli = Cli::new(terraform_binary());
+    let work = tempfile::tempdir().expect("tempdir");
+    let dir = work.path();
+    std::fs::write(
+        dir.join("main.tf"),
+        format!("{}{RESOURCES}", backend_block(&backend.url, NAME)),
+    )
+    .expect("config");
+    cli.ok(dir, &["init", "-input=false", "-no-color"]).await;
+    cli.ok(
+        dir,
+        &["apply", "-auto-approve", "-input=false", "-no-color"],
+    )
+    .await;
+    cli.ok(
+        dir,
+        &[
+            "apply",
+            "-auto-approve",
+            "-input=false",
+            "-no-color",
+            "-var",
+            "round=1",
+        ],
+    )
+    .await;
+    let second = stored_state(&server, NAME)["serial"]
+        .as_u64()
+        .expect("serial");
+
+    let restored = client
+        .send("POST", &format!("/history/{NAME}?restore=1"), None)
+        .await;
+    assert_eq!(restored.status, 200, "{}", restored.body);
+    let state = stored_state(&server, NAME);
+    assert_eq!(state["serial"].as_u64(), Some(second + 1));
+    assert!(state.to_string().contains("alpha-0"), "round 0 is back");
+
+    // The configuration still says round 1: the plan shows the drift, and only that.
+    let plan = cli
+        .run(
+            dir,
+            &["plan", "-detailed-exitcode", "-no-color", "-var", "round=1"],
+        )
+        .await;
+    let text = transcript(&plan);
+    assert_eq!(plan.status.code(), Some(2), "{text}");
+    assert!(text.contains("\"alpha-0\" -> \"alpha-1\""), "{text}");
+    // Applying again converges.
+    cli.ok(
+        dir,
+        &[
+            "apply",
+            "-auto-approve",
+            "-input=false",
+            "-no-color",
+            "-var",
+            "round=1",
+        ],
+    )
+    .await;
+    let plan = cli
+        .run(
+            dir,
+            &["plan", "-detailed-exitcode", "-no-color", "-var", "round=1"],
+        )
+        .await;
+    assert_eq!(plan.status.code(), Some(0), "{}", transcript(&plan));
+}

@@ -465,6 +465,7 @@ pub fn app(settings: &gitstate_core::config::Settings) -> axum::Router {
         access,
         gitstate_core::http::Limits {
             max_body_bytes: settings.max_body_bytes,
+            max_response_bytes: None,
         },
     )
 }

@@ -1,6 +1,8 @@
 //! `gitstate`: the local server and administration commands. Wiring only; the work is in the
 //! library crates.
 
+mod client;
+
 use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -43,6 +45,57 @@ enum Command {
     /// Access files.
     #[command(subcommand)]
     Access(AccessCommand),
+    /// Revisions of a state, newest first, from a running backend.
+    History {
+        name: String,
+        #[arg(long, default_value_t = 0)]
+        page: usize,
+        #[arg(long, default_value_t = 20)]
+        per_page: usize,
+        #[command(flatten)]
+        remote: RemoteArgs,
+    },
+    /// One revision of a state: <name>@<serial or commit id>.
+    Show {
+        target: String,
+        #[command(flatten)]
+        remote: RemoteArgs,
+    },
+    /// Write a revision again as the newest, under the lock (admin): <name>@<serial or commit>.
+    Restore {
+        target: String,
+        #[command(flatten)]
+        remote: RemoteArgs,
+    },
+    /// Every held lock, with age and holder; flags the old ones (never removes them).
+    Locks {
+        /// Locks older than this are flagged STALE (90s, 30m, 2h, 1d).
+        #[arg(long, default_value = "1h")]
+        older_than: String,
+        #[command(flatten)]
+        remote: RemoteArgs,
+    },
+}
+
+#[derive(clap::Args)]
+struct RemoteArgs {
+    /// The backend's base URL.
+    #[arg(long, env = "GITSTATE_URL", default_value = "http://127.0.0.1:8080")]
+    url: String,
+    #[arg(long, env = "TF_HTTP_USERNAME")]
+    user: Option<String>,
+    /// Taken from TF_HTTP_PASSWORD only, never from the command line.
+    #[arg(skip = std::env::var("TF_HTTP_PASSWORD").ok())]
+    password: Option<String>,
+    /// Print the backend's JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+impl RemoteArgs {
+    fn remote(&self) -> anyhow::Result<client::Remote> {
+        client::Remote::new(self.url.clone(), self.user.clone(), self.password.clone())
+    }
 }
 
 #[derive(Subcommand)]
@@ -77,6 +130,60 @@ async fn main() -> anyhow::Result<()> {
         Command::User(UserCommand::Add { name, grants }) => user_add(&name, &grants),
         Command::HashPassword => hash_password(),
         Command::Access(AccessCommand::Check { file }) => access_check(&file),
+        Command::History {
+            name,
+            page,
+            per_page,
+            remote,
+        } => {
+            let answer = remote
+                .remote()?
+                .get(&format!("/history/{name}?page={page}&per_page={per_page}"))
+                .await?;
+            if remote.json {
+                println!("{answer}");
+                Ok(())
+            } else {
+                client::print_history(&answer)
+            }
+        }
+        Command::Show { target, remote } => {
+            let (name, selector) = client::split_target(&target)?;
+            let answer = remote
+                .remote()?
+                .get(&format!("/history/{name}?at={selector}"))
+                .await?;
+            println!("{answer}");
+            Ok(())
+        }
+        Command::Restore { target, remote } => {
+            let (name, selector) = client::split_target(&target)?;
+            let answer = remote
+                .remote()?
+                .post(&format!("/history/{name}?restore={selector}"))
+                .await?;
+            if remote.json {
+                println!("{answer}");
+            } else {
+                let restored: serde_json::Value = serde_json::from_str(&answer)?;
+                println!(
+                    "restored {name} from {} as serial {}",
+                    restored["from"].as_str().unwrap_or("?"),
+                    restored["serial"]
+                );
+            }
+            Ok(())
+        }
+        Command::Locks { older_than, remote } => {
+            let stale_after = client::parse_duration(&older_than)?;
+            let answer = remote.remote()?.get("/locks").await?;
+            if remote.json {
+                println!("{answer}");
+            } else {
+                client::print_locks(&answer, stale_after)?;
+            }
+            Ok(())
+        }
     }
 }
 
@@ -130,6 +237,7 @@ async fn serve(state: &str) -> anyhow::Result<()> {
         access,
         Limits {
             max_body_bytes: settings.max_body_bytes,
+            max_response_bytes: None,
         },
     );
     axum::serve(

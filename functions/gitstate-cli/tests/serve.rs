@@ -34,9 +34,11 @@ fn request(
     (status, body)
 }
 
-#[test]
-fn serve_prints_the_backend_block_and_serves_the_embedded_repository() {
-    let dir = tempfile::tempdir().expect("tempdir");
+/// `gitstate serve` on the embedded default in `dir`, and what it printed up to the backend block.
+fn start_serve(
+    dir: &std::path::Path,
+    env: &[(&str, &str)],
+) -> (std::process::Child, String, String) {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .expect("free port")
         .local_addr()
@@ -45,9 +47,10 @@ fn serve_prints_the_backend_block_and_serves_the_embedded_repository() {
     let address = format!("127.0.0.1:{port}");
     let mut child = Command::new(env!("CARGO_BIN_EXE_gitstate"))
         .arg("serve")
-        .current_dir(dir.path())
+        .current_dir(dir)
         .env_remove("GITSTATE_REPOSITORY")
         .env("GITSTATE_LISTEN", &address)
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -62,6 +65,13 @@ fn serve_prints_the_backend_block_and_serves_the_embedded_repository() {
             break;
         }
     }
+    (child, address, printed)
+}
+
+#[test]
+fn serve_prints_the_backend_block_and_serves_the_embedded_repository() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut child, address, printed) = start_serve(dir.path(), &[]);
     assert!(
         printed.contains(r#"lock_method    = "POST""#)
             && printed.contains(r#"unlock_method  = "DELETE""#),
@@ -124,9 +134,64 @@ fn serve_prints_the_backend_block_and_serves_the_embedded_repository() {
         request(&address, &auth, "GET", "/states/default.tfstate", "").1,
         r#"{"serial":1,"lineage":"l"}"#
     );
+    // The remote commands, against this server, as an operator runs them.
+    let cli = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_gitstate"))
+            .args(args)
+            .env("GITSTATE_URL", format!("http://{address}"))
+            .env("TF_HTTP_USERNAME", "admin")
+            .env("TF_HTTP_PASSWORD", &password)
+            .output()
+            .expect("gitstate runs");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, locks, _) = cli(&["locks"]);
+    assert!(
+        ok && locks.contains("default.tfstate") && locks.contains("cli-1"),
+        "{locks}"
+    );
+    assert!(
+        locks.contains("admin") && !locks.contains("STALE"),
+        "{locks}"
+    );
+    let (ok, stale, _) = cli(&["locks", "--older-than", "0s"]);
+    assert!(ok && stale.contains("STALE"), "{stale}");
     assert_eq!(
         request(&address, &auth, "DELETE", "/locks/default.tfstate", lock).0,
         200
+    );
+    assert_eq!(
+        request(
+            &address,
+            &auth,
+            "POST",
+            "/states/default.tfstate",
+            r#"{"serial":2,"lineage":"l"}"#
+        )
+        .0,
+        200
+    );
+    let (ok, history, _) = cli(&["history", "default.tfstate"]);
+    assert!(ok, "{history}");
+    let rows: Vec<&str> = history.lines().skip(1).collect();
+    assert_eq!(rows.len(), 2, "{history}");
+    assert!(rows[0].contains(" 2  admin"), "{history}");
+    let (ok, shown, _) = cli(&["show", "default.tfstate@1"]);
+    assert!(
+        ok && shown.trim() == r#"{"serial":1,"lineage":"l"}"#,
+        "{shown}"
+    );
+    let (ok, restored, _) = cli(&["restore", "default.tfstate@1"]);
+    assert!(ok && restored.contains("as serial 3"), "{restored}");
+    let (ok, _, refused) = cli(&["show", "default.tfstate"]);
+    assert!(!ok && refused.contains("<state>@<serial"), "{refused}");
+    assert_eq!(
+        request(&address, &auth, "GET", "/states/default.tfstate", "").1,
+        r#"{"lineage":"l","serial":3}"#
     );
     child.kill().expect("stop");
     let _ = child.wait();
@@ -147,7 +212,7 @@ fn serve_prints_the_backend_block_and_serves_the_embedded_repository() {
         .expect("git");
     assert_eq!(
         String::from_utf8_lossy(&show.stdout),
-        r#"{"serial":1,"lineage":"l"}"#
+        r#"{"lineage":"l","serial":3}"#
     );
 }
 
@@ -231,4 +296,63 @@ fn user_tools_make_entries_the_backend_accepts() {
         gitstate_core::password::Argon2id.verify(phc.trim(), b"a-long-enough-secret-value"),
         "{phc}"
     );
+}
+
+/// Peak resident memory of a process, from /proc (Linux).
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM")
+}
+
+/// A 20 MB state written and read through the local server: correct both ways. The peak RSS is
+/// printed for the record (a figure, not an assertion).
+#[test]
+fn a_20_mb_state_round_trips_through_the_server() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut child, address, printed) =
+        start_serve(dir.path(), &[("GITSTATE_MAX_BODY_BYTES", "67108864")]);
+    let password = printed
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("export TF_HTTP_PASSWORD="))
+        .expect("password")
+        .to_owned();
+    let auth = {
+        use base64::Engine as _;
+        format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(format!("admin:{password}"))
+        )
+    };
+    let idle = peak_rss_kib(child.id());
+    let chunk = "y".repeat(1000);
+    let resources: Vec<String> = (0..20_000)
+        .map(|i| {
+            format!(r#"{{"name":"r{i}","instances":[{{"attributes":{{"output":"{chunk}"}}}}]}}"#)
+        })
+        .collect();
+    let state = format!(
+        r#"{{"version":4,"serial":1,"lineage":"big","resources":[{}]}}"#,
+        resources.join(",")
+    );
+    assert_eq!(
+        request(&address, &auth, "POST", "/states/big.tfstate", &state).0,
+        200
+    );
+    let (status, body) = request(&address, &auth, "GET", "/states/big.tfstate", "");
+    assert_eq!(status, 200);
+    assert!(body == state, "the state comes back byte for byte");
+    let peak = peak_rss_kib(child.id());
+    println!(
+        "20 MB state through gitstate serve: {} bytes; peak RSS {} KiB idle, {} KiB after write+read ({:.2}x the state)",
+        state.len(),
+        idle,
+        peak,
+        (peak * 1024) as f64 / state.len() as f64
+    );
+    child.kill().expect("stop");
+    let _ = child.wait();
 }

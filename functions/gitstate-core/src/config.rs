@@ -69,6 +69,10 @@ pub struct Settings {
     /// `GITSTATE_ACCESS_REFRESH_SECS` (default 10) bounds how long a warm process trusts the
     /// branch tip it saw last before looking for a changed access file.
     pub access: AccessOptions,
+    /// `GITSTATE_RESPONSE_STREAMING` (default false): the Function URL uses
+    /// `InvokeMode: RESPONSE_STREAM`, so the Lambda streams responses and states over 6 MB can
+    /// be read. Without it they are refused with 413 rather than truncated.
+    pub response_streaming: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -206,6 +210,16 @@ impl Settings {
                 reason: format!("{listen:?} is not an address like 127.0.0.1:8080"),
             })?,
             access,
+            response_streaming: match get("GITSTATE_RESPONSE_STREAMING").as_deref() {
+                None | Some("false" | "0") => false,
+                Some("true" | "1") => true,
+                Some(other) => {
+                    return Err(ConfigError::Invalid {
+                        var: "GITSTATE_RESPONSE_STREAMING",
+                        reason: format!("{other:?} is not true or false"),
+                    });
+                }
+            },
         })
     }
 }

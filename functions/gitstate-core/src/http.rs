@@ -4,6 +4,10 @@
 //! - `GET|POST|PUT|DELETE|LOCK|UNLOCK /states/<name>`: read, write, remove, lock, unlock;
 //! - `GET /locks/<name>` (current lock), `POST|LOCK /locks/<name>`, `DELETE|UNLOCK /locks/<name>`;
 //! - `/?type=git&repository=<url>&ref=<branch>&state=<name>`: the seed tool's address format;
+//! - `GET /history/<name>[?page=&per_page=]` (revisions, newest first), `GET
+//!   /history/<name>?at=<commit|serial>` (one revision's state), `POST
+//!   /history/<name>?restore=<commit|serial>` (admin: write it again on top);
+//! - `GET /locks`: every lock the caller may read;
 //! - `GET /health` (the only route without authentication).
 //!
 //! Every route takes `?ref=` to address another branch; writes take Terraform's `?ID=`.
@@ -22,7 +26,7 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 
 use crate::auth::{Access, AuthError};
 use crate::ports::StoreError;
-use crate::service::{Backend, ServiceError};
+use crate::service::{Backend, Selector, ServiceError};
 use crate::{LockInfo, StateName};
 
 /// The client's address, set by whatever serves the router when it knows it (Lambda: the
@@ -33,14 +37,61 @@ pub struct ClientAddr(pub IpAddr);
 /// Headers of `GET /locks/<name>` that describe the lock beyond Terraform's LockInfo.
 pub const LOCK_USER_HEADER: &str = "gitstate-lock-user";
 pub const LOCK_CREATED_HEADER: &str = "gitstate-lock-created";
+pub const LOCK_AGE_HEADER: &str = "gitstate-lock-age";
+
+fn now_seconds() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+/// A lock as `GET /locks` lists it.
+#[derive(Debug, serde::Serialize)]
+struct ListedLock<'a> {
+    state: &'a str,
+    id: &'a str,
+    who: &'a str,
+    operation: &'a str,
+    user: Option<&'a str>,
+    created: Option<i64>,
+    age_seconds: Option<i64>,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct HistoryAnswer<'a> {
+    state: &'a str,
+    page: usize,
+    versions: Vec<crate::service::VersionInfo>,
+    next_page: Option<usize>,
+}
 
 /// Longest query string accepted.
 pub const MAX_QUERY_BYTES: usize = 4096;
 
-/// Limits applied before a request reaches the service.
+/// Limits applied before a request reaches the service, and to what it answers.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
     pub max_body_bytes: usize,
+    /// Largest response payload the transport can carry (a buffered Function URL: 6 MB for the
+    /// whole JSON envelope); `None` when responses are streamed or served directly.
+    pub max_response_bytes: Option<usize>,
+}
+
+/// The payload limit of a buffered Function URL response.
+pub const BUFFERED_RESPONSE_LIMIT: usize = 6 * 1024 * 1024;
+
+/// Size of `body` inside Lambda's JSON response envelope: quotes and backslashes are escaped,
+/// control characters become `\uXXXX`, plus room for the status and headers.
+fn envelope_size(body: &[u8]) -> usize {
+    let escapes: usize = body
+        .iter()
+        .map(|b| match b {
+            b'"' | b'\\' => 1,
+            0..=0x1f => 5,
+            _ => 0,
+        })
+        .sum();
+    body.len() + escapes + 2048
 }
 
 #[derive(Clone)]
@@ -48,6 +99,18 @@ struct App {
     backend: Arc<Backend>,
     access: Arc<Access>,
     limits: Limits,
+}
+
+impl Limits {
+    fn check_response(&self, body: &[u8]) -> Result<(), ApiError> {
+        match self.max_response_bytes {
+            Some(limit) if envelope_size(body) > limit => Err(ApiError::ResponseTooLarge {
+                size: envelope_size(body),
+                limit,
+            }),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// Build the router over a backend and its access policy.
@@ -83,6 +146,10 @@ pub enum ApiError {
     Query(String),
     #[error("query string is longer than {MAX_QUERY_BYTES} bytes")]
     QueryTooLong,
+    #[error(
+        "the state needs {size} bytes in a buffered Function URL response, over its limit of {limit}: deploy with InvokeMode RESPONSE_STREAM and GITSTATE_RESPONSE_STREAMING=true to read it"
+    )]
+    ResponseTooLarge { size: usize, limit: usize },
 }
 
 impl ApiError {
@@ -96,6 +163,8 @@ impl ApiError {
             Self::Auth(AuthError::Unauthenticated) => StatusCode::UNAUTHORIZED,
             Self::Auth(AuthError::Unavailable(_)) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Service(S::Exists) => StatusCode::CONFLICT,
+            Self::Service(S::NoSuchVersion(_)) => StatusCode::NOT_FOUND,
+            Self::Service(S::BadSelector(_)) => StatusCode::BAD_REQUEST,
             Self::Service(S::Locked(_)) => StatusCode::LOCKED,
             Self::Service(S::LockMismatch(_) | S::NotLocked { .. } | S::Stale { .. }) => {
                 StatusCode::CONFLICT
@@ -109,7 +178,7 @@ impl ApiError {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
             Self::Method { .. } => StatusCode::METHOD_NOT_ALLOWED,
-            Self::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::TooLarge { .. } | Self::ResponseTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyRead | Self::Query(_) => StatusCode::BAD_REQUEST,
             Self::MediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::QueryTooLong => StatusCode::URI_TOO_LONG,
@@ -186,6 +255,12 @@ pub fn chain(error: &dyn std::error::Error) -> String {
     out
 }
 
+fn to_json(value: &impl serde::Serialize) -> Result<Bytes, ApiError> {
+    serde_json::to_vec(value)
+        .map(Bytes::from)
+        .map_err(|e| ApiError::Service(ServiceError::Store(StoreError::Internal(Box::new(e)))))
+}
+
 fn json(status: StatusCode, body: Bytes) -> Response {
     (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
@@ -194,6 +269,8 @@ fn json(status: StatusCode, body: Bytes) -> Response {
 enum Resource {
     State,
     Lock,
+    History,
+    LockList,
     Health,
 }
 
@@ -203,6 +280,10 @@ struct Addressed {
     repository: Option<String>,
     branch: Option<String>,
     lock_id: Option<String>,
+    page: Option<String>,
+    per_page: Option<String>,
+    at: Option<String>,
+    restore: Option<String>,
 }
 
 fn parse_target(uri: &Uri) -> Result<Addressed, ApiError> {
@@ -255,6 +336,13 @@ fn parse_target(uri: &Uri) -> Result<Addressed, ApiError> {
             Resource::Lock,
             Some(StateName::parse(name).map_err(ServiceError::from)?),
         )
+    } else if let Some(name) = path.strip_prefix("/history/") {
+        (
+            Resource::History,
+            Some(StateName::parse(name).map_err(ServiceError::from)?),
+        )
+    } else if path == "/locks" || path == "/locks/" {
+        (Resource::LockList, None)
     } else if path == "/health" {
         (Resource::Health, None)
     } else {
@@ -266,6 +354,10 @@ fn parse_target(uri: &Uri) -> Result<Addressed, ApiError> {
         repository: take("repository"),
         branch: take("ref"),
         lock_id: take("ID"),
+        page: take("page"),
+        per_page: take("per_page"),
+        at: take("at"),
+        restore: take("restore"),
     })
 }
 
@@ -298,13 +390,24 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Byte
     if declared.is_some_and(|length| length > limit as u64) {
         return Err(ApiError::TooLarge { limit });
     }
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
-            Err(ApiError::TooLarge { limit })
+    // One buffer of the declared size, filled frame by frame: collecting the frames first and
+    // joining them after would hold every large state twice.
+    let declared = declared.and_then(|d| usize::try_from(d).ok()).unwrap_or(0);
+    let mut buffer = Vec::with_capacity(declared.min(limit));
+    let mut body = Limited::new(body, limit);
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| {
+            if e.downcast_ref::<LengthLimitError>().is_some() {
+                ApiError::TooLarge { limit }
+            } else {
+                ApiError::BodyRead
+            }
+        })?;
+        if let Ok(data) = frame.into_data() {
+            buffer.extend_from_slice(&data);
         }
-        Err(_) => Err(ApiError::BodyRead),
     }
+    Ok(Bytes::from(buffer))
 }
 
 fn check_media_type(headers: &HeaderMap) -> Result<(), ApiError> {
@@ -363,6 +466,30 @@ async fn dispatch(
     };
     let target = parse_target(uri)?;
     let backend = &app.backend;
+    if let (Resource::LockList, Some(caller)) = (&target.resource, &caller) {
+        if method != Method::GET {
+            return Err(ApiError::Method {
+                method: method.to_string(),
+                allowed: "GET",
+            });
+        }
+        let at = backend.locate(target.repository.as_deref(), target.branch.as_deref())?;
+        let locks = backend.list_locks(caller, &at).await?;
+        let now = now_seconds();
+        let listed: Vec<ListedLock<'_>> = locks
+            .iter()
+            .map(|(name, held)| ListedLock {
+                state: name.as_str(),
+                id: held.info.id(),
+                who: held.info.who(),
+                operation: held.info.operation(),
+                user: held.owner.as_deref(),
+                created: held.created,
+                age_seconds: held.created.map(|c| now.saturating_sub(c).max(0)),
+            })
+            .collect();
+        return Ok(json(StatusCode::OK, to_json(&listed)?));
+    }
     let Some(name) = target.name else {
         return match method {
             Method::GET | Method::HEAD => Ok((StatusCode::OK, "ok\n").into_response()),
@@ -387,10 +514,11 @@ async fn dispatch(
     };
     let ok = || StatusCode::OK.into_response();
     match (target.resource, verb) {
-        (Resource::State, "GET") => Ok(json(
-            StatusCode::OK,
-            backend.get_state(caller, &at, &name).await?,
-        )),
+        (Resource::State, "GET") => {
+            let state = backend.get_state(caller, &at, &name).await?;
+            app.limits.check_response(&state)?;
+            Ok(json(StatusCode::OK, state))
+        }
         (Resource::State, "POST" | "PUT") => {
             backend
                 .put_state(caller, &at, &name, target.lock_id.as_deref(), body)
@@ -421,9 +549,54 @@ async fn dispatch(
             }
             if let Some(created) = held.created {
                 headers.insert(LOCK_CREATED_HEADER, HeaderValue::from(created));
+                let age = now_seconds().saturating_sub(created).max(0);
+                headers.insert(LOCK_AGE_HEADER, HeaderValue::from(age));
             }
             Ok(response)
         }
+        (Resource::History, "GET") => match &target.at {
+            Some(selector) => {
+                let selector = Selector::parse(selector)?;
+                let (version, state) = backend.get_version(caller, &at, &name, &selector).await?;
+                app.limits.check_response(&state)?;
+                let mut response = json(StatusCode::OK, state);
+                if let Ok(value) = HeaderValue::from_str(&version) {
+                    response.headers_mut().insert("gitstate-version", value);
+                }
+                Ok(response)
+            }
+            None => {
+                let number = |text: &Option<String>, default: usize| match text {
+                    None => Ok(default),
+                    Some(t) => t
+                        .parse::<usize>()
+                        .map_err(|_| ApiError::Query(format!("{t:?} is not a page number"))),
+                };
+                let page = number(&target.page, 0)?;
+                let per_page = number(&target.per_page, 20)?;
+                let (versions, more) = backend.history(caller, &at, &name, page, per_page).await?;
+                let answer = HistoryAnswer {
+                    state: name.as_str(),
+                    page,
+                    versions,
+                    next_page: more.then_some(page + 1),
+                };
+                Ok(json(StatusCode::OK, to_json(&answer)?))
+            }
+        },
+        (Resource::History, "POST") => {
+            let selector = target.restore.as_deref().ok_or_else(|| {
+                ApiError::Query("restore needs ?restore=<commit id or serial>".into())
+            })?;
+            let restored = backend
+                .restore(caller, &at, &name, &Selector::parse(selector)?)
+                .await?;
+            Ok(json(StatusCode::OK, to_json(&restored)?))
+        }
+        (Resource::History, other) => Err(ApiError::Method {
+            method: other.into(),
+            allowed: "GET, POST",
+        }),
         (Resource::State, other) => Err(ApiError::Method {
             method: other.into(),
             allowed: "GET, POST, PUT, DELETE, LOCK, UNLOCK",
@@ -432,7 +605,7 @@ async fn dispatch(
             method: other.into(),
             allowed: "GET, POST, DELETE, LOCK, UNLOCK",
         }),
-        (Resource::Health, _) => Err(ApiError::NoRoute),
+        (Resource::Health | Resource::LockList, _) => Err(ApiError::NoRoute),
     }
 }
 

@@ -95,6 +95,27 @@ pub enum Written {
     Refused(Refusal),
 }
 
+/// One commit that changed a state file, as the store's history holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Revision {
+    /// The version id (for git: the commit id).
+    pub version: String,
+    /// Commit time, seconds since the Unix epoch.
+    pub time: i64,
+    pub author: String,
+    pub message: String,
+    /// The commit removed the file.
+    pub deleted: bool,
+}
+
+/// A page of a state's history, newest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HistoryPage {
+    pub revisions: Vec<Revision>,
+    /// Older revisions exist beyond this page.
+    pub more: bool,
+}
+
 /// The line of a commit message that records the authenticated user (`User: alice`).
 pub const USER_TRAILER: &str = "User: ";
 
@@ -170,6 +191,27 @@ pub trait StateStore: Send + Sync + 'static {
         change: Change,
         plan: WritePlan,
     ) -> Result<Written, StoreError>;
+
+    /// The revisions of `name` on the branch, newest first: `skip` of them passed over, at most
+    /// `limit` returned. A shallow store deepens its history as far as the page needs.
+    async fn history(
+        &self,
+        at: &Location,
+        name: &StateName,
+        skip: usize,
+        limit: usize,
+    ) -> Result<HistoryPage, StoreError>;
+
+    /// The content of `name` as revision `version` left it (`None`: no such revision or file).
+    async fn read_version(
+        &self,
+        at: &Location,
+        name: &StateName,
+        version: &str,
+    ) -> Result<Option<Bytes>, StoreError>;
+
+    /// Every lock held on states of this location.
+    async fn list_locks(&self, at: &Location) -> Result<Vec<(StateName, HeldLock)>, StoreError>;
 
     /// A file of the backend's own configuration (e.g. the access file) at the branch tip.
     /// A process that saw the tip less than `fresh_within` ago may answer from that tip without

@@ -41,6 +41,10 @@ pub enum ServiceError {
     NoLock,
     #[error("already exists")]
     Exists,
+    #[error("no such revision of this state: {0}")]
+    NoSuchVersion(String),
+    #[error("{0:?} is neither a commit id (40 hex digits) nor a serial")]
+    BadSelector(String),
     #[error(transparent)]
     Forbidden(#[from] Denied),
     #[error(transparent)]
@@ -266,15 +270,30 @@ impl Backend {
         body: Bytes,
     ) -> Result<(), ServiceError> {
         caller.require(Role::Write, name)?;
-        let value: serde_json::Value =
-            serde_json::from_slice(&body).map_err(|e| ServiceError::InvalidState(e.to_string()))?;
-        if !value.is_object() {
+        self.write(caller, at, name, lock_id, body, "write").await
+    }
+
+    /// Write `body` as the state; `verb` starts the commit subject.
+    async fn write(
+        &self,
+        caller: &Caller,
+        at: &Location,
+        name: &StateName,
+        lock_id: Option<&str>,
+        body: Bytes,
+        verb: &str,
+    ) -> Result<(), ServiceError> {
+        // Validate without building a tree of the whole document: states can be large.
+        if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
             return Err(ServiceError::InvalidState(
                 "the top level must be an object".into(),
             ));
         }
-        let sent: Version = serde_json::from_value(value).unwrap_or_default();
+        serde_json::from_slice::<serde::de::IgnoredAny>(&body)
+            .map_err(|e| ServiceError::InvalidState(e.to_string()))?;
+        let sent: Version = serde_json::from_slice(&body).unwrap_or_default();
         let base = self.meta(caller, String::new());
+        let verb = verb.to_owned();
         let user = caller.user.clone();
         let (state, lock_id) = (name.to_string(), lock_id.map(str::to_owned));
         let plan = Arc::new(move |lock: Option<&HeldLock>, stored: Option<&[u8]>| {
@@ -295,8 +314,18 @@ impl Backend {
                 .serial
                 .map(|s| format!(" (serial {s})"))
                 .unwrap_or_default();
+            let mut version = String::new();
+            if let Some(serial) = sent.serial {
+                version.push_str(&format!("{SERIAL_TRAILER}{serial}\n"));
+            }
+            if let Some(lineage) = &sent.lineage {
+                version.push_str(&format!("{LINEAGE_TRAILER}{}\n", one_line(lineage)));
+            }
             Ok(CommitMeta {
-                message: format!("write {state}{serial}\n\n{}", trailer(holder, &user)),
+                message: format!(
+                    "{verb} {state}{serial}\n\n{version}{}",
+                    trailer(holder, &user)
+                ),
                 ..base.clone()
             })
         });
@@ -352,6 +381,225 @@ impl Backend {
             committer_email: self.committer.email.clone(),
             message,
         }
+    }
+}
+
+/// Commit trailers recording the Terraform version of what a write stored.
+const SERIAL_TRAILER: &str = "Serial: ";
+const LINEAGE_TRAILER: &str = "Lineage: ";
+
+/// The value of trailer `key` in a commit message.
+fn trailer_value<'a>(message: &'a str, key: &str) -> Option<&'a str> {
+    message
+        .lines()
+        .rev()
+        .find_map(|line| line.strip_prefix(key))
+        .map(str::trim)
+}
+
+/// Which revision of a state a request means: a commit id, or a Terraform serial.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Selector {
+    Version(String),
+    Serial(u64),
+}
+
+impl Selector {
+    pub fn parse(text: &str) -> Result<Self, ServiceError> {
+        let is_hex = text.len() == 40 && text.bytes().all(|b| b.is_ascii_hexdigit());
+        if is_hex {
+            return Ok(Self::Version(text.to_ascii_lowercase()));
+        }
+        match text.parse::<u64>() {
+            Ok(serial) if text.len() < 20 => Ok(Self::Serial(serial)),
+            _ => Err(ServiceError::BadSelector(text.chars().take(64).collect())),
+        }
+    }
+}
+
+/// One revision of a state, as the history route lists it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct VersionInfo {
+    pub version: String,
+    /// Seconds since the Unix epoch.
+    pub time: i64,
+    pub author: String,
+    pub operation: String,
+    pub serial: Option<u64>,
+    pub lineage: Option<String>,
+    pub deleted: bool,
+}
+
+/// The outcome of a restore.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Restored {
+    /// The revision whose content was written again.
+    pub from: String,
+    /// The serial of the new revision (above every serial stored before).
+    pub serial: u64,
+}
+
+/// Most revisions one history page lists.
+pub const MAX_PAGE: usize = 100;
+
+impl Backend {
+    /// One page of a state's revisions, newest first (read grant).
+    #[tracing::instrument(skip(self, caller), fields(state = %name, user = %caller.user))]
+    pub async fn history(
+        &self,
+        caller: &Caller,
+        at: &Location,
+        name: &StateName,
+        page: usize,
+        per_page: usize,
+    ) -> Result<(Vec<VersionInfo>, bool), ServiceError> {
+        caller.require(Role::Read, name)?;
+        let per_page = per_page.clamp(1, MAX_PAGE);
+        let found = self
+            .store
+            .history(at, name, page.saturating_mul(per_page), per_page)
+            .await?;
+        let mut versions = Vec::with_capacity(found.revisions.len());
+        for revision in found.revisions {
+            let message = &revision.message;
+            let mut serial = trailer_value(message, SERIAL_TRAILER).and_then(|s| s.parse().ok());
+            let mut lineage = trailer_value(message, LINEAGE_TRAILER).map(str::to_owned);
+            if serial.is_none() && !revision.deleted {
+                // Written by another tool: look at the content itself.
+                if let Some(bytes) = self.store.read_version(at, name, &revision.version).await? {
+                    let version = Version::of(&bytes);
+                    (serial, lineage) = (version.serial, version.lineage);
+                }
+            }
+            let operation = trailer_value(message, "Operation: ")
+                .map(str::to_owned)
+                .or_else(|| message.split_whitespace().next().map(str::to_owned))
+                .unwrap_or_default();
+            versions.push(VersionInfo {
+                version: revision.version,
+                time: revision.time,
+                author: revision.author,
+                operation,
+                serial,
+                lineage,
+                deleted: revision.deleted,
+            });
+        }
+        Ok((versions, found.more))
+    }
+
+    /// Resolve a selector to a revision id: serials are looked up in the history.
+    async fn resolve(
+        &self,
+        at: &Location,
+        name: &StateName,
+        selector: &Selector,
+    ) -> Result<String, ServiceError> {
+        let serial = match selector {
+            Selector::Version(version) => return Ok(version.clone()),
+            Selector::Serial(serial) => *serial,
+        };
+        let operator = Caller::operator("history");
+        for page in 0.. {
+            let (versions, more) = self.history(&operator, at, name, page, MAX_PAGE).await?;
+            if let Some(found) = versions
+                .iter()
+                .find(|v| v.serial == Some(serial) && !v.deleted)
+            {
+                return Ok(found.version.clone());
+            }
+            if !more {
+                break;
+            }
+        }
+        Err(ServiceError::NoSuchVersion(format!("serial {serial}")))
+    }
+
+    /// The state as one revision left it (read grant).
+    #[tracing::instrument(skip(self, caller), fields(state = %name, user = %caller.user))]
+    pub async fn get_version(
+        &self,
+        caller: &Caller,
+        at: &Location,
+        name: &StateName,
+        selector: &Selector,
+    ) -> Result<(String, Bytes), ServiceError> {
+        caller.require(Role::Read, name)?;
+        let version = self.resolve(at, name, selector).await?;
+        let bytes = self
+            .store
+            .read_version(at, name, &version)
+            .await?
+            .ok_or_else(|| ServiceError::NoSuchVersion(version.clone()))?;
+        Ok((version, bytes))
+    }
+
+    /// Write an earlier revision again as a new one on top, under the state's lock, with its
+    /// serial above the current one so Terraform takes it (admin grant). History is never
+    /// rewritten; a lock held by someone else refuses the restore.
+    #[tracing::instrument(skip(self, caller), fields(state = %name, user = %caller.user))]
+    pub async fn restore(
+        &self,
+        caller: &Caller,
+        at: &Location,
+        name: &StateName,
+        selector: &Selector,
+    ) -> Result<Restored, ServiceError> {
+        caller.require(Role::Admin, name)?;
+        let (from, old) = self.get_version(caller, at, name, selector).await?;
+        let mut state: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&old)
+            .map_err(|e| ServiceError::InvalidState(format!("revision {from}: {e}")))?;
+        let current = self
+            .store
+            .read_state(at, name)
+            .await?
+            .map(|b| Version::of(&b).serial)
+            .unwrap_or_default();
+        let old_serial = state.get("serial").and_then(serde_json::Value::as_u64);
+        let serial = current.max(old_serial).unwrap_or(0).saturating_add(1);
+        state.insert("serial".into(), serial.into());
+        let body =
+            serde_json::to_vec(&state).map_err(|e| ServiceError::InvalidState(e.to_string()))?;
+
+        let id = format!("gitstate-restore-{:016x}", rand::random::<u64>());
+        let info = serde_json::json!({
+            "ID": id,
+            "Operation": "OperationTypeRestore",
+            "Info": format!("restore of revision {from}"),
+            "Who": caller.user,
+            "Version": "",
+            "Created": "",
+            "Path": name.as_str(),
+        });
+        let info = Bytes::from(info.to_string());
+        self.lock(caller, at, name, info.clone()).await?;
+        let written = self
+            .write(
+                caller,
+                at,
+                name,
+                Some(&id),
+                Bytes::from(body),
+                &format!("restore {from} to"),
+            )
+            .await;
+        let released = self.unlock(caller, at, name, &info).await;
+        written?;
+        released?;
+        Ok(Restored { from, serial })
+    }
+
+    /// Every lock on states the caller may read (one ref advertisement, and one fetch of the
+    /// lock commits not cached yet).
+    #[tracing::instrument(skip(self, caller), fields(user = %caller.user))]
+    pub async fn list_locks(
+        &self,
+        caller: &Caller,
+        at: &Location,
+    ) -> Result<Vec<(StateName, HeldLock)>, ServiceError> {
+        let mut locks = self.store.list_locks(at).await?;
+        locks.retain(|(name, _)| caller.may(Role::Read, name));
+        Ok(locks)
     }
 }
 

@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use crate::ports::{
-    Acquire, Change, CommitMeta, HeldLock, Location, Release, StateStore, StoreError, WritePlan,
-    Written, user_from_message,
+    Acquire, Change, CommitMeta, HeldLock, HistoryPage, Location, Release, Revision, StateStore,
+    StoreError, WritePlan, Written, user_from_message,
 };
 use crate::{LockInfo, StateName};
 
@@ -24,6 +24,8 @@ pub struct MemoryStore {
 struct Inner {
     states: HashMap<Key, Bytes>,
     locks: HashMap<Key, HeldLock>,
+    /// Every committed revision of each state, oldest first, with the content it left.
+    revisions: HashMap<Key, Vec<(Revision, Option<Bytes>)>>,
     /// Configuration files by path (one repository's worth: tests use one location).
     configs: HashMap<String, Bytes>,
     /// Every commit message, oldest first, standing in for the repository history.
@@ -125,14 +127,28 @@ impl StateStore for MemoryStore {
                 Ok(meta) => meta,
                 Err(refusal) => return Written::Refused(refusal),
             };
-            match change {
+            let content = match change {
                 Change::Put(bytes) if i.states.get(&k) == Some(&bytes) => {
                     return Written::Unchanged;
                 }
-                Change::Put(bytes) => i.states.insert(k, bytes),
-                Change::Delete => i.states.remove(&k),
+                Change::Put(bytes) => {
+                    i.states.insert(k.clone(), bytes.clone());
+                    Some(bytes)
+                }
+                Change::Delete => {
+                    i.states.remove(&k);
+                    None
+                }
             };
             i.counter += 1;
+            let revision = Revision {
+                version: i.counter.to_string(),
+                time: i64::try_from(i.counter).unwrap_or(i64::MAX),
+                author: meta.author_name.clone(),
+                message: meta.message.clone(),
+                deleted: content.is_none(),
+            };
+            i.revisions.entry(k).or_default().push((revision, content));
             i.log.push(meta);
             Written::Committed {
                 version: i.counter.to_string(),
@@ -163,6 +179,56 @@ impl StateStore for MemoryStore {
             i.configs.insert(path.to_owned(), content);
             i.log.push(meta.clone());
             true
+        })
+    }
+
+    async fn history(
+        &self,
+        at: &Location,
+        name: &StateName,
+        skip: usize,
+        limit: usize,
+    ) -> Result<HistoryPage, StoreError> {
+        self.with(|i| {
+            let all = i.revisions.get(&key(at, name)).cloned().unwrap_or_default();
+            let newest_first: Vec<Revision> = all.into_iter().rev().map(|(r, _)| r).collect();
+            let revisions: Vec<Revision> = newest_first
+                .iter()
+                .skip(skip)
+                .take(limit)
+                .cloned()
+                .collect();
+            HistoryPage {
+                more: newest_first.len() > skip.saturating_add(revisions.len()),
+                revisions,
+            }
+        })
+    }
+
+    async fn read_version(
+        &self,
+        at: &Location,
+        name: &StateName,
+        version: &str,
+    ) -> Result<Option<Bytes>, StoreError> {
+        self.with(|i| {
+            i.revisions
+                .get(&key(at, name))
+                .and_then(|all| all.iter().find(|(r, _)| r.version == version))
+                .and_then(|(_, content)| content.clone())
+        })
+    }
+
+    async fn list_locks(&self, at: &Location) -> Result<Vec<(StateName, HeldLock)>, StoreError> {
+        self.with(|i| {
+            let mut locks: Vec<(StateName, HeldLock)> = i
+                .locks
+                .iter()
+                .filter(|((l, _), _)| l == at)
+                .map(|((_, name), held)| (name.clone(), held.clone()))
+                .collect();
+            locks.sort_by(|a, b| a.0.cmp(&b.0));
+            locks
         })
     }
 }

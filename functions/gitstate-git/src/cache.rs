@@ -10,7 +10,17 @@ use gix::objs::Kind;
 use gix::objs::tree::EntryKind;
 
 use crate::Error;
-use gitstate_core::ports::CommitMeta;
+use gitstate_core::ports::{CommitMeta, HistoryPage, Revision};
+
+/// How far a walk of the history got.
+pub enum Walk {
+    Done(HistoryPage),
+    /// The walk reached a commit whose parent is not in the cache (a shallow boundary) after
+    /// `walked` commits; fetch deeper and walk again.
+    Shallow {
+        walked: usize,
+    },
+}
 
 pub struct Cache {
     dir: PathBuf,
@@ -103,6 +113,90 @@ impl Cache {
         }
         let blob = entry.object()?;
         Ok(Some(blob.detach().data))
+    }
+
+    /// The id of the blob at `path` in `commit`'s tree.
+    fn blob_id(
+        repo: &gix::Repository,
+        commit: ObjectId,
+        path: &str,
+    ) -> Result<Option<ObjectId>, Error> {
+        let tree = repo.find_commit(commit)?.tree()?;
+        Ok(tree
+            .lookup_entry_by_path(path)?
+            .filter(|e| e.mode().is_blob())
+            .map(|e| e.object_id()))
+    }
+
+    /// Whether the first-parent chain from `tip` reaches a root commit with nothing missing.
+    pub fn chain_complete(&self, tip: ObjectId) -> Result<bool, Error> {
+        let repo = self.repo()?;
+        let mut commit = tip;
+        loop {
+            if !repo.has_object(commit) {
+                return Ok(false);
+            }
+            match repo.find_commit(commit)?.parent_ids().next() {
+                Some(parent) => commit = parent.detach(),
+                None => return Ok(true),
+            }
+        }
+    }
+
+    /// Walk the first-parent chain from `tip` and list the commits that changed `path`.
+    pub fn history(
+        &self,
+        tip: ObjectId,
+        path: &str,
+        skip: usize,
+        limit: usize,
+    ) -> Result<Walk, Error> {
+        let repo = self.repo()?;
+        let mut page = HistoryPage::default();
+        let mut seen = 0usize;
+        let mut walked = 0usize;
+        let mut commit = tip;
+        let mut blob = Self::blob_id(&repo, commit, path)?;
+        loop {
+            walked += 1;
+            let parent = repo
+                .find_commit(commit)?
+                .parent_ids()
+                .next()
+                .map(|p| p.detach());
+            let parent_blob = match parent {
+                Some(parent) if !repo.has_object(parent) => {
+                    return Ok(Walk::Shallow { walked });
+                }
+                Some(parent) => Self::blob_id(&repo, parent, path)?,
+                None => None,
+            };
+            if parent_blob != blob {
+                if seen >= skip {
+                    if page.revisions.len() == limit {
+                        page.more = true;
+                        return Ok(Walk::Done(page));
+                    }
+                    let found = repo.find_commit(commit)?;
+                    let decoded = found.decode()?;
+                    page.revisions.push(Revision {
+                        version: commit.to_string(),
+                        time: decoded.committer()?.seconds(),
+                        author: decoded.author()?.name.to_string(),
+                        message: decoded.message.to_string(),
+                        deleted: blob.is_none(),
+                    });
+                }
+                seen += 1;
+            }
+            match parent {
+                Some(parent) => {
+                    commit = parent;
+                    blob = parent_blob;
+                }
+                None => return Ok(Walk::Done(page)),
+            }
+        }
     }
 
     /// The message of a commit and its committer time (seconds since the epoch).

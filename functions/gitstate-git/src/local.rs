@@ -43,6 +43,26 @@ impl LocalRefs {
         Ok(advert)
     }
 
+    /// Every reference under `prefix` (e.g. `refs/heads/locks/`), as an advertisement.
+    pub fn list_prefix(&self, prefix: &str) -> Result<Advert, Error> {
+        let repo = self.repo.repo()?;
+        let mut advert = Advert::default();
+        let platform = repo
+            .references()
+            .map_err(|e| Error::Corrupt(format!("listing references: {e}")))?;
+        let all = platform
+            .prefixed(prefix)
+            .map_err(|e| Error::Corrupt(format!("listing references: {e}")))?;
+        for reference in all {
+            let mut reference =
+                reference.map_err(|e| Error::Corrupt(format!("reading a reference: {e}")))?;
+            let name = reference.name().as_bstr().to_string();
+            let id = reference.peel_to_id()?.detach();
+            advert.refs.insert(name, id);
+        }
+        Ok(advert)
+    }
+
     /// Apply `commands` in one transaction: all succeed, or none does and each is reported `ng`.
     pub fn push(&self, commands: &[Command]) -> Result<PushReport, Error> {
         let _serial = self

@@ -264,6 +264,16 @@ impl SmartHttp {
     /// `POST git-upload-pack`: the objects of `wants` at depth 1, given we have `haves` (as shallow
     /// commits). Returns the pack. One request.
     pub async fn fetch(&self, wants: &[ObjectId], haves: &[ObjectId]) -> Result<Vec<u8>, Error> {
+        self.fetch_depth(wants, haves, 1).await
+    }
+
+    /// Like [`Self::fetch`], with history `depth` commits deep from each want.
+    pub async fn fetch_depth(
+        &self,
+        wants: &[ObjectId],
+        haves: &[ObjectId],
+        depth: u32,
+    ) -> Result<Vec<u8>, Error> {
         let mut body = Vec::new();
         for (i, want) in wants.iter().enumerate() {
             let line = if i == 0 {
@@ -276,7 +286,7 @@ impl SmartHttp {
         for have in haves {
             pkt::write(&mut body, format!("shallow {have}\n").as_bytes());
         }
-        pkt::write(&mut body, b"deepen 1\n");
+        pkt::write(&mut body, format!("deepen {}\n", depth.max(1)).as_bytes());
         pkt::flush(&mut body);
         for have in haves {
             pkt::write(&mut body, format!("have {have}\n").as_bytes());

@@ -18,16 +18,21 @@ use sha1::{Digest, Sha1};
 
 use gitstate_core::config::{Secret, Settings};
 use gitstate_core::ports::{
-    Acquire, Change, CommitMeta, HeldLock, Location, Refusal, Release, StateStore, StoreError,
-    WritePlan, Written, user_from_message,
+    Acquire, Change, CommitMeta, HeldLock, HistoryPage, Location, Refusal, Release, StateStore,
+    StoreError, WritePlan, Written, user_from_message,
 };
 use gitstate_core::{LockInfo, StateName};
 
 use crate::Error;
-use crate::cache::{Cache, NewCommit};
+use crate::cache::{Cache, NewCommit, Walk};
 use crate::local::LocalRefs;
 use crate::pack;
 use crate::smart::{Advert, Command, PushReport, Service, SmartHttp};
+
+/// History is fetched this many commits deep at first, then four times deeper each time a page
+/// needs more, up to the whole history.
+const FIRST_HISTORY_DEPTH: u32 = 64;
+const MAX_HISTORY_DEPTH: u32 = 1 << 24;
 
 /// How often a write is rebuilt on a moved branch before giving up with a retryable 503.
 const MAX_WRITE_ATTEMPTS: u32 = 40;
@@ -253,6 +258,37 @@ impl Remote {
         }
     }
 
+    /// Every ref under `prefix`: one ref advertisement over HTTP.
+    async fn refs_with_prefix(&self, prefix: &str) -> Result<Advert, Error> {
+        match &self.transport {
+            Transport::Local(refs) => {
+                let (refs, prefix) = (refs.clone(), prefix.to_owned());
+                blocking(move || refs.list_prefix(&prefix)).await
+            }
+            Transport::Http(http) => {
+                let mut advert = http.advertise(Service::UploadPack).await?;
+                advert.refs.retain(|name, _| name.starts_with(prefix));
+                Ok(advert)
+            }
+        }
+    }
+
+    /// Fetch the history behind `tip`, `depth` commits deep.
+    async fn deepen(&self, tip: ObjectId, depth: u32) -> Result<(), Error> {
+        let Transport::Http(http) = &self.transport else {
+            return Ok(());
+        };
+        let _one_fetch_at_a_time = self.fetching.lock().await;
+        tracing::debug!(depth, "deepening the cache's history");
+        let pack = http.fetch_depth(&[tip], &[], depth).await?;
+        let cache = self.cache.clone();
+        blocking(move || {
+            pack::index_into(cache.git_dir(), &pack)?;
+            cache.reload()
+        })
+        .await
+    }
+
     /// The branch tip, if this process saw it on the remote less than `within` ago.
     fn recent_tip(&self, within: Duration) -> Option<ObjectId> {
         let known = *self.known_tip.lock().ok()?;
@@ -428,6 +464,96 @@ impl StateStore for GitStore {
         ))
     }
 
+    async fn history(
+        &self,
+        at: &Location,
+        name: &StateName,
+        skip: usize,
+        limit: usize,
+    ) -> Result<HistoryPage, StoreError> {
+        let remote = self.remote(at)?;
+        let Some(tip) = self.branch_tip(&remote, at).await? else {
+            return Ok(HistoryPage::default());
+        };
+        let mut depth = FIRST_HISTORY_DEPTH;
+        loop {
+            let (cache, path) = (remote.cache.clone(), name.to_string());
+            match blocking(move || cache.history(tip, &path, skip, limit)).await? {
+                Walk::Done(page) => return Ok(page),
+                Walk::Shallow { walked } if remote.is_cache() && depth < MAX_HISTORY_DEPTH => {
+                    let walked = u32::try_from(walked).unwrap_or(MAX_HISTORY_DEPTH);
+                    depth = depth.max(walked.saturating_mul(2)).min(MAX_HISTORY_DEPTH);
+                    remote.deepen(tip, depth).await?;
+                    depth = depth.saturating_mul(4);
+                }
+                Walk::Shallow { .. } => {
+                    return Err(Error::Corrupt("history has a missing parent commit".into()).into());
+                }
+            }
+        }
+    }
+
+    async fn read_version(
+        &self,
+        at: &Location,
+        name: &StateName,
+        version: &str,
+    ) -> Result<Option<Bytes>, StoreError> {
+        let Ok(commit) = ObjectId::from_hex(version.as_bytes()) else {
+            return Ok(None);
+        };
+        let remote = self.remote(at)?;
+        if !remote.cache.has(commit)? {
+            // Only revisions on the branch can be asked for: deepen until it shows up.
+            let Some(tip) = self.branch_tip(&remote, at).await? else {
+                return Ok(None);
+            };
+            let mut depth = FIRST_HISTORY_DEPTH;
+            while remote.is_cache() && !remote.cache.has(commit)? {
+                let cache = remote.cache.clone();
+                if blocking(move || cache.chain_complete(tip)).await? || depth >= MAX_HISTORY_DEPTH
+                {
+                    return Ok(None);
+                }
+                remote.deepen(tip, depth).await?;
+                depth = depth.saturating_mul(4);
+            }
+        }
+        let cache = remote.cache.clone();
+        let path = name.to_string();
+        match blocking(move || cache.read_path(commit, &path)).await {
+            Ok(found) => Ok(found.map(Bytes::from)),
+            // Not a commit (a tree or blob id): no such revision.
+            Err(Error::Git(_)) => Ok(None),
+            Err(other) => Err(other.into()),
+        }
+    }
+
+    async fn list_locks(&self, at: &Location) -> Result<Vec<(StateName, HeldLock)>, StoreError> {
+        let remote = self.remote(at)?;
+        let prefix = &self.options.lock_ref_prefix;
+        let advert = remote.refs_with_prefix(prefix).await?;
+        let mut tips: Vec<(StateName, ObjectId)> = advert
+            .refs
+            .iter()
+            .filter_map(|(r, id)| {
+                let name = StateName::parse(r.strip_prefix(prefix.as_str())?).ok()?;
+                Some((name, *id))
+            })
+            .collect();
+        tips.sort();
+        // One fetch for every lock commit the cache lacks.
+        remote
+            .ensure(tips.iter().map(|(_, id)| *id).collect())
+            .await?;
+        let mut locks = Vec::with_capacity(tips.len());
+        for (name, tip) in tips {
+            let held = self.held(&remote, tip, &name).await?;
+            locks.push((name, held));
+        }
+        Ok(locks)
+    }
+
     async fn read_lock(
         &self,
         at: &Location,
@@ -534,6 +660,20 @@ enum Attempt {
 }
 
 impl GitStore {
+    /// The advertised tip of the branch, fetched into the cache.
+    async fn branch_tip(&self, remote: &Remote, at: &Location) -> Result<Option<ObjectId>, Error> {
+        let branch = at.branch.full_ref();
+        let advert = remote
+            .refs(Service::UploadPack, vec![branch.clone()])
+            .await?;
+        let Some(tip) = advert.tip(&branch) else {
+            return Ok(None);
+        };
+        remote.ensure(vec![tip]).await?;
+        remote.saw_tip(tip);
+        Ok(Some(tip))
+    }
+
     /// Read `path` at the advertised branch tip.
     async fn read_path(&self, at: &Location, path: String) -> Result<Option<Bytes>, Error> {
         let remote = self.remote(at)?;

@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 use gitstate_core::config::{Runtime, Settings};
-use gitstate_core::http::{ClientAddr, Limits, router};
+use gitstate_core::http::{BUFFERED_RESPONSE_LIMIT, ClientAddr, Limits, router};
 use lambda_http::request::RequestContext;
 use lambda_http::{Request, RequestExt};
 use tower::ServiceBuilder;
@@ -31,9 +31,14 @@ async fn main() -> Result<(), lambda_http::Error> {
     let (backend, access) = gitstate_git::service(&settings).context("opening the git store")?;
     let limits = Limits {
         max_body_bytes: settings.max_body_bytes,
+        max_response_bytes: (!settings.response_streaming).then_some(BUFFERED_RESPONSE_LIMIT),
     };
     let app = ServiceBuilder::new()
         .map_request(with_client_addr)
         .service(router(backend, access, limits));
-    lambda_http::run(app).await
+    if settings.response_streaming {
+        lambda_http::run_with_streaming_response(app).await
+    } else {
+        lambda_http::run(app).await
+    }
 }

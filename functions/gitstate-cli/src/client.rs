@@ -1,0 +1,203 @@
+//! Commands that talk to a running backend: history, show, restore, locks.
+
+use anyhow::{Context, bail};
+use serde_json::Value;
+
+/// Where the backend is and who we are to it.
+pub struct Remote {
+    pub url: String,
+    pub user: String,
+    pub password: String,
+    http: reqwest::Client,
+}
+
+impl Remote {
+    pub fn new(
+        url: String,
+        user: Option<String>,
+        password: Option<String>,
+    ) -> anyhow::Result<Self> {
+        let user = user.context("no user: pass --user or set TF_HTTP_USERNAME")?;
+        let password = password.context("no password: set TF_HTTP_PASSWORD")?;
+        Ok(Self {
+            url: url.trim_end_matches('/').to_owned(),
+            user,
+            password,
+            http: reqwest::Client::new(),
+        })
+    }
+
+    async fn call(&self, method: reqwest::Method, path: &str) -> anyhow::Result<String> {
+        let response = self
+            .http
+            .request(method, format!("{}{path}", self.url))
+            .basic_auth(&self.user, Some(&self.password))
+            .send()
+            .await
+            .with_context(|| format!("reaching {}", self.url))?;
+        let status = response.status();
+        let body = response.text().await.context("reading the answer")?;
+        if !status.is_success() {
+            bail!("{status}: {}", body.trim());
+        }
+        Ok(body)
+    }
+
+    pub async fn get(&self, path: &str) -> anyhow::Result<String> {
+        self.call(reqwest::Method::GET, path).await
+    }
+
+    pub async fn post(&self, path: &str) -> anyhow::Result<String> {
+        self.call(reqwest::Method::POST, path).await
+    }
+}
+
+/// `name@selector` → (name, selector).
+pub fn split_target(target: &str) -> anyhow::Result<(&str, &str)> {
+    target
+        .rsplit_once('@')
+        .filter(|(n, s)| !n.is_empty() && !s.is_empty())
+        .context("write the revision as <state>@<serial or commit id>, e.g. app/prod.tfstate@12")
+}
+
+/// `90s`, `30m`, `2h`, `1d` or plain seconds.
+pub fn parse_duration(text: &str) -> anyhow::Result<i64> {
+    let (number, unit) = match text.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((i, _)) => text.split_at(i),
+        None => (text, "s"),
+    };
+    let number: i64 = number
+        .parse()
+        .with_context(|| format!("{text:?} is not a duration like 90s, 30m, 2h or 1d"))?;
+    let factor = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86400,
+        _ => bail!("{text:?}: the unit must be s, m, h or d"),
+    };
+    Ok(number.saturating_mul(factor))
+}
+
+/// Seconds since the epoch as `YYYY-MM-DD HH:MM:SSZ` (proleptic Gregorian, UTC).
+pub fn format_time(seconds: i64) -> String {
+    let days = seconds.div_euclid(86400);
+    let rest = seconds.rem_euclid(86400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}Z",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60
+    )
+}
+
+/// Age in a short human form.
+pub fn format_age(seconds: i64) -> String {
+    match seconds {
+        s if s < 120 => format!("{s}s"),
+        s if s < 7200 => format!("{}m", s / 60),
+        s if s < 172_800 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86400),
+    }
+}
+
+fn text(value: &Value) -> String {
+    match value {
+        Value::String(s) => s.clone(),
+        Value::Null => "-".into(),
+        other => other.to_string(),
+    }
+}
+
+pub fn print_history(answer: &str) -> anyhow::Result<()> {
+    let answer: Value = serde_json::from_str(answer).context("the backend's answer")?;
+    println!(
+        "{:<12} {:<21} {:>7}  {:<16} OPERATION",
+        "VERSION", "TIME", "SERIAL", "AUTHOR"
+    );
+    for v in answer["versions"].as_array().into_iter().flatten() {
+        let version = text(&v["version"]);
+        let short = version.get(..12).unwrap_or(&version);
+        let operation = if v["deleted"] == true {
+            "deleted".to_owned()
+        } else {
+            text(&v["operation"])
+        };
+        println!(
+            "{short:<12} {:<21} {:>7}  {:<16} {operation}",
+            v["time"].as_i64().map_or_else(|| "-".into(), format_time),
+            text(&v["serial"]),
+            text(&v["author"]),
+        );
+    }
+    if let Some(next) = answer["next_page"].as_u64() {
+        println!("(more: --page {next})");
+    }
+    Ok(())
+}
+
+pub fn print_locks(answer: &str, stale_after: i64) -> anyhow::Result<usize> {
+    let locks: Value = serde_json::from_str(answer).context("the backend's answer")?;
+    let locks = locks.as_array().cloned().unwrap_or_default();
+    if locks.is_empty() {
+        println!("no locks held");
+        return Ok(0);
+    }
+    println!(
+        "{:<40} {:>6}  {:<12} {:<24} {:<22} LOCK ID",
+        "STATE", "AGE", "USER", "WHO", "OPERATION"
+    );
+    let mut stale = 0;
+    for lock in &locks {
+        let age = lock["age_seconds"].as_i64();
+        let old = age.is_some_and(|a| a >= stale_after);
+        stale += usize::from(old);
+        println!(
+            "{:<40} {:>6}  {:<12} {:<24} {:<22} {}{}",
+            text(&lock["state"]),
+            age.map_or_else(|| "-".into(), format_age),
+            text(&lock["user"]),
+            text(&lock["who"]),
+            text(&lock["operation"]),
+            text(&lock["id"]),
+            if old { "  STALE" } else { "" }
+        );
+    }
+    if stale > 0 {
+        println!(
+            "\n{stale} lock(s) older than {}: check with the holder, then `terraform force-unlock <ID>` (admin)",
+            format_age(stale_after)
+        );
+    }
+    Ok(stale)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn helpers() {
+        assert_eq!(format_time(0), "1970-01-01 00:00:00Z");
+        assert_eq!(format_time(1_795_235_400), "2026-11-21 04:30:00Z");
+        assert_eq!(parse_duration("2h").expect("valid"), 7200);
+        assert_eq!(parse_duration("45").expect("valid"), 45);
+        assert!(parse_duration("2w").is_err());
+        assert_eq!(
+            split_target("a/b.tfstate@12").expect("valid"),
+            ("a/b.tfstate", "12")
+        );
+        assert!(split_target("a/b.tfstate").is_err());
+        assert_eq!(format_age(7300), "2h");
+    }
+}

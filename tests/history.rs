@@ -1,0 +1,381 @@
+//! History, versions, restore and lock listing over the real git server.
+
+use gitstate_tests::{Client, GitServer, TestBackend, git, lock_info, state_json};
+
+fn json(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_lists_reads_and_restores_versions() {
+    let server = GitServer::start().await;
+    let url = server.create_repo("hist");
+    let backend = TestBackend::start(&url, &[]).await;
+    let c = Client::new(&backend.url);
+    let name = "app/prod.tfstate";
+    // Three versions of the state, another state's commit in between.
+    for serial in 1..=3 {
+        assert_eq!(c.lock(name, "L").await.status, 200);
+        let body = state_json("lin", serial);
+        assert_eq!(
+            c.send("POST", &format!("/states/{name}?ID=L"), Some(&body))
+                .await
+                .status,
+            200
+        );
+        assert_eq!(
+            c.send("DELETE", &format!("/locks/{name}"), Some(&lock_info("L")))
+                .await
+                .status,
+            200
+        );
+        let other = state_json("x", serial);
+        assert_eq!(
+            c.send("POST", "/states/app/other.tfstate", Some(&other))
+                .await
+                .status,
+            200
+        );
+    }
+
+    let listed = c.send("GET", &format!("/history/{name}"), None).await;
+    assert_eq!(listed.status, 200, "{}", listed.body);
+    let listed = json(&listed.body);
+    let versions = listed["versions"].as_array().expect("versions");
+    let serials: Vec<u64> = versions
+        .iter()
+        .map(|v| v["serial"].as_u64().expect("serial"))
+        .collect();
+    assert_eq!(
+        serials,
+        [3, 2, 1],
+        "newest first, only this state's commits"
+    );
+    assert!(versions.iter().all(|v| v["author"] == "tester"));
+    assert!(versions.iter().all(|v| v["lineage"] == "lin"));
+    assert!(
+        versions
+            .iter()
+            .all(|v| v["operation"] == "OperationTypeApply")
+    );
+    assert_eq!(listed["next_page"], serde_json::Value::Null);
+
+    // Paging.
+    let first = json(
+        &c.send("GET", &format!("/history/{name}?per_page=2"), None)
+            .await
+            .body,
+    );
+    assert_eq!(first["versions"].as_array().map(Vec::len), Some(2));
+    assert_eq!(first["next_page"], 1);
+    let second = json(
+        &c.send("GET", &format!("/history/{name}?per_page=2&page=1"), None)
+            .await
+            .body,
+    );
+    assert_eq!(second["versions"][0]["serial"], 1);
+
+    // One version by serial and by commit.
+    let by_serial = c.send("GET", &format!("/history/{name}?at=1"), None).await;
+    assert_eq!(by_serial.status, 200);
+    assert_eq!(by_serial.body, state_json("lin", 1));
+    let commit = versions[1]["version"].as_str().expect("commit id");
+    let by_commit = c
+        .send("GET", &format!("/history/{name}?at={commit}"), None)
+        .await;
+    assert_eq!(by_commit.body, state_json("lin", 2));
+    assert_eq!(
+        c.send("GET", &format!("/history/{name}?at=99"), None)
+            .await
+            .status,
+        404
+    );
+    assert_eq!(
+        c.send("GET", &format!("/history/{name}?at=zz"), None)
+            .await
+            .status,
+        400
+    );
+
+    // Restore is refused while someone else holds the lock, and changes nothing.
+    assert_eq!(c.lock(name, "someone-else").await.status, 200);
+    let refused = c
+        .send("POST", &format!("/history/{name}?restore=1"), None)
+        .await;
+    assert_eq!(refused.status, 423, "{}", refused.body);
+    assert!(refused.body.contains("someone-else"));
+    assert_eq!(
+        c.send(
+            "DELETE",
+            &format!("/locks/{name}"),
+            Some(&lock_info("someone-else"))
+        )
+        .await
+        .status,
+        200
+    );
+
+    // Restore of serial 1 writes it again on top with serial 4, and leaves no lock.
+    let restored = c
+        .send("POST", &format!("/history/{name}?restore=1"), None)
+        .await;
+    assert_eq!(restored.status, 200, "{}", restored.body);
+    assert_eq!(json(&restored.body)["serial"], 4);
+    let now = json(&c.send("GET", &format!("/states/{name}"), None).await.body);
+    assert_eq!(
+        (now["serial"].as_u64(), now["lineage"].as_str()),
+        (Some(4), Some("lin"))
+    );
+    assert_eq!(
+        c.send("GET", &format!("/locks/{name}"), None).await.status,
+        404
+    );
+    let bare = server.repo_dir("hist");
+    let subjects = git(
+        &[
+            "--git-dir",
+            bare.to_str().expect("utf-8"),
+            "log",
+            "--format=%s",
+            "main",
+            "--",
+            name,
+        ],
+        None,
+    );
+    assert!(
+        subjects
+            .lines()
+            .next()
+            .expect("a commit")
+            .starts_with("restore "),
+        "{subjects}"
+    );
+    assert_eq!(
+        subjects.lines().count(),
+        4,
+        "history is appended, never rewritten"
+    );
+
+    // Only admins restore.
+    let reader_access =
+        gitstate_tests::access_file(&[("r", "r-password-0123456789", &["write:*"])]);
+    let limited = TestBackend::start(&url, &[("GITSTATE_ACCESS", &reader_access)]).await;
+    let writer = Client::with_credentials(&limited.url, Some(("r", "r-password-0123456789")));
+    assert_eq!(
+        writer
+            .send("POST", &format!("/history/{name}?restore=2"), None)
+            .await
+            .status,
+        403
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_pages_beyond_the_shallow_cache() {
+    let server = GitServer::start().await;
+    let url = server.create_repo("deep");
+    // 150 versions of one state, pushed with the git CLI (fast), interleaved with another file.
+    let work = tempfile::tempdir().expect("tempdir");
+    let clone = work.path().join("c");
+    git(
+        &[
+            "clone",
+            "-q",
+            &server.url_with_credentials("deep"),
+            clone.to_str().expect("utf-8"),
+        ],
+        None,
+    );
+    for serial in 1..=150u64 {
+        std::fs::write(clone.join("s.tfstate"), state_json("deep", serial)).expect("write");
+        std::fs::write(clone.join("noise.txt"), serial.to_string()).expect("write");
+        git(&["add", "."], Some(&clone));
+        git(
+            &["commit", "-q", "-m", &format!("state {serial}")],
+            Some(&clone),
+        );
+        std::fs::write(clone.join("noise.txt"), format!("{serial}b")).expect("write");
+        git(&["commit", "-q", "-am", "noise"], Some(&clone));
+    }
+    git(&["push", "-q", "origin", "HEAD:main"], Some(&clone));
+
+    let backend = TestBackend::start(&url, &[]).await;
+    let c = Client::new(&backend.url);
+    // A normal read keeps the cache shallow: one advertisement and one depth-1 fetch.
+    assert_eq!(c.send("GET", "/states/s.tfstate", None).await.status, 200);
+    server.take_labels();
+    let first = json(
+        &c.send("GET", "/history/s.tfstate?per_page=10", None)
+            .await
+            .body,
+    );
+    assert_eq!(
+        first["versions"][0]["serial"], 150,
+        "serial read from the content"
+    );
+    let labels = server.take_labels();
+    assert!(
+        labels.len() <= 3,
+        "page 0 needs one deepening at most: {labels:?}"
+    );
+    let last = json(
+        &c.send("GET", "/history/s.tfstate?per_page=10&page=14", None)
+            .await
+            .body,
+    );
+    let serials: Vec<u64> = last["versions"]
+        .as_array()
+        .expect("versions")
+        .iter()
+        .map(|v| v["serial"].as_u64().expect("serial"))
+        .collect();
+    assert_eq!(serials, (1..=10).rev().collect::<Vec<_>>());
+    assert_eq!(last["next_page"], serde_json::Value::Null);
+    let old = c.send("GET", "/history/s.tfstate?at=3", None).await;
+    assert_eq!(old.body, state_json("deep", 3));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_are_listed_with_age_and_holder() {
+    let server = GitServer::start().await;
+    let url = server.create_repo("locks");
+    let backend = TestBackend::start(&url, &[]).await;
+    let c = Client::new(&backend.url);
+    for i in 0..40 {
+        let name = format!("team{}/s{i}.tfstate", i % 4);
+        assert_eq!(
+            c.send(
+                "POST",
+                &format!("/states/{name}"),
+                Some(&state_json("l", 1))
+            )
+            .await
+            .status,
+            200
+        );
+        if i % 3 == 0 {
+            assert_eq!(c.lock(&name, &format!("id-{i}")).await.status, 200);
+        }
+    }
+    let one = c.send("GET", "/locks/team0/s0.tfstate", None).await;
+    assert_eq!(one.status, 200);
+
+    let fresh = TestBackend::start(&url, &[]).await;
+    let fresh_client = Client::new(&fresh.url);
+    server.take_labels();
+    let listed = fresh_client.send("GET", "/locks", None).await;
+    assert_eq!(listed.status, 200, "{}", listed.body);
+    assert_eq!(
+        server.take_labels(),
+        ["GET refs/upload-pack", "POST upload-pack"],
+        "one advertisement and one fetch of the lock commits"
+    );
+    let listed = json(&listed.body);
+    let locks = listed.as_array().expect("array");
+    assert_eq!(locks.len(), 14);
+    assert!(locks.iter().all(|l| l["user"] == "tester"));
+    assert!(locks.iter().all(|l| {
+        l["age_seconds"]
+            .as_i64()
+            .is_some_and(|a| (0..600).contains(&a))
+    }));
+    assert!(
+        locks
+            .iter()
+            .any(|l| l["state"] == "team0/s0.tfstate" && l["id"] == "id-0")
+    );
+
+    // The single-lock answer carries the same facts as headers.
+    let answer = reqwest::Client::new()
+        .get(format!("{}/locks/team0/s0.tfstate", backend.url))
+        .basic_auth(
+            gitstate_tests::TEST_USER,
+            Some(gitstate_tests::TEST_PASSWORD),
+        )
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(answer.headers()["gitstate-lock-user"], "tester");
+    assert!(answer.headers().contains_key("gitstate-lock-age"));
+    assert!(answer.headers().contains_key("gitstate-lock-created"));
+
+    // A user sees only the locks of states they may read.
+    let access = gitstate_tests::access_file(&[("t1", "t1-password-0123456789", &["read:team1/"])]);
+    let limited = TestBackend::start(&url, &[("GITSTATE_ACCESS", &access)]).await;
+    let t1 = Client::with_credentials(&limited.url, Some(("t1", "t1-password-0123456789")));
+    let mine = json(&t1.send("GET", "/locks", None).await.body);
+    let mine = mine.as_array().expect("array");
+    assert!(!mine.is_empty());
+    assert!(
+        mine.iter()
+            .all(|l| l["state"].as_str().is_some_and(|s| s.starts_with("team1/")))
+    );
+}
+
+/// A Terraform-shaped state of about `megabytes` MB.
+fn big_state(megabytes: usize) -> String {
+    let chunk = "x".repeat(1000);
+    let resources: Vec<String> = (0..megabytes * 1000)
+        .map(|i| {
+            format!(
+                r#"{{"mode":"managed","type":"terraform_data","name":"r{i}","provider":"provider[\"terraform.io/builtin/terraform\"]","instances":[{{"attributes":{{"id":"{i}","output":"{chunk}"}}}}]}}"#
+            )
+        })
+        .collect();
+    format!(
+        r#"{{"version":4,"terraform_version":"1.11.4","serial":1,"lineage":"big","outputs":{{}},"resources":[{}]}}"#,
+        resources.join(",")
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_states_round_trip_or_are_refused_with_a_reason() {
+    let server = GitServer::start().await;
+    let url = server.create_repo("big");
+    let state = big_state(20);
+    assert!(state.len() > 20_000_000);
+
+    // Direct serving (the local server, and Lambda with response streaming): 20 MB both ways.
+    let big_limit = (64 << 20).to_string();
+    let backend = TestBackend::start(&url, &[("GITSTATE_MAX_BODY_BYTES", &big_limit)]).await;
+    let c = Client::new(&backend.url);
+    let put = c.send("POST", "/states/big.tfstate", Some(&state)).await;
+    assert_eq!(put.status, 200, "{}", put.body);
+    let got = c.send("GET", "/states/big.tfstate", None).await;
+    assert_eq!(got.status, 200);
+    assert!(
+        got.body == state,
+        "the 20 MB state comes back byte for byte"
+    );
+
+    // A buffered Function URL cannot carry it: 413 saying how to enable streaming, never a
+    // truncated body.
+    let cache = tempfile::tempdir().expect("tempdir");
+    let settings = gitstate_tests::settings_for(&url, cache.path(), &[]);
+    let (b, access) = gitstate_git::service(&settings).expect("service");
+    let buffered = gitstate_core::http::router(
+        b,
+        access,
+        gitstate_core::http::Limits {
+            max_body_bytes: settings.max_body_bytes,
+            max_response_bytes: Some(gitstate_core::http::BUFFERED_RESPONSE_LIMIT),
+        },
+    );
+    let buffered = TestBackend::serve(buffered, cache).await;
+    let refused = Client::new(&buffered.url)
+        .send("GET", "/states/big.tfstate", None)
+        .await;
+    assert_eq!(refused.status, 413);
+    assert!(refused.body.contains("RESPONSE_STREAM"), "{}", refused.body);
+
+    // A write over the request limit is 413 naming the limit, and changes nothing.
+    let limited = TestBackend::start(&url, &[]).await;
+    let too_big = Client::new(&limited.url)
+        .send("POST", "/states/big.tfstate", Some(&big_state(7)))
+        .await;
+    assert_eq!(too_big.status, 413);
+    assert!(too_big.body.contains("6291456"), "{}", too_big.body);
+    let still = c.send("GET", "/states/big.tfstate", None).await;
+    assert!(still.body == state);
+}

@@ -1,0 +1,353 @@
+//! The real `gitstate-lambda` binary under cargo-lambda's runtime emulator (`cargo lambda watch`),
+//! against a real git server on loopback: every `events/*.json` through `cargo lambda invoke
+//! --data-file`, then real Terraform through the emulator's Function URL front
+//! (`/lambda-url/gitstate-lambda/…`).
+//!
+//! cargo-lambda comes from tests/tools/deploy-venv (installed by `tests/run`) or PATH; without it
+//! the test fails. The binary is built with the dev profile from the workspace root, so it shares
+//! every dependency artifact with `cargo test --workspace`.
+
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use gitstate_tests::{GIT_TOKEN, GIT_USER, GitServer, access_file, git, init_tracing};
+
+const FUNCTION: &str = "gitstate-lambda";
+
+fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ is inside the workspace")
+        .to_owned()
+}
+
+fn find_on_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+}
+
+fn cargo_lambda() -> PathBuf {
+    let venv = workspace_root().join("tests/tools/deploy-venv/bin/cargo-lambda");
+    if venv.is_file() {
+        return venv;
+    }
+    find_on_path("cargo-lambda").unwrap_or_else(|| {
+        panic!(
+            "cargo-lambda is missing: `bash tests/run` installs it into tests/tools/deploy-venv \
+             (tests/tools/deploy-requirements.txt)"
+        )
+    })
+}
+
+fn cargo() -> PathBuf {
+    std::env::var_os("CARGO").map_or_else(|| PathBuf::from("cargo"), PathBuf::from)
+}
+
+/// A command that runs cargo (directly or through cargo-lambda) from the workspace root without
+/// the variables cargo sets for this test process: build scripts such as ring's rerun when
+/// `CARGO_PKG_NAME` or `CARGO_MANIFEST_DIR` change, so an inherited value would rebuild them
+/// here and again in the next plain `cargo` command.
+fn cargo_command(program: &Path) -> Command {
+    let mut command = Command::new(program);
+    command.current_dir(workspace_root()).env("CARGO", cargo());
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        let set_by_cargo_for_tests = key.starts_with("CARGO_PKG_")
+            || key.starts_with("CARGO_BIN_")
+            || key.starts_with("CARGO_MANIFEST_")
+            || [
+                "CARGO_CRATE_NAME",
+                "CARGO_PRIMARY_PACKAGE",
+                "CARGO_TARGET_TMPDIR",
+                "CARGO_RUSTC_CURRENT_DIR",
+                "OUT_DIR",
+            ]
+            .contains(&key.as_ref());
+        if set_by_cargo_for_tests {
+            command.env_remove(key.as_ref());
+        }
+    }
+    command
+}
+
+/// `cargo lambda watch` on a loopback port, in its own process group, killed with the test.
+struct Watch {
+    port: u16,
+    child: Child,
+    log: tempfile::NamedTempFile,
+}
+
+impl Watch {
+    fn start(env: &[(&str, String)]) -> Self {
+        // Build first, exactly as watch's `cargo run --manifest-path Cargo.toml --bin …` will
+        // (workspace root, dev profile, workspace-wide features): watch then only runs it.
+        let build = cargo_command(&cargo())
+            .args(["build", "--manifest-path", "Cargo.toml", "--bin", FUNCTION])
+            .status()
+            .expect("cargo runs");
+        assert!(build.success(), "cargo build --bin {FUNCTION} failed");
+
+        let port = free_port();
+        let log = tempfile::NamedTempFile::new().expect("log file");
+        let mut command = cargo_command(&cargo_lambda());
+        command
+            .args(["lambda", "watch", "--ignore-changes", "--invoke-address"])
+            .arg("127.0.0.1")
+            .arg("--invoke-port")
+            .arg(port.to_string())
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(log.reopen().expect("log"))
+            .stderr(log.reopen().expect("log"));
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        let child = command.spawn().expect("cargo-lambda starts");
+        let mut watch = Self { port, child, log };
+        watch.wait_until_listening(Duration::from_secs(60));
+        watch
+    }
+
+    fn wait_until_listening(&mut self, limit: Duration) {
+        let started = Instant::now();
+        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("cargo lambda watch exited ({status}):\n{}", self.output());
+            }
+            assert!(
+                started.elapsed() < limit,
+                "cargo lambda watch is not listening after {limit:?}:\n{}",
+                self.output()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn output(&self) -> String {
+        std::fs::read_to_string(self.log.path()).unwrap_or_default()
+    }
+
+    fn base_url(&self) -> String {
+        format!("http://127.0.0.1:{}/lambda-url/{FUNCTION}", self.port)
+    }
+
+    /// `cargo lambda invoke --data-file events/<name>`: the Function URL response as JSON.
+    async fn invoke(&self, name: &str) -> serde_json::Value {
+        let output = tokio::process::Command::new(cargo_lambda())
+            .args([
+                "lambda",
+                "invoke",
+                FUNCTION,
+                "--invoke-address",
+                "127.0.0.1",
+            ])
+            .arg("--invoke-port")
+            .arg(self.port.to_string())
+            .arg("--data-file")
+            .arg(workspace_root().join("events").join(name))
+            .args(["--output-format", "json"])
+            .output()
+            .await
+            .expect("cargo lambda invoke runs");
+        assert!(
+            output.status.success(),
+            "invoke {name}: {}\nwatch:\n{}",
+            String::from_utf8_lossy(&output.stderr),
+            self.output()
+        );
+        serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+            panic!(
+                "invoke {name} printed no JSON ({e}): {}",
+                String::from_utf8_lossy(&output.stdout)
+            )
+        })
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        // watch, the `cargo run` it started and the function all share the process group.
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{}", self.child.id())])
+            .status();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("cargo lambda watch output:\n{}", self.output());
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+        .port()
+}
+
+fn body_text(response: &serde_json::Value) -> String {
+    let body = response["body"].as_str().unwrap_or_default();
+    if response["isBase64Encoded"] == true {
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(body)
+            .expect("base64 body");
+        String::from_utf8_lossy(&bytes).into_owned()
+    } else {
+        body.to_owned()
+    }
+}
+
+fn event(name: &str) -> serde_json::Value {
+    let text =
+        std::fs::read_to_string(workspace_root().join("events").join(name)).expect("event file");
+    serde_json::from_str(&text).expect("event JSON")
+}
+
+fn show(server: &GitServer, repo: &str, spec: &str) -> String {
+    let bare = server.repo_dir(repo);
+    git(
+        &[
+            "--git-dir",
+            bare.to_str().expect("utf-8 path"),
+            "show",
+            spec,
+        ],
+        None,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lambda_binary_answers_every_event_and_terraform_under_cargo_lambda_watch() {
+    init_tracing();
+    let server = GitServer::start().await;
+    let url = server.create_repo("watched");
+    let cache = tempfile::tempdir().expect("tempdir");
+    let watch = Watch::start(&[
+        ("GITSTATE_REPOSITORY", url),
+        ("GITSTATE_GIT_USERNAME", GIT_USER.to_owned()),
+        ("GITSTATE_GIT_TOKEN", GIT_TOKEN.to_owned()),
+        ("GITSTATE_CACHE_DIR", cache.path().display().to_string()),
+        ("GITSTATE_GIT_TIMEOUT_SECS", "10".to_owned()),
+        // The users the event files and the smoke run authenticate as.
+        (
+            "GITSTATE_ACCESS",
+            access_file(&[
+                ("terraform", "example-password", &["admin:*"]),
+                ("reader", "reader-example-password", &["read:demo/"]),
+            ]),
+        ),
+    ]);
+
+    // The first request starts the function (cargo run of the binary built above).
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .expect("client");
+    let health = http
+        .get(format!("{}/health", watch.base_url()))
+        .send()
+        .await
+        .expect("the emulator answers");
+    assert_eq!(health.status().as_u16(), 200, "{}", watch.output());
+
+    // Every event file, in an order whose answers are known.
+    let sequence = [
+        ("unauthorized.json", 401),
+        ("forbidden.json", 403),
+        ("lock.json", 200),
+        ("lock-conflict.json", 423),
+        ("write.json", 200),
+        ("write-base64.json", 200),
+        ("get.json", 200),
+        ("unlock.json", 200),
+        ("lock.json", 200),
+        ("force-unlock.json", 200),
+    ];
+    let mut bodies = Vec::new();
+    for (name, want) in sequence {
+        let response = watch.invoke(name).await;
+        let body = body_text(&response);
+        assert_eq!(response["statusCode"], want, "{name}: {body}");
+        bodies.push(body);
+    }
+    let bodies = bodies.split_off(2);
+    let holder: serde_json::Value =
+        serde_json::from_str(event("lock.json")["body"].as_str().expect("body")).expect("lock");
+    assert!(
+        bodies[1].contains(holder["ID"].as_str().expect("ID")),
+        "the conflict names the holder: {}",
+        bodies[1]
+    );
+    let sent = base64::engine::general_purpose::STANDARD
+        .decode(event("write-base64.json")["body"].as_str().expect("body"))
+        .expect("base64");
+    assert_eq!(
+        bodies[4].as_bytes(),
+        sent.as_slice(),
+        "GET returns the write"
+    );
+    assert_eq!(
+        show(&server, "watched", "main:demo/app.tfstate").as_bytes(),
+        sent.as_slice()
+    );
+    let mut files: Vec<String> = std::fs::read_dir(workspace_root().join("events"))
+        .expect("events/")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".json"))
+        .collect();
+    files.sort();
+    let mut replayed: Vec<String> = sequence.iter().map(|(n, _)| (*n).to_owned()).collect();
+    replayed.sort();
+    replayed.dedup();
+    assert_eq!(files, replayed, "every file in events/ is invoked");
+
+    // Real Terraform through the emulated Function URL: the post-deploy smoke script, twice.
+    smoke_run(&watch.base_url(), "first").await;
+    smoke_run(&watch.base_url(), "second").await;
+    let state: serde_json::Value = serde_json::from_str(&show(
+        &server,
+        "watched",
+        "main:smoke/gitstate-smoke.tfstate",
+    ))
+    .expect("state");
+    assert_eq!(state["serial"], 2, "two applies: {state}");
+    assert_eq!(
+        state["resources"][0]["instances"][0]["attributes"]["input"]["value"],
+        "second"
+    );
+    let refs = git(
+        &["ls-remote", &server.url_with_credentials("watched")],
+        None,
+    );
+    assert!(!refs.contains("locks/"), "no lock left behind: {refs}");
+}
+
+/// `infra/smoke/run <url> <run id>`: terraform init + apply of infra/smoke against `url`.
+async fn smoke_run(url: &str, run_id: &str) {
+    let config = tempfile::NamedTempFile::new().expect("empty CLI config");
+    let output = tokio::process::Command::new("bash")
+        .arg(workspace_root().join("infra/smoke/run"))
+        .args([url, run_id])
+        .env("TF_CLI_CONFIG_FILE", config.path())
+        .env("TF_HTTP_USERNAME", "terraform")
+        .env("TF_HTTP_PASSWORD", "example-password")
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("bash runs");
+    assert!(
+        output.status.success(),
+        "infra/smoke/run {url} {run_id}: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
