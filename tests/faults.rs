@@ -127,6 +127,8 @@ async fn git_server_faults_give_5xx_or_success_never_half_writes_or_stuck_locks(
     let elapsed = started.elapsed();
     let injected = proxy.injected();
     proxy.set_enabled(false);
+    // Requests the backend gave up on may still be finishing at the server.
+    server.quiesce().await;
 
     // Every answer was a success or a 5xx: nothing else leaks out of a git failure.
     for status in statuses.keys() {

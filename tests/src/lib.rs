@@ -139,6 +139,8 @@ struct ServerState {
     /// Requests being worked on; a request whose client went away still runs to the end, as on
     /// a real server.
     in_flight: Arc<std::sync::atomic::AtomicUsize>,
+    /// Requests ever started.
+    started: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// `git http-backend` behind Basic auth on 127.0.0.1, counting every request.
@@ -147,6 +149,7 @@ pub struct GitServer {
     root: tempfile::TempDir,
     seen: Arc<Mutex<Vec<Seen>>>,
     in_flight: Arc<std::sync::atomic::AtomicUsize>,
+    started: Arc<std::sync::atomic::AtomicUsize>,
     _task: tokio::task::JoinHandle<()>,
 }
 
@@ -163,11 +166,13 @@ impl GitServer {
         let root = tempfile::tempdir().expect("tempdir");
         let seen = Arc::new(Mutex::new(Vec::new()));
         let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let started = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let state = ServerState {
             root: root.path().to_owned(),
             backend: git_exec_path().join("git-http-backend"),
             seen: seen.clone(),
             in_flight: in_flight.clone(),
+            started: started.clone(),
         };
         let app = axum::Router::new().fallback(cgi).with_state(state);
         let (address, task) = serve_on_loopback(app).await;
@@ -176,14 +181,24 @@ impl GitServer {
             root,
             seen,
             in_flight,
+            started,
             _task: task,
         }
     }
 
-    /// Wait until no request is being worked on (those of clients that died included).
+    /// Wait until no request is being worked on (those of clients that died included) and none
+    /// has started for a moment: a killed client's last bytes can still be in the socket.
     pub async fn quiesce(&self) {
-        while self.in_flight.load(std::sync::atomic::Ordering::SeqCst) > 0 {
-            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        use std::sync::atomic::Ordering::SeqCst;
+        loop {
+            let started = self.started.load(SeqCst);
+            while self.in_flight.load(SeqCst) > 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            if self.in_flight.load(SeqCst) == 0 && self.started.load(SeqCst) == started {
+                return;
+            }
         }
     }
 
@@ -239,6 +254,9 @@ async fn cgi(
     // client disconnects (the body it sent so far is what the server got).
     state
         .in_flight
+        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    state
+        .started
         .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     let counter = state.in_flight.clone();
     let task = tokio::spawn(async move {
