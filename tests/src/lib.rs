@@ -16,6 +16,9 @@ use http::{HeaderMap, Method, StatusCode, Uri};
 use http_body_util::BodyExt;
 use tokio::io::AsyncWriteExt;
 
+pub mod faults;
+pub mod process;
+
 pub const GIT_USER: &str = "git-bot";
 pub const GIT_TOKEN: &str = "s3cret-git-token";
 
@@ -133,6 +136,11 @@ struct ServerState {
     root: PathBuf,
     backend: PathBuf,
     seen: Arc<Mutex<Vec<Seen>>>,
+    /// Requests being worked on; a request whose client went away still runs to the end, as on
+    /// a real server.
+    in_flight: Arc<std::sync::atomic::AtomicUsize>,
+    /// Requests ever started.
+    started: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// `git http-backend` behind Basic auth on 127.0.0.1, counting every request.
@@ -140,6 +148,8 @@ pub struct GitServer {
     pub address: SocketAddr,
     root: tempfile::TempDir,
     seen: Arc<Mutex<Vec<Seen>>>,
+    in_flight: Arc<std::sync::atomic::AtomicUsize>,
+    started: Arc<std::sync::atomic::AtomicUsize>,
     _task: tokio::task::JoinHandle<()>,
 }
 
@@ -155,10 +165,14 @@ impl GitServer {
     pub async fn start() -> Self {
         let root = tempfile::tempdir().expect("tempdir");
         let seen = Arc::new(Mutex::new(Vec::new()));
+        let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let started = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let state = ServerState {
             root: root.path().to_owned(),
             backend: git_exec_path().join("git-http-backend"),
             seen: seen.clone(),
+            in_flight: in_flight.clone(),
+            started: started.clone(),
         };
         let app = axum::Router::new().fallback(cgi).with_state(state);
         let (address, task) = serve_on_loopback(app).await;
@@ -166,7 +180,25 @@ impl GitServer {
             address,
             root,
             seen,
+            in_flight,
+            started,
             _task: task,
+        }
+    }
+
+    /// Wait until no request is being worked on (those of clients that died included) and none
+    /// has started for a moment: a killed client's last bytes can still be in the socket.
+    pub async fn quiesce(&self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        loop {
+            let started = self.started.load(SeqCst);
+            while self.in_flight.load(SeqCst) > 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            if self.in_flight.load(SeqCst) == 0 && self.started.load(SeqCst) == started {
+                return;
+            }
         }
     }
 
@@ -213,6 +245,35 @@ impl GitServer {
 
 async fn cgi(
     State(state): State<ServerState>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    // Counted from the first byte; the work runs in its own task so that it finishes even if the
+    // client disconnects (the body it sent so far is what the server got).
+    state
+        .in_flight
+        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    state
+        .started
+        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let counter = state.in_flight.clone();
+    let task = tokio::spawn(async move {
+        let response = serve_git(state, method, uri, headers, body).await;
+        counter.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        response
+    });
+    task.await.unwrap_or_else(|_| {
+        Response::builder()
+            .status(500)
+            .body(Body::from("git server task failed"))
+            .expect("static response")
+    })
+}
+
+async fn serve_git(
+    state: ServerState,
     method: Method,
     uri: Uri,
     headers: HeaderMap,

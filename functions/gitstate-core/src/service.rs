@@ -582,6 +582,11 @@ fn check_state(body: &[u8]) -> Result<Version, ServiceError> {
     }
     serde_json::from_slice::<serde::de::IgnoredAny>(body)
         .map_err(|e| ServiceError::InvalidState(e.to_string()))?;
+    if !nesting_within(body, MAX_STATE_DEPTH) {
+        return Err(ServiceError::InvalidState(format!(
+            "nesting deeper than {MAX_STATE_DEPTH} levels"
+        )));
+    }
     Ok(serde_json::from_slice(body).unwrap_or_default())
 }
 
@@ -863,6 +868,39 @@ fn one_line(s: &str) -> String {
         .collect()
 }
 
+/// Deepest nesting accepted in a state: serde_json's own limit, which refused deeper states while
+/// they were parsed into a tree. Skipping a value (`IgnoredAny`) has no limit.
+const MAX_STATE_DEPTH: usize = 128;
+
+/// Whether the arrays and objects of a (valid) JSON document nest at most `max` deep; one pass,
+/// no tree.
+fn nesting_within(json: &[u8], max: usize) -> bool {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for &byte in json {
+        if in_string {
+            match byte {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'{' | b'[' => {
+                depth += 1;
+                if depth > max {
+                    return false;
+                }
+            }
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -906,6 +944,21 @@ mod tests {
         Bytes::from(format!(
             r#"{{"version":4,"lineage":"{lineage}","serial":{serial}}}"#
         ))
+    }
+
+    #[test]
+    fn nesting_is_bounded_outside_strings() {
+        let deep = |n: usize| format!("{}1{}", r#"{"a":"#.repeat(n), "}".repeat(n));
+        assert!(nesting_within(
+            deep(MAX_STATE_DEPTH).as_bytes(),
+            MAX_STATE_DEPTH
+        ));
+        assert!(!nesting_within(
+            deep(MAX_STATE_DEPTH + 1).as_bytes(),
+            MAX_STATE_DEPTH
+        ));
+        let brackets_in_strings = format!(r#"{{"s":"{}\"{}"}}"#, "[{".repeat(500), "{".repeat(9));
+        assert!(nesting_within(brackets_in_strings.as_bytes(), 2));
     }
 
     #[tokio::test]

@@ -1,0 +1,72 @@
+//! The properties each fuzz target checks, as plain functions: `cargo fuzz` drives them with
+//! libFuzzer, and `tests/fuzz_corpus.rs` replays the committed corpora through them in every
+//! `cargo test`.
+//!
+//! Beyond "never panics", each checks what the parser promises.
+
+use base64::Engine as _;
+use gitstate_core::auth::parse_basic;
+use gitstate_core::{BranchName, StateName};
+use gitstate_git::pkt;
+use gitstate_git::smart::{Advert, PushReport, Service};
+
+/// State and branch names: an accepted name is a safe relative path and a valid ref component.
+pub fn state_name(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    if let Ok(name) = StateName::parse(text) {
+        let s = name.as_str();
+        assert!(!s.is_empty() && s.len() <= 200, "length of {s:?}");
+        assert!(!s.contains(".."), "{s:?} has ..");
+        for segment in s.split('/') {
+            assert!(!segment.is_empty(), "{s:?} has an empty segment");
+            assert!(!segment.starts_with('.'), "{s:?} has a dot segment");
+            assert!(!segment.ends_with(".lock"), "{s:?} ends .lock");
+            assert!(
+                segment
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-')),
+                "{s:?} has a character outside the set"
+            );
+        }
+        assert_eq!(StateName::parse(s).as_ref(), Ok(&name), "parsing is stable");
+    }
+    if let Ok(branch) = BranchName::parse(text) {
+        let full = branch.full_ref();
+        assert!(full.starts_with("refs/heads/") && !full.contains(".."));
+        assert!(!branch.as_str().split('/').any(|s| s.starts_with('-')));
+    }
+}
+
+/// Basic credentials: never panics; what it accepts round-trips.
+pub fn basic_header(data: &[u8]) {
+    if let Ok((user, secret)) = parse_basic(Some(data)) {
+        assert!(!user.is_empty() && !user.contains(':'), "user {user:?}");
+        assert!(!secret.expose().is_empty());
+        let again = format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(format!("{user}:{}", secret.expose()))
+        );
+        let (u, s) = parse_basic(Some(again.as_bytes())).expect("a re-encoded header parses");
+        assert_eq!((u.as_str(), s.expose()), (user.as_str(), secret.expose()));
+    }
+}
+
+/// pkt-lines, side-band, ref advertisements and push reports: errors, never panics, and the
+/// reader always makes progress.
+pub fn pkt_line(data: &[u8]) {
+    let mut reader = pkt::Reader::new(data);
+    let mut frames = 0usize;
+    while let Ok(Some(_)) = reader.next_frame() {
+        frames += 1;
+        assert!(
+            frames <= data.len() / 4 + 1,
+            "the reader must consume input"
+        );
+    }
+    let _ = pkt::demux(&mut pkt::Reader::new(data), None);
+    let _ = PushReport::parse(data);
+    let _ = Advert::parse(data, Service::UploadPack);
+    let _ = Advert::parse(data, Service::ReceivePack);
+}
