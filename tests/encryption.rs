@@ -788,3 +788,65 @@ async fn history_and_restore_of_encrypted_states() {
     assert_eq!(now["serial"], 3);
     assert_eq!(now["outputs"]["db"]["value"], SECRET);
 }
+
+/// KMS unavailable (the emulator stopped): writes fail closed with a retryable 5xx and write
+/// nothing; a process without the data key cached cannot read an encrypted state (5xx, never
+/// ciphertext or garbage).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kms_outage_fails_closed() {
+    let Setup { moto, server, url } = setup().await;
+    moto.create_key("tfstate").await;
+    let kms = moto.kms().await;
+    let cold_kms = moto.kms().await;
+    let keys = [("GITSTATE_KMS_KEY_IDS", "alias/tfstate")];
+    let s = Setup {
+        moto,
+        server,
+        url: url.clone(),
+    };
+    let warm = s.backend(kms, &keys).await;
+    let cold = s.backend(cold_kms, &keys).await;
+    let c = Client::new(&warm.url);
+    let name = "net/outage.tfstate";
+    assert_eq!(
+        c.send(
+            "POST",
+            &format!("/states/{name}"),
+            Some(&state_with_secret("O", 1))
+        )
+        .await
+        .status,
+        200
+    );
+    let Setup { moto, server, .. } = s;
+    drop(moto);
+    let refs = || gitstate_tests::git(&["ls-remote", &server.url_with_credentials("infra")], None);
+    let before = refs();
+
+    let write = c
+        .send(
+            "POST",
+            &format!("/states/{name}"),
+            Some(&state_with_secret("O", 2)),
+        )
+        .await;
+    assert!(
+        matches!(write.status, 502 | 503),
+        "a write without KMS fails closed: {} {}",
+        write.status,
+        write.body
+    );
+    let read = Client::new(&cold.url)
+        .send("GET", &format!("/states/{name}"), None)
+        .await;
+    assert!(
+        matches!(read.status, 502 | 503),
+        "{} {}",
+        read.status,
+        read.body
+    );
+    assert!(!read.body.contains(SECRET) && !read.body.contains("ENC["));
+    assert_eq!(refs(), before, "nothing was written");
+    let stored = String::from_utf8(stored_file(&server, "infra", name)).expect("utf-8");
+    assert!(stored.contains("ENC[AES256_GCM") && !stored.contains(SECRET));
+}

@@ -37,3 +37,8 @@ fn basic_header_corpus() {
 fn pkt_line_corpus() {
     replay("pkt_line", checks::pkt_line);
 }
+
+#[test]
+fn sops_file_corpus() {
+    replay("sops_file", checks::sops_file);
+}
