@@ -81,14 +81,14 @@ pub fn sops_file(data: &[u8]) {
         let _ = document.is_binary();
         let _ = document.decrypt(&key);
     }
-    if let Ok(text) = std::str::from_utf8(data) {
-        if let Some(Ok(sealed)) = gitstate_sops::Sealed::parse(text) {
-            let again = gitstate_sops::Sealed::parse(&sealed.render());
-            assert!(
-                matches!(again, Some(Ok(_))),
-                "a parsed ENC[] value renders to one that parses"
-            );
-        }
+    if let Ok(text) = std::str::from_utf8(data)
+        && let Some(Ok(sealed)) = gitstate_sops::Sealed::parse(text)
+    {
+        let again = gitstate_sops::Sealed::parse(&sealed.render());
+        assert!(
+            matches!(again, Some(Ok(_))),
+            "a parsed ENC[] value renders to one that parses"
+        );
     }
     assert!(
         gitstate_sops::open_passphrase("fuzz", data).is_err() || data.len() >= 12 + 16,
