@@ -370,6 +370,39 @@ async fn opentofu_end_to_end() {
     full_flow(Cli::new(tofu_binary()), "tofu-e2e").await;
 }
 
+/// `terraform apply` of `round`, non-interactive.
+fn apply_args(round: u32) -> Vec<String> {
+    let round = format!("round={round}");
+    [
+        "apply",
+        "-auto-approve",
+        "-input=false",
+        "-no-color",
+        "-var",
+        &round,
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
+/// The test configuration against `base`, in `dir`.
+fn write_config(dir: &Path, base: &str) {
+    std::fs::write(
+        dir.join("main.tf"),
+        format!("{}{RESOURCES}", backend_block(base, NAME)),
+    )
+    .expect("config");
+}
+
+impl Cli {
+    /// Apply `round`; it must succeed.
+    async fn apply(&self, dir: &Path, round: u32) -> String {
+        let args = apply_args(round);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.ok(dir, &args).await
+    }
+}
+
 /// Grants as Terraform meets them: a reader can plan without a lock but not apply, a writer
 /// applies, a writer cannot force-unlock another user's lock, an administrator can.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -389,19 +422,10 @@ async fn terraform_respects_each_users_grants() {
     let (reader, writer, admin) = (cli(0), cli(1), cli(3));
     let work = tempfile::tempdir().expect("tempdir");
     let dir = work.path();
-    std::fs::write(
-        dir.join("main.tf"),
-        format!("{}{RESOURCES}", backend_block(&backend.url, NAME)),
-    )
-    .expect("config");
+    write_config(dir, &backend.url);
 
     writer.ok(dir, &["init", "-input=false", "-no-color"]).await;
-    writer
-        .ok(
-            dir,
-            &["apply", "-auto-approve", "-input=false", "-no-color"],
-        )
-        .await;
+    writer.apply(dir, 0).await;
     assert_eq!(instances(&stored_state(&server, NAME)), 4);
 
     // The reader plans without the lock, and cannot apply.
@@ -412,19 +436,9 @@ async fn terraform_respects_each_users_grants() {
         )
         .await;
     assert_eq!(plan.status.code(), Some(0), "{}", transcript(&plan));
-    let apply = reader
-        .run(
-            dir,
-            &[
-                "apply",
-                "-auto-approve",
-                "-input=false",
-                "-no-color",
-                "-var",
-                "round=1",
-            ],
-        )
-        .await;
+    let args = apply_args(1);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let apply = reader.run(dir, &args).await;
     let text = transcript(&apply);
     assert!(!apply.status.success(), "a reader must not apply:\n{text}");
     // Terraform's http client words a 403 as "invalid auth" (a 401 as "requires auth").
@@ -474,19 +488,7 @@ async fn terraform_respects_each_users_grants() {
     );
 
     // The writer applies again; the commit is authored as the writer.
-    writer
-        .ok(
-            dir,
-            &[
-                "apply",
-                "-auto-approve",
-                "-input=false",
-                "-no-color",
-                "-var",
-                "round=2",
-            ],
-        )
-        .await;
+    writer.apply(dir, 2).await;
     let bare = server.repo_dir("infra");
     let author = git(
         &[
@@ -514,29 +516,10 @@ async fn terraform_plans_the_drift_after_a_restore() {
     let cli = Cli::new(terraform_binary());
     let work = tempfile::tempdir().expect("tempdir");
     let dir = work.path();
-    std::fs::write(
-        dir.join("main.tf"),
-        format!("{}{RESOURCES}", backend_block(&backend.url, NAME)),
-    )
-    .expect("config");
+    write_config(dir, &backend.url);
     cli.ok(dir, &["init", "-input=false", "-no-color"]).await;
-    cli.ok(
-        dir,
-        &["apply", "-auto-approve", "-input=false", "-no-color"],
-    )
-    .await;
-    cli.ok(
-        dir,
-        &[
-            "apply",
-            "-auto-approve",
-            "-input=false",
-            "-no-color",
-            "-var",
-            "round=1",
-        ],
-    )
-    .await;
+    cli.apply(dir, 0).await;
+    cli.apply(dir, 1).await;
     let second = stored_state(&server, NAME)["serial"]
         .as_u64()
         .expect("serial");
@@ -560,18 +543,7 @@ async fn terraform_plans_the_drift_after_a_restore() {
     assert_eq!(plan.status.code(), Some(2), "{text}");
     assert!(text.contains("\"alpha-0\" -> \"alpha-1\""), "{text}");
     // Applying again converges.
-    cli.ok(
-        dir,
-        &[
-            "apply",
-            "-auto-approve",
-            "-input=false",
-            "-no-color",
-            "-var",
-            "round=1",
-        ],
-    )
-    .await;
+    cli.apply(dir, 1).await;
     let plan = cli
         .run(
             dir,
