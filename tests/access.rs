@@ -283,6 +283,7 @@ async fn unknown_users_and_wrong_passwords_both_pay_argon2_and_look_the_same() {
         gitstate_core::http::Limits {
             max_body_bytes: 1 << 20,
             max_response_bytes: None,
+            request_deadline: std::time::Duration::from_secs(50),
         },
     );
     let served = TestBackend::serve(router, cache).await;

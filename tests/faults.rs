@@ -314,3 +314,72 @@ output "round" {{
          injected in {elapsed:.1?}; no lock leaked"
     );
 }
+
+/// A git server that hangs past the git timeout: the request deadline answers 504 (which
+/// Terraform retries) long before the git calls would time out, and once the server answers again
+/// nothing was left behind and the same operations succeed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_git_server_gets_a_504_at_the_request_deadline_and_leaves_nothing() {
+    let server = GitServer::start().await;
+    server.create_repo("hung");
+    let proxy = FaultProxy::start(
+        server.address,
+        3,
+        1.0,
+        vec![Fault::Stall(Duration::from_secs(120))],
+    )
+    .await;
+    // Git calls would wait 100 s; the request deadline is 2 s.
+    let backend = TestBackend::start(
+        &proxy.url("hung"),
+        &[
+            ("GITSTATE_GIT_TIMEOUT_SECS", "100"),
+            ("GITSTATE_REQUEST_DEADLINE_SECS", "2"),
+        ],
+    )
+    .await;
+    let client = Client::new(&backend.url);
+    let name = "hung/app.tfstate";
+    let state = state_json("lineage-hung", 1);
+    let lock = client.lock(name, "hung-1").await;
+    assert_eq!(lock.status, 504, "{}", lock.body);
+    assert!(
+        lock.body
+            .contains("did not answer within 2 s; retrying is safe"),
+        "{}",
+        lock.body
+    );
+    for (method, path, body) in [
+        ("GET", format!("/states/{name}"), None),
+        ("POST", format!("/states/{name}"), Some(state.as_str())),
+        ("GET", format!("/locks/{name}"), None),
+    ] {
+        let answer = client.send(method, &path, body).await;
+        assert_eq!(answer.status, 504, "{method} {path}: {}", answer.body);
+    }
+    assert!(
+        proxy.injected().len() >= 4,
+        "every request met the stall: {:?}",
+        proxy.injected()
+    );
+    let refs = git(&["ls-remote", &server.url_with_credentials("hung")], None);
+    assert!(refs.is_empty(), "nothing reached the remote: {refs}");
+
+    // The server answers again: Terraform's retries of the same requests succeed.
+    proxy.set_enabled(false);
+    assert_eq!(client.lock(name, "hung-1").await.status, 200);
+    let write = client
+        .send("POST", &format!("/states/{name}?ID=hung-1"), Some(&state))
+        .await;
+    assert_eq!(write.status, 200, "{}", write.body);
+    let unlock = client
+        .send(
+            "DELETE",
+            &format!("/locks/{name}"),
+            Some(&lock_info("hung-1")),
+        )
+        .await;
+    assert_eq!(unlock.status, 200, "{}", unlock.body);
+    let refs = git(&["ls-remote", &server.url_with_credentials("hung")], None);
+    assert!(!refs.contains("refs/heads/locks/"), "no lock left: {refs}");
+}

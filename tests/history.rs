@@ -360,6 +360,7 @@ async fn large_states_round_trip_or_are_refused_with_a_reason() {
         gitstate_core::http::Limits {
             max_body_bytes: settings.max_body_bytes,
             max_response_bytes: Some(gitstate_core::http::BUFFERED_RESPONSE_LIMIT),
+            request_deadline: settings.request_deadline,
         },
     );
     let buffered = TestBackend::serve(buffered, cache).await;

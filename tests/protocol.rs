@@ -72,8 +72,10 @@ async fn full_cycle_counts_git_requests_and_leaves_an_audit_trail() {
             .status,
         200
     );
-    let unlock = server.take_labels();
-    assert!(unlock.len() <= 3, "unlock took {unlock:?}");
+    assert_eq!(
+        server.take_labels(),
+        ["GET refs/receive-pack", "POST receive-pack"]
+    );
     assert!(!ls_remote(&server, "state").contains("locks/"));
     server.take_requests(); // the git CLI's own requests
 
@@ -87,6 +89,29 @@ async fn full_cycle_counts_git_requests_and_leaves_an_audit_trail() {
     );
     assert_eq!(cold_client.send("GET", &path, None).await.body, second);
     assert_eq!(server.take_labels(), ["GET refs/upload-pack"]);
+
+    // UNLOCK in a fresh process: the receive-pack advertisement gives the lock's tip and the push
+    // capabilities, one fetch brings the lock commit to compare its ID, then the delete: 3.
+    assert_eq!(client.lock(NAME, "lock-2").await.status, 200);
+    server.take_requests();
+    let fresh = TestBackend::start(&url, &[]).await;
+    let unlock = Client::new(&fresh.url)
+        .send(
+            "DELETE",
+            &format!("/locks/{NAME}"),
+            Some(&lock_info("lock-2")),
+        )
+        .await;
+    assert_eq!(unlock.status, 200);
+    assert_eq!(
+        server.take_labels(),
+        [
+            "GET refs/receive-pack",
+            "POST upload-pack",
+            "POST receive-pack"
+        ]
+    );
+    server.take_requests(); // the git CLI's own requests
 
     // The repository, seen by the git CLI: the state, the history, the authors.
     let bare = server.repo_dir("state");

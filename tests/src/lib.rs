@@ -484,6 +484,7 @@ pub fn app(settings: &gitstate_core::config::Settings) -> axum::Router {
         gitstate_core::http::Limits {
             max_body_bytes: settings.max_body_bytes,
             max_response_bytes: None,
+            request_deadline: settings.request_deadline,
         },
     )
 }
@@ -713,6 +714,7 @@ pub fn encrypted_app(
         gitstate_core::http::Limits {
             max_body_bytes: settings.max_body_bytes,
             max_response_bytes: None,
+            request_deadline: settings.request_deadline,
         },
     )
 }

@@ -270,6 +270,7 @@ async fn serve(state: &str) -> anyhow::Result<()> {
         Limits {
             max_body_bytes: settings.max_body_bytes,
             max_response_bytes: None,
+            request_deadline: settings.request_deadline,
         },
     );
     axum::serve(

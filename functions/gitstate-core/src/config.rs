@@ -62,6 +62,10 @@ pub struct Settings {
     pub max_body_bytes: usize,
     /// `GITSTATE_GIT_TIMEOUT_SECS`: timeout of one git HTTP request (default 20).
     pub git_timeout: Duration,
+    /// `GITSTATE_REQUEST_DEADLINE_SECS`: longest time one request may take before it is answered
+    /// 504 (default 50, under the Lambda's 60 s; on Lambda the invocation's own deadline, less
+    /// 2 s, applies too).
+    pub request_deadline: Duration,
     /// `GITSTATE_COMMITTER_NAME` / `GITSTATE_COMMITTER_EMAIL`: who commits are written as.
     pub committer: Identity,
     /// `GITSTATE_LISTEN`: address of the local server (default `127.0.0.1:8080`).
@@ -256,6 +260,7 @@ impl Settings {
             )?)
             .unwrap_or(usize::MAX),
             git_timeout: Duration::from_secs(number("GITSTATE_GIT_TIMEOUT_SECS", 20)?),
+            request_deadline: Duration::from_secs(number("GITSTATE_REQUEST_DEADLINE_SECS", 50)?),
             committer: Identity {
                 name: get("GITSTATE_COMMITTER_NAME").unwrap_or_else(|| "gitstate".into()),
                 email: get("GITSTATE_COMMITTER_EMAIL")

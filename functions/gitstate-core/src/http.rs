@@ -34,6 +34,12 @@ use crate::{LockInfo, StateName};
 #[derive(Debug, Clone, Copy)]
 pub struct ClientAddr(pub IpAddr);
 
+/// The latest moment an answer can still reach the caller, set by whatever serves the router
+/// when it knows one (Lambda: the invocation's deadline less a margin). The router answers 504 by
+/// then at the latest, and by [`Limits::request_deadline`] in any case.
+#[derive(Debug, Clone, Copy)]
+pub struct Deadline(pub std::time::Instant);
+
 /// Headers of `GET /locks/<name>` that describe the lock beyond Terraform's LockInfo.
 pub const LOCK_USER_HEADER: &str = "gitstate-lock-user";
 pub const LOCK_CREATED_HEADER: &str = "gitstate-lock-created";
@@ -75,6 +81,8 @@ pub struct Limits {
     /// Largest response payload the transport can carry (a buffered Function URL: 6 MB for the
     /// whole JSON envelope); `None` when responses are streamed or served directly.
     pub max_response_bytes: Option<usize>,
+    /// Longest time one request may take, git and KMS calls included; then a 504.
+    pub request_deadline: std::time::Duration,
 }
 
 /// The payload limit of a buffered Function URL response.
@@ -146,6 +154,8 @@ pub enum ApiError {
     Query(String),
     #[error("query string is longer than {MAX_QUERY_BYTES} bytes")]
     QueryTooLong,
+    #[error("the request did not finish within {seconds:.1} s")]
+    Deadline { seconds: f64 },
     #[error(
         "the state needs {size} bytes in a buffered Function URL response, over its limit of {limit}: deploy with InvokeMode RESPONSE_STREAM and GITSTATE_RESPONSE_STREAMING=true to read it"
     )]
@@ -191,6 +201,7 @@ impl ApiError {
             Self::BodyRead | Self::Query(_) => StatusCode::BAD_REQUEST,
             Self::MediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::QueryTooLong => StatusCode::URI_TOO_LONG,
+            Self::Deadline { .. } => StatusCode::GATEWAY_TIMEOUT,
         }
     }
 }
@@ -229,6 +240,9 @@ impl IntoResponse for ApiError {
             Self::Service(ServiceError::Seal(_) | ServiceError::NoKeys) => {
                 "the state could not be decrypted or encrypted; see the backend's log".to_owned()
             }
+            Self::Deadline { seconds } => format!(
+                "the git remote or the key service did not answer within {seconds:.0} s; retrying is safe"
+            ),
             other => other.to_string(),
         };
         let mut response = (status, format!("{}\n", one_line(&reason))).into_response();
@@ -243,7 +257,10 @@ impl IntoResponse for ApiError {
                 HeaderValue::from_static("Basic realm=\"gitstate\", charset=\"UTF-8\""),
             );
         }
-        if status == StatusCode::SERVICE_UNAVAILABLE {
+        if matches!(
+            status,
+            StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT
+        ) {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
@@ -457,9 +474,21 @@ async fn handle(State(app): State<App>, request: Request) -> Response {
                 .get::<ConnectInfo<SocketAddr>>()
                 .map(|c| c.0.ip())
         });
-    match dispatch(&app, parts.method, &parts.uri, &parts.headers, client, body).await {
-        Ok(response) => response,
-        Err(error) => error.into_response(),
+    let started = tokio::time::Instant::now();
+    let mut due = started + app.limits.request_deadline;
+    if let Some(Deadline(at)) = parts.extensions.get::<Deadline>() {
+        due = due.min(tokio::time::Instant::from_std(*at));
+    }
+    // Every operation is safe to cut short: a push lands whole or not at all, and a retried LOCK
+    // with the same ID, write of the same bytes or UNLOCK of a released lock succeeds.
+    let work = dispatch(&app, parts.method, &parts.uri, &parts.headers, client, body);
+    match tokio::time::timeout_at(due, work).await {
+        Ok(Ok(response)) => response,
+        Ok(Err(error)) => error.into_response(),
+        Err(_) => ApiError::Deadline {
+            seconds: due.duration_since(started).as_secs_f64(),
+        }
+        .into_response(),
     }
 }
 

@@ -580,8 +580,10 @@ impl StateStore for GitStore {
     ) -> Result<Option<HeldLock>, StoreError> {
         let remote = self.remote(at)?;
         let lock_ref = self.lock_ref(name);
+        // The receive-pack advertisement lists the same refs and also carries the push
+        // capabilities, so an UNLOCK in a fresh process needs no second advertisement.
         let advert = remote
-            .refs(Service::UploadPack, vec![lock_ref.clone()])
+            .refs(Service::ReceivePack, vec![lock_ref.clone()])
             .await?;
         match advert.tip(&lock_ref) {
             Some(tip) => Ok(Some(self.held(&remote, tip, name).await?)),
