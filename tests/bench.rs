@@ -640,72 +640,106 @@ async fn argon2_cost(out: &mut String, binary: &Path) {
     ));
 }
 
+/// Added to every git request by a proxy in front of the server, to stand in for the round trip
+/// to a hosted remote.
+const REMOTE_RTT: Duration = Duration::from_millis(40);
+
 async fn concurrent_writers(out: &mut String, binary: &Path) {
-    let server = GitServer::start().await;
-    let url = server.create_repo("writers");
-    let root = tempfile::tempdir().expect("tempdir");
-    let mut procs = Vec::new();
-    for i in 0..8 {
-        let dir = root.path().join(format!("w{i}"));
-        std::fs::create_dir_all(&dir).expect("dir");
-        procs.push(quiet_server(binary, &dir, &url).await);
-    }
-    let clients: Vec<Client> = procs.iter().map(|p| Client::new(&p.url)).collect();
-    for (i, c) in clients.iter().enumerate() {
-        let w = c
-            .send(
-                "POST",
-                &format!("/states/w{i}.tfstate"),
-                Some(&state_json("w", 1)),
-            )
-            .await;
-        assert_eq!(w.status, 200, "{}", w.body);
-    }
-    const ROUNDS: u64 = 5;
-    server.take_requests();
-    let started = Instant::now();
-    for round in 0..ROUNDS {
+    const ROUNDS: u64 = 10;
+    out.push_str(&format!(
+        "## 8 writers to distinct states (8 processes, {ROUNDS} rounds)\n\n\
+         Each process writes its own state (no lock), so every push is a compare-and-swap on the \
+         one branch. First on loopback (the 2-core machine runs the git server too), then with \
+         {} ms added to every git request by a proxy, as the round trip to a hosted remote.\n\n\
+         | remote | mode | total ms | per write ms | git reqs per write | concurrent / sequential |\n\
+         |---|---|---:|---:|---:|---:|\n",
+        REMOTE_RTT.as_millis()
+    ));
+    for rtt in [None, Some(REMOTE_RTT)] {
+        let server = GitServer::start().await;
+        server.create_repo("writers");
+        let proxy = match rtt {
+            Some(rtt) => Some(
+                gitstate_tests::faults::FaultProxy::start(
+                    server.address,
+                    1,
+                    1.0,
+                    vec![gitstate_tests::faults::Fault::Slow(rtt)],
+                )
+                .await,
+            ),
+            None => None,
+        };
+        let url = match &proxy {
+            Some(proxy) => proxy.url("writers"),
+            None => format!("http://{}/writers.git", server.address),
+        };
+        let root = tempfile::tempdir().expect("tempdir");
+        let mut procs = Vec::new();
+        for i in 0..8 {
+            let dir = root.path().join(format!("w{i}"));
+            std::fs::create_dir_all(&dir).expect("dir");
+            procs.push(quiet_server(binary, &dir, &url).await);
+        }
+        let clients: Vec<Client> = procs.iter().map(|p| Client::new(&p.url)).collect();
         for (i, c) in clients.iter().enumerate() {
             let w = c
                 .send(
                     "POST",
                     &format!("/states/w{i}.tfstate"),
-                    Some(&state_json("w", 2 + round)),
+                    Some(&state_json("w", 1)),
                 )
                 .await;
-            assert_eq!(w.status, 200);
+            assert_eq!(w.status, 200, "{}", w.body);
         }
+        server.take_requests();
+        let started = Instant::now();
+        for round in 0..ROUNDS {
+            for (i, c) in clients.iter().enumerate() {
+                let w = c
+                    .send(
+                        "POST",
+                        &format!("/states/w{i}.tfstate"),
+                        Some(&state_json("w", 2 + round)),
+                    )
+                    .await;
+                assert_eq!(w.status, 200);
+            }
+        }
+        let sequential = started.elapsed();
+        let sequential_reqs = server.take_requests().len();
+        let started = Instant::now();
+        for round in 0..ROUNDS {
+            let results = join_all(clients.iter().enumerate().map(|(i, c)| {
+                let body = state_json("w", 100 + round);
+                let path = format!("/states/w{i}.tfstate");
+                async move { c.send("POST", &path, Some(&body)).await.status }
+            }))
+            .await;
+            assert!(results.iter().all(|s| *s == 200), "{results:?}");
+        }
+        let concurrent = started.elapsed();
+        let concurrent_reqs = server.take_requests().len();
+        let pushes = 8 * ROUNDS as usize;
+        let remote = match rtt {
+            Some(rtt) => format!("+{} ms per request", rtt.as_millis()),
+            None => "loopback".to_owned(),
+        };
+        out.push_str(&format!(
+            "| {remote} | one writer at a time (8 x {ROUNDS}) | {} | {} | {:.2} | |\n\
+             | {remote} | 8 concurrent ({ROUNDS} rounds) | {} | {} | {:.2} | {:.2} |\n",
+            ms(sequential),
+            ms(sequential / pushes as u32),
+            sequential_reqs as f64 / pushes as f64,
+            ms(concurrent),
+            ms(concurrent / pushes as u32),
+            concurrent_reqs as f64 / pushes as f64,
+            concurrent.as_secs_f64() / sequential.as_secs_f64(),
+        ));
     }
-    let sequential = started.elapsed();
-    let sequential_reqs = server.take_requests().len();
-    let started = Instant::now();
-    for round in 0..ROUNDS {
-        let results = join_all(clients.iter().enumerate().map(|(i, c)| {
-            let body = state_json("w", 100 + round);
-            let path = format!("/states/w{i}.tfstate");
-            async move { c.send("POST", &path, Some(&body)).await.status }
-        }))
-        .await;
-        assert!(results.iter().all(|s| *s == 200), "{results:?}");
-    }
-    let concurrent = started.elapsed();
-    let concurrent_reqs = server.take_requests().len();
-    let pushes = 8 * ROUNDS as usize;
-    out.push_str(&format!(
-        "## 8 writers to distinct states (8 processes, {ROUNDS} rounds)\n\n\
-         | mode | total ms | per write ms | git reqs per write |\n|---|---:|---:|---:|\n\
-         | one writer at a time (8 x {ROUNDS}) | {} | {} | {:.2} |\n\
-         | 8 concurrent ({ROUNDS} rounds) | {} | {} | {:.2} |\n\n\
-         Concurrent / sequential total time: {:.2}. Extra requests under concurrency are \
-         compare-and-swap retries on the moved branch.\n\n",
-        ms(sequential),
-        ms(sequential / pushes as u32),
-        sequential_reqs as f64 / pushes as f64,
-        ms(concurrent),
-        ms(concurrent / pushes as u32),
-        concurrent_reqs as f64 / pushes as f64,
-        concurrent.as_secs_f64() / sequential.as_secs_f64(),
-    ));
+    out.push_str(
+        "\nExtra requests under concurrency are compare-and-swap retries on the moved branch.\n\n",
+    );
 }
 
 async fn join_all<F: std::future::Future<Output = u16>>(

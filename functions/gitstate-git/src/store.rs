@@ -673,6 +673,18 @@ impl StateStore for GitStore {
     }
 }
 
+/// How long to wait before write attempt `attempt` (2, 3, …) after one that took `last`: full
+/// jitter over a window that starts at half an attempt's duration and doubles with each loss.
+/// Scaling with the attempt (rather than a fixed 10 ms base) spreads contenders by about the time
+/// a winner needs from advertisement to push, whatever the remote's round trip: on loopback, 8
+/// concurrent writers to one branch took 30 % less time and 7 % fewer requests (BENCHMARKS.md).
+fn backoff(attempt: u32, last: Duration) -> Duration {
+    let base = (last / 2).clamp(Duration::from_millis(10), Duration::from_millis(250));
+    let window = base.saturating_mul(1 << attempt.saturating_sub(2).min(5));
+    let millis = u64::try_from(window.as_millis()).unwrap_or(u64::MAX).max(1);
+    Duration::from_millis(rand::random_range(0..millis))
+}
+
 /// How one write attempt ended.
 enum Attempt {
     Done(Written),
@@ -734,19 +746,20 @@ impl GitStore {
         let remote = self.remote(at)?;
         let started = std::time::Instant::now();
         let mut last_error = None;
+        let mut last_attempt = Duration::ZERO;
         for attempt in 1..=MAX_WRITE_ATTEMPTS {
             if attempt > 1 {
-                // Exponential backoff with full jitter, so contenders spread out.
-                let ceiling = 10u64 << attempt.min(7);
-                tokio::time::sleep(Duration::from_millis(rand::random_range(0..ceiling))).await;
+                tokio::time::sleep(backoff(attempt, last_attempt)).await;
                 if started.elapsed() > WRITE_DEADLINE {
                     break;
                 }
             }
-            match self
+            let attempt_started = std::time::Instant::now();
+            let outcome = self
                 .write_attempt(&remote, at, path, lock, &change, &plan)
-                .await
-            {
+                .await;
+            last_attempt = attempt_started.elapsed();
+            match outcome {
                 Ok(Attempt::Done(written)) => return Ok(written),
                 Ok(Attempt::Lost(report)) => {
                     tracing::debug!(
