@@ -789,7 +789,7 @@ fn machine() -> String {
         .unwrap_or(0);
     let git_version = git(&["--version"], None);
     format!(
-        "{cpu}, {cores} cores (shared with other builds while measured), {} GiB RAM; {}; \
+        "{cpu}, {cores} cores (a shared virtual machine), {} GiB RAM; {}; \
          git http-backend as CGI behind an in-process axum front on 127.0.0.1; gitstate {} \
          profile.",
         mem / 1024 / 1024,

@@ -676,8 +676,8 @@ impl StateStore for GitStore {
 /// How long to wait before write attempt `attempt` (2, 3, …) after one that took `last`: full
 /// jitter over a window that starts at half an attempt's duration and doubles with each loss.
 /// Scaling with the attempt (rather than a fixed 10 ms base) spreads contenders by about the time
-/// a winner needs from advertisement to push, whatever the remote's round trip: on loopback, 8
-/// concurrent writers to one branch took 30 % less time and 7 % fewer requests (BENCHMARKS.md).
+/// a winner needs from advertisement to push, whatever the remote's round trip (BENCHMARKS.md
+/// compares it with the fixed 10 ms base it replaced).
 fn backoff(attempt: u32, last: Duration) -> Duration {
     let base = (last / 2).clamp(Duration::from_millis(10), Duration::from_millis(250));
     let window = base.saturating_mul(1 << attempt.saturating_sub(2).min(5));
