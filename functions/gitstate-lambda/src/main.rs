@@ -11,19 +11,34 @@ use tower::ServiceBuilder;
 
 /// Time kept back from the invocation's deadline to send the answer.
 const ANSWER_MARGIN: Duration = Duration::from_secs(2);
+/// Lambda's longest timeout.
+const LONGEST_INVOCATION: Duration = Duration::from_secs(15 * 60);
+
+/// How long this invocation may still work, from the deadline the runtime API gave: `None` when
+/// that deadline makes no sense for a real invocation (passed, missing, or further away than any
+/// Lambda timeout, as emulators send), so the configured request deadline alone applies.
+fn time_left(deadline: SystemTime, now: SystemTime) -> Option<Duration> {
+    let left = deadline.duration_since(now).ok()?;
+    (left > ANSWER_MARGIN && left <= LONGEST_INVOCATION).then(|| left - ANSWER_MARGIN)
+}
 
 /// The caller's address as the Function URL saw it (for throttling failed logins), and the
 /// invocation's deadline (so a slow git remote gets a 504 rather than a killed invocation).
 fn with_request_facts(mut request: Request) -> Request {
-    let deadline = request.lambda_context_ref().map(|context| {
-        let left = context
-            .deadline()
-            .duration_since(SystemTime::now())
-            .unwrap_or_default();
-        Instant::now() + left.saturating_sub(ANSWER_MARGIN)
+    let left = request.lambda_context_ref().and_then(|context| {
+        let left = time_left(context.deadline(), SystemTime::now());
+        if left.is_none() {
+            lambda_http::tracing::debug!(
+                deadline_ms = context.deadline,
+                "ignoring an implausible invocation deadline; GITSTATE_REQUEST_DEADLINE_SECS applies"
+            );
+        }
+        left
     });
-    if let Some(deadline) = deadline {
-        request.extensions_mut().insert(Deadline(deadline));
+    if let Some(left) = left {
+        request
+            .extensions_mut()
+            .insert(Deadline(Instant::now() + left));
     }
     let ip = match request.request_context_ref() {
         Some(RequestContext::ApiGatewayV2(context)) => context
@@ -73,29 +88,52 @@ mod tests {
     use super::*;
     use lambda_http::Context;
 
-    #[test]
-    fn the_invocation_deadline_less_the_margin_bounds_the_request() {
+    fn context_with_deadline(deadline: SystemTime) -> Context {
         let mut context = Context::default();
-        let in_ten = SystemTime::now() + Duration::from_secs(10);
         context.deadline = u64::try_from(
-            in_ten
+            deadline
                 .duration_since(SystemTime::UNIX_EPOCH)
                 .expect("after 1970")
                 .as_millis(),
         )
         .expect("fits");
-        let request = with_request_facts(Request::default().with_lambda_context(context));
+        context
+    }
+
+    #[test]
+    fn the_invocation_deadline_less_the_margin_bounds_the_request() {
+        let in_ten = SystemTime::now() + Duration::from_secs(10);
+        let request = with_request_facts(
+            Request::default().with_lambda_context(context_with_deadline(in_ten)),
+        );
         let Deadline(at) = *request.extensions().get::<Deadline>().expect("set");
         let left = at.saturating_duration_since(Instant::now());
         assert!(
             left > Duration::from_secs(6) && left <= Duration::from_secs(8),
             "{left:?}"
         );
+    }
 
-        // An invocation already past its deadline is cut at once rather than never.
-        let request =
-            with_request_facts(Request::default().with_lambda_context(Context::default()));
-        let Deadline(at) = *request.extensions().get::<Deadline>().expect("set");
-        assert!(at <= Instant::now());
+    #[test]
+    fn deadlines_no_real_invocation_has_are_ignored() {
+        let now = SystemTime::now();
+        for deadline in [
+            SystemTime::UNIX_EPOCH,             // missing (the runtime sent 0)
+            now - Duration::from_secs(30),      // passed, or another clock
+            now + Duration::from_secs(1),       // inside the answer margin
+            now + Duration::from_secs(16 * 60), // beyond any Lambda timeout
+        ] {
+            let request = with_request_facts(
+                Request::default().with_lambda_context(context_with_deadline(deadline)),
+            );
+            assert!(
+                request.extensions().get::<Deadline>().is_none(),
+                "{deadline:?}"
+            );
+        }
+        assert_eq!(
+            time_left(now + Duration::from_secs(60), now),
+            Some(Duration::from_secs(58))
+        );
     }
 }
