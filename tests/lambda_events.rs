@@ -55,18 +55,7 @@ async fn every_event_file_replays_through_lambda_http() {
         &[("GITSTATE_ACCESS", &access)],
     ));
 
-    let sequence = [
-        ("unauthorized.json", 401),
-        ("forbidden.json", 403),
-        ("lock.json", 200),
-        ("lock-conflict.json", 423),
-        ("write.json", 200),
-        ("write-base64.json", 200),
-        ("get.json", 200),
-        ("unlock.json", 200),
-        ("lock.json", 200),
-        ("force-unlock.json", 200),
-    ];
+    let sequence = gitstate_tests::EVENT_SEQUENCE;
     let mut answers = Vec::new();
     for (name, want) in sequence {
         let (status, body) = replay(&router, name).await;

@@ -259,18 +259,7 @@ async fn the_lambda_binary_answers_every_event_and_terraform_under_cargo_lambda_
     assert_eq!(health.status().as_u16(), 200, "{}", watch.output());
 
     // Every event file, in an order whose answers are known.
-    let sequence = [
-        ("unauthorized.json", 401),
-        ("forbidden.json", 403),
-        ("lock.json", 200),
-        ("lock-conflict.json", 423),
-        ("write.json", 200),
-        ("write-base64.json", 200),
-        ("get.json", 200),
-        ("unlock.json", 200),
-        ("lock.json", 200),
-        ("force-unlock.json", 200),
-    ];
+    let sequence = gitstate_tests::EVENT_SEQUENCE;
     let mut bodies = Vec::new();
     for (name, want) in sequence {
         let response = watch.invoke(name).await;

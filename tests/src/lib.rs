@@ -766,3 +766,19 @@ pub fn stored_file(server: &GitServer, repo: &str, path: &str) -> Vec<u8> {
     assert!(out.status.success(), "{path} is not on main");
     out.stdout
 }
+
+/// Every file of events/, in an order whose answers are known: replayed through the router
+/// (tests/lambda_events.rs) and through the Lambda binary under `cargo lambda watch`
+/// (tests/lambda_watch.rs). The first two are refused (401, 403) and change nothing.
+pub const EVENT_SEQUENCE: [(&str, u16); 10] = [
+    ("unauthorized.json", 401),
+    ("forbidden.json", 403),
+    ("lock.json", 200),
+    ("lock-conflict.json", 423),
+    ("write.json", 200),
+    ("write-base64.json", 200),
+    ("get.json", 200),
+    ("unlock.json", 200),
+    ("lock.json", 200),
+    ("force-unlock.json", 200),
+];
