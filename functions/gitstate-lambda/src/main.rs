@@ -1,9 +1,9 @@
 //! The Lambda function: the router behind a Function URL. Wiring only.
 
-use anyhow::Context;
-use gitstate_core::config::{Runtime, Settings};
 use std::time::{Duration, Instant, SystemTime};
 
+use anyhow::Context;
+use gitstate_core::config::{Runtime, Settings};
 use gitstate_core::http::{BUFFERED_RESPONSE_LIMIT, ClientAddr, Deadline, Limits, router};
 use lambda_http::request::RequestContext;
 use lambda_http::{Request, RequestExt};
