@@ -230,22 +230,15 @@ async fn terraform_applies_through_git_server_faults() {
     let name = "env/app.tfstate";
     let work = tempfile::tempdir().expect("tempdir");
     let base = &backend.url;
+    let backend_block = gitstate_tests::terraform_backend_block(
+        base,
+        name,
+        "    retry_max      = 10\n    retry_wait_min = 1\n    retry_wait_max = 1",
+    );
     std::fs::write(
         work.path().join("main.tf"),
         format!(
-            r#"terraform {{
-  backend "http" {{
-    address        = "{base}/states/{name}"
-    lock_address   = "{base}/locks/{name}"
-    unlock_address = "{base}/locks/{name}"
-    lock_method    = "POST"
-    unlock_method  = "DELETE"
-    retry_max      = 10
-    retry_wait_min = 1
-    retry_wait_max = 1
-  }}
-}}
-variable "round" {{
+            r#"{backend_block}variable "round" {{
   type = number
 }}
 resource "terraform_data" "r" {{

@@ -130,19 +130,7 @@ fn transcript(out: &Output) -> String {
 }
 
 fn backend_block(base: &str, name: &str) -> String {
-    format!(
-        r#"terraform {{
-  backend "http" {{
-    address        = "{base}/states/{name}"
-    lock_address   = "{base}/locks/{name}"
-    unlock_address = "{base}/locks/{name}"
-    lock_method    = "POST"
-    unlock_method  = "DELETE"
-    retry_wait_min = 1
-  }}
-}}
-"#
-    )
+    gitstate_tests::terraform_backend_block(base, name, "    retry_wait_min = 1")
 }
 
 const RESOURCES: &str = r#"

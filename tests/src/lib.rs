@@ -782,3 +782,22 @@ pub const EVENT_SEQUENCE: [(&str, u16); 10] = [
     ("lock.json", 200),
     ("force-unlock.json", 200),
 ];
+
+/// A `terraform { backend "http" {...} }` block for state `name` at the backend `base`, locking
+/// with POST/DELETE as the README advises; `retry` adds the client's retry settings (one
+/// `key = value` per line).
+pub fn terraform_backend_block(base: &str, name: &str, retry: &str) -> String {
+    format!(
+        r#"terraform {{
+  backend "http" {{
+    address        = "{base}/states/{name}"
+    lock_address   = "{base}/locks/{name}"
+    unlock_address = "{base}/locks/{name}"
+    lock_method    = "POST"
+    unlock_method  = "DELETE"
+{retry}
+  }}
+}}
+"#
+    )
+}
