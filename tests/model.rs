@@ -26,7 +26,7 @@ use sha1::Digest;
 
 /// What CI runs: these seeds, [`CI_STEPS`] steps each.
 const CI_SEEDS: [u64; 4] = [1, 2, 3, 4];
-const CI_STEPS: usize = 800;
+const CI_STEPS: usize = 1000;
 const FSCK_EVERY: usize = 100;
 const REPO: &str = "model";
 
@@ -744,6 +744,15 @@ impl Model {
                 admit(&mut p, held, *id, step.user, true);
                 if let Some(c) = tree_clash {
                     p.refuse(409, format!("state {c} is in the way"));
+                }
+                // The first write to a branch creates it: not beside a branch it clashes with
+                // (`team/x` and `team/x/y` are both allowlisted by `team/*`).
+                if let Some(other) = self
+                    .branches
+                    .keys()
+                    .find(|other| **other != branch && path_clash(other, &branch))
+                {
+                    p.refuse(409, format!("branch {other} clashes with {branch}"));
                 }
                 let (lineage, serial) = version_of(&body);
                 if let (Some(stored), Some(sent)) = (stored, serial) {
