@@ -364,7 +364,9 @@ fn generate(rng: &mut StdRng, model: &Model, users: usize, off: &Off) -> Step {
     } else {
         Some(REFS[rng.random_range(0..REFS.len())])
     };
-    let reference = reference.filter(|r| !off.refs || ["main", "env/prod", "team/x"].contains(r));
+    let reference = reference.filter(|r| {
+        !off.refs || ["main", "env/prod", "team/x", "team/x/y", "team/locks"].contains(r)
+    });
     let held = model.locks.get(name);
     let mut user = rng.random_range(0..users);
     if let Some(holder) = held
@@ -824,6 +826,9 @@ impl Model {
                 let revision = tree.revision(name, *serial);
                 let Some(old) = revision else {
                     p.refuse(404, format!("no revision with serial {serial}"));
+                    if let Some(c) = tree_clash {
+                        p.tolerate(409, format!("state {c} is in the way"));
+                    }
                     return p;
                 };
                 if let Some(h) = held {
