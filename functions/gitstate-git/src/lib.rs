@@ -23,6 +23,8 @@ pub enum Error {
     Protocol(String),
     #[error("git remote reports: {0}")]
     Remote(String),
+    #[error("ref clash: {0}")]
+    RefClash(String),
     #[error("configuration: {0}")]
     Config(String),
     #[error("local git repository")]
@@ -62,6 +64,7 @@ impl From<Error> for StoreError {
             | Error::Status { .. }
             | Error::Protocol(_)
             | Error::Remote(_)
+            | Error::RefClash(_)
             | Error::Pack(_) => StoreError::Remote(Box::new(error)),
             Error::Corrupt(what) => StoreError::Corrupt(what),
             Error::Config(_) | Error::Git(_) | Error::Io(_) | Error::Join(_) => {
@@ -123,9 +126,13 @@ pub fn backend(
         default_branch: settings.branch.clone(),
         allowed: settings.allowed_repositories.clone(),
     };
+    let refs = settings
+        .ref_policy()
+        .map_err(|e| Error::Config(e.to_string()))?;
     Ok(gitstate_core::service::Backend::new(
         std::sync::Arc::new(store),
         repositories,
         settings.committer.clone(),
-    ))
+    )
+    .with_refs(refs))
 }

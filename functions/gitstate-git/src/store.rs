@@ -21,6 +21,7 @@ use gitstate_core::ports::{
     Acquire, Change, CommitMeta, HeldLock, HistoryPage, Location, Refusal, Release, StateStore,
     StoreError, WritePlan, Written, user_from_message,
 };
+use gitstate_core::refs::{Clash, lock_clash, paths_clash};
 use gitstate_core::{LockInfo, StateName};
 
 use crate::Error;
@@ -180,6 +181,47 @@ impl GitStore {
 
     fn lock_ref(&self, name: &StateName) -> String {
         format!("{}{}", self.options.lock_ref_prefix, name)
+    }
+
+    /// The lock, among those `advert` lists, whose ref would clash with the lock ref of `name`.
+    fn lock_clash(&self, advert: &Advert, name: &StateName) -> Option<Clash> {
+        let prefix = self.options.lock_ref_prefix.as_str();
+        lock_clash(
+            advert.refs.keys().filter_map(|r| r.strip_prefix(prefix)),
+            name.as_str(),
+        )
+    }
+
+    /// What a LOCK decides from: the lock ref, the branch and every other lock ref (one
+    /// receive-pack advertisement over HTTP, which lists every ref anyway).
+    async fn lock_advert(
+        &self,
+        remote: &Remote,
+        at: &Location,
+        lock_ref: &str,
+    ) -> Result<Advert, Error> {
+        let names = vec![lock_ref.to_owned(), at.branch.full_ref()];
+        let mut advert = remote.refs(Service::ReceivePack, names).await?;
+        if !remote.is_cache() {
+            // The embedded repository lists only the refs asked for.
+            let others = remote
+                .refs_with_prefix(&self.options.lock_ref_prefix)
+                .await?;
+            advert.refs.extend(others.refs);
+        }
+        Ok(advert)
+    }
+
+    /// How `path` clashes with the tree of `tip` (fetched into the cache first).
+    async fn tree_clash(
+        &self,
+        remote: &Remote,
+        tip: ObjectId,
+        path: &str,
+    ) -> Result<Option<Clash>, Error> {
+        remote.ensure(vec![tip]).await?;
+        let (cache, path) = (remote.cache.clone(), path.to_owned());
+        blocking(move || cache.path_clash(tip, &path)).await
     }
 
     async fn held(
@@ -573,6 +615,14 @@ impl StateStore for GitStore {
         Ok(locks)
     }
 
+    async fn clash(&self, at: &Location, name: &StateName) -> Result<Option<Clash>, StoreError> {
+        let remote = self.remote(at)?;
+        let Some(tip) = self.branch_tip(&remote, at).await? else {
+            return Ok(None);
+        };
+        Ok(self.tree_clash(&remote, tip, name.as_str()).await?)
+    }
+
     async fn read_lock(
         &self,
         at: &Location,
@@ -600,40 +650,50 @@ impl StateStore for GitStore {
     ) -> Result<Acquire, StoreError> {
         let remote = self.remote(at)?;
         let lock_ref = self.lock_ref(name);
-        let advert = remote
-            .refs(Service::ReceivePack, vec![lock_ref.clone()])
-            .await?;
-        if let Some(tip) = advert.tip(&lock_ref) {
-            return Ok(Acquire::Held(self.held(&remote, tip, name).await?));
+        let mut refused = None;
+        // A refused push is judged from the refs, not from the error text: someone took the
+        // lock first (held), or created a lock ref it clashes with (a directory/file conflict,
+        // which git reports as `ng … failed to lock` or `cannot lock ref`): look again.
+        for _ in 0..3 {
+            let advert = self.lock_advert(&remote, at, &lock_ref).await?;
+            if let Some(tip) = advert.tip(&lock_ref) {
+                return Ok(Acquire::Held(self.held(&remote, tip, name).await?));
+            }
+            if let Some(clash) = self.lock_clash(&advert, name) {
+                return Ok(Acquire::Clash(clash));
+            }
+            if let Some(tip) = advert.tip(&at.branch.full_ref()) {
+                match self.tree_clash(&remote, tip, name.as_str()).await {
+                    Ok(Some(clash)) => return Ok(Acquire::Clash(clash)),
+                    Ok(None) => {}
+                    // The branch moved between advertisement and fetch: look again.
+                    Err(error) if error.is_transient() => continue,
+                    Err(error) => return Err(error.into()),
+                }
+            }
+            let commit = remote
+                .commit(
+                    None,
+                    name.lock_file(),
+                    Some(lock.as_bytes().clone()),
+                    meta.clone(),
+                )
+                .await?;
+            let command = Command {
+                old: null(),
+                new: commit.id,
+                name: lock_ref.clone(),
+            };
+            let report = remote.push(vec![command.clone()], commit.objects).await?;
+            if report.all_ok(&[command]) {
+                return Ok(Acquire::Acquired);
+            }
+            refused = Some(report);
         }
-        let commit = remote
-            .commit(
-                None,
-                name.lock_file(),
-                Some(lock.as_bytes().clone()),
-                meta.clone(),
-            )
-            .await?;
-        let command = Command {
-            old: null(),
-            new: commit.id,
-            name: lock_ref.clone(),
-        };
-        let report = remote.push(vec![command.clone()], commit.objects).await?;
-        if report.all_ok(&[command]) {
-            return Ok(Acquire::Acquired);
-        }
-        // Refused: normally because someone else created the lock first. Look, don't guess.
-        let advert = remote
-            .refs(Service::ReceivePack, vec![lock_ref.clone()])
-            .await?;
-        match advert.tip(&lock_ref) {
-            Some(tip) => Ok(Acquire::Held(self.held(&remote, tip, name).await?)),
-            None => Err(Error::Remote(format!(
-                "the remote refused to create {lock_ref} ({report:?}); does it clash with another lock ref?"
-            ))
-            .into()),
-        }
+        Err(Error::Remote(format!(
+            "the remote kept refusing to create {lock_ref} ({refused:?})"
+        ))
+        .into())
     }
 
     async fn release_lock(
@@ -813,6 +873,21 @@ impl GitStore {
         remote
             .ensure(tip.into_iter().chain(lock_tip.map(|l| l.0)).collect())
             .await?;
+        // The tree rule, against the very tree the commit is built on: a concurrent writer that
+        // slips a clashing path in makes the push below lose the compare-and-swap, and the next
+        // attempt sees it here.
+        if let Some(tip) = tip {
+            let (cache, owned) = (remote.cache.clone(), path.to_owned());
+            if let Some(clash) = blocking(move || cache.path_clash(tip, &owned)).await? {
+                return Ok(Attempt::Done(Written::Refused(Refusal::Clash(clash))));
+            }
+        } else if let Some(other) = advert.refs.keys().find(|r| paths_clash(r, &branch)) {
+            // A new branch git cannot create next to an existing ref: say so now rather than
+            // losing every compare-and-swap until the deadline.
+            return Err(Error::RefClash(format!(
+                "branch {branch} cannot be created: it clashes with the ref {other}"
+            )));
+        }
         let held = match lock_tip {
             Some((lock_tip, _, name)) => Some(self.held(remote, lock_tip, name).await?),
             None => None,
