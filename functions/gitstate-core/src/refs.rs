@@ -43,6 +43,9 @@ pub enum Clash {
     /// The name's lock ref would clash with the lock held on this state.
     #[error("its lock ref would clash with the lock held on {0:?}")]
     LockRef(String),
+    /// The branch does not exist yet and cannot be created beside this existing ref.
+    #[error("its branch cannot be created beside the existing ref {0:?}")]
+    Branch(String),
 }
 
 /// The tree rule: how `name` clashes with the files `files` of a branch, if it does.

@@ -876,17 +876,21 @@ impl GitStore {
         // The tree rule, against the very tree the commit is built on: a concurrent writer that
         // slips a clashing path in makes the push below lose the compare-and-swap, and the next
         // attempt sees it here.
+        let mut branch_clash = None;
         if let Some(tip) = tip {
             let (cache, owned) = (remote.cache.clone(), path.to_owned());
             if let Some(clash) = blocking(move || cache.path_clash(tip, &owned)).await? {
                 return Ok(Attempt::Done(Written::Refused(Refusal::Clash(clash))));
             }
-        } else if let Some(other) = advert.refs.keys().find(|r| paths_clash(r, &branch)) {
-            // A new branch git cannot create next to an existing ref: say so now rather than
-            // losing every compare-and-swap until the deadline.
-            return Err(Error::RefClash(format!(
-                "branch {branch} cannot be created: it clashes with the ref {other}"
-            )));
+        } else {
+            // A new branch git cannot create next to an existing ref (`team/x` beside
+            // `team/x/y`, both allowlisted by `team/*`). The embedded repository lists only the
+            // refs asked for.
+            let refs = match remote.is_cache() {
+                true => advert.refs.clone(),
+                false => remote.refs_with_prefix("refs/").await?.refs,
+            };
+            branch_clash = refs.into_keys().filter(|r| paths_clash(r, &branch)).min();
         }
         let held = match lock_tip {
             Some((lock_tip, _, name)) => Some(self.held(remote, lock_tip, name).await?),
@@ -900,6 +904,18 @@ impl GitStore {
             Ok(meta) => meta,
             Err(refusal) => return Ok(Attempt::Done(Written::Refused(refusal))),
         };
+        // After the plan, so that a refusal it gives (nothing to delete, a held lock) comes
+        // first; before any push, which would only lose every compare-and-swap until the
+        // deadline.
+        if let Some(other) = branch_clash {
+            let other = other
+                .strip_prefix("refs/heads/")
+                .unwrap_or(&other)
+                .to_owned();
+            return Ok(Attempt::Done(Written::Refused(Refusal::Clash(
+                Clash::Branch(other),
+            ))));
+        }
         let content = match change {
             Change::Put(bytes) if stored.as_deref() == Some(bytes.as_ref()) => {
                 return Ok(Attempt::Done(Written::Unchanged));
