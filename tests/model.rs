@@ -25,7 +25,7 @@ use rand::{Rng, SeedableRng};
 use sha1::Digest;
 
 /// What CI runs: these seeds, [`CI_STEPS`] steps each.
-const CI_SEEDS: [u64; 4] = [1, 2, 3, 4];
+const CI_SEEDS: [u64; 6] = [1, 2, 3, 4, 5, 6];
 const CI_STEPS: usize = 1000;
 const FSCK_EVERY: usize = 100;
 const REPO: &str = "model";
@@ -50,11 +50,14 @@ const NAMES: [&str; 10] = [
 /// Names the router must refuse (400) before anything else.
 const BAD_NAMES: [&str; 3] = ["x.lock", "a//b", ".gitstate/access.toml"];
 
-const BRANCH: &str = "main";
+/// The configured branch: `main`, or for every third seed one with a parent folder (`env`).
+const BRANCHES: [&str; 2] = ["main", "env/main"];
 const ALLOWED_REFS: &str = "env/prod,team/*";
-const REFS: [&str; 20] = [
+const REFS: [&str; 22] = [
     "main",
     "refs/heads/main",
+    "env/main",
+    "env/main/x",
     "env/prod",
     "team/x",
     "team/x/y",
@@ -133,6 +136,7 @@ impl User {
 #[derive(Debug, Clone)]
 struct Config {
     seed: u64,
+    branch: &'static str,
     lock_prefix: &'static str,
     users: Vec<User>,
 }
@@ -170,6 +174,7 @@ impl Config {
         }
         Self {
             seed,
+            branch: BRANCHES[usize::from(seed % 3 == 2)],
             lock_prefix,
             users,
         }
@@ -182,8 +187,9 @@ impl Config {
             .map(|u| format!("{}=[{}]", u.name, u.grant_strings().join(" ")))
             .collect();
         format!(
-            "seed {}: GITSTATE_REF={BRANCH} GITSTATE_ALLOWED_REFS={ALLOWED_REFS} GITSTATE_LOCK_REF_PREFIX={} users {}",
+            "seed {}: GITSTATE_REF={} GITSTATE_ALLOWED_REFS={ALLOWED_REFS} GITSTATE_LOCK_REF_PREFIX={} users {}",
             self.seed,
+            self.branch,
             self.lock_prefix,
             users.join(" ")
         )
@@ -192,7 +198,7 @@ impl Config {
     /// The branch `?ref=` addresses, or the status and reason it is refused with.
     fn branch(&self, reference: Option<&str>) -> Result<String, (u16, String)> {
         let Some(reference) = reference else {
-            return Ok(BRANCH.to_owned());
+            return Ok(self.branch.to_owned());
         };
         let branch = reference.strip_prefix("refs/heads/").unwrap_or(reference);
         if !valid_path(branch) || branch.split('/').any(|s| s.starts_with('-')) {
@@ -208,7 +214,7 @@ impl Config {
     /// The allowlist rule: the configured branch, an allowlisted one, and never one that clashes
     /// with the lock refs or the configured branch.
     fn allowed_branch(&self, branch: &str) -> bool {
-        let listed = branch == BRANCH
+        let listed = branch == self.branch
             || ALLOWED_REFS
                 .split(',')
                 .any(|entry| match entry.strip_suffix("/*") {
@@ -218,7 +224,7 @@ impl Config {
         let full = format!("refs/heads/{branch}");
         let locks = self.lock_prefix.trim_end_matches('/');
         let clashes_with_locks = full.starts_with(self.lock_prefix) || path_clash(&full, locks);
-        let clashes_with_branch = branch != BRANCH && path_clash(branch, BRANCH);
+        let clashes_with_branch = branch != self.branch && path_clash(branch, self.branch);
         listed && !clashes_with_locks && !clashes_with_branch
     }
 }
@@ -1057,7 +1063,7 @@ impl World {
         let access = access_file(&entries);
         let extra = [
             ("GITSTATE_ACCESS", access.as_str()),
-            ("GITSTATE_REF", BRANCH),
+            ("GITSTATE_REF", cfg.branch),
             ("GITSTATE_ALLOWED_REFS", ALLOWED_REFS),
             ("GITSTATE_LOCK_REF_PREFIX", cfg.lock_prefix),
         ];
