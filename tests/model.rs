@@ -1,11 +1,13 @@
 //! Model-based test (issue 12): seeded, reproducible random sequences of LOCK, UNLOCK, write,
 //! DELETE, restore and GET, by users with random grants, on names and refs drawn from small
 //! alphabets built to collide, sent through the real router (two backends with their own caches)
-//! to the machine's `git http-backend`. Every answer is compared with a small in-memory model of
-//! the rules, and after every step the remote itself (read with `git` on the bare repository) is
-//! checked: no ref outside the allowed set, nothing changed outside the actor's grant, no write
-//! landed on a state someone else holds locked, every state and lock equal to the model's;
-//! `git fsck --strict` every [`FSCK_EVERY`] steps and at the end.
+//! to the machine's `git http-backend`; one step in eight sends two requests at once. Every
+//! answer is compared with a small in-memory model of the rules (two at once: the answers and the
+//! remote must be those of one of the two orders), and after every step the remote itself (read
+//! with `git` on the bare repository) is checked: no ref outside the allowed set, nothing changed
+//! outside the actors' grants, no write landed on a state someone else holds locked, every state,
+//! lock ID and lock owner equal to the model's; `git fsck --strict` every [`FSCK_EVERY`] steps
+//! and at the end. A failure that involves two requests at once may need a few replays to recur.
 //!
 //! One seed, e.g. to replay a failure (the failure prints this line):
 //! `GITSTATE_MODEL_SEED=7 GITSTATE_MODEL_STEPS=900 cargo test -p gitstate-tests --test model -- --nocapture`
@@ -319,10 +321,20 @@ struct Step {
     name: &'static str,
     reference: Option<&'static str>,
     op: Op,
+    /// A second request sent at the same moment: the answers and the remote must then be those
+    /// of one of the two orders.
+    with: Option<Box<Step>>,
 }
 
 impl fmt::Display for Step {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(with) = &self.with {
+            let alone = Step {
+                with: None,
+                ..self.clone()
+            };
+            return write!(f, "{alone} || {with}");
+        }
         write!(f, "b{} u{} ", self.backend, self.user)?;
         let id = |id: &Option<&str>| id.map(|i| format!(" ID={i}")).unwrap_or_default();
         match &self.op {
@@ -438,13 +450,24 @@ fn generate(rng: &mut StdRng, model: &Model, users: usize, off: &Off) -> Step {
             serial: rng.random_range(0..7),
         },
     };
-    Step {
+    let mut step = Step {
         backend: rng.random_range(0..2),
         user,
         name,
         reference,
         op,
+        with: None,
+    };
+    // One step in eight sends a second request at the same time (never a restore: its result
+    // is read back from the remote).
+    if rng.random_ratio(1, 8) && !matches!(step.op, Op::Restore { .. }) {
+        let mut with = generate(rng, model, users, off);
+        if with.with.is_none() && !matches!(with.op, Op::Restore { .. }) {
+            with.backend = rng.random_range(0..2);
+            step.with = Some(Box::new(with));
+        }
     }
+    step
 }
 
 /// Inputs a long hunt can leave out (`GITSTATE_MODEL_OFF=md5,refs,tree,owner`), to look past a
@@ -938,6 +961,8 @@ struct Snapshot {
     refs: BTreeMap<String, String>,
     /// For every branch ref: path → blob id of its tree.
     trees: BTreeMap<String, BTreeMap<String, String>>,
+    /// For every lock ref: the state's name → (lock ID, `User:` trailer) of its lock commit.
+    locks: BTreeMap<String, (String, String)>,
 }
 
 fn run_git(dir: &Path, args: &[&str]) -> Result<String, String> {
@@ -956,7 +981,7 @@ fn run_git(dir: &Path, args: &[&str]) -> Result<String, String> {
 
 impl Snapshot {
     /// Read the remote; trees of refs that did not move since `before` are taken from it.
-    fn take(dir: &Path, before: &Snapshot) -> Result<Self, String> {
+    fn take(dir: &Path, before: &Snapshot, lock_prefix: &str) -> Result<Self, String> {
         let listing = run_git(dir, &["for-each-ref", "--format=%(objectname) %(refname)"])?;
         let mut snapshot = Snapshot::default();
         for line in listing.lines() {
@@ -964,6 +989,14 @@ impl Snapshot {
             snapshot.refs.insert(name.to_owned(), id.to_owned());
         }
         for (name, id) in &snapshot.refs {
+            if let Some(state) = name.strip_prefix(lock_prefix) {
+                let lock = match before.locks.get(state) {
+                    Some(lock) if before.refs.get(name) == Some(id) => lock.clone(),
+                    _ => read_lock(dir, id, state),
+                };
+                snapshot.locks.insert(state.to_owned(), lock);
+                continue;
+            }
             if !name.starts_with("refs/heads/") {
                 continue;
             }
@@ -1014,6 +1047,28 @@ impl Snapshot {
             .collect();
         (states, locks)
     }
+}
+
+/// (lock ID, user) of a lock commit; empty strings for what it lacks.
+fn read_lock(dir: &Path, commit: &str, state: &str) -> (String, String) {
+    let info = run_git(
+        dir,
+        &["cat-file", "blob", &format!("{commit}:{state}.lock")],
+    )
+    .ok()
+    .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+    .and_then(|v| v["ID"].as_str().map(str::to_owned))
+    .unwrap_or_default();
+    let user = run_git(dir, &["log", "-1", "--format=%B", commit])
+        .ok()
+        .and_then(|message| {
+            message
+                .lines()
+                .rev()
+                .find_map(|l| l.strip_prefix("User: ").map(str::to_owned))
+        })
+        .unwrap_or_default();
+    (info, user)
 }
 
 fn blob_id(bytes: &[u8]) -> String {
@@ -1234,38 +1289,21 @@ async fn check_step(
     before: &mut Snapshot,
     step: &Step,
 ) -> Result<(), Vec<String>> {
+    if let Some(with) = &step.with {
+        return check_pair(cfg, world, dir, model, before, step, with).await;
+    }
     let prediction = model.predict(cfg, step);
-    let (status, body, lock_user) = world.send(cfg, step).await;
+    let answer = world.send(cfg, step).await;
+    let status = answer.0;
     let mut problems = Vec::new();
-    if !prediction.accepts(status) {
-        problems.push(format!(
-            "status: {status} ({}), the rules say {}",
-            String::from_utf8_lossy(&body).trim(),
-            prediction.describe()
-        ));
-    }
-    if status == 200
-        && let Some(expected) = &prediction.answer
-    {
-        let got = match expected {
-            Expected::Bytes(_, user) => Expected::Bytes(body.clone(), user.as_ref().and(lock_user)),
-            Expected::History(_) => Expected::History(history_of(&body)),
-            Expected::Locks(_) => Expected::Locks(locks_of(&body)),
-        };
-        if got != *expected {
-            problems.push(format!(
-                "answer: got {}, the model has {}",
-                shown(&got),
-                shown(expected)
-            ));
-        }
-    }
+    judge(&prediction, &answer, &mut problems);
     let held_before = model.locks.clone();
     let succeeded = status == 200 && prediction.refusals.is_empty();
     if succeeded {
         model.apply(&prediction.effect);
     }
-    let after = Snapshot::take(dir, before).map_err(|e| vec![format!("git: {e}")])?;
+    let after =
+        Snapshot::take(dir, before, cfg.lock_prefix).map_err(|e| vec![format!("git: {e}")])?;
     if succeeded
         && let Effect::Restore {
             branch,
@@ -1285,15 +1323,8 @@ async fn check_step(
             &mut problems,
         );
     }
-    invariants(
-        cfg,
-        step,
-        before,
-        &after,
-        &held_before,
-        model,
-        &mut problems,
-    );
+    invariants(cfg, &[step], before, &after, &held_before, &mut problems);
+    model_matches(cfg, &after, model, &mut problems);
     *before = after;
     if problems.is_empty() {
         Ok(())
@@ -1337,6 +1368,102 @@ fn locks_of(body: &[u8]) -> BTreeSet<(String, String, String)> {
         .iter()
         .map(|l| (text(&l["state"]), text(&l["id"]), text(&l["user"])))
         .collect()
+}
+
+/// Compare one answer with the prediction.
+fn judge(
+    prediction: &Prediction,
+    (status, body, lock_user): &(u16, Vec<u8>, Option<String>),
+    problems: &mut Vec<String>,
+) {
+    if !prediction.accepts(*status) {
+        problems.push(format!(
+            "status: {status} ({}), the rules say {}",
+            String::from_utf8_lossy(body).trim(),
+            prediction.describe()
+        ));
+    }
+    if *status == 200
+        && let Some(expected) = &prediction.answer
+    {
+        let got = match expected {
+            Expected::Bytes(_, user) => {
+                Expected::Bytes(body.clone(), user.as_ref().and(lock_user.clone()))
+            }
+            Expected::History(_) => Expected::History(history_of(body)),
+            Expected::Locks(_) => Expected::Locks(locks_of(body)),
+        };
+        if got != *expected {
+            problems.push(format!(
+                "answer: got {}, the model has {}",
+                shown(&got),
+                shown(expected)
+            ));
+        }
+    }
+}
+
+/// Two requests at once: the answers and the remote must be those of one order of the two.
+async fn check_pair(
+    cfg: &Config,
+    world: &World,
+    dir: &Path,
+    model: &mut Model,
+    before: &mut Snapshot,
+    first: &Step,
+    second: &Step,
+) -> Result<(), Vec<String>> {
+    let alone = Step {
+        with: None,
+        ..first.clone()
+    };
+    let (a, b) = tokio::join!(world.send(cfg, &alone), world.send(cfg, second));
+    let held_before = model.locks.clone();
+    let after =
+        Snapshot::take(dir, before, cfg.lock_prefix).map_err(|e| vec![format!("git: {e}")])?;
+    let mut explained = None;
+    let mut why = Vec::new();
+    for (x, ax, y, ay) in [(&alone, &a, second, &b), (second, &b, &alone, &a)] {
+        let mut candidate = model.clone();
+        let mut problems = Vec::new();
+        for (step, answer) in [(x, ax), (y, ay)] {
+            let prediction = candidate.predict(cfg, step);
+            judge(&prediction, answer, &mut problems);
+            if answer.0 == 200 && prediction.refusals.is_empty() {
+                candidate.apply(&prediction.effect);
+            }
+        }
+        model_matches(cfg, &after, &candidate, &mut problems);
+        if problems.is_empty() {
+            explained = Some(candidate);
+            break;
+        }
+        why.push(format!("[{x}] then [{y}]: {}", problems.join("; ")));
+    }
+    let mut problems = Vec::new();
+    match explained {
+        Some(candidate) => *model = candidate,
+        None => problems.push(format!(
+            "linearizable: answers {} and {} and the remote fit neither order: {}",
+            a.0,
+            b.0,
+            why.join(" | ")
+        )),
+    }
+    invariants(
+        cfg,
+        &[&alone, second],
+        before,
+        &after,
+        &held_before,
+        &mut problems,
+    );
+    *before = after;
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems)
+    }
 }
 
 /// Take the restored state's bytes from the remote into the model, after checking they are the
@@ -1383,11 +1510,10 @@ fn restored(
 /// The invariants, each with its own class in the message.
 fn invariants(
     cfg: &Config,
-    step: &Step,
+    steps: &[&Step],
     before: &Snapshot,
     after: &Snapshot,
     held_before: &BTreeMap<String, Holder>,
-    model: &Model,
     problems: &mut Vec<String>,
 ) {
     let prefix = cfg.lock_prefix;
@@ -1403,27 +1529,33 @@ fn invariants(
             problems.push(format!("refs: {name} exists, outside the allowed set"));
         }
     }
-    // 2. Nothing outside the actor's grant changed; 3. a held lock is honoured.
-    let user = &cfg.users[step.user];
+    // 2. Nothing outside the actors' grants changed; 3. a held lock is honoured.
+    let actors: Vec<String> = steps
+        .iter()
+        .map(|s| cfg.users[s.user].name.clone())
+        .collect();
+    let actors = actors.join(" or ");
     let (states, locks) = before.changes(after, prefix);
     for (branch, path) in &states {
-        let role = match step.op {
-            Op::Delete { .. } | Op::Restore { .. } => Role::Admin,
-            _ => Role::Write,
-        };
-        if !user.may(role, path) {
+        let granted = steps.iter().any(|step| {
+            let role = match step.op {
+                Op::Delete { .. } | Op::Restore { .. } => Role::Admin,
+                _ => Role::Write,
+            };
+            cfg.users[step.user].may(role, path)
+        });
+        if !granted {
             problems.push(format!(
-                "grant: {path} on {branch} changed by {}, who lacks {role:?} on it",
-                user.name
+                "grant: {path} on {branch} changed by {actors}, without the grant for it"
             ));
         }
         if let Some(holder) = held_before.get(path.as_str()) {
-            let by_holder = match &step.op {
+            let by_holder = steps.iter().any(|step| match &step.op {
                 Op::Write { id, .. } | Op::Delete { id } => {
                     *id == Some(holder.id) && holder.user == step.user
                 }
                 _ => false,
-            };
+            });
             if !by_holder {
                 problems.push(format!(
                     "lock: {path} on {branch} changed while {} of u{} held it",
@@ -1433,13 +1565,20 @@ fn invariants(
         }
     }
     for name in &locks {
-        if !user.may(Role::Write, name) {
+        if !steps
+            .iter()
+            .any(|step| cfg.users[step.user].may(Role::Write, name))
+        {
             problems.push(format!(
-                "grant: lock of {name} changed by {}, who lacks Write on it",
-                user.name
+                "grant: lock of {name} changed by {actors}, who lack Write on it"
             ));
         }
     }
+}
+
+/// The remote equals the model: branches, every state's bytes, lock refs.
+fn model_matches(cfg: &Config, after: &Snapshot, model: &Model, problems: &mut Vec<String>) {
+    let prefix = cfg.lock_prefix;
     // 4. The remote equals the model.
     let branch_refs: BTreeSet<String> = after
         .refs
@@ -1482,6 +1621,16 @@ fn invariants(
         problems.push(format!(
             "model: locks {lock_refs:?} on the remote, {model_locks:?} in the model"
         ));
+    }
+    for (name, holder) in &model.locks {
+        let expected = (holder.id.to_owned(), cfg.users[holder.user].name.clone());
+        if let Some(remote) = after.locks.get(name)
+            && *remote != expected
+        {
+            problems.push(format!(
+                "model: the lock of {name} is {remote:?} on the remote, {expected:?} in the model"
+            ));
+        }
     }
 }
 
