@@ -382,9 +382,8 @@ fn generate(rng: &mut StdRng, model: &Model, users: usize, off: &Off) -> Step {
     } else {
         Some(REFS[rng.random_range(0..REFS.len())])
     };
-    let reference = reference.filter(|r| {
-        !off.refs || ["main", "env/prod", "team/x", "team/x/y", "team/locks"].contains(r)
-    });
+    let reference = reference
+        .filter(|r| !off.refs || ["env/prod", "team/x", "team/x/y", "team/locks"].contains(r));
     let held = model.locks.get(name);
     let mut user = rng.random_range(0..users);
     if let Some(holder) = held
