@@ -1067,3 +1067,44 @@ async fn integrity_rules_hold_with_lock_refs_outside_the_branches() {
         "{refs}"
     );
 }
+
+/// Issue 12 (3), the race: a lock ref that clashes appears between the LOCK's look at the refs and
+/// its push. git http-backend refuses the push (`ng refs/heads/locks/race failed to update ref`;
+/// the reason, "'…/race/b.tfstate' exists; cannot create '…/race'", goes to stderr only): the answer
+/// is 409 naming the other lock, from a fresh look at the refs, never a 502.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_ref_clash_created_during_the_push_is_409_not_502() {
+    let server = GitServer::start().await;
+    let url = server.create_repo("race");
+    let backend = TestBackend::start(&url, &[]).await;
+    let admin = Client::new(&backend.url);
+    ok(
+        &admin,
+        "POST",
+        "/states/s.tfstate",
+        Some(&state_json("s", 1)),
+    )
+    .await;
+    // The next push runs a pre-receive hook that creates the clashing lock ref first (outside the
+    // push's quarantine, as another client's push would).
+    let dir = server.repo_dir("race");
+    let hook = dir.join("hooks/pre-receive");
+    std::fs::write(
+        &hook,
+        "#!/bin/sh\ncat >/dev/null\n[ -e raced ] && exit 0\ntouch raced\n\
+         tip=$(git rev-parse refs/heads/main)\n\
+         env -u GIT_QUARANTINE_PATH -u GIT_OBJECT_DIRECTORY -u GIT_ALTERNATE_OBJECT_DIRECTORIES \
+         git update-ref refs/heads/locks/race/b.tfstate \"$tip\"\n",
+    )
+    .expect("hook");
+    std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+
+    let answer = admin.lock("race", "r").await;
+    assert_eq!(answer.status, 409, "{}", answer.body);
+    assert!(answer.body.contains("race/b.tfstate"), "{}", answer.body);
+    assert!(dir.join("raced").exists(), "the hook ran");
+    let refs = snapshot(&dir);
+    assert!(refs.contains("refs/heads/locks/race/b.tfstate\n"), "{refs}");
+    assert!(!refs.contains("refs/heads/locks/race\n"), "{refs}");
+}
