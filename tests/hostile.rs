@@ -1085,20 +1085,12 @@ async fn a_lock_ref_clash_created_during_the_push_is_409_not_502() {
         Some(&state_json("s", 1)),
     )
     .await;
-    // The next push runs a pre-receive hook that creates the clashing lock ref first (outside the
-    // push's quarantine, as another client's push would).
+    // The next push runs a hook that creates the clashing lock ref first.
     let dir = server.repo_dir("race");
-    let hook = dir.join("hooks/pre-receive");
-    std::fs::write(
-        &hook,
-        "#!/bin/sh\ncat >/dev/null\n[ -e raced ] && exit 0\ntouch raced\n\
-         tip=$(git rev-parse refs/heads/main)\n\
-         env -u GIT_QUARANTINE_PATH -u GIT_OBJECT_DIRECTORY -u GIT_ALTERNATE_OBJECT_DIRECTORIES \
-         git update-ref refs/heads/locks/race/b.tfstate \"$tip\"\n",
-    )
-    .expect("hook");
-    std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-        .expect("chmod");
+    race_next_push(
+        &dir,
+        "git update-ref refs/heads/locks/race/b.tfstate $(git rev-parse refs/heads/main)",
+    );
 
     let answer = admin.lock("race", "r").await;
     assert_eq!(answer.status, 409, "{}", answer.body);
@@ -1107,4 +1099,98 @@ async fn a_lock_ref_clash_created_during_the_push_is_409_not_502() {
     let refs = snapshot(&dir);
     assert!(refs.contains("refs/heads/locks/race/b.tfstate\n"), "{refs}");
     assert!(!refs.contains("refs/heads/locks/race\n"), "{refs}");
+}
+
+/// Install a pre-receive hook in `dir` that runs `script` (with the repository's own object store,
+/// outside the push's quarantine, as another client's push would) before the next push only.
+fn race_next_push(dir: &std::path::Path, script: &str) {
+    let hook = dir.join("hooks/pre-receive");
+    std::fs::write(
+        &hook,
+        format!(
+            "#!/bin/sh\ncat >/dev/null\n[ -e raced ] && exit 0\ntouch raced\n\
+             unset GIT_QUARANTINE_PATH GIT_OBJECT_DIRECTORY GIT_ALTERNATE_OBJECT_DIRECTORIES\n{script}\n"
+        ),
+    )
+    .expect("hook");
+    std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+}
+
+/// The tree rule holds against a concurrent writer: a state `w` committed by someone else between
+/// the write's check of the tree and its push makes the push lose its compare-and-swap, and the
+/// retry, built on the new tree, refuses `w/x.tfstate` with 409 instead of replacing `w`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_in_the_way_committed_during_a_write_is_409() {
+    let server = GitServer::start().await;
+    let url = server.create_repo("treerace");
+    let backend = TestBackend::start(&url, &[]).await;
+    let admin = Client::new(&backend.url);
+    ok(
+        &admin,
+        "POST",
+        "/states/s.tfstate",
+        Some(&state_json("s", 1)),
+    )
+    .await;
+    let dir = server.repo_dir("treerace");
+    race_next_push(
+        &dir,
+        "tip=$(git rev-parse refs/heads/main)\n\
+         blob=$(printf '{\"serial\":1}' | git hash-object -w --stdin)\n\
+         tree=$( (git ls-tree \"$tip\"; printf '100644 blob %s\\tw\\n' \"$blob\") | git mktree)\n\
+         export GIT_AUTHOR_NAME=other GIT_AUTHOR_EMAIL=other@example.invalid\n\
+         export GIT_COMMITTER_NAME=other GIT_COMMITTER_EMAIL=other@example.invalid\n\
+         commit=$(git commit-tree \"$tree\" -p \"$tip\" -m 'write w')\n\
+         git update-ref refs/heads/main \"$commit\" \"$tip\"",
+    );
+    let answer = admin
+        .send("POST", "/states/w/x.tfstate", Some(&state_json("x", 1)))
+        .await;
+    assert_eq!(answer.status, 409, "{}", answer.body);
+    assert!(answer.body.contains("\"w\""), "{}", answer.body);
+    assert!(dir.join("raced").exists(), "the hook ran");
+    let tree = git(&["ls-tree", "-r", "--name-only", "main"], Some(&dir));
+    assert_eq!(
+        tree.lines().collect::<Vec<_>>(),
+        ["s.tfstate", "w"],
+        "{tree}"
+    );
+}
+
+/// What the LOCK's tree check costs in git requests: nothing when the branch tip is cached (2
+/// requests, as before), one shallow fetch when it is not (3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_requests_with_the_tree_check() {
+    let server = GitServer::start().await;
+    let url = server.create_repo("count");
+    let writer = TestBackend::start(&url, &[]).await;
+    ok(
+        &Client::new(&writer.url),
+        "POST",
+        "/states/s.tfstate",
+        Some(&state_json("s", 1)),
+    )
+    .await;
+    let fresh = TestBackend::start(&url, &[]).await;
+    let client = Client::new(&fresh.url);
+    server.take_requests();
+    assert_eq!(client.lock("a.tfstate", "1").await.status, 200);
+    let cold = server.take_labels();
+    assert_eq!(
+        cold,
+        [
+            "GET refs/receive-pack",
+            "POST upload-pack",
+            "POST receive-pack"
+        ]
+    );
+    assert_eq!(client.lock("b.tfstate", "2").await.status, 200);
+    let warm = server.take_labels();
+    assert_eq!(warm, ["GET refs/receive-pack", "POST receive-pack"]);
+    eprintln!(
+        "LOCK: cold cache {} requests, warm {}",
+        cold.len(),
+        warm.len()
+    );
 }
