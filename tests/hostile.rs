@@ -700,22 +700,31 @@ async fn send_probe(base: &str, probe: &Probe) -> (u16, String) {
 }
 
 /// Send every probe; each must get its status with a one-line reason naming what is in the way,
-/// and leave every ref and every tree of the repository at `dir` byte-identical.
-async fn run_probes(base: &str, dir: &std::path::Path, probes: &[Probe]) {
+/// and leave every ref and every tree of the repository at `dir` byte-identical. A refused ref
+/// (403) must not even reach the git server.
+async fn run_probes(server: &GitServer, base: &str, dir: &std::path::Path, probes: &[Probe]) {
     let mut failures = Vec::new();
     for probe in probes {
         let before = snapshot(dir);
+        server.take_requests();
         let (status, body) = send_probe(base, probe).await;
+        let git_requests = server.take_labels();
         let after = snapshot(dir);
         let reason_ok = body.contains(probe.names) && body.trim().lines().count() == 1;
-        if status != probe.want || !reason_ok || before != after {
+        let quiet = probe.want != 403 || git_requests.is_empty();
+        if status != probe.want || !reason_ok || before != after || !quiet {
             failures.push(format!(
-                "{} ({} {}): {status} (want {}) {:?}{}",
+                "{} ({} {}): {status} (want {}) {:?}{}{}",
                 probe.label,
                 probe.method,
                 probe.path,
                 probe.want,
                 body.trim(),
+                if quiet {
+                    String::new()
+                } else {
+                    format!(" after git requests {git_requests:?}")
+                },
                 if before == after {
                     String::new()
                 } else {
@@ -962,7 +971,7 @@ async fn integrity_rules_refuse_and_leave_the_remote_byte_identical() {
         probes.push(lock);
     }
     let dir = server.repo_dir("integrity");
-    run_probes(&backend.url, &dir, &probes).await;
+    run_probes(&server, &backend.url, &dir, &probes).await;
 
     // AND what the rules allow still works: the holder with the right Content-MD5, Terraform's
     // retry of its own LOCK, an allowlisted branch, a lock once the clashing one is gone.
@@ -1052,7 +1061,7 @@ async fn integrity_rules_hold_with_lock_refs_outside_the_branches() {
         ));
     }
     let dir = server.repo_dir("elsewhere");
-    run_probes(&backend.url, &dir, &probes).await;
+    run_probes(&server, &backend.url, &dir, &probes).await;
     ok(
         &admin,
         "POST",
