@@ -35,6 +35,9 @@ use crate::smart::{Advert, Command, PushReport, Service, SmartHttp};
 const FIRST_HISTORY_DEPTH: u32 = 64;
 const MAX_HISTORY_DEPTH: u32 = 1 << 24;
 
+/// How often a LOCK looks again after its tree check raced a write or its push was refused
+/// without a holder or a clashing lock to show for it.
+const MAX_LOCK_ATTEMPTS: u32 = 10;
 /// How often a write is rebuilt on a moved branch before giving up with a retryable 503.
 const MAX_WRITE_ATTEMPTS: u32 = 40;
 /// How long a write may keep retrying, well under a Lambda timeout.
@@ -651,10 +654,15 @@ impl StateStore for GitStore {
         let remote = self.remote(at)?;
         let lock_ref = self.lock_ref(name);
         let mut refused = None;
+        let mut last_attempt = Duration::ZERO;
         // A refused push is judged from the refs, not from the error text: someone took the
         // lock first (held), or created a lock ref it clashes with (a directory/file conflict,
-        // which git reports as `ng … failed to lock` or `cannot lock ref`): look again.
-        for _ in 0..3 {
+        // which git http-backend reports as `ng <ref> failed to update ref`): look again.
+        for attempt in 1..=MAX_LOCK_ATTEMPTS {
+            if attempt > 1 {
+                tokio::time::sleep(backoff(attempt, last_attempt)).await;
+            }
+            let attempt_started = Instant::now();
             let advert = self.lock_advert(&remote, at, &lock_ref).await?;
             if let Some(tip) = advert.tip(&lock_ref) {
                 return Ok(Acquire::Held(self.held(&remote, tip, name).await?));
@@ -666,8 +674,13 @@ impl StateStore for GitStore {
                 match self.tree_clash(&remote, tip, name.as_str()).await {
                     Ok(Some(clash)) => return Ok(Acquire::Clash(clash)),
                     Ok(None) => {}
-                    // The branch moved between advertisement and fetch: look again.
-                    Err(error) if error.is_transient() => continue,
+                    // The branch moved between advertisement and fetch ("not our ref"): look again.
+                    Err(error) if error.is_transient() => {
+                        tracing::debug!(attempt, error = %gitstate_core::http::chain(&error), "lock's tree check raced a write, retrying");
+                        last_attempt = attempt_started.elapsed();
+                        refused = None;
+                        continue;
+                    }
                     Err(error) => return Err(error.into()),
                 }
             }
@@ -689,11 +702,18 @@ impl StateStore for GitStore {
                 return Ok(Acquire::Acquired);
             }
             refused = Some(report);
+            last_attempt = attempt_started.elapsed();
         }
-        Err(Error::Remote(format!(
-            "the remote kept refusing to create {lock_ref} ({refused:?})"
-        ))
-        .into())
+        match refused {
+            Some(report) => Err(Error::Remote(format!(
+                "the remote kept refusing to create {lock_ref} ({report:?})"
+            ))
+            .into()),
+            // The branch kept moving under the tree check: busy, retryable.
+            None => Err(StoreError::Contention {
+                attempts: MAX_LOCK_ATTEMPTS,
+            }),
+        }
     }
 
     async fn release_lock(
