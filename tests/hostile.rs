@@ -939,6 +939,15 @@ async fn integrity_rules_refuse_and_leave_the_remote_byte_identical() {
             HOLDER,
         ));
     }
+    probes.push(probe(
+        "holder's ID, delete",
+        "DELETE",
+        format!("/states/{NAME}?ID={HOLDER}"),
+        ADMIN,
+        None,
+        423,
+        HOLDER,
+    ));
     // Content-MD5 that is wrong or malformed, on a write and on a lock.
     for (label, md5) in [
         ("MD5 of another body", md5_base64(b"{}")),
@@ -998,6 +1007,14 @@ async fn integrity_rules_refuse_and_leave_the_remote_byte_identical() {
     assert!(snapshot(&dir).contains("refs/heads/env/dev\n"));
     ok(&admin, "DELETE", "/locks/x/y.tfstate", None).await;
     assert_eq!(writer.lock("x", "x-holder").await.status, 200);
+    // A lock that exists can always be released, even once a state lies in its way.
+    assert_eq!(writer.lock("c/d.tfstate", "cd").await.status, 200);
+    ok(&admin, "POST", "/states/c", Some(&state_json("c", 1))).await;
+    let unlock = writer
+        .send("DELETE", "/locks/c/d.tfstate", Some(&lock_info("cd")))
+        .await;
+    assert_eq!(unlock.status, 200, "{}", unlock.body);
+    assert!(!snapshot(&dir).contains("refs/heads/locks/c/d.tfstate"));
     eprintln!(
         "integrity corpus: {} probes refused, repository unchanged",
         probes.len()
