@@ -23,8 +23,6 @@ pub enum Error {
     Protocol(String),
     #[error("git remote reports: {0}")]
     Remote(String),
-    #[error("ref clash: {0}")]
-    RefClash(String),
     #[error("configuration: {0}")]
     Config(String),
     #[error("local git repository")]
@@ -64,7 +62,6 @@ impl From<Error> for StoreError {
             | Error::Status { .. }
             | Error::Protocol(_)
             | Error::Remote(_)
-            | Error::RefClash(_)
             | Error::Pack(_) => StoreError::Remote(Box::new(error)),
             Error::Corrupt(what) => StoreError::Corrupt(what),
             Error::Config(_) | Error::Git(_) | Error::Io(_) | Error::Join(_) => {

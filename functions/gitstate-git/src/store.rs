@@ -21,8 +21,8 @@ use gitstate_core::ports::{
     Acquire, Change, CommitMeta, HeldLock, HistoryPage, Location, Refusal, Release, StateStore,
     StoreError, WritePlan, Written, user_from_message,
 };
-use gitstate_core::refs::{Clash, lock_clash, paths_clash};
-use gitstate_core::{LockInfo, StateName};
+use gitstate_core::refs::{Clash, branch_clash, lock_clash};
+use gitstate_core::{BranchName, LockInfo, StateName};
 
 use crate::Error;
 use crate::cache::{Cache, NewCommit, Walk};
@@ -213,6 +213,22 @@ impl GitStore {
             advert.refs.extend(others.refs);
         }
         Ok(advert)
+    }
+
+    /// The existing branch in the way of creating `branch`: from `advert` over HTTP (a ref
+    /// advertisement lists every ref), from the refs under `refs/heads/` in the embedded
+    /// repository (whose advertisement lists only the refs asked for).
+    async fn branch_clash(
+        &self,
+        remote: &Remote,
+        advert: &Advert,
+        branch: &BranchName,
+    ) -> Result<Option<Clash>, Error> {
+        if remote.is_cache() {
+            return Ok(branch_clash(advert.refs.keys().map(String::as_str), branch));
+        }
+        let heads = remote.refs_with_prefix("refs/heads/").await?;
+        Ok(branch_clash(heads.refs.keys().map(String::as_str), branch))
     }
 
     /// How `path` clashes with the tree of `tip` (fetched into the cache first).
@@ -901,12 +917,6 @@ impl GitStore {
             if let Some(clash) = blocking(move || cache.path_clash(tip, &owned)).await? {
                 return Ok(Attempt::Done(Written::Refused(Refusal::Clash(clash))));
             }
-        } else if let Some(other) = advert.refs.keys().find(|r| paths_clash(r, &branch)) {
-            // A new branch git cannot create next to an existing ref: say so now rather than
-            // losing every compare-and-swap until the deadline.
-            return Err(Error::RefClash(format!(
-                "branch {branch} cannot be created: it clashes with the ref {other}"
-            )));
         }
         let held = match lock_tip {
             Some((lock_tip, _, name)) => Some(self.held(remote, lock_tip, name).await?),
@@ -927,6 +937,14 @@ impl GitStore {
             Change::Put(bytes) => Some(bytes.clone()),
             Change::Delete => None,
         };
+        // A new branch git cannot create next to an existing one (`env/a/b` while `env/a`
+        // exists): refuse it now rather than push. A clashing branch created by someone else
+        // after this look makes the push fail, and the next attempt refuses it here.
+        if tip.is_none()
+            && let Some(clash) = self.branch_clash(remote, &advert, &at.branch).await?
+        {
+            return Ok(Attempt::Done(Written::Refused(Refusal::Clash(clash))));
+        }
         let commit = remote.commit(tip, path.to_owned(), content, meta).await?;
         let mut commands = vec![Command {
             old: tip.unwrap_or_else(null),
