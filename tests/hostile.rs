@@ -702,13 +702,21 @@ async fn send_probe(base: &str, probe: &Probe) -> (u16, String) {
 /// Send every probe; each must get its status with a one-line reason naming what is in the way,
 /// and leave every ref and every tree of the repository at `dir` byte-identical. A refused ref
 /// (403) must not even reach the git server.
-async fn run_probes(server: &GitServer, base: &str, dir: &std::path::Path, probes: &[Probe]) {
+/// `server` is `None` for the embedded repository (no git requests to count).
+async fn run_probes(
+    server: Option<&GitServer>,
+    base: &str,
+    dir: &std::path::Path,
+    probes: &[Probe],
+) {
     let mut failures = Vec::new();
     for probe in probes {
         let before = snapshot(dir);
-        server.take_requests();
+        if let Some(server) = server {
+            server.take_requests();
+        }
         let (status, body) = send_probe(base, probe).await;
-        let git_requests = server.take_labels();
+        let git_requests = server.map(GitServer::take_labels).unwrap_or_default();
         let after = snapshot(dir);
         let reason_ok = body.contains(probe.names) && body.trim().lines().count() == 1;
         let quiet = probe.want != 403 || git_requests.is_empty();
@@ -939,6 +947,15 @@ async fn integrity_rules_refuse_and_leave_the_remote_byte_identical() {
             HOLDER,
         ));
     }
+    probes.push(probe(
+        "holder's ID, delete",
+        "DELETE",
+        format!("/states/{NAME}?ID={HOLDER}"),
+        ADMIN,
+        None,
+        423,
+        HOLDER,
+    ));
     // Content-MD5 that is wrong or malformed, on a write and on a lock.
     for (label, md5) in [
         ("MD5 of another body", md5_base64(b"{}")),
@@ -971,7 +988,7 @@ async fn integrity_rules_refuse_and_leave_the_remote_byte_identical() {
         probes.push(lock);
     }
     let dir = server.repo_dir("integrity");
-    run_probes(&server, &backend.url, &dir, &probes).await;
+    run_probes(Some(&server), &backend.url, &dir, &probes).await;
 
     // AND what the rules allow still works: the holder with the right Content-MD5, Terraform's
     // retry of its own LOCK, an allowlisted branch, a lock once the clashing one is gone.
@@ -998,6 +1015,14 @@ async fn integrity_rules_refuse_and_leave_the_remote_byte_identical() {
     assert!(snapshot(&dir).contains("refs/heads/env/dev\n"));
     ok(&admin, "DELETE", "/locks/x/y.tfstate", None).await;
     assert_eq!(writer.lock("x", "x-holder").await.status, 200);
+    // A lock that exists can always be released, even once a state lies in its way.
+    assert_eq!(writer.lock("c/d.tfstate", "cd").await.status, 200);
+    ok(&admin, "POST", "/states/c", Some(&state_json("c", 1))).await;
+    let unlock = writer
+        .send("DELETE", "/locks/c/d.tfstate", Some(&lock_info("cd")))
+        .await;
+    assert_eq!(unlock.status, 200, "{}", unlock.body);
+    assert!(!snapshot(&dir).contains("refs/heads/locks/c/d.tfstate"));
     eprintln!(
         "integrity corpus: {} probes refused, repository unchanged",
         probes.len()
@@ -1061,7 +1086,7 @@ async fn integrity_rules_hold_with_lock_refs_outside_the_branches() {
         ));
     }
     let dir = server.repo_dir("elsewhere");
-    run_probes(&server, &backend.url, &dir, &probes).await;
+    run_probes(Some(&server), &backend.url, &dir, &probes).await;
     ok(
         &admin,
         "POST",
@@ -1202,4 +1227,157 @@ async fn lock_requests_with_the_tree_check() {
         cold.len(),
         warm.len()
     );
+}
+
+/// A backend over the embedded repository `<dir>/repo.git` (created on first use).
+async fn embedded_backend(dir: &std::path::Path, extra: &[(&str, &str)]) -> TestBackend {
+    let mut vars = std::collections::HashMap::from([
+        (
+            "GITSTATE_LOCAL_REPOSITORY".to_owned(),
+            dir.join("repo.git").display().to_string(),
+        ),
+        (
+            "GITSTATE_CACHE_DIR".to_owned(),
+            dir.join("cache").display().to_string(),
+        ),
+    ]);
+    for (key, value) in extra {
+        vars.insert((*key).to_owned(), (*value).to_owned());
+    }
+    let settings =
+        gitstate_core::config::Settings::from_lookup(gitstate_core::config::Runtime::Local, |k| {
+            vars.get(k).cloned()
+        })
+        .expect("settings");
+    TestBackend::serve(
+        gitstate_tests::app(&settings),
+        tempfile::tempdir().expect("tempdir"),
+    )
+    .await
+}
+
+/// Two allowlisted branches that clash (`env/a` and `env/a/b` with `env/*` allowed): a write that
+/// would create the second is 409 naming the existing one, decided before any push, against git
+/// http-backend and the embedded repository alike. Generated as shapes (child, grandchild,
+/// parent of an existing branch) × every request that creates a branch; each leaves every ref
+/// and tree byte-identical. A branch beside them is still created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_branch_that_clashes_with_an_existing_branch_is_409() {
+    let access = integrity_access();
+    let extra = [
+        ("GITSTATE_ACCESS", access.as_str()),
+        ("GITSTATE_ALLOWED_REFS", "env/*"),
+    ];
+    let server = GitServer::start().await;
+    let url = server.create_repo("branches");
+    let hosted = TestBackend::start(&url, &extra).await;
+    let local = tempfile::tempdir().expect("tempdir");
+    let embedded = embedded_backend(local.path(), &extra).await;
+    let local_repo = local.path().join("repo.git");
+    let local_id = std::fs::canonicalize(&local_repo)
+        .expect("embedded repository")
+        .display()
+        .to_string();
+    for (backend, dir, server, repository) in [
+        (
+            &hosted,
+            server.repo_dir("branches"),
+            Some(&server),
+            url.clone(),
+        ),
+        (&embedded, local_repo, None, local_id),
+    ] {
+        let admin = Client::new(&backend.url);
+        for existing in ["env/a", "env/c/d"] {
+            let path = format!("/states/s.tfstate?ref={existing}");
+            ok(&admin, "POST", &path, Some(&state_json("s", 1))).await;
+        }
+        let mut probes = Vec::new();
+        for (branch, in_the_way) in [
+            ("env/a/b", "existing branch \"env/a\""),
+            ("env/a/b/c", "existing branch \"env/a\""),
+            ("env/c", "existing branch \"env/c/d\""),
+        ] {
+            for (method, path) in [
+                ("POST", format!("/states/n.tfstate?ref={branch}")),
+                ("PUT", format!("/states/n/m.tfstate?ref={branch}")),
+                (
+                    "POST",
+                    format!(
+                        "/?type=git&repository={}&ref={branch}&state=n.tfstate",
+                        form_encode(&repository)
+                    ),
+                ),
+            ] {
+                probes.push(probe(
+                    format!("branch {branch}"),
+                    method,
+                    path,
+                    ADMIN,
+                    Some(state_json("n", 1)),
+                    409,
+                    in_the_way,
+                ));
+            }
+        }
+        run_probes(server, &backend.url, &dir, &probes).await;
+        ok(
+            &admin,
+            "POST",
+            "/states/n.tfstate?ref=env/e",
+            Some(&state_json("n", 1)),
+        )
+        .await;
+        let refs = snapshot(&dir);
+        assert!(refs.contains("refs/heads/env/e\n"), "{refs}");
+    }
+}
+
+/// The race: a branch that clashes is created by someone else between the write's look at the
+/// refs and its push (a pre-receive hook). git http-backend refuses the push; the retry looks at
+/// the refs again and answers 409 naming that branch, never a 502, and nothing of the write
+/// lands. Both shapes: the new branch below the one created meanwhile, and above it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_branch_clash_created_during_the_push_is_409_not_502() {
+    for (creating, racing) in [("env/r", "env/r/x"), ("env/q/x", "env/q")] {
+        let server = GitServer::start().await;
+        let url = server.create_repo("race");
+        let backend = TestBackend::start(&url, &[("GITSTATE_ALLOWED_REFS", "env/*")]).await;
+        let admin = Client::new(&backend.url);
+        ok(
+            &admin,
+            "POST",
+            "/states/s.tfstate",
+            Some(&state_json("s", 1)),
+        )
+        .await;
+        let dir = server.repo_dir("race");
+        race_next_push(
+            &dir,
+            &format!("git update-ref refs/heads/{racing} $(git rev-parse refs/heads/main)"),
+        );
+        let answer = admin
+            .send(
+                "POST",
+                &format!("/states/n.tfstate?ref={creating}"),
+                Some(&state_json("n", 1)),
+            )
+            .await;
+        assert_eq!(answer.status, 409, "{creating}: {}", answer.body);
+        assert!(
+            answer
+                .body
+                .contains(&format!("existing branch \"{racing}\"")),
+            "{}",
+            answer.body
+        );
+        assert!(dir.join("raced").exists(), "the hook ran");
+        let refs = snapshot(&dir);
+        assert!(refs.contains(&format!("refs/heads/{racing}\n")), "{refs}");
+        assert!(
+            !refs.contains(&format!("refs/heads/{creating}\n")),
+            "{refs}"
+        );
+        assert!(!refs.contains("n.tfstate"), "{refs}");
+    }
 }

@@ -43,9 +43,12 @@ pub enum Clash {
     /// The name's lock ref would clash with the lock held on this state.
     #[error("its lock ref would clash with the lock held on {0:?}")]
     LockRef(String),
-    /// The branch does not exist yet and cannot be created beside this existing ref.
-    #[error("its branch cannot be created beside the existing ref {0:?}")]
-    Branch(String),
+    /// The write would create its branch, and that ref clashes with this existing branch
+    /// (`env/a/b` while `env/a` exists, or the reverse).
+    #[error(
+        "its branch {branch:?} cannot be created: it clashes with the existing branch {existing:?}"
+    )]
+    Branch { branch: String, existing: String },
 }
 
 /// The tree rule: how `name` clashes with the files `files` of a branch, if it does.
@@ -68,6 +71,25 @@ pub fn lock_clash<'a>(held: impl IntoIterator<Item = &'a str>, name: &str) -> Op
         .filter(|other| paths_clash(other, name))
         .min()
         .map(|other| Clash::LockRef(other.to_owned()))
+}
+
+/// The branch rule: the existing branch, among the full refs `refs` (any refs; only branches can
+/// clash with a branch), in the way of creating `branch`.
+pub fn branch_clash<'a>(
+    refs: impl IntoIterator<Item = &'a str>,
+    branch: &BranchName,
+) -> Option<Clash> {
+    let full = branch.full_ref();
+    refs.into_iter()
+        .filter(|other| paths_clash(other, &full))
+        .min()
+        .map(|other| Clash::Branch {
+            branch: branch.to_string(),
+            existing: other
+                .strip_prefix("refs/heads/")
+                .unwrap_or(other)
+                .to_owned(),
+        })
 }
 
 /// One entry of `GITSTATE_ALLOWED_REFS`.
@@ -435,5 +457,52 @@ mod tests {
             let lock = lock_clash(files.iter().map(String::as_str), &name);
             assert_eq!(lock.is_some(), below.is_some() || inside.is_some());
         }
+    }
+
+    /// Seeded random sets of existing refs (branches, lock refs, tags) and a branch to create:
+    /// a clash is reported exactly when git would refuse the new ref for a directory/file
+    /// conflict, and names an existing branch in the way.
+    #[test]
+    fn branch_clashes_generated() {
+        let mut rng = StdRng::seed_from_u64(21);
+        let mut clashes = 0;
+        for _ in 0..5_000 {
+            let mut refs: Vec<String> = Vec::new();
+            for _ in 0..rng.random_range(0..6) {
+                let namespace = ["refs/heads/", "refs/heads/", "refs/tags/", "refs/locks/"]
+                    [rng.random_range(0..4)];
+                let full = format!("{namespace}{}", random_path(&mut rng));
+                // Keep the ref store valid: git holds no two refs that clash.
+                if refs.iter().all(|r| !paths_clash(r, &full) && *r != full) {
+                    refs.push(full);
+                }
+            }
+            let new = branch(&random_path(&mut rng));
+            let full = new.full_ref();
+            let found = branch_clash(refs.iter().map(String::as_str), &new);
+            let in_way: Vec<&String> = refs.iter().filter(|r| paths_clash(r, &full)).collect();
+            match found {
+                Some(Clash::Branch { branch, existing }) => {
+                    clashes += 1;
+                    assert_eq!(branch, new.as_str());
+                    let existing_ref = format!("refs/heads/{existing}");
+                    assert!(
+                        in_way.contains(&&existing_ref),
+                        "{refs:?} {new}: {existing}"
+                    );
+                    assert!(
+                        !Clash::Branch { branch, existing }
+                            .to_string()
+                            .contains('\n')
+                    );
+                }
+                None => assert!(in_way.is_empty(), "{refs:?} {new}: missed {in_way:?}"),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(
+            clashes > 500,
+            "only {clashes} clashes: the generator is too narrow"
+        );
     }
 }

@@ -1287,6 +1287,72 @@ mod tests {
         ));
     }
 
+    /// A write that would create its branch next to an existing branch it clashes with (one a
+    /// path prefix of the other) is 409 naming that branch, and creates nothing; seeded random
+    /// branch pairs over a small alphabet, so that clashes are frequent.
+    #[tokio::test]
+    async fn branches_that_clash_are_refused_generated() {
+        use rand::rngs::StdRng;
+        use rand::{Rng, SeedableRng};
+        let mut rng = StdRng::seed_from_u64(44);
+        let mut random_branch = || {
+            let segments = rng.random_range(1..=3);
+            let path: Vec<&str> = (0..segments)
+                .map(|_| ["env", "a", "b"][rng.random_range(0..3)])
+                .collect();
+            BranchName::parse(&path.join("/")).expect("valid branch")
+        };
+        let (mut clashes, mut created) = (0, 0);
+        for _ in 0..400 {
+            let (b, at, name) = backend();
+            let existing = Location {
+                branch: random_branch(),
+                ..at.clone()
+            };
+            let new = Location {
+                branch: random_branch(),
+                ..at.clone()
+            };
+            b.put_state(&admin(), &existing, &name, None, state("L", 1))
+                .await
+                .expect("first branch");
+            let answer = b
+                .put_state(&admin(), &new, &name, None, state("M", 1))
+                .await;
+            let clash =
+                crate::refs::paths_clash(&existing.branch.full_ref(), &new.branch.full_ref());
+            match answer {
+                Err(ServiceError::Clash(Clash::Branch {
+                    branch,
+                    existing: other,
+                })) => {
+                    assert!(clash, "{} {}", existing.branch, new.branch);
+                    assert_eq!(
+                        (branch.as_str(), other.as_str()),
+                        (new.branch.as_str(), existing.branch.as_str())
+                    );
+                    assert!(
+                        b.store()
+                            .list_states(&new, "")
+                            .await
+                            .expect("list")
+                            .is_empty()
+                    );
+                    clashes += 1;
+                }
+                Ok(()) => {
+                    assert!(!clash, "{} {}", existing.branch, new.branch);
+                    created += 1;
+                }
+                other => panic!("{} after {}: {other:?}", new.branch, existing.branch),
+            }
+        }
+        assert!(
+            clashes > 40 && created > 40,
+            "{clashes} clashes, {created} created"
+        );
+    }
+
     #[tokio::test]
     async fn the_holders_id_from_another_user_is_locked() {
         let (b, at, name) = backend();

@@ -11,7 +11,7 @@ use crate::ports::{
     Acquire, Change, CommitMeta, HeldLock, HistoryPage, Location, Refusal, Release, Revision,
     StateStore, StoreError, WritePlan, Written, user_from_message,
 };
-use crate::refs::{Clash, lock_clash, tree_clash};
+use crate::refs::{Clash, branch_clash, lock_clash, tree_clash};
 use crate::{LockInfo, StateName};
 
 type Key = (Location, StateName);
@@ -67,6 +67,22 @@ impl Inner {
             .filter(|(l, _)| l == at)
             .map(|(_, n)| n.as_str());
         tree_clash(files, name.as_str())
+    }
+
+    /// The git store's branch rule: a write that would create its branch next to an existing
+    /// branch of the same repository that it clashes with.
+    fn branch_clash(&self, at: &Location) -> Option<Clash> {
+        let branches: Vec<String> = self
+            .revisions
+            .keys()
+            .filter(|(l, _)| l.repository == at.repository)
+            .map(|(l, _)| l.branch.full_ref())
+            .collect();
+        let exists = branches.contains(&at.branch.full_ref());
+        if exists {
+            return None;
+        }
+        branch_clash(branches.iter().map(String::as_str), &at.branch)
     }
 
     /// The git store's lock ref rule: lock refs of one repository share one namespace.
@@ -160,6 +176,9 @@ impl StateStore for MemoryStore {
                 Ok(meta) => meta,
                 Err(refusal) => return Written::Refused(refusal),
             };
+            if let Some(clash) = i.branch_clash(at) {
+                return Written::Refused(Refusal::Clash(clash));
+            }
             let content = match change {
                 Change::Put(bytes) if i.states.get(&k) == Some(&bytes) => {
                     return Written::Unchanged;

@@ -21,8 +21,8 @@ use gitstate_core::ports::{
     Acquire, Change, CommitMeta, HeldLock, HistoryPage, Location, Refusal, Release, StateStore,
     StoreError, WritePlan, Written, user_from_message,
 };
-use gitstate_core::refs::{Clash, lock_clash, paths_clash};
-use gitstate_core::{LockInfo, StateName};
+use gitstate_core::refs::{Clash, branch_clash, lock_clash};
+use gitstate_core::{BranchName, LockInfo, StateName};
 
 use crate::Error;
 use crate::cache::{Cache, NewCommit, Walk};
@@ -35,6 +35,9 @@ use crate::smart::{Advert, Command, PushReport, Service, SmartHttp};
 const FIRST_HISTORY_DEPTH: u32 = 64;
 const MAX_HISTORY_DEPTH: u32 = 1 << 24;
 
+/// How often a LOCK looks again after its tree check raced a write or its push was refused
+/// without a holder or a clashing lock to show for it.
+const MAX_LOCK_ATTEMPTS: u32 = 10;
 /// How often a write is rebuilt on a moved branch before giving up with a retryable 503.
 const MAX_WRITE_ATTEMPTS: u32 = 40;
 /// How long a write may keep retrying, well under a Lambda timeout.
@@ -210,6 +213,22 @@ impl GitStore {
             advert.refs.extend(others.refs);
         }
         Ok(advert)
+    }
+
+    /// The existing branch in the way of creating `branch`: from `advert` over HTTP (a ref
+    /// advertisement lists every ref), from the refs under `refs/heads/` in the embedded
+    /// repository (whose advertisement lists only the refs asked for).
+    async fn branch_clash(
+        &self,
+        remote: &Remote,
+        advert: &Advert,
+        branch: &BranchName,
+    ) -> Result<Option<Clash>, Error> {
+        if remote.is_cache() {
+            return Ok(branch_clash(advert.refs.keys().map(String::as_str), branch));
+        }
+        let heads = remote.refs_with_prefix("refs/heads/").await?;
+        Ok(branch_clash(heads.refs.keys().map(String::as_str), branch))
     }
 
     /// How `path` clashes with the tree of `tip` (fetched into the cache first).
@@ -651,10 +670,15 @@ impl StateStore for GitStore {
         let remote = self.remote(at)?;
         let lock_ref = self.lock_ref(name);
         let mut refused = None;
+        let mut last_attempt = Duration::ZERO;
         // A refused push is judged from the refs, not from the error text: someone took the
         // lock first (held), or created a lock ref it clashes with (a directory/file conflict,
-        // which git reports as `ng … failed to lock` or `cannot lock ref`): look again.
-        for _ in 0..3 {
+        // which git http-backend reports as `ng <ref> failed to update ref`): look again.
+        for attempt in 1..=MAX_LOCK_ATTEMPTS {
+            if attempt > 1 {
+                tokio::time::sleep(backoff(attempt, last_attempt)).await;
+            }
+            let attempt_started = Instant::now();
             let advert = self.lock_advert(&remote, at, &lock_ref).await?;
             if let Some(tip) = advert.tip(&lock_ref) {
                 return Ok(Acquire::Held(self.held(&remote, tip, name).await?));
@@ -666,8 +690,13 @@ impl StateStore for GitStore {
                 match self.tree_clash(&remote, tip, name.as_str()).await {
                     Ok(Some(clash)) => return Ok(Acquire::Clash(clash)),
                     Ok(None) => {}
-                    // The branch moved between advertisement and fetch: look again.
-                    Err(error) if error.is_transient() => continue,
+                    // The branch moved between advertisement and fetch ("not our ref"): look again.
+                    Err(error) if error.is_transient() => {
+                        tracing::debug!(attempt, error = %gitstate_core::http::chain(&error), "lock's tree check raced a write, retrying");
+                        last_attempt = attempt_started.elapsed();
+                        refused = None;
+                        continue;
+                    }
                     Err(error) => return Err(error.into()),
                 }
             }
@@ -689,11 +718,18 @@ impl StateStore for GitStore {
                 return Ok(Acquire::Acquired);
             }
             refused = Some(report);
+            last_attempt = attempt_started.elapsed();
         }
-        Err(Error::Remote(format!(
-            "the remote kept refusing to create {lock_ref} ({refused:?})"
-        ))
-        .into())
+        match refused {
+            Some(report) => Err(Error::Remote(format!(
+                "the remote kept refusing to create {lock_ref} ({report:?})"
+            ))
+            .into()),
+            // The branch kept moving under the tree check: busy, retryable.
+            None => Err(StoreError::Contention {
+                attempts: MAX_LOCK_ATTEMPTS,
+            }),
+        }
     }
 
     async fn release_lock(
@@ -876,21 +912,11 @@ impl GitStore {
         // The tree rule, against the very tree the commit is built on: a concurrent writer that
         // slips a clashing path in makes the push below lose the compare-and-swap, and the next
         // attempt sees it here.
-        let mut branch_clash = None;
         if let Some(tip) = tip {
             let (cache, owned) = (remote.cache.clone(), path.to_owned());
             if let Some(clash) = blocking(move || cache.path_clash(tip, &owned)).await? {
                 return Ok(Attempt::Done(Written::Refused(Refusal::Clash(clash))));
             }
-        } else {
-            // A new branch git cannot create next to an existing ref (`team/x` beside
-            // `team/x/y`, both allowlisted by `team/*`). The embedded repository lists only the
-            // refs asked for.
-            let refs = match remote.is_cache() {
-                true => advert.refs.clone(),
-                false => remote.refs_with_prefix("refs/").await?.refs,
-            };
-            branch_clash = refs.into_keys().filter(|r| paths_clash(r, &branch)).min();
         }
         let held = match lock_tip {
             Some((lock_tip, _, name)) => Some(self.held(remote, lock_tip, name).await?),
@@ -904,18 +930,6 @@ impl GitStore {
             Ok(meta) => meta,
             Err(refusal) => return Ok(Attempt::Done(Written::Refused(refusal))),
         };
-        // After the plan, so that a refusal it gives (nothing to delete, a held lock) comes
-        // first; before any push, which would only lose every compare-and-swap until the
-        // deadline.
-        if let Some(other) = branch_clash {
-            let other = other
-                .strip_prefix("refs/heads/")
-                .unwrap_or(&other)
-                .to_owned();
-            return Ok(Attempt::Done(Written::Refused(Refusal::Clash(
-                Clash::Branch(other),
-            ))));
-        }
         let content = match change {
             Change::Put(bytes) if stored.as_deref() == Some(bytes.as_ref()) => {
                 return Ok(Attempt::Done(Written::Unchanged));
@@ -923,6 +937,14 @@ impl GitStore {
             Change::Put(bytes) => Some(bytes.clone()),
             Change::Delete => None,
         };
+        // A new branch git cannot create next to an existing one (`env/a/b` while `env/a`
+        // exists): refuse it now rather than push. A clashing branch created by someone else
+        // after this look makes the push fail, and the next attempt refuses it here.
+        if tip.is_none()
+            && let Some(clash) = self.branch_clash(remote, &advert, &at.branch).await?
+        {
+            return Ok(Attempt::Done(Written::Refused(Refusal::Clash(clash))));
+        }
         let commit = remote.commit(tip, path.to_owned(), content, meta).await?;
         let mut commands = vec![Command {
             old: tip.unwrap_or_else(null),
