@@ -771,7 +771,7 @@ impl Model {
             },
             Op::Write { id, body, .. } => {
                 let body = body.as_ref().map(StateBody::bytes).unwrap_or_default();
-                admit(&mut p, held, *id, step.user, true);
+                admit(&mut p, held, *id, step.user);
                 if let Some(c) = tree_clash {
                     p.refuse(409, format!("state {c} is in the way"));
                 }
@@ -801,7 +801,7 @@ impl Model {
                 }
             }
             Op::Delete { id } => {
-                admit(&mut p, held, *id, step.user, false);
+                admit(&mut p, held, *id, step.user);
                 if stored.is_none() {
                     match tree_clash {
                         Some(c) => {
@@ -927,24 +927,14 @@ impl Model {
     }
 }
 
-/// The lock rule of writes and deletes: with an ID, the holder's (and, for writes, taken by the
-/// same user); without one, nobody may hold the lock.
-fn admit(
-    p: &mut Prediction,
-    held: Option<Holder>,
-    id: Option<&str>,
-    user: usize,
-    owner_rule: bool,
-) {
+/// The lock rule of writes and deletes: with an ID, the holder's, taken by the same user
+/// (administrators included: they force-unlock first); without one, nobody may hold the lock.
+fn admit(p: &mut Prediction, held: Option<Holder>, id: Option<&str>, user: usize) {
     match (held, id) {
         (Some(h), None) => p.refuse(423, format!("held by {} of u{}", h.id, h.user)),
         (Some(h), Some(id)) if id != h.id => p.refuse(409, format!("holder is {}", h.id)),
         (Some(h), Some(_)) if h.user != user => {
-            if owner_rule {
-                p.refuse(423, format!("{} was taken by u{}", h.id, h.user));
-            } else {
-                p.tolerate(423, format!("{} was taken by u{}", h.id, h.user));
-            }
+            p.refuse(423, format!("{} was taken by u{}", h.id, h.user));
         }
         (None, Some(id)) => p.refuse(409, format!("{id} is not held")),
         _ => {}
