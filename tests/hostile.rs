@@ -1192,6 +1192,61 @@ async fn a_state_in_the_way_committed_during_a_write_is_409() {
     );
 }
 
+/// What the tree check costs a write that loses a race: nothing. Another writer's commit lands
+/// between the write's look and its push (a pre-receive hook); the retry reads the new tip's tree
+/// from the cache the fetch of that tip filled, so the write takes exactly main's requests: one
+/// advertisement and one push per attempt, and one fetch for the moved tip.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_retry_costs_no_request_for_the_tree_check() {
+    let server = GitServer::start().await;
+    let url = server.create_repo("retry");
+    let backend = TestBackend::start(&url, &[]).await;
+    let admin = Client::new(&backend.url);
+    ok(
+        &admin,
+        "POST",
+        "/states/s.tfstate",
+        Some(&state_json("s", 1)),
+    )
+    .await;
+    let dir = server.repo_dir("retry");
+    race_next_push(
+        &dir,
+        "tip=$(git rev-parse refs/heads/main)\n\
+         blob=$(printf '{\"serial\":1}' | git hash-object -w --stdin)\n\
+         tree=$( (git ls-tree \"$tip\"; printf '100644 blob %s\\tother.tfstate\\n' \"$blob\") | git mktree)\n\
+         export GIT_AUTHOR_NAME=other GIT_AUTHOR_EMAIL=other@example.invalid\n\
+         export GIT_COMMITTER_NAME=other GIT_COMMITTER_EMAIL=other@example.invalid\n\
+         commit=$(git commit-tree \"$tree\" -p \"$tip\" -m 'write other')\n\
+         git update-ref refs/heads/main \"$commit\" \"$tip\"",
+    );
+    server.take_requests();
+    ok(
+        &admin,
+        "POST",
+        "/states/team/x.tfstate",
+        Some(&state_json("x", 1)),
+    )
+    .await;
+    assert!(dir.join("raced").exists(), "the hook ran");
+    assert_eq!(
+        server.take_labels(),
+        [
+            "GET refs/receive-pack",
+            "POST receive-pack",
+            "GET refs/receive-pack",
+            "POST upload-pack",
+            "POST receive-pack"
+        ]
+    );
+    let tree = git(&["ls-tree", "-r", "--name-only", "main"], Some(&dir));
+    assert_eq!(
+        tree.lines().collect::<Vec<_>>(),
+        ["other.tfstate", "s.tfstate", "team/x.tfstate"],
+        "{tree}"
+    );
+}
+
 /// What the LOCK's tree check costs in git requests: nothing when the branch tip is cached (2
 /// requests, as before), one shallow fetch when it is not (3).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
