@@ -6,7 +6,9 @@
 
 use base64::Engine as _;
 use gitstate_core::auth::parse_basic;
-use gitstate_core::refs::{AllowedRefs, RefPolicy, clashes_with_lock_prefix, paths_clash};
+use gitstate_core::refs::{
+    AllowedRefs, RefPolicy, branch_clash, clashes_with_lock_prefix, paths_clash,
+};
 use gitstate_core::{BranchName, StateName};
 use gitstate_git::pkt;
 use gitstate_git::smart::{Advert, PushReport, Service};
@@ -104,6 +106,10 @@ pub fn ref_name(data: &[u8]) {
                 !paths_clash(&full, &branch.full_ref()),
                 "{full} clashes with {branch}"
             );
+            // The runtime rule for branches created next to existing ones agrees: the
+            // configured branch is never in the way of an accepted ref.
+            let configured = branch.full_ref();
+            assert_eq!(branch_clash([configured.as_str()], &asked), None);
         }
         Err(refused) => assert!(!refused.to_string().contains('\n'), "one line"),
     }
