@@ -42,3 +42,8 @@ fn pkt_line_corpus() {
 fn sops_file_corpus() {
     replay("sops_file", checks::sops_file);
 }
+
+#[test]
+fn ref_name_corpus() {
+    replay("ref_name", checks::ref_name);
+}

@@ -625,3 +625,814 @@ async fn hostile_corpus_is_refused_with_reasons_and_leaves_refs_untouched() {
         cases.len()
     );
 }
+
+/// One request of the integrity corpus: who sends it, and the status it must get.
+struct Probe {
+    label: String,
+    method: &'static str,
+    path: String,
+    user: (&'static str, &'static str),
+    body: Option<String>,
+    content_md5: Option<String>,
+    want: u16,
+    /// Text the answer must contain (the state or lock in the way, the refused ref, the holder).
+    names: &'static str,
+}
+
+fn probe(
+    label: impl Into<String>,
+    method: &'static str,
+    path: impl Into<String>,
+    user: (&'static str, &'static str),
+    body: Option<String>,
+    want: u16,
+    names: &'static str,
+) -> Probe {
+    Probe {
+        label: label.into(),
+        method,
+        path: path.into(),
+        user,
+        body,
+        content_md5: None,
+        want,
+        names,
+    }
+}
+
+/// Every ref of a bare repository and the whole tree of each: what a refused request must leave
+/// byte-identical.
+fn snapshot(dir: &std::path::Path) -> String {
+    let refs = git(
+        &["for-each-ref", "--format=%(objectname) %(refname)"],
+        Some(dir),
+    );
+    let mut out = refs.clone();
+    for line in refs.lines() {
+        let (_, name) = line.split_once(' ').expect("ref line");
+        out.push_str(&format!("== {name}\n"));
+        out.push_str(&git(&["ls-tree", "-r", "--full-tree", name], Some(dir)));
+    }
+    out
+}
+
+fn md5_base64(body: &[u8]) -> String {
+    use md5::Digest;
+    base64::engine::general_purpose::STANDARD.encode(md5::Md5::digest(body))
+}
+
+async fn send_probe(base: &str, probe: &Probe) -> (u16, String) {
+    let method = reqwest::Method::from_bytes(probe.method.as_bytes()).expect("method");
+    let mut request = reqwest::Client::new()
+        .request(method, format!("{base}{}", probe.path))
+        .basic_auth(probe.user.0, Some(probe.user.1));
+    if let Some(body) = &probe.body {
+        request = request
+            .header("content-type", "application/json")
+            .body(body.clone());
+    }
+    if let Some(md5) = &probe.content_md5 {
+        request = request.header("Content-Md5", md5.as_str());
+    }
+    let response = request.send().await.expect("backend answers");
+    let status = response.status().as_u16();
+    (status, response.text().await.unwrap_or_default())
+}
+
+/// Send every probe; each must get its status with a one-line reason naming what is in the way,
+/// and leave every ref and every tree of the repository at `dir` byte-identical. A refused ref
+/// (403) must not even reach the git server.
+/// `server` is `None` for the embedded repository (no git requests to count).
+async fn run_probes(
+    server: Option<&GitServer>,
+    base: &str,
+    dir: &std::path::Path,
+    probes: &[Probe],
+) {
+    let mut failures = Vec::new();
+    for probe in probes {
+        let before = snapshot(dir);
+        if let Some(server) = server {
+            server.take_requests();
+        }
+        let (status, body) = send_probe(base, probe).await;
+        let git_requests = server.map(GitServer::take_labels).unwrap_or_default();
+        let after = snapshot(dir);
+        let reason_ok = body.contains(probe.names) && body.trim().lines().count() == 1;
+        let quiet = probe.want != 403 || git_requests.is_empty();
+        if status != probe.want || !reason_ok || before != after || !quiet {
+            failures.push(format!(
+                "{} ({} {}): {status} (want {}) {:?}{}{}",
+                probe.label,
+                probe.method,
+                probe.path,
+                probe.want,
+                body.trim(),
+                if quiet {
+                    String::new()
+                } else {
+                    format!(" after git requests {git_requests:?}")
+                },
+                if before == after {
+                    String::new()
+                } else {
+                    format!("\n  the repository changed:\n{before}\n  ->\n{after}")
+                }
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} probes failed:\n{}",
+        failures.len(),
+        probes.len(),
+        failures.join("\n")
+    );
+}
+
+const OTHER: (&str, &str) = ("other-writer", "other-Pa55word-writes-all");
+const SCRATCH: (&str, &str) = ("scratch", "scratch-Pa55word-scratch-only");
+const TEAM: (&str, &str) = ("team", "team-Pa55word-team-only");
+const ADMIN: (&str, &str) = (TEST_USER, TEST_PASSWORD);
+const WRITES_ALL: (&str, &str) = (WRITER, WRITER_PASSWORD);
+
+fn integrity_access() -> String {
+    gitstate_tests::access_file(&[
+        (ADMIN.0, ADMIN.1, &["admin:*"]),
+        (WRITES_ALL.0, WRITES_ALL.1, &["write:*"]),
+        (OTHER.0, OTHER.1, &["write:*"]),
+        (SCRATCH.0, SCRATCH.1, &["write:scratch/"]),
+        (TEAM.0, TEAM.1, &["write:team/"]),
+    ])
+}
+
+async fn ok(client: &Client, method: &str, path: &str, body: Option<&str>) {
+    let answer = client.send(method, path, body).await;
+    assert_eq!(answer.status, 200, "{method} {path}: {}", answer.body);
+}
+
+/// Issue 12 (1, 2, 3, 6) and every variant of the rules, generated as operations × shapes: refs
+/// outside the allowlist or clashing with the lock refs or the branch (403), names below a state
+/// or naming a folder of states for write, lock, unlock, delete and restore (409), lock refs that
+/// clash (409), the holder's lock ID from another user (423), a wrong Content-MD5 (400). Each
+/// leaves the remote's refs and trees byte-identical.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn integrity_rules_refuse_and_leave_the_remote_byte_identical() {
+    let server = GitServer::start().await;
+    let url = server.create_repo("integrity");
+    let access = integrity_access();
+    let backend = TestBackend::start(
+        &url,
+        &[
+            ("GITSTATE_ACCESS", access.as_str()),
+            ("GITSTATE_ALLOWED_REFS", "env/*"),
+        ],
+    )
+    .await;
+    let admin = Client::new(&backend.url);
+    let writer = Client::with_credentials(&backend.url, Some(WRITES_ALL));
+
+    // GIVEN net/prod.tfstate locked by the writer, a state `a`, two states in team/app/ (one
+    // locked by the writer) and a lock on x/y.tfstate.
+    assert_eq!(writer.lock(NAME, HOLDER).await.status, 200);
+    let net_path = format!("/states/{NAME}?ID={HOLDER}");
+    ok(&writer, "POST", &net_path, Some(&state_json("l", 5))).await;
+    ok(&admin, "POST", "/states/a", Some(&state_json("a", 1))).await;
+    ok(
+        &admin,
+        "POST",
+        "/states/team/app/dns.tfstate",
+        Some(&state_json("d", 1)),
+    )
+    .await;
+    assert_eq!(
+        writer
+            .lock("team/app/prod.tfstate", "team-holder")
+            .await
+            .status,
+        200
+    );
+    let team_path = "/states/team/app/prod.tfstate?ID=team-holder";
+    ok(&writer, "POST", team_path, Some(&state_json("p", 1))).await;
+    assert_eq!(writer.lock("x/y.tfstate", "xy-holder").await.status, 200);
+
+    let mut probes = Vec::new();
+    let state = || Some(state_json("new", 1));
+    let lock = || Some(lock_info("intruder"));
+    // Refs: every route × refs under, above or beside the lock refs, below the branch, or not
+    // allowlisted.
+    for r in [
+        "locks",
+        "locks/x",
+        "locks/network/prod.tfstate",
+        "refs/heads/locks/a",
+        "main/x",
+        "dev",
+        "env",
+        "refs/locks/x",
+    ] {
+        let s = "scratch/x.tfstate";
+        for (method, path, user, body) in [
+            ("POST", format!("/states/{s}?ref={r}"), SCRATCH, state()),
+            ("PUT", format!("/states/{s}?ref={r}"), SCRATCH, state()),
+            ("GET", format!("/states/{s}?ref={r}"), SCRATCH, None),
+            ("POST", format!("/locks/{s}?ref={r}"), SCRATCH, lock()),
+            ("LOCK", format!("/states/{s}?ref={r}"), SCRATCH, lock()),
+            ("DELETE", format!("/locks/{s}?ref={r}"), SCRATCH, lock()),
+            ("GET", format!("/locks/{s}?ref={r}"), SCRATCH, None),
+            ("DELETE", format!("/states/{s}?ref={r}"), ADMIN, None),
+            ("GET", format!("/history/{s}?ref={r}"), SCRATCH, None),
+            (
+                "POST",
+                format!("/history/{s}?restore=1&ref={r}"),
+                ADMIN,
+                None,
+            ),
+            ("GET", format!("/locks?ref={r}"), SCRATCH, None),
+            (
+                "POST",
+                format!(
+                    "/?type=git&repository={}&ref={r}&state={s}",
+                    form_encode(&url)
+                ),
+                SCRATCH,
+                state(),
+            ),
+        ] {
+            probes.push(probe(
+                format!("ref {r}"),
+                method,
+                path,
+                user,
+                body,
+                403,
+                "is not allowed",
+            ));
+        }
+    }
+    // Tree: names below a state, and folders of states × every operation that changes anything.
+    for (name, in_the_way) in [
+        ("a/b.tfstate", "\"a\""),
+        ("a/b/c.tfstate", "\"a\""),
+        ("net/prod.tfstate/x", NAME),
+        ("team/app", "team/app/"),
+        ("team", "team/app/"),
+    ] {
+        let writer = if name.starts_with("team/") {
+            TEAM
+        } else {
+            WRITES_ALL
+        };
+        for (method, path, user, body) in [
+            ("POST", format!("/states/{name}"), writer, state()),
+            (
+                "PUT",
+                format!("/states/{name}?ID=intruder"),
+                writer,
+                state(),
+            ),
+            ("POST", format!("/locks/{name}"), writer, lock()),
+            ("LOCK", format!("/states/{name}"), writer, lock()),
+            ("DELETE", format!("/locks/{name}"), writer, lock()),
+            ("UNLOCK", format!("/locks/{name}"), ADMIN, None),
+            ("DELETE", format!("/states/{name}"), ADMIN, None),
+            ("POST", format!("/history/{name}?restore=1"), ADMIN, None),
+        ] {
+            probes.push(probe(
+                format!("tree {name}"),
+                method,
+                path,
+                user,
+                body,
+                409,
+                in_the_way,
+            ));
+        }
+    }
+    // Lock refs that clash with a held lock (no state in the way).
+    for name in ["x", "x/y.tfstate/z"] {
+        for (method, path) in [
+            ("POST", format!("/locks/{name}")),
+            ("LOCK", format!("/states/{name}")),
+        ] {
+            probes.push(probe(
+                "lock ref clash",
+                method,
+                path,
+                WRITES_ALL,
+                lock(),
+                409,
+                "x/y.tfstate",
+            ));
+        }
+    }
+    // The holder's ID from anyone else, administrators included.
+    for user in [ADMIN, OTHER] {
+        probes.push(probe(
+            "holder's ID, LOCK",
+            "POST",
+            format!("/locks/{NAME}"),
+            user,
+            Some(lock_info(HOLDER)),
+            423,
+            HOLDER,
+        ));
+        probes.push(probe(
+            "holder's ID, write",
+            "POST",
+            net_path.clone(),
+            user,
+            Some(state_json("l", 6)),
+            423,
+            HOLDER,
+        ));
+    }
+    probes.push(probe(
+        "holder's ID, delete",
+        "DELETE",
+        format!("/states/{NAME}?ID={HOLDER}"),
+        ADMIN,
+        None,
+        423,
+        HOLDER,
+    ));
+    // Content-MD5 that is wrong or malformed, on a write and on a lock.
+    for (label, md5) in [
+        ("MD5 of another body", md5_base64(b"{}")),
+        ("MD5 of nothing", "1B2M2Y8AsgTpgAmY7PhCfg==".to_owned()),
+        ("not base64", "not base64!".to_owned()),
+        ("short digest", md5_base64(b"x")[..12].to_owned()),
+        ("hex digest", "d41d8cd98f00b204e9800998ecf8427e".to_owned()),
+    ] {
+        let mut write = probe(
+            label,
+            "POST",
+            net_path.clone(),
+            WRITES_ALL,
+            Some(state_json("l", 6)),
+            400,
+            "Content-MD5",
+        );
+        write.content_md5 = Some(md5.clone());
+        probes.push(write);
+        let mut lock = probe(
+            label,
+            "POST",
+            "/locks/fresh.tfstate",
+            WRITES_ALL,
+            Some(lock_info("f")),
+            400,
+            "Content-MD5",
+        );
+        lock.content_md5 = Some(md5);
+        probes.push(lock);
+    }
+    let dir = server.repo_dir("integrity");
+    run_probes(Some(&server), &backend.url, &dir, &probes).await;
+
+    // AND what the rules allow still works: the holder with the right Content-MD5, Terraform's
+    // retry of its own LOCK, an allowlisted branch, a lock once the clashing one is gone.
+    let body = state_json("l", 6);
+    let mut write = probe(
+        "holder",
+        "POST",
+        net_path.clone(),
+        WRITES_ALL,
+        Some(body.clone()),
+        200,
+        "",
+    );
+    write.content_md5 = Some(md5_base64(body.as_bytes()));
+    assert_eq!(send_probe(&backend.url, &write).await.0, 200);
+    assert_eq!(writer.lock(NAME, HOLDER).await.status, 200);
+    ok(
+        &admin,
+        "POST",
+        "/states/e.tfstate?ref=env/dev",
+        Some(&state_json("e", 1)),
+    )
+    .await;
+    assert!(snapshot(&dir).contains("refs/heads/env/dev\n"));
+    ok(&admin, "DELETE", "/locks/x/y.tfstate", None).await;
+    assert_eq!(writer.lock("x", "x-holder").await.status, 200);
+    // A lock that exists can always be released, even once a state lies in its way.
+    assert_eq!(writer.lock("c/d.tfstate", "cd").await.status, 200);
+    ok(&admin, "POST", "/states/c", Some(&state_json("c", 1))).await;
+    let unlock = writer
+        .send("DELETE", "/locks/c/d.tfstate", Some(&lock_info("cd")))
+        .await;
+    assert_eq!(unlock.status, 200, "{}", unlock.body);
+    assert!(!snapshot(&dir).contains("refs/heads/locks/c/d.tfstate"));
+    eprintln!(
+        "integrity corpus: {} probes refused, repository unchanged",
+        probes.len()
+    );
+}
+
+/// With lock refs outside refs/heads/ (`refs/locks/`), branches named like locks may be
+/// allowlisted, refs there still cannot be addressed, and lock and tree clashes are still 409.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn integrity_rules_hold_with_lock_refs_outside_the_branches() {
+    let server = GitServer::start().await;
+    let url = server.create_repo("elsewhere");
+    let access = integrity_access();
+    let backend = TestBackend::start(
+        &url,
+        &[
+            ("GITSTATE_ACCESS", access.as_str()),
+            ("GITSTATE_LOCK_REF_PREFIX", "refs/locks/"),
+            ("GITSTATE_ALLOWED_REFS", "locks/*"),
+        ],
+    )
+    .await;
+    let admin = Client::new(&backend.url);
+    ok(&admin, "POST", "/states/a", Some(&state_json("a", 1))).await;
+    assert_eq!(admin.lock("x/y.tfstate", "xy").await.status, 200);
+    let mut probes = Vec::new();
+    for r in ["refs/locks/x", "refs/locks/x/y.tfstate", "main/x", "locks"] {
+        probes.push(probe(
+            format!("ref {r}"),
+            "POST",
+            format!("/states/s.tfstate?ref={r}"),
+            ADMIN,
+            Some(state_json("s", 1)),
+            403,
+            "is not allowed",
+        ));
+    }
+    for name in ["x", "x/y.tfstate/z"] {
+        probes.push(probe(
+            "lock ref clash",
+            "POST",
+            format!("/locks/{name}"),
+            ADMIN,
+            Some(lock_info("i")),
+            409,
+            "x/y.tfstate",
+        ));
+    }
+    for (method, path) in [
+        ("POST", "/states/a/b.tfstate"),
+        ("POST", "/locks/a/b.tfstate"),
+    ] {
+        probes.push(probe(
+            "below a",
+            method,
+            path,
+            ADMIN,
+            Some(lock_info("i")),
+            409,
+            "\"a\"",
+        ));
+    }
+    let dir = server.repo_dir("elsewhere");
+    run_probes(Some(&server), &backend.url, &dir, &probes).await;
+    ok(
+        &admin,
+        "POST",
+        "/states/s.tfstate?ref=locks/x",
+        Some(&state_json("s", 1)),
+    )
+    .await;
+    assert_eq!(admin.lock("s.tfstate", "s").await.status, 200);
+    let refs = snapshot(&dir);
+    assert!(
+        refs.contains("refs/heads/locks/x\n") && refs.contains("refs/locks/s.tfstate\n"),
+        "{refs}"
+    );
+}
+
+/// Issue 12 (3), the race: a lock ref that clashes appears between the LOCK's look at the refs and
+/// its push. git http-backend refuses the push (`ng refs/heads/locks/race failed to update ref`;
+/// the reason, "'…/race/b.tfstate' exists; cannot create '…/race'", goes to stderr only): the answer
+/// is 409 naming the other lock, from a fresh look at the refs, never a 502.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_ref_clash_created_during_the_push_is_409_not_502() {
+    let server = GitServer::start().await;
+    let url = server.create_repo("race");
+    let backend = TestBackend::start(&url, &[]).await;
+    let admin = Client::new(&backend.url);
+    ok(
+        &admin,
+        "POST",
+        "/states/s.tfstate",
+        Some(&state_json("s", 1)),
+    )
+    .await;
+    // The next push runs a hook that creates the clashing lock ref first.
+    let dir = server.repo_dir("race");
+    race_next_push(
+        &dir,
+        "git update-ref refs/heads/locks/race/b.tfstate $(git rev-parse refs/heads/main)",
+    );
+
+    let answer = admin.lock("race", "r").await;
+    assert_eq!(answer.status, 409, "{}", answer.body);
+    assert!(answer.body.contains("race/b.tfstate"), "{}", answer.body);
+    assert!(dir.join("raced").exists(), "the hook ran");
+    let refs = snapshot(&dir);
+    assert!(refs.contains("refs/heads/locks/race/b.tfstate\n"), "{refs}");
+    assert!(!refs.contains("refs/heads/locks/race\n"), "{refs}");
+}
+
+/// Install a pre-receive hook in `dir` that runs `script` (with the repository's own object store,
+/// outside the push's quarantine, as another client's push would) before the next push only.
+fn race_next_push(dir: &std::path::Path, script: &str) {
+    let hook = dir.join("hooks/pre-receive");
+    std::fs::write(
+        &hook,
+        format!(
+            "#!/bin/sh\ncat >/dev/null\n[ -e raced ] && exit 0\ntouch raced\n\
+             unset GIT_QUARANTINE_PATH GIT_OBJECT_DIRECTORY GIT_ALTERNATE_OBJECT_DIRECTORIES\n{script}\n"
+        ),
+    )
+    .expect("hook");
+    std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+}
+
+/// The tree rule holds against a concurrent writer: a state `w` committed by someone else between
+/// the write's check of the tree and its push makes the push lose its compare-and-swap, and the
+/// retry, built on the new tree, refuses `w/x.tfstate` with 409 instead of replacing `w`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_in_the_way_committed_during_a_write_is_409() {
+    let server = GitServer::start().await;
+    let url = server.create_repo("treerace");
+    let backend = TestBackend::start(&url, &[]).await;
+    let admin = Client::new(&backend.url);
+    ok(
+        &admin,
+        "POST",
+        "/states/s.tfstate",
+        Some(&state_json("s", 1)),
+    )
+    .await;
+    let dir = server.repo_dir("treerace");
+    race_next_push(
+        &dir,
+        "tip=$(git rev-parse refs/heads/main)\n\
+         blob=$(printf '{\"serial\":1}' | git hash-object -w --stdin)\n\
+         tree=$( (git ls-tree \"$tip\"; printf '100644 blob %s\\tw\\n' \"$blob\") | git mktree)\n\
+         export GIT_AUTHOR_NAME=other GIT_AUTHOR_EMAIL=other@example.invalid\n\
+         export GIT_COMMITTER_NAME=other GIT_COMMITTER_EMAIL=other@example.invalid\n\
+         commit=$(git commit-tree \"$tree\" -p \"$tip\" -m 'write w')\n\
+         git update-ref refs/heads/main \"$commit\" \"$tip\"",
+    );
+    let answer = admin
+        .send("POST", "/states/w/x.tfstate", Some(&state_json("x", 1)))
+        .await;
+    assert_eq!(answer.status, 409, "{}", answer.body);
+    assert!(answer.body.contains("\"w\""), "{}", answer.body);
+    assert!(dir.join("raced").exists(), "the hook ran");
+    let tree = git(&["ls-tree", "-r", "--name-only", "main"], Some(&dir));
+    assert_eq!(
+        tree.lines().collect::<Vec<_>>(),
+        ["s.tfstate", "w"],
+        "{tree}"
+    );
+}
+
+/// What the tree check costs a write that loses a race: nothing. Another writer's commit lands
+/// between the write's look and its push (a pre-receive hook); the retry reads the new tip's tree
+/// from the cache the fetch of that tip filled, so the write takes exactly main's requests: one
+/// advertisement and one push per attempt, and one fetch for the moved tip.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_retry_costs_no_request_for_the_tree_check() {
+    let server = GitServer::start().await;
+    let url = server.create_repo("retry");
+    let backend = TestBackend::start(&url, &[]).await;
+    let admin = Client::new(&backend.url);
+    ok(
+        &admin,
+        "POST",
+        "/states/s.tfstate",
+        Some(&state_json("s", 1)),
+    )
+    .await;
+    let dir = server.repo_dir("retry");
+    race_next_push(
+        &dir,
+        "tip=$(git rev-parse refs/heads/main)\n\
+         blob=$(printf '{\"serial\":1}' | git hash-object -w --stdin)\n\
+         tree=$( (git ls-tree \"$tip\"; printf '100644 blob %s\\tother.tfstate\\n' \"$blob\") | git mktree)\n\
+         export GIT_AUTHOR_NAME=other GIT_AUTHOR_EMAIL=other@example.invalid\n\
+         export GIT_COMMITTER_NAME=other GIT_COMMITTER_EMAIL=other@example.invalid\n\
+         commit=$(git commit-tree \"$tree\" -p \"$tip\" -m 'write other')\n\
+         git update-ref refs/heads/main \"$commit\" \"$tip\"",
+    );
+    server.take_requests();
+    ok(
+        &admin,
+        "POST",
+        "/states/team/x.tfstate",
+        Some(&state_json("x", 1)),
+    )
+    .await;
+    assert!(dir.join("raced").exists(), "the hook ran");
+    assert_eq!(
+        server.take_labels(),
+        [
+            "GET refs/receive-pack",
+            "POST receive-pack",
+            "GET refs/receive-pack",
+            "POST upload-pack",
+            "POST receive-pack"
+        ]
+    );
+    let tree = git(&["ls-tree", "-r", "--name-only", "main"], Some(&dir));
+    assert_eq!(
+        tree.lines().collect::<Vec<_>>(),
+        ["other.tfstate", "s.tfstate", "team/x.tfstate"],
+        "{tree}"
+    );
+}
+
+/// What the LOCK's tree check costs in git requests: nothing when the branch tip is cached (2
+/// requests, as before), one shallow fetch when it is not (3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_requests_with_the_tree_check() {
+    let server = GitServer::start().await;
+    let url = server.create_repo("count");
+    let writer = TestBackend::start(&url, &[]).await;
+    ok(
+        &Client::new(&writer.url),
+        "POST",
+        "/states/s.tfstate",
+        Some(&state_json("s", 1)),
+    )
+    .await;
+    let fresh = TestBackend::start(&url, &[]).await;
+    let client = Client::new(&fresh.url);
+    server.take_requests();
+    assert_eq!(client.lock("a.tfstate", "1").await.status, 200);
+    let cold = server.take_labels();
+    assert_eq!(
+        cold,
+        [
+            "GET refs/receive-pack",
+            "POST upload-pack",
+            "POST receive-pack"
+        ]
+    );
+    assert_eq!(client.lock("b.tfstate", "2").await.status, 200);
+    let warm = server.take_labels();
+    assert_eq!(warm, ["GET refs/receive-pack", "POST receive-pack"]);
+    eprintln!(
+        "LOCK: cold cache {} requests, warm {}",
+        cold.len(),
+        warm.len()
+    );
+}
+
+/// A backend over the embedded repository `<dir>/repo.git` (created on first use).
+async fn embedded_backend(dir: &std::path::Path, extra: &[(&str, &str)]) -> TestBackend {
+    let mut vars = std::collections::HashMap::from([
+        (
+            "GITSTATE_LOCAL_REPOSITORY".to_owned(),
+            dir.join("repo.git").display().to_string(),
+        ),
+        (
+            "GITSTATE_CACHE_DIR".to_owned(),
+            dir.join("cache").display().to_string(),
+        ),
+    ]);
+    for (key, value) in extra {
+        vars.insert((*key).to_owned(), (*value).to_owned());
+    }
+    let settings =
+        gitstate_core::config::Settings::from_lookup(gitstate_core::config::Runtime::Local, |k| {
+            vars.get(k).cloned()
+        })
+        .expect("settings");
+    TestBackend::serve(
+        gitstate_tests::app(&settings),
+        tempfile::tempdir().expect("tempdir"),
+    )
+    .await
+}
+
+/// Two allowlisted branches that clash (`env/a` and `env/a/b` with `env/*` allowed): a write that
+/// would create the second is 409 naming the existing one, decided before any push, against git
+/// http-backend and the embedded repository alike. Generated as shapes (child, grandchild,
+/// parent of an existing branch) × every request that creates a branch; each leaves every ref
+/// and tree byte-identical. A branch beside them is still created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_branch_that_clashes_with_an_existing_branch_is_409() {
+    let access = integrity_access();
+    let extra = [
+        ("GITSTATE_ACCESS", access.as_str()),
+        ("GITSTATE_ALLOWED_REFS", "env/*"),
+    ];
+    let server = GitServer::start().await;
+    let url = server.create_repo("branches");
+    let hosted = TestBackend::start(&url, &extra).await;
+    let local = tempfile::tempdir().expect("tempdir");
+    let embedded = embedded_backend(local.path(), &extra).await;
+    let local_repo = local.path().join("repo.git");
+    let local_id = std::fs::canonicalize(&local_repo)
+        .expect("embedded repository")
+        .display()
+        .to_string();
+    for (backend, dir, server, repository) in [
+        (
+            &hosted,
+            server.repo_dir("branches"),
+            Some(&server),
+            url.clone(),
+        ),
+        (&embedded, local_repo, None, local_id),
+    ] {
+        let admin = Client::new(&backend.url);
+        for existing in ["env/a", "env/c/d"] {
+            let path = format!("/states/s.tfstate?ref={existing}");
+            ok(&admin, "POST", &path, Some(&state_json("s", 1))).await;
+        }
+        let mut probes = Vec::new();
+        for (branch, in_the_way) in [
+            ("env/a/b", "existing branch \"env/a\""),
+            ("env/a/b/c", "existing branch \"env/a\""),
+            ("env/c", "existing branch \"env/c/d\""),
+        ] {
+            for (method, path) in [
+                ("POST", format!("/states/n.tfstate?ref={branch}")),
+                ("PUT", format!("/states/n/m.tfstate?ref={branch}")),
+                (
+                    "POST",
+                    format!(
+                        "/?type=git&repository={}&ref={branch}&state=n.tfstate",
+                        form_encode(&repository)
+                    ),
+                ),
+            ] {
+                probes.push(probe(
+                    format!("branch {branch}"),
+                    method,
+                    path,
+                    ADMIN,
+                    Some(state_json("n", 1)),
+                    409,
+                    in_the_way,
+                ));
+            }
+        }
+        run_probes(server, &backend.url, &dir, &probes).await;
+        ok(
+            &admin,
+            "POST",
+            "/states/n.tfstate?ref=env/e",
+            Some(&state_json("n", 1)),
+        )
+        .await;
+        let refs = snapshot(&dir);
+        assert!(refs.contains("refs/heads/env/e\n"), "{refs}");
+    }
+}
+
+/// The race: a branch that clashes is created by someone else between the write's look at the
+/// refs and its push (a pre-receive hook). git http-backend refuses the push; the retry looks at
+/// the refs again and answers 409 naming that branch, never a 502, and nothing of the write
+/// lands. Both shapes: the new branch below the one created meanwhile, and above it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_branch_clash_created_during_the_push_is_409_not_502() {
+    for (creating, racing) in [("env/r", "env/r/x"), ("env/q/x", "env/q")] {
+        let server = GitServer::start().await;
+        let url = server.create_repo("race");
+        let backend = TestBackend::start(&url, &[("GITSTATE_ALLOWED_REFS", "env/*")]).await;
+        let admin = Client::new(&backend.url);
+        ok(
+            &admin,
+            "POST",
+            "/states/s.tfstate",
+            Some(&state_json("s", 1)),
+        )
+        .await;
+        let dir = server.repo_dir("race");
+        race_next_push(
+            &dir,
+            &format!("git update-ref refs/heads/{racing} $(git rev-parse refs/heads/main)"),
+        );
+        let answer = admin
+            .send(
+                "POST",
+                &format!("/states/n.tfstate?ref={creating}"),
+                Some(&state_json("n", 1)),
+            )
+            .await;
+        assert_eq!(answer.status, 409, "{creating}: {}", answer.body);
+        assert!(
+            answer
+                .body
+                .contains(&format!("existing branch \"{racing}\"")),
+            "{}",
+            answer.body
+        );
+        assert!(dir.join("raced").exists(), "the hook ran");
+        let refs = snapshot(&dir);
+        assert!(refs.contains(&format!("refs/heads/{racing}\n")), "{refs}");
+        assert!(
+            !refs.contains(&format!("refs/heads/{creating}\n")),
+            "{refs}"
+        );
+        assert!(!refs.contains("n.tfstate"), "{refs}");
+    }
+}

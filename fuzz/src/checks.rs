@@ -6,6 +6,9 @@
 
 use base64::Engine as _;
 use gitstate_core::auth::parse_basic;
+use gitstate_core::refs::{
+    AllowedRefs, RefPolicy, branch_clash, clashes_with_lock_prefix, paths_clash,
+};
 use gitstate_core::{BranchName, StateName};
 use gitstate_git::pkt;
 use gitstate_git::smart::{Advert, PushReport, Service};
@@ -36,6 +39,79 @@ pub fn state_name(data: &[u8]) {
         let full = branch.full_ref();
         assert!(full.starts_with("refs/heads/") && !full.contains(".."));
         assert!(!branch.as_str().split('/').any(|s| s.starts_with('-')));
+    }
+}
+
+/// Whether `name` is a valid git ref name, by git's own rules (`git check-ref-format`), written
+/// out independently of gitstate's parser.
+fn is_git_ref_name(name: &str) -> bool {
+    !name.is_empty()
+        && name != "@"
+        && !name.ends_with('/')
+        && !name.ends_with('.')
+        && !name.contains("..")
+        && !name.contains("@{")
+        && !name
+            .bytes()
+            .any(|b| b < 0x20 || b == 0x7f || b" ~^:?*[\\".contains(&b))
+        && name
+            .split('/')
+            .all(|c| !c.is_empty() && !c.starts_with('.') && !c.ends_with(".lock"))
+}
+
+/// The ref allowlist: the input is four lines (configured branch, lock ref prefix, allowlist,
+/// requested ref). Never panics; a configuration that is accepted has a branch clear of the lock
+/// refs; a ref that is accepted is the configured branch or allowlisted, clashes neither with the
+/// lock refs nor with the configured branch, and is a valid git ref name.
+pub fn ref_name(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let mut lines = text.splitn(4, '\n');
+    let (Some(branch), Some(prefix), Some(allowed), Some(asked)) =
+        (lines.next(), lines.next(), lines.next(), lines.next())
+    else {
+        return;
+    };
+    // The settings' own check of the prefix.
+    if !prefix.starts_with("refs/") || !prefix.ends_with('/') || prefix.contains("..") {
+        return;
+    }
+    let (Ok(branch), Ok(allowed)) = (BranchName::parse(branch), AllowedRefs::parse(allowed)) else {
+        return;
+    };
+    let Ok(policy) = RefPolicy::new(branch.clone(), prefix, allowed.clone()) else {
+        return;
+    };
+    assert!(
+        !clashes_with_lock_prefix(&branch.full_ref(), prefix),
+        "configured {branch} clashes with {prefix}"
+    );
+    let Ok(asked) = BranchName::parse(asked) else {
+        return;
+    };
+    match policy.check(&asked) {
+        Ok(()) => {
+            let full = asked.full_ref();
+            assert!(is_git_ref_name(&full), "{full:?} is not a git ref name");
+            assert!(
+                !clashes_with_lock_prefix(&full, prefix),
+                "{full} clashes with {prefix}"
+            );
+            assert!(
+                asked == branch || allowed.matches(&asked),
+                "{asked} not allowed"
+            );
+            assert!(
+                !paths_clash(&full, &branch.full_ref()),
+                "{full} clashes with {branch}"
+            );
+            // The runtime rule for branches created next to existing ones agrees: the
+            // configured branch is never in the way of an accepted ref.
+            let configured = branch.full_ref();
+            assert_eq!(branch_clash([configured.as_str()], &asked), None);
+        }
+        Err(refused) => assert!(!refused.to_string().contains('\n'), "one line"),
     }
 }
 

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::auth::{AccessOptions, AccessSource};
+use crate::refs::{AllowedRefs, RefPolicy};
 use crate::service::Identity;
 use crate::{BranchName, NameError};
 
@@ -46,6 +47,9 @@ pub struct Settings {
     pub allowed_repositories: Vec<String>,
     /// `GITSTATE_REF`: the branch states live on (default `main`).
     pub branch: BranchName,
+    /// `GITSTATE_ALLOWED_REFS`: further branches `?ref=` may name (comma-separated; exact names
+    /// or `prefix/*`). Refs that clash with the lock refs or the configured branch never are.
+    pub allowed_refs: AllowedRefs,
     /// `GITSTATE_GIT_USERNAME` / `GITSTATE_GIT_TOKEN`: credentials for the hosted repository.
     pub git_username: Option<String>,
     pub git_token: Option<Secret>,
@@ -124,6 +128,19 @@ pub enum ConfigError {
 pub const DEFAULT_MAX_BODY_BYTES: usize = 6 * 1024 * 1024;
 
 impl Settings {
+    /// The branches requests may address (checked when the settings were read).
+    pub fn ref_policy(&self) -> Result<RefPolicy, ConfigError> {
+        RefPolicy::new(
+            self.branch.clone(),
+            &self.lock_ref_prefix,
+            self.allowed_refs.clone(),
+        )
+        .map_err(|e| ConfigError::Invalid {
+            var: e.setting,
+            reason: e.reason,
+        })
+    }
+
     /// Read the process environment.
     pub fn from_env(runtime: Runtime) -> Result<Self, ConfigError> {
         Self::from_lookup(runtime, |key| std::env::var(key).ok())
@@ -170,6 +187,17 @@ impl Settings {
                 reason: "must start with 'refs/' and end with '/', e.g. refs/locks/".into(),
             });
         }
+        let allowed_refs = AllowedRefs::parse(&get("GITSTATE_ALLOWED_REFS").unwrap_or_default())
+            .map_err(|e| ConfigError::Invalid {
+                var: "GITSTATE_ALLOWED_REFS",
+                reason: e.to_string(),
+            })?;
+        RefPolicy::new(branch.clone(), &lock_ref_prefix, allowed_refs.clone()).map_err(|e| {
+            ConfigError::Invalid {
+                var: e.setting,
+                reason: e.reason,
+            }
+        })?;
         let default_cache = match runtime {
             Runtime::Lambda => PathBuf::from("/tmp/gitstate"),
             Runtime::Local => PathBuf::from(".gitstate/cache"),
@@ -247,6 +275,7 @@ impl Settings {
             repository,
             allowed_repositories,
             branch,
+            allowed_refs,
             git_username: get("GITSTATE_GIT_USERNAME"),
             git_token: get("GITSTATE_GIT_TOKEN").map(Secret),
             git_token_kms: get("GITSTATE_GIT_TOKEN_KMS"),
@@ -376,9 +405,38 @@ mod tests {
             [("GITSTATE_LISTEN", "nowhere")],
             [("GITSTATE_ENCRYPTION", "enforced")],
             [("GITSTATE_ENCRYPTION", "sometimes")],
+            [("GITSTATE_REF", "locks")],
+            [("GITSTATE_REF", "locks/main")],
+            [("GITSTATE_ALLOWED_REFS", "locks/*")],
+            [("GITSTATE_ALLOWED_REFS", "main/x")],
+            [("GITSTATE_ALLOWED_REFS", "env/*/x")],
         ] {
             assert!(settings(Runtime::Local, &vars).is_err(), "{vars:?}");
         }
+    }
+
+    #[test]
+    fn ref_settings_name_the_setting_at_fault() {
+        let error = settings(Runtime::Local, &[("GITSTATE_REF", "locks")])
+            .expect_err("clashes with the lock refs");
+        assert!(error.to_string().starts_with("GITSTATE_REF:"), "{error}");
+        let error = settings(Runtime::Local, &[("GITSTATE_ALLOWED_REFS", "dev,locks")])
+            .expect_err("clashes with the lock refs");
+        assert!(
+            error.to_string().starts_with("GITSTATE_ALLOWED_REFS:"),
+            "{error}"
+        );
+        let s = settings(
+            Runtime::Local,
+            &[
+                ("GITSTATE_REF", "locks"),
+                ("GITSTATE_LOCK_REF_PREFIX", "refs/locks/"),
+                ("GITSTATE_ALLOWED_REFS", "env/*, dev"),
+            ],
+        )
+        .expect("refs/locks/ keeps lock refs off the branches");
+        assert_eq!(s.allowed_refs.patterns().len(), 2);
+        assert!(s.ref_policy().is_ok());
     }
 
     #[test]

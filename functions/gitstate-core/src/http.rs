@@ -148,6 +148,8 @@ pub enum ApiError {
     TooLarge { limit: usize },
     #[error("could not read the request body")]
     BodyRead,
+    #[error("Content-MD5 {0}")]
+    ContentMd5(&'static str),
     #[error("unsupported content type {0:?}: send application/json")]
     MediaType(String),
     #[error("bad query: {0}")]
@@ -169,10 +171,12 @@ impl ApiError {
             Self::Service(S::Name(_) | S::Branch(_) | S::LockBody(_) | S::InvalidState(_)) => {
                 StatusCode::BAD_REQUEST
             }
-            Self::Service(S::RepositoryNotAllowed(_) | S::Forbidden(_)) => StatusCode::FORBIDDEN,
+            Self::Service(S::RepositoryNotAllowed(_) | S::RefNotAllowed(_) | S::Forbidden(_)) => {
+                StatusCode::FORBIDDEN
+            }
             Self::Auth(AuthError::Unauthenticated) => StatusCode::UNAUTHORIZED,
             Self::Auth(AuthError::Unavailable(_)) => StatusCode::SERVICE_UNAVAILABLE,
-            Self::Service(S::Exists) => StatusCode::CONFLICT,
+            Self::Service(S::Exists | S::Clash(_)) => StatusCode::CONFLICT,
             Self::Service(S::NoSuchVersion(_)) => StatusCode::NOT_FOUND,
             Self::Service(S::BadSelector(_)) => StatusCode::BAD_REQUEST,
             Self::Service(S::Locked(_)) => StatusCode::LOCKED,
@@ -198,7 +202,7 @@ impl ApiError {
             Self::Service(S::Unprotected { .. }) => StatusCode::CONFLICT,
             Self::Method { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::TooLarge { .. } | Self::ResponseTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::BodyRead | Self::Query(_) => StatusCode::BAD_REQUEST,
+            Self::BodyRead | Self::Query(_) | Self::ContentMd5(_) => StatusCode::BAD_REQUEST,
             Self::MediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::QueryTooLong => StatusCode::URI_TOO_LONG,
             Self::Deadline { .. } => StatusCode::GATEWAY_TIMEOUT,
@@ -442,6 +446,33 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Byte
     Ok(Bytes::from(buffer))
 }
 
+/// RFC 1864: when a request carries `Content-MD5` (Terraform sends it with every body), it must
+/// be the base64 of the body's MD5, or the request changes nothing.
+fn check_content_md5(headers: &HeaderMap, body: &[u8]) -> Result<(), ApiError> {
+    use base64::Engine;
+    use md5::Digest;
+    let mut values = headers.get_all("content-md5").iter();
+    let Some(value) = values.next() else {
+        return Ok(());
+    };
+    if values.next().is_some() {
+        return Err(ApiError::ContentMd5("is given twice"));
+    }
+    let sent = base64::engine::general_purpose::STANDARD
+        .decode(value.as_bytes().trim_ascii())
+        .ok()
+        .filter(|digest| digest.len() == 16)
+        .ok_or(ApiError::ContentMd5(
+            "is not the base64 of a 16-byte MD5 digest",
+        ))?;
+    if sent.as_slice() != md5::Md5::digest(body).as_slice() {
+        return Err(ApiError::ContentMd5(
+            "does not match the body (corrupted in transit?)",
+        ));
+    }
+    Ok(())
+}
+
 fn check_media_type(headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(value) = headers.get(header::CONTENT_TYPE) else {
         return Ok(());
@@ -552,7 +583,9 @@ async fn dispatch(
     let with_body = !matches!(method, Method::GET | Method::HEAD);
     let body = if with_body {
         check_media_type(headers)?;
-        read_body(headers, body, app.limits.max_body_bytes).await?
+        let body = read_body(headers, body, app.limits.max_body_bytes).await?;
+        check_content_md5(headers, &body)?;
+        body
     } else {
         Bytes::new()
     };

@@ -9,6 +9,7 @@ mod lock;
 mod name;
 pub mod password;
 pub mod ports;
+pub mod refs;
 pub mod service;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;

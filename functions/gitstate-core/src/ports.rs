@@ -5,6 +5,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bytes::Bytes;
 
+use crate::refs::Clash;
 use crate::{BranchName, LockInfo, StateName};
 
 /// Where states live: one repository and one branch of it.
@@ -45,6 +46,8 @@ pub struct CommitMeta {
 pub enum Acquire {
     Acquired,
     Held(HeldLock),
+    /// Nothing was written: the name clashes with the branch's tree or with another lock ref.
+    Clash(Clash),
 }
 
 /// Outcome of a conditional release.
@@ -82,6 +85,9 @@ pub enum Refusal {
     Sealed(Bytes),
     /// Encryption is enforced and the stored state is not under the configured keys.
     Unprotected { format: &'static str },
+    /// The name clashes with the tree the commit would be built on (checked by the store before
+    /// the plan, against that very tree).
+    Clash(Clash),
 }
 
 /// The service's decision on a write, taken against the freshest lock and state the store has
@@ -228,7 +234,13 @@ pub trait StateStore: Send + Sync + 'static {
         name: &StateName,
     ) -> Result<Option<HeldLock>, StoreError>;
 
-    /// Create the lock if and only if no lock exists; otherwise report the holder.
+    /// How `name` clashes with the files at the branch tip (a state below which it lies, or one
+    /// inside the folder it names), if it does.
+    async fn clash(&self, at: &Location, name: &StateName) -> Result<Option<Clash>, StoreError>;
+
+    /// Create the lock if and only if no lock exists; otherwise report the holder. A lock whose
+    /// ref would clash with another lock ref, or whose name clashes with the branch's tree, is
+    /// not created ([`Acquire::Clash`]).
     async fn acquire_lock(
         &self,
         at: &Location,
@@ -246,7 +258,8 @@ pub trait StateStore: Send + Sync + 'static {
     ) -> Result<Release, StoreError>;
 
     /// Apply `change` if `plan` accepts the current lock and state; never loses another writer's
-    /// change to the same branch.
+    /// change to the same branch. A name that clashes with the tree the commit would be built on
+    /// is refused ([`Refusal::Clash`]) before the plan is asked.
     async fn write_state(
         &self,
         at: &Location,

@@ -11,6 +11,7 @@ use crate::ports::{
     Acquire, Change, CommitMeta, HeldLock, Location, Opened, Protection, Refusal, Release,
     SealError, Sealer, StateStore, StoreError, USER_TRAILER, Written,
 };
+use crate::refs::{Clash, RefPolicy, RefRefused};
 use crate::{BranchName, LockInfo, LockInfoError, NameError, StateName, UnlockRequest};
 
 /// Everything that can go wrong in a request, client mistakes and storage failures alike.
@@ -26,6 +27,10 @@ pub enum ServiceError {
     InvalidState(String),
     #[error("repository {0:?} is not served by this backend (not on its allowlist)")]
     RepositoryNotAllowed(String),
+    #[error(transparent)]
+    RefNotAllowed(#[from] RefRefused),
+    #[error("the name cannot be used: {0}")]
+    Clash(Clash),
     #[error("state is locked by {} (lock ID {})", .0.info.who(), .0.info.id())]
     Locked(HeldLock),
     #[error("lock ID does not match the holder's {}", .0.info.id())]
@@ -70,6 +75,7 @@ impl From<Refusal> for ServiceError {
             Refusal::NotFound => Self::NotFound,
             Refusal::Exists => Self::Exists,
             Refusal::Unprotected { format } => Self::Unprotected { format },
+            Refusal::Clash(clash) => Self::Clash(clash),
             // Only escapes when the stored state kept changing while it was being opened.
             Refusal::Sealed(_) => Self::Store(StoreError::Contention {
                 attempts: MAX_OPENS,
@@ -115,6 +121,8 @@ fn normalise(url: &str) -> &str {
 pub struct Backend {
     store: Arc<dyn StateStore>,
     repositories: Repositories,
+    /// Which branches `?ref=` may name.
+    refs: RefPolicy,
     committer: Identity,
     encryption: Option<Encryption>,
 }
@@ -163,11 +171,18 @@ impl Backend {
         committer: Identity,
     ) -> Self {
         Self {
+            refs: RefPolicy::only(repositories.default_branch.clone()),
             store,
             repositories,
             committer,
             encryption: None,
         }
+    }
+
+    /// Let `?ref=` name the branches `refs` allows (by default only the configured branch).
+    pub fn with_refs(mut self, refs: RefPolicy) -> Self {
+        self.refs = refs;
+        self
     }
 
     /// Seal every state written from now on and open every state read.
@@ -193,7 +208,11 @@ impl Backend {
         };
         let branch = match branch {
             None => self.repositories.default_branch.clone(),
-            Some(b) => BranchName::parse(b).map_err(ServiceError::Branch)?,
+            Some(b) => {
+                let branch = BranchName::parse(b).map_err(ServiceError::Branch)?;
+                self.refs.check(&branch)?;
+                branch
+            }
         };
         Ok(Location { repository, branch })
     }
@@ -300,8 +319,15 @@ impl Backend {
         );
         match self.store.acquire_lock(at, name, &info, &meta).await? {
             Acquire::Acquired => Ok(()),
-            Acquire::Held(held) if held.info.id() == info.id() => Ok(()),
+            // Terraform's retry of its own LOCK; the same ID from another user is not a retry.
+            Acquire::Held(held)
+                if held.info.id() == info.id()
+                    && held.owner.as_deref() == Some(caller.user.as_str()) =>
+            {
+                Ok(())
+            }
             Acquire::Held(held) => Err(ServiceError::Locked(held)),
+            Acquire::Clash(clash) => Err(ServiceError::Clash(clash)),
         }
     }
 
@@ -321,6 +347,11 @@ impl Backend {
         // A bounded loop: the lock can change between reading it and releasing it.
         for _ in 0..4 {
             let Some(held) = self.store.read_lock(at, name).await? else {
+                // Releasing a lock that exists is always allowed (it harms nothing, and no lock
+                // may get stuck); a name that cannot hold one is not "unlocked".
+                if let Some(clash) = self.store.clash(at, name).await? {
+                    return Err(ServiceError::Clash(clash));
+                }
                 return Ok(());
             };
             match &request {
@@ -424,7 +455,7 @@ impl Backend {
             None => (None, false),
         };
         Arc::new(move |lock: Option<&HeldLock>, stored: Option<&[u8]>| {
-            let holder = admit(lock, lock_id.as_deref())?;
+            let holder = admit(lock, lock_id.as_deref(), &user)?;
             if let Some(stored) = stored {
                 let current = match &sealer {
                     Some(sealer) if sealer.is_sealed(stored) => known
@@ -541,7 +572,7 @@ impl Backend {
         let user = caller.user.clone();
         let (state, lock_id) = (name.to_string(), lock_id.map(str::to_owned));
         let plan = Arc::new(move |lock: Option<&HeldLock>, stored: Option<&[u8]>| {
-            let holder = admit(lock, lock_id.as_deref())?;
+            let holder = admit(lock, lock_id.as_deref(), &user)?;
             if stored.is_none() {
                 return Err(Refusal::NotFound);
             }
@@ -770,6 +801,11 @@ impl Backend {
         selector: &Selector,
     ) -> Result<Restored, ServiceError> {
         caller.require(Role::Admin, name)?;
+        // The write below checks again against the tree it builds on; this answers before any
+        // history is read.
+        if let Some(clash) = self.store.clash(at, name).await? {
+            return Err(ServiceError::Clash(clash));
+        }
         let (from, old) = self.get_version(caller, at, name, selector).await?;
         let mut state: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&old)
             .map_err(|e| ServiceError::InvalidState(format!("revision {from}: {e}")))?;
@@ -833,12 +869,18 @@ impl Backend {
     }
 }
 
-/// The lock rule for writes: with an ID, it must be the holder's; without one, nobody may hold it.
+/// The lock rule for writes: with an ID, it must be the holder's and the lock `user`'s own;
+/// without one, nobody may hold it.
 fn admit<'a>(
     lock: Option<&'a HeldLock>,
     id: Option<&str>,
+    user: &str,
 ) -> Result<Option<&'a HeldLock>, Refusal> {
     match (lock, id) {
+        // The holder's ID from another user (administrators too: they force-unlock first).
+        (Some(held), Some(id)) if held.info.id() == id && held.owner.as_deref() != Some(user) => {
+            Err(Refusal::Locked(held.clone()))
+        }
         (Some(held), Some(id)) if held.info.id() == id => Ok(Some(held)),
         (Some(held), Some(_)) => Err(Refusal::LockMismatch(held.clone())),
         (None, Some(id)) => Err(Refusal::NotLocked { id: id.to_owned() }),
@@ -1085,10 +1127,26 @@ mod tests {
     #[test]
     fn allowlist() {
         let (b, _, _) = backend();
+        assert!(matches!(
+            b.locate(None, Some("dev")),
+            Err(ServiceError::RefNotAllowed(_))
+        ));
+        let refs = crate::refs::AllowedRefs::parse("dev").expect("valid");
+        let policy = RefPolicy::new(
+            BranchName::parse("main").expect("valid"),
+            crate::refs::DEFAULT_LOCK_PREFIX,
+            refs,
+        )
+        .expect("valid");
+        let b = b.with_refs(policy);
         assert!(
             b.locate(Some("https://git.example/org/other.git/"), Some("dev"))
                 .is_ok()
         );
+        assert!(matches!(
+            b.locate(None, Some("locks/net/prod.tfstate")),
+            Err(ServiceError::RefNotAllowed(_))
+        ));
         assert!(
             b.locate(Some("https://git.example/org/state"), None)
                 .is_ok()
@@ -1168,5 +1226,155 @@ mod tests {
         assert!(history.iter().all(|c| c.message.contains("User: ann\n")));
         let held = b.get_lock(&admin(), &at, &name).await.expect("held");
         assert_eq!(held.owner.as_deref(), Some("ann"));
+    }
+
+    /// Every operation on a name that lies below a state or is a folder of states is 409 and
+    /// changes nothing, in the memory store as in git; a held lock can always be released.
+    #[tokio::test]
+    async fn names_that_clash_with_the_tree_are_refused() {
+        for (existing, clashing) in [
+            ("a", "a/b.tfstate"),
+            ("a/b", "a/b/c/d.tfstate"),
+            ("team/app/prod.tfstate", "team/app"),
+            ("team/app/prod.tfstate", "team"),
+        ] {
+            let (b, at, _) = backend();
+            let existing = StateName::parse(existing).expect("valid");
+            let name = StateName::parse(clashing).expect("valid");
+            b.put_state(&admin(), &at, &existing, None, state("L", 1))
+                .await
+                .expect("first state");
+            let before = b.store().list_states(&at, "").await.expect("list");
+            let is_clash = |r: Result<(), ServiceError>| matches!(r, Err(ServiceError::Clash(_)));
+            assert!(is_clash(
+                b.put_state(&admin(), &at, &name, None, state("M", 1)).await
+            ));
+            assert!(is_clash(b.lock(&admin(), &at, &name, lock_body("X")).await));
+            assert!(is_clash(
+                b.unlock(&admin(), &at, &name, &lock_body("X")).await
+            ));
+            assert!(is_clash(b.delete_state(&admin(), &at, &name, None).await));
+            assert!(matches!(
+                b.restore(&admin(), &at, &name, &Selector::Serial(1)).await,
+                Err(ServiceError::Clash(_))
+            ));
+            assert_eq!(b.store().list_states(&at, "").await.expect("list"), before);
+            assert!(b.list_locks(&admin(), &at).await.expect("locks").is_empty());
+        }
+    }
+
+    #[tokio::test]
+    async fn lock_refs_that_clash_are_refused_and_held_locks_released() {
+        let (b, at, _) = backend();
+        let child = StateName::parse("a/b.tfstate").expect("valid");
+        let parent = StateName::parse("a").expect("valid");
+        b.lock(&admin(), &at, &child, lock_body("C"))
+            .await
+            .expect("lock");
+        match b.lock(&admin(), &at, &parent, lock_body("P")).await {
+            Err(ServiceError::Clash(Clash::LockRef(other))) => assert_eq!(other, "a/b.tfstate"),
+            other => panic!("expected a lock clash, got {other:?}"),
+        }
+        b.unlock(&admin(), &at, &child, &lock_body("C"))
+            .await
+            .expect("unlock");
+        b.lock(&admin(), &at, &parent, lock_body("P"))
+            .await
+            .expect("lock parent");
+        assert!(matches!(
+            b.lock(&admin(), &at, &child, lock_body("C")).await,
+            Err(ServiceError::Clash(Clash::LockRef(_)))
+        ));
+    }
+
+    /// A write that would create its branch next to an existing branch it clashes with (one a
+    /// path prefix of the other) is 409 naming that branch, and creates nothing; seeded random
+    /// branch pairs over a small alphabet, so that clashes are frequent.
+    #[tokio::test]
+    async fn branches_that_clash_are_refused_generated() {
+        use rand::rngs::StdRng;
+        use rand::{Rng, SeedableRng};
+        let mut rng = StdRng::seed_from_u64(44);
+        let mut random_branch = || {
+            let segments = rng.random_range(1..=3);
+            let path: Vec<&str> = (0..segments)
+                .map(|_| ["env", "a", "b"][rng.random_range(0..3)])
+                .collect();
+            BranchName::parse(&path.join("/")).expect("valid branch")
+        };
+        let (mut clashes, mut created) = (0, 0);
+        for _ in 0..400 {
+            let (b, at, name) = backend();
+            let existing = Location {
+                branch: random_branch(),
+                ..at.clone()
+            };
+            let new = Location {
+                branch: random_branch(),
+                ..at.clone()
+            };
+            b.put_state(&admin(), &existing, &name, None, state("L", 1))
+                .await
+                .expect("first branch");
+            let answer = b
+                .put_state(&admin(), &new, &name, None, state("M", 1))
+                .await;
+            let clash =
+                crate::refs::paths_clash(&existing.branch.full_ref(), &new.branch.full_ref());
+            match answer {
+                Err(ServiceError::Clash(Clash::Branch {
+                    branch,
+                    existing: other,
+                })) => {
+                    assert!(clash, "{} {}", existing.branch, new.branch);
+                    assert_eq!(
+                        (branch.as_str(), other.as_str()),
+                        (new.branch.as_str(), existing.branch.as_str())
+                    );
+                    assert!(
+                        b.store()
+                            .list_states(&new, "")
+                            .await
+                            .expect("list")
+                            .is_empty()
+                    );
+                    clashes += 1;
+                }
+                Ok(()) => {
+                    assert!(!clash, "{} {}", existing.branch, new.branch);
+                    created += 1;
+                }
+                other => panic!("{} after {}: {other:?}", new.branch, existing.branch),
+            }
+        }
+        assert!(
+            clashes > 40 && created > 40,
+            "{clashes} clashes, {created} created"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_holders_id_from_another_user_is_locked() {
+        let (b, at, name) = backend();
+        b.lock(&writer("ann"), &at, &name, lock_body("A"))
+            .await
+            .expect("ann locks");
+        b.lock(&writer("ann"), &at, &name, lock_body("A"))
+            .await
+            .expect("ann retries");
+        for caller in [writer("bob"), admin()] {
+            assert!(matches!(
+                b.lock(&caller, &at, &name, lock_body("A")).await,
+                Err(ServiceError::Locked(_))
+            ));
+            assert!(matches!(
+                b.put_state(&caller, &at, &name, Some("A"), state("L", 1))
+                    .await,
+                Err(ServiceError::Locked(_))
+            ));
+        }
+        b.put_state(&writer("ann"), &at, &name, Some("A"), state("L", 1))
+            .await
+            .expect("the holder writes");
     }
 }

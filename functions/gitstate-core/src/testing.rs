@@ -8,9 +8,10 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use crate::ports::{
-    Acquire, Change, CommitMeta, HeldLock, HistoryPage, Location, Release, Revision, StateStore,
-    StoreError, WritePlan, Written, user_from_message,
+    Acquire, Change, CommitMeta, HeldLock, HistoryPage, Location, Refusal, Release, Revision,
+    StateStore, StoreError, WritePlan, Written, user_from_message,
 };
+use crate::refs::{Clash, branch_clash, lock_clash, tree_clash};
 use crate::{LockInfo, StateName};
 
 type Key = (Location, StateName);
@@ -57,6 +58,44 @@ fn key(at: &Location, name: &StateName) -> Key {
     (at.clone(), name.clone())
 }
 
+impl Inner {
+    /// The git store's tree rule over the states of one location.
+    fn tree_clash(&self, at: &Location, name: &StateName) -> Option<Clash> {
+        let files = self
+            .states
+            .keys()
+            .filter(|(l, _)| l == at)
+            .map(|(_, n)| n.as_str());
+        tree_clash(files, name.as_str())
+    }
+
+    /// The git store's branch rule: a write that would create its branch next to an existing
+    /// branch of the same repository that it clashes with.
+    fn branch_clash(&self, at: &Location) -> Option<Clash> {
+        let branches: Vec<String> = self
+            .revisions
+            .keys()
+            .filter(|(l, _)| l.repository == at.repository)
+            .map(|(l, _)| l.branch.full_ref())
+            .collect();
+        let exists = branches.contains(&at.branch.full_ref());
+        if exists {
+            return None;
+        }
+        branch_clash(branches.iter().map(String::as_str), &at.branch)
+    }
+
+    /// The git store's lock ref rule: lock refs of one repository share one namespace.
+    fn lock_clash(&self, at: &Location, name: &StateName) -> Option<Clash> {
+        let held = self
+            .locks
+            .keys()
+            .filter(|(l, _)| l.repository == at.repository)
+            .map(|(_, n)| n.as_str());
+        lock_clash(held, name.as_str())
+    }
+}
+
 #[async_trait]
 impl StateStore for MemoryStore {
     async fn read_state(
@@ -65,6 +104,10 @@ impl StateStore for MemoryStore {
         name: &StateName,
     ) -> Result<Option<Bytes>, StoreError> {
         self.with(|i| i.states.get(&key(at, name)).cloned())
+    }
+
+    async fn clash(&self, at: &Location, name: &StateName) -> Result<Option<Clash>, StoreError> {
+        self.with(|i| i.tree_clash(at, name))
     }
 
     async fn read_lock(
@@ -85,6 +128,9 @@ impl StateStore for MemoryStore {
         self.with(|i| {
             if let Some(held) = i.locks.get(&key(at, name)) {
                 return Acquire::Held(held.clone());
+            }
+            if let Some(clash) = i.lock_clash(at, name).or_else(|| i.tree_clash(at, name)) {
+                return Acquire::Clash(clash);
             }
             i.counter += 1;
             let held = HeldLock {
@@ -123,10 +169,16 @@ impl StateStore for MemoryStore {
     ) -> Result<Written, StoreError> {
         self.with(|i| {
             let k = key(at, name);
+            if let Some(clash) = i.tree_clash(at, name) {
+                return Written::Refused(Refusal::Clash(clash));
+            }
             let meta = match plan(i.locks.get(&k), i.states.get(&k).map(|b| b.as_ref())) {
                 Ok(meta) => meta,
                 Err(refusal) => return Written::Refused(refusal),
             };
+            if let Some(clash) = i.branch_clash(at) {
+                return Written::Refused(Refusal::Clash(clash));
+            }
             let content = match change {
                 Change::Put(bytes) if i.states.get(&k) == Some(&bytes) => {
                     return Written::Unchanged;

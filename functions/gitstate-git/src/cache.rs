@@ -11,6 +11,7 @@ use gix::objs::tree::EntryKind;
 
 use crate::Error;
 use gitstate_core::ports::{CommitMeta, HistoryPage, Revision};
+use gitstate_core::refs::Clash;
 
 /// How far a walk of the history got.
 pub enum Walk {
@@ -199,6 +200,36 @@ impl Cache {
         }
     }
 
+    /// How `path` clashes with the tree of `commit`: a proper prefix of it is a file, or it is a
+    /// folder (then the first file inside it is named). Only the trees along `path` are read.
+    pub fn path_clash(&self, commit: ObjectId, path: &str) -> Result<Option<Clash>, Error> {
+        let repo = self.repo()?;
+        let mut tree = repo.find_commit(commit)?.tree_id()?.detach();
+        let mut walked = String::new();
+        let mut segments = path.split('/').peekable();
+        while let Some(segment) = segments.next() {
+            let Some((is_tree, oid)) = repo
+                .find_tree(tree)?
+                .find_entry(segment)
+                .map(|e| (e.mode().is_tree(), e.object_id()))
+            else {
+                return Ok(None);
+            };
+            walked.push_str(segment);
+            let last = segments.peek().is_none();
+            match (is_tree, last) {
+                (true, false) => tree = oid,
+                (true, true) => {
+                    return Ok(first_file(&repo, oid, &walked)?.map(Clash::Folder));
+                }
+                (false, false) => return Ok(Some(Clash::BelowState(walked))),
+                (false, true) => return Ok(None),
+            }
+            walked.push('/');
+        }
+        Ok(None)
+    }
+
     /// The paths of every file in the tree of `commit`, depth first.
     pub fn list_files(&self, commit: ObjectId) -> Result<Vec<String>, Error> {
         let repo = self.repo()?;
@@ -309,6 +340,24 @@ impl Cache {
         objects.extend(blob);
         Ok(NewCommit { id, objects })
     }
+}
+
+/// The first file (in tree order) below the folder `tree` at `dir`.
+fn first_file(repo: &gix::Repository, tree: ObjectId, dir: &str) -> Result<Option<String>, Error> {
+    let tree = repo.find_tree(tree)?;
+    let decoded = tree
+        .decode()
+        .map_err(|e| Error::Corrupt(format!("tree {}: {e}", tree.id)))?;
+    for entry in &decoded.entries {
+        let path = format!("{dir}/{}", entry.filename);
+        if !entry.mode.is_tree() {
+            return Ok(Some(path));
+        }
+        if let Some(found) = first_file(repo, entry.oid.to_owned(), &path)? {
+            return Ok(Some(found));
+        }
+    }
+    Ok(None)
 }
 
 fn subtree(repo: &gix::Repository, tree: ObjectId, name: &str) -> Result<Option<ObjectId>, Error> {

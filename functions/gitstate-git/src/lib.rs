@@ -123,9 +123,13 @@ pub fn backend(
         default_branch: settings.branch.clone(),
         allowed: settings.allowed_repositories.clone(),
     };
+    let refs = settings
+        .ref_policy()
+        .map_err(|e| Error::Config(e.to_string()))?;
     Ok(gitstate_core::service::Backend::new(
         std::sync::Arc::new(store),
         repositories,
         settings.committer.clone(),
-    ))
+    )
+    .with_refs(refs))
 }

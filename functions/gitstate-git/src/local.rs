@@ -7,6 +7,8 @@ use gix::ObjectId;
 use gix::refs::Target;
 use gix::refs::transaction::{Change, LogChange, PreviousValue, RefEdit, RefLog};
 
+use gitstate_core::refs::paths_clash;
+
 use crate::Error;
 use crate::cache::Cache;
 use crate::smart::{Advert, Command, PushReport};
@@ -63,6 +65,23 @@ impl LocalRefs {
         Ok(advert)
     }
 
+    /// An existing ref that one of the refs `commands` create would clash with.
+    fn in_the_way(&self, commands: &[Command]) -> Result<Option<String>, Error> {
+        let created: Vec<&str> = commands
+            .iter()
+            .filter(|c| c.old.is_null() && !c.new.is_null())
+            .map(|c| c.name.as_str())
+            .collect();
+        if created.is_empty() {
+            return Ok(None);
+        }
+        let all = self.list_prefix("refs/")?;
+        Ok(all
+            .refs
+            .into_keys()
+            .find(|other| created.iter().any(|new| paths_clash(other, new))))
+    }
+
     /// Apply `commands` in one transaction: all succeed, or none does and each is reported `ng`.
     pub fn push(&self, commands: &[Command]) -> Result<PushReport, Error> {
         let _serial = self
@@ -111,10 +130,16 @@ impl LocalRefs {
                 let raced = commands
                     .iter()
                     .any(|c| now.tip(&c.name).unwrap_or(ObjectId::null(c.old.kind())) != c.old);
-                if !raced {
+                if raced {
+                    Err("failed to update ref".to_owned())
+                } else if let Some(other) = self.in_the_way(commands)? {
+                    // A ref created next to one it clashes with (`a/b` while `a` exists): what
+                    // git's receive-pack reports as a directory/file conflict. The caller looks
+                    // at the refs again, as after any refused push.
+                    Err(format!("directory/file conflict with {other}"))
+                } else {
                     return Err(error.into());
                 }
-                Err("failed to update ref".to_owned())
             }
         };
         Ok(PushReport {
@@ -123,5 +148,71 @@ impl LocalRefs {
                 .map(|c| (c.name.clone(), verdict.clone()))
                 .collect(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn git(dir: &std::path::Path, args: &[&str], stdin: &str) -> String {
+        use std::io::Write;
+        let mut child = std::process::Command::new("git")
+            .args(args)
+            .current_dir(dir)
+            .env("GIT_AUTHOR_NAME", "t")
+            .env("GIT_AUTHOR_EMAIL", "t@example.invalid")
+            .env("GIT_COMMITTER_NAME", "t")
+            .env("GIT_COMMITTER_EMAIL", "t@example.invalid")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("git runs");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(stdin.as_bytes())
+            .expect("stdin");
+        let out = child.wait_with_output().expect("git");
+        assert!(out.status.success(), "git {args:?}");
+        String::from_utf8(out.stdout)
+            .expect("utf-8")
+            .trim()
+            .to_owned()
+    }
+
+    /// A ref created next to one it clashes with, by someone else after the caller's look (every
+    /// shape: below an existing ref, above one, deeper): the push is reported refused (`ng`),
+    /// as git http-backend does, so the caller looks at the refs again, never an error (500).
+    #[test]
+    fn a_ref_that_clashes_is_refused_not_an_error() {
+        for (existing, created) in [
+            ("refs/heads/env/a", "refs/heads/env/a/b"),
+            ("refs/heads/env/a", "refs/heads/env/a/b/c"),
+            ("refs/heads/env/c/d", "refs/heads/env/c"),
+            ("refs/heads/locks/x/y.tfstate", "refs/heads/locks/x"),
+        ] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            git(dir.path(), &["init", "--bare", "-q", "."], "");
+            let tree = git(dir.path(), &["mktree"], "");
+            let commit = git(dir.path(), &["commit-tree", &tree, "-m", "c"], "");
+            git(dir.path(), &["update-ref", existing, &commit], "");
+            let refs = LocalRefs::new(Arc::new(Cache::open_or_init(dir.path()).expect("cache")));
+            let id = ObjectId::from_hex(commit.as_bytes()).expect("id");
+            let command = Command {
+                old: ObjectId::null(id.kind()),
+                new: id,
+                name: created.to_owned(),
+            };
+            let report = refs
+                .push(std::slice::from_ref(&command))
+                .expect("refused, not an error");
+            assert!(!report.all_ok(&[command]), "{created}");
+            let why = format!("{report:?}");
+            assert!(why.contains(existing), "{why}");
+            let now = git(dir.path(), &["for-each-ref", "--format=%(refname)"], "");
+            assert_eq!(now, existing, "{created}: nothing written");
+        }
     }
 }

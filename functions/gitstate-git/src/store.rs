@@ -21,7 +21,8 @@ use gitstate_core::ports::{
     Acquire, Change, CommitMeta, HeldLock, HistoryPage, Location, Refusal, Release, StateStore,
     StoreError, WritePlan, Written, user_from_message,
 };
-use gitstate_core::{LockInfo, StateName};
+use gitstate_core::refs::{Clash, branch_clash, lock_clash};
+use gitstate_core::{BranchName, LockInfo, StateName};
 
 use crate::Error;
 use crate::cache::{Cache, NewCommit, Walk};
@@ -34,6 +35,9 @@ use crate::smart::{Advert, Command, PushReport, Service, SmartHttp};
 const FIRST_HISTORY_DEPTH: u32 = 64;
 const MAX_HISTORY_DEPTH: u32 = 1 << 24;
 
+/// How often a LOCK looks again after its tree check raced a write or its push was refused
+/// without a holder or a clashing lock to show for it.
+const MAX_LOCK_ATTEMPTS: u32 = 10;
 /// How often a write is rebuilt on a moved branch before giving up with a retryable 503.
 const MAX_WRITE_ATTEMPTS: u32 = 40;
 /// How long a write may keep retrying, well under a Lambda timeout.
@@ -180,6 +184,63 @@ impl GitStore {
 
     fn lock_ref(&self, name: &StateName) -> String {
         format!("{}{}", self.options.lock_ref_prefix, name)
+    }
+
+    /// The lock, among those `advert` lists, whose ref would clash with the lock ref of `name`.
+    fn lock_clash(&self, advert: &Advert, name: &StateName) -> Option<Clash> {
+        let prefix = self.options.lock_ref_prefix.as_str();
+        lock_clash(
+            advert.refs.keys().filter_map(|r| r.strip_prefix(prefix)),
+            name.as_str(),
+        )
+    }
+
+    /// What a LOCK decides from: the lock ref, the branch and every other lock ref (one
+    /// receive-pack advertisement over HTTP, which lists every ref anyway).
+    async fn lock_advert(
+        &self,
+        remote: &Remote,
+        at: &Location,
+        lock_ref: &str,
+    ) -> Result<Advert, Error> {
+        let names = vec![lock_ref.to_owned(), at.branch.full_ref()];
+        let mut advert = remote.refs(Service::ReceivePack, names).await?;
+        if !remote.is_cache() {
+            // The embedded repository lists only the refs asked for.
+            let others = remote
+                .refs_with_prefix(&self.options.lock_ref_prefix)
+                .await?;
+            advert.refs.extend(others.refs);
+        }
+        Ok(advert)
+    }
+
+    /// The existing branch in the way of creating `branch`: from `advert` over HTTP (a ref
+    /// advertisement lists every ref), from the refs under `refs/heads/` in the embedded
+    /// repository (whose advertisement lists only the refs asked for).
+    async fn branch_clash(
+        &self,
+        remote: &Remote,
+        advert: &Advert,
+        branch: &BranchName,
+    ) -> Result<Option<Clash>, Error> {
+        if remote.is_cache() {
+            return Ok(branch_clash(advert.refs.keys().map(String::as_str), branch));
+        }
+        let heads = remote.refs_with_prefix("refs/heads/").await?;
+        Ok(branch_clash(heads.refs.keys().map(String::as_str), branch))
+    }
+
+    /// How `path` clashes with the tree of `tip` (fetched into the cache first).
+    async fn tree_clash(
+        &self,
+        remote: &Remote,
+        tip: ObjectId,
+        path: &str,
+    ) -> Result<Option<Clash>, Error> {
+        remote.ensure(vec![tip]).await?;
+        let (cache, path) = (remote.cache.clone(), path.to_owned());
+        blocking(move || cache.path_clash(tip, &path)).await
     }
 
     async fn held(
@@ -573,6 +634,14 @@ impl StateStore for GitStore {
         Ok(locks)
     }
 
+    async fn clash(&self, at: &Location, name: &StateName) -> Result<Option<Clash>, StoreError> {
+        let remote = self.remote(at)?;
+        let Some(tip) = self.branch_tip(&remote, at).await? else {
+            return Ok(None);
+        };
+        Ok(self.tree_clash(&remote, tip, name.as_str()).await?)
+    }
+
     async fn read_lock(
         &self,
         at: &Location,
@@ -600,39 +669,66 @@ impl StateStore for GitStore {
     ) -> Result<Acquire, StoreError> {
         let remote = self.remote(at)?;
         let lock_ref = self.lock_ref(name);
-        let advert = remote
-            .refs(Service::ReceivePack, vec![lock_ref.clone()])
-            .await?;
-        if let Some(tip) = advert.tip(&lock_ref) {
-            return Ok(Acquire::Held(self.held(&remote, tip, name).await?));
+        let mut refused = None;
+        let mut last_attempt = Duration::ZERO;
+        // A refused push is judged from the refs, not from the error text: someone took the
+        // lock first (held), or created a lock ref it clashes with (a directory/file conflict,
+        // which git http-backend reports as `ng <ref> failed to update ref`): look again.
+        for attempt in 1..=MAX_LOCK_ATTEMPTS {
+            if attempt > 1 {
+                tokio::time::sleep(backoff(attempt, last_attempt)).await;
+            }
+            let attempt_started = Instant::now();
+            let advert = self.lock_advert(&remote, at, &lock_ref).await?;
+            if let Some(tip) = advert.tip(&lock_ref) {
+                return Ok(Acquire::Held(self.held(&remote, tip, name).await?));
+            }
+            if let Some(clash) = self.lock_clash(&advert, name) {
+                return Ok(Acquire::Clash(clash));
+            }
+            if let Some(tip) = advert.tip(&at.branch.full_ref()) {
+                match self.tree_clash(&remote, tip, name.as_str()).await {
+                    Ok(Some(clash)) => return Ok(Acquire::Clash(clash)),
+                    Ok(None) => {}
+                    // The branch moved between advertisement and fetch ("not our ref"): look again.
+                    Err(error) if error.is_transient() => {
+                        tracing::debug!(attempt, error = %gitstate_core::http::chain(&error), "lock's tree check raced a write, retrying");
+                        last_attempt = attempt_started.elapsed();
+                        refused = None;
+                        continue;
+                    }
+                    Err(error) => return Err(error.into()),
+                }
+            }
+            let commit = remote
+                .commit(
+                    None,
+                    name.lock_file(),
+                    Some(lock.as_bytes().clone()),
+                    meta.clone(),
+                )
+                .await?;
+            let command = Command {
+                old: null(),
+                new: commit.id,
+                name: lock_ref.clone(),
+            };
+            let report = remote.push(vec![command.clone()], commit.objects).await?;
+            if report.all_ok(&[command]) {
+                return Ok(Acquire::Acquired);
+            }
+            refused = Some(report);
+            last_attempt = attempt_started.elapsed();
         }
-        let commit = remote
-            .commit(
-                None,
-                name.lock_file(),
-                Some(lock.as_bytes().clone()),
-                meta.clone(),
-            )
-            .await?;
-        let command = Command {
-            old: null(),
-            new: commit.id,
-            name: lock_ref.clone(),
-        };
-        let report = remote.push(vec![command.clone()], commit.objects).await?;
-        if report.all_ok(&[command]) {
-            return Ok(Acquire::Acquired);
-        }
-        // Refused: normally because someone else created the lock first. Look, don't guess.
-        let advert = remote
-            .refs(Service::ReceivePack, vec![lock_ref.clone()])
-            .await?;
-        match advert.tip(&lock_ref) {
-            Some(tip) => Ok(Acquire::Held(self.held(&remote, tip, name).await?)),
-            None => Err(Error::Remote(format!(
-                "the remote refused to create {lock_ref} ({report:?}); does it clash with another lock ref?"
+        match refused {
+            Some(report) => Err(Error::Remote(format!(
+                "the remote kept refusing to create {lock_ref} ({report:?})"
             ))
             .into()),
+            // The branch kept moving under the tree check: busy, retryable.
+            None => Err(StoreError::Contention {
+                attempts: MAX_LOCK_ATTEMPTS,
+            }),
         }
     }
 
@@ -813,6 +909,15 @@ impl GitStore {
         remote
             .ensure(tip.into_iter().chain(lock_tip.map(|l| l.0)).collect())
             .await?;
+        // The tree rule, against the very tree the commit is built on: a concurrent writer that
+        // slips a clashing path in makes the push below lose the compare-and-swap, and the next
+        // attempt sees it here.
+        if let Some(tip) = tip {
+            let (cache, owned) = (remote.cache.clone(), path.to_owned());
+            if let Some(clash) = blocking(move || cache.path_clash(tip, &owned)).await? {
+                return Ok(Attempt::Done(Written::Refused(Refusal::Clash(clash))));
+            }
+        }
         let held = match lock_tip {
             Some((lock_tip, _, name)) => Some(self.held(remote, lock_tip, name).await?),
             None => None,
@@ -832,6 +937,14 @@ impl GitStore {
             Change::Put(bytes) => Some(bytes.clone()),
             Change::Delete => None,
         };
+        // A new branch git cannot create next to an existing one (`env/a/b` while `env/a`
+        // exists): refuse it now rather than push. A clashing branch created by someone else
+        // after this look makes the push fail, and the next attempt refuses it here.
+        if tip.is_none()
+            && let Some(clash) = self.branch_clash(remote, &advert, &at.branch).await?
+        {
+            return Ok(Attempt::Done(Written::Refused(Refusal::Clash(clash))));
+        }
         let commit = remote.commit(tip, path.to_owned(), content, meta).await?;
         let mut commands = vec![Command {
             old: tip.unwrap_or_else(null),
