@@ -42,3 +42,8 @@ fn pkt_line_corpus() {
 fn sops_file_corpus() {
     replay("sops_file", checks::sops_file);
 }
+
+#[test]
+fn kms_arn_corpus() {
+    replay("kms_arn", checks::kms_arn);
+}

@@ -42,7 +42,8 @@ impl<K: KeyService> SopsSealer<K> {
             .as_ref()
             .map(|p| Zeroizing::new(p.expose().to_owned()));
         Self {
-            envelope: Envelope::new(keys, settings.kms_key_ids.clone(), passphrase),
+            envelope: Envelope::new(keys, settings.kms_key_ids.clone(), passphrase)
+                .with_previous(settings.previous_kms_key_ids.clone()),
         }
     }
 
@@ -81,6 +82,7 @@ pub fn seal_error(error: Error) -> SealError {
             ..
         } => SealError::Unavailable(boxed(error)),
         Error::Key(_) | Error::NoKey { .. } => SealError::Refused(boxed(error)),
+        Error::NoConfiguredKey { .. } => SealError::ForeignKey(boxed(error)),
         Error::Tampered { .. } | Error::MacMismatch | Error::ContextMismatch { .. } => {
             SealError::Integrity(boxed(error))
         }
