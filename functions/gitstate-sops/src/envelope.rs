@@ -53,6 +53,9 @@ pub struct Opened {
     pub arns: Vec<String>,
     /// The key ARN that unwrapped the data key (for a deployment: a configured key's).
     pub key: Option<String>,
+    /// Entries naming a configured key that the key service refused before one unwrapped: a
+    /// file with a broken (or decoy) entry is never judged current.
+    pub refused: usize,
 }
 
 /// A configured key, resolved: the key ARN it is called by, and every ARN a file's entry may
@@ -125,9 +128,12 @@ impl<K: KeyService> Envelope<K> {
     pub async fn open(&self, stored: &[u8], expected: Option<&Context>) -> Result<Opened, Error> {
         if looks_like_sops(stored) {
             let document = Document::parse(stored)?;
-            let (key, arn) = match expected {
+            let (key, arn, refused) = match expected {
                 Some(expected) => self.configured_key(&document, expected).await?,
-                None => document.data_key_from(&self.keys).await?,
+                None => {
+                    let (key, arn) = document.data_key_from(&self.keys).await?;
+                    (key, arn, 0)
+                }
             };
             let plain = document.decrypt(&key)?;
             return Ok(Opened {
@@ -139,6 +145,7 @@ impl<K: KeyService> Envelope<K> {
                 },
                 arns: document.kms.iter().map(|e| e.arn.clone()).collect(),
                 key: Some(arn),
+                refused,
             });
         }
         if serde_json::from_slice::<serde::de::IgnoredAny>(stored).is_ok() {
@@ -147,6 +154,7 @@ impl<K: KeyService> Envelope<K> {
                 format: Format::Plain,
                 arns: Vec::new(),
                 key: None,
+                refused: 0,
             });
         }
         let Some(passphrase) = &self.passphrase else {
@@ -160,6 +168,7 @@ impl<K: KeyService> Envelope<K> {
             format: Format::Passphrase,
             arns: Vec::new(),
             key: None,
+            refused: 0,
         })
     }
 
@@ -169,7 +178,7 @@ impl<K: KeyService> Envelope<K> {
         &self,
         document: &Document,
         expected: &Context,
-    ) -> Result<(DataKey, String), Error> {
+    ) -> Result<(DataKey, String, usize), Error> {
         if document.kms.is_empty() {
             return Err(Error::NoKmsEntry);
         }
@@ -202,7 +211,7 @@ impl<K: KeyService> Envelope<K> {
                 blob: entry.enc.clone(),
             };
             match self.keys.unwrap(&wrapped, expected).await {
-                Ok(data_key) => return Ok((data_key, key.arn.clone())),
+                Ok(data_key) => return Ok((data_key, key.arn.clone(), tried - 1)),
                 Err(e) => last = Some(e),
             }
         }
@@ -258,8 +267,8 @@ impl<K: KeyService> Envelope<K> {
 
     /// How the opened state stands, judged by the key that unwrapped it (not by the ARNs the
     /// file names): a current key makes it Current when it is binary mode and its entries name
-    /// exactly the current keys, Partly otherwise; a previous key makes it Partly; no key (or
-    /// one the deployment lacks, read break-glass) Unprotected.
+    /// exactly the current keys and no entry naming one was refused, Partly otherwise; a previous
+    /// key makes it Partly; no key (or one the deployment lacks, read break-glass) Unprotected.
     pub async fn protection(&self, opened: &Opened) -> Result<Protection, Error> {
         let Some(arn) = &opened.key else {
             return Ok(Protection::Unprotected);
@@ -283,10 +292,12 @@ impl<K: KeyService> Envelope<K> {
         have.sort();
         have.dedup();
         want.sort();
-        Ok(if opened.format == Format::SopsBinary && have == want {
-            Protection::Current
-        } else {
-            Protection::Partly
-        })
+        Ok(
+            if opened.format == Format::SopsBinary && have == want && opened.refused == 0 {
+                Protection::Current
+            } else {
+                Protection::Partly
+            },
+        )
     }
 }
