@@ -173,7 +173,8 @@ impl<K: KeyService> Envelope<K> {
     }
 
     /// The data key through the entries that name a configured key (current keys first, then
-    /// previous ones) and carry exactly the expected context.
+    /// previous ones) and carry exactly the expected context; at most one entry per configured
+    /// key is tried, so a file with many entries costs no more KMS calls than keys are configured.
     async fn configured_key(
         &self,
         document: &Document,
@@ -197,7 +198,11 @@ impl<K: KeyService> Envelope<K> {
         }
         candidates.sort_by_key(|(key, _)| !key.current);
         let (mut tried, mut last, mut mismatch) = (0, None, None);
+        let mut asked: Vec<&str> = Vec::new();
         for (key, entry) in candidates {
+            if asked.contains(&key.arn.as_str()) {
+                continue;
+            }
             if entry.context != *expected {
                 mismatch = Some(Error::ContextMismatch {
                     found: entry.context.clone(),
@@ -206,6 +211,7 @@ impl<K: KeyService> Envelope<K> {
                 continue;
             }
             tried += 1;
+            asked.push(&key.arn);
             let wrapped = WrappedKey {
                 arn: key.arn.clone(),
                 blob: entry.enc.clone(),
@@ -219,18 +225,6 @@ impl<K: KeyService> Envelope<K> {
             (Some(mismatch), None) => Err(mismatch),
             (_, last) => Err(Error::NoKey { tried, last }),
         }
-    }
-
-    /// The configured key IDs (current ones) as ARNs (resolved through the key service once
-    /// per process).
-    pub async fn configured_arns(&self) -> Result<Vec<String>, Error> {
-        Ok(self
-            .configured()
-            .await?
-            .iter()
-            .filter(|c| c.current)
-            .map(|c| c.arn.clone())
-            .collect())
     }
 
     async fn configured(&self) -> Result<&[Configured], Error> {

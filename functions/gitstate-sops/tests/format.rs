@@ -346,6 +346,32 @@ async fn binary_round_trip_is_byte_exact_under_two_keys() {
         Err(Error::NoConfiguredKey { entries: 2, .. })
     ));
     assert!(foreign.keys().calls().is_empty());
+    // AND a thousand decoy entries naming k1 before the real ones cost one call per key
+    let mut decoyed = doc.clone();
+    let decoy = {
+        let mut e = decoyed["sops"]["kms"][0].clone();
+        e["enc"] = "ZGVjb3k=".into();
+        e
+    };
+    let list = decoyed["sops"]["kms"].as_array_mut().expect("kms");
+    for _ in 0..1000 {
+        list.insert(0, decoy.clone());
+    }
+    let both = Envelope::new(env.keys().same_keys(), vec!["k1".into(), "k2".into()], None);
+    let opened_decoyed = both
+        .open(
+            &serde_json::to_vec(&decoyed).expect("json"),
+            Some(&context("a.tfstate")),
+        )
+        .await
+        .expect("k2's entry opens it");
+    assert_eq!(both.keys().calls(), ["Decrypt", "Decrypt"]);
+    assert_eq!(opened_decoyed.refused, 1);
+    assert_eq!(
+        both.protection(&opened_decoyed).await.expect("resolves"),
+        Protection::Partly,
+        "a refused entry: never current"
+    );
     // AND the protection of a state read break-glass under a key the deployment lacks is none
     let opened = Opened2::from(opened);
     assert_eq!(
