@@ -354,21 +354,38 @@ async fn migration_enforcement_rotation_and_rekey() {
         200
     );
 
-    // WHEN the keys rotate to the new key: reads still work through the old key's entry
+    // WHEN the keys rotate to the new key alone, a state under the old key names no key of the
+    // deployment: refused, never unwrapped with the key the file names
+    let new_only = s
+        .backend(
+            s.moto.kms().await,
+            &[
+                ("GITSTATE_KMS_KEY_IDS", "alias/new"),
+                ("GITSTATE_ENCRYPTION", "enforced"),
+            ],
+        )
+        .await;
+    assert_eq!(
+        Client::new(&new_only.url)
+            .send("GET", "/states/net/a.tfstate", None)
+            .await
+            .status,
+        500,
+        "old key only, and the old key is not configured"
+    );
+    // AND with the old key as a previous key it still reads (in enforced mode too), until rekey
     let rotated_vars = [
         ("GITSTATE_KMS_KEY_IDS", "alias/new"),
+        ("GITSTATE_KMS_PREVIOUS_KEY_IDS", "alias/old"),
         ("GITSTATE_ENCRYPTION", "enforced"),
     ];
     let rotated = s.backend(s.moto.kms().await, &rotated_vars).await;
     let rotated_client = Client::new(&rotated.url);
-    assert_eq!(
-        rotated_client
-            .send("GET", "/states/net/a.tfstate", None)
-            .await
-            .status,
-        409,
-        "old key only: not under the configured keys"
-    );
+    let through_old = rotated_client
+        .send("GET", "/states/net/a.tfstate", None)
+        .await;
+    assert_eq!(through_old.status, 200, "{}", through_old.body);
+    assert!(through_old.body.contains(SECRET));
 
     // AND rekey of net/ (as `gitstate rekey --prefix net/` does) rewrites both under the new key
     let cache = tempfile::tempdir().expect("tempdir");
@@ -448,22 +465,36 @@ async fn tree_mode_and_passphrase_states_are_read() {
             .join("../functions/gitstate-sops/tests/vectors/tfstate-nonull.plain.json"),
     )
     .expect("vector");
-    // a tree-mode file as terraform-backend-git's sops mode writes it, under a moto key, with a
-    // context of its own (that tool's, not gitstate's)
+    // a tree-mode file (as sops writes it by hand or terraform-backend-git's sops mode does),
+    // under a moto key, with the context gitstate expects at that path
     let kms = s.moto.kms().await;
-    let context = [("tool".to_owned(), "terraform-backend-git".to_owned())]
-        .into_iter()
-        .collect();
-    let tree = gitstate_sops::Seal {
-        keys: &kms,
-        key_ids: &["alias/tfstate".to_owned()],
-        context: &context,
-        now: std::time::SystemTime::now(),
-    }
-    .tree(&plain)
-    .await
-    .expect("tree mode");
+    let tree_under = |context: gitstate_sops::Context| {
+        let kms = kms.clone();
+        let plain = plain.clone();
+        async move {
+            gitstate_sops::Seal {
+                keys: &kms,
+                key_ids: &["alias/tfstate".to_owned()],
+                context: &context,
+                now: std::time::SystemTime::now(),
+            }
+            .tree(&plain)
+            .await
+            .expect("tree mode")
+        }
+    };
+    let name = |n: &str| StateName::parse(n).expect("name");
+    let tree = tree_under(gitstate_kms::context(&s.url, &name("tree.tfstate"))).await;
     commit_file(&s.server, "infra", "tree.tfstate", &tree);
+    // the same with a context of its own (that tool's, not gitstate's): a file anyone could
+    // copy to any path, so it is refused (migrate it with `gitstate decrypt`)
+    let tool_context = [("tool".to_owned(), "terraform-backend-git".to_owned())].into();
+    commit_file(
+        &s.server,
+        "infra",
+        "tool.tfstate",
+        &tree_under(tool_context).await,
+    );
     let aes = std::fs::read(
         Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../functions/gitstate-sops/tests/vectors/plumber-aes.tfstate.bin"),
@@ -487,6 +518,13 @@ async fn tree_mode_and_passphrase_states_are_read() {
     assert_eq!(
         serde_json::from_str::<serde_json::Value>(&tree_read.body).expect("json"),
         want
+    );
+    assert_eq!(
+        client
+            .send("GET", "/states/tool.tfstate", None)
+            .await
+            .status,
+        500
     );
     let aes_read = client.send("GET", "/states/aes.tfstate", None).await;
     assert_eq!(aes_read.status, 200, "{}", aes_read.body);

@@ -155,7 +155,12 @@ pub fn sops_file(data: &[u8]) {
     if let Ok(document) = gitstate_sops::Document::parse(data) {
         let key = gitstate_sops::DataKey::new([7u8; 32]);
         let _ = document.is_binary();
-        let _ = document.decrypt(&key);
+        // The MAC is always an AES-GCM value under the data key, so no input (short of one sealed
+        // under this very key, which no mutation forges) decrypts.
+        assert!(
+            document.decrypt(&key).is_err(),
+            "a document decrypted under a key it was not sealed under"
+        );
     }
     if let Ok(text) = std::str::from_utf8(data)
         && let Some(Ok(sealed)) = gitstate_sops::Sealed::parse(text)
@@ -170,4 +175,46 @@ pub fn sops_file(data: &[u8]) {
         gitstate_sops::open_passphrase("fuzz", data).is_err() || data.len() >= 12 + 16,
         "an input shorter than nonce and tag never opens"
     );
+}
+
+/// KMS key names: an accepted ARN prints back to exactly the input (nothing is normalised, so
+/// what is checked is what is called), its parts hold the documented shapes, and a configured
+/// name is an ARN exactly when it starts with `arn:`.
+pub fn kms_arn(data: &[u8]) {
+    use gitstate_core::kms_key::{KeyArn, KeyName, KeyResource};
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    if let Ok(arn) = KeyArn::parse(text) {
+        assert_eq!(arn.to_string(), text, "printed back");
+        assert_eq!(KeyArn::parse(&arn.to_string()).as_ref(), Ok(&arn));
+        assert!(arn.partition == "aws" || arn.partition.starts_with("aws-"));
+        assert!(
+            arn.region
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && arn.region.ends_with(|c: char| c.is_ascii_digit()),
+            "region {:?}",
+            arn.region
+        );
+        assert!(arn.account.len() == 12 && arn.account.bytes().all(|b| b.is_ascii_digit()));
+        match &arn.resource {
+            KeyResource::Key(id) => assert!(
+                id.len() == 36 && (id.starts_with("mrk-") || id.matches('-').count() == 4),
+                "key id {id:?}"
+            ),
+            KeyResource::Alias(name) => assert!(
+                !name.is_empty()
+                    && !name.to_ascii_lowercase().starts_with("aws/")
+                    && name
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"/_-".contains(&b)),
+                "alias {name:?}"
+            ),
+        }
+    }
+    if let Ok(name) = KeyName::parse(text) {
+        assert_eq!(name.to_string(), text, "printed back");
+        assert_eq!(matches!(name, KeyName::Arn(_)), text.starts_with("arn:"));
+    }
 }

@@ -89,13 +89,16 @@ pub struct Settings {
 }
 
 /// `GITSTATE_KMS_KEY_IDS`: KMS keys (ARNs, aliases; comma-separated) every write is sealed
-/// under, the first making the data key; `GITSTATE_ENCRYPTION`: `optional` (default: plaintext
+/// under, the first making the data key; `GITSTATE_KMS_PREVIOUS_KEY_IDS`: keys that may still
+/// unwrap states sealed before a key change, never used to seal (with the current ones, the only
+/// keys ever asked to unwrap); `GITSTATE_ENCRYPTION`: `optional` (default: plaintext
 /// states are still served and encrypted on their next write) or `enforced` (states not under
 /// the configured keys are refused until `gitstate rekey`); `GITSTATE_PASSPHRASE`: reads
 /// terraform-backend-git's aes passphrase mode.
 #[derive(Debug, Clone, Default)]
 pub struct EncryptionSettings {
     pub kms_key_ids: Vec<String>,
+    pub previous_kms_key_ids: Vec<String>,
     pub enforced: bool,
     pub passphrase: Option<Secret>,
 }
@@ -123,6 +126,8 @@ pub enum ConfigError {
     TwoGitTokens,
     #[error("GITSTATE_ENCRYPTION=enforced needs GITSTATE_KMS_KEY_IDS")]
     EnforcedWithoutKeys,
+    #[error("GITSTATE_KMS_PREVIOUS_KEY_IDS needs GITSTATE_KMS_KEY_IDS")]
+    PreviousWithoutKeys,
 }
 
 pub const DEFAULT_MAX_BODY_BYTES: usize = 6 * 1024 * 1024;
@@ -218,14 +223,8 @@ impl Settings {
             return Err(ConfigError::TwoGitTokens);
         }
         let encryption = EncryptionSettings {
-            kms_key_ids: get("GITSTATE_KMS_KEY_IDS")
-                .map(|v| {
-                    v.split(',')
-                        .map(|s| s.trim().to_owned())
-                        .filter(|s| !s.is_empty())
-                        .collect()
-                })
-                .unwrap_or_default(),
+            kms_key_ids: key_list(&get, "GITSTATE_KMS_KEY_IDS")?,
+            previous_kms_key_ids: key_list(&get, "GITSTATE_KMS_PREVIOUS_KEY_IDS")?,
             enforced: match get("GITSTATE_ENCRYPTION").as_deref() {
                 None | Some("optional") => false,
                 Some("enforced") => true,
@@ -240,6 +239,9 @@ impl Settings {
         };
         if encryption.enforced && encryption.kms_key_ids.is_empty() {
             return Err(ConfigError::EnforcedWithoutKeys);
+        }
+        if !encryption.previous_kms_key_ids.is_empty() && encryption.kms_key_ids.is_empty() {
+            return Err(ConfigError::PreviousWithoutKeys);
         }
         let source = match (get("GITSTATE_ACCESS"), get("GITSTATE_ACCESS_FILE")) {
             (Some(_), Some(_)) => return Err(ConfigError::TwoAccessSources),
@@ -315,6 +317,27 @@ impl Settings {
     }
 }
 
+/// A comma-separated list of KMS keys, each a strictly parsed ARN or a bare alias or key ID.
+fn key_list(
+    get: &impl Fn(&str) -> Option<String>,
+    var: &'static str,
+) -> Result<Vec<String>, ConfigError> {
+    let Some(value) = get(var) else {
+        return Ok(Vec::new());
+    };
+    let mut keys = Vec::new();
+    for key in value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        crate::kms_key::KeyName::parse(key).map_err(|e| ConfigError::Invalid {
+            var,
+            reason: e.to_string(),
+        })?;
+        if !keys.iter().any(|k| k == key) {
+            keys.push(key.to_owned());
+        }
+    }
+    Ok(keys)
+}
+
 fn check_url(var: &'static str, url: &str) -> Result<(), ConfigError> {
     if url.starts_with("https://") || url.starts_with("http://") {
         Ok(())
@@ -378,7 +401,11 @@ mod tests {
             &[
                 (
                     "GITSTATE_KMS_KEY_IDS",
-                    " alias/a , arn:aws:kms:eu-west-1:1:key/b,",
+                    " alias/a , arn:aws:kms:eu-west-1:123456789012:key/mrk-0123456789abcdef0123456789abcdef,",
+                ),
+                (
+                    "GITSTATE_KMS_PREVIOUS_KEY_IDS",
+                    "1234abcd-12ab-34cd-56ef-1234567890ab",
                 ),
                 ("GITSTATE_ENCRYPTION", "enforced"),
                 ("GITSTATE_PASSPHRASE", "pw-123"),
@@ -387,7 +414,14 @@ mod tests {
         .expect("valid");
         assert_eq!(
             s.encryption.kms_key_ids,
-            ["alias/a", "arn:aws:kms:eu-west-1:1:key/b"]
+            [
+                "alias/a",
+                "arn:aws:kms:eu-west-1:123456789012:key/mrk-0123456789abcdef0123456789abcdef"
+            ]
+        );
+        assert_eq!(
+            s.encryption.previous_kms_key_ids,
+            ["1234abcd-12ab-34cd-56ef-1234567890ab"]
         );
         assert!(s.encryption.enforced && s.encryption.is_configured());
         assert!(!format!("{s:?}").contains("pw-123"));
@@ -410,8 +444,26 @@ mod tests {
             [("GITSTATE_ALLOWED_REFS", "locks/*")],
             [("GITSTATE_ALLOWED_REFS", "main/x")],
             [("GITSTATE_ALLOWED_REFS", "env/*/x")],
+            [("GITSTATE_KMS_PREVIOUS_KEY_IDS", "alias/old")],
         ] {
             assert!(settings(Runtime::Local, &vars).is_err(), "{vars:?}");
+        }
+        // a malformed key is a start-up error naming the setting it is in
+        for var in ["GITSTATE_KMS_KEY_IDS", "GITSTATE_KMS_PREVIOUS_KEY_IDS"] {
+            for bad in [
+                "arn:aws:kms:us-east-1:1:key/b",
+                "alias/aws/ebs",
+                "tfstate",
+                "alias/ok,arn:aws:kms:evil.example:123456789012:alias/x",
+            ] {
+                let error = settings(
+                    Runtime::Local,
+                    &[("GITSTATE_KMS_KEY_IDS", "alias/ok"), (var, bad)],
+                )
+                .expect_err(bad)
+                .to_string();
+                assert!(error.starts_with(var), "{error}");
+            }
         }
     }
 

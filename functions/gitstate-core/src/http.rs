@@ -198,6 +198,9 @@ impl ApiError {
             Self::Service(
                 S::Seal(SealError::Integrity(_) | SealError::Unreadable(_)) | S::NoKeys,
             ) => StatusCode::INTERNAL_SERVER_ERROR,
+            // Sealed under a key the deployment lacks: never unwrapped, ours to fix (rekey or
+            // GITSTATE_KMS_PREVIOUS_KEY_IDS), not the gateway's.
+            Self::Service(S::Seal(SealError::ForeignKey(_))) => StatusCode::INTERNAL_SERVER_ERROR,
             // The operator must rekey; the message says so.
             Self::Service(S::Unprotected { .. }) => StatusCode::CONFLICT,
             Self::Method { .. } => StatusCode::METHOD_NOT_ALLOWED,

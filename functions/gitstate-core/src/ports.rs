@@ -171,6 +171,9 @@ pub enum SealError {
     Refused(#[source] BoxError),
     #[error("the stored state failed its integrity check")]
     Integrity(#[source] BoxError),
+    /// The stored state is sealed under none of the deployment's keys (nothing was unwrapped).
+    #[error("the stored state names none of the configured KMS keys")]
+    ForeignKey(#[source] BoxError),
     #[error("the stored state cannot be read")]
     Unreadable(#[source] BoxError),
 }

@@ -1,8 +1,9 @@
 //! AWS KMS as gitstate's key service: data keys from `GenerateDataKey`, extra wrappings with
 //! `Encrypt`, unwrapping with `Decrypt`, all under an encryption context. Decrypted data keys are
-//! cached in memory (zeroised when dropped), keyed by the wrapped key *and* its context, so a
-//! warm process asks KMS once per distinct ciphertext and a blob moved to another context still
-//! goes to KMS, which refuses it.
+//! cached in memory (zeroised when dropped), keyed by the key ARN, the wrapped key *and* its
+//! context, so a warm process asks KMS once per distinct ciphertext and a blob moved to another
+//! context or named by another key still goes to KMS, which refuses it. The region of a call is
+//! that of the key ARN it is made with (strictly parsed); the endpoint is the configuration's.
 //!
 //! Configuration is the standard AWS chain (environment, profiles, SSO, web identity, container
 //! and instance roles); `AWS_ENDPOINT_URL_KMS` / `AWS_ENDPOINT_URL` point it at LocalStack or
@@ -25,6 +26,7 @@ use aws_sdk_kms::primitives::Blob;
 use aws_sdk_kms::types::DataKeySpec;
 use base64::Engine;
 use gitstate_core::config::Secret;
+use gitstate_core::kms_key::KeyArn;
 use gitstate_sops::{Context, DataKey, KeyError, KeyService, WrappedKey};
 use zeroize::{Zeroize, Zeroizing};
 
@@ -54,7 +56,9 @@ struct Counters {
     describe_key: AtomicU64,
 }
 
-type CacheKey = (Vec<u8>, Context);
+/// The key ARN that (un)wrapped, the wrapped blob and its context: a blob cached under one key
+/// is never handed out for an entry that names another.
+type CacheKey = (String, Vec<u8>, Context);
 
 /// The KMS key service.
 pub struct Kms {
@@ -172,36 +176,38 @@ impl Kms {
         ))
     }
 
-    /// The client for the region a key ARN names (the default one for aliases and bare IDs).
-    fn client_for(&self, key: &str) -> Client {
-        let region = key
-            .strip_prefix("arn:")
-            .and_then(|rest| rest.split(':').nth(2))
-            .filter(|r| !r.is_empty());
-        let Some(region) = region else {
-            return self.default.clone();
-        };
-        if self.config.region().map(|r| r.as_ref()) == Some(region) {
-            return self.default.clone();
+    /// The client for the region a key ARN names (the default one for aliases and bare IDs). An
+    /// `arn:` that does not parse strictly is refused before any call.
+    fn client_for(&self, key: &str) -> Result<Client, KeyError> {
+        if !key.starts_with("arn:") {
+            return Ok(self.default.clone());
+        }
+        let arn = KeyArn::parse(key).map_err(|e| KeyError::Refused(e.into()))?;
+        let region = arn.region;
+        if self.config.region().map(|r| r.as_ref()) == Some(region.as_str()) {
+            return Ok(self.default.clone());
         }
         let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
-        clients
-            .entry(region.to_owned())
+        Ok(clients
+            .entry(region.clone())
             .or_insert_with(|| {
                 let config = aws_sdk_kms::config::Builder::from(&self.config)
-                    .region(aws_sdk_kms::config::Region::new(region.to_owned()))
+                    .region(aws_sdk_kms::config::Region::new(region))
                     .build();
                 Client::from_conf(config)
             })
-            .clone()
+            .clone())
     }
 
-    fn remember(&self, blob: &[u8], context: &Context, key: &DataKey) {
+    fn remember(&self, wrapped: &WrappedKey, context: &Context, key: &DataKey) {
         let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
         if keys.len() >= CACHE_CAPACITY {
             keys.clear();
         }
-        keys.insert((blob.to_vec(), context.clone()), key.clone());
+        keys.insert(
+            (wrapped.arn.clone(), wrapped.blob.clone(), context.clone()),
+            key.clone(),
+        );
     }
 }
 
@@ -264,7 +270,7 @@ impl KeyService for Kms {
             .generate_data_key
             .fetch_add(1, Ordering::Relaxed);
         let out = self
-            .client_for(key_id)
+            .client_for(key_id)?
             .generate_data_key()
             .key_id(key_id)
             .key_spec(DataKeySpec::Aes256)
@@ -280,7 +286,7 @@ impl KeyService for Kms {
                 .map(Blob::into_inner)
                 .unwrap_or_default(),
         };
-        self.remember(&wrapped.blob, context, &key);
+        self.remember(&wrapped, context, &key);
         Ok((key, wrapped))
     }
 
@@ -292,7 +298,7 @@ impl KeyService for Kms {
     ) -> Result<WrappedKey, KeyError> {
         self.counters.encrypt.fetch_add(1, Ordering::Relaxed);
         let out = self
-            .client_for(key_id)
+            .client_for(key_id)?
             .encrypt()
             .key_id(key_id)
             .plaintext(Blob::new(key.to_vec()))
@@ -307,12 +313,12 @@ impl KeyService for Kms {
                 .map(Blob::into_inner)
                 .unwrap_or_default(),
         };
-        self.remember(&wrapped.blob, context, key);
+        self.remember(&wrapped, context, key);
         Ok(wrapped)
     }
 
     async fn unwrap(&self, wrapped: &WrappedKey, context: &Context) -> Result<DataKey, KeyError> {
-        let cache_key = (wrapped.blob.clone(), context.clone());
+        let cache_key = (wrapped.arn.clone(), wrapped.blob.clone(), context.clone());
         if let Some(key) = self
             .keys
             .lock()
@@ -323,7 +329,7 @@ impl KeyService for Kms {
         }
         self.counters.decrypt.fetch_add(1, Ordering::Relaxed);
         let out = self
-            .client_for(&wrapped.arn)
+            .client_for(&wrapped.arn)?
             .decrypt()
             .key_id(&wrapped.arn)
             .ciphertext_blob(Blob::new(wrapped.blob.clone()))
@@ -332,7 +338,7 @@ impl KeyService for Kms {
             .await
             .map_err(key_error)?;
         let key = data_key(out.plaintext)?;
-        self.remember(&wrapped.blob, context, &key);
+        self.remember(wrapped, context, &key);
         Ok(key)
     }
 
@@ -350,7 +356,7 @@ impl KeyService for Kms {
         }
         self.counters.describe_key.fetch_add(1, Ordering::Relaxed);
         let out = self
-            .client_for(key_id)
+            .client_for(key_id)?
             .describe_key()
             .key_id(key_id)
             .send()

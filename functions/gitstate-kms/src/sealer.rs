@@ -42,7 +42,8 @@ impl<K: KeyService> SopsSealer<K> {
             .as_ref()
             .map(|p| Zeroizing::new(p.expose().to_owned()));
         Self {
-            envelope: Envelope::new(keys, settings.kms_key_ids.clone(), passphrase),
+            envelope: Envelope::new(keys, settings.kms_key_ids.clone(), passphrase)
+                .with_previous(settings.previous_kms_key_ids.clone()),
         }
     }
 
@@ -81,6 +82,7 @@ pub fn seal_error(error: Error) -> SealError {
             ..
         } => SealError::Unavailable(boxed(error)),
         Error::Key(_) | Error::NoKey { .. } => SealError::Refused(boxed(error)),
+        Error::NoConfiguredKey { .. } => SealError::ForeignKey(boxed(error)),
         Error::Tampered { .. } | Error::MacMismatch | Error::ContextMismatch { .. } => {
             SealError::Integrity(boxed(error))
         }
@@ -149,5 +151,37 @@ impl<K: KeyService + 'static> Sealer for SopsSealer<K> {
             protection,
             format: opened.format.describe(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The repository in the context is the configured URL without trailing slashes and one
+    /// `.git`: respelling the setting so keeps every state readable; anything else (scheme, host,
+    /// case, path) is another repository.
+    #[test]
+    fn context_repository_spellings() {
+        let name = StateName::parse("a/b.tfstate").expect("name");
+        let want = context("https://git.example/o/r", &name);
+        for same in [
+            "https://git.example/o/r.git",
+            "https://git.example/o/r/",
+            "https://git.example/o/r.git/",
+            "https://git.example/o/r//",
+        ] {
+            assert_eq!(context(same, &name), want, "{same}");
+        }
+        for other in [
+            "http://git.example/o/r",
+            "https://GIT.example/o/r",
+            "https://git.example/o/R",
+            "https://git.example/o/r.git.git",
+            "https://git.example/o",
+        ] {
+            assert_ne!(context(other, &name), want, "{other}");
+        }
+        assert_eq!(want[CONTEXT_STATE], "a/b.tfstate");
     }
 }

@@ -145,50 +145,29 @@ impl Document {
         matches!(self.data.as_slice(), [(key, Value::String(_))] if key == "data")
     }
 
-    /// The data key, from the first KMS entry the key service unwraps. With `expected`, an entry
-    /// whose context carries any of the expected keys must carry all of them with the expected
-    /// values (a file copied to another state is refused before any KMS call); entries without
-    /// them (files written by other tools) are tried with their own context.
-    pub async fn data_key(
-        &self,
-        keys: &dyn KeyService,
-        expected: Option<&Context>,
-    ) -> Result<DataKey, Error> {
+    /// The data key, from the first KMS entry the key service unwraps, each with its own ARN
+    /// and context: what `sops -d` does, for break-glass reads of a file in hand. A deployment
+    /// reads through [`crate::Envelope::open`] with an expected context instead, where only its
+    /// configured keys unwrap. Returns the key and the ARN of the entry that unwrapped it.
+    pub async fn data_key_from(&self, keys: &dyn KeyService) -> Result<(DataKey, String), Error> {
         if self.kms.is_empty() {
             return Err(Error::NoKmsEntry);
         }
         let mut last = None;
-        let mut mismatch = None;
         for entry in &self.kms {
-            if let Some(expected) = expected {
-                let binds = expected.keys().any(|k| entry.context.contains_key(k));
-                let matches = expected
-                    .iter()
-                    .all(|(k, v)| entry.context.get(k) == Some(v));
-                if binds && !matches {
-                    mismatch = Some(Error::ContextMismatch {
-                        found: entry.context.clone(),
-                        expected: expected.clone(),
-                    });
-                    continue;
-                }
-            }
             let wrapped = WrappedKey {
                 arn: entry.arn.clone(),
                 blob: entry.enc.clone(),
             };
             match keys.unwrap(&wrapped, &entry.context).await {
-                Ok(key) => return Ok(key),
+                Ok(key) => return Ok((key, entry.arn.clone())),
                 Err(e) => last = Some(e),
             }
         }
-        match (mismatch, last) {
-            (Some(mismatch), None) => Err(mismatch),
-            (_, last) => Err(Error::NoKey {
-                tried: self.kms.len(),
-                last,
-            }),
-        }
+        Err(Error::NoKey {
+            tried: self.kms.len(),
+            last,
+        })
     }
 
     /// Decrypt every value, verify the MAC, and give back the plaintext: the `data` string's

@@ -8,7 +8,7 @@ use std::time::SystemTime;
 use zeroize::Zeroizing;
 
 use crate::document::{Document, Seal, looks_like_sops};
-use crate::{Context, Error, KeyService, passphrase};
+use crate::{Context, DataKey, Error, KeyService, WrappedKey, passphrase};
 
 /// How a stored state was found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,8 +49,22 @@ pub enum Protection {
 pub struct Opened {
     pub plaintext: Zeroizing<Vec<u8>>,
     pub format: Format,
-    /// The ARNs of the file's KMS entries.
+    /// The ARNs of the file's KMS entries (what the file claims, not what was checked).
     pub arns: Vec<String>,
+    /// The key ARN that unwrapped the data key (for a deployment: a configured key's).
+    pub key: Option<String>,
+    /// Entries naming a configured key that the key service refused before one unwrapped: a
+    /// file with a broken (or decoy) entry is never judged current.
+    pub refused: usize,
+}
+
+/// A configured key, resolved: the key ARN it is called by, and every ARN a file's entry may
+/// name it with (the key ARN, and the alias ARN when configured by alias).
+#[derive(Debug, Clone)]
+struct Configured {
+    arn: String,
+    names: Vec<String>,
+    current: bool,
 }
 
 /// Seal and open states with a key service, the configured write keys and an optional
@@ -58,9 +72,11 @@ pub struct Opened {
 pub struct Envelope<K> {
     keys: K,
     key_ids: Vec<String>,
+    /// Keys that may still unwrap (states sealed before a key change), never used to seal.
+    previous: Vec<String>,
     passphrase: Option<Zeroizing<String>>,
-    /// The configured key IDs resolved to ARNs, once.
-    resolved: std::sync::OnceLock<Vec<String>>,
+    /// The configured keys (current, then previous) resolved to ARNs, once.
+    resolved: std::sync::OnceLock<Vec<Configured>>,
 }
 
 impl<K: KeyService> Envelope<K> {
@@ -68,9 +84,16 @@ impl<K: KeyService> Envelope<K> {
         Self {
             keys,
             key_ids,
+            previous: Vec::new(),
             passphrase,
             resolved: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Keys that still unwrap states sealed under them, but seal nothing.
+    pub fn with_previous(mut self, previous: Vec<String>) -> Self {
+        self.previous = previous;
+        self
     }
 
     pub fn keys(&self) -> &K {
@@ -98,12 +121,20 @@ impl<K: KeyService> Envelope<K> {
         .await
     }
 
-    /// Open stored bytes. `expected` is the context this location binds (see
-    /// [`Document::data_key`]).
+    /// Open stored bytes. With `expected` (a deployment reading the state at a location), only
+    /// the configured keys unwrap, each called by its own ARN, and only an entry whose context
+    /// equals `expected` is used; a file naming none of them is refused before any KMS call.
+    /// Without it (break-glass), the file's own entries decide, as `sops -d` does.
     pub async fn open(&self, stored: &[u8], expected: Option<&Context>) -> Result<Opened, Error> {
         if looks_like_sops(stored) {
             let document = Document::parse(stored)?;
-            let key = document.data_key(&self.keys, expected).await?;
+            let (key, arn, refused) = match expected {
+                Some(expected) => self.configured_key(&document, expected).await?,
+                None => {
+                    let (key, arn) = document.data_key_from(&self.keys).await?;
+                    (key, arn, 0)
+                }
+            };
             let plain = document.decrypt(&key)?;
             return Ok(Opened {
                 plaintext: plain.bytes,
@@ -113,6 +144,8 @@ impl<K: KeyService> Envelope<K> {
                     Format::SopsTree
                 },
                 arns: document.kms.iter().map(|e| e.arn.clone()).collect(),
+                key: Some(arn),
+                refused,
             });
         }
         if serde_json::from_slice::<serde::de::IgnoredAny>(stored).is_ok() {
@@ -120,6 +153,8 @@ impl<K: KeyService> Envelope<K> {
                 plaintext: Zeroizing::new(stored.to_vec()),
                 format: Format::Plain,
                 arns: Vec::new(),
+                key: None,
+                refused: 0,
             });
         }
         let Some(passphrase) = &self.passphrase else {
@@ -132,39 +167,131 @@ impl<K: KeyService> Envelope<K> {
             plaintext: Zeroizing::new(plaintext),
             format: Format::Passphrase,
             arns: Vec::new(),
+            key: None,
+            refused: 0,
         })
     }
 
-    /// The configured key IDs as ARNs (resolved through the key service once per process).
-    pub async fn configured_arns(&self) -> Result<&[String], Error> {
-        if let Some(arns) = self.resolved.get() {
-            return Ok(arns);
+    /// The data key through the entries that name a configured key (current keys first, then
+    /// previous ones) and carry exactly the expected context; at most one entry per configured
+    /// key is tried, so a file with many entries costs no more KMS calls than keys are configured.
+    async fn configured_key(
+        &self,
+        document: &Document,
+        expected: &Context,
+    ) -> Result<(DataKey, String, usize), Error> {
+        if document.kms.is_empty() {
+            return Err(Error::NoKmsEntry);
         }
-        let mut arns = Vec::with_capacity(self.key_ids.len());
-        for id in &self.key_ids {
-            arns.push(self.keys.resolve(id).await?);
+        let configured = self.configured().await?;
+        let mut candidates: Vec<(&Configured, &crate::KmsEntry)> = Vec::new();
+        for entry in &document.kms {
+            if let Some(key) = configured.iter().find(|c| c.names.contains(&entry.arn)) {
+                candidates.push((key, entry));
+            }
         }
-        Ok(self.resolved.get_or_init(|| arns))
+        if candidates.is_empty() {
+            return Err(Error::NoConfiguredKey {
+                entries: document.kms.len(),
+                first: document.kms[0].arn.chars().take(160).collect(),
+            });
+        }
+        candidates.sort_by_key(|(key, _)| !key.current);
+        let (mut tried, mut last, mut mismatch) = (0, None, None);
+        let mut asked: Vec<&str> = Vec::new();
+        for (key, entry) in candidates {
+            if asked.contains(&key.arn.as_str()) {
+                continue;
+            }
+            if entry.context != *expected {
+                mismatch = Some(Error::ContextMismatch {
+                    found: entry.context.clone(),
+                    expected: expected.clone(),
+                });
+                continue;
+            }
+            tried += 1;
+            asked.push(&key.arn);
+            let wrapped = WrappedKey {
+                arn: key.arn.clone(),
+                blob: entry.enc.clone(),
+            };
+            match self.keys.unwrap(&wrapped, expected).await {
+                Ok(data_key) => return Ok((data_key, key.arn.clone(), tried - 1)),
+                Err(e) => last = Some(e),
+            }
+        }
+        match (mismatch, last) {
+            (Some(mismatch), None) => Err(mismatch),
+            (_, last) => Err(Error::NoKey { tried, last }),
+        }
     }
 
+    async fn configured(&self) -> Result<&[Configured], Error> {
+        if let Some(keys) = self.resolved.get() {
+            return Ok(keys);
+        }
+        let mut keys: Vec<Configured> = Vec::new();
+        let all = self.key_ids.iter().map(|id| (id, true));
+        for (id, current) in all.chain(self.previous.iter().map(|id| (id, false))) {
+            let arn = self.keys.resolve(id).await?;
+            let mut names = vec![arn.clone()];
+            if id.starts_with("arn:") {
+                names.push(id.clone());
+            } else if id.starts_with("alias/")
+                && let Some((prefix, _)) = arn.split_once(":key/")
+            {
+                names.push(format!("{prefix}:{id}"));
+            }
+            match keys.iter_mut().find(|k| k.arn == arn) {
+                // a key in both lists is current
+                Some(known) => {
+                    known.current |= current;
+                    known.names.extend(names);
+                }
+                None => keys.push(Configured {
+                    arn,
+                    names,
+                    current,
+                }),
+            }
+        }
+        Ok(self.resolved.get_or_init(|| keys))
+    }
+
+    /// How the opened state stands, judged by the key that unwrapped it (not by the ARNs the
+    /// file names): a current key makes it Current when it is binary mode and its entries name
+    /// exactly the current keys and no entry naming one was refused, Partly otherwise; a previous
+    /// key makes it Partly; no key (or one the deployment lacks, read break-glass) Unprotected.
     pub async fn protection(&self, opened: &Opened) -> Result<Protection, Error> {
-        if opened.arns.is_empty() || !self.seals() {
+        let Some(arn) = &opened.key else {
+            return Ok(Protection::Unprotected);
+        };
+        if !self.seals() {
             return Ok(Protection::Unprotected);
         }
-        let configured = self.configured_arns().await?;
-        if !opened.arns.iter().any(|a| configured.contains(a)) {
+        let configured = self.configured().await?;
+        let Some(unwrapped) = configured.iter().find(|c| c.names.contains(arn)) else {
             return Ok(Protection::Unprotected);
+        };
+        if !unwrapped.current {
+            return Ok(Protection::Partly);
         }
-        let mut have: Vec<&String> = opened.arns.iter().collect();
-        let mut want: Vec<&String> = configured.iter().collect();
+        let named = |entry: &String| configured.iter().position(|c| c.names.contains(entry));
+        let mut have: Vec<Option<usize>> = opened.arns.iter().map(named).collect();
+        let mut want: Vec<Option<usize>> = (0..configured.len())
+            .filter(|i| configured[*i].current)
+            .map(Some)
+            .collect();
         have.sort();
         have.dedup();
         want.sort();
-        want.dedup();
-        Ok(if opened.format == Format::SopsBinary && have == want {
-            Protection::Current
-        } else {
-            Protection::Partly
-        })
+        Ok(
+            if opened.format == Format::SopsBinary && have == want && opened.refused == 0 {
+                Protection::Current
+            } else {
+                Protection::Partly
+            },
+        )
     }
 }

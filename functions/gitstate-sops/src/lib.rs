@@ -95,6 +95,11 @@ pub enum Error {
     },
     #[error("the file has no AWS KMS master key")]
     NoKmsEntry,
+    /// No entry names a key of the deployment: nothing was asked to unwrap.
+    #[error(
+        "none of the file's {entries} KMS entries names a configured key (the first names {first:?}); no KMS call was made"
+    )]
+    NoConfiguredKey { entries: usize, first: String },
     #[error(transparent)]
     Key(#[from] KeyError),
     #[error("no KMS key is configured for writing")]

@@ -53,6 +53,13 @@ impl FakeKms {
     fn calls(&self) -> Vec<&'static str> {
         self.calls.lock().expect("lock").clone()
     }
+    /// Another client of the same key service: the same keys, its own call log.
+    fn same_keys(&self) -> Self {
+        Self {
+            wrapped: Mutex::new(self.wrapped.lock().expect("lock").clone()),
+            calls: Mutex::default(),
+        }
+    }
 }
 
 fn refused(what: &str) -> KeyError {
@@ -87,6 +94,8 @@ impl KeyService for FakeKms {
         self.calls.lock().expect("lock").push("Decrypt");
         let map = self.wrapped.lock().expect("lock");
         match map.get(&wrapped.blob) {
+            // like KMS, a blob opens only under the key that wrapped it, named by its ARN
+            Some((arn, _, _)) if *arn != wrapped.arn => Err(refused("another key's ciphertext")),
             Some((_, bound, key)) if bound == context => Ok(Zeroizing::new(*key)),
             Some(_) => Err(refused("wrong context")),
             None => Err(refused("invalid ciphertext")),
@@ -308,14 +317,63 @@ async fn binary_round_trip_is_byte_exact_under_two_keys() {
         .await
         .expect("second key");
     assert_eq!(reopened.plaintext.as_slice(), plaintext.as_slice());
-    // AND after rotation to another key set, it is only partly current
-    let rotated = Envelope::new(FakeKms::default(), vec!["k2".into(), "k3".into()], None);
-    let opened = Opened2::from(opened);
+    // AND after rotation to another key set, it opens through k2 and is only partly current
+    let rotated = Envelope::new(env.keys().same_keys(), vec!["k2".into(), "k3".into()], None);
+    let through_k2 = rotated
+        .open(&sealed, Some(&context("a.tfstate")))
+        .await
+        .expect("k2 is configured");
+    assert_eq!(through_k2.key.as_deref(), Some(FakeKms::arn("k2").as_str()));
     assert_eq!(
-        rotated.protection(&opened.0).await.expect("resolves"),
+        rotated.protection(&through_k2).await.expect("resolves"),
         Protection::Partly
     );
-    let foreign = Envelope::new(FakeKms::default(), vec!["k9".into()], None);
+    // AND under k1 as a previous key only, it opens and is partly current
+    let previous = Envelope::new(env.keys().same_keys(), vec!["k3".into()], None)
+        .with_previous(vec!["k1".into()]);
+    let through_k1 = previous
+        .open(&sealed, Some(&context("a.tfstate")))
+        .await
+        .expect("k1 is a previous key");
+    assert_eq!(
+        previous.protection(&through_k1).await.expect("resolves"),
+        Protection::Partly
+    );
+    // AND a deployment with neither key refuses it without asking the key service
+    let foreign = Envelope::new(env.keys().same_keys(), vec!["k9".into()], None);
+    assert!(matches!(
+        foreign.open(&sealed, Some(&context("a.tfstate"))).await,
+        Err(Error::NoConfiguredKey { entries: 2, .. })
+    ));
+    assert!(foreign.keys().calls().is_empty());
+    // AND a thousand decoy entries naming k1 before the real ones cost one call per key
+    let mut decoyed = doc.clone();
+    let decoy = {
+        let mut e = decoyed["sops"]["kms"][0].clone();
+        e["enc"] = "ZGVjb3k=".into();
+        e
+    };
+    let list = decoyed["sops"]["kms"].as_array_mut().expect("kms");
+    for _ in 0..1000 {
+        list.insert(0, decoy.clone());
+    }
+    let both = Envelope::new(env.keys().same_keys(), vec!["k1".into(), "k2".into()], None);
+    let opened_decoyed = both
+        .open(
+            &serde_json::to_vec(&decoyed).expect("json"),
+            Some(&context("a.tfstate")),
+        )
+        .await
+        .expect("k2's entry opens it");
+    assert_eq!(both.keys().calls(), ["Decrypt", "Decrypt"]);
+    assert_eq!(opened_decoyed.refused, 1);
+    assert_eq!(
+        both.protection(&opened_decoyed).await.expect("resolves"),
+        Protection::Partly,
+        "a refused entry: never current"
+    );
+    // AND the protection of a state read break-glass under a key the deployment lacks is none
+    let opened = Opened2::from(opened);
     assert_eq!(
         foreign.protection(&opened.0).await.expect("resolves"),
         Protection::Unprotected
