@@ -3,8 +3,10 @@
 
 pub mod access;
 pub mod auth;
+pub mod changes;
 pub mod config;
 pub mod http;
+pub mod index;
 mod lock;
 mod name;
 pub mod password;

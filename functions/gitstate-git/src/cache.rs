@@ -223,6 +223,30 @@ impl Cache {
         Ok(out)
     }
 
+    /// The paths and blob ids of every file in the tree of `commit`.
+    pub fn list_blobs(&self, commit: ObjectId) -> Result<Vec<(String, ObjectId)>, Error> {
+        let repo = self.repo()?;
+        let root = repo.find_commit(commit)?.tree_id()?.detach();
+        let mut out = Vec::new();
+        let mut pending = vec![(root, String::new())];
+        while let Some((id, dir)) = pending.pop() {
+            let tree = repo.find_tree(id)?;
+            let decoded = tree
+                .decode()
+                .map_err(|e| Error::Corrupt(format!("tree {id}: {e}")))?;
+            for entry in &decoded.entries {
+                let path = format!("{dir}{}", entry.filename);
+                if entry.mode.is_tree() {
+                    pending.push((entry.oid.to_owned(), format!("{path}/")));
+                } else if entry.mode.is_blob() {
+                    out.push((path, entry.oid.to_owned()));
+                }
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
     /// The message of a commit and its committer time (seconds since the epoch).
     pub fn commit_summary(&self, id: ObjectId) -> Result<(String, i64), Error> {
         let repo = self.repo()?;
@@ -264,8 +288,10 @@ impl Cache {
                 None
             }
         };
-        let tree = editor.write()?.detach();
         let now = gix::date::Time::now_utc();
+        let index =
+            crate::index::stage(&repo, &mut editor, base_tree, path, blob, meta, now.seconds)?;
+        let tree = editor.write()?.detach();
         let author = gix::actor::Signature {
             name: meta.author_name.as_str().into(),
             email: meta.author_email.as_str().into(),
@@ -287,26 +313,31 @@ impl Cache {
         };
         let id = repo.write_object(commit)?.detach();
 
-        // The objects the remote lacks: the commit, the trees along `path` that changed, the blob.
+        // The objects the remote lacks: the commit, the trees along `path` (and the index's)
+        // that changed, the blobs.
         let mut objects = vec![id, tree];
-        let components: Vec<&str> = path.split('/').collect();
         let old_root = (base_tree != ObjectId::empty_tree(repo.object_hash())).then_some(base_tree);
-        let (mut new_dir, mut old_dir) = (Some(tree), old_root);
-        for component in &components[..components.len().saturating_sub(1)] {
-            new_dir = match new_dir {
-                Some(t) => subtree(&repo, t, component)?,
-                None => None,
-            };
-            old_dir = match old_dir {
-                Some(t) => subtree(&repo, t, component)?,
-                None => None,
-            };
-            match new_dir {
-                Some(t) if Some(t) != old_dir => objects.push(t),
-                _ => {}
+        let changed = std::iter::once((path, blob))
+            .chain(index.map(|i| (gitstate_core::index::INDEX_PATH, Some(i))));
+        for (path, blob) in changed {
+            let components: Vec<&str> = path.split('/').collect();
+            let (mut new_dir, mut old_dir) = (Some(tree), old_root);
+            for component in &components[..components.len().saturating_sub(1)] {
+                new_dir = match new_dir {
+                    Some(t) => subtree(&repo, t, component)?,
+                    None => None,
+                };
+                old_dir = match old_dir {
+                    Some(t) => subtree(&repo, t, component)?,
+                    None => None,
+                };
+                match new_dir {
+                    Some(t) if Some(t) != old_dir && !objects.contains(&t) => objects.push(t),
+                    _ => {}
+                }
             }
+            objects.extend(blob);
         }
-        objects.extend(blob);
         Ok(NewCommit { id, objects })
     }
 }

@@ -18,8 +18,8 @@ use sha1::{Digest, Sha1};
 
 use gitstate_core::config::{Secret, Settings};
 use gitstate_core::ports::{
-    Acquire, Change, CommitMeta, HeldLock, HistoryPage, Location, Refusal, Release, StateStore,
-    StoreError, WritePlan, Written, user_from_message,
+    Acquire, Change, CommitMeta, HeldLock, HistoryPage, Listing, Location, Refusal, Release,
+    StateStore, StoreError, WritePlan, Written, user_from_message,
 };
 use gitstate_core::{LockInfo, StateName};
 
@@ -33,6 +33,10 @@ use crate::smart::{Advert, Command, PushReport, Service, SmartHttp};
 /// needs more, up to the whole history.
 const FIRST_HISTORY_DEPTH: u32 = 64;
 const MAX_HISTORY_DEPTH: u32 = 1 << 24;
+
+/// A list of states trusts a ref advertisement this recent (in a cold process: the one the
+/// access check just made) instead of asking again.
+const LIST_REFS_FRESH: Duration = Duration::from_secs(1);
 
 /// How often a write is rebuilt on a moved branch before giving up with a retryable 503.
 const MAX_WRITE_ATTEMPTS: u32 = 40;
@@ -70,6 +74,8 @@ struct Remote {
     known_tip: Mutex<Option<(ObjectId, Instant)>>,
     /// Receive-pack capabilities, once advertised.
     push_caps: Mutex<Option<Advert>>,
+    /// The last full ref advertisement over HTTP, and when it came.
+    last_advert: Mutex<Option<(Advert, Instant)>>,
     fetching: tokio::sync::Mutex<()>,
 }
 
@@ -152,6 +158,7 @@ impl GitStore {
             transport,
             known_tip: Mutex::new(None),
             push_caps: Mutex::new(None),
+            last_advert: Mutex::new(None),
             fetching: tokio::sync::Mutex::new(()),
         });
         remotes.insert(key, remote.clone());
@@ -237,6 +244,9 @@ impl Remote {
             }
             Transport::Http(http) => {
                 let advert = http.advertise(service).await?;
+                if let Ok(mut last) = self.last_advert.lock() {
+                    *last = Some((advert.clone(), Instant::now()));
+                }
                 if service == Service::ReceivePack {
                     let caps = Advert {
                         caps: advert.caps.clone(),
@@ -255,6 +265,39 @@ impl Remote {
     fn saw_tip(&self, tip: ObjectId) {
         if let Ok(mut known) = self.known_tip.lock() {
             *known = Some((tip, Instant::now()));
+        }
+    }
+
+    /// The branch and every ref under `prefix`: one ref advertisement over HTTP, none when one
+    /// came less than `fresh` ago.
+    async fn branch_and_prefix(
+        &self,
+        branch: &str,
+        prefix: &str,
+        fresh: Duration,
+    ) -> Result<Advert, Error> {
+        match &self.transport {
+            Transport::Local(refs) => {
+                let (refs, branch, prefix) = (refs.clone(), branch.to_owned(), prefix.to_owned());
+                blocking(move || {
+                    let mut advert = refs.list_prefix(&prefix)?;
+                    advert.refs.extend(refs.list(&[branch])?.refs);
+                    Ok(advert)
+                })
+                .await
+            }
+            Transport::Http(_) => {
+                let recent = self
+                    .last_advert
+                    .lock()
+                    .ok()
+                    .and_then(|last| last.clone())
+                    .filter(|(_, when)| when.elapsed() < fresh);
+                match recent {
+                    Some((advert, _)) => Ok(advert),
+                    None => self.refs(Service::UploadPack, Vec::new()).await,
+                }
+            }
         }
     }
 
@@ -386,6 +429,10 @@ impl Remote {
         commands: Vec<Command>,
         objects: Vec<ObjectId>,
     ) -> Result<PushReport, Error> {
+        // What was advertised before a push of ours is out of date.
+        if let Ok(mut last) = self.last_advert.lock() {
+            *last = None;
+        }
         match &self.transport {
             Transport::Local(refs) => {
                 let refs = refs.clone();
@@ -449,6 +496,72 @@ impl StateStore for GitStore {
             .filter(|path| path.starts_with(prefix) && !path.starts_with(".gitstate/"))
             .filter_map(|path| StateName::parse(path).ok())
             .collect())
+    }
+
+    async fn listing(&self, at: &Location) -> Result<Listing, StoreError> {
+        let remote = self.remote(at)?;
+        let branch = at.branch.full_ref();
+        let prefix = self.options.lock_ref_prefix.as_str();
+        let mut fresh = LIST_REFS_FRESH;
+        let mut attempt = 0;
+        // One advertisement, then one fetch of the tip and every lock commit the cache lacks.
+        let (advert, tip) = loop {
+            attempt += 1;
+            let advert = remote.branch_and_prefix(&branch, prefix, fresh).await?;
+            let tip = advert.tip(&branch);
+            let wants = advert
+                .refs
+                .iter()
+                .filter(|(name, _)| name.starts_with(prefix))
+                .map(|(_, id)| *id)
+                .chain(tip)
+                .collect();
+            match remote.ensure(wants).await {
+                Ok(()) => break (advert, tip),
+                // A ref moved between advertisement and fetch: look again.
+                Err(Error::Remote(why)) if attempt < 4 => {
+                    tracing::debug!(why, "refs moved during a list, retrying");
+                    fresh = Duration::ZERO;
+                }
+                Err(other) => return Err(other.into()),
+            }
+        };
+        let (files, index) = match tip {
+            Some(tip) => {
+                remote.saw_tip(tip);
+                let cache = remote.cache.clone();
+                blocking(move || {
+                    let files = cache.list_blobs(tip)?;
+                    let index = cache.read_path(tip, gitstate_core::index::INDEX_PATH)?;
+                    Ok((files, index))
+                })
+                .await?
+            }
+            None => (Vec::new(), None),
+        };
+        let files = files
+            .into_iter()
+            .filter(|(path, _)| !path.starts_with(".gitstate/"))
+            .filter_map(|(path, blob)| {
+                Some((StateName::parse(&path).ok()?, Some(blob.to_string())))
+            })
+            .collect();
+        let mut lock_tips: Vec<(StateName, ObjectId)> = advert
+            .refs
+            .iter()
+            .filter_map(|(r, id)| Some((StateName::parse(r.strip_prefix(prefix)?).ok()?, *id)))
+            .collect();
+        lock_tips.sort();
+        let mut locks = Vec::with_capacity(lock_tips.len());
+        for (name, lock_tip) in lock_tips {
+            let held = self.held(&remote, lock_tip, &name).await?;
+            locks.push((name, held));
+        }
+        Ok(Listing {
+            files,
+            index: index.map(Bytes::from),
+            locks,
+        })
     }
 
     async fn read_config(
