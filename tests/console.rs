@@ -766,6 +766,14 @@ async fn console_in_a_real_browser() {
         ["null_resource.a", "random_id.b[\"blue\"]"]
     );
     assert_no_values(&admin.source().await);
+    // Tall enough to show the versions and their changes.
+    admin
+        .call(
+            reqwest::Method::POST,
+            "/window/rect",
+            Some(json!({"width": 1200, "height": 1750})),
+        )
+        .await;
     admin.screenshot("console-state.png").await;
 
     // --- A cross-site form (another origin the browser visits) posting to the console with
@@ -893,4 +901,196 @@ async fn console_in_a_real_browser() {
     assert!(reader.find_all("details").await.is_empty());
     assert_no_values(&reader.source().await);
     reader.close().await;
+}
+
+/// A list by a fresh backend (cold cache): the backend, the git requests it made, the list.
+async fn cold_list(
+    server: &GitServer,
+    url: &str,
+    settings: &[(&str, &str)],
+) -> (TestBackend, Vec<String>, Value) {
+    let backend = TestBackend::start(url, settings).await;
+    server.take_requests();
+    let answer = Client::new(&backend.url).send("GET", "/states", None).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let list: Value = serde_json::from_str(&answer.body).expect("JSON");
+    assert_eq!(list.as_array().map(Vec::len), Some(20));
+    (backend, server.take_labels(), list)
+}
+
+/// Git requests of a list in a process with a cold cache, exactly: with the access file in the
+/// repository (the default) or given by the deployment, with and without locks held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cold_list_takes_at_most_three_git_requests() {
+    init_tracing();
+    let server = GitServer::start().await;
+    let url = server.create_repo("state");
+    let access = access_file(&[(TEST_USER, TEST_PASSWORD, &["admin:*"])]);
+    commit_file(&server, "state", ".gitstate/access.toml", access.as_bytes());
+    // Any GITSTATE_ACCESS* setting keeps the harness from giving the policy as text.
+    let in_repository = [("GITSTATE_ACCESS_REFRESH_SECS", "10")];
+    let from_deployment = [("GITSTATE_ACCESS", access.as_str())];
+    let writer = TestBackend::start(&url, &in_repository).await;
+    let admin = Client::new(&writer.url);
+    for i in 0..20 {
+        let body = state(i + 1, &[("null_resource", "x", None, "1")], &[]);
+        let answer = admin
+            .send(
+                "PUT",
+                &format!("/states/team-{}/s{i}.tfstate", i % 3),
+                Some(&body),
+            )
+            .await;
+        assert_eq!(answer.status, 200, "{}", answer.body);
+    }
+    // No locks: the access file's advertisement and fetch serve the list too.
+    let (_, labels, _) = cold_list(&server, &url, &in_repository).await;
+    assert_eq!(labels, ["GET refs/upload-pack", "POST upload-pack"]);
+    let (_, labels, _) = cold_list(&server, &url, &from_deployment).await;
+    assert_eq!(labels, ["GET refs/upload-pack", "POST upload-pack"]);
+
+    // Locks held: one more fetch brings every lock commit at once.
+    assert_eq!(admin.lock("team-0/s0.tfstate", "l-0").await.status, 200);
+    assert_eq!(admin.lock("team-1/s1.tfstate", "l-1").await.status, 200);
+    let (warm, labels, list) = cold_list(&server, &url, &in_repository).await;
+    assert_eq!(
+        labels,
+        [
+            "GET refs/upload-pack",
+            "POST upload-pack",
+            "POST upload-pack"
+        ]
+    );
+    assert_eq!(list[0]["lock"]["id"], "l-0");
+    let (_, labels, _) = cold_list(&server, &url, &from_deployment).await;
+    assert_eq!(
+        labels,
+        ["GET refs/upload-pack", "POST upload-pack"],
+        "tip and locks in one fetch"
+    );
+
+    // Warm, nothing changed: one advertisement (after the second an advertisement is trusted).
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    server.take_requests();
+    let answer = Client::new(&warm.url).send("GET", "/states", None).await;
+    assert_eq!(answer.status, 200);
+    assert_eq!(server.take_labels(), ["GET refs/upload-pack"]);
+}
+
+/// The console through the Lambda runtime's own request conversion: a Function URL event (the
+/// shape of `events/`) for the list page, and the force-unlock form posted as a browser on the
+/// Function URL's origin posts it (base64 body, as Function URLs deliver form posts).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_through_function_url_events() {
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+    let f = fixture().await;
+    let cache = tempfile::tempdir().expect("tempdir");
+    let access = access_file(&[(TEST_USER, TEST_PASSWORD, &["admin:*"])]);
+    let router = gitstate_tests::app(&gitstate_tests::settings_for(
+        &f.server.url("state"),
+        cache.path(),
+        &[("GITSTATE_ACCESS", &access)],
+    ));
+    let template: Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../events/force-unlock.json"
+        ))
+        .expect("event file"),
+    )
+    .expect("JSON");
+    let domain = template["headers"]["host"]
+        .as_str()
+        .expect("host")
+        .to_owned();
+    let basic = format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!("{TEST_USER}:{TEST_PASSWORD}"))
+    );
+    let event = |method: &str, path: &str, headers: &[(&str, &str)], body: Option<&str>| {
+        let mut event = template.clone();
+        event["rawPath"] = json!(path);
+        event["requestContext"]["http"]["path"] = json!(path);
+        event["requestContext"]["http"]["method"] = json!(method);
+        event["headers"]["authorization"] = json!(basic);
+        for (k, v) in headers {
+            event["headers"][*k] = json!(v);
+        }
+        if let Some(body) = body {
+            event["body"] = json!(base64::engine::general_purpose::STANDARD.encode(body));
+            event["isBase64Encoded"] = json!(true);
+        }
+        lambda_http::request::from_str(&event.to_string()).expect("lambda_http accepts it")
+    };
+    let send = |request: lambda_http::Request| {
+        let router = router.clone();
+        async move {
+            let response = router.oneshot(request).await.expect("router answers");
+            let status = response.status().as_u16();
+            let location = response
+                .headers()
+                .get("location")
+                .map(|l| l.to_str().unwrap_or_default().to_owned());
+            let body = response
+                .into_body()
+                .collect()
+                .await
+                .expect("body")
+                .to_bytes();
+            (
+                status,
+                location,
+                String::from_utf8_lossy(&body).into_owned(),
+            )
+        }
+    };
+    let (status, _, page) = send(event("GET", "/ui/", &[], None)).await;
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains(PROD) && page.contains("lock-1"), "{page}");
+    let (status, _, page) = send(event("GET", &format!("/ui/states/{PROD}"), &[], None)).await;
+    assert_eq!(status, 200);
+    let token = token_for((TEST_USER, TEST_PASSWORD));
+    assert!(
+        page.contains(&token),
+        "the page carries the same token in every container"
+    );
+    let form = format!("token={token}&lock=lock-1&confirm=yes");
+    let headers = [
+        ("origin", format!("https://{domain}")),
+        ("sec-fetch-site", "same-origin".to_owned()),
+        (
+            "content-type",
+            "application/x-www-form-urlencoded".to_owned(),
+        ),
+    ];
+    let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let cross: Vec<(&str, &str)> = vec![("origin", "https://evil.example"), headers[2]];
+    let (status, _, _) = send(event(
+        "POST",
+        &format!("/ui/unlock/{PROD}"),
+        &cross,
+        Some(&form),
+    ))
+    .await;
+    assert_eq!(status, 403);
+    let (status, location, body) = send(event(
+        "POST",
+        &format!("/ui/unlock/{PROD}"),
+        &headers,
+        Some(&form),
+    ))
+    .await;
+    assert_eq!(status, 303, "{body}");
+    assert_eq!(
+        location.as_deref(),
+        Some(format!("/ui/states/{PROD}?done=unlocked").as_str())
+    );
+    assert_eq!(
+        f.admin
+            .send("GET", &format!("/locks/{PROD}"), None)
+            .await
+            .status,
+        404
+    );
 }

@@ -49,11 +49,18 @@ impl StateIndex {
             .filter(|index| index.format == FORMAT)
     }
 
+    /// JSON with one line per state, so `git log -p` shows one changed line per write.
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut index = self.clone();
-        index.format = FORMAT;
-        // A map of strings and numbers always serialises.
-        serde_json::to_vec_pretty(&index).unwrap_or_default()
+        let mut out = format!("{{\"format\":{FORMAT},\"states\":{{");
+        for (i, (name, entry)) in self.states.iter().enumerate() {
+            out.push_str(if i == 0 { "\n" } else { ",\n" });
+            // Strings and numbers always serialise.
+            out.push_str(&serde_json::to_string(name).unwrap_or_default());
+            out.push(':');
+            out.push_str(&serde_json::to_string(entry).unwrap_or_default());
+        }
+        out.push_str("\n}}\n");
+        out.into_bytes()
     }
 
     /// Record the commit `meta`, made at `time`, that leaves `state` with `content` (`None`: the
@@ -121,7 +128,17 @@ mod tests {
         let mut index = StateIndex::default();
         let message = "write a (serial 3)\n\nSerial: 3\nLineage: L\nOperation: OperationTypeApply\nLock-ID: x\nWho: w\nUser: ann\n";
         index.record("a", Some("b1".into()), &meta(message), 7);
-        let parsed = StateIndex::parse(&index.to_bytes()).expect("round trip");
+        index.record("b\"\n", Some("b2".into()), &meta("write x\n"), 8);
+        let bytes = index.to_bytes();
+        assert_eq!(
+            bytes.iter().filter(|b| **b == b'\n').count(),
+            4,
+            "one line a state"
+        );
+        let mut parsed = StateIndex::parse(&bytes).expect("round trip");
+        assert_eq!(parsed.states, index.states);
+        assert_eq!(parsed.states["b\"\n"].operation, "write");
+        parsed.record("b\"\n", None, &meta("delete x\n"), 9);
         let entry = &parsed.states["a"];
         assert_eq!(
             (entry.serial, entry.lineage.as_deref(), entry.time),
@@ -131,7 +148,6 @@ mod tests {
             (entry.author.as_str(), entry.operation.as_str()),
             ("ann", "OperationTypeApply")
         );
-        let mut parsed = parsed;
         parsed.record("a", None, &meta("delete a\n"), 8);
         assert!(parsed.states.is_empty());
     }

@@ -30,7 +30,7 @@ use crate::service::{Selector, ServiceError, StatePage, StateRow};
 /// Where the console lives.
 pub const PREFIX: &str = "/ui";
 
-/// Versions on one page of a state.
+/// Versions on one page of a state (`?per_page=` up to 100).
 const PER_PAGE: usize = 20;
 
 const CSP: &str = "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; \
@@ -410,6 +410,7 @@ struct StatePageView {
     lock: Option<LockView>,
     versions: Vec<VersionView>,
     page: usize,
+    per_page: usize,
     more: bool,
     resources: Option<Vec<ResourceView>>,
 }
@@ -428,9 +429,16 @@ async fn state_page(
             .parse::<usize>()
             .map_err(|_| ApiError::Query(format!("{text:?} is not a page number")))?,
     };
+    let per_page = match params.get("per_page") {
+        None => PER_PAGE,
+        Some(text) => text
+            .parse::<usize>()
+            .map_err(|_| ApiError::Query(format!("{text:?} is not a number of versions")))?,
+    }
+    .clamp(1, crate::service::MAX_PAGE);
     let found: StatePage = app
         .backend
-        .state_page(caller, &at, name, page, PER_PAGE)
+        .state_page(caller, &at, name, page, per_page)
         .await?;
     let admin = caller.may(Role::Admin, name);
     let now = now_seconds();
@@ -474,6 +482,7 @@ async fn state_page(
         lock: found.lock.as_ref().map(|held| LockView::of(held, now)),
         versions,
         page,
+        per_page,
         more: found.more,
         resources: found.resources.map(|list| {
             list.into_iter()

@@ -15,10 +15,13 @@ use crate::ports::{HeldLock, Location, SealError};
 /// per process (both are keyed by immutable content: a blob id, a commit id).
 const MEMO_LIMIT: usize = 8192;
 
+/// (state, content or version id) → what was worked out.
+type Memoised<T> = Mutex<HashMap<(String, String), T>>;
+
 #[derive(Default)]
 pub(super) struct Memo {
-    entries: Mutex<HashMap<(String, String), IndexEntry>>,
-    summaries: Mutex<HashMap<(String, String), Option<Arc<Summary>>>>,
+    entries: Memoised<IndexEntry>,
+    summaries: Memoised<Option<Arc<Summary>>>,
 }
 
 fn remember<K: std::hash::Hash + Eq, V>(map: &Mutex<HashMap<K, V>>, key: K, value: V) {
