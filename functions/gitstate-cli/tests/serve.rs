@@ -207,7 +207,7 @@ fn serve_prints_the_backend_block_and_serves_the_embedded_repository() {
     assert!(ok);
     assert_eq!(json[0]["state"], "default.tfstate");
     assert_eq!(json[0]["serial"], 3);
-    assert_eq!(json[0]["operation"], "restore");
+    assert_eq!(json[0]["operation"], "OperationTypeRestore");
     let (ok, none, _) = cli(&["list", "--filter", "nothing-like-it"]);
     assert!(ok && none.trim() == "no states", "{none}");
     // The console, on the same server (the embedded repository).
