@@ -842,7 +842,12 @@ async fn console(out: &mut String, binary: &Path) {
     let server = GitServer::start().await;
     let url = server.create_repo("console");
     let root = tempfile::tempdir().expect("tempdir");
-    let p = quiet_server(binary, &root.path().join("a"), &url).await;
+    let dir = |name: &str| {
+        let dir = root.path().join(name);
+        std::fs::create_dir_all(&dir).expect("dir");
+        dir
+    };
+    let p = quiet_server(binary, &dir("a"), &url).await;
     let c = Client::new(&p.url);
     let started = Instant::now();
     for i in 0..500 {
@@ -876,7 +881,7 @@ async fn console(out: &mut String, binary: &Path) {
     // A cold process: its first list (the access policy is given by the deployment here).
     let mut cold = Sample::default();
     for run in 0..COLD_RUNS {
-        let q = quiet_server(binary, &root.path().join(format!("cold-{run}")), &url).await;
+        let q = quiet_server(binary, &dir(&format!("cold-{run}")), &url).await;
         let qc = Client::new(&q.url);
         server.take_requests();
         let started = Instant::now();
@@ -888,7 +893,7 @@ async fn console(out: &mut String, binary: &Path) {
     // 500 states committed by another tool: no index, every entry worked out once.
     big_repo(&server, "foreign", 500, 500);
     let foreign_url = server.url("foreign");
-    let f = quiet_server(binary, &root.path().join("foreign"), &foreign_url).await;
+    let f = quiet_server(binary, &dir("foreign"), &foreign_url).await;
     let fc = Client::new(&f.url);
     server.take_requests();
     let started = Instant::now();

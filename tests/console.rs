@@ -477,6 +477,18 @@ impl Driver {
     }
 
     async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
+        match self.try_call(method, path, body).await {
+            Ok(value) => value,
+            Err(error) => panic!("{error}"),
+        }
+    }
+
+    async fn try_call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<Value, String> {
         let mut request = self.http.request(method, format!("{}{path}", self.url));
         if let Some(body) = body {
             request = request
@@ -487,8 +499,11 @@ impl Driver {
         let status = response.status();
         let text = response.text().await.expect("chromedriver's answer");
         let value: Value = serde_json::from_str(&text).expect("JSON from chromedriver");
-        assert!(status.is_success(), "WebDriver {path}: {value}");
-        value["value"].clone()
+        if status.is_success() {
+            Ok(value["value"].clone())
+        } else {
+            Err(format!("WebDriver {path}: {value}"))
+        }
     }
 
     async fn browser(&self, width: u32, height: u32) -> Browser<'_> {
@@ -590,31 +605,32 @@ impl Browser<'_> {
         all[0].clone()
     }
 
-    async fn text_of(&self, element: &str) -> String {
-        self.call(
-            reqwest::Method::GET,
-            &format!("/element/{element}/text"),
-            None,
-        )
-        .await
-        .as_str()
-        .unwrap_or_default()
-        .to_owned()
-    }
-
     async fn text(&self, css: &str) -> String {
-        match self.find_all(css).await.first() {
-            Some(e) => self.text_of(e).await,
-            None => String::new(),
-        }
+        self.texts(css).await.into_iter().next().unwrap_or_default()
     }
 
+    /// The texts of every element matching `css`; read again if the page was replaced meanwhile
+    /// (a navigation a click started).
     async fn texts(&self, css: &str) -> Vec<String> {
-        let mut out = Vec::new();
-        for e in self.find_all(css).await {
-            out.push(self.text_of(&e).await);
+        'again: for _ in 0..50 {
+            let mut out = Vec::new();
+            for e in self.find_all(css).await {
+                let path = format!("/session/{}/element/{e}/text", self.session);
+                match self
+                    .driver
+                    .try_call(reqwest::Method::GET, &path, None)
+                    .await
+                {
+                    Ok(text) => out.push(text.as_str().unwrap_or_default().to_owned()),
+                    Err(_) => {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue 'again;
+                    }
+                }
+            }
+            return out;
         }
-        out
+        panic!("the elements {css} kept going stale");
     }
 
     async fn click(&self, css: &str) {

@@ -302,6 +302,22 @@ pub trait StateStore: Send + Sync + 'static {
         })
     }
 
+    /// The newest revision of each of `names` on the branch (names never written are left out).
+    /// The default asks the history of each; a store can find them all in one walk.
+    async fn last_changes(
+        &self,
+        at: &Location,
+        names: &[StateName],
+    ) -> Result<Vec<(StateName, Revision)>, StoreError> {
+        let mut found = Vec::new();
+        for name in names {
+            if let Some(revision) = self.history(at, name, 0, 1).await?.revisions.pop() {
+                found.push((name.clone(), revision));
+            }
+        }
+        Ok(found)
+    }
+
     /// A file of the backend's own configuration (e.g. the access file) at the branch tip.
     /// A process that saw the tip less than `fresh_within` ago may answer from that tip without
     /// asking the remote again.

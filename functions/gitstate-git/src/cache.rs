@@ -22,6 +22,15 @@ pub enum Walk {
     },
 }
 
+/// How far a search for the newest revisions of several paths got.
+pub enum Latest {
+    Done(std::collections::HashMap<String, Revision>),
+    /// The walk reached a shallow boundary after `walked` commits with paths still unresolved.
+    Shallow {
+        walked: usize,
+    },
+}
+
 pub struct Cache {
     dir: PathBuf,
     repo: RwLock<gix::ThreadSafeRepository>,
@@ -199,6 +208,60 @@ impl Cache {
         }
     }
 
+    /// The newest commit on the first-parent chain from `tip` that changed each of `paths`: one
+    /// walk for all of them, descending only into subtrees that differ.
+    pub fn last_changes(&self, tip: ObjectId, paths: &[String]) -> Result<Latest, Error> {
+        let repo = self.repo()?;
+        let mut wanted: std::collections::HashSet<&str> =
+            paths.iter().map(String::as_str).collect();
+        let mut found = std::collections::HashMap::new();
+        let mut commit = tip;
+        let mut walked = 0usize;
+        while !wanted.is_empty() {
+            walked += 1;
+            let decoded_commit = repo.find_commit(commit)?;
+            let tree = decoded_commit.tree_id()?.detach();
+            let parent = decoded_commit.parent_ids().next().map(|p| p.detach());
+            let parent_tree = match parent {
+                Some(parent) if !repo.has_object(parent) => return Ok(Latest::Shallow { walked }),
+                Some(parent) => Some(repo.find_commit(parent)?.tree_id()?.detach()),
+                None => None,
+            };
+            let mut changed = Vec::new();
+            changed_paths(&repo, Some(tree), parent_tree, "", &mut changed)?;
+            let hits: Vec<String> = changed
+                .into_iter()
+                .filter(|p| wanted.contains(p.as_str()))
+                .collect();
+            if !hits.is_empty() {
+                let decoded = decoded_commit.decode()?;
+                let revision = Revision {
+                    version: commit.to_string(),
+                    time: decoded.committer()?.seconds(),
+                    author: decoded.author()?.name.to_string(),
+                    message: decoded.message.to_string(),
+                    deleted: false,
+                };
+                for path in hits {
+                    wanted.remove(path.as_str());
+                    let blob = Self::blob_id(&repo, commit, &path)?;
+                    found.insert(
+                        path,
+                        Revision {
+                            deleted: blob.is_none(),
+                            ..revision.clone()
+                        },
+                    );
+                }
+            }
+            match parent {
+                Some(parent) => commit = parent,
+                None => break,
+            }
+        }
+        Ok(Latest::Done(found))
+    }
+
     /// The paths of every file in the tree of `commit`, depth first.
     pub fn list_files(&self, commit: ObjectId) -> Result<Vec<String>, Error> {
         let repo = self.repo()?;
@@ -340,6 +403,64 @@ impl Cache {
         }
         Ok(NewCommit { id, objects })
     }
+}
+
+/// The blob paths that differ between two trees (either may be absent), below `prefix`.
+fn changed_paths(
+    repo: &gix::Repository,
+    new: Option<ObjectId>,
+    old: Option<ObjectId>,
+    prefix: &str,
+    out: &mut Vec<String>,
+) -> Result<(), Error> {
+    if new == old {
+        return Ok(());
+    }
+    let entries = |id: Option<ObjectId>| -> Result<Vec<(String, ObjectId, bool)>, Error> {
+        let Some(id) = id else {
+            return Ok(Vec::new());
+        };
+        let tree = repo.find_tree(id)?;
+        let decoded = tree
+            .decode()
+            .map_err(|e| Error::Corrupt(format!("tree {id}: {e}")))?;
+        Ok(decoded
+            .entries
+            .iter()
+            .filter(|e| e.mode.is_tree() || e.mode.is_blob())
+            .map(|e| (e.filename.to_string(), e.oid.to_owned(), e.mode.is_tree()))
+            .collect())
+    };
+    let (new, old) = (entries(new)?, entries(old)?);
+    let old_by_name: std::collections::HashMap<&str, (ObjectId, bool)> = old
+        .iter()
+        .map(|(n, id, t)| (n.as_str(), (*id, *t)))
+        .collect();
+    let new_names: std::collections::HashSet<&str> =
+        new.iter().map(|(n, _, _)| n.as_str()).collect();
+    for (name, id, is_tree) in &new {
+        let path = format!("{prefix}{name}");
+        let before = old_by_name.get(name.as_str()).copied();
+        match (is_tree, before) {
+            (_, Some((old_id, _))) if old_id == *id => {}
+            (true, before) => {
+                let old_tree = before.filter(|(_, t)| *t).map(|(id, _)| id);
+                changed_paths(repo, Some(*id), old_tree, &format!("{path}/"), out)?;
+            }
+            (false, _) => out.push(path),
+        }
+    }
+    for (name, id, is_tree) in &old {
+        if !new_names.contains(name.as_str()) {
+            let path = format!("{prefix}{name}");
+            if *is_tree {
+                changed_paths(repo, None, Some(*id), &format!("{path}/"), out)?;
+            } else {
+                out.push(path);
+            }
+        }
+    }
+    Ok(())
 }
 
 fn subtree(repo: &gix::Repository, tree: ObjectId, name: &str) -> Result<Option<ObjectId>, Error> {

@@ -19,12 +19,12 @@ use sha1::{Digest, Sha1};
 use gitstate_core::config::{Secret, Settings};
 use gitstate_core::ports::{
     Acquire, Change, CommitMeta, HeldLock, HistoryPage, Listing, Location, Refusal, Release,
-    StateStore, StoreError, WritePlan, Written, user_from_message,
+    Revision, StateStore, StoreError, WritePlan, Written, user_from_message,
 };
 use gitstate_core::{LockInfo, StateName};
 
 use crate::Error;
-use crate::cache::{Cache, NewCommit, Walk};
+use crate::cache::{Cache, Latest, NewCommit, Walk};
 use crate::local::LocalRefs;
 use crate::pack;
 use crate::smart::{Advert, Command, PushReport, Service, SmartHttp};
@@ -562,6 +562,39 @@ impl StateStore for GitStore {
             index: index.map(Bytes::from),
             locks,
         })
+    }
+
+    async fn last_changes(
+        &self,
+        at: &Location,
+        names: &[StateName],
+    ) -> Result<Vec<(StateName, Revision)>, StoreError> {
+        let remote = self.remote(at)?;
+        let Some(tip) = self.branch_tip(&remote, at).await? else {
+            return Ok(Vec::new());
+        };
+        let paths: Vec<String> = names.iter().map(ToString::to_string).collect();
+        let mut depth = FIRST_HISTORY_DEPTH;
+        loop {
+            let (cache, paths) = (remote.cache.clone(), paths.clone());
+            match blocking(move || cache.last_changes(tip, &paths)).await? {
+                Latest::Done(mut found) => {
+                    return Ok(names
+                        .iter()
+                        .filter_map(|name| Some((name.clone(), found.remove(name.as_str())?)))
+                        .collect());
+                }
+                Latest::Shallow { walked } if remote.is_cache() && depth < MAX_HISTORY_DEPTH => {
+                    let walked = u32::try_from(walked).unwrap_or(MAX_HISTORY_DEPTH);
+                    depth = depth.max(walked.saturating_mul(2)).min(MAX_HISTORY_DEPTH);
+                    remote.deepen(tip, depth).await?;
+                    depth = depth.saturating_mul(4);
+                }
+                Latest::Shallow { .. } => {
+                    return Err(Error::Corrupt("history has a missing parent commit".into()).into());
+                }
+            }
+        }
     }
 
     async fn read_config(

@@ -82,7 +82,7 @@ impl Backend {
         at: &Location,
     ) -> Result<Vec<StateRow>, ServiceError> {
         let listing = self.store.listing(at).await?;
-        let index = listing
+        let mut index = listing
             .index
             .as_deref()
             .and_then(StateIndex::parse)
@@ -92,8 +92,8 @@ impl Backend {
             .into_iter()
             .filter(|(name, _)| caller.may(Role::Read, name))
             .collect();
-        let mut rows = Vec::new();
-        let mut stale = 0usize;
+        let mut files = Vec::new();
+        let mut stale = Vec::new();
         for (name, content) in listing.files {
             if !caller.may(Role::Read, &name) {
                 continue;
@@ -102,18 +102,26 @@ impl Backend {
                 .states
                 .get(name.as_str())
                 .filter(|entry| content.as_deref() == Some(entry.content.as_str()));
-            let entry = match indexed {
-                Some(entry) => Some(entry.clone()),
-                None => {
-                    stale += 1;
-                    self.work_out(at, &name, content).await?
-                }
+            if indexed.is_none() {
+                stale.push((name.clone(), content));
+            }
+            files.push(name);
+        }
+        if !stale.is_empty() {
+            tracing::debug!(stale = stale.len(), "states not described by the index");
+        }
+        let stale_names: std::collections::HashSet<StateName> =
+            stale.iter().map(|(name, _)| name.clone()).collect();
+        let mut worked_out = self.work_out(at, stale).await?;
+        let mut rows = Vec::with_capacity(files.len());
+        for name in files {
+            let entry = match worked_out.remove(&name) {
+                Some(entry) => Some(entry),
+                None if stale_names.contains(&name) => None,
+                None => index.states.remove(name.as_str()),
             };
             let lock = locks.remove(&name);
             rows.push(StateRow { name, entry, lock });
-        }
-        if stale > 0 {
-            tracing::debug!(stale, "states not described by the index");
         }
         rows.extend(locks.into_iter().map(|(name, lock)| StateRow {
             name,
@@ -124,53 +132,79 @@ impl Backend {
         Ok(rows)
     }
 
-    /// The entry of a state the index does not describe: its newest revision, and its serial
-    /// from the commit's trailers or else its content.
+    /// The entries of states the index does not describe: their newest revisions (one walk
+    /// for all), and serials from the commits' trailers or else from the content.
     async fn work_out(
         &self,
         at: &Location,
-        name: &StateName,
-        content: Option<String>,
-    ) -> Result<Option<IndexEntry>, ServiceError> {
-        let key = content.clone().map(|c| (name.to_string(), c));
-        if let Some(entry) = key.as_ref().and_then(|k| recall(&self.memo.entries, k)) {
-            return Ok(Some(entry));
-        }
-        let page = self.store.history(at, name, 0, 1).await?;
-        let Some(revision) = page.revisions.into_iter().next() else {
-            return Ok(None);
-        };
-        let message = &revision.message;
-        let mut serial = super::trailer_value(message, super::SERIAL_TRAILER)
-            .and_then(|s| s.parse::<u64>().ok());
-        let mut lineage = super::trailer_value(message, super::LINEAGE_TRAILER).map(str::to_owned);
-        if serial.is_none()
-            && let Some(stored) = self.store.read_version(at, name, &revision.version).await?
-        {
-            match self.open_revision(at, name, stored).await {
-                Ok(plain) => {
-                    let version = super::Version::of(&plain);
-                    (serial, lineage) = (version.serial, version.lineage);
+        stale: Vec<(StateName, Option<String>)>,
+    ) -> Result<HashMap<StateName, IndexEntry>, ServiceError> {
+        let mut done = HashMap::new();
+        let mut todo = Vec::new();
+        for (name, content) in stale {
+            let key = content.clone().map(|c| (name.to_string(), c));
+            match key.as_ref().and_then(|k| recall(&self.memo.entries, k)) {
+                Some(entry) => {
+                    done.insert(name, entry);
                 }
-                // Listed without a serial; reading the state itself reports the failure.
-                Err(ServiceError::Seal(
-                    SealError::Integrity(_) | SealError::Unreadable(_) | SealError::Refused(_),
-                )) => {}
-                Err(other) => return Err(other),
+                None => todo.push((name, content)),
             }
         }
-        let entry = IndexEntry {
-            content: content.unwrap_or_default(),
-            serial,
-            lineage,
-            time: revision.time,
-            author: revision.author,
-            operation: operation_of(message),
-        };
-        if let Some(key) = key {
-            remember(&self.memo.entries, key, entry.clone());
+        if todo.is_empty() {
+            return Ok(done);
         }
-        Ok(Some(entry))
+        let names: Vec<StateName> = todo.iter().map(|(name, _)| name.clone()).collect();
+        let mut newest: HashMap<StateName, crate::ports::Revision> = self
+            .store
+            .last_changes(at, &names)
+            .await?
+            .into_iter()
+            .collect();
+        for (name, content) in todo {
+            let Some(revision) = newest.remove(&name) else {
+                continue;
+            };
+            let message = &revision.message;
+            let mut serial = super::trailer_value(message, super::SERIAL_TRAILER)
+                .and_then(|s| s.parse::<u64>().ok());
+            let mut lineage =
+                super::trailer_value(message, super::LINEAGE_TRAILER).map(str::to_owned);
+            if serial.is_none()
+                && let Some(stored) = self
+                    .store
+                    .read_version(at, &name, &revision.version)
+                    .await?
+            {
+                match self.open_revision(at, &name, stored).await {
+                    Ok(plain) => {
+                        let version = super::Version::of(&plain);
+                        (serial, lineage) = (version.serial, version.lineage);
+                    }
+                    // Listed without a serial; reading the state itself reports the failure.
+                    Err(ServiceError::Seal(
+                        SealError::Integrity(_) | SealError::Unreadable(_) | SealError::Refused(_),
+                    )) => {}
+                    Err(other) => return Err(other),
+                }
+            }
+            let entry = IndexEntry {
+                content: content.clone().unwrap_or_default(),
+                serial,
+                lineage,
+                time: revision.time,
+                author: revision.author,
+                operation: operation_of(message),
+            };
+            if let Some(content) = content {
+                remember(
+                    &self.memo.entries,
+                    (name.to_string(), content),
+                    entry.clone(),
+                );
+            }
+            done.insert(name, entry);
+        }
+        Ok(done)
     }
 
     /// The summary of `name` as `version` left it (`None`: not a readable Terraform state).
