@@ -820,12 +820,22 @@ fn versioned_state(serial: u64, resources: usize) -> String {
     )
 }
 
+/// Lists a second apart: a list trusts an advertisement younger than that.
+const APART: Duration = Duration::from_millis(1050);
+
 /// Time `runs` GETs of `path` (after one to warm up), with the git requests each made.
-async fn warm_gets(server: &GitServer, client: &Client, path: &str, runs: usize) -> Sample {
+async fn warm_gets(
+    server: &GitServer,
+    client: &Client,
+    path: &str,
+    runs: usize,
+    spacing: Duration,
+) -> Sample {
     let mut sample = Sample::default();
     let warm = client.send("GET", path, None).await;
     assert_eq!(warm.status, 200, "{path}: {}", warm.body);
     for _ in 0..runs {
+        tokio::time::sleep(spacing).await;
         server.take_requests();
         let started = Instant::now();
         let got = client.send("GET", path, None).await;
@@ -867,16 +877,24 @@ async fn console(out: &mut String, binary: &Path) {
         c.lock(&format!("team-00/s{:03}.tfstate", i * 25), &format!("l{i}"))
             .await;
     }
-    let list = warm_gets(&server, &c, "/states", WARM_RUNS).await;
-    let page = warm_gets(&server, &c, "/ui/", WARM_RUNS).await;
+    let list = warm_gets(&server, &c, "/states", WARM_RUNS, APART).await;
+    let page = warm_gets(&server, &c, "/ui/", WARM_RUNS, APART).await;
     let state = warm_gets(
         &server,
         &c,
         "/ui/states/big/history.tfstate?per_page=100",
         WARM_RUNS,
+        Duration::ZERO,
     )
     .await;
-    let first = warm_gets(&server, &c, "/ui/states/big/history.tfstate", WARM_RUNS).await;
+    let first = warm_gets(
+        &server,
+        &c,
+        "/ui/states/big/history.tfstate",
+        WARM_RUNS,
+        Duration::ZERO,
+    )
+    .await;
 
     // A cold process: its first list (the access policy is given by the deployment here).
     let mut cold = Sample::default();
@@ -899,7 +917,7 @@ async fn console(out: &mut String, binary: &Path) {
     let started = Instant::now();
     assert_eq!(fc.send("GET", "/states", None).await.status, 200);
     let foreign_first = (started.elapsed(), server.take_requests().len());
-    let foreign = warm_gets(&server, &fc, "/states", WARM_RUNS).await;
+    let foreign = warm_gets(&server, &fc, "/states", WARM_RUNS, APART).await;
 
     let verdict = |d: Duration, target_ms: f64| {
         if d.as_secs_f64() * 1000.0 <= target_ms {
@@ -909,21 +927,19 @@ async fn console(out: &mut String, binary: &Path) {
         }
     };
     out.push_str(&format!(
-        "## The state list and the console
-
-         500 states written through `gitstate serve` ({:.1} s, index kept in the same commits),          5 of them locked, and one state with 100 versions of 40 resources; {WARM_RUNS} warm          runs each through `gitstate serve` (git requests per run in the second column).
-
-         | request | git reqs | p50 ms | p95 ms | target |
-|---|---:|---:|---:|---|
-         | `GET /states`, 505 states, warm | {} | {} | {} | ≤ 100 ms: {} |
-         | `GET /ui/` (the list page), warm | {} | {} | {} | |
-         | `GET /ui/states/…?per_page=100` (100 versions with diffs), warm | {} | {} | {} | ≤ 200 ms: {} |
-         | `GET /ui/states/…` (first 20 versions), warm | {} | {} | {} | |
-         | `GET /states`, cold process, first request ({COLD_RUNS} runs) | {} | {} | {} | ≤ 3 requests: {} |
-         | `GET /states`, 500 states by another tool (no index), cold | {} | {} | | |
-         | `GET /states`, 500 states by another tool, warm | {} | {} | {} | |
-
-",
+        "## The state list and the console\n\n\
+         500 states written through `gitstate serve` ({:.1} s, index kept in the same commits), \
+         5 of them locked, and one state with 100 versions of 40 resources; {WARM_RUNS} warm \
+         runs each through `gitstate serve` (git requests per run in the second column; list \
+         requests a second apart, so each makes its ref advertisement).\n\n\
+         | request | git reqs | p50 ms | p95 ms | target |\n|---|---:|---:|---:|---|\n\
+         | `GET /states`, 505 states, warm | {} | {} | {} | ≤ 100 ms: {} |\n\
+         | `GET /ui/` (the list page), warm | {} | {} | {} | |\n\
+         | `GET /ui/states/…?per_page=100` (100 versions with diffs), warm | {} | {} | {} | ≤ 200 ms: {} |\n\
+         | `GET /ui/states/…` (first 20 versions), warm | {} | {} | {} | |\n\
+         | `GET /states`, cold process, first request ({COLD_RUNS} runs) | {} | {} | {} | ≤ 3 requests: {} |\n\
+         | `GET /states`, 500 states by another tool (no index), cold | {} | {} | | |\n\
+         | `GET /states`, 500 states by another tool, warm | {} | {} | {} | |\n\n",
         writes.as_secs_f64(),
         list.reqs(), ms(list.pct(0.5)), ms(list.pct(0.95)), verdict(list.pct(0.5), 100.0),
         page.reqs(), ms(page.pct(0.5)), ms(page.pct(0.95)),

@@ -38,6 +38,9 @@ const MAX_HISTORY_DEPTH: u32 = 1 << 24;
 /// access check just made) instead of asking again.
 const LIST_REFS_FRESH: Duration = Duration::from_secs(1);
 
+/// History pages a process keeps (each at most 100 revisions).
+const MAX_REMEMBERED_HISTORIES: usize = 256;
+
 /// How often a write is rebuilt on a moved branch before giving up with a retryable 503.
 const MAX_WRITE_ATTEMPTS: u32 = 40;
 /// How long a write may keep retrying, well under a Lambda timeout.
@@ -76,6 +79,9 @@ struct Remote {
     push_caps: Mutex<Option<Advert>>,
     /// The last full ref advertisement over HTTP, and when it came.
     last_advert: Mutex<Option<(Advert, Instant)>>,
+    /// History pages already walked, by (tip, path, skip, limit): a commit's history never
+    /// changes, so a warm state page does not walk it again.
+    histories: Mutex<HashMap<(ObjectId, String, usize, usize), HistoryPage>>,
     fetching: tokio::sync::Mutex<()>,
 }
 
@@ -159,6 +165,7 @@ impl GitStore {
             known_tip: Mutex::new(None),
             push_caps: Mutex::new(None),
             last_advert: Mutex::new(None),
+            histories: Mutex::default(),
             fetching: tokio::sync::Mutex::new(()),
         });
         remotes.insert(key, remote.clone());
@@ -640,11 +647,28 @@ impl StateStore for GitStore {
         let Some(tip) = self.branch_tip(&remote, at).await? else {
             return Ok(HistoryPage::default());
         };
+        let key = (tip, name.to_string(), skip, limit);
+        if let Some(page) = remote
+            .histories
+            .lock()
+            .ok()
+            .and_then(|h| h.get(&key).cloned())
+        {
+            return Ok(page);
+        }
         let mut depth = FIRST_HISTORY_DEPTH;
         loop {
             let (cache, path) = (remote.cache.clone(), name.to_string());
             match blocking(move || cache.history(tip, &path, skip, limit)).await? {
-                Walk::Done(page) => return Ok(page),
+                Walk::Done(page) => {
+                    if let Ok(mut histories) = remote.histories.lock() {
+                        if histories.len() >= MAX_REMEMBERED_HISTORIES {
+                            histories.clear();
+                        }
+                        histories.insert(key, page.clone());
+                    }
+                    return Ok(page);
+                }
                 Walk::Shallow { walked } if remote.is_cache() && depth < MAX_HISTORY_DEPTH => {
                     let walked = u32::try_from(walked).unwrap_or(MAX_HISTORY_DEPTH);
                     depth = depth.max(walked.saturating_mul(2)).min(MAX_HISTORY_DEPTH);
