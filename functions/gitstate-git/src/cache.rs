@@ -470,3 +470,106 @@ fn subtree(repo: &gix::Repository, tree: ObjectId, name: &str) -> Result<Option<
         .filter(|e| e.mode().is_tree())
         .map(|e| e.object_id()))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use gitstate_core::index::{INDEX_PATH, StateIndex};
+
+    fn meta(serial: usize) -> CommitMeta {
+        CommitMeta {
+            author_name: format!("user{}", serial % 3),
+            author_email: "u@x".into(),
+            committer_name: "gitstate".into(),
+            committer_email: "g@x".into(),
+            message: format!("write x\n\nSerial: {serial}\nUser: u\n"),
+        }
+    }
+
+    /// Random histories of writes and deletes in nested folders (and files that are not states):
+    /// the one-walk search finds, for every path, the commit the per-path history finds, and
+    /// the index written along describes exactly the states at the tip.
+    #[test]
+    fn last_changes_and_the_index_agree_with_the_history() {
+        let paths = [
+            "a.tfstate",
+            "net/a.tfstate",
+            "net/b.tfstate",
+            "net/deep/er/c.tfstate",
+            "app/a.tfstate",
+            "README.md",
+            "x.tfstate.lock",
+        ];
+        for seed in 0..8u64 {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let cache = Cache::open_or_init(&dir.path().join("r.git")).expect("repository");
+            let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+            let mut next = |n: u64| {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (state >> 33) % n
+            };
+            let mut tip: Option<ObjectId> = None;
+            let mut present: HashMap<&str, bool> = HashMap::new();
+            for serial in 1..=40 {
+                let path = paths[next(paths.len() as u64) as usize];
+                let delete = present.get(path).copied().unwrap_or(false) && next(4) == 0;
+                let content = format!("{{\"serial\":{serial}}}");
+                let made = cache
+                    .commit(
+                        tip,
+                        path,
+                        (!delete).then_some(content.as_bytes()),
+                        &meta(serial),
+                    )
+                    .expect("commit");
+                present.insert(path, !delete);
+                tip = Some(made.id);
+            }
+            let tip = tip.expect("commits");
+            let wanted: Vec<String> = paths.iter().map(|p| (*p).to_owned()).collect();
+            let Latest::Done(found) = cache.last_changes(tip, &wanted).expect("walk") else {
+                panic!("a full history is never shallow");
+            };
+            for path in &wanted {
+                let Walk::Done(page) = cache.history(tip, path, 0, 1).expect("history") else {
+                    panic!("not shallow");
+                };
+                assert_eq!(
+                    found.get(path),
+                    page.revisions.first(),
+                    "seed {seed}, {path}"
+                );
+            }
+            let index = cache
+                .read_path(tip, INDEX_PATH)
+                .expect("read")
+                .and_then(|b| StateIndex::parse(&b))
+                .unwrap_or_default();
+            let files: HashMap<String, ObjectId> =
+                cache.list_blobs(tip).expect("files").into_iter().collect();
+            let states: Vec<&String> = files
+                .keys()
+                .filter(|p| gitstate_core::StateName::parse(p).is_ok())
+                .filter(|p| !p.starts_with(".gitstate/"))
+                .collect();
+            assert_eq!(index.states.len(), states.len(), "seed {seed}");
+            for path in states {
+                let entry = &index.states[path.as_str()];
+                assert_eq!(
+                    entry.content,
+                    files[path].to_string(),
+                    "seed {seed}, {path}"
+                );
+                let newest = &found[path.as_str()];
+                assert_eq!(
+                    (entry.time, entry.author.as_str()),
+                    (newest.time, newest.author.as_str())
+                );
+            }
+        }
+    }
+}
