@@ -802,6 +802,156 @@ fn machine() -> String {
     )
 }
 
+/// A state of `resources` resources whose attributes change with `serial`, a few at a time.
+fn versioned_state(serial: u64, resources: usize) -> String {
+    let resources: Vec<String> = (0..resources)
+        .filter(|r| !(*r as u64 + serial).is_multiple_of(17))
+        .map(|r| {
+            let value = if (r as u64) % 10 == serial % 10 { serial } else { 0 };
+            format!(
+                r#"{{"mode":"managed","type":"null_resource","name":"r{r}","instances":[{{"attributes":{{"id":"{value}"}}}}]}}"#
+            )
+        })
+        .collect();
+    format!(
+        r#"{{"version":4,"serial":{serial},"lineage":"lin-big","outputs":{{"o{}":{{"value":"{serial}"}}}},"resources":[{}]}}"#,
+        serial % 3,
+        resources.join(",")
+    )
+}
+
+/// Lists a second apart: a list trusts an advertisement younger than that.
+const APART: Duration = Duration::from_millis(1050);
+
+/// Time `runs` GETs of `path` (after one to warm up), with the git requests each made.
+async fn warm_gets(
+    server: &GitServer,
+    client: &Client,
+    path: &str,
+    runs: usize,
+    spacing: Duration,
+) -> Sample {
+    let mut sample = Sample::default();
+    let warm = client.send("GET", path, None).await;
+    assert_eq!(warm.status, 200, "{path}: {}", warm.body);
+    for _ in 0..runs {
+        tokio::time::sleep(spacing).await;
+        server.take_requests();
+        let started = Instant::now();
+        let got = client.send("GET", path, None).await;
+        let time = started.elapsed();
+        assert_eq!(got.status, 200, "{path}: {}", got.body);
+        sample.add(time, server.take_requests().len());
+    }
+    sample
+}
+
+/// The state list and the console: 500 states written through gitstate (so with the index), a
+/// state of 100 versions, and 500 states written by another tool (no index).
+async fn console(out: &mut String, binary: &Path) {
+    let server = GitServer::start().await;
+    let url = server.create_repo("console");
+    let root = tempfile::tempdir().expect("tempdir");
+    let dir = |name: &str| {
+        let dir = root.path().join(name);
+        std::fs::create_dir_all(&dir).expect("dir");
+        dir
+    };
+    let p = quiet_server(binary, &dir("a"), &url).await;
+    let c = Client::new(&p.url);
+    let started = Instant::now();
+    for i in 0..500 {
+        let name = format!("/states/team-{:02}/s{i:03}.tfstate", i % 25);
+        let body = state_json(&format!("lin-{i}"), 1);
+        assert_eq!(c.send("PUT", &name, Some(&body)).await.status, 200);
+    }
+    let writes = started.elapsed();
+    for serial in 1..=100 {
+        let body = versioned_state(serial, 40);
+        let got = c
+            .send("PUT", "/states/big/history.tfstate", Some(&body))
+            .await;
+        assert_eq!(got.status, 200, "{}", got.body);
+    }
+    for i in 0..5 {
+        c.lock(&format!("team-00/s{:03}.tfstate", i * 25), &format!("l{i}"))
+            .await;
+    }
+    let list = warm_gets(&server, &c, "/states", WARM_RUNS, APART).await;
+    let page = warm_gets(&server, &c, "/ui/", WARM_RUNS, APART).await;
+    let state = warm_gets(
+        &server,
+        &c,
+        "/ui/states/big/history.tfstate?per_page=100",
+        WARM_RUNS,
+        Duration::ZERO,
+    )
+    .await;
+    let first = warm_gets(
+        &server,
+        &c,
+        "/ui/states/big/history.tfstate",
+        WARM_RUNS,
+        Duration::ZERO,
+    )
+    .await;
+
+    // A cold process: its first list (the access policy is given by the deployment here).
+    let mut cold = Sample::default();
+    for run in 0..COLD_RUNS {
+        let q = quiet_server(binary, &dir(&format!("cold-{run}")), &url).await;
+        let qc = Client::new(&q.url);
+        server.take_requests();
+        let started = Instant::now();
+        let got = qc.send("GET", "/states", None).await;
+        cold.add(started.elapsed(), server.take_requests().len());
+        assert_eq!(got.status, 200);
+    }
+
+    // 500 states committed by another tool: no index, every entry worked out once.
+    big_repo(&server, "foreign", 500, 500);
+    let foreign_url = server.url("foreign");
+    let f = quiet_server(binary, &dir("foreign"), &foreign_url).await;
+    let fc = Client::new(&f.url);
+    server.take_requests();
+    let started = Instant::now();
+    assert_eq!(fc.send("GET", "/states", None).await.status, 200);
+    let foreign_first = (started.elapsed(), server.take_requests().len());
+    let foreign = warm_gets(&server, &fc, "/states", WARM_RUNS, APART).await;
+
+    let verdict = |d: Duration, target_ms: f64| {
+        if d.as_secs_f64() * 1000.0 <= target_ms {
+            "met"
+        } else {
+            "MISSED"
+        }
+    };
+    out.push_str(&format!(
+        "## The state list and the console\n\n\
+         500 states written through `gitstate serve` ({:.1} s, index kept in the same commits), \
+         5 of them locked, and one state with 100 versions of 40 resources; {WARM_RUNS} warm \
+         runs each through `gitstate serve` (git requests per run in the second column; list \
+         requests a second apart, so each makes its ref advertisement).\n\n\
+         | request | git reqs | p50 ms | p95 ms | target |\n|---|---:|---:|---:|---|\n\
+         | `GET /states`, 505 states, warm | {} | {} | {} | ≤ 100 ms: {} |\n\
+         | `GET /ui/` (the list page), warm | {} | {} | {} | |\n\
+         | `GET /ui/states/…?per_page=100` (100 versions with diffs), warm | {} | {} | {} | ≤ 200 ms: {} |\n\
+         | `GET /ui/states/…` (first 20 versions), warm | {} | {} | {} | |\n\
+         | `GET /states`, cold process, first request ({COLD_RUNS} runs) | {} | {} | {} | ≤ 3 requests: {} |\n\
+         | `GET /states`, 500 states by another tool (no index), cold | {} | {} | | |\n\
+         | `GET /states`, 500 states by another tool, warm | {} | {} | {} | |\n\n",
+        writes.as_secs_f64(),
+        list.reqs(), ms(list.pct(0.5)), ms(list.pct(0.95)), verdict(list.pct(0.5), 100.0),
+        page.reqs(), ms(page.pct(0.5)), ms(page.pct(0.95)),
+        state.reqs(), ms(state.pct(0.5)), ms(state.pct(0.95)), verdict(state.pct(0.5), 200.0),
+        first.reqs(), ms(first.pct(0.5)), ms(first.pct(0.95)),
+        cold.reqs(), ms(cold.pct(0.5)), ms(cold.pct(0.95)),
+        if cold.requests.iter().all(|r| *r <= 3) { "met" } else { "MISSED" },
+        foreign_first.1, ms(foreign_first.0),
+        foreign.reqs(), ms(foreign.pct(0.5)), ms(foreign.pct(0.95)),
+    ));
+}
+
 #[tokio::main]
 async fn main() {
     let binary = gitstate_binary();
@@ -823,6 +973,9 @@ async fn main() {
     }
     if want("writers") {
         concurrent_writers(&mut out, &binary).await;
+    }
+    if want("console") {
+        console(&mut out, &binary).await;
     }
     print!("{out}");
 }

@@ -146,6 +146,52 @@ pub fn print_history(answer: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The states of `GET /states` whose name contains `filter`, as a table.
+pub fn print_states(answer: &str, filter: &str) -> anyhow::Result<usize> {
+    let states: Value = serde_json::from_str(answer).context("the backend's answer")?;
+    let states: Vec<&Value> = states
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|s| s["state"].as_str().is_some_and(|n| n.contains(filter)))
+        .collect();
+    if states.is_empty() {
+        println!("no states");
+        return Ok(0);
+    }
+    println!(
+        "{:<40} {:>7}  {:<21} {:<12} {:<22} LOCK",
+        "STATE", "SERIAL", "UPDATED", "AUTHOR", "OPERATION"
+    );
+    for state in &states {
+        let lock = &state["lock"];
+        let lock = if lock.is_null() {
+            "-".to_owned()
+        } else {
+            format!(
+                "{} ({}, {}) {} ago",
+                text(&lock["who"]),
+                text(&lock["user"]),
+                text(&lock["id"]),
+                lock["age_seconds"]
+                    .as_i64()
+                    .map_or_else(|| "-".into(), format_age)
+            )
+        };
+        println!(
+            "{:<40} {:>7}  {:<21} {:<12} {:<22} {lock}",
+            text(&state["state"]),
+            text(&state["serial"]),
+            state["updated"]
+                .as_i64()
+                .map_or_else(|| "-".into(), format_time),
+            text(&state["author"]),
+            text(&state["operation"]),
+        );
+    }
+    Ok(states.len())
+}
+
 pub fn print_locks(answer: &str, stale_after: i64) -> anyhow::Result<usize> {
     let locks: Value = serde_json::from_str(answer).context("the backend's answer")?;
     let locks = locks.as_array().cloned().unwrap_or_default();

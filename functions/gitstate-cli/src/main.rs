@@ -70,6 +70,14 @@ enum Command {
         #[command(flatten)]
         remote: RemoteArgs,
     },
+    /// Every state you may read: serial, last change, lock holder.
+    List {
+        /// Only states whose name contains this.
+        #[arg(long)]
+        filter: Option<String>,
+        #[command(flatten)]
+        remote: RemoteArgs,
+    },
     /// Every held lock, with age and holder; flags the old ones (never removes them).
     Locks {
         /// Locks older than this are flagged STALE (90s, 30m, 2h, 1d).
@@ -194,6 +202,15 @@ async fn main() -> anyhow::Result<()> {
                     restored["from"].as_str().unwrap_or("?"),
                     restored["serial"]
                 );
+            }
+            Ok(())
+        }
+        Command::List { filter, remote } => {
+            let answer = remote.remote()?.get("/states").await?;
+            if remote.json {
+                println!("{answer}");
+            } else {
+                client::print_states(&answer, filter.as_deref().unwrap_or_default())?;
             }
             Ok(())
         }

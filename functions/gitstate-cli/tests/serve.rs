@@ -193,6 +193,36 @@ fn serve_prints_the_backend_block_and_serves_the_embedded_repository() {
         request(&address, &auth, "GET", "/states/default.tfstate", "").1,
         r#"{"lineage":"l","serial":3}"#
     );
+    // The list, from the index the writes kept, as a table and as JSON.
+    let (ok, listed, _) = cli(&["list"]);
+    let row = listed.lines().nth(1).unwrap_or_default();
+    assert!(
+        ok && row.starts_with("default.tfstate")
+            && row.contains("      3  ")
+            && row.contains("admin"),
+        "{listed}"
+    );
+    let (ok, json, _) = cli(&["list", "--json"]);
+    let json: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+    assert!(ok);
+    assert_eq!(json[0]["state"], "default.tfstate");
+    assert_eq!(json[0]["serial"], 3);
+    assert_eq!(json[0]["operation"], "OperationTypeRestore");
+    let (ok, none, _) = cli(&["list", "--filter", "nothing-like-it"]);
+    assert!(ok && none.trim() == "no states", "{none}");
+    // The console, on the same server (the embedded repository).
+    let (status, page) = request(&address, &auth, "GET", "/ui/", "");
+    assert_eq!(status, 200);
+    assert!(
+        page.contains("<a href=\"/ui/states/default.tfstate\">default.tfstate</a>"),
+        "{page}"
+    );
+    let (status, page) = request(&address, &auth, "GET", "/ui/states/default.tfstate", "");
+    assert_eq!(status, 200);
+    assert!(
+        page.contains("Serial 3") && page.contains("Serial 1"),
+        "{page}"
+    );
     child.kill().expect("stop");
     let _ = child.wait();
 

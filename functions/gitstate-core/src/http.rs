@@ -7,11 +7,15 @@
 //! - `GET /history/<name>[?page=&per_page=]` (revisions, newest first), `GET
 //!   /history/<name>?at=<commit|serial>` (one revision's state), `POST
 //!   /history/<name>?restore=<commit|serial>` (admin: write it again on top);
+//! - `GET /states`: every state the caller may read, with its last change and lock;
 //! - `GET /locks`: every lock the caller may read;
+//! - `/ui/…`: the web console ([`console`]);
 //! - `GET /health` (the only route without authentication).
 //!
 //! Every route takes `?ref=` to address another branch; writes take Terraform's `?ID=`.
 //! Every other request needs the Basic credentials of a user of the access policy.
+
+mod console;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -61,6 +65,36 @@ struct ListedLock<'a> {
     user: Option<&'a str>,
     created: Option<i64>,
     age_seconds: Option<i64>,
+}
+
+/// A state as `GET /states` lists it.
+#[derive(Debug, serde::Serialize)]
+struct ListedState<'a> {
+    state: &'a str,
+    serial: Option<u64>,
+    lineage: Option<&'a str>,
+    /// When it last changed (Unix seconds), by whom and how; absent for a lock on a state not
+    /// written yet.
+    updated: Option<i64>,
+    author: Option<&'a str>,
+    operation: Option<&'a str>,
+    lock: Option<ListedLock<'a>>,
+}
+
+fn listed_lock<'a>(
+    name: &'a StateName,
+    held: &'a crate::ports::HeldLock,
+    now: i64,
+) -> ListedLock<'a> {
+    ListedLock {
+        state: name.as_str(),
+        id: held.info.id(),
+        who: held.info.who(),
+        operation: held.info.operation(),
+        user: held.owner.as_deref(),
+        created: held.created,
+        age_seconds: held.created.map(|c| now.saturating_sub(c).max(0)),
+    }
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -158,6 +192,14 @@ pub enum ApiError {
     QueryTooLong,
     #[error("the request did not finish within {seconds:.1} s")]
     Deadline { seconds: f64 },
+    #[error("cross-site request refused: the console's forms are accepted from its own pages only")]
+    CrossSite,
+    #[error("the form token is missing or wrong: reload the page and try again")]
+    FormToken,
+    #[error("not confirmed: tick the confirmation box")]
+    Unconfirmed,
+    #[error("a page could not be rendered")]
+    Render(#[source] askama::Error),
     #[error(
         "the state needs {size} bytes in a buffered Function URL response, over its limit of {limit}: deploy with InvokeMode RESPONSE_STREAM and GITSTATE_RESPONSE_STREAMING=true to read it"
     )]
@@ -209,6 +251,9 @@ impl ApiError {
             Self::MediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::QueryTooLong => StatusCode::URI_TOO_LONG,
             Self::Deadline { .. } => StatusCode::GATEWAY_TIMEOUT,
+            Self::CrossSite | Self::FormToken => StatusCode::FORBIDDEN,
+            Self::Unconfirmed => StatusCode::BAD_REQUEST,
+            Self::Render(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 }
@@ -235,7 +280,7 @@ impl IntoResponse for ApiError {
             Self::Service(ServiceError::Store(StoreError::Remote(_))) => {
                 "the git remote refused or garbled the request; see the backend's log".to_owned()
             }
-            Self::Service(ServiceError::Store(_)) => {
+            Self::Service(ServiceError::Store(_)) | Self::Render(_) => {
                 "internal error; see the backend's log".to_owned()
             }
             Self::Auth(AuthError::Unavailable(_)) => {
@@ -307,6 +352,7 @@ fn json(status: StatusCode, body: Bytes) -> Response {
 /// What a request addresses, decoded from its path and query.
 enum Resource {
     State,
+    StateList,
     Lock,
     History,
     LockList,
@@ -380,6 +426,8 @@ fn parse_target(uri: &Uri) -> Result<Addressed, ApiError> {
             Resource::History,
             Some(StateName::parse(name).map_err(ServiceError::from)?),
         )
+    } else if path == "/states" || path == "/states/" {
+        (Resource::StateList, None)
     } else if path == "/locks" || path == "/locks/" {
         (Resource::LockList, None)
     } else if path == "/health" {
@@ -542,8 +590,43 @@ async fn dispatch(
             .map(HeaderValue::as_bytes);
         Some(app.access.authenticate(authorization, client).await?)
     };
+    if let Some(caller) = &caller
+        && console::addresses(uri.path())
+    {
+        return console::serve(app, caller, method, uri, headers, body).await;
+    }
     let target = parse_target(uri)?;
     let backend = &app.backend;
+    if let (Resource::StateList, Some(caller)) = (&target.resource, &caller) {
+        if method != Method::GET && method != Method::HEAD {
+            return Err(ApiError::Method {
+                method: method.to_string(),
+                allowed: "GET",
+            });
+        }
+        let at = backend.locate(target.repository.as_deref(), target.branch.as_deref())?;
+        let rows = backend.list_states(caller, &at).await?;
+        let now = now_seconds();
+        let listed: Vec<ListedState<'_>> = rows
+            .iter()
+            .map(|row| {
+                let entry = row.entry.as_ref();
+                ListedState {
+                    state: row.name.as_str(),
+                    serial: entry.and_then(|e| e.serial),
+                    lineage: entry.and_then(|e| e.lineage.as_deref()),
+                    updated: entry.map(|e| e.time),
+                    author: entry.map(|e| e.author.as_str()),
+                    operation: entry.map(|e| e.operation.as_str()),
+                    lock: row
+                        .lock
+                        .as_ref()
+                        .map(|held| listed_lock(&row.name, held, now)),
+                }
+            })
+            .collect();
+        return Ok(json(StatusCode::OK, to_json(&listed)?));
+    }
     if let (Resource::LockList, Some(caller)) = (&target.resource, &caller) {
         if method != Method::GET {
             return Err(ApiError::Method {
@@ -556,15 +639,7 @@ async fn dispatch(
         let now = now_seconds();
         let listed: Vec<ListedLock<'_>> = locks
             .iter()
-            .map(|(name, held)| ListedLock {
-                state: name.as_str(),
-                id: held.info.id(),
-                who: held.info.who(),
-                operation: held.info.operation(),
-                user: held.owner.as_deref(),
-                created: held.created,
-                age_seconds: held.created.map(|c| now.saturating_sub(c).max(0)),
-            })
+            .map(|(name, held)| listed_lock(name, held, now))
             .collect();
         return Ok(json(StatusCode::OK, to_json(&listed)?));
     }
@@ -685,7 +760,7 @@ async fn dispatch(
             method: other.into(),
             allowed: "GET, POST, DELETE, LOCK, UNLOCK",
         }),
-        (Resource::Health | Resource::LockList, _) => Err(ApiError::NoRoute),
+        (Resource::Health | Resource::LockList | Resource::StateList, _) => Err(ApiError::NoRoute),
     }
 }
 

@@ -3,9 +3,11 @@
 
 pub mod access;
 pub mod auth;
+pub mod changes;
 pub mod config;
 pub mod http;
 pub mod kms_key;
+pub mod index;
 mod lock;
 mod name;
 pub mod password;

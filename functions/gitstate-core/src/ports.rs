@@ -222,6 +222,17 @@ pub enum StoreError {
     Internal(#[source] BoxError),
 }
 
+/// What a list of states reads: the state files at the branch tip, the index, the locks.
+#[derive(Debug, Clone, Default)]
+pub struct Listing {
+    /// Every state file at the tip, with an id of its content (git: the blob id) when the store
+    /// has one.
+    pub files: Vec<(StateName, Option<String>)>,
+    /// The index file ([`crate::index::INDEX_PATH`]) at that tip.
+    pub index: Option<Bytes>,
+    pub locks: Vec<(StateName, HeldLock)>,
+}
+
 /// Storage of states and locks, keyed by location and state name.
 #[async_trait]
 pub trait StateStore: Send + Sync + 'static {
@@ -295,6 +306,33 @@ pub trait StateStore: Send + Sync + 'static {
     /// The state files on the branch whose path starts with `prefix` (the backend's own
     /// configuration under `.gitstate/` excluded).
     async fn list_states(&self, at: &Location, prefix: &str) -> Result<Vec<StateName>, StoreError>;
+
+    /// The state files, the index and the locks, as one read sees them. The default lists files
+    /// and locks without content ids or index.
+    async fn listing(&self, at: &Location) -> Result<Listing, StoreError> {
+        let files = self.list_states(at, "").await?;
+        Ok(Listing {
+            files: files.into_iter().map(|name| (name, None)).collect(),
+            index: None,
+            locks: self.list_locks(at).await?,
+        })
+    }
+
+    /// The newest revision of each of `names` on the branch (names never written are left out).
+    /// The default asks the history of each; a store can find them all in one walk.
+    async fn last_changes(
+        &self,
+        at: &Location,
+        names: &[StateName],
+    ) -> Result<Vec<(StateName, Revision)>, StoreError> {
+        let mut found = Vec::new();
+        for name in names {
+            if let Some(revision) = self.history(at, name, 0, 1).await?.revisions.pop() {
+                found.push((name.clone(), revision));
+            }
+        }
+        Ok(found)
+    }
 
     /// A file of the backend's own configuration (e.g. the access file) at the branch tip.
     /// A process that saw the tip less than `fresh_within` ago may answer from that tip without

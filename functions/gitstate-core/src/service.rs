@@ -14,6 +14,9 @@ use crate::ports::{
 use crate::refs::{Clash, RefPolicy, RefRefused};
 use crate::{BranchName, LockInfo, LockInfoError, NameError, StateName, UnlockRequest};
 
+mod overview;
+pub use overview::{CurrentResource, StatePage, StateRow, VersionChanges};
+
 /// Everything that can go wrong in a request, client mistakes and storage failures alike.
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {
@@ -125,6 +128,7 @@ pub struct Backend {
     refs: RefPolicy,
     committer: Identity,
     encryption: Option<Encryption>,
+    memo: overview::Memo,
 }
 
 /// Encryption at rest: every state passes through the sealer; lock and configuration files stay
@@ -176,6 +180,7 @@ impl Backend {
             repositories,
             committer,
             encryption: None,
+            memo: overview::Memo::default(),
         }
     }
 
@@ -622,11 +627,11 @@ fn check_state(body: &[u8]) -> Result<Version, ServiceError> {
 }
 
 /// Commit trailers recording the Terraform version of what a write stored.
-const SERIAL_TRAILER: &str = "Serial: ";
-const LINEAGE_TRAILER: &str = "Lineage: ";
+pub(crate) const SERIAL_TRAILER: &str = "Serial: ";
+pub(crate) const LINEAGE_TRAILER: &str = "Lineage: ";
 
 /// The value of trailer `key` in a commit message.
-fn trailer_value<'a>(message: &'a str, key: &str) -> Option<&'a str> {
+pub(crate) fn trailer_value<'a>(message: &'a str, key: &str) -> Option<&'a str> {
     message
         .lines()
         .rev()

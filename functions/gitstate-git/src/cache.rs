@@ -23,6 +23,15 @@ pub enum Walk {
     },
 }
 
+/// How far a search for the newest revisions of several paths got.
+pub enum Latest {
+    Done(std::collections::HashMap<String, Revision>),
+    /// The walk reached a shallow boundary after `walked` commits with paths still unresolved.
+    Shallow {
+        walked: usize,
+    },
+}
+
 pub struct Cache {
     dir: PathBuf,
     repo: RwLock<gix::ThreadSafeRepository>,
@@ -228,6 +237,58 @@ impl Cache {
             walked.push('/');
         }
         Ok(None)
+    /// The newest commit on the first-parent chain from `tip` that changed each of `paths`: one
+    /// walk for all of them, descending only into subtrees that differ.
+    pub fn last_changes(&self, tip: ObjectId, paths: &[String]) -> Result<Latest, Error> {
+        let repo = self.repo()?;
+        let mut wanted: std::collections::HashSet<&str> =
+            paths.iter().map(String::as_str).collect();
+        let mut found = std::collections::HashMap::new();
+        let mut commit = tip;
+        let mut walked = 0usize;
+        while !wanted.is_empty() {
+            walked += 1;
+            let decoded_commit = repo.find_commit(commit)?;
+            let tree = decoded_commit.tree_id()?.detach();
+            let parent = decoded_commit.parent_ids().next().map(|p| p.detach());
+            let parent_tree = match parent {
+                Some(parent) if !repo.has_object(parent) => return Ok(Latest::Shallow { walked }),
+                Some(parent) => Some(repo.find_commit(parent)?.tree_id()?.detach()),
+                None => None,
+            };
+            let mut changed = Vec::new();
+            changed_paths(&repo, Some(tree), parent_tree, "", &mut changed)?;
+            let hits: Vec<String> = changed
+                .into_iter()
+                .filter(|p| wanted.contains(p.as_str()))
+                .collect();
+            if !hits.is_empty() {
+                let decoded = decoded_commit.decode()?;
+                let revision = Revision {
+                    version: commit.to_string(),
+                    time: decoded.committer()?.seconds(),
+                    author: decoded.author()?.name.to_string(),
+                    message: decoded.message.to_string(),
+                    deleted: false,
+                };
+                for path in hits {
+                    wanted.remove(path.as_str());
+                    let blob = Self::blob_id(&repo, commit, &path)?;
+                    found.insert(
+                        path,
+                        Revision {
+                            deleted: blob.is_none(),
+                            ..revision.clone()
+                        },
+                    );
+                }
+            }
+            match parent {
+                Some(parent) => commit = parent,
+                None => break,
+            }
+        }
+        Ok(Latest::Done(found))
     }
 
     /// The paths of every file in the tree of `commit`, depth first.
@@ -247,6 +308,30 @@ impl Cache {
                     pending.push((entry.oid.to_owned(), format!("{path}/")));
                 } else if entry.mode.is_blob() {
                     out.push(path);
+                }
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// The paths and blob ids of every file in the tree of `commit`.
+    pub fn list_blobs(&self, commit: ObjectId) -> Result<Vec<(String, ObjectId)>, Error> {
+        let repo = self.repo()?;
+        let root = repo.find_commit(commit)?.tree_id()?.detach();
+        let mut out = Vec::new();
+        let mut pending = vec![(root, String::new())];
+        while let Some((id, dir)) = pending.pop() {
+            let tree = repo.find_tree(id)?;
+            let decoded = tree
+                .decode()
+                .map_err(|e| Error::Corrupt(format!("tree {id}: {e}")))?;
+            for entry in &decoded.entries {
+                let path = format!("{dir}{}", entry.filename);
+                if entry.mode.is_tree() {
+                    pending.push((entry.oid.to_owned(), format!("{path}/")));
+                } else if entry.mode.is_blob() {
+                    out.push((path, entry.oid.to_owned()));
                 }
             }
         }
@@ -295,8 +380,10 @@ impl Cache {
                 None
             }
         };
-        let tree = editor.write()?.detach();
         let now = gix::date::Time::now_utc();
+        let index =
+            crate::index::stage(&repo, &mut editor, base_tree, path, blob, meta, now.seconds)?;
+        let tree = editor.write()?.detach();
         let author = gix::actor::Signature {
             name: meta.author_name.as_str().into(),
             email: meta.author_email.as_str().into(),
@@ -318,26 +405,31 @@ impl Cache {
         };
         let id = repo.write_object(commit)?.detach();
 
-        // The objects the remote lacks: the commit, the trees along `path` that changed, the blob.
+        // The objects the remote lacks: the commit, the trees along `path` (and the index's)
+        // that changed, the blobs.
         let mut objects = vec![id, tree];
-        let components: Vec<&str> = path.split('/').collect();
         let old_root = (base_tree != ObjectId::empty_tree(repo.object_hash())).then_some(base_tree);
-        let (mut new_dir, mut old_dir) = (Some(tree), old_root);
-        for component in &components[..components.len().saturating_sub(1)] {
-            new_dir = match new_dir {
-                Some(t) => subtree(&repo, t, component)?,
-                None => None,
-            };
-            old_dir = match old_dir {
-                Some(t) => subtree(&repo, t, component)?,
-                None => None,
-            };
-            match new_dir {
-                Some(t) if Some(t) != old_dir => objects.push(t),
-                _ => {}
+        let changed = std::iter::once((path, blob))
+            .chain(index.map(|i| (gitstate_core::index::INDEX_PATH, Some(i))));
+        for (path, blob) in changed {
+            let components: Vec<&str> = path.split('/').collect();
+            let (mut new_dir, mut old_dir) = (Some(tree), old_root);
+            for component in &components[..components.len().saturating_sub(1)] {
+                new_dir = match new_dir {
+                    Some(t) => subtree(&repo, t, component)?,
+                    None => None,
+                };
+                old_dir = match old_dir {
+                    Some(t) => subtree(&repo, t, component)?,
+                    None => None,
+                };
+                match new_dir {
+                    Some(t) if Some(t) != old_dir && !objects.contains(&t) => objects.push(t),
+                    _ => {}
+                }
             }
+            objects.extend(blob);
         }
-        objects.extend(blob);
         Ok(NewCommit { id, objects })
     }
 }
@@ -358,6 +450,62 @@ fn first_file(repo: &gix::Repository, tree: ObjectId, dir: &str) -> Result<Optio
         }
     }
     Ok(None)
+/// The blob paths that differ between two trees (either may be absent), below `prefix`.
+fn changed_paths(
+    repo: &gix::Repository,
+    new: Option<ObjectId>,
+    old: Option<ObjectId>,
+    prefix: &str,
+    out: &mut Vec<String>,
+) -> Result<(), Error> {
+    if new == old {
+        return Ok(());
+    }
+    let entries = |id: Option<ObjectId>| -> Result<Vec<(String, ObjectId, bool)>, Error> {
+        let Some(id) = id else {
+            return Ok(Vec::new());
+        };
+        let tree = repo.find_tree(id)?;
+        let decoded = tree
+            .decode()
+            .map_err(|e| Error::Corrupt(format!("tree {id}: {e}")))?;
+        Ok(decoded
+            .entries
+            .iter()
+            .filter(|e| e.mode.is_tree() || e.mode.is_blob())
+            .map(|e| (e.filename.to_string(), e.oid.to_owned(), e.mode.is_tree()))
+            .collect())
+    };
+    let (new, old) = (entries(new)?, entries(old)?);
+    let old_by_name: std::collections::HashMap<&str, (ObjectId, bool)> = old
+        .iter()
+        .map(|(n, id, t)| (n.as_str(), (*id, *t)))
+        .collect();
+    let new_names: std::collections::HashSet<&str> =
+        new.iter().map(|(n, _, _)| n.as_str()).collect();
+    for (name, id, is_tree) in &new {
+        let path = format!("{prefix}{name}");
+        let before = old_by_name.get(name.as_str()).copied();
+        match (is_tree, before) {
+            (_, Some((old_id, _))) if old_id == *id => {}
+            (true, before) => {
+                let old_tree = before.filter(|(_, t)| *t).map(|(id, _)| id);
+                changed_paths(repo, Some(*id), old_tree, &format!("{path}/"), out)?;
+            }
+            (false, _) => out.push(path),
+        }
+    }
+    for (name, id, is_tree) in &old {
+        if !new_names.contains(name.as_str()) {
+            let path = format!("{prefix}{name}");
+            if *is_tree {
+                changed_paths(repo, None, Some(*id), &format!("{path}/"), out)?;
+            } else {
+                out.push(path);
+            }
+        }
+    }
+    Ok(())
 }
 
 fn subtree(repo: &gix::Repository, tree: ObjectId, name: &str) -> Result<Option<ObjectId>, Error> {
@@ -366,4 +514,107 @@ fn subtree(repo: &gix::Repository, tree: ObjectId, name: &str) -> Result<Option<
         .find_entry(name)
         .filter(|e| e.mode().is_tree())
         .map(|e| e.object_id()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use gitstate_core::index::{INDEX_PATH, StateIndex};
+
+    fn meta(serial: usize) -> CommitMeta {
+        CommitMeta {
+            author_name: format!("user{}", serial % 3),
+            author_email: "u@x".into(),
+            committer_name: "gitstate".into(),
+            committer_email: "g@x".into(),
+            message: format!("write x\n\nSerial: {serial}\nUser: u\n"),
+        }
+    }
+
+    /// Random histories of writes and deletes in nested folders (and files that are not states):
+    /// the one-walk search finds, for every path, the commit the per-path history finds, and
+    /// the index written along describes exactly the states at the tip.
+    #[test]
+    fn last_changes_and_the_index_agree_with_the_history() {
+        let paths = [
+            "a.tfstate",
+            "net/a.tfstate",
+            "net/b.tfstate",
+            "net/deep/er/c.tfstate",
+            "app/a.tfstate",
+            "README.md",
+            "x.tfstate.lock",
+        ];
+        for seed in 0..8u64 {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let cache = Cache::open_or_init(&dir.path().join("r.git")).expect("repository");
+            let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+            let mut next = |n: u64| {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (state >> 33) % n
+            };
+            let mut tip: Option<ObjectId> = None;
+            let mut present: HashMap<&str, bool> = HashMap::new();
+            for serial in 1..=40 {
+                let path = paths[next(paths.len() as u64) as usize];
+                let delete = present.get(path).copied().unwrap_or(false) && next(4) == 0;
+                let content = format!("{{\"serial\":{serial}}}");
+                let made = cache
+                    .commit(
+                        tip,
+                        path,
+                        (!delete).then_some(content.as_bytes()),
+                        &meta(serial),
+                    )
+                    .expect("commit");
+                present.insert(path, !delete);
+                tip = Some(made.id);
+            }
+            let tip = tip.expect("commits");
+            let wanted: Vec<String> = paths.iter().map(|p| (*p).to_owned()).collect();
+            let Latest::Done(found) = cache.last_changes(tip, &wanted).expect("walk") else {
+                panic!("a full history is never shallow");
+            };
+            for path in &wanted {
+                let Walk::Done(page) = cache.history(tip, path, 0, 1).expect("history") else {
+                    panic!("not shallow");
+                };
+                assert_eq!(
+                    found.get(path),
+                    page.revisions.first(),
+                    "seed {seed}, {path}"
+                );
+            }
+            let index = cache
+                .read_path(tip, INDEX_PATH)
+                .expect("read")
+                .and_then(|b| StateIndex::parse(&b))
+                .unwrap_or_default();
+            let files: HashMap<String, ObjectId> =
+                cache.list_blobs(tip).expect("files").into_iter().collect();
+            let states: Vec<&String> = files
+                .keys()
+                .filter(|p| gitstate_core::StateName::parse(p).is_ok())
+                .filter(|p| !p.starts_with(".gitstate/"))
+                .collect();
+            assert_eq!(index.states.len(), states.len(), "seed {seed}");
+            for path in states {
+                let entry = &index.states[path.as_str()];
+                assert_eq!(
+                    entry.content,
+                    files[path].to_string(),
+                    "seed {seed}, {path}"
+                );
+                let newest = &found[path.as_str()];
+                assert_eq!(
+                    (entry.time, entry.author.as_str()),
+                    (newest.time, newest.author.as_str())
+                );
+            }
+        }
+    }
 }

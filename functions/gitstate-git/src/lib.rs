@@ -2,6 +2,7 @@
 //! smart HTTP(S) to a hosted repository or directly on an embedded local one.
 
 mod cache;
+mod index;
 mod local;
 mod pack;
 pub mod pkt;

@@ -18,14 +18,14 @@ use sha1::{Digest, Sha1};
 
 use gitstate_core::config::{Secret, Settings};
 use gitstate_core::ports::{
-    Acquire, Change, CommitMeta, HeldLock, HistoryPage, Location, Refusal, Release, StateStore,
-    StoreError, WritePlan, Written, user_from_message,
+    Acquire, Change, CommitMeta, HeldLock, HistoryPage, Listing, Location, Refusal, Release,
+    Revision, StateStore, StoreError, WritePlan, Written, user_from_message,
 };
 use gitstate_core::refs::{Clash, branch_clash, lock_clash};
 use gitstate_core::{BranchName, LockInfo, StateName};
 
 use crate::Error;
-use crate::cache::{Cache, NewCommit, Walk};
+use crate::cache::{Cache, Latest, NewCommit, Walk};
 use crate::local::LocalRefs;
 use crate::pack;
 use crate::smart::{Advert, Command, PushReport, Service, SmartHttp};
@@ -38,6 +38,13 @@ const MAX_HISTORY_DEPTH: u32 = 1 << 24;
 /// How often a LOCK looks again after its tree check raced a write or its push was refused
 /// without a holder or a clashing lock to show for it.
 const MAX_LOCK_ATTEMPTS: u32 = 10;
+/// A list of states trusts a ref advertisement this recent (in a cold process: the one the
+/// access check just made) instead of asking again.
+const LIST_REFS_FRESH: Duration = Duration::from_secs(1);
+
+/// History pages a process keeps (each at most 100 revisions).
+const MAX_REMEMBERED_HISTORIES: usize = 256;
+
 /// How often a write is rebuilt on a moved branch before giving up with a retryable 503.
 const MAX_WRITE_ATTEMPTS: u32 = 40;
 /// How long a write may keep retrying, well under a Lambda timeout.
@@ -74,6 +81,11 @@ struct Remote {
     known_tip: Mutex<Option<(ObjectId, Instant)>>,
     /// Receive-pack capabilities, once advertised.
     push_caps: Mutex<Option<Advert>>,
+    /// The last full ref advertisement over HTTP, and when it came.
+    last_advert: Mutex<Option<(Advert, Instant)>>,
+    /// History pages already walked, by (tip, path, skip, limit): a commit's history never
+    /// changes, so a warm state page does not walk it again.
+    histories: Mutex<HashMap<(ObjectId, String, usize, usize), HistoryPage>>,
     fetching: tokio::sync::Mutex<()>,
 }
 
@@ -156,6 +168,8 @@ impl GitStore {
             transport,
             known_tip: Mutex::new(None),
             push_caps: Mutex::new(None),
+            last_advert: Mutex::new(None),
+            histories: Mutex::default(),
             fetching: tokio::sync::Mutex::new(()),
         });
         remotes.insert(key, remote.clone());
@@ -298,6 +312,9 @@ impl Remote {
             }
             Transport::Http(http) => {
                 let advert = http.advertise(service).await?;
+                if let Ok(mut last) = self.last_advert.lock() {
+                    *last = Some((advert.clone(), Instant::now()));
+                }
                 if service == Service::ReceivePack {
                     let caps = Advert {
                         caps: advert.caps.clone(),
@@ -316,6 +333,39 @@ impl Remote {
     fn saw_tip(&self, tip: ObjectId) {
         if let Ok(mut known) = self.known_tip.lock() {
             *known = Some((tip, Instant::now()));
+        }
+    }
+
+    /// The branch and every ref under `prefix`: one ref advertisement over HTTP, none when one
+    /// came less than `fresh` ago.
+    async fn branch_and_prefix(
+        &self,
+        branch: &str,
+        prefix: &str,
+        fresh: Duration,
+    ) -> Result<Advert, Error> {
+        match &self.transport {
+            Transport::Local(refs) => {
+                let (refs, branch, prefix) = (refs.clone(), branch.to_owned(), prefix.to_owned());
+                blocking(move || {
+                    let mut advert = refs.list_prefix(&prefix)?;
+                    advert.refs.extend(refs.list(&[branch])?.refs);
+                    Ok(advert)
+                })
+                .await
+            }
+            Transport::Http(_) => {
+                let recent = self
+                    .last_advert
+                    .lock()
+                    .ok()
+                    .and_then(|last| last.clone())
+                    .filter(|(_, when)| when.elapsed() < fresh);
+                match recent {
+                    Some((advert, _)) => Ok(advert),
+                    None => self.refs(Service::UploadPack, Vec::new()).await,
+                }
+            }
         }
     }
 
@@ -447,6 +497,10 @@ impl Remote {
         commands: Vec<Command>,
         objects: Vec<ObjectId>,
     ) -> Result<PushReport, Error> {
+        // What was advertised before a push of ours is out of date.
+        if let Ok(mut last) = self.last_advert.lock() {
+            *last = None;
+        }
         match &self.transport {
             Transport::Local(refs) => {
                 let refs = refs.clone();
@@ -512,6 +566,105 @@ impl StateStore for GitStore {
             .collect())
     }
 
+    async fn listing(&self, at: &Location) -> Result<Listing, StoreError> {
+        let remote = self.remote(at)?;
+        let branch = at.branch.full_ref();
+        let prefix = self.options.lock_ref_prefix.as_str();
+        let mut fresh = LIST_REFS_FRESH;
+        let mut attempt = 0;
+        // One advertisement, then one fetch of the tip and every lock commit the cache lacks.
+        let (advert, tip) = loop {
+            attempt += 1;
+            let advert = remote.branch_and_prefix(&branch, prefix, fresh).await?;
+            let tip = advert.tip(&branch);
+            let wants = advert
+                .refs
+                .iter()
+                .filter(|(name, _)| name.starts_with(prefix))
+                .map(|(_, id)| *id)
+                .chain(tip)
+                .collect();
+            match remote.ensure(wants).await {
+                Ok(()) => break (advert, tip),
+                // A ref moved between advertisement and fetch: look again.
+                Err(Error::Remote(why)) if attempt < 4 => {
+                    tracing::debug!(why, "refs moved during a list, retrying");
+                    fresh = Duration::ZERO;
+                }
+                Err(other) => return Err(other.into()),
+            }
+        };
+        let (files, index) = match tip {
+            Some(tip) => {
+                remote.saw_tip(tip);
+                let cache = remote.cache.clone();
+                blocking(move || {
+                    let files = cache.list_blobs(tip)?;
+                    let index = cache.read_path(tip, gitstate_core::index::INDEX_PATH)?;
+                    Ok((files, index))
+                })
+                .await?
+            }
+            None => (Vec::new(), None),
+        };
+        let files = files
+            .into_iter()
+            .filter(|(path, _)| !path.starts_with(".gitstate/"))
+            .filter_map(|(path, blob)| {
+                Some((StateName::parse(&path).ok()?, Some(blob.to_string())))
+            })
+            .collect();
+        let mut lock_tips: Vec<(StateName, ObjectId)> = advert
+            .refs
+            .iter()
+            .filter_map(|(r, id)| Some((StateName::parse(r.strip_prefix(prefix)?).ok()?, *id)))
+            .collect();
+        lock_tips.sort();
+        let mut locks = Vec::with_capacity(lock_tips.len());
+        for (name, lock_tip) in lock_tips {
+            let held = self.held(&remote, lock_tip, &name).await?;
+            locks.push((name, held));
+        }
+        Ok(Listing {
+            files,
+            index: index.map(Bytes::from),
+            locks,
+        })
+    }
+
+    async fn last_changes(
+        &self,
+        at: &Location,
+        names: &[StateName],
+    ) -> Result<Vec<(StateName, Revision)>, StoreError> {
+        let remote = self.remote(at)?;
+        let Some(tip) = self.branch_tip(&remote, at).await? else {
+            return Ok(Vec::new());
+        };
+        let paths: Vec<String> = names.iter().map(ToString::to_string).collect();
+        let mut depth = FIRST_HISTORY_DEPTH;
+        loop {
+            let (cache, paths) = (remote.cache.clone(), paths.clone());
+            match blocking(move || cache.last_changes(tip, &paths)).await? {
+                Latest::Done(mut found) => {
+                    return Ok(names
+                        .iter()
+                        .filter_map(|name| Some((name.clone(), found.remove(name.as_str())?)))
+                        .collect());
+                }
+                Latest::Shallow { walked } if remote.is_cache() && depth < MAX_HISTORY_DEPTH => {
+                    let walked = u32::try_from(walked).unwrap_or(MAX_HISTORY_DEPTH);
+                    depth = depth.max(walked.saturating_mul(2)).min(MAX_HISTORY_DEPTH);
+                    remote.deepen(tip, depth).await?;
+                    depth = depth.saturating_mul(4);
+                }
+                Latest::Shallow { .. } => {
+                    return Err(Error::Corrupt("history has a missing parent commit".into()).into());
+                }
+            }
+        }
+    }
+
     async fn read_config(
         &self,
         at: &Location,
@@ -555,11 +708,28 @@ impl StateStore for GitStore {
         let Some(tip) = self.branch_tip(&remote, at).await? else {
             return Ok(HistoryPage::default());
         };
+        let key = (tip, name.to_string(), skip, limit);
+        if let Some(page) = remote
+            .histories
+            .lock()
+            .ok()
+            .and_then(|h| h.get(&key).cloned())
+        {
+            return Ok(page);
+        }
         let mut depth = FIRST_HISTORY_DEPTH;
         loop {
             let (cache, path) = (remote.cache.clone(), name.to_string());
             match blocking(move || cache.history(tip, &path, skip, limit)).await? {
-                Walk::Done(page) => return Ok(page),
+                Walk::Done(page) => {
+                    if let Ok(mut histories) = remote.histories.lock() {
+                        if histories.len() >= MAX_REMEMBERED_HISTORIES {
+                            histories.clear();
+                        }
+                        histories.insert(key, page.clone());
+                    }
+                    return Ok(page);
+                }
                 Walk::Shallow { walked } if remote.is_cache() && depth < MAX_HISTORY_DEPTH => {
                     let walked = u32::try_from(walked).unwrap_or(MAX_HISTORY_DEPTH);
                     depth = depth.max(walked.saturating_mul(2)).min(MAX_HISTORY_DEPTH);

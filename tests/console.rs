@@ -1,0 +1,1112 @@
+//! `GET /states`, the state index and the web console, against a real `git http-backend`, with
+//! the console driven in a real headless Chromium through chromedriver (WebDriver over loopback).
+//!
+//! Chromium and chromedriver must be installed (`apt-get install -y chromium chromium-driver`):
+//! without them the browser test fails, it never skips.
+
+use std::time::Duration;
+
+use base64::Engine as _;
+use serde_json::{Value, json};
+
+use gitstate_tests::{
+    Client, GitServer, TEST_PASSWORD, TEST_USER, TestBackend, access_file, commit_file,
+    init_tracing, stored_file,
+};
+
+const READER: (&str, &str) = ("reader", "reader-Pa55word-for-the-console");
+const OUTSIDER: (&str, &str) = ("outsider", "outsider-Pa55word-for-the-console");
+const PROD: &str = "net/prod.tfstate";
+
+/// A state whose every attribute and output value is a marker no page may show.
+fn state(
+    serial: u64,
+    resources: &[(&str, &str, Option<Value>, &str)],
+    outputs: &[(&str, &str)],
+) -> String {
+    let resources: Vec<Value> = resources
+        .iter()
+        .map(|(kind, name, key, value)| {
+            let mut instance = json!({"schema_version": 0, "attributes": {"id": format!("SECRET-ATTR-{value}"), "password": format!("SECRET-ATTR-pw-{value}")}});
+            if let Some(key) = key {
+                instance["index_key"] = key.clone();
+            }
+            json!({"mode": "managed", "type": kind, "name": name, "provider": "provider[\"registry.terraform.io/hashicorp/null\"]", "instances": [instance]})
+        })
+        .collect();
+    let outputs: serde_json::Map<String, Value> = outputs
+        .iter()
+        .map(|(name, value)| ((*name).to_owned(), json!({"value": format!("SECRET-OUTPUT-{value}"), "type": "string", "sensitive": true})))
+        .collect();
+    json!({"version": 4, "terraform_version": "1.11.4", "serial": serial, "lineage": "lin-prod", "outputs": outputs, "resources": resources}).to_string()
+}
+
+/// The three versions of `net/prod.tfstate`: created; one resource changed, one added, an
+/// output changed; one removed, an output removed.
+fn prod_versions() -> [String; 3] {
+    [
+        state(
+            1,
+            &[
+                ("null_resource", "a", None, "1"),
+                ("random_id", "b", Some(json!(0)), "1"),
+            ],
+            &[("endpoint", "1"), ("token", "1")],
+        ),
+        state(
+            2,
+            &[
+                ("null_resource", "a", None, "2"),
+                ("random_id", "b", Some(json!(0)), "1"),
+                ("random_id", "b", Some(json!("blue")), "1"),
+            ],
+            &[("endpoint", "2"), ("token", "1")],
+        ),
+        state(
+            3,
+            &[
+                ("null_resource", "a", None, "2"),
+                ("random_id", "b", Some(json!("blue")), "1"),
+            ],
+            &[("endpoint", "2")],
+        ),
+    ]
+}
+
+struct Fixture {
+    server: GitServer,
+    backend: TestBackend,
+    admin: Client,
+}
+
+/// A repository with states under net/ and app/, one written by another tool behind the
+/// backend's back, and a lock on net/prod.tfstate held by the admin.
+async fn fixture() -> Fixture {
+    init_tracing();
+    let server = GitServer::start().await;
+    let url = server.create_repo("state");
+    let access = access_file(&[
+        (TEST_USER, TEST_PASSWORD, &["admin:*"]),
+        (READER.0, READER.1, &["read:net/"]),
+        (OUTSIDER.0, OUTSIDER.1, &["write:app/"]),
+    ]);
+    let backend = TestBackend::start(&url, &[("GITSTATE_ACCESS", &access)]).await;
+    let admin = Client::new(&backend.url);
+    for body in prod_versions() {
+        let answer = admin
+            .send("POST", &format!("/states/{PROD}"), Some(&body))
+            .await;
+        assert_eq!(answer.status, 200, "{}", answer.body);
+    }
+    for (name, serial) in [("net/dev.tfstate", 4), ("app/web.tfstate", 9)] {
+        let body = state(serial, &[("null_resource", "x", None, "1")], &[]);
+        assert_eq!(
+            admin
+                .send("PUT", &format!("/states/{name}"), Some(&body))
+                .await
+                .status,
+            200
+        );
+    }
+    commit_file(
+        &server,
+        "state",
+        "net/foreign.tfstate",
+        state(7, &[("null_resource", "f", None, "1")], &[]).as_bytes(),
+    );
+    assert_eq!(admin.lock(PROD, "lock-1").await.status, 200);
+    Fixture {
+        server,
+        backend,
+        admin,
+    }
+}
+
+fn names(list: &Value) -> Vec<&str> {
+    list.as_array()
+        .expect("a list")
+        .iter()
+        .map(|s| s["state"].as_str().expect("a name"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_list_is_filtered_by_grant_and_read_from_the_index() {
+    let f = fixture().await;
+    // A lock on a state not written yet is listed too.
+    assert_eq!(
+        f.admin.lock("net/new.tfstate", "lock-new").await.status,
+        200
+    );
+
+    let index: Value =
+        serde_json::from_slice(&stored_file(&f.server, "state", ".gitstate/index.json"))
+            .expect("the index is JSON");
+    let indexed: Vec<&String> = index["states"]
+        .as_object()
+        .expect("states")
+        .keys()
+        .collect();
+    assert_eq!(
+        indexed,
+        ["app/web.tfstate", "net/dev.tfstate", PROD],
+        "written in the same commits"
+    );
+    assert_eq!(index["states"][PROD]["serial"], 3);
+
+    let list = |user: (&str, &str)| {
+        let client = Client::with_credentials(&f.backend.url, Some(user));
+        async move {
+            let answer = client.send("GET", "/states", None).await;
+            assert_eq!(answer.status, 200, "{}", answer.body);
+            serde_json::from_str::<Value>(&answer.body).expect("JSON")
+        }
+    };
+    let all = list((TEST_USER, TEST_PASSWORD)).await;
+    assert_eq!(
+        names(&all),
+        [
+            "app/web.tfstate",
+            "net/dev.tfstate",
+            "net/foreign.tfstate",
+            "net/new.tfstate",
+            PROD
+        ]
+    );
+    let by_name = |name: &str| {
+        all.as_array()
+            .expect("list")
+            .iter()
+            .find(|s| s["state"] == name)
+            .cloned()
+            .expect("listed")
+    };
+    let prod = by_name(PROD);
+    assert_eq!(
+        (prod["serial"].as_u64(), prod["lineage"].as_str()),
+        (Some(3), Some("lin-prod"))
+    );
+    assert_eq!(prod["author"], TEST_USER);
+    assert_eq!(prod["lock"]["id"], "lock-1");
+    assert_eq!(prod["lock"]["user"], TEST_USER);
+    assert!(prod["updated"].as_i64().is_some());
+    // Written by another tool: not in the index, worked out from its content and history.
+    let foreign = by_name("net/foreign.tfstate");
+    assert_eq!(foreign["serial"].as_u64(), Some(7));
+    assert!(
+        foreign["author"]
+            .as_str()
+            .is_some_and(|a| !a.is_empty() && a != TEST_USER)
+    );
+    let new = by_name("net/new.tfstate");
+    assert!(new["serial"].is_null() && new["updated"].is_null());
+    assert_eq!(new["lock"]["id"], "lock-new");
+
+    let reader = list(READER).await;
+    assert_eq!(
+        names(&reader),
+        [
+            "net/dev.tfstate",
+            "net/foreign.tfstate",
+            "net/new.tfstate",
+            PROD
+        ]
+    );
+    let outsider = list(OUTSIDER).await;
+    assert_eq!(names(&outsider), ["app/web.tfstate"]);
+    assert!(
+        !outsider.to_string().contains("lock-1"),
+        "no lock of a state outside the grants"
+    );
+
+    // A delete removes the entry in the same commit.
+    assert_eq!(
+        f.admin
+            .send("DELETE", "/states/net/dev.tfstate", None)
+            .await
+            .status,
+        200
+    );
+    let index: Value =
+        serde_json::from_slice(&stored_file(&f.server, "state", ".gitstate/index.json"))
+            .expect("JSON");
+    assert!(index["states"].get("net/dev.tfstate").is_none());
+    assert!(!names(&list(READER).await).contains(&"net/dev.tfstate"));
+    // The index is not a state: not addressable, not listed.
+    assert_eq!(
+        f.admin
+            .send("GET", "/states/.gitstate/index.json", None)
+            .await
+            .status,
+        400
+    );
+}
+
+/// The console's forms refuse cross-site posts, posts without the token or confirmation, and
+/// anyone without the admin grant, whatever they send; nothing changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_actions_are_refused_unless_same_origin_admin_token_and_confirmed() {
+    let f = fixture().await;
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    let base = f.backend.url.clone();
+    let host = base.trim_start_matches("http://").to_owned();
+    let page = |user: (&str, &str)| {
+        let (http, base) = (http.clone(), base.clone());
+        let (u, p) = (user.0.to_owned(), user.1.to_owned());
+        async move {
+            let r = http
+                .get(format!("{base}/ui/states/{PROD}"))
+                .basic_auth(u, Some(p))
+                .send()
+                .await
+                .expect("answers");
+            assert_eq!(r.status(), 200);
+            let csp = r.headers()["content-security-policy"]
+                .to_str()
+                .expect("ascii")
+                .to_owned();
+            assert!(
+                csp.contains("default-src 'none'") && csp.contains("form-action 'self'"),
+                "{csp}"
+            );
+            r.text().await.expect("text")
+        }
+    };
+    let admin_page = page((TEST_USER, TEST_PASSWORD)).await;
+    let token = admin_page
+        .split("name=\"token\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("the admin page has a form token")
+        .to_owned();
+    let reader_page = page(READER).await;
+    assert!(
+        !reader_page.contains("<form method=\"post\"") && !reader_page.contains("name=\"token\"")
+    );
+    assert!(!reader_page.contains("Force-unlock"));
+
+    let post =
+        |user: (&str, &str), path: &str, headers: Vec<(&'static str, String)>, form: String| {
+            let mut request = http
+                .post(format!("{base}{path}"))
+                .basic_auth(user.0, Some(user.1))
+                .header("content-type", "application/x-www-form-urlencoded")
+                .body(form);
+            for (k, v) in headers {
+                request = request.header(k, v);
+            }
+            async move {
+                let r = request.send().await.expect("answers");
+                (r.status().as_u16(), r.text().await.unwrap_or_default())
+            }
+        };
+    let same = || {
+        vec![
+            ("origin", format!("http://{host}")),
+            ("sec-fetch-site", "same-origin".to_owned()),
+        ]
+    };
+    let unlock = format!("/ui/unlock/{PROD}");
+    let form = |token: &str| format!("token={token}&lock=lock-1&confirm=yes");
+    let admin = (TEST_USER, TEST_PASSWORD);
+    let refusals = [
+        (
+            admin,
+            vec![("origin", "http://evil.example".to_owned())],
+            form(&token),
+            403,
+            "cross-site",
+        ),
+        (
+            admin,
+            vec![
+                ("origin", format!("http://{host}")),
+                ("sec-fetch-site", "cross-site".to_owned()),
+            ],
+            form(&token),
+            403,
+            "cross-site",
+        ),
+        (admin, vec![], form(&token), 403, "cross-site"),
+        (admin, same(), form("forged"), 403, "form token"),
+        (
+            admin,
+            same(),
+            "lock=lock-1&confirm=yes".to_owned(),
+            403,
+            "form token",
+        ),
+        (
+            admin,
+            same(),
+            format!("token={token}&lock=lock-1"),
+            400,
+            "confirm",
+        ),
+        // The reader's own token, same origin, confirmed: the grant is missing.
+        (
+            READER,
+            same(),
+            format!("token={}&lock=lock-1&confirm=yes", "x"),
+            403,
+            "form token",
+        ),
+    ];
+    for (user, headers, body, status, why) in refusals {
+        let (got, text) = post(user, &unlock, headers.clone(), body.clone()).await;
+        assert_eq!(got, status, "{headers:?} {body}: {text}");
+        assert!(text.contains(why), "{text}");
+    }
+    // A reader who computes their own token is still refused by the service.
+    let reader_token = {
+        // The same derivation a page would carry: only the admin page shows it, so a reader posts
+        // with a token taken from an admin page of their own making; the grant check refuses.
+        token_for(READER)
+    };
+    let (got, text) = post(
+        READER,
+        &unlock,
+        same(),
+        format!("token={reader_token}&lock=lock-1&confirm=yes"),
+    )
+    .await;
+    assert_eq!(got, 403, "{text}");
+    assert!(text.contains("needs the"), "{text}");
+    let (got, text) = post(
+        READER,
+        &format!("/ui/restore/{PROD}"),
+        same(),
+        format!("token={reader_token}&version=1&confirm=yes"),
+    )
+    .await;
+    assert_eq!(got, 403, "{text}");
+    let held = f.admin.send("GET", &format!("/locks/{PROD}"), None).await;
+    assert_eq!(held.status, 200, "the lock is still held");
+    let list: Value =
+        serde_json::from_str(&f.admin.send("GET", "/states", None).await.body).expect("JSON");
+    assert_eq!(list[3]["serial"], 3, "nothing restored: {list}");
+
+    // The same form, same origin, admin, token, confirmed: released.
+    let (got, _) = post(admin, &unlock, same(), form(&token)).await;
+    assert_eq!(got, 303);
+    assert_eq!(
+        f.admin
+            .send("GET", &format!("/locks/{PROD}"), None)
+            .await
+            .status,
+        404
+    );
+}
+
+/// The form token the console derives for `user` (as the server does: HMAC of the user name
+/// keyed by the password).
+fn token_for(user: (&str, &str)) -> String {
+    use hmac::{Hmac, Mac};
+    let mut mac = <Hmac<sha2::Sha256> as Mac>::new_from_slice(user.1.as_bytes()).expect("any key");
+    mac.update(b"gitstate console form\0");
+    mac.update(user.0.as_bytes());
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(mac.finalize().into_bytes())
+}
+
+// ---------------------------------------------------------------------------------------------
+// The browser.
+
+const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
+
+/// chromedriver on a loopback port, killed on drop.
+struct Driver {
+    url: String,
+    http: reqwest::Client,
+    _child: tokio::process::Child,
+}
+
+/// One browser session (its own profile directory).
+struct Browser<'a> {
+    driver: &'a Driver,
+    session: String,
+    _profile: tempfile::TempDir,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+impl Driver {
+    async fn start() -> Self {
+        for tool in ["chromium", "chromedriver"] {
+            let found = std::process::Command::new(tool).arg("--version").output();
+            assert!(
+                found.is_ok_and(|o| o.status.success()),
+                "{tool} is missing: the console test needs a real browser. Install it with \
+                 `apt-get install -y chromium chromium-driver` (as root)"
+            );
+        }
+        let port = free_port();
+        let child = tokio::process::Command::new("chromedriver")
+            .arg(format!("--port={port}"))
+            .arg("--allowed-ips=127.0.0.1")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("chromedriver starts");
+        let driver = Self {
+            url: format!("http://127.0.0.1:{port}"),
+            http: reqwest::Client::new(),
+            _child: child,
+        };
+        for _ in 0..200 {
+            if let Ok(r) = driver
+                .http
+                .get(format!("{}/status", driver.url))
+                .send()
+                .await
+                && r.status().is_success()
+            {
+                return driver;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("chromedriver did not start");
+    }
+
+    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
+        match self.try_call(method, path, body).await {
+            Ok(value) => value,
+            Err(error) => panic!("{error}"),
+        }
+    }
+
+    async fn try_call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<Value, String> {
+        let mut request = self.http.request(method, format!("{}{path}", self.url));
+        if let Some(body) = body {
+            request = request
+                .header("content-type", "application/json")
+                .body(body.to_string());
+        }
+        let response = request.send().await.expect("chromedriver answers");
+        let status = response.status();
+        let text = response.text().await.expect("chromedriver's answer");
+        let value: Value = serde_json::from_str(&text).expect("JSON from chromedriver");
+        if status.is_success() {
+            Ok(value["value"].clone())
+        } else {
+            Err(format!("WebDriver {path}: {value}"))
+        }
+    }
+
+    async fn browser(&self, width: u32, height: u32) -> Browser<'_> {
+        let profile = tempfile::tempdir().expect("tempdir");
+        let args = [
+            "--headless".to_owned(),
+            "--no-sandbox".to_owned(),
+            "--disable-gpu".to_owned(),
+            "--disable-dev-shm-usage".to_owned(),
+            "--disable-background-networking".to_owned(),
+            "--disable-component-update".to_owned(),
+            "--disable-sync".to_owned(),
+            "--no-first-run".to_owned(),
+            "--hide-scrollbars".to_owned(),
+            format!("--window-size={width},{height}"),
+            format!("--user-data-dir={}", profile.path().display()),
+        ];
+        let mut options = json!({"binary": "/usr/bin/chromium", "args": args});
+        if width < 500 {
+            // A window cannot be narrower than 500 px: emulate a phone's screen instead.
+            options["mobileEmulation"] =
+                json!({"deviceMetrics": {"width": width, "height": height, "pixelRatio": 1.0}});
+        }
+        let caps = json!({"capabilities": {"alwaysMatch": {
+            "browserName": "chrome",
+            "goog:chromeOptions": options
+        }}});
+        let session = self
+            .call(reqwest::Method::POST, "/session", Some(caps))
+            .await;
+        Browser {
+            driver: self,
+            session: session["sessionId"].as_str().expect("a session").to_owned(),
+            _profile: profile,
+        }
+    }
+}
+
+impl Browser<'_> {
+    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
+        self.driver
+            .call(method, &format!("/session/{}{path}", self.session), body)
+            .await
+    }
+
+    async fn go(&self, url: &str) {
+        self.call(reqwest::Method::POST, "/url", Some(json!({"url": url})))
+            .await;
+    }
+
+    /// The URL once it ends with `suffix` (navigation after a click may still be under way).
+    async fn wait_url(&self, suffix: &str) -> String {
+        let mut url = String::new();
+        for _ in 0..100 {
+            url = self.url().await;
+            if url.ends_with(suffix) {
+                return url;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!(
+            "still at {url}, not at …{suffix}: {}",
+            self.text("body").await
+        );
+    }
+
+    async fn url(&self) -> String {
+        self.call(reqwest::Method::GET, "/url", None)
+            .await
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    }
+
+    async fn find_all(&self, css: &str) -> Vec<String> {
+        let found = self
+            .call(
+                reqwest::Method::POST,
+                "/elements",
+                Some(json!({"using": "css selector", "value": css})),
+            )
+            .await;
+        found
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e[ELEMENT].as_str().map(str::to_owned))
+            .collect()
+    }
+
+    async fn find(&self, css: &str) -> String {
+        let all = self.find_all(css).await;
+        assert!(
+            !all.is_empty(),
+            "no element {css} on {}: {}",
+            self.url().await,
+            self.text("body").await
+        );
+        all[0].clone()
+    }
+
+    async fn text(&self, css: &str) -> String {
+        self.texts(css).await.into_iter().next().unwrap_or_default()
+    }
+
+    /// The texts of every element matching `css`; read again if the page was replaced meanwhile
+    /// (a navigation a click started).
+    async fn texts(&self, css: &str) -> Vec<String> {
+        'again: for _ in 0..50 {
+            let mut out = Vec::new();
+            for e in self.find_all(css).await {
+                let path = format!("/session/{}/element/{e}/text", self.session);
+                match self
+                    .driver
+                    .try_call(reqwest::Method::GET, &path, None)
+                    .await
+                {
+                    Ok(text) => out.push(text.as_str().unwrap_or_default().to_owned()),
+                    Err(_) => {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue 'again;
+                    }
+                }
+            }
+            return out;
+        }
+        panic!("the elements {css} kept going stale");
+    }
+
+    async fn click(&self, css: &str) {
+        let e = self.find(css).await;
+        self.call(
+            reqwest::Method::POST,
+            &format!("/element/{e}/click"),
+            Some(json!({})),
+        )
+        .await;
+    }
+
+    async fn type_into(&self, css: &str, text: &str) {
+        let e = self.find(css).await;
+        self.call(
+            reqwest::Method::POST,
+            &format!("/element/{e}/clear"),
+            Some(json!({})),
+        )
+        .await;
+        self.call(
+            reqwest::Method::POST,
+            &format!("/element/{e}/value"),
+            Some(json!({"text": text})),
+        )
+        .await;
+    }
+
+    async fn source(&self) -> String {
+        self.call(reqwest::Method::GET, "/source", None)
+            .await
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    }
+
+    async fn screenshot(&self, file: &str) {
+        let png = self.call(reqwest::Method::GET, "/screenshot", None).await;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(png.as_str().expect("base64"))
+            .expect("a PNG");
+        let docs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs");
+        std::fs::create_dir_all(&docs).expect("docs/");
+        std::fs::write(docs.join(file), bytes).expect("screenshot written");
+    }
+
+    async fn close(self) {
+        self.call(reqwest::Method::DELETE, "", None).await;
+    }
+}
+
+/// The base URL with credentials, as a user types it (the browser keeps them for the origin).
+fn with_credentials(base: &str, user: (&str, &str)) -> String {
+    base.replacen("http://", &format!("http://{}:{}@", user.0, user.1), 1)
+}
+
+fn assert_no_values(html: &str) {
+    assert!(!html.contains("SECRET-"), "a page shows a value: {html}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_in_a_real_browser() {
+    let f = fixture().await;
+    let driver = Driver::start().await;
+    let base = f.backend.url.clone();
+
+    // --- As admin: the list, the filter, a state, a version's changes.
+    let admin = driver.browser(1200, 900).await;
+    admin
+        .go(&format!(
+            "{}/ui/",
+            with_credentials(&base, (TEST_USER, TEST_PASSWORD))
+        ))
+        .await;
+    assert_eq!(admin.text("h1").await, "States");
+    assert_eq!(
+        admin.texts("table.states tbody th").await,
+        [
+            "app/web.tfstate",
+            "net/dev.tfstate",
+            "net/foreign.tfstate",
+            PROD
+        ]
+    );
+    let prod_row = admin.text("table.states tbody tr:nth-child(4)").await;
+    assert!(
+        prod_row.contains("Locked") && prod_row.contains("lock-1") && prod_row.contains(TEST_USER),
+        "{prod_row}"
+    );
+    assert!(
+        admin
+            .text("table.states tbody tr:nth-child(3)")
+            .await
+            .contains('7'),
+        "foreign serial"
+    );
+    // The stylesheet came from the binary and applied (CSP allows 'self' only).
+    let header_colour = admin
+        .call(
+            reqwest::Method::GET,
+            &format!(
+                "/element/{}/css/background-color",
+                admin.find("header.top").await
+            ),
+            None,
+        )
+        .await;
+    assert_eq!(header_colour, "rgba(36, 41, 47, 1)", "style.css applied");
+    assert_no_values(&admin.source().await);
+    admin.screenshot("console-list.png").await;
+
+    admin.type_into("#q", "prod").await;
+    admin.click("form.filter button").await;
+    admin.wait_url("/ui/?q=prod").await;
+    assert_eq!(admin.texts("table.states tbody th").await, [PROD]);
+    assert!(admin.text("#count").await.starts_with("1 of 4 states"));
+
+    admin.click("table.states tbody th a").await;
+    admin.wait_url(&format!("/ui/states/{PROD}")).await;
+    assert_eq!(admin.text("h1").await, PROD);
+    let versions = admin.texts("ol.versions > li h3").await;
+    assert_eq!(versions, ["Serial 3", "Serial 2", "Serial 1"]);
+    let newest = admin.text("ol.versions > li:nth-child(1)").await;
+    assert!(
+        newest.contains("Removed (1)") && newest.contains("random_id.b[0]"),
+        "{newest}"
+    );
+    assert!(
+        newest.contains("Outputs changed (1)") && newest.contains("token"),
+        "{newest}"
+    );
+    let middle = admin.text("ol.versions > li:nth-child(2)").await;
+    assert!(
+        middle.contains("Added (1)") && middle.contains("random_id.b[\"blue\"]"),
+        "{middle}"
+    );
+    assert!(
+        middle.contains("Changed (1)") && middle.contains("null_resource.a"),
+        "{middle}"
+    );
+    assert!(
+        middle.contains("Outputs changed (1)") && middle.contains("endpoint"),
+        "{middle}"
+    );
+    let oldest = admin.text("ol.versions > li:nth-child(3)").await;
+    assert!(oldest.contains("Added (2)"), "{oldest}");
+    assert_eq!(
+        admin.texts("table.resources tbody td code").await,
+        ["null_resource.a", "random_id.b[\"blue\"]"]
+    );
+    assert_no_values(&admin.source().await);
+    // Tall enough to show the versions and their changes.
+    admin
+        .call(
+            reqwest::Method::POST,
+            "/window/rect",
+            Some(json!({"width": 1200, "height": 1750})),
+        )
+        .await;
+    admin.screenshot("console-state.png").await;
+
+    // --- A cross-site form (another origin the browser visits) posting to the console with
+    // the admin's ambient credentials and even the right token: 403, nothing changes.
+    let token = admin
+        .call(
+            reqwest::Method::GET,
+            &format!(
+                "/element/{}/property/value",
+                admin.find("input[name=token]").await
+            ),
+            None,
+        )
+        .await
+        .as_str()
+        .expect("token")
+        .to_owned();
+    let evil_page = format!(
+        r#"<!doctype html><title>evil</title><form method="post" action="{base}/ui/unlock/{PROD}">
+        <input type="hidden" name="token" value="{token}"><input type="hidden" name="lock" value="lock-1">
+        <input type="hidden" name="confirm" value="yes"><button id="go">win a prize</button></form>"#
+    );
+    let evil = axum::Router::new().fallback(move || {
+        let page = evil_page.clone();
+        async move { axum::response::Html(page) }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let evil_port = listener.local_addr().expect("address").port();
+    tokio::spawn(async move { axum::serve(listener, evil).await });
+    // `localhost` is another site than `127.0.0.1` for the browser.
+    admin.go(&format!("http://localhost:{evil_port}/")).await;
+    admin.click("#go").await;
+    let refused = admin.text("body").await;
+    assert!(refused.contains("cross-site request refused"), "{refused}");
+    assert_eq!(
+        f.admin
+            .send("GET", &format!("/locks/{PROD}"), None)
+            .await
+            .status,
+        200,
+        "still locked"
+    );
+
+    // --- Force-unlock through the page's own form, with its confirmation.
+    admin.go(&format!("{base}/ui/states/{PROD}")).await;
+    admin.click("#force-unlock").await;
+    // The confirmation box is required: the browser does not submit without it.
+    assert!(admin.url().await.ends_with(&format!("/ui/states/{PROD}")));
+    assert_eq!(
+        f.admin
+            .send("GET", &format!("/locks/{PROD}"), None)
+            .await
+            .status,
+        200
+    );
+    admin.click("#confirm-unlock").await;
+    admin.click("#force-unlock").await;
+    admin.wait_url("?done=unlocked").await;
+    assert_eq!(admin.text(".notice").await, "The lock was released.");
+    assert_eq!(admin.text("#lock-heading + p").await, "Not locked.");
+    assert_eq!(
+        f.admin
+            .send("GET", &format!("/locks/{PROD}"), None)
+            .await
+            .status,
+        404
+    );
+
+    // --- Restore serial 1 through its form.
+    admin
+        .click("ol.versions > li:nth-child(3) details summary")
+        .await;
+    admin
+        .click("ol.versions > li:nth-child(3) details input[name=confirm]")
+        .await;
+    admin
+        .click("ol.versions > li:nth-child(3) details button")
+        .await;
+    admin.wait_url("?done=restored").await;
+    assert_eq!(admin.texts("ol.versions > li h3").await[0], "Serial 4");
+    let current: Value = serde_json::from_str(
+        &f.admin
+            .send("GET", &format!("/states/{PROD}"), None)
+            .await
+            .body,
+    )
+    .expect("JSON");
+    let first: Value = serde_json::from_str(&prod_versions()[0]).expect("JSON");
+    assert_eq!(
+        (current["serial"].as_u64(), &current["resources"]),
+        (Some(4), &first["resources"])
+    );
+    admin.close().await;
+
+    // --- As a reader, at phone width: the states of the grant, no controls anywhere.
+    let reader = driver.browser(390, 844).await;
+    reader
+        .go(&format!("{}/ui/", with_credentials(&base, READER)))
+        .await;
+    assert_eq!(
+        reader.texts("table.states tbody th").await,
+        ["net/dev.tfstate", "net/foreign.tfstate", PROD]
+    );
+    // Phone width: the table turns into cards, nothing wider than the screen.
+    let width = reader
+        .call(
+            reqwest::Method::POST,
+            "/execute/sync",
+            Some(json!({"script": "return document.documentElement.scrollWidth", "args": []})),
+        )
+        .await;
+    assert!(
+        width.as_u64().is_some_and(|w| w <= 390),
+        "page is {width} px wide"
+    );
+    reader.screenshot("console-phone.png").await;
+    reader.go(&format!("{base}/ui/states/{PROD}")).await;
+    assert_eq!(reader.text("h1").await, PROD);
+    assert!(
+        reader.find_all("form[method=post]").await.is_empty(),
+        "a reader sees no controls"
+    );
+    assert!(reader.find_all("details").await.is_empty());
+    assert_no_values(&reader.source().await);
+    reader.close().await;
+}
+
+/// A list by a fresh backend (cold cache): the backend, the git requests it made, the list.
+async fn cold_list(
+    server: &GitServer,
+    url: &str,
+    settings: &[(&str, &str)],
+) -> (TestBackend, Vec<String>, Value) {
+    let backend = TestBackend::start(url, settings).await;
+    server.take_requests();
+    let answer = Client::new(&backend.url).send("GET", "/states", None).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let list: Value = serde_json::from_str(&answer.body).expect("JSON");
+    assert_eq!(list.as_array().map(Vec::len), Some(20));
+    (backend, server.take_labels(), list)
+}
+
+/// Git requests of a list in a process with a cold cache, exactly: with the access file in the
+/// repository (the default) or given by the deployment, with and without locks held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cold_list_takes_at_most_three_git_requests() {
+    init_tracing();
+    let server = GitServer::start().await;
+    let url = server.create_repo("state");
+    let access = access_file(&[(TEST_USER, TEST_PASSWORD, &["admin:*"])]);
+    commit_file(&server, "state", ".gitstate/access.toml", access.as_bytes());
+    // Any GITSTATE_ACCESS* setting keeps the harness from giving the policy as text.
+    let in_repository = [("GITSTATE_ACCESS_REFRESH_SECS", "10")];
+    let from_deployment = [("GITSTATE_ACCESS", access.as_str())];
+    let writer = TestBackend::start(&url, &in_repository).await;
+    let admin = Client::new(&writer.url);
+    for i in 0..20 {
+        let body = state(i + 1, &[("null_resource", "x", None, "1")], &[]);
+        let answer = admin
+            .send(
+                "PUT",
+                &format!("/states/team-{}/s{i}.tfstate", i % 3),
+                Some(&body),
+            )
+            .await;
+        assert_eq!(answer.status, 200, "{}", answer.body);
+    }
+    // No locks: the access file's advertisement and fetch serve the list too.
+    let (_, labels, _) = cold_list(&server, &url, &in_repository).await;
+    assert_eq!(labels, ["GET refs/upload-pack", "POST upload-pack"]);
+    let (_, labels, _) = cold_list(&server, &url, &from_deployment).await;
+    assert_eq!(labels, ["GET refs/upload-pack", "POST upload-pack"]);
+
+    // Locks held: one more fetch brings every lock commit at once.
+    assert_eq!(admin.lock("team-0/s0.tfstate", "l-0").await.status, 200);
+    assert_eq!(admin.lock("team-1/s1.tfstate", "l-1").await.status, 200);
+    let (warm, labels, list) = cold_list(&server, &url, &in_repository).await;
+    assert_eq!(
+        labels,
+        [
+            "GET refs/upload-pack",
+            "POST upload-pack",
+            "POST upload-pack"
+        ]
+    );
+    assert_eq!(list[0]["lock"]["id"], "l-0");
+    let (_, labels, _) = cold_list(&server, &url, &from_deployment).await;
+    assert_eq!(
+        labels,
+        ["GET refs/upload-pack", "POST upload-pack"],
+        "tip and locks in one fetch"
+    );
+
+    // Warm, nothing changed: one advertisement (after the second an advertisement is trusted).
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    server.take_requests();
+    let answer = Client::new(&warm.url).send("GET", "/states", None).await;
+    assert_eq!(answer.status, 200);
+    assert_eq!(server.take_labels(), ["GET refs/upload-pack"]);
+}
+
+/// The console through the Lambda runtime's own request conversion: a Function URL event (the
+/// shape of `events/`) for the list page, and the force-unlock form posted as a browser on the
+/// Function URL's origin posts it (base64 body, as Function URLs deliver form posts).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_through_function_url_events() {
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+    let f = fixture().await;
+    let cache = tempfile::tempdir().expect("tempdir");
+    let access = access_file(&[(TEST_USER, TEST_PASSWORD, &["admin:*"])]);
+    let router = gitstate_tests::app(&gitstate_tests::settings_for(
+        &f.server.url("state"),
+        cache.path(),
+        &[("GITSTATE_ACCESS", &access)],
+    ));
+    let template: Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../events/force-unlock.json"
+        ))
+        .expect("event file"),
+    )
+    .expect("JSON");
+    let domain = template["headers"]["host"]
+        .as_str()
+        .expect("host")
+        .to_owned();
+    let basic = format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!("{TEST_USER}:{TEST_PASSWORD}"))
+    );
+    let event = |method: &str, path: &str, headers: &[(&str, &str)], body: Option<&str>| {
+        let mut event = template.clone();
+        event["rawPath"] = json!(path);
+        event["requestContext"]["http"]["path"] = json!(path);
+        event["requestContext"]["http"]["method"] = json!(method);
+        event["headers"]["authorization"] = json!(basic);
+        for (k, v) in headers {
+            event["headers"][*k] = json!(v);
+        }
+        if let Some(body) = body {
+            event["body"] = json!(base64::engine::general_purpose::STANDARD.encode(body));
+            event["isBase64Encoded"] = json!(true);
+        }
+        lambda_http::request::from_str(&event.to_string()).expect("lambda_http accepts it")
+    };
+    let send = |request: lambda_http::Request| {
+        let router = router.clone();
+        async move {
+            let response = router.oneshot(request).await.expect("router answers");
+            let status = response.status().as_u16();
+            let location = response
+                .headers()
+                .get("location")
+                .map(|l| l.to_str().unwrap_or_default().to_owned());
+            let body = response
+                .into_body()
+                .collect()
+                .await
+                .expect("body")
+                .to_bytes();
+            (
+                status,
+                location,
+                String::from_utf8_lossy(&body).into_owned(),
+            )
+        }
+    };
+    let (status, _, page) = send(event("GET", "/ui/", &[], None)).await;
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains(PROD) && page.contains("lock-1"), "{page}");
+    let (status, _, page) = send(event("GET", &format!("/ui/states/{PROD}"), &[], None)).await;
+    assert_eq!(status, 200);
+    let token = token_for((TEST_USER, TEST_PASSWORD));
+    assert!(
+        page.contains(&token),
+        "the page carries the same token in every container"
+    );
+    let form = format!("token={token}&lock=lock-1&confirm=yes");
+    let headers = [
+        ("origin", format!("https://{domain}")),
+        ("sec-fetch-site", "same-origin".to_owned()),
+        (
+            "content-type",
+            "application/x-www-form-urlencoded".to_owned(),
+        ),
+    ];
+    let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let cross: Vec<(&str, &str)> = vec![("origin", "https://evil.example"), headers[2]];
+    let (status, _, _) = send(event(
+        "POST",
+        &format!("/ui/unlock/{PROD}"),
+        &cross,
+        Some(&form),
+    ))
+    .await;
+    assert_eq!(status, 403);
+    let (status, location, body) = send(event(
+        "POST",
+        &format!("/ui/unlock/{PROD}"),
+        &headers,
+        Some(&form),
+    ))
+    .await;
+    assert_eq!(status, 303, "{body}");
+    assert_eq!(
+        location.as_deref(),
+        Some(format!("/ui/states/{PROD}?done=unlocked").as_str())
+    );
+    assert_eq!(
+        f.admin
+            .send("GET", &format!("/locks/{PROD}"), None)
+            .await
+            .status,
+        404
+    );
+}
