@@ -46,6 +46,9 @@ fn sops_file_corpus() {
 #[test]
 fn ref_name_corpus() {
     replay("ref_name", checks::ref_name);
+}
+
+#[test]
 fn kms_arn_corpus() {
     replay("kms_arn", checks::kms_arn);
 }

@@ -237,6 +237,8 @@ impl Cache {
             walked.push('/');
         }
         Ok(None)
+    }
+
     /// The newest commit on the first-parent chain from `tip` that changed each of `paths`: one
     /// walk for all of them, descending only into subtrees that differ.
     pub fn last_changes(&self, tip: ObjectId, paths: &[String]) -> Result<Latest, Error> {
@@ -450,6 +452,8 @@ fn first_file(repo: &gix::Repository, tree: ObjectId, dir: &str) -> Result<Optio
         }
     }
     Ok(None)
+}
+
 /// The blob paths that differ between two trees (either may be absent), below `prefix`.
 fn changed_paths(
     repo: &gix::Repository,
