@@ -171,6 +171,7 @@ impl ApiError {
             }
             Self::Service(S::RepositoryNotAllowed(_) | S::Forbidden(_)) => StatusCode::FORBIDDEN,
             Self::Auth(AuthError::Unauthenticated) => StatusCode::UNAUTHORIZED,
+            Self::Auth(AuthError::Throttled { .. }) => StatusCode::TOO_MANY_REQUESTS,
             Self::Auth(AuthError::Unavailable(_)) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Service(S::Exists) => StatusCode::CONFLICT,
             Self::Service(S::NoSuchVersion(_)) => StatusCode::NOT_FOUND,
@@ -257,7 +258,12 @@ impl IntoResponse for ApiError {
                 HeaderValue::from_static("Basic realm=\"gitstate\", charset=\"UTF-8\""),
             );
         }
-        if matches!(
+        if let Self::Auth(AuthError::Throttled { retry_after }) = self {
+            response.headers_mut().insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(crate::auth::retry_after_secs(retry_after)),
+            );
+        } else if matches!(
             status,
             StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT
         ) {
