@@ -5,15 +5,28 @@
 //! the text of a message, which differs between hosts.
 
 use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use base64::Engine;
 use gix::ObjectId;
-use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue};
+use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue, LOCATION};
 
 use crate::{Error, pkt};
 
 const AGENT: &str = concat!("agent=gitstate/", env!("CARGO_PKG_VERSION"));
+/// Redirects followed for the first ref advertisement (all within the repository's origin).
+const MAX_REDIRECTS: usize = 5;
+
+/// Whether `a` and `b` are URLs of the same origin: scheme, host and port (a scheme's default port
+/// counts as given), so https and http of one host are two origins.
+pub fn same_origin(a: &str, b: &str) -> bool {
+    match (reqwest::Url::parse(a), reqwest::Url::parse(b)) {
+        (Ok(a), Ok(b)) => a.origin().is_tuple() && a.origin() == b.origin(),
+        _ => false,
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Service {
@@ -163,6 +176,10 @@ pub struct SmartHttp {
     client: reqwest::Client,
     url: String,
     authorization: Option<HeaderValue>,
+    /// Where the first ref advertisement was redirected to (same origin), used from then on.
+    redirected: Mutex<Option<String>>,
+    /// Whether a ref advertisement was asked for yet: only the first may be redirected.
+    advertised: AtomicBool,
 }
 
 impl SmartHttp {
@@ -199,6 +216,9 @@ impl SmartHttp {
             }
         };
         let client = reqwest::Client::builder()
+            // Redirects are followed by hand, for the first advertisement only: see
+            // `advertisement_response`.
+            .redirect(reqwest::redirect::Policy::none())
             .timeout(timeout)
             .connect_timeout(timeout.min(Duration::from_secs(5)))
             .user_agent(AGENT.trim_start_matches("agent="))
@@ -208,7 +228,72 @@ impl SmartHttp {
             client,
             url: url.trim_end_matches('/').to_owned(),
             authorization,
+            redirected: Mutex::new(None),
+            advertised: AtomicBool::new(false),
         })
+    }
+
+    /// The repository's URL, or where its first advertisement was redirected to.
+    fn base(&self) -> String {
+        self.redirected
+            .lock()
+            .ok()
+            .and_then(|r| r.clone())
+            .unwrap_or_else(|| self.url.clone())
+    }
+
+    /// `GET info/refs?service=…`, following redirects only when this is the first advertisement
+    /// and only within the repository's origin (so never from https to http, and the credentials
+    /// never reach another host). The redirected base is used for every later request.
+    async fn advertisement_response(&self, service: Service) -> Result<reqwest::Response, Error> {
+        let first = !self.advertised.swap(true, Ordering::SeqCst);
+        let mut url = format!("{}/info/refs?service={}", self.base(), service.name());
+        for _ in 0..=MAX_REDIRECTS {
+            let response = self
+                .with_auth(self.client.get(&url))
+                .send()
+                .await
+                .map_err(Error::Http)?;
+            if !response.status().is_redirection() {
+                return Ok(response);
+            }
+            let next = response
+                .headers()
+                .get(LOCATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|location| reqwest::Url::parse(&url).ok()?.join(location).ok())
+                .ok_or_else(|| {
+                    Error::Remote("the remote redirected without a usable Location".into())
+                })?;
+            let origin = next.origin().ascii_serialization();
+            if !first {
+                return Err(Error::Remote(format!(
+                    "the remote redirected a later ref advertisement (to {origin}); only the first is followed"
+                )));
+            }
+            if !same_origin(&self.url, next.as_str()) {
+                return Err(Error::Remote(format!(
+                    "the remote redirected to another origin ({origin}); not followed, the git credentials go only to the configured repository's origin"
+                )));
+            }
+            let base = next
+                .as_str()
+                .split_once("/info/refs")
+                .map(|(base, _)| base.to_owned())
+                .ok_or_else(|| {
+                    Error::Remote(format!(
+                        "the remote redirected the ref advertisement to {origin} but not to an info/refs path"
+                    ))
+                })?;
+            tracing::info!(to = %next.path(), "following the remote's redirect of the first ref advertisement");
+            if let Ok(mut redirected) = self.redirected.lock() {
+                *redirected = Some(base);
+            }
+            url = next.into();
+        }
+        Err(Error::Remote(format!(
+            "the remote redirected more than {MAX_REDIRECTS} times"
+        )))
     }
 
     fn with_auth(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
@@ -236,9 +321,7 @@ impl SmartHttp {
 
     /// `GET info/refs?service=…`: one request.
     pub async fn advertise(&self, service: Service) -> Result<Advert, Error> {
-        let url = format!("{}/info/refs?service={}", self.url, service.name());
-        let request = self.client.get(url);
-        let response = self.with_auth(request).send().await.map_err(Error::Http)?;
+        let response = self.advertisement_response(service).await?;
         let status = response.status();
         if !status.is_success() {
             return Err(Error::Status {
@@ -294,7 +377,7 @@ impl SmartHttp {
         pkt::write(&mut body, b"done\n");
         let request = self
             .client
-            .post(format!("{}/git-upload-pack", self.url))
+            .post(format!("{}/git-upload-pack", self.base()))
             .header(CONTENT_TYPE, "application/x-git-upload-pack-request")
             .header(ACCEPT, "application/x-git-upload-pack-result")
             .body(body);
@@ -360,7 +443,7 @@ impl SmartHttp {
         }
         let request = self
             .client
-            .post(format!("{}/git-receive-pack", self.url))
+            .post(format!("{}/git-receive-pack", self.base()))
             .header(CONTENT_TYPE, "application/x-git-receive-pack-request")
             .header(ACCEPT, "application/x-git-receive-pack-result")
             .body(body);
@@ -412,6 +495,24 @@ mod tests {
         let body = advert_body(&[format!("{zero} capabilities^{{}}\0report-status\n").as_bytes()]);
         let advert = Advert::parse(&body, Service::ReceivePack).expect("valid");
         assert!(advert.refs.is_empty() && advert.has_cap("report-status"));
+    }
+
+    #[test]
+    fn origins_are_scheme_host_and_port() {
+        for (a, b, same) in [
+            ("https://h/a.git", "https://h/b.git", true),
+            ("https://h/a.git", "https://h:443/b.git", true),
+            ("https://h/a.git", "http://h/a.git", false),
+            ("https://h/a.git", "https://h:8443/a.git", false),
+            ("https://h/a.git", "https://g/a.git", false),
+            ("https://h/a.git", "https://h.evil/a.git", false),
+            ("http://127.0.0.1:1/a", "http://127.0.0.1:2/a", false),
+            ("http://127.0.0.1:1/a", "http://localhost:1/a", false),
+            ("https://h/a.git", "not a url", false),
+            ("file:///a", "file:///a", false),
+        ] {
+            assert_eq!(same_origin(a, b), same, "{a} vs {b}");
+        }
     }
 
     #[test]

@@ -45,7 +45,10 @@ pub struct StoreOptions {
     pub cache_dir: PathBuf,
     pub lock_ref_prefix: String,
     pub username: Option<String>,
+    /// Sent only to repositories of the same origin as `primary`.
     pub token: Option<Secret>,
+    /// The configured repository (`GITSTATE_REPOSITORY`).
+    pub primary: Option<String>,
     pub timeout: Duration,
 }
 
@@ -92,6 +95,7 @@ impl GitStore {
             lock_ref_prefix: settings.lock_ref_prefix.clone(),
             username: settings.git_username.clone(),
             token: settings.git_token.clone(),
+            primary: settings.repository.clone(),
             timeout: settings.git_timeout,
         };
         match &settings.repository {
@@ -121,6 +125,15 @@ impl GitStore {
         }
     }
 
+    /// The git token, for a repository of the configured repository's origin only: an allowlisted
+    /// repository on another host, port or scheme gets no credentials.
+    fn token_for(&self, repository: &str) -> Option<&str> {
+        let primary = self.options.primary.as_deref()?;
+        crate::smart::same_origin(primary, repository)
+            .then(|| self.options.token.as_ref().map(Secret::expose))
+            .flatten()
+    }
+
     fn remote(&self, at: &Location) -> Result<Arc<Remote>, Error> {
         let key = (at.repository.clone(), at.branch.as_str().to_owned());
         let mut remotes = self
@@ -138,7 +151,7 @@ impl GitStore {
                 let http = SmartHttp::new(
                     &at.repository,
                     self.options.username.as_deref(),
-                    self.options.token.as_ref().map(Secret::expose),
+                    self.token_for(&at.repository),
                     self.options.timeout,
                 )?;
                 (

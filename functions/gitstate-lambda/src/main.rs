@@ -44,10 +44,8 @@ fn init_logging() {
         .and_then(|level| level.parse::<LevelFilter>().ok())
         .unwrap_or(LevelFilter::INFO);
     // The level applies to every target, and RUST_LOG's directives refine it.
-    let configured = EnvFilter::builder().parse_lossy(format!(
-        "{level},{}",
-        var("RUST_LOG").unwrap_or_default()
-    ));
+    let configured = EnvFilter::builder()
+        .parse_lossy(format!("{level},{}", var("RUST_LOG").unwrap_or_default()));
     let format = lambda_http::tracing::subscriber::fmt::layer()
         .with_target(false)
         .without_time();
