@@ -62,6 +62,12 @@ pub struct Settings {
     pub max_body_bytes: usize,
     /// `GITSTATE_GIT_TIMEOUT_SECS`: timeout of one git HTTP request (default 20).
     pub git_timeout: Duration,
+    /// `GITSTATE_GIT_MAX_RESPONSE_BYTES`: the most a git remote may send in one answer (ref
+    /// advertisement, pack, push report; default 128 MiB); more is a 502.
+    pub git_max_response_bytes: u64,
+    /// `GITSTATE_HISTORY_MAX_DEPTH`: how many commits of the branch history paging and `?at=` may
+    /// fetch at most (default 10000).
+    pub history_max_depth: u32,
     /// `GITSTATE_REQUEST_DEADLINE_SECS`: longest time one request may take before it is answered
     /// 504 (default 50, under the Lambda's 60 s; on Lambda the invocation's own deadline, less
     /// 2 s, applies too).
@@ -260,6 +266,9 @@ impl Settings {
             )?)
             .unwrap_or(usize::MAX),
             git_timeout: Duration::from_secs(number("GITSTATE_GIT_TIMEOUT_SECS", 20)?),
+            git_max_response_bytes: number("GITSTATE_GIT_MAX_RESPONSE_BYTES", 128 << 20)?,
+            history_max_depth: u32::try_from(number("GITSTATE_HISTORY_MAX_DEPTH", 10_000)?)
+                .unwrap_or(u32::MAX),
             request_deadline: Duration::from_secs(number("GITSTATE_REQUEST_DEADLINE_SECS", 50)?),
             committer: Identity {
                 name: get("GITSTATE_COMMITTER_NAME").unwrap_or_else(|| "gitstate".into()),

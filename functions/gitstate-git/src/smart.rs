@@ -18,6 +18,8 @@ use crate::{Error, pkt};
 const AGENT: &str = concat!("agent=gitstate/", env!("CARGO_PKG_VERSION"));
 /// Redirects followed for the first ref advertisement (all within the repository's origin).
 const MAX_REDIRECTS: usize = 5;
+/// The most a remote may send in one answer unless configured otherwise.
+pub const DEFAULT_MAX_RESPONSE_BYTES: u64 = 128 << 20;
 
 /// Whether `a` and `b` are URLs of the same origin: scheme, host and port (a scheme's default port
 /// counts as given), so https and http of one host are two origins.
@@ -180,6 +182,8 @@ pub struct SmartHttp {
     redirected: Mutex<Option<String>>,
     /// Whether a ref advertisement was asked for yet: only the first may be redirected.
     advertised: AtomicBool,
+    /// The most one answer may hold; more is refused while it arrives.
+    max_response_bytes: u64,
 }
 
 impl SmartHttp {
@@ -230,7 +234,41 @@ impl SmartHttp {
             authorization,
             redirected: Mutex::new(None),
             advertised: AtomicBool::new(false),
+            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
         })
+    }
+
+    /// Refuse answers larger than `bytes` (`GITSTATE_GIT_MAX_RESPONSE_BYTES`).
+    #[must_use]
+    pub fn with_max_response_bytes(mut self, bytes: u64) -> Self {
+        self.max_response_bytes = bytes;
+        self
+    }
+
+    /// The body of `response`, refused once it passes the size limit (by its declared length at
+    /// once, else while it arrives), so a remote cannot fill memory or `/tmp`.
+    async fn read_capped(
+        &self,
+        mut response: reqwest::Response,
+        what: &'static str,
+    ) -> Result<Vec<u8>, Error> {
+        let limit = self.max_response_bytes;
+        let too_large = || {
+            Error::Remote(format!(
+                "the remote's {what} is larger than {limit} bytes (GITSTATE_GIT_MAX_RESPONSE_BYTES)"
+            ))
+        };
+        if response.content_length().is_some_and(|n| n > limit) {
+            return Err(too_large());
+        }
+        let mut body = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(Error::Http)? {
+            if (body.len() + chunk.len()) as u64 > limit {
+                return Err(too_large());
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(body)
     }
 
     /// The repository's URL, or where its first advertisement was redirected to.
@@ -316,7 +354,7 @@ impl SmartHttp {
                 what,
             });
         }
-        Ok(response.bytes().await.map_err(Error::Http)?.to_vec())
+        self.read_capped(response, what).await
     }
 
     /// `GET info/refs?service=…`: one request.
@@ -340,7 +378,7 @@ impl SmartHttp {
                 "ref advertisement has content type {content_type:?}, not {expected}"
             )));
         }
-        let body = response.bytes().await.map_err(Error::Http)?;
+        let body = self.read_capped(response, "ref advertisement").await?;
         Advert::parse(&body, service)
     }
 
@@ -357,6 +395,28 @@ impl SmartHttp {
         haves: &[ObjectId],
         depth: u32,
     ) -> Result<Vec<u8>, Error> {
+        self.fetch_with(wants, haves, haves, depth).await
+    }
+
+    /// Deepen the history behind `tip` (which the cache has) to `depth` commits: the cache's
+    /// `boundary` commits are declared shallow and `tip` had, so the server sends only the commits
+    /// past the boundary. One request.
+    pub async fn fetch_deeper(
+        &self,
+        tip: ObjectId,
+        boundary: &[ObjectId],
+        depth: u32,
+    ) -> Result<Vec<u8>, Error> {
+        self.fetch_with(&[tip], boundary, &[tip], depth).await
+    }
+
+    async fn fetch_with(
+        &self,
+        wants: &[ObjectId],
+        shallow: &[ObjectId],
+        haves: &[ObjectId],
+        depth: u32,
+    ) -> Result<Vec<u8>, Error> {
         let mut body = Vec::new();
         for (i, want) in wants.iter().enumerate() {
             let line = if i == 0 {
@@ -366,8 +426,8 @@ impl SmartHttp {
             };
             pkt::write(&mut body, line.as_bytes());
         }
-        for have in haves {
-            pkt::write(&mut body, format!("shallow {have}\n").as_bytes());
+        for commit in shallow {
+            pkt::write(&mut body, format!("shallow {commit}\n").as_bytes());
         }
         pkt::write(&mut body, format!("deepen {}\n", depth.max(1)).as_bytes());
         pkt::flush(&mut body);
