@@ -565,3 +565,42 @@ async fn deep_history_and_unknown_ids_fetch_only_what_the_answer_needs() {
         "about 100 commits (commit, tree, blob each): {distinct}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn git_answers_over_the_size_cap_are_502_with_the_reason() {
+    gitstate_tests::capture_logs();
+    let server = GitServer::start().await;
+    let url = server.create_repo("capped");
+    let ids = push_long_history(&server, "capped", 600);
+    // A cap below one ref advertisement: every request is refused while the answer arrives.
+    let tiny = TestBackend::start(&url, &[("GITSTATE_GIT_MAX_RESPONSE_BYTES", "100")]).await;
+    let answer = Client::new(&tiny.url)
+        .send("GET", "/states/s.tfstate", None)
+        .await;
+    assert_eq!(answer.status, 502, "{}", answer.body);
+    assert!(
+        gitstate_tests::captured_logs()
+            .contains("the remote's ref advertisement is larger than 100 bytes"),
+        "the log names the cap"
+    );
+    // A cap that a depth-1 read fits in but a deep history pack does not.
+    let capped = TestBackend::start(&url, &[("GITSTATE_GIT_MAX_RESPONSE_BYTES", "20000")]).await;
+    let c = Client::new(&capped.url);
+    let read = c.send("GET", "/states/s.tfstate", None).await;
+    assert_eq!(read.status, 200, "{}", read.body);
+    let deep = c
+        .send("GET", &format!("/history/s.tfstate?at={}", ids[10]), None)
+        .await;
+    assert_eq!(deep.status, 502, "{}", deep.body);
+    assert!(
+        gitstate_tests::captured_logs().contains("the remote's fetch is larger than 20000 bytes"),
+        "the log names the cap"
+    );
+    let (_, _, bytes) = cache_objects(capped.cache.path());
+    assert!(
+        bytes < 20_000,
+        "nothing over the cap was stored: {bytes} pack bytes"
+    );
+    // The state still reads: the refused answer changed nothing.
+    assert_eq!(c.send("GET", "/states/s.tfstate", None).await.status, 200);
+}
