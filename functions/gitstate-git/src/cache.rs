@@ -116,6 +116,12 @@ impl Cache {
         Ok(self.repo()?.has_object(id))
     }
 
+    /// Whether `id` is a commit the cache holds.
+    pub fn is_commit(&self, id: ObjectId) -> Result<bool, Error> {
+        let repo = self.repo()?;
+        Ok(repo.has_object(id) && repo.find_header(id)?.kind() == Kind::Commit)
+    }
+
     /// The content of `path` in the tree of `commit`, or `None` if the path does not exist.
     pub fn read_path(&self, commit: ObjectId, path: &str) -> Result<Option<Vec<u8>>, Error> {
         let repo = self.repo()?;

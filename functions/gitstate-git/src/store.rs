@@ -309,13 +309,14 @@ impl Remote {
         .await
     }
 
-    /// Fetch `commit` alone (depth 1): refused by the remote when no ref reaches it.
-    async fn fetch_one(&self, commit: ObjectId) -> Result<(), Error> {
+    /// Fetch `commit` alone (depth 1), given the cache has `tip`: refused by the remote when no
+    /// ref reaches it; what `tip`'s tree shares with it is not sent.
+    async fn fetch_one(&self, commit: ObjectId, tip: ObjectId) -> Result<(), Error> {
         let Transport::Http(http) = &self.transport else {
             return Ok(());
         };
         let _one_fetch_at_a_time = self.fetching.lock().await;
-        let pack = http.fetch(&[commit], &[]).await?;
+        let pack = http.fetch(&[commit], &[tip]).await?;
         let cache = self.cache.clone();
         blocking(move || {
             pack::index_into(cache.git_dir(), &pack)?;
@@ -752,7 +753,7 @@ impl GitStore {
             return Ok(false);
         };
         if remote.is_cache() && !remote.cache.has(commit)? {
-            match remote.fetch_one(commit).await {
+            match remote.fetch_one(commit, tip).await {
                 Ok(()) => {}
                 Err(Error::Remote(why)) => {
                     tracing::info!(%commit, "the remote has no such commit: {why}");
@@ -760,6 +761,10 @@ impl GitStore {
                 }
                 Err(other) => return Err(other),
             }
+        }
+        if !remote.cache.is_commit(commit)? {
+            // A tree or blob id (or nothing at all): no revision.
+            return Ok(false);
         }
         let max = self.options.max_history_depth;
         let mut depth = FIRST_HISTORY_DEPTH.min(max);
