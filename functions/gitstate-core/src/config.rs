@@ -385,9 +385,29 @@ mod tests {
             [("GITSTATE_LISTEN", "nowhere")],
             [("GITSTATE_ENCRYPTION", "enforced")],
             [("GITSTATE_ENCRYPTION", "sometimes")],
+            [("GITSTATE_HISTORY_MAX_DEPTH", "0")],
+            [("GITSTATE_GIT_MAX_RESPONSE_BYTES", "lots")],
         ] {
             assert!(settings(Runtime::Local, &vars).is_err(), "{vars:?}");
         }
+    }
+
+    #[test]
+    fn bounds_on_git_work() {
+        let s = settings(Runtime::Local, &[]).expect("defaults");
+        assert_eq!(
+            (s.history_max_depth, s.git_max_response_bytes),
+            (10_000, 128 << 20)
+        );
+        let s = settings(
+            Runtime::Local,
+            &[
+                ("GITSTATE_HISTORY_MAX_DEPTH", "100"),
+                ("GITSTATE_GIT_MAX_RESPONSE_BYTES", "4096"),
+            ],
+        )
+        .expect("valid");
+        assert_eq!((s.history_max_depth, s.git_max_response_bytes), (100, 4096));
     }
 
     #[test]
