@@ -512,3 +512,162 @@ async fn the_access_file_lives_in_the_repository_and_changes_by_commit() {
     assert_eq!(log.trim(), WRITER.0);
     assert_no_secret_logged();
 }
+
+/// A verifier that holds every argon2 call until the gate opens, counting calls and how many run
+/// at once: evidence of the concurrency limit without timing.
+struct Gated {
+    open: std::sync::atomic::AtomicBool,
+    calls: AtomicUsize,
+    running: AtomicUsize,
+    most_at_once: AtomicUsize,
+}
+
+impl PasswordVerifier for Gated {
+    fn verify(&self, phc: &str, secret: &[u8]) -> bool {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most_at_once.fetch_max(now, Ordering::SeqCst);
+        while !self.open.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let ok = Argon2id.verify(phc, secret);
+        self.running.fetch_sub(1, Ordering::SeqCst);
+        ok
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_random_users_from_one_address_is_429_without_argon2_and_cached_logins_pass() {
+    use rand::{Rng, SeedableRng};
+    capture_logs();
+    let server = GitServer::start().await;
+    let url = server.create_repo("flood");
+    let cache = tempfile::tempdir().expect("tempdir");
+    let settings = settings_for(
+        &url,
+        cache.path(),
+        &[(
+            "GITSTATE_ACCESS",
+            &access_file(&[(READER.0, READER.1, &["read:*"])]),
+        )],
+    );
+    let backend = gitstate_git::backend(&settings).expect("backend");
+    let verifier = Arc::new(Gated {
+        open: true.into(),
+        calls: AtomicUsize::new(0),
+        running: AtomicUsize::new(0),
+        most_at_once: AtomicUsize::new(0),
+    });
+    let access = Access::new(
+        backend.store().clone(),
+        backend.locate(None, None).expect("primary"),
+        settings.access.clone(),
+        verifier.clone(),
+    )
+    .expect("access");
+    let router = gitstate_core::http::router(
+        Arc::new(backend),
+        Arc::new(access),
+        gitstate_core::http::Limits {
+            max_body_bytes: 1 << 20,
+            max_response_bytes: None,
+            request_deadline: Duration::from_secs(120),
+        },
+    );
+    // Served with the peer address, as `gitstate serve` does: every request comes from 127.0.0.1.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let address = listener.local_addr().expect("address");
+    let _server = tokio::spawn(async move {
+        let _ = axum::serve(
+            listener,
+            router.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+        )
+        .await;
+    });
+    let client = Arc::new(Client::with_credentials(&format!("http://{address}"), None));
+    let valid = basic(READER.0, READER.1);
+    let (status, _, _) = client
+        .send_with_authorization("GET", "/states/a.tfstate", Some(&valid))
+        .await;
+    assert_eq!(status, 404, "verified once, now remembered");
+    assert_eq!(verifier.calls.load(Ordering::SeqCst), 1);
+
+    // Close the gate: the flood's first attempts hold every argon2 slot, the rest queue.
+    verifier.open.store(false, Ordering::SeqCst);
+    let slots = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    let flood_size = 300;
+    let mut names = rand::rngs::StdRng::seed_from_u64(0x5eed);
+    let mut flood = Vec::new();
+    for _ in 0..flood_size {
+        let client = client.clone();
+        let header = basic(&format!("u{:016x}", names.random::<u64>()), "guess");
+        flood.push(tokio::spawn(async move {
+            client
+                .send_with_authorization("GET", "/states/a.tfstate", Some(&header))
+                .await
+        }));
+    }
+    let waiting = Instant::now();
+    while verifier.running.load(Ordering::SeqCst) < slots {
+        assert!(
+            waiting.elapsed() < Duration::from_secs(60),
+            "the flood reaches argon2"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Every slot is taken and the gate is shut: a remembered credential must not need one.
+    let (status, _, _) = client
+        .send_with_authorization("GET", "/states/a.tfstate", Some(&valid))
+        .await;
+    assert_eq!(
+        status, 404,
+        "a remembered credential is served during the flood"
+    );
+    assert_eq!(verifier.running.load(Ordering::SeqCst), slots);
+    verifier.open.store(true, Ordering::SeqCst);
+
+    let (mut refused, mut failed) = (0, 0);
+    let mut bodies = std::collections::BTreeSet::new();
+    for answer in flood {
+        let (status, headers, body) = answer.await.expect("request task");
+        match status {
+            429 => {
+                let wait: u64 = headers
+                    .get("retry-after")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse().ok())
+                    .expect("a 429 says when to retry, in seconds");
+                assert!((1..=60).contains(&wait), "{wait}");
+                refused += 1;
+            }
+            401 => failed += 1,
+            other => panic!("unexpected {other}: {body}"),
+        }
+        bodies.insert((status, body));
+    }
+    let argon2_runs = verifier.calls.load(Ordering::SeqCst) - 1;
+    println!(
+        "flood of {flood_size} from one address, {slots} argon2 slots: {failed} x 401 (argon2 ran {argon2_runs} times, at most {} at once), {refused} x 429 without argon2",
+        verifier.most_at_once.load(Ordering::SeqCst)
+    );
+    assert_eq!(failed, argon2_runs, "every 401 ran argon2 once, no 429 did");
+    let budget = gitstate_core::auth::FREE_ADDRESS_FAILURES as usize;
+    assert!(
+        argon2_runs <= budget + slots,
+        "argon2 ran {argon2_runs} times for a budget of {budget} and {slots} slots"
+    );
+    assert_eq!(refused, flood_size - argon2_runs);
+    assert!(verifier.most_at_once.load(Ordering::SeqCst) <= slots);
+    assert_eq!(bodies.len(), 2, "one 401 and one 429 answer: {bodies:?}");
+
+    // A known user with the wrong password gets the same 429 as the random names.
+    let (status, _, body) = client
+        .send_with_authorization("GET", "/states/a.tfstate", Some(&basic(READER.0, "wrong")))
+        .await;
+    assert_eq!(status, 429);
+    assert!(bodies.contains(&(429, body)));
+    assert_eq!(verifier.calls.load(Ordering::SeqCst), argon2_runs + 1);
+    assert_no_secret_logged();
+}

@@ -380,3 +380,249 @@ async fn large_states_round_trip_or_are_refused_with_a_reason() {
     let still = c.send("GET", "/states/big.tfstate", None).await;
     assert!(still.body == state);
 }
+
+/// Push `count` versions of `s.tfstate` (serials 1..=count, one commit each) to `repo` with git
+/// fast-import (fast); returns the commit ids, oldest first.
+fn push_long_history(server: &GitServer, repo: &str, count: u64) -> Vec<String> {
+    use std::io::Write as _;
+    let work = tempfile::tempdir().expect("tempdir");
+    let dir = work.path().join("long.git");
+    let dir_str = dir.to_str().expect("utf-8");
+    git(&["init", "-q", "--bare", dir_str], None);
+    let mut stream = Vec::new();
+    for serial in 1..=count {
+        let state = state_json("long", serial);
+        let message = format!("state {serial}");
+        write!(
+            stream,
+            "commit refs/heads/main\nmark :{serial}\ncommitter T <t@example.com> {} +0000\ndata {}\n{message}\nM 644 inline s.tfstate\ndata {}\n{state}\n",
+            1_700_000_000 + serial,
+            message.len(),
+            state.len()
+        )
+        .expect("write");
+    }
+    let mut child = std::process::Command::new("git")
+        .args(["fast-import", "--quiet", "--export-marks=marks"])
+        .current_dir(&dir)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("git fast-import");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(&stream)
+        .expect("stream");
+    assert!(child.wait().expect("fast-import").success());
+    git(
+        &["push", "-q", &server.url_with_credentials(repo), "main"],
+        Some(&dir),
+    );
+    let marks = std::fs::read_to_string(dir.join("marks")).expect("marks");
+    let mut ids: Vec<(u64, String)> = marks
+        .lines()
+        .filter_map(|l| {
+            let (mark, id) = l.split_once(' ')?;
+            Some((mark.trim_start_matches(':').parse().ok()?, id.to_owned()))
+        })
+        .collect();
+    ids.sort();
+    ids.into_iter().map(|(_, id)| id).collect()
+}
+
+/// Objects in the cache's packs (counting one sent twice twice), distinct objects, pack bytes.
+fn cache_objects(cache: &std::path::Path) -> (usize, usize, u64) {
+    let mut repos = Vec::new();
+    let mut pending = vec![cache.to_owned()];
+    while let Some(dir) = pending.pop() {
+        if dir.join("HEAD").is_file() && dir.join("objects").is_dir() {
+            repos.push(dir.clone());
+        }
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                pending.push(entry.path());
+            }
+        }
+    }
+    let (mut in_packs, mut distinct, mut bytes) = (0, 0, 0);
+    for repo in repos {
+        for entry in std::fs::read_dir(repo.join("objects/pack"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let path = entry.path();
+            match path.extension().and_then(|e| e.to_str()) {
+                Some("pack") => bytes += entry.metadata().expect("metadata").len(),
+                Some("idx") => {
+                    let out = std::process::Command::new("git")
+                        .arg("show-index")
+                        .stdin(std::fs::File::open(&path).expect("idx"))
+                        .output()
+                        .expect("git show-index");
+                    in_packs += String::from_utf8_lossy(&out.stdout).lines().count();
+                }
+                _ => {}
+            }
+        }
+        let all = git(
+            &[
+                "cat-file",
+                "--batch-all-objects",
+                "--batch-check=%(objectname)",
+            ],
+            Some(&repo),
+        );
+        distinct += all.lines().count();
+    }
+    (in_packs, distinct, bytes)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deep_history_and_unknown_ids_fetch_only_what_the_answer_needs() {
+    const VERSIONS: u64 = 2000;
+    let server = GitServer::start().await;
+    let url = server.create_repo("long");
+    let ids = push_long_history(&server, "long", VERSIONS);
+    let backend = TestBackend::start(&url, &[]).await;
+    let c = Client::new(&backend.url);
+    assert_eq!(c.send("GET", "/states/s.tfstate", None).await.status, 200);
+    server.take_labels();
+    let (_, _, shallow_bytes) = cache_objects(backend.cache.path());
+
+    // An id no ref reaches: 404 after one advertisement and one small fetch, nothing deepened.
+    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(2000);
+    for _ in 0..3 {
+        let unknown: String = (0..40)
+            .map(|_| char::from_digit(rand::Rng::random_range(&mut rng, 0..16), 16).expect("hex"))
+            .collect();
+        let answer = c
+            .send("GET", &format!("/history/s.tfstate?at={unknown}"), None)
+            .await;
+        assert_eq!(answer.status, 404, "{}", answer.body);
+        let labels = server.take_labels();
+        assert!(
+            labels.len() <= 2,
+            "an unknown id costs one advertisement and one refused fetch: {labels:?}"
+        );
+    }
+    let (_, _, after_unknown) = cache_objects(backend.cache.path());
+    assert_eq!(
+        after_unknown, shallow_bytes,
+        "nothing was fetched for unknown ids"
+    );
+
+    // A revision 1,000 commits deep: deepened step by step, each fetch only what lies past the
+    // cache's boundary (no object arrives twice).
+    let deep = &ids[999];
+    let answer = c
+        .send("GET", &format!("/history/s.tfstate?at={deep}"), None)
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(answer.body, state_json("long", 1000));
+    let labels = server.take_labels();
+    let (in_packs, distinct, bytes) = cache_objects(backend.cache.path());
+    println!(
+        "?at= 1000 commits deep: {} requests, {in_packs} objects in packs for {distinct} distinct, {bytes} pack bytes",
+        labels.len()
+    );
+    assert!(labels.len() <= 8, "{labels:?}");
+    assert!(
+        in_packs <= distinct + distinct / 20,
+        "deepening re-sent what the cache had: {in_packs} objects in packs, {distinct} distinct"
+    );
+    assert!(
+        distinct < 3 * 1100,
+        "no more than the answer needs: {distinct} objects"
+    );
+
+    // A maximum depth: with GITSTATE_HISTORY_MAX_DEPTH=100, an id past it is 404 and the
+    // history lists no further, having fetched about 100 commits.
+    let bounded = TestBackend::start(&url, &[("GITSTATE_HISTORY_MAX_DEPTH", "100")]).await;
+    let b = Client::new(&bounded.url);
+    server.take_labels();
+    let old = &ids[10];
+    let answer = b
+        .send("GET", &format!("/history/s.tfstate?at={old}"), None)
+        .await;
+    assert_eq!(answer.status, 404, "{}", answer.body);
+    let page = json(
+        &b.send("GET", "/history/s.tfstate?per_page=100&page=3", None)
+            .await
+            .body,
+    );
+    assert_eq!(page["versions"].as_array().map(Vec::len), Some(0));
+    // Ids of the same shape that are no revision of the branch: a blob, a tree, a commit only
+    // another branch reaches. Each is 404, within the same bound.
+    let repo_dir = server.repo_dir("long");
+    let blob = git(
+        &["rev-parse", &format!("{}:s.tfstate", ids[1500])],
+        Some(&repo_dir),
+    );
+    let tree = git(
+        &["rev-parse", &format!("{}^{{tree}}", ids[1600])],
+        Some(&repo_dir),
+    );
+    let side = git(&["commit-tree", "-m", "side", tree.trim()], Some(&repo_dir));
+    git(
+        &["update-ref", "refs/heads/side", side.trim()],
+        Some(&repo_dir),
+    );
+    for other in [blob.trim(), tree.trim(), side.trim()] {
+        let answer = b
+            .send("GET", &format!("/history/s.tfstate?at={other}"), None)
+            .await;
+        assert_eq!(answer.status, 404, "{other}: {}", answer.body);
+    }
+    let labels = server.take_labels();
+    let (_, distinct, _) = cache_objects(bounded.cache.path());
+    println!(
+        "max depth 100: {} requests, {distinct} objects",
+        labels.len()
+    );
+    assert!(labels.len() <= 16, "{labels:?}");
+    assert!(
+        distinct <= 3 * 110,
+        "about 100 commits (commit, tree, blob each): {distinct}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn git_answers_over_the_size_cap_are_502_with_the_reason() {
+    gitstate_tests::capture_logs();
+    let server = GitServer::start().await;
+    let url = server.create_repo("capped");
+    let ids = push_long_history(&server, "capped", 600);
+    // A cap below one ref advertisement: every request is refused while the answer arrives.
+    let tiny = TestBackend::start(&url, &[("GITSTATE_GIT_MAX_RESPONSE_BYTES", "100")]).await;
+    let answer = Client::new(&tiny.url)
+        .send("GET", "/states/s.tfstate", None)
+        .await;
+    assert_eq!(answer.status, 502, "{}", answer.body);
+    assert!(
+        gitstate_tests::captured_logs()
+            .contains("the remote's ref advertisement is larger than 100 bytes"),
+        "the log names the cap"
+    );
+    // A cap that a depth-1 read fits in but a deep history pack does not.
+    let capped = TestBackend::start(&url, &[("GITSTATE_GIT_MAX_RESPONSE_BYTES", "20000")]).await;
+    let c = Client::new(&capped.url);
+    let read = c.send("GET", "/states/s.tfstate", None).await;
+    assert_eq!(read.status, 200, "{}", read.body);
+    let deep = c
+        .send("GET", &format!("/history/s.tfstate?at={}", ids[10]), None)
+        .await;
+    assert_eq!(deep.status, 502, "{}", deep.body);
+    assert!(
+        gitstate_tests::captured_logs().contains("the remote's fetch is larger than 20000 bytes"),
+        "the log names the cap"
+    );
+    let (_, _, bytes) = cache_objects(capped.cache.path());
+    assert!(
+        bytes < 20_000,
+        "nothing over the cap was stored: {bytes} pack bytes"
+    );
+    // The state still reads: the refused answer changed nothing.
+    assert_eq!(c.send("GET", "/states/s.tfstate", None).await.status, 200);
+}

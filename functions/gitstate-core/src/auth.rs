@@ -3,11 +3,16 @@
 //! - The policy comes from the access file in the state repository (re-read when the branch tip
 //!   changes, at most every `refresh`), or from a fixed text given at start-up, plus an optional
 //!   bootstrap administrator.
-//! - Every check of an unknown user runs argon2 against a dummy hash with the policy's own
-//!   parameters, so unknown users and wrong passwords cost the same and answer the same.
+//! - Every check of an unknown user runs argon2 against a dummy hash with the strongest
+//!   parameters of the policy, so unknown users and wrong passwords cost the same and answer the
+//!   same.
 //! - A verified credential is remembered by a keyed hash of user and secret (never the secret),
-//!   until the policy changes, so a warm process pays argon2 once per credential.
-//! - Failures are counted per user and per client address; past a few, each attempt waits.
+//!   until the policy changes, so a warm process pays argon2 once per credential. That check comes
+//!   first: a remembered credential never waits on the throttle or the argon2 limit.
+//! - Failures are counted per user and per client address; past a few, the user or address is
+//!   refused (429 + `Retry-After`) without argon2 for a while that doubles with every failure.
+//! - argon2 runs at most `available_parallelism` at a time, so a flood queues behind that limit
+//!   instead of taking every blocking thread and all the memory.
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
@@ -26,10 +31,15 @@ use crate::ports::{CommitMeta, Location, StateStore, StoreError, USER_TRAILER};
 
 /// Longest `Authorization` header looked at.
 pub const MAX_AUTHORIZATION_BYTES: usize = 4096;
-/// Failures per user or address that cost nothing extra.
-const FREE_FAILURES: u32 = 5;
-const FIRST_DELAY: Duration = Duration::from_millis(100);
-const MAX_DELAY: Duration = Duration::from_secs(4);
+/// Failures per user name that cost nothing extra.
+pub const FREE_USER_FAILURES: u32 = 5;
+/// Failures per client address that cost nothing extra: more, since several users (a CI fleet
+/// behind one NAT) may share an address.
+pub const FREE_ADDRESS_FAILURES: u32 = 20;
+/// How long a user or address is refused after its first failure over the budget; doubling with
+/// every further failure.
+const FIRST_BLOCK: Duration = Duration::from_secs(1);
+const MAX_BLOCK: Duration = Duration::from_secs(60);
 /// A failure count is forgotten after this long without a new failure.
 const FORGET_AFTER: Duration = Duration::from_secs(15 * 60);
 /// Bounds on what a process remembers, so a flood cannot grow memory without end.
@@ -69,9 +79,20 @@ pub enum AuthError {
     /// No, malformed or wrong credentials; the same for unknown users and wrong passwords.
     #[error("authentication required: send the Basic credentials of a gitstate user")]
     Unauthenticated,
+    /// Too many failures for this user name or client address: refused without argon2.
+    #[error(
+        "too many failed logins for this user name or address; retry after Retry-After seconds"
+    )]
+    Throttled { retry_after: Duration },
     /// The access file could not be read from the repository.
     #[error("the access policy could not be read")]
     Unavailable(#[source] StoreError),
+}
+
+/// Whole seconds for a `Retry-After` header: rounded up, at least 1.
+pub fn retry_after_secs(wait: Duration) -> u64 {
+    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    secs.max(1)
 }
 
 /// Why a header did not yield credentials (for the debug log only; the client sees 401).
@@ -115,15 +136,13 @@ pub fn parse_basic(header: Option<&[u8]>) -> Result<(String, Secret), BasicError
     Ok((user.to_owned(), Secret::new(password.to_owned())))
 }
 
-/// A dummy hash with the same parameters as `like`, so verifying against it costs the same.
-fn dummy_like(like: Option<&str>) -> String {
+/// A dummy hash with the strongest parameters among `hashes` (the policy's), so verifying an
+/// unknown user costs at least as much as verifying any real one.
+fn dummy_for<'a>(hashes: impl Iterator<Item = &'a str>) -> String {
     const SALT_AND_HASH: &str =
         "ZHVtbXlzYWx0ZHVtbXlzYWx0$ZHVtbXloYXNoZHVtbXloYXNoZHVtbXloYXNoZHVtbXk";
-    let params = like
-        .and_then(|phc| phc.split('$').nth(3))
-        .filter(|p| p.starts_with("m="))
-        .unwrap_or("m=19456,t=2,p=1");
-    format!("$argon2id$v=19${params}${SALT_AND_HASH}")
+    let (m, t, p) = crate::password::strongest_params(hashes);
+    format!("$argon2id$v=19$m={m},t={t},p={p}${SALT_AND_HASH}")
 }
 
 struct Loaded {
@@ -141,25 +160,35 @@ struct Throttle {
 }
 
 impl Throttle {
-    fn count(&mut self, key: &str) -> u32 {
+    fn count(&mut self, key: &str) -> (u32, Instant) {
         match self.failures.get(key) {
             Some((_, last)) if last.elapsed() > FORGET_AFTER => {
                 self.failures.remove(key);
-                0
+                (0, Instant::now())
             }
-            Some((n, _)) => *n,
-            None => 0,
+            Some(&(n, last)) => (n, last),
+            None => (0, Instant::now()),
         }
     }
 
-    fn delay(&mut self, keys: &[String]) -> Duration {
-        let worst = keys.iter().map(|k| self.count(k)).max().unwrap_or(0);
-        match worst.checked_sub(FREE_FAILURES) {
-            Some(over) => FIRST_DELAY
-                .saturating_mul(1u32 << over.min(10))
-                .min(MAX_DELAY),
-            None => Duration::ZERO,
-        }
+    /// How much longer the worst of `keys` is refused (`None`: not refused). Keys are
+    /// `user\0<name>` or `addr\0<ip>`; each has its own failure budget.
+    fn blocked(&mut self, keys: &[String]) -> Option<Duration> {
+        keys.iter()
+            .filter_map(|key| {
+                let free = if key.starts_with("addr\0") {
+                    FREE_ADDRESS_FAILURES
+                } else {
+                    FREE_USER_FAILURES
+                };
+                let (n, last) = self.count(key);
+                let over = n.checked_sub(free)?;
+                let block = FIRST_BLOCK
+                    .saturating_mul(1u32 << over.min(10))
+                    .min(MAX_BLOCK);
+                block.checked_sub(last.elapsed()).filter(|d| !d.is_zero())
+            })
+            .max()
     }
 
     fn failed(&mut self, keys: &[String]) {
@@ -194,6 +223,8 @@ pub struct Access {
     key: [u8; 32],
     loaded: Mutex<Option<Loaded>>,
     throttle: Mutex<Throttle>,
+    /// At most this many argon2 verifications at once (the machine's parallelism).
+    argon2_slots: tokio::sync::Semaphore,
 }
 
 fn poisoned<T>(_: T) -> AuthError {
@@ -225,6 +256,9 @@ impl Access {
             key: rand::random(),
             loaded: Mutex::new(None),
             throttle: Mutex::default(),
+            argon2_slots: tokio::sync::Semaphore::new(
+                std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+            ),
         };
         if let AccessSource::Text(text) = &access.options.source {
             let policy = access.complete(Policy::parse(text)?)?;
@@ -245,7 +279,7 @@ impl Access {
     }
 
     fn install(&self, file: Option<Bytes>, policy: Policy) -> (Arc<Policy>, String) {
-        let dummy = dummy_like(policy.users().next().map(|u| u.hash.as_str()));
+        let dummy = dummy_for(policy.users().map(|u| u.hash.as_str()));
         let policy = Arc::new(policy);
         if let Ok(mut loaded) = self.loaded.lock() {
             *loaded = Some(Loaded {
@@ -340,7 +374,9 @@ impl Access {
             Err(why) => {
                 tracing::info!(client = ?client, "unauthenticated request: {why}");
                 if why != BasicError::Missing {
-                    self.failed(address_key.into_iter().collect());
+                    let keys: Vec<String> = address_key.into_iter().collect();
+                    self.refuse_if_throttled(&keys, "", client)?;
+                    self.failed(keys);
                 }
                 return Err(AuthError::Unauthenticated);
             }
@@ -348,14 +384,11 @@ impl Access {
         let keys: Vec<String> = std::iter::once(format!("user\0{user}"))
             .chain(address_key)
             .collect();
-        let delay = self.throttle.lock().map_err(poisoned)?.delay(&keys);
-        if !delay.is_zero() {
-            tracing::warn!(user = %printable(&user), client = ?client, delay_ms = delay.as_millis() as u64, "slowing down repeated failures");
-            tokio::time::sleep(delay).await;
-        }
         let (policy, dummy) = self.policy().await?;
         let fingerprint = self.fingerprint(&user, &secret);
         let known = policy.user(&user);
+        // A credential verified before answers at once, whatever the throttle and the argon2
+        // queue say: a flood of bad logins cannot lock out a working client.
         if let Some(found) = known {
             let loaded = self.loaded.lock().map_err(poisoned)?;
             let cached = loaded.as_ref().is_some_and(|l| {
@@ -365,6 +398,10 @@ impl Access {
                 return Ok(Caller::new(user, found.grants.clone()));
             }
         }
+        self.refuse_if_throttled(&keys, &user, client)?;
+        let _slot = self.argon2_slots.acquire().await.map_err(poisoned)?;
+        // Checked again with the slot held: failures that finished while this one queued count.
+        self.refuse_if_throttled(&keys, &user, client)?;
         let hash = known.map_or(dummy, |u| u.hash.clone());
         let verifier = self.verifier.clone();
         let verified =
@@ -391,6 +428,22 @@ impl Access {
                 self.failed(keys);
                 Err(AuthError::Unauthenticated)
             }
+        }
+    }
+
+    /// 429 for a user name or address over its failure budget; the same whether the user exists.
+    fn refuse_if_throttled(
+        &self,
+        keys: &[String],
+        user: &str,
+        client: Option<IpAddr>,
+    ) -> Result<(), AuthError> {
+        match self.throttle.lock().map_err(poisoned)?.blocked(keys) {
+            Some(retry_after) => {
+                tracing::warn!(user = %printable(user), client = ?client, retry_after_ms = retry_after.as_millis() as u64, "refusing repeated failures");
+                Err(AuthError::Throttled { retry_after })
+            }
+            None => Ok(()),
         }
     }
 
@@ -460,6 +513,7 @@ mod tests {
     use crate::BranchName;
     use crate::password::{Argon2id, hash_secret};
     use crate::testing::MemoryStore;
+    use rand::SeedableRng as _;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     fn header(user: &str, password: &str) -> Vec<u8> {
@@ -564,23 +618,120 @@ mod tests {
         assert_eq!(count(), 4, "malformed headers are refused before argon2");
     }
 
-    #[tokio::test]
-    async fn repeated_failures_are_slowed_down() {
+    #[test]
+    fn failures_over_the_budget_block_for_a_doubling_while() {
         let mut throttle = Throttle::default();
-        let keys = vec!["user\0x".to_owned()];
-        for _ in 0..FREE_FAILURES {
-            assert_eq!(throttle.delay(&keys), Duration::ZERO);
-            throttle.failed(&keys);
+        let user = vec!["user\0x".to_owned()];
+        for _ in 0..FREE_USER_FAILURES {
+            assert_eq!(throttle.blocked(&user), None);
+            throttle.failed(&user);
         }
-        assert_eq!(throttle.delay(&keys), FIRST_DELAY);
-        throttle.failed(&keys);
-        assert_eq!(throttle.delay(&keys), FIRST_DELAY * 2);
+        let first = throttle.blocked(&user).expect("blocked");
+        assert!(first <= FIRST_BLOCK && first > FIRST_BLOCK / 2, "{first:?}");
+        throttle.failed(&user);
+        assert!(throttle.blocked(&user).expect("blocked") > FIRST_BLOCK);
         for _ in 0..20 {
-            throttle.failed(&keys);
+            throttle.failed(&user);
         }
-        assert_eq!(throttle.delay(&keys), MAX_DELAY);
-        throttle.succeeded(&keys[0]);
-        assert_eq!(throttle.delay(&keys), Duration::ZERO);
+        assert!(throttle.blocked(&user).expect("blocked") <= MAX_BLOCK);
+        throttle.succeeded(&user[0]);
+        assert_eq!(throttle.blocked(&user), None);
+        // An address has a larger budget than a user name.
+        let address = vec!["addr\x00127.0.0.1".to_owned()];
+        for _ in 0..FREE_ADDRESS_FAILURES {
+            assert_eq!(throttle.blocked(&address), None);
+            throttle.failed(&address);
+        }
+        assert!(throttle.blocked(&address).is_some());
+        assert_eq!(retry_after_secs(Duration::from_millis(1)), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1001)), 2);
+        assert_eq!(retry_after_secs(Duration::ZERO), 1);
+    }
+
+    fn access_with(text: String, verifier: Arc<dyn PasswordVerifier>) -> Access {
+        Access::new(
+            Arc::new(MemoryStore::default()),
+            location(),
+            AccessOptions {
+                source: AccessSource::Text(text),
+                bootstrap: None,
+                refresh: Duration::from_secs(10),
+            },
+            verifier,
+        )
+        .expect("valid")
+    }
+
+    #[tokio::test]
+    async fn throttled_names_and_addresses_are_429_without_argon2_but_cached_credentials_pass() {
+        let hash = hash_secret(b"right").expect("hash");
+        let text = format!("[users.alice]\nhash = \"{hash}\"\ngrants = [\"read:*\"]\n");
+        let counter = Arc::new(Counting::default());
+        let access = access_with(text, counter.clone());
+        let count = || counter.0.load(Ordering::SeqCst);
+        let client = Some(IpAddr::from([192, 0, 2, 7]));
+        access
+            .authenticate(Some(&header("alice", "right")), client)
+            .await
+            .expect("verified and remembered");
+        // Seeded: the same names every run, a fresh one each attempt (as a flood would send).
+        let mut names = rand::rngs::StdRng::seed_from_u64(12);
+        let mut throttled = 0;
+        for _ in 0..100 {
+            let user = format!("u{}", rand::Rng::random::<u64>(&mut names));
+            match access.authenticate(Some(&header(&user, "x")), client).await {
+                Err(AuthError::Throttled { retry_after }) => {
+                    assert!(retry_after <= FIRST_BLOCK);
+                    throttled += 1;
+                }
+                Err(AuthError::Unauthenticated) => {}
+                other => panic!("{:?}", other.map(|c| c.user)),
+            }
+        }
+        assert_eq!(count(), 1 + FREE_ADDRESS_FAILURES as usize);
+        assert_eq!(throttled, 100 - FREE_ADDRESS_FAILURES as usize);
+        // A known user with a wrong password answers the same 429 as an unknown one.
+        assert!(matches!(
+            access
+                .authenticate(Some(&header("alice", "wrong")), client)
+                .await,
+            Err(AuthError::Throttled { .. })
+        ));
+        assert!(matches!(
+            access.authenticate(Some(b"Basic !!"), client).await,
+            Err(AuthError::Throttled { .. })
+        ));
+        access
+            .authenticate(Some(&header("alice", "right")), client)
+            .await
+            .expect("a remembered credential passes the throttled address");
+        assert_eq!(
+            count(),
+            1 + FREE_ADDRESS_FAILURES as usize,
+            "no argon2 since"
+        );
+        // Another address and user are not affected.
+        assert!(matches!(
+            access
+                .authenticate(
+                    Some(&header("bob", "x")),
+                    Some(IpAddr::from([192, 0, 2, 8]))
+                )
+                .await,
+            Err(AuthError::Unauthenticated)
+        ));
+    }
+
+    #[test]
+    fn the_dummy_hash_has_the_strongest_parameters_of_the_policy() {
+        let weak = "$argon2id$v=19$m=19456,t=2,p=1$c29tZXNhbHQ$RdescudvJCsgt3ub+b+dWRWJTmaaJObG";
+        let strong = "$argon2id$v=19$m=65536,t=3,p=1$c29tZXNhbHQ$RdescudvJCsgt3ub+b+dWRWJTmaaJObG";
+        let dummy = dummy_for([weak, strong, weak].into_iter());
+        assert!(
+            dummy.starts_with("$argon2id$v=19$m=65536,t=3,p=1$"),
+            "{dummy}"
+        );
+        crate::password::check_phc(&dummy).expect("a well-formed hash argon2 really runs");
     }
 
     #[tokio::test]

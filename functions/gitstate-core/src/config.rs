@@ -66,6 +66,12 @@ pub struct Settings {
     pub max_body_bytes: usize,
     /// `GITSTATE_GIT_TIMEOUT_SECS`: timeout of one git HTTP request (default 20).
     pub git_timeout: Duration,
+    /// `GITSTATE_GIT_MAX_RESPONSE_BYTES`: the most a git remote may send in one answer (ref
+    /// advertisement, pack, push report; default 128 MiB); more is a 502.
+    pub git_max_response_bytes: u64,
+    /// `GITSTATE_HISTORY_MAX_DEPTH`: how many commits of the branch history paging and `?at=` may
+    /// fetch at most (default 10000).
+    pub history_max_depth: u32,
     /// `GITSTATE_REQUEST_DEADLINE_SECS`: longest time one request may take before it is answered
     /// 504 (default 50, under the Lambda's 60 s; on Lambda the invocation's own deadline, less
     /// 2 s, applies too).
@@ -291,6 +297,9 @@ impl Settings {
             )?)
             .unwrap_or(usize::MAX),
             git_timeout: Duration::from_secs(number("GITSTATE_GIT_TIMEOUT_SECS", 20)?),
+            git_max_response_bytes: number("GITSTATE_GIT_MAX_RESPONSE_BYTES", 128 << 20)?,
+            history_max_depth: u32::try_from(number("GITSTATE_HISTORY_MAX_DEPTH", 10_000)?)
+                .unwrap_or(u32::MAX),
             request_deadline: Duration::from_secs(number("GITSTATE_REQUEST_DEADLINE_SECS", 50)?),
             committer: Identity {
                 name: get("GITSTATE_COMMITTER_NAME").unwrap_or_else(|| "gitstate".into()),
@@ -445,6 +454,8 @@ mod tests {
             [("GITSTATE_ALLOWED_REFS", "main/x")],
             [("GITSTATE_ALLOWED_REFS", "env/*/x")],
             [("GITSTATE_KMS_PREVIOUS_KEY_IDS", "alias/old")],
+            [("GITSTATE_HISTORY_MAX_DEPTH", "0")],
+            [("GITSTATE_GIT_MAX_RESPONSE_BYTES", "lots")],
         ] {
             assert!(settings(Runtime::Local, &vars).is_err(), "{vars:?}");
         }
@@ -489,6 +500,24 @@ mod tests {
         .expect("refs/locks/ keeps lock refs off the branches");
         assert_eq!(s.allowed_refs.patterns().len(), 2);
         assert!(s.ref_policy().is_ok());
+    }
+
+    #[test]
+    fn bounds_on_git_work() {
+        let s = settings(Runtime::Local, &[]).expect("defaults");
+        assert_eq!(
+            (s.history_max_depth, s.git_max_response_bytes),
+            (10_000, 128 << 20)
+        );
+        let s = settings(
+            Runtime::Local,
+            &[
+                ("GITSTATE_HISTORY_MAX_DEPTH", "100"),
+                ("GITSTATE_GIT_MAX_RESPONSE_BYTES", "4096"),
+            ],
+        )
+        .expect("valid");
+        assert_eq!((s.history_max_depth, s.git_max_response_bytes), (100, 4096));
     }
 
     #[test]

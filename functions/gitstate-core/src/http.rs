@@ -217,6 +217,7 @@ impl ApiError {
                 StatusCode::FORBIDDEN
             }
             Self::Auth(AuthError::Unauthenticated) => StatusCode::UNAUTHORIZED,
+            Self::Auth(AuthError::Throttled { .. }) => StatusCode::TOO_MANY_REQUESTS,
             Self::Auth(AuthError::Unavailable(_)) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Service(S::Exists | S::Clash(_)) => StatusCode::CONFLICT,
             Self::Service(S::NoSuchVersion(_)) => StatusCode::NOT_FOUND,
@@ -309,7 +310,12 @@ impl IntoResponse for ApiError {
                 HeaderValue::from_static("Basic realm=\"gitstate\", charset=\"UTF-8\""),
             );
         }
-        if matches!(
+        if let Self::Auth(AuthError::Throttled { retry_after }) = self {
+            response.headers_mut().insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(crate::auth::retry_after_secs(retry_after)),
+            );
+        } else if matches!(
             status,
             StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT
         ) {

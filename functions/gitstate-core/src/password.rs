@@ -59,6 +59,23 @@ pub fn check_phc(phc: &str) -> Result<(), HashError> {
     Ok(())
 }
 
+/// The component-wise strongest (memory KiB, passes, lanes) among `hashes`, never below the
+/// minimum: a dummy hash with these costs at least as much to check as any of them.
+pub fn strongest_params<'a>(hashes: impl Iterator<Item = &'a str>) -> (u32, u32, u32) {
+    hashes
+        .filter_map(|phc| {
+            let hash = PasswordHash::new(phc).ok()?;
+            Params::try_from(&hash).ok()
+        })
+        .fold((MIN_MEMORY_KIB, MIN_PASSES, 1), |(m, t, p), params| {
+            (
+                m.max(params.m_cost()),
+                t.max(params.t_cost()),
+                p.max(params.p_cost()),
+            )
+        })
+}
+
 /// Hash a secret with argon2id at the minimum parameters and a fresh random salt.
 pub fn hash_secret(secret: &[u8]) -> Result<String, HashError> {
     let params = Params::new(MIN_MEMORY_KIB, MIN_PASSES, 1, None)
@@ -96,6 +113,21 @@ mod tests {
         assert!(Argon2id.verify(&phc, token.as_bytes()));
         assert!(!Argon2id.verify(&phc, b"wrong"));
         assert!(!Argon2id.verify("not a hash", token.as_bytes()));
+    }
+
+    #[test]
+    fn strongest_params_take_the_maximum_of_each() {
+        let a = "$argon2id$v=19$m=65536,t=2,p=1$c29tZXNhbHQ$RdescudvJCsgt3ub+b+dWRWJTmaaJObG";
+        let b = "$argon2id$v=19$m=19456,t=4,p=2$c29tZXNhbHQ$RdescudvJCsgt3ub+b+dWRWJTmaaJObG";
+        assert_eq!(strongest_params([a, b].into_iter()), (65536, 4, 2));
+        assert_eq!(
+            strongest_params(std::iter::empty()),
+            (MIN_MEMORY_KIB, MIN_PASSES, 1)
+        );
+        assert_eq!(
+            strongest_params(["garbage"].into_iter()),
+            (MIN_MEMORY_KIB, MIN_PASSES, 1)
+        );
     }
 
     #[test]

@@ -20,6 +20,21 @@ pub enum Walk {
     /// `walked` commits; fetch deeper and walk again.
     Shallow {
         walked: usize,
+        /// What the walk found before the boundary.
+        partial: HistoryPage,
+    },
+}
+
+/// Where a commit stands on the first-parent chain of a tip, as far as the cache knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Chain {
+    Found,
+    /// The chain is complete and the commit is not on it.
+    Absent,
+    /// The chain reaches `boundary`, whose parent the cache lacks, after `walked` commits.
+    Shallow {
+        boundary: ObjectId,
+        walked: usize,
     },
 }
 
@@ -111,6 +126,12 @@ impl Cache {
         Ok(self.repo()?.has_object(id))
     }
 
+    /// Whether `id` is a commit the cache holds.
+    pub fn is_commit(&self, id: ObjectId) -> Result<bool, Error> {
+        let repo = self.repo()?;
+        Ok(repo.has_object(id) && repo.find_header(id)?.kind() == Kind::Commit)
+    }
+
     /// The content of `path` in the tree of `commit`, or `None` if the path does not exist.
     pub fn read_path(&self, commit: ObjectId, path: &str) -> Result<Option<Vec<u8>>, Error> {
         let repo = self.repo()?;
@@ -138,17 +159,25 @@ impl Cache {
             .map(|e| e.object_id()))
     }
 
-    /// Whether the first-parent chain from `tip` reaches a root commit with nothing missing.
-    pub fn chain_complete(&self, tip: ObjectId) -> Result<bool, Error> {
+    /// Whether `commit` is on the first-parent chain from `tip`, walking no further than the cache.
+    pub fn find_on_chain(&self, tip: ObjectId, commit: ObjectId) -> Result<Chain, Error> {
         let repo = self.repo()?;
-        let mut commit = tip;
+        let mut at = tip;
+        let mut walked = 0usize;
         loop {
-            if !repo.has_object(commit) {
-                return Ok(false);
+            if at == commit {
+                return Ok(Chain::Found);
             }
-            match repo.find_commit(commit)?.parent_ids().next() {
-                Some(parent) => commit = parent.detach(),
-                None => return Ok(true),
+            walked += 1;
+            match repo.find_commit(at)?.parent_ids().next() {
+                Some(parent) if !repo.has_object(parent) => {
+                    return Ok(Chain::Shallow {
+                        boundary: at,
+                        walked,
+                    });
+                }
+                Some(parent) => at = parent.detach(),
+                None => return Ok(Chain::Absent),
             }
         }
     }
@@ -176,7 +205,10 @@ impl Cache {
                 .map(|p| p.detach());
             let parent_blob = match parent {
                 Some(parent) if !repo.has_object(parent) => {
-                    return Ok(Walk::Shallow { walked });
+                    return Ok(Walk::Shallow {
+                        walked,
+                        partial: page,
+                    });
                 }
                 Some(parent) => Self::blob_id(&repo, parent, path)?,
                 None => None,

@@ -5,15 +5,30 @@
 //! the text of a message, which differs between hosts.
 
 use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use base64::Engine;
 use gix::ObjectId;
-use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue};
+use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue, LOCATION};
 
 use crate::{Error, pkt};
 
 const AGENT: &str = concat!("agent=gitstate/", env!("CARGO_PKG_VERSION"));
+/// Redirects followed for the first ref advertisement (all within the repository's origin).
+const MAX_REDIRECTS: usize = 5;
+/// The most a remote may send in one answer unless configured otherwise.
+pub const DEFAULT_MAX_RESPONSE_BYTES: u64 = 128 << 20;
+
+/// Whether `a` and `b` are URLs of the same origin: scheme, host and port (a scheme's default port
+/// counts as given), so https and http of one host are two origins.
+pub fn same_origin(a: &str, b: &str) -> bool {
+    match (reqwest::Url::parse(a), reqwest::Url::parse(b)) {
+        (Ok(a), Ok(b)) => a.origin().is_tuple() && a.origin() == b.origin(),
+        _ => false,
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Service {
@@ -163,6 +178,12 @@ pub struct SmartHttp {
     client: reqwest::Client,
     url: String,
     authorization: Option<HeaderValue>,
+    /// Where the first ref advertisement was redirected to (same origin), used from then on.
+    redirected: Mutex<Option<String>>,
+    /// Whether a ref advertisement was asked for yet: only the first may be redirected.
+    advertised: AtomicBool,
+    /// The most one answer may hold; more is refused while it arrives.
+    max_response_bytes: u64,
 }
 
 impl SmartHttp {
@@ -199,6 +220,9 @@ impl SmartHttp {
             }
         };
         let client = reqwest::Client::builder()
+            // Redirects are followed by hand, for the first advertisement only: see
+            // `advertisement_response`.
+            .redirect(reqwest::redirect::Policy::none())
             .timeout(timeout)
             .connect_timeout(timeout.min(Duration::from_secs(5)))
             .user_agent(AGENT.trim_start_matches("agent="))
@@ -208,7 +232,106 @@ impl SmartHttp {
             client,
             url: url.trim_end_matches('/').to_owned(),
             authorization,
+            redirected: Mutex::new(None),
+            advertised: AtomicBool::new(false),
+            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
         })
+    }
+
+    /// Refuse answers larger than `bytes` (`GITSTATE_GIT_MAX_RESPONSE_BYTES`).
+    #[must_use]
+    pub fn with_max_response_bytes(mut self, bytes: u64) -> Self {
+        self.max_response_bytes = bytes;
+        self
+    }
+
+    /// The body of `response`, refused once it passes the size limit (by its declared length at
+    /// once, else while it arrives), so a remote cannot fill memory or `/tmp`.
+    async fn read_capped(
+        &self,
+        mut response: reqwest::Response,
+        what: &'static str,
+    ) -> Result<Vec<u8>, Error> {
+        let limit = self.max_response_bytes;
+        let too_large = || {
+            Error::Remote(format!(
+                "the remote's {what} is larger than {limit} bytes (GITSTATE_GIT_MAX_RESPONSE_BYTES)"
+            ))
+        };
+        if response.content_length().is_some_and(|n| n > limit) {
+            return Err(too_large());
+        }
+        let mut body = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(Error::Http)? {
+            if (body.len() + chunk.len()) as u64 > limit {
+                return Err(too_large());
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(body)
+    }
+
+    /// The repository's URL, or where its first advertisement was redirected to.
+    fn base(&self) -> String {
+        self.redirected
+            .lock()
+            .ok()
+            .and_then(|r| r.clone())
+            .unwrap_or_else(|| self.url.clone())
+    }
+
+    /// `GET info/refs?service=…`, following redirects only when this is the first advertisement
+    /// and only within the repository's origin (so never from https to http, and the credentials
+    /// never reach another host). The redirected base is used for every later request.
+    async fn advertisement_response(&self, service: Service) -> Result<reqwest::Response, Error> {
+        let first = !self.advertised.swap(true, Ordering::SeqCst);
+        let mut url = format!("{}/info/refs?service={}", self.base(), service.name());
+        for _ in 0..=MAX_REDIRECTS {
+            let response = self
+                .with_auth(self.client.get(&url))
+                .send()
+                .await
+                .map_err(Error::Http)?;
+            if !response.status().is_redirection() {
+                return Ok(response);
+            }
+            let next = response
+                .headers()
+                .get(LOCATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|location| reqwest::Url::parse(&url).ok()?.join(location).ok())
+                .ok_or_else(|| {
+                    Error::Remote("the remote redirected without a usable Location".into())
+                })?;
+            let origin = next.origin().ascii_serialization();
+            if !first {
+                return Err(Error::Remote(format!(
+                    "the remote redirected a later ref advertisement (to {origin}); only the first is followed"
+                )));
+            }
+            if !same_origin(&self.url, next.as_str()) {
+                return Err(Error::Remote(format!(
+                    "the remote redirected to another origin ({origin}); not followed, the git credentials go only to the configured repository's origin"
+                )));
+            }
+            let base = next
+                .as_str()
+                .split_once("/info/refs")
+                .map(|(base, _)| base.to_owned())
+                .ok_or_else(|| {
+                    Error::Remote(format!(
+                        "the remote redirected the ref advertisement to {origin} but not to an info/refs path"
+                    ))
+                })?;
+            tracing::info!(to = %next.path(), "following the remote's redirect of the first ref advertisement");
+            if let Ok(mut redirected) = self.redirected.lock() {
+                *redirected = Some(base);
+            }
+            url = next.into();
+        }
+        Err(Error::Remote(format!(
+            "the remote redirected more than {MAX_REDIRECTS} times"
+        )))
     }
 
     fn with_auth(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
@@ -231,14 +354,12 @@ impl SmartHttp {
                 what,
             });
         }
-        Ok(response.bytes().await.map_err(Error::Http)?.to_vec())
+        self.read_capped(response, what).await
     }
 
     /// `GET info/refs?service=…`: one request.
     pub async fn advertise(&self, service: Service) -> Result<Advert, Error> {
-        let url = format!("{}/info/refs?service={}", self.url, service.name());
-        let request = self.client.get(url);
-        let response = self.with_auth(request).send().await.map_err(Error::Http)?;
+        let response = self.advertisement_response(service).await?;
         let status = response.status();
         if !status.is_success() {
             return Err(Error::Status {
@@ -257,7 +378,7 @@ impl SmartHttp {
                 "ref advertisement has content type {content_type:?}, not {expected}"
             )));
         }
-        let body = response.bytes().await.map_err(Error::Http)?;
+        let body = self.read_capped(response, "ref advertisement").await?;
         Advert::parse(&body, service)
     }
 
@@ -274,6 +395,28 @@ impl SmartHttp {
         haves: &[ObjectId],
         depth: u32,
     ) -> Result<Vec<u8>, Error> {
+        self.fetch_with(wants, haves, haves, depth).await
+    }
+
+    /// Deepen the history behind `tip` (which the cache has) to `depth` commits: the cache's
+    /// `boundary` commits are declared shallow and `tip` had, so the server sends only the commits
+    /// past the boundary. One request.
+    pub async fn fetch_deeper(
+        &self,
+        tip: ObjectId,
+        boundary: &[ObjectId],
+        depth: u32,
+    ) -> Result<Vec<u8>, Error> {
+        self.fetch_with(&[tip], boundary, &[tip], depth).await
+    }
+
+    async fn fetch_with(
+        &self,
+        wants: &[ObjectId],
+        shallow: &[ObjectId],
+        haves: &[ObjectId],
+        depth: u32,
+    ) -> Result<Vec<u8>, Error> {
         let mut body = Vec::new();
         for (i, want) in wants.iter().enumerate() {
             let line = if i == 0 {
@@ -283,8 +426,8 @@ impl SmartHttp {
             };
             pkt::write(&mut body, line.as_bytes());
         }
-        for have in haves {
-            pkt::write(&mut body, format!("shallow {have}\n").as_bytes());
+        for commit in shallow {
+            pkt::write(&mut body, format!("shallow {commit}\n").as_bytes());
         }
         pkt::write(&mut body, format!("deepen {}\n", depth.max(1)).as_bytes());
         pkt::flush(&mut body);
@@ -294,7 +437,7 @@ impl SmartHttp {
         pkt::write(&mut body, b"done\n");
         let request = self
             .client
-            .post(format!("{}/git-upload-pack", self.url))
+            .post(format!("{}/git-upload-pack", self.base()))
             .header(CONTENT_TYPE, "application/x-git-upload-pack-request")
             .header(ACCEPT, "application/x-git-upload-pack-result")
             .body(body);
@@ -360,7 +503,7 @@ impl SmartHttp {
         }
         let request = self
             .client
-            .post(format!("{}/git-receive-pack", self.url))
+            .post(format!("{}/git-receive-pack", self.base()))
             .header(CONTENT_TYPE, "application/x-git-receive-pack-request")
             .header(ACCEPT, "application/x-git-receive-pack-result")
             .body(body);
@@ -412,6 +555,24 @@ mod tests {
         let body = advert_body(&[format!("{zero} capabilities^{{}}\0report-status\n").as_bytes()]);
         let advert = Advert::parse(&body, Service::ReceivePack).expect("valid");
         assert!(advert.refs.is_empty() && advert.has_cap("report-status"));
+    }
+
+    #[test]
+    fn origins_are_scheme_host_and_port() {
+        for (a, b, same) in [
+            ("https://h/a.git", "https://h/b.git", true),
+            ("https://h/a.git", "https://h:443/b.git", true),
+            ("https://h/a.git", "http://h/a.git", false),
+            ("https://h/a.git", "https://h:8443/a.git", false),
+            ("https://h/a.git", "https://g/a.git", false),
+            ("https://h/a.git", "https://h.evil/a.git", false),
+            ("http://127.0.0.1:1/a", "http://127.0.0.1:2/a", false),
+            ("http://127.0.0.1:1/a", "http://localhost:1/a", false),
+            ("https://h/a.git", "not a url", false),
+            ("file:///a", "file:///a", false),
+        ] {
+            assert_eq!(same_origin(a, b), same, "{a} vs {b}");
+        }
     }
 
     #[test]

@@ -25,15 +25,14 @@ use gitstate_core::refs::{Clash, branch_clash, lock_clash};
 use gitstate_core::{BranchName, LockInfo, StateName};
 
 use crate::Error;
-use crate::cache::{Cache, Latest, NewCommit, Walk};
+use crate::cache::{Cache, Chain, Latest, NewCommit, Walk};
 use crate::local::LocalRefs;
 use crate::pack;
 use crate::smart::{Advert, Command, PushReport, Service, SmartHttp};
 
 /// History is fetched this many commits deep at first, then four times deeper each time a page
-/// needs more, up to the whole history.
+/// needs more, up to [`StoreOptions::max_history_depth`].
 const FIRST_HISTORY_DEPTH: u32 = 64;
-const MAX_HISTORY_DEPTH: u32 = 1 << 24;
 
 /// How often a LOCK looks again after its tree check raced a write or its push was refused
 /// without a holder or a clashing lock to show for it.
@@ -56,8 +55,15 @@ pub struct StoreOptions {
     pub cache_dir: PathBuf,
     pub lock_ref_prefix: String,
     pub username: Option<String>,
+    /// Sent only to repositories of the same origin as `primary`.
     pub token: Option<Secret>,
+    /// The configured repository (`GITSTATE_REPOSITORY`).
+    pub primary: Option<String>,
     pub timeout: Duration,
+    /// The most one git answer may hold (`GITSTATE_GIT_MAX_RESPONSE_BYTES`).
+    pub max_response_bytes: u64,
+    /// How deep history paging and `?at=` may fetch (`GITSTATE_HISTORY_MAX_DEPTH`).
+    pub max_history_depth: u32,
 }
 
 pub struct GitStore {
@@ -108,7 +114,10 @@ impl GitStore {
             lock_ref_prefix: settings.lock_ref_prefix.clone(),
             username: settings.git_username.clone(),
             token: settings.git_token.clone(),
+            primary: settings.repository.clone(),
             timeout: settings.git_timeout,
+            max_response_bytes: settings.git_max_response_bytes,
+            max_history_depth: settings.history_max_depth,
         };
         match &settings.repository {
             Some(url) => Ok((
@@ -137,6 +146,15 @@ impl GitStore {
         }
     }
 
+    /// The git token, for a repository of the configured repository's origin only: an allowlisted
+    /// repository on another host, port or scheme gets no credentials.
+    fn token_for(&self, repository: &str) -> Option<&str> {
+        let primary = self.options.primary.as_deref()?;
+        crate::smart::same_origin(primary, repository)
+            .then(|| self.options.token.as_ref().map(Secret::expose))
+            .flatten()
+    }
+
     fn remote(&self, at: &Location) -> Result<Arc<Remote>, Error> {
         let key = (at.repository.clone(), at.branch.as_str().to_owned());
         let mut remotes = self
@@ -154,9 +172,10 @@ impl GitStore {
                 let http = SmartHttp::new(
                     &at.repository,
                     self.options.username.as_deref(),
-                    self.options.token.as_ref().map(Secret::expose),
+                    self.token_for(&at.repository),
                     self.options.timeout,
-                )?;
+                )?
+                .with_max_response_bytes(self.options.max_response_bytes);
                 (
                     Arc::new(open_cache(&self.cache_path(at))?),
                     Transport::Http(http),
@@ -384,14 +403,31 @@ impl Remote {
         }
     }
 
-    /// Fetch the history behind `tip`, `depth` commits deep.
-    async fn deepen(&self, tip: ObjectId, depth: u32) -> Result<(), Error> {
+    /// Fetch the history behind `tip`, `depth` commits deep, given the cache already holds it down
+    /// to `boundary` (only what lies past it is sent).
+    async fn deepen(&self, tip: ObjectId, boundary: ObjectId, depth: u32) -> Result<(), Error> {
         let Transport::Http(http) = &self.transport else {
             return Ok(());
         };
         let _one_fetch_at_a_time = self.fetching.lock().await;
         tracing::debug!(depth, "deepening the cache's history");
-        let pack = http.fetch_depth(&[tip], &[], depth).await?;
+        let pack = http.fetch_deeper(tip, &[boundary], depth).await?;
+        let cache = self.cache.clone();
+        blocking(move || {
+            pack::index_into(cache.git_dir(), &pack)?;
+            cache.reload()
+        })
+        .await
+    }
+
+    /// Fetch `commit` alone (depth 1), given the cache has `tip`: refused by the remote when no
+    /// ref reaches it; what `tip`'s tree shares with it is not sent.
+    async fn fetch_one(&self, commit: ObjectId, tip: ObjectId) -> Result<(), Error> {
+        let Transport::Http(http) = &self.transport else {
+            return Ok(());
+        };
+        let _one_fetch_at_a_time = self.fetching.lock().await;
+        let pack = http.fetch(&[commit], &[tip]).await?;
         let cache = self.cache.clone();
         blocking(move || {
             pack::index_into(cache.git_dir(), &pack)?;
@@ -642,7 +678,8 @@ impl StateStore for GitStore {
             return Ok(Vec::new());
         };
         let paths: Vec<String> = names.iter().map(ToString::to_string).collect();
-        let mut depth = FIRST_HISTORY_DEPTH;
+        let max = self.options.max_history_depth;
+        let mut depth = FIRST_HISTORY_DEPTH.min(max);
         loop {
             let (cache, paths) = (remote.cache.clone(), paths.clone());
             match blocking(move || cache.last_changes(tip, &paths)).await? {
@@ -652,10 +689,25 @@ impl StateStore for GitStore {
                         .filter_map(|name| Some((name.clone(), found.remove(name.as_str())?)))
                         .collect());
                 }
-                Latest::Shallow { walked } if remote.is_cache() && depth < MAX_HISTORY_DEPTH => {
-                    let walked = u32::try_from(walked).unwrap_or(MAX_HISTORY_DEPTH);
-                    depth = depth.max(walked.saturating_mul(2)).min(MAX_HISTORY_DEPTH);
-                    remote.deepen(tip, depth).await?;
+                Latest::Shallow { walked } if remote.is_cache() => {
+                    let walked = u32::try_from(walked).unwrap_or(u32::MAX);
+                    if walked >= max {
+                        // As deep as this deployment fetches: states changed only before that
+                        // are listed without a last change.
+                        tracing::info!(
+                            max,
+                            "last changes looked up as far as GITSTATE_HISTORY_MAX_DEPTH"
+                        );
+                        return Ok(Vec::new());
+                    }
+                    let cache = remote.cache.clone();
+                    let Chain::Shallow { boundary, .. } =
+                        blocking(move || cache.find_on_chain(tip, null())).await?
+                    else {
+                        return Err(Error::Corrupt("history boundary moved".into()).into());
+                    };
+                    depth = depth.max(walked.saturating_mul(2)).min(max);
+                    remote.deepen(tip, boundary, depth).await?;
                     depth = depth.saturating_mul(4);
                 }
                 Latest::Shallow { .. } => {
@@ -717,7 +769,8 @@ impl StateStore for GitStore {
         {
             return Ok(page);
         }
-        let mut depth = FIRST_HISTORY_DEPTH;
+        let max = self.options.max_history_depth;
+        let mut depth = FIRST_HISTORY_DEPTH.min(max);
         loop {
             let (cache, path) = (remote.cache.clone(), name.to_string());
             match blocking(move || cache.history(tip, &path, skip, limit)).await? {
@@ -730,10 +783,21 @@ impl StateStore for GitStore {
                     }
                     return Ok(page);
                 }
-                Walk::Shallow { walked } if remote.is_cache() && depth < MAX_HISTORY_DEPTH => {
-                    let walked = u32::try_from(walked).unwrap_or(MAX_HISTORY_DEPTH);
-                    depth = depth.max(walked.saturating_mul(2)).min(MAX_HISTORY_DEPTH);
-                    remote.deepen(tip, depth).await?;
+                Walk::Shallow { walked, partial } if remote.is_cache() => {
+                    let walked = u32::try_from(walked).unwrap_or(u32::MAX);
+                    if walked >= max {
+                        // As deep as this deployment fetches: the page ends here.
+                        tracing::info!(max, "history listed as far as GITSTATE_HISTORY_MAX_DEPTH");
+                        return Ok(partial);
+                    }
+                    let cache = remote.cache.clone();
+                    let Chain::Shallow { boundary, .. } =
+                        blocking(move || cache.find_on_chain(tip, null())).await?
+                    else {
+                        return Err(Error::Corrupt("history boundary moved".into()).into());
+                    };
+                    depth = depth.max(walked.saturating_mul(2)).min(max);
+                    remote.deepen(tip, boundary, depth).await?;
                     depth = depth.saturating_mul(4);
                 }
                 Walk::Shallow { .. } => {
@@ -753,21 +817,18 @@ impl StateStore for GitStore {
             return Ok(None);
         };
         let remote = self.remote(at)?;
-        if !remote.cache.has(commit)? {
-            // Only revisions on the branch can be asked for: deepen until it shows up.
-            let Some(tip) = self.branch_tip(&remote, at).await? else {
-                return Ok(None);
-            };
-            let mut depth = FIRST_HISTORY_DEPTH;
-            while remote.is_cache() && !remote.cache.has(commit)? {
+        // A revision on the chain of a tip this process already saw needs no git request (history
+        // pages read every revision they list this way).
+        let seen_tip = remote.recent_tip(Duration::MAX);
+        let on_seen_chain = match seen_tip {
+            Some(seen) if remote.cache.has(commit)? => {
                 let cache = remote.cache.clone();
-                if blocking(move || cache.chain_complete(tip)).await? || depth >= MAX_HISTORY_DEPTH
-                {
-                    return Ok(None);
-                }
-                remote.deepen(tip, depth).await?;
-                depth = depth.saturating_mul(4);
+                blocking(move || cache.find_on_chain(seen, commit)).await? == Chain::Found
             }
+            _ => false,
+        };
+        if !on_seen_chain && !self.find_on_branch(&remote, at, commit).await? {
+            return Ok(None);
         }
         let cache = remote.cache.clone();
         let path = name.to_string();
@@ -960,6 +1021,53 @@ enum Attempt {
 
 impl GitStore {
     /// The advertised tip of the branch, fetched into the cache.
+    /// Make the cache hold `commit` if it is on the branch's first-parent chain, fetching only what
+    /// that needs: the commit alone first (an id no ref reaches is refused by the remote, one
+    /// request), then history down to it, within [`StoreOptions::max_history_depth`].
+    /// `Ok(false)`: not on the branch (as deep as this deployment looks).
+    async fn find_on_branch(
+        &self,
+        remote: &Remote,
+        at: &Location,
+        commit: ObjectId,
+    ) -> Result<bool, Error> {
+        let Some(tip) = self.branch_tip(remote, at).await? else {
+            return Ok(false);
+        };
+        if remote.is_cache() && !remote.cache.has(commit)? {
+            match remote.fetch_one(commit, tip).await {
+                Ok(()) => {}
+                Err(Error::Remote(why)) => {
+                    tracing::info!(%commit, "the remote has no such commit: {why}");
+                    return Ok(false);
+                }
+                Err(other) => return Err(other),
+            }
+        }
+        if !remote.cache.is_commit(commit)? {
+            // A tree or blob id (or nothing at all): no revision.
+            return Ok(false);
+        }
+        let max = self.options.max_history_depth;
+        let mut depth = FIRST_HISTORY_DEPTH.min(max);
+        loop {
+            let cache = remote.cache.clone();
+            match blocking(move || cache.find_on_chain(tip, commit)).await? {
+                Chain::Found => return Ok(true),
+                Chain::Absent => return Ok(false),
+                Chain::Shallow { boundary, walked } => {
+                    let walked = u32::try_from(walked).unwrap_or(u32::MAX);
+                    if !remote.is_cache() || walked >= max {
+                        return Ok(false);
+                    }
+                    depth = depth.max(walked.saturating_mul(2)).min(max);
+                    remote.deepen(tip, boundary, depth).await?;
+                    depth = depth.saturating_mul(4);
+                }
+            }
+        }
+    }
+
     async fn branch_tip(&self, remote: &Remote, at: &Location) -> Result<Option<ObjectId>, Error> {
         let branch = at.branch.full_ref();
         let advert = remote

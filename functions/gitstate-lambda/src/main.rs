@@ -6,6 +6,8 @@ use anyhow::Context;
 use gitstate_core::config::{Runtime, Settings};
 use gitstate_core::http::{BUFFERED_RESPONSE_LIMIT, ClientAddr, Deadline, Limits, router};
 use lambda_http::request::RequestContext;
+use lambda_http::tracing::subscriber::filter::{EnvFilter, LevelFilter, Targets};
+use lambda_http::tracing::subscriber::{Layer as _, layer::SubscriberExt as _};
 use lambda_http::{Request, RequestExt};
 use tower::ServiceBuilder;
 
@@ -13,6 +15,51 @@ use tower::ServiceBuilder;
 const ANSWER_MARGIN: Duration = Duration::from_secs(2);
 /// Lambda's longest timeout.
 const LONGEST_INVOCATION: Duration = Duration::from_secs(15 * 60);
+
+/// Targets of the Lambda runtime crates and the most they may log, whatever level the deployment
+/// chooses: `lambda_runtime` logs the raw invocation event at TRACE ("raw JSON event received from
+/// Lambda", `layers/api_response.rs` in 1.5), which holds the Authorization header and the state.
+/// Prefix match, so `lambda_runtime::layers::api_response` is covered.
+const PINNED_TARGETS: [(&str, LevelFilter); 3] = [
+    ("lambda_runtime", LevelFilter::INFO),
+    ("lambda_runtime_api_client", LevelFilter::INFO),
+    ("lambda_http", LevelFilter::INFO),
+];
+
+/// The filter that caps [`PINNED_TARGETS`]; it is combined with the configured one, so no
+/// `RUST_LOG` directive, however specific, can raise them.
+fn pinned() -> Targets {
+    Targets::new()
+        .with_default(LevelFilter::TRACE)
+        .with_targets(PINNED_TARGETS)
+}
+
+/// `lambda_http::tracing::init_default_subscriber`'s set-up (level from `AWS_LAMBDA_LOG_LEVEL`,
+/// else `RUST_LOG`, else INFO, refined by `RUST_LOG`'s directives; `AWS_LAMBDA_LOG_FORMAT=JSON`),
+/// with [`pinned`] on top.
+fn init_logging() {
+    let var = |name| std::env::var(name).ok();
+    let level = var("AWS_LAMBDA_LOG_LEVEL")
+        .or_else(|| var("RUST_LOG"))
+        .and_then(|level| level.parse::<LevelFilter>().ok())
+        .unwrap_or(LevelFilter::INFO);
+    // The level applies to every target, and RUST_LOG's directives refine it.
+    let configured = EnvFilter::builder()
+        .parse_lossy(format!("{level},{}", var("RUST_LOG").unwrap_or_default()));
+    let format = lambda_http::tracing::subscriber::fmt::layer()
+        .with_target(false)
+        .without_time();
+    let format = if var("AWS_LAMBDA_LOG_FORMAT").is_some_and(|f| f.eq_ignore_ascii_case("json")) {
+        format.json().boxed()
+    } else {
+        format.boxed()
+    };
+    let subscriber = lambda_http::tracing::subscriber::registry()
+        .with(format.with_filter(configured).with_filter(pinned()));
+    if lambda_http::tracing::subscriber::util::SubscriberInitExt::try_init(subscriber).is_err() {
+        eprintln!("a tracing subscriber was already set");
+    }
+}
 
 /// How long this invocation may still work, from the deadline the runtime API gave: `None` when
 /// that deadline makes no sense for a real invocation (passed, missing, or further away than any
@@ -56,8 +103,9 @@ fn with_request_facts(mut request: Request) -> Request {
 
 #[tokio::main]
 async fn main() -> Result<(), lambda_http::Error> {
-    // Honours AWS_LAMBDA_LOG_LEVEL / RUST_LOG and the JSON log format Lambda sets.
-    lambda_http::tracing::init_default_subscriber();
+    // Honours AWS_LAMBDA_LOG_LEVEL / RUST_LOG and the JSON log format Lambda sets, except that the
+    // runtime's own targets never log below INFO.
+    init_logging();
     let mut settings =
         Settings::from_env(Runtime::Lambda).context("reading GITSTATE_* settings")?;
     if let Some(ciphertext) = settings.git_token_kms.take() {
@@ -98,6 +146,29 @@ mod tests {
         )
         .expect("fits");
         context
+    }
+
+    #[test]
+    fn the_runtime_targets_are_capped_at_info_and_others_follow_the_configured_level() {
+        use lambda_http::tracing::Level;
+        let filter = pinned();
+        for target in [
+            "lambda_runtime",
+            "lambda_runtime::layers::api_response",
+            "lambda_runtime_api_client::body",
+            "lambda_http::request",
+        ] {
+            assert!(filter.would_enable(target, &Level::INFO), "{target}");
+            assert!(!filter.would_enable(target, &Level::DEBUG), "{target}");
+            assert!(!filter.would_enable(target, &Level::TRACE), "{target}");
+        }
+        for target in [
+            "gitstate_git::smart",
+            "hyper_util::client",
+            "gitstate_core::auth",
+        ] {
+            assert!(filter.would_enable(target, &Level::TRACE), "{target}");
+        }
     }
 
     #[test]
