@@ -5,6 +5,7 @@ pub mod access;
 pub mod auth;
 pub mod config;
 pub mod http;
+pub mod layers;
 mod lock;
 mod name;
 pub mod password;
