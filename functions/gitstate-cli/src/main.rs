@@ -168,14 +168,20 @@ enum AccessCommand {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    // Under `run` the program's output is what matters: the backend only reports problems.
+    let default_level = match cli.command {
+        Command::Run { .. } => "warn",
+        _ => "info",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
         )
         .with_writer(std::io::stderr)
         .init();
-    match Cli::parse().command {
+    match cli.command {
         Command::Serve { state, settings } => serve(&state, &settings).await,
         Command::Config { settings } => settings::print(&settings),
         Command::Run {
