@@ -169,18 +169,7 @@ enum AccessCommand {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    // Under `run` the program's output is what matters: the backend only reports problems.
-    let default_level = match cli.command {
-        Command::Run { .. } => "warn",
-        _ => "info",
-    };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    init_logging(&cli.command)?;
     match cli.command {
         Command::Serve { state, settings } => serve(&state, &settings).await,
         Command::Config { settings } => settings::print(&settings),
@@ -189,8 +178,12 @@ async fn main() -> anyhow::Result<()> {
             settings,
             program,
         } => {
-            let (_, settings) = settings.settings()?;
-            let status = run::run(settings, &state, &program, async |settings| {
+            let (layered, settings) = settings.settings()?;
+            let listening = server::Listening {
+                tls: None,
+                access_log: layered.flag_on("GITSTATE_ACCESS_LOG")?,
+            };
+            let status = run::run(settings, listening, &state, &program, async |settings| {
                 let (backend, access) = open(&settings).await?;
                 Ok(app(&settings, (backend, access)))
             })
@@ -264,8 +257,42 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
+/// Logs on standard error: text (colour only at a terminal, and not under NO_COLOR) or one JSON
+/// object a line (`--log-format json`); `RUST_LOG` sets the level.
+fn init_logging(command: &Command) -> anyhow::Result<()> {
+    use std::io::IsTerminal;
+    let settings = match command {
+        Command::Serve { settings, .. }
+        | Command::Run { settings, .. }
+        | Command::Rekey { settings, .. }
+        | Command::Decrypt { settings, .. }
+        | Command::Encrypt { settings, .. } => settings.layered().ok(),
+        _ => None,
+    };
+    let format = settings.and_then(|s| s.get("GITSTATE_LOG_FORMAT"));
+    // Under `run` the program's output is what matters: the backend only reports problems.
+    let default_level = match command {
+        Command::Run { .. } => "warn",
+        _ => "info",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format.as_deref().map(str::trim) {
+        None | Some("text") => builder
+            .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
+            .init(),
+        Some("json") => builder.json().with_ansi(false).init(),
+        Some(other) => bail!("GITSTATE_LOG_FORMAT: {other:?} is neither text nor json"),
+    }
+    Ok(())
+}
+
 async fn serve(state: &str, args: &SettingsArgs) -> anyhow::Result<()> {
-    let (_, settings) = args.settings()?;
+    let (layered, settings) = args.settings()?;
+    let listening = server::Listening::from_settings(&layered, settings.listen)?;
     let (backend, access) = open(&settings).await?;
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
@@ -293,10 +320,8 @@ async fn serve(state: &str, args: &SettingsArgs) -> anyhow::Result<()> {
         }
     };
     let mut out = std::io::stdout().lock();
-    writeln!(
-        out,
-        "gitstate serving states from {storage} on http://{address}"
-    )?;
+    let base = format!("{}://{address}", listening.scheme());
+    writeln!(out, "gitstate serving states from {storage} on {base}")?;
     if let Some(token) = first_admin {
         writeln!(
             out,
@@ -306,10 +331,16 @@ async fn serve(state: &str, args: &SettingsArgs) -> anyhow::Result<()> {
             token.expose()
         )?;
     }
-    gitstate_core::http::write_backend_block(&mut out, &format!("http://{address}"), state)?;
+    gitstate_core::http::write_backend_block(&mut out, &base, state)?;
     out.flush()?;
     drop(out);
-    server::serve_until(listener, app(&settings, (backend, access)), shutdown()).await
+    server::serve_until(
+        listener,
+        app(&settings, (backend, access)),
+        &listening,
+        shutdown(),
+    )
+    .await
 }
 
 type Opened = (

@@ -209,6 +209,7 @@ fn run_user() -> String {
 /// Run `program` against a fresh backend and return its exit status.
 pub async fn run(
     mut settings: Settings,
+    listening: crate::server::Listening,
     state: &str,
     program: &[String],
     app: impl AsyncFnOnce(Settings) -> anyhow::Result<axum::Router>,
@@ -248,9 +249,12 @@ pub async fn run(
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let scheme_base = format!("http://{}", listener.local_addr()?);
     let app = app(settings).await?;
-    let server = tokio::spawn(crate::server::serve_until(listener, app, async {
-        let _ = stopped.await;
-    }));
+    let server = tokio::spawn(async move {
+        crate::server::serve_until(listener, app, &listening, async {
+            let _ = stopped.await;
+        })
+        .await
+    });
 
     let mut command = tokio::process::Command::new(executable);
     command

@@ -79,12 +79,17 @@ impl Args for SettingsArgs {
             .iter()
             .filter(|s| !s.secret)
             .fold(cmd, |cmd, spec| {
-                cmd.arg(
-                    Arg::new(spec.var)
-                        .long(spec.flag())
-                        .value_name("VALUE")
-                        .help(format!("{} (env {})", spec.help, spec.var)),
-                )
+                let arg = Arg::new(spec.var)
+                    .long(spec.flag())
+                    .help(format!("{} (env {})", spec.help, spec.var));
+                cmd.arg(if spec.switch {
+                    arg.value_name("BOOL")
+                        .num_args(0..=1)
+                        .require_equals(true)
+                        .default_missing_value("true")
+                } else {
+                    arg.value_name("VALUE")
+                })
             })
     }
 

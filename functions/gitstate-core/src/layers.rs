@@ -15,6 +15,8 @@ pub struct Spec {
     pub var: &'static str,
     /// Secrets are never flags (they would show in `ps`) and are redacted by `gitstate config`.
     pub secret: bool,
+    /// A yes/no setting: its flag may stand alone (`--access-log` = `--access-log=true`).
+    pub switch: bool,
     pub help: &'static str,
 }
 
@@ -22,6 +24,7 @@ const fn setting(var: &'static str, help: &'static str) -> Spec {
     Spec {
         var,
         secret: false,
+        switch: false,
         help,
     }
 }
@@ -30,6 +33,16 @@ const fn secret(var: &'static str, help: &'static str) -> Spec {
     Spec {
         var,
         secret: true,
+        switch: false,
+        help,
+    }
+}
+
+const fn switch(var: &'static str, help: &'static str) -> Spec {
+    Spec {
+        var,
+        secret: false,
+        switch: true,
         help,
     }
 }
@@ -100,7 +113,7 @@ pub const SETTINGS: &[Spec] = &[
         "GITSTATE_PASSPHRASE",
         "reads terraform-backend-git's aes mode",
     ),
-    setting(
+    switch(
         "GITSTATE_RESPONSE_STREAMING",
         "Lambda response streaming [false]",
     ),
@@ -111,12 +124,12 @@ pub const SETTINGS: &[Spec] = &[
         "GITSTATE_TLS_CLIENT_CA",
         "PEM CA bundle: require client certificates",
     ),
-    setting(
+    switch(
         "GITSTATE_INSECURE_LISTEN",
         "allow a non-loopback address without TLS [false]",
     ),
     setting("GITSTATE_LOG_FORMAT", "text or json [text]"),
-    setting("GITSTATE_ACCESS_LOG", "one log line per request [false]"),
+    switch("GITSTATE_ACCESS_LOG", "one log line per request [false]"),
 ];
 
 impl Spec {
