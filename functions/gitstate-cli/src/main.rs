@@ -2,6 +2,7 @@
 //! library crates.
 
 mod client;
+mod credential;
 mod run;
 mod server;
 mod settings;
@@ -178,7 +179,8 @@ async fn main() -> anyhow::Result<()> {
             settings,
             program,
         } => {
-            let (layered, settings) = settings.settings()?;
+            let (layered, mut settings) = settings.settings()?;
+            credential::fill(&mut settings).await;
             let listening = server::Listening {
                 tls: None,
                 access_log: layered.flag_on("GITSTATE_ACCESS_LOG")?,
@@ -291,8 +293,9 @@ fn init_logging(command: &Command) -> anyhow::Result<()> {
 }
 
 async fn serve(state: &str, args: &SettingsArgs) -> anyhow::Result<()> {
-    let (layered, settings) = args.settings()?;
+    let (layered, mut settings) = args.settings()?;
     let listening = server::Listening::from_settings(&layered, settings.listen)?;
+    credential::fill(&mut settings).await;
     let (backend, access) = open(&settings).await?;
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await

@@ -330,3 +330,64 @@ async fn other_backends_are_refused() {
         assert!(!work.path().join(".terraform").exists());
     }
 }
+
+/// No token configured: the login comes from `git credential fill` (here git's own `store`
+/// helper in a private global config), as git itself would use it; it is never printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn git_credential_helper_supplies_the_login() {
+    let server = GitServer::start().await;
+    server.create_repo("helper");
+    let home = tempfile::tempdir().expect("tempdir");
+    let store = home.path().join("credentials");
+    std::fs::write(
+        &store,
+        format!("http://{GIT_USER}:{GIT_TOKEN}@{}\n", server.address),
+    )
+    .expect("credential store");
+    let config = home.path().join("gitconfig");
+    std::fs::write(
+        &config,
+        format!(
+            "[credential]\n\thelper = store --file={}\n",
+            store.display()
+        ),
+    )
+    .expect("gitconfig");
+    let work = workdir(0, "helped");
+    let dir = work.path();
+    let repo = Repo::Served(&server, "helper");
+    let with_helper = |args: &'static [&'static str]| {
+        let mut command = command(&terraform(), dir, &repo, args);
+        command
+            .env_remove("GITSTATE_GIT_TOKEN")
+            .env_remove("GITSTATE_GIT_USERNAME")
+            .env("GIT_CONFIG_GLOBAL", &config)
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("RUST_LOG", "debug");
+        command
+    };
+    for args in [
+        &["init", "-input=false"][..],
+        &["apply", "-auto-approve"][..],
+    ] {
+        let out = with_helper(args).output().await.expect("runs");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {text}");
+        assert!(
+            !text.contains(GIT_TOKEN),
+            "the helper's password was printed"
+        );
+    }
+    assert_eq!(stored_serial(&server.repo_dir("helper")), Some(1));
+    // Without the helper the server refuses: the credential really came from it.
+    let out = command(&terraform(), dir, &repo, &["plan"])
+        .env_remove("GITSTATE_GIT_TOKEN")
+        .env_remove("GITSTATE_GIT_USERNAME")
+        .env("GIT_CONFIG_GLOBAL", home.path().join("absent"))
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .output()
+        .await
+        .expect("runs");
+    assert!(!out.status.success());
+}
