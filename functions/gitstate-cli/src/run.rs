@@ -220,6 +220,10 @@ pub async fn run(
             "name the program to run after `--`, e.g. gitstate run --state x.tfstate -- terraform plan"
         );
     };
+    // Installed before the backend file exists, so an early Ctrl-C cannot leave it behind.
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut hangup = signal(SignalKind::hangup())?;
     let dir = config_dir(program);
     let _temporary = match declared_backend(&dir)? {
         Declared::None => Some(add_backend_file(&dir)?),
@@ -283,9 +287,6 @@ pub async fn run(
         .spawn()
         .with_context(|| format!("starting {executable}"))?;
     let pid = child.id().context("the program has no process id")?;
-    let mut interrupt = signal(SignalKind::interrupt())?;
-    let mut terminate = signal(SignalKind::terminate())?;
-    let mut hangup = signal(SignalKind::hangup())?;
     let status = loop {
         let forward = tokio::select! {
             status = child.wait() => break status.context("waiting for the program")?,
