@@ -287,12 +287,21 @@ impl Settings {
 }
 
 fn check_url(var: &'static str, url: &str) -> Result<(), ConfigError> {
-    if url.starts_with("https://") || url.starts_with("http://") {
+    // ssh:// and user@host:path: the local server reaches them through the system ssh.
+    let scp_like = !url.contains("://")
+        && url.split_once(':').is_some_and(|(host, path)| {
+            !host.is_empty() && !host.contains('/') && !path.is_empty()
+        });
+    if url.starts_with("https://")
+        || url.starts_with("http://")
+        || url.starts_with("ssh://")
+        || scp_like
+    {
         Ok(())
     } else {
         Err(ConfigError::Invalid {
             var,
-            reason: format!("{url:?} is not an http(s):// URL (smart HTTP is the only transport)"),
+            reason: format!("{url:?} is neither an http(s):// URL nor an SSH remote"),
         })
     }
 }
@@ -369,7 +378,7 @@ mod tests {
     #[test]
     fn refuses_bad_values() {
         for vars in [
-            [("GITSTATE_REPOSITORY", "git@github.com:o/r.git")],
+            [("GITSTATE_REPOSITORY", "ftp://github.com/o/r.git")],
             [("GITSTATE_LOCK_REF_PREFIX", "locks/")],
             [("GITSTATE_MAX_BODY_BYTES", "-1")],
             [("GITSTATE_REF", "a..b")],
