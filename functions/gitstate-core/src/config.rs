@@ -145,6 +145,15 @@ impl Settings {
         }
         if let Some(url) = &repository {
             check_url("GITSTATE_REPOSITORY", url)?;
+            if runtime == Runtime::Lambda
+                && !url.starts_with("https://")
+                && !url.starts_with("http://")
+            {
+                return Err(ConfigError::Invalid {
+                    var: "GITSTATE_REPOSITORY",
+                    reason: "the Lambda has no ssh: use the repository's https:// URL".into(),
+                });
+            }
         }
         let allowed_repositories: Vec<String> = get("GITSTATE_ALLOWED_REPOSITORIES")
             .map(|v| {
@@ -345,6 +354,11 @@ mod tests {
         )
         .expect("valid");
         assert_eq!(s.cache_dir, PathBuf::from("/tmp/gitstate"));
+        for ssh in ["ssh://git@h/o/r.git", "git@h:o/r.git"] {
+            let vars = [("GITSTATE_REPOSITORY", ssh)];
+            assert!(settings(Runtime::Lambda, &vars).is_err(), "{ssh}");
+            assert!(settings(Runtime::Local, &vars).is_ok(), "{ssh}");
+        }
         assert!(
             !format!("{s:?}").contains("t0k"),
             "the token must not be printed"
