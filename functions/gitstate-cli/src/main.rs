@@ -2,9 +2,12 @@
 //! library crates.
 
 mod client;
+mod credential;
+mod run;
+mod server;
+mod settings;
 
 use std::io::{Read, Write};
-use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
@@ -12,11 +15,12 @@ use clap::{Parser, Subcommand};
 use gitstate_core::StateName;
 use gitstate_core::access::Caller;
 use gitstate_core::access::{Grant, Policy, check_user_name};
-use gitstate_core::config::{Runtime, Settings};
+use gitstate_core::config::Settings;
 use gitstate_core::http::{Limits, router};
 use gitstate_core::password::{generate_token, hash_secret};
 use gitstate_core::ports::CommitMeta;
 use gitstate_core::service::Rekeyed;
+use settings::SettingsArgs;
 
 #[derive(Parser)]
 #[command(
@@ -31,13 +35,32 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serve the backend on GITSTATE_LISTEN (default 127.0.0.1:8080). Without
-    /// GITSTATE_REPOSITORY, states go to an embedded repository under ./.gitstate/, and the first
-    /// run creates an administrator and prints its credentials once.
+    /// Serve the backend on --listen (default 127.0.0.1:8080). Without --repository, states go
+    /// to an embedded repository under ./.gitstate/, and the first run creates an administrator
+    /// and prints its credentials once.
     Serve {
         /// State name used in the printed backend block.
         #[arg(long, default_value = "default.tfstate")]
         state: String,
+        #[command(flatten)]
+        settings: SettingsArgs,
+    },
+    /// Run a program (terraform, tofu) against a backend on a free loopback port made for this
+    /// run: it finds it through TF_HTTP_* variables. Exits with the program's exit code.
+    Run {
+        /// The state's path in the repository, e.g. network/prod.tfstate.
+        #[arg(long)]
+        state: String,
+        #[command(flatten)]
+        settings: SettingsArgs,
+        /// The program and its arguments, after `--`.
+        #[arg(last = true, required = true, value_name = "PROGRAM")]
+        program: Vec<String>,
+    },
+    /// Print the effective settings and where each comes from (secrets redacted), then check them.
+    Config {
+        #[command(flatten)]
+        settings: SettingsArgs,
     },
     /// Users of the access file.
     #[command(subcommand)]
@@ -91,10 +114,16 @@ enum Command {
     Rekey {
         #[arg(long, default_value = "")]
         prefix: String,
+        #[command(flatten)]
+        settings: SettingsArgs,
     },
     /// Decrypt a state file (e.g. from a clone) to standard output, with the standard AWS
     /// credential chain; GITSTATE_PASSPHRASE reads the aes passphrase mode.
-    Decrypt { file: PathBuf },
+    Decrypt {
+        file: PathBuf,
+        #[command(flatten)]
+        settings: SettingsArgs,
+    },
     /// Encrypt a plaintext state to standard output as gitstate stores it (sops binary mode
     /// under GITSTATE_KMS_KEY_IDS), bound to its place in the repository.
     Encrypt {
@@ -102,9 +131,8 @@ enum Command {
         /// The state's path in the repository (default: FILE as given).
         #[arg(long)]
         state: Option<String>,
-        /// The repository (default: GITSTATE_REPOSITORY).
-        #[arg(long)]
-        repository: Option<String>,
+        #[command(flatten)]
+        settings: SettingsArgs,
     },
 }
 
@@ -149,15 +177,29 @@ enum AccessCommand {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    match Cli::parse().command {
-        Command::Serve { state } => serve(&state).await,
+    let cli = Cli::parse();
+    init_logging(&cli.command)?;
+    match cli.command {
+        Command::Serve { state, settings } => serve(&state, &settings).await,
+        Command::Config { settings } => settings::print(&settings),
+        Command::Run {
+            state,
+            settings,
+            program,
+        } => {
+            let (layered, mut settings) = settings.settings()?;
+            credential::fill(&mut settings).await;
+            let listening = server::Listening {
+                tls: None,
+                access_log: layered.flag_on("GITSTATE_ACCESS_LOG")?,
+            };
+            let status = run::run(settings, listening, &state, &program, async |settings| {
+                let (backend, access) = open(&settings).await?;
+                Ok(app(&settings, (backend, access)))
+            })
+            .await?;
+            std::process::exit(run::exit_code(status));
+        }
         Command::User(UserCommand::Add { name, grants }) => user_add(&name, &grants),
         Command::HashPassword => hash_password(),
         Command::Access(AccessCommand::Check { file }) => access_check(&file),
@@ -224,21 +266,54 @@ async fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Rekey { prefix } => rekey(&prefix).await,
-        Command::Decrypt { file } => decrypt(&file).await,
+        Command::Rekey { prefix, settings } => rekey(&prefix, &settings).await,
+        Command::Decrypt { file, settings } => decrypt(&file, &settings).await,
         Command::Encrypt {
             file,
             state,
-            repository,
-        } => encrypt(&file, state, repository).await,
+            settings,
+        } => encrypt(&file, state, &settings).await,
     }
 }
 
-async fn serve(state: &str) -> anyhow::Result<()> {
-    let settings = Settings::from_env(Runtime::Local).context("reading GITSTATE_* settings")?;
-    let encryption = gitstate_kms::encryption(&settings.encryption).await;
-    let (backend, access) =
-        gitstate_git::service_with(&settings, encryption).context("opening the git store")?;
+/// Logs on standard error: text (colour only at a terminal, and not under NO_COLOR) or one JSON
+/// object a line (`--log-format json`); `RUST_LOG` sets the level.
+fn init_logging(command: &Command) -> anyhow::Result<()> {
+    use std::io::IsTerminal;
+    let settings = match command {
+        Command::Serve { settings, .. }
+        | Command::Run { settings, .. }
+        | Command::Rekey { settings, .. }
+        | Command::Decrypt { settings, .. }
+        | Command::Encrypt { settings, .. } => settings.layered().ok(),
+        _ => None,
+    };
+    let format = settings.and_then(|s| s.get("GITSTATE_LOG_FORMAT"));
+    // Under `run` the program's output is what matters: the backend only reports problems.
+    let default_level = match command {
+        Command::Run { .. } => "warn",
+        _ => "info",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format.as_deref().map(str::trim) {
+        None | Some("text") => builder
+            .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
+            .init(),
+        Some("json") => builder.json().with_ansi(false).init(),
+        Some(other) => bail!("GITSTATE_LOG_FORMAT: {other:?} is neither text nor json"),
+    }
+    Ok(())
+}
+
+async fn serve(state: &str, args: &SettingsArgs) -> anyhow::Result<()> {
+    let (layered, mut settings) = args.settings()?;
+    let listening = server::Listening::from_settings(&layered, settings.listen)?;
+    credential::fill(&mut settings).await;
+    let (backend, access) = open(&settings).await?;
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("binding {}", settings.listen))?;
@@ -265,10 +340,8 @@ async fn serve(state: &str) -> anyhow::Result<()> {
         }
     };
     let mut out = std::io::stdout().lock();
-    writeln!(
-        out,
-        "gitstate serving states from {storage} on http://{address}"
-    )?;
+    let base = format!("{}://{address}", listening.scheme());
+    writeln!(out, "gitstate serving states from {storage} on {base}")?;
     if let Some(token) = first_admin {
         writeln!(
             out,
@@ -278,10 +351,30 @@ async fn serve(state: &str) -> anyhow::Result<()> {
             token.expose()
         )?;
     }
-    gitstate_core::http::write_backend_block(&mut out, &format!("http://{address}"), state)?;
+    gitstate_core::http::write_backend_block(&mut out, &base, state)?;
     out.flush()?;
     drop(out);
-    let app = router(
+    server::serve_until(
+        listener,
+        app(&settings, (backend, access)),
+        &listening,
+        shutdown(),
+    )
+    .await
+}
+
+type Opened = (
+    std::sync::Arc<gitstate_core::service::Backend>,
+    std::sync::Arc<gitstate_core::auth::Access>,
+);
+
+async fn open(settings: &Settings) -> anyhow::Result<Opened> {
+    let encryption = gitstate_kms::encryption(&settings.encryption).await;
+    gitstate_git::service_with(settings, encryption).context("opening the git store")
+}
+
+fn app(settings: &Settings, (backend, access): Opened) -> axum::Router {
+    router(
         backend,
         access,
         Limits {
@@ -289,14 +382,7 @@ async fn serve(state: &str) -> anyhow::Result<()> {
             max_response_bytes: None,
             request_deadline: settings.request_deadline,
         },
-    );
-    axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<SocketAddr>(),
     )
-    .with_graceful_shutdown(shutdown())
-    .await
-    .context("serving")
 }
 
 async fn shutdown() {
@@ -311,11 +397,7 @@ fn user_add(name: &str, grants: &[String]) -> anyhow::Result<()> {
         .collect::<Result<Vec<_>, _>>()?;
     let token = generate_token();
     let hash = hash_secret(token.as_bytes())?;
-    let listed: Vec<String> = grants.iter().map(|g| format!("\"{g}\"")).collect();
-    let entry = format!(
-        "[users.{name}]\nhash = \"{hash}\"\ngrants = [{}]\n",
-        listed.join(", ")
-    );
+    let entry = access_entry(name, &hash, &grants)?;
     // The entry must be valid for the backend before anyone commits it.
     Policy::parse(&entry).context("the generated entry does not parse (a bug)")?;
     eprintln!(
@@ -326,6 +408,22 @@ fn user_add(name: &str, grants: &[String]) -> anyhow::Result<()> {
     print!("{entry}");
     std::io::stdout().flush()?;
     Ok(())
+}
+
+/// `[users."<name>"]` with its hash and grants, serialised by the toml crate (a name with a dot,
+/// `first.last`, must be quoted, never split into nested tables).
+fn access_entry(name: &str, hash: &str, grants: &[Grant]) -> anyhow::Result<String> {
+    let mut user = toml::Table::new();
+    user.insert("hash".into(), hash.into());
+    user.insert(
+        "grants".into(),
+        toml::Value::Array(grants.iter().map(|g| g.to_string().into()).collect()),
+    );
+    let mut users = toml::Table::new();
+    users.insert(name.into(), user.into());
+    let mut root = toml::Table::new();
+    root.insert("users".into(), users.into());
+    Ok(toml::to_string(&root)?)
 }
 
 fn hash_password() -> anyhow::Result<()> {
@@ -373,8 +471,8 @@ fn access_check(file: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn rekey(prefix: &str) -> anyhow::Result<()> {
-    let settings = Settings::from_env(Runtime::Local).context("reading GITSTATE_* settings")?;
+async fn rekey(prefix: &str, args: &SettingsArgs) -> anyhow::Result<()> {
+    let (_, settings) = args.settings()?;
     if settings.encryption.kms_key_ids.is_empty() {
         bail!("GITSTATE_KMS_KEY_IDS names no key to re-encrypt under");
     }
@@ -404,8 +502,8 @@ async fn rekey(prefix: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn decrypt(file: &std::path::Path) -> anyhow::Result<()> {
-    let settings = Settings::from_env(Runtime::Local).context("reading GITSTATE_* settings")?;
+async fn decrypt(file: &std::path::Path, args: &SettingsArgs) -> anyhow::Result<()> {
+    let (_, settings) = args.settings()?;
     let stored = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
     let kms = gitstate_kms::Kms::from_env().await;
     let sealer = gitstate_kms::SopsSealer::new(kms, &settings.encryption);
@@ -423,15 +521,15 @@ async fn decrypt(file: &std::path::Path) -> anyhow::Result<()> {
 async fn encrypt(
     file: &std::path::Path,
     state: Option<String>,
-    repository: Option<String>,
+    args: &SettingsArgs,
 ) -> anyhow::Result<()> {
-    let settings = Settings::from_env(Runtime::Local).context("reading GITSTATE_* settings")?;
+    let (_, settings) = args.settings()?;
     if settings.encryption.kms_key_ids.is_empty() {
         bail!("GITSTATE_KMS_KEY_IDS names no key to encrypt under");
     }
     let name = StateName::parse(&state.unwrap_or_else(|| file.display().to_string()))
         .context("--state")?;
-    let Some(repository) = repository.or(settings.repository.clone()) else {
+    let Some(repository) = settings.repository.clone() else {
         bail!("name the repository the state lives in: --repository or GITSTATE_REPOSITORY");
     };
     let plaintext = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;

@@ -173,6 +173,15 @@ impl Settings {
         }
         if let Some(url) = &repository {
             check_url("GITSTATE_REPOSITORY", url)?;
+            if runtime == Runtime::Lambda
+                && !url.starts_with("https://")
+                && !url.starts_with("http://")
+            {
+                return Err(ConfigError::Invalid {
+                    var: "GITSTATE_REPOSITORY",
+                    reason: "the Lambda has no ssh: use the repository's https:// URL".into(),
+                });
+            }
         }
         let allowed_repositories: Vec<String> = get("GITSTATE_ALLOWED_REPOSITORIES")
             .map(|v| {
@@ -348,12 +357,21 @@ fn key_list(
 }
 
 fn check_url(var: &'static str, url: &str) -> Result<(), ConfigError> {
-    if url.starts_with("https://") || url.starts_with("http://") {
+    // ssh:// and user@host:path: the local server reaches them through the system ssh.
+    let scp_like = !url.contains("://")
+        && url.split_once(':').is_some_and(|(host, path)| {
+            !host.is_empty() && !host.contains('/') && !path.is_empty()
+        });
+    if url.starts_with("https://")
+        || url.starts_with("http://")
+        || url.starts_with("ssh://")
+        || scp_like
+    {
         Ok(())
     } else {
         Err(ConfigError::Invalid {
             var,
-            reason: format!("{url:?} is not an http(s):// URL (smart HTTP is the only transport)"),
+            reason: format!("{url:?} is neither an http(s):// URL nor an SSH remote"),
         })
     }
 }
@@ -397,6 +415,11 @@ mod tests {
         )
         .expect("valid");
         assert_eq!(s.cache_dir, PathBuf::from("/tmp/gitstate"));
+        for ssh in ["ssh://git@h/o/r.git", "git@h:o/r.git"] {
+            let vars = [("GITSTATE_REPOSITORY", ssh)];
+            assert!(settings(Runtime::Lambda, &vars).is_err(), "{ssh}");
+            assert!(settings(Runtime::Local, &vars).is_ok(), "{ssh}");
+        }
         assert!(
             !format!("{s:?}").contains("t0k"),
             "the token must not be printed"
@@ -441,7 +464,7 @@ mod tests {
     #[test]
     fn refuses_bad_values() {
         for vars in [
-            [("GITSTATE_REPOSITORY", "git@github.com:o/r.git")],
+            [("GITSTATE_REPOSITORY", "ftp://github.com/o/r.git")],
             [("GITSTATE_LOCK_REF_PREFIX", "locks/")],
             [("GITSTATE_MAX_BODY_BYTES", "-1")],
             [("GITSTATE_REF", "a..b")],

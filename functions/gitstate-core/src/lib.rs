@@ -8,6 +8,7 @@ pub mod config;
 pub mod http;
 pub mod index;
 pub mod kms_key;
+pub mod layers;
 mod lock;
 mod name;
 pub mod password;

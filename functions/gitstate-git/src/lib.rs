@@ -7,6 +7,7 @@ mod local;
 mod pack;
 pub mod pkt;
 pub mod smart;
+pub mod ssh;
 mod store;
 
 pub use store::{GitStore, StoreOptions};

@@ -37,7 +37,7 @@ pub enum Service {
 }
 
 impl Service {
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Self::UploadPack => "git-upload-pack",
             Self::ReceivePack => "git-receive-pack",
@@ -173,7 +173,7 @@ impl PushReport {
     }
 }
 
-/// A remote repository reached over smart HTTP(S).
+/// A remote repository reached over smart HTTP(S), or over SSH ([`crate::ssh`]).
 pub struct SmartHttp {
     client: reqwest::Client,
     url: String,
@@ -184,6 +184,8 @@ pub struct SmartHttp {
     advertised: AtomicBool,
     /// The most one answer may hold; more is refused while it arrives.
     max_response_bytes: u64,
+    /// Set for SSH remotes: the same requests and parsers, another wire.
+    wire: Option<Box<dyn crate::ssh::Wire>>,
 }
 
 impl SmartHttp {
@@ -195,6 +197,17 @@ impl SmartHttp {
         token: Option<&str>,
         timeout: Duration,
     ) -> Result<Self, Error> {
+        if crate::ssh::is_ssh(url) {
+            return Ok(Self {
+                client: reqwest::Client::builder().build().map_err(Error::Http)?,
+                url: url.to_owned(),
+                authorization: None,
+                redirected: Mutex::new(None),
+                advertised: AtomicBool::new(false),
+                max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
+                wire: Some(Box::new(crate::ssh::Ssh::parse(url, timeout)?)),
+            });
+        }
         let parsed =
             reqwest::Url::parse(url).map_err(|e| Error::Config(format!("repository URL: {e}")))?;
         let authorization = match token {
@@ -235,6 +248,7 @@ impl SmartHttp {
             redirected: Mutex::new(None),
             advertised: AtomicBool::new(false),
             max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
+            wire: None,
         })
     }
 
@@ -359,6 +373,9 @@ impl SmartHttp {
 
     /// `GET info/refs?service=…`: one request.
     pub async fn advertise(&self, service: Service) -> Result<Advert, Error> {
+        if let Some(wire) = &self.wire {
+            return Advert::parse(&wire.advertise(service).await?, service);
+        }
         let response = self.advertisement_response(service).await?;
         let status = response.status();
         if !status.is_success() {
@@ -435,13 +452,18 @@ impl SmartHttp {
             pkt::write(&mut body, format!("have {have}\n").as_bytes());
         }
         pkt::write(&mut body, b"done\n");
-        let request = self
-            .client
-            .post(format!("{}/git-upload-pack", self.base()))
-            .header(CONTENT_TYPE, "application/x-git-upload-pack-request")
-            .header(ACCEPT, "application/x-git-upload-pack-result")
-            .body(body);
-        let response = self.send(request, "fetch").await?;
+        let response = match &self.wire {
+            Some(wire) => wire.exchange(Service::UploadPack, body).await?,
+            None => {
+                let request = self
+                    .client
+                    .post(format!("{}/git-upload-pack", self.base()))
+                    .header(CONTENT_TYPE, "application/x-git-upload-pack-request")
+                    .header(ACCEPT, "application/x-git-upload-pack-result")
+                    .body(body);
+                self.send(request, "fetch").await?
+            }
+        };
         let mut reader = pkt::Reader::new(&response);
         loop {
             match reader.next_frame()? {
@@ -501,13 +523,18 @@ impl SmartHttp {
         if let Some(pack) = pack {
             body.extend_from_slice(&pack);
         }
-        let request = self
-            .client
-            .post(format!("{}/git-receive-pack", self.base()))
-            .header(CONTENT_TYPE, "application/x-git-receive-pack-request")
-            .header(ACCEPT, "application/x-git-receive-pack-result")
-            .body(body);
-        let response = self.send(request, "push").await?;
+        let response = match &self.wire {
+            Some(wire) => wire.exchange(Service::ReceivePack, body).await?,
+            None => {
+                let request = self
+                    .client
+                    .post(format!("{}/git-receive-pack", self.base()))
+                    .header(CONTENT_TYPE, "application/x-git-receive-pack-request")
+                    .header(ACCEPT, "application/x-git-receive-pack-result")
+                    .body(body);
+                self.send(request, "push").await?
+            }
+        };
         if sideband {
             let data = pkt::demux(&mut pkt::Reader::new(&response), None)?;
             PushReport::parse(&data)

@@ -1,0 +1,125 @@
+//! The settings flags of the commands that read settings: one `--<key>` per non-secret entry of
+//! [`gitstate_core::layers::SETTINGS`], plus `--config PATH`.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Arg, ArgMatches, Args, FromArgMatches};
+use gitstate_core::config::{Runtime, Settings};
+use gitstate_core::layers::{Layered, SETTINGS, find_file};
+
+const CONFIG: &str = "config";
+
+#[derive(Debug, Clone, Default)]
+pub struct SettingsArgs {
+    config: Option<PathBuf>,
+    flags: Vec<(&'static str, String)>,
+}
+
+impl SettingsArgs {
+    /// Flags, then `GITSTATE_*` variables, then the file.
+    pub fn layered(&self) -> anyhow::Result<Layered> {
+        let file = find_file(self.config.as_deref())?;
+        let layered = Layered::build(
+            |var| {
+                self.flags
+                    .iter()
+                    .find(|(v, _)| *v == var)
+                    .map(|(_, value)| value.clone())
+            },
+            |var| std::env::var(var).ok(),
+            file.as_ref()
+                .map(|(path, text)| (path.as_path(), text.as_str())),
+        )?;
+        Ok(layered)
+    }
+
+    pub fn settings(&self) -> anyhow::Result<(Layered, Settings)> {
+        let layered = self.layered()?;
+        let settings = layered
+            .settings(Runtime::Local)
+            .context("reading the settings (flags, GITSTATE_* variables, gitstate.toml)")?;
+        Ok((layered, settings))
+    }
+}
+
+impl FromArgMatches for SettingsArgs {
+    fn from_arg_matches(matches: &ArgMatches) -> Result<Self, clap::Error> {
+        let mut args = Self::default();
+        args.update_from_arg_matches(matches)?;
+        Ok(args)
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &ArgMatches) -> Result<(), clap::Error> {
+        if let Some(path) = matches.get_one::<PathBuf>(CONFIG) {
+            self.config = Some(path.clone());
+        }
+        for spec in SETTINGS.iter().filter(|s| !s.secret) {
+            if let Some(value) = matches.get_one::<String>(spec.var) {
+                self.flags.retain(|(var, _)| *var != spec.var);
+                self.flags.push((spec.var, value.clone()));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Args for SettingsArgs {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        let cmd = cmd.next_help_heading("Settings (flag, then GITSTATE_* variable, then file)");
+        let cmd = cmd.arg(
+            Arg::new(CONFIG)
+                .long("config")
+                .value_name("PATH")
+                .value_parser(clap::value_parser!(PathBuf))
+                .help("TOML settings file [default: ./gitstate.toml if present]"),
+        );
+        SETTINGS
+            .iter()
+            .filter(|s| !s.secret)
+            .fold(cmd, |cmd, spec| {
+                let arg = Arg::new(spec.var)
+                    .long(spec.flag())
+                    .help(format!("{} (env {})", spec.help, spec.var));
+                cmd.arg(if spec.switch {
+                    arg.value_name("BOOL")
+                        .num_args(0..=1)
+                        .require_equals(true)
+                        .default_missing_value("true")
+                } else {
+                    arg.value_name("VALUE")
+                })
+            })
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
+    }
+}
+
+/// `gitstate config`: every setting, its effective value (secrets redacted) and its origin; then
+/// whether the whole is valid.
+pub fn print(args: &SettingsArgs) -> anyhow::Result<()> {
+    let layered = args.layered()?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{:<24} {:<44} FROM", "SETTING", "VALUE")?;
+    for (spec, shown, origin) in layered.report() {
+        let from = origin.map_or_else(
+            || "default".to_owned(),
+            |o| match o {
+                gitstate_core::layers::Origin::Flag => format!("flag --{}", spec.flag()),
+                gitstate_core::layers::Origin::Env => format!("env {}", spec.var),
+                other => other.to_string(),
+            },
+        );
+        let shown = shown.unwrap_or_else(|| "-".to_owned());
+        writeln!(out, "{:<24} {:<44} {from}", spec.key(), shown)?;
+    }
+    out.flush()?;
+    drop(out);
+    layered
+        .settings(Runtime::Local)
+        .context("the settings are invalid")?;
+    Ok(())
+}

@@ -1,0 +1,273 @@
+//! SSH remotes against a real `sshd` on loopback (Debian's openssh-server, started here with its
+//! own host key and authorized key): `gitstate run` with terraform over `ssh://` and
+//! `user@host:path`, and many `gitstate serve` processes racing for one lock over SSH.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gitstate_tests::process::{ServeProcess, serve_env};
+use gitstate_tests::{Client, git, lock_info};
+
+const SSHD: &str = "/usr/sbin/sshd";
+
+struct Sshd {
+    dir: tempfile::TempDir,
+    port: u16,
+    child: std::process::Child,
+}
+
+impl Drop for Sshd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn keygen(path: &Path) {
+    let out = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .arg(path)
+        .output()
+        .expect("ssh-keygen (Debian package openssh-client)");
+    assert!(out.status.success(), "{out:?}");
+}
+
+impl Sshd {
+    fn start() -> Self {
+        assert!(
+            Path::new(SSHD).is_file(),
+            "{SSHD} is missing: apt-get install -y openssh-server"
+        );
+        std::fs::create_dir_all("/run/sshd").expect("/run/sshd (privilege separation)");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let d = dir.path();
+        keygen(&d.join("host_key"));
+        keygen(&d.join("client_key"));
+        std::fs::copy(d.join("client_key.pub"), d.join("authorized_keys")).expect("authorized");
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port();
+        let config = format!(
+            "Port {port}\nListenAddress 127.0.0.1\nHostKey {d}/host_key\n\
+             AuthorizedKeysFile {d}/authorized_keys\nStrictModes no\nPasswordAuthentication no\n\
+             KbdInteractiveAuthentication no\nUsePAM no\nPermitRootLogin prohibit-password\n\
+             PidFile {d}/sshd.pid\nMaxStartups 200\nMaxSessions 200\nLogLevel ERROR\n",
+            d = d.display()
+        );
+        std::fs::write(d.join("sshd_config"), config).expect("config");
+        let child = Command::new(SSHD)
+            .args(["-D", "-e", "-f"])
+            .arg(d.join("sshd_config"))
+            .stdin(Stdio::null())
+            .stderr(std::fs::File::create(d.join("sshd.log")).expect("log"))
+            .spawn()
+            .expect("sshd starts");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "sshd did not listen: {}",
+                std::fs::read_to_string(d.join("sshd.log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Self { dir, port, child }
+    }
+
+    /// GIT_SSH_COMMAND for this server's client key; `with_port` for the `user@host:path` form,
+    /// which cannot name a port.
+    fn ssh_command(&self, with_port: bool) -> String {
+        let port = if with_port {
+            format!(" -p {}", self.port)
+        } else {
+            String::new()
+        };
+        format!(
+            "ssh -i {} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null \
+             -o BatchMode=yes -o LogLevel=ERROR{port}",
+            self.dir.path().join("client_key").display()
+        )
+    }
+
+    fn user() -> String {
+        std::env::var("USER").unwrap_or_else(|_| "root".into())
+    }
+
+    fn bare_repo(&self, name: &str) -> PathBuf {
+        let path = self.dir.path().join(format!("{name}.git"));
+        git(
+            &[
+                "init",
+                "--bare",
+                "-q",
+                "--initial-branch=main",
+                path.to_str().expect("utf-8"),
+            ],
+            None,
+        );
+        path
+    }
+}
+
+fn terraform_run(work: &Path, repository: &str, ssh: &str, args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_gitstate"))
+        .args([
+            "run",
+            "--repository",
+            repository,
+            "--state",
+            "ssh/app.tfstate",
+            "--",
+            "terraform",
+        ])
+        .args(args)
+        .current_dir(work)
+        .env("GIT_SSH_COMMAND", ssh)
+        .env("TF_CLI_CONFIG_FILE", work.join("empty.tfrc"))
+        .env("CHECKPOINT_DISABLE", "1")
+        .env("TF_IN_AUTOMATION", "1")
+        .stdin(Stdio::null())
+        .output()
+        .expect("gitstate run");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+fn serial(repo: &Path) -> u64 {
+    let out = git(
+        &[
+            "--git-dir",
+            repo.to_str().expect("utf-8"),
+            "show",
+            "main:ssh/app.tfstate",
+        ],
+        None,
+    );
+    let state: serde_json::Value = serde_json::from_str(&out).expect("state");
+    state["serial"].as_u64().expect("serial")
+}
+
+#[test]
+fn terraform_under_run_over_both_ssh_url_forms() {
+    let sshd = Sshd::start();
+    for (form, with_port) in [("url", false), ("scp", true)] {
+        let repo = sshd.bare_repo(form);
+        let url = if with_port {
+            format!("{}@127.0.0.1:{}", Sshd::user(), repo.display())
+        } else {
+            format!(
+                "ssh://{}@127.0.0.1:{}{}",
+                Sshd::user(),
+                sshd.port,
+                repo.display()
+            )
+        };
+        let ssh = sshd.ssh_command(with_port);
+        let work = tempfile::tempdir().expect("tempdir");
+        std::fs::write(work.path().join("empty.tfrc"), "").expect("tfrc");
+        std::fs::write(
+            work.path().join("main.tf"),
+            "resource \"terraform_data\" \"x\" {\n  input = \"ssh\"\n}\n",
+        )
+        .expect("main.tf");
+        for args in [
+            &["init", "-input=false"][..],
+            &["apply", "-auto-approve"][..],
+        ] {
+            let (ok, out) = terraform_run(work.path(), &url, &ssh, args);
+            assert!(ok, "{form} {args:?}: {out}");
+        }
+        assert_eq!(serial(&repo), 1);
+        let lock_refs = git(
+            &[
+                "--git-dir",
+                repo.to_str().expect("utf-8"),
+                "for-each-ref",
+                "refs/heads/locks/",
+            ],
+            None,
+        );
+        assert_eq!(lock_refs.trim(), "", "the lock was released over ssh");
+        let broken = url.replace(&repo.display().to_string(), "/nonexistent/repo.git");
+        let (ok, out) = terraform_run(work.path(), &broken, &ssh, &["plan", "-input=false"]);
+        assert!(!ok, "a missing repository fails: {out}");
+    }
+}
+
+/// Eight `gitstate serve` processes over one SSH repository, six rounds: every round exactly one
+/// wins the lock, the others see the winner's LockInfo (423), and the winner releases it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_race_for_one_lock_over_ssh() {
+    const PROCESSES: usize = 8;
+    const ROUNDS: usize = 6;
+    let sshd = Sshd::start();
+    let repo = sshd.bare_repo("race");
+    let url = format!(
+        "ssh://{}@127.0.0.1:{}{}",
+        Sshd::user(),
+        sshd.port,
+        repo.display()
+    );
+    let ssh = sshd.ssh_command(false);
+    let root = tempfile::tempdir().expect("tempdir");
+    let mut procs = Vec::new();
+    for i in 0..PROCESSES {
+        let dir = root.path().join(format!("server-{i}"));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let env = serve_env(&url, &[("GIT_SSH_COMMAND", &ssh), ("RUST_LOG", "info")]);
+        procs.push(ServeProcess::start(Path::new(env!("CARGO_BIN_EXE_gitstate")), &dir, env).await);
+    }
+    let clients: Vec<Arc<Client>> = procs
+        .iter()
+        .map(|p| Arc::new(Client::new(&p.url)))
+        .collect();
+    let name = "shared/race.tfstate";
+    for round in 0..ROUNDS {
+        let mut tasks = Vec::new();
+        for (i, client) in clients.iter().enumerate() {
+            let client = client.clone();
+            let id = format!("round{round}-p{i}");
+            tasks.push(tokio::spawn(async move {
+                let answer = client.lock(name, &id).await;
+                (id, answer)
+            }));
+        }
+        let mut winners = Vec::new();
+        let mut holders = Vec::new();
+        for task in tasks {
+            let (id, answer) = task.await.expect("task");
+            match answer.status {
+                200 => winners.push(id),
+                423 => {
+                    let info: serde_json::Value =
+                        serde_json::from_str(&answer.body).expect("holder's LockInfo");
+                    holders.push(info["ID"].as_str().expect("ID").to_owned());
+                }
+                other => panic!("round {round}: {other} {}", answer.body),
+            }
+        }
+        assert_eq!(winners.len(), 1, "round {round}: winners {winners:?}");
+        assert!(
+            holders.iter().all(|h| *h == winners[0]),
+            "round {round}: {holders:?}"
+        );
+        let winner: usize = winners[0]
+            .rsplit('p')
+            .next()
+            .and_then(|n| n.parse().ok())
+            .expect("index");
+        let unlock = clients[winner]
+            .send(
+                "DELETE",
+                &format!("/locks/{name}"),
+                Some(&lock_info(&winners[0])),
+            )
+            .await;
+        assert_eq!(unlock.status, 200, "{}", unlock.body);
+    }
+}

@@ -1,0 +1,524 @@
+//! Where each setting comes from for local use: a command-line flag, then its `GITSTATE_*`
+//! variable, then a TOML file (`gitstate.toml` or `--config PATH`). The result is a lookup that
+//! [`Settings::from_lookup`] reads like the environment, so a new setting is one line of
+//! [`SETTINGS`].
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use crate::config::{ConfigError, Runtime, Settings};
+
+/// One setting: its variable, whether its value is a secret, and its help line.
+#[derive(Debug, Clone, Copy)]
+pub struct Spec {
+    pub var: &'static str,
+    /// Secrets are never flags (they would show in `ps`) and are redacted by `gitstate config`.
+    pub secret: bool,
+    /// A yes/no setting: its flag may stand alone (`--access-log` = `--access-log=true`).
+    pub switch: bool,
+    pub help: &'static str,
+}
+
+const fn setting(var: &'static str, help: &'static str) -> Spec {
+    Spec {
+        var,
+        secret: false,
+        switch: false,
+        help,
+    }
+}
+
+const fn secret(var: &'static str, help: &'static str) -> Spec {
+    Spec {
+        var,
+        secret: true,
+        switch: false,
+        help,
+    }
+}
+
+const fn switch(var: &'static str, help: &'static str) -> Spec {
+    Spec {
+        var,
+        secret: false,
+        switch: true,
+        help,
+    }
+}
+
+/// Every setting of the local commands. The README's Settings table says what each one means.
+pub const SETTINGS: &[Spec] = &[
+    setting(
+        "GITSTATE_REPOSITORY",
+        "the state repository (unset: the embedded one)",
+    ),
+    setting("GITSTATE_REF", "the branch states live on [main]"),
+    setting("GITSTATE_GIT_USERNAME", "user name for the repository"),
+    secret("GITSTATE_GIT_TOKEN", "token for the repository"),
+    secret(
+        "GITSTATE_GIT_TOKEN_KMS",
+        "the git token as a KMS ciphertext",
+    ),
+    setting(
+        "GITSTATE_ALLOWED_REPOSITORIES",
+        "further repositories requests may name",
+    ),
+    setting(
+        "GITSTATE_ALLOWED_REFS",
+        "further branches ?ref= may name (names or prefix/*)",
+    ),
+    setting(
+        "GITSTATE_KMS_PREVIOUS_KEY_IDS",
+        "KMS keys that may still open older states",
+    ),
+    setting(
+        "GITSTATE_HISTORY_MAX_DEPTH",
+        "deepest history fetched for a page or ?at= [10000]",
+    ),
+    setting(
+        "GITSTATE_GIT_MAX_RESPONSE_BYTES",
+        "largest answer taken from the git remote [134217728]",
+    ),
+    setting(
+        "GITSTATE_LOCK_REF_PREFIX",
+        "where lock refs go [refs/heads/locks/]",
+    ),
+    setting("GITSTATE_CACHE_DIR", "cache repositories [.gitstate/cache]"),
+    setting(
+        "GITSTATE_LOCAL_REPOSITORY",
+        "the embedded repository [.gitstate/repo.git]",
+    ),
+    setting("GITSTATE_MAX_BODY_BYTES", "largest request body [6291456]"),
+    setting(
+        "GITSTATE_GIT_TIMEOUT_SECS",
+        "timeout of one git request [20]",
+    ),
+    setting(
+        "GITSTATE_REQUEST_DEADLINE_SECS",
+        "a request not done by then is a 504 [50]",
+    ),
+    setting(
+        "GITSTATE_COMMITTER_NAME",
+        "commit committer name [gitstate]",
+    ),
+    setting(
+        "GITSTATE_COMMITTER_EMAIL",
+        "commit committer email [gitstate@localhost]",
+    ),
+    secret("GITSTATE_ACCESS", "the access policy as TOML text"),
+    setting("GITSTATE_ACCESS_FILE", "the access policy's file"),
+    setting(
+        "GITSTATE_ADMIN_USER",
+        "bootstrap administrator's name [admin]",
+    ),
+    secret(
+        "GITSTATE_ADMIN_HASH",
+        "bootstrap administrator's argon2id hash",
+    ),
+    setting(
+        "GITSTATE_ACCESS_REFRESH_SECS",
+        "how long the last seen tip is trusted [10]",
+    ),
+    setting(
+        "GITSTATE_KMS_KEY_IDS",
+        "KMS keys states are encrypted under",
+    ),
+    setting("GITSTATE_ENCRYPTION", "optional or enforced [optional]"),
+    secret(
+        "GITSTATE_PASSPHRASE",
+        "reads terraform-backend-git's aes mode",
+    ),
+    switch(
+        "GITSTATE_RESPONSE_STREAMING",
+        "Lambda response streaming [false]",
+    ),
+    setting("GITSTATE_LISTEN", "address to listen on [127.0.0.1:8080]"),
+    setting("GITSTATE_TLS_CERT", "PEM certificate chain: serve HTTPS"),
+    setting("GITSTATE_TLS_KEY", "PEM private key of --tls-cert"),
+    setting(
+        "GITSTATE_TLS_CLIENT_CA",
+        "PEM CA bundle: require client certificates",
+    ),
+    switch(
+        "GITSTATE_INSECURE_LISTEN",
+        "allow a non-loopback address without TLS [false]",
+    ),
+    setting("GITSTATE_LOG_FORMAT", "text or json [text]"),
+    switch("GITSTATE_ACCESS_LOG", "one log line per request [false]"),
+];
+
+impl Spec {
+    /// The key in the TOML file: the variable without `GITSTATE_`, in lower case.
+    pub fn key(&self) -> String {
+        self.var
+            .trim_start_matches("GITSTATE_")
+            .to_ascii_lowercase()
+    }
+
+    /// The long flag: the key with dashes.
+    pub fn flag(&self) -> String {
+        self.key().replace('_', "-")
+    }
+}
+
+/// Where an effective value came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    Flag,
+    Env,
+    File(PathBuf),
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Flag => f.write_str("flag"),
+            Self::Env => f.write_str("environment"),
+            Self::File(path) => write!(f, "file {}", path.display()),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LayerError {
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{} is not valid TOML: {reason}", path.display())]
+    Syntax { path: PathBuf, reason: String },
+    #[error("{}: unknown key `{key}`{hint}", path.display())]
+    UnknownKey {
+        path: PathBuf,
+        key: String,
+        hint: String,
+    },
+    #[error("{}: `{key}` must be a string, number, boolean or list of strings", path.display())]
+    BadValue { path: PathBuf, key: String },
+}
+
+/// The file found for this run: `--config PATH` (must exist) or `./gitstate.toml` (if present).
+pub fn find_file(explicit: Option<&Path>) -> Result<Option<(PathBuf, String)>, LayerError> {
+    let (path, required) = match explicit {
+        Some(path) => (path.to_path_buf(), true),
+        None => (PathBuf::from("gitstate.toml"), false),
+    };
+    match std::fs::read_to_string(&path) {
+        Ok(text) => Ok(Some((path, text))),
+        Err(e) if !required && e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(LayerError::Read { path, source }),
+    }
+}
+
+/// The effective raw values of [`SETTINGS`] and their origins.
+#[derive(Clone, Default)]
+pub struct Layered {
+    values: BTreeMap<&'static str, (String, Origin)>,
+}
+
+impl fmt::Debug for Layered {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map()
+            .entries(
+                self.report()
+                    .into_iter()
+                    .map(|(spec, shown, _)| (spec.var, shown)),
+            )
+            .finish()
+    }
+}
+
+impl Layered {
+    /// Flags first, then the environment, then the file (path and text).
+    pub fn build(
+        flag: impl Fn(&str) -> Option<String>,
+        env: impl Fn(&str) -> Option<String>,
+        file: Option<(&Path, &str)>,
+    ) -> Result<Self, LayerError> {
+        let from_file = match file {
+            Some((path, text)) => parse_file(path, text)?,
+            None => BTreeMap::new(),
+        };
+        let present = |v: Option<String>| v.filter(|v| !v.trim().is_empty());
+        let mut values = BTreeMap::new();
+        for spec in SETTINGS {
+            let chosen = present(flag(spec.var))
+                .map(|v| (v, Origin::Flag))
+                .or_else(|| present(env(spec.var)).map(|v| (v, Origin::Env)))
+                .or_else(|| {
+                    let (path, value) = (file?.0, from_file.get(spec.var)?.clone());
+                    Some((value, Origin::File(path.to_path_buf())))
+                });
+            if let Some(chosen) = chosen {
+                values.insert(spec.var, chosen);
+            }
+        }
+        Ok(Self { values })
+    }
+
+    pub fn get(&self, var: &str) -> Option<String> {
+        self.values.get(var).map(|(v, _)| v.clone())
+    }
+
+    pub fn origin(&self, var: &str) -> Option<&Origin> {
+        self.values.get(var).map(|(_, o)| o)
+    }
+
+    /// Whether a yes/no setting is on (`true`/`1`); anything else but `false`/`0` is an error.
+    pub fn flag_on(&self, var: &'static str) -> Result<bool, ConfigError> {
+        match self.get(var).as_deref().map(str::trim) {
+            None | Some("false" | "0") => Ok(false),
+            Some("true" | "1") => Ok(true),
+            Some(other) => Err(ConfigError::Invalid {
+                var,
+                reason: format!("{other:?} is not true or false"),
+            }),
+        }
+    }
+
+    pub fn settings(&self, runtime: Runtime) -> Result<Settings, ConfigError> {
+        Settings::from_lookup(runtime, |var| self.get(var))
+    }
+
+    /// Every setting with the value to show (secrets and URL passwords redacted; `None` when
+    /// unset, i.e. the default applies) and its origin.
+    pub fn report(&self) -> Vec<(&'static Spec, Option<String>, Option<&Origin>)> {
+        SETTINGS
+            .iter()
+            .map(|spec| {
+                let shown = self.values.get(spec.var).map(|(value, _)| {
+                    if spec.secret {
+                        "***".to_owned()
+                    } else {
+                        redact_userinfo(value)
+                    }
+                });
+                (spec, shown, self.origin(spec.var))
+            })
+            .collect()
+    }
+}
+
+fn parse_file(path: &Path, text: &str) -> Result<BTreeMap<&'static str, String>, LayerError> {
+    let table: toml::Table = toml::from_str(text).map_err(|e| LayerError::Syntax {
+        path: path.to_path_buf(),
+        reason: e.message().to_owned(),
+    })?;
+    let mut out = BTreeMap::new();
+    for (key, value) in table {
+        let Some(spec) = SETTINGS.iter().find(|s| s.key() == key) else {
+            let stripped = key.trim_start_matches("GITSTATE_").to_ascii_lowercase();
+            let hint = match SETTINGS
+                .iter()
+                .find(|s| s.key() == stripped.replace('-', "_"))
+            {
+                Some(spec) => format!(" (did you mean `{}`?)", spec.key()),
+                None => String::new(),
+            };
+            return Err(LayerError::UnknownKey {
+                path: path.to_path_buf(),
+                key,
+                hint,
+            });
+        };
+        let bad = || LayerError::BadValue {
+            path: path.to_path_buf(),
+            key: key.clone(),
+        };
+        let text = match value {
+            toml::Value::String(s) => s,
+            toml::Value::Integer(n) => n.to_string(),
+            toml::Value::Boolean(b) => b.to_string(),
+            toml::Value::Array(items) => items
+                .into_iter()
+                .map(|item| match item {
+                    toml::Value::String(s) => Ok(s),
+                    _ => Err(bad()),
+                })
+                .collect::<Result<Vec<_>, _>>()?
+                .join(","),
+            _ => return Err(bad()),
+        };
+        out.insert(spec.var, text);
+    }
+    Ok(out)
+}
+
+/// `https://user:secret@host/…` shown as `https://user:***@host/…`.
+pub fn redact_userinfo(value: &str) -> String {
+    let Some(scheme_end) = value.find("://").map(|i| i + 3) else {
+        return value.to_owned();
+    };
+    let rest = &value[scheme_end..];
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let Some(at) = rest[..authority_end].rfind('@') else {
+        return value.to_owned();
+    };
+    let user = rest[..at].split(':').next().unwrap_or_default();
+    let password = rest[..at].contains(':');
+    format!(
+        "{}{user}{}@{}",
+        &value[..scheme_end],
+        if password { ":***" } else { "" },
+        &rest[at + 1..]
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+    use std::collections::HashMap;
+
+    fn map(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    /// Every variable config.rs reads is listed, so every setting can come from a flag or a file.
+    #[test]
+    fn every_variable_of_config_rs_is_a_setting() {
+        let source = include_str!("config.rs");
+        let mut rest = source;
+        let mut seen = 0;
+        while let Some(i) = rest.find("\"GITSTATE_") {
+            let tail = &rest[i + 1..];
+            let end = tail
+                .find(|c: char| !(c.is_ascii_uppercase() || c == '_'))
+                .unwrap_or(tail.len());
+            let var = &tail[..end];
+            rest = &tail[end..];
+            if !rest.starts_with('"') {
+                continue; // inside a message, e.g. "GITSTATE_REF: …"
+            }
+            assert!(
+                SETTINGS.iter().any(|s| s.var == var),
+                "{var} is read by config.rs but missing from layers::SETTINGS"
+            );
+            seen += 1;
+        }
+        assert!(seen > 20, "config.rs reads {seen} variables?");
+        let mut keys: Vec<String> = SETTINGS.iter().map(Spec::key).collect();
+        keys.sort();
+        keys.dedup();
+        assert_eq!(keys.len(), SETTINGS.len(), "two settings share a key");
+    }
+
+    /// For every setting and every combination of layers, the flag wins over the environment,
+    /// the environment over the file; the origin says which.
+    #[test]
+    fn precedence_for_every_setting_and_layer_combination() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(16);
+        for spec in SETTINGS {
+            for mask in 0..8u8 {
+                let mut value = |layer: &str| format!("{layer}-{}", rng.random::<u32>());
+                let (f, e, t) = (value("flag"), value("env"), value("file"));
+                let (with_flag, with_env) = ([(spec.var, f.as_str())], [(spec.var, e.as_str())]);
+                let flags = map(if mask & 1 != 0 { &with_flag } else { &[] });
+                let env = map(if mask & 2 != 0 { &with_env } else { &[] });
+                let text = if mask & 4 != 0 {
+                    format!("{} = {:?}\n", spec.key(), t)
+                } else {
+                    String::new()
+                };
+                let path = Path::new("gitstate.toml");
+                let layered = Layered::build(
+                    |v| flags.get(v).cloned(),
+                    |v| env.get(v).cloned(),
+                    Some((path, &text)),
+                )
+                .expect("valid file");
+                let expected = match mask {
+                    m if m & 1 != 0 => Some((f.clone(), Origin::Flag)),
+                    m if m & 2 != 0 => Some((e.clone(), Origin::Env)),
+                    4 => Some((t.clone(), Origin::File(path.into()))),
+                    _ => None,
+                };
+                assert_eq!(
+                    layered.values.get(spec.var).cloned(),
+                    expected,
+                    "{} mask {mask}",
+                    spec.var
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn file_values_of_every_scalar_type() {
+        let text = "max_body_bytes = 1024\nresponse_streaming = true\n\
+                    allowed_repositories = [\"https://a/x.git\", \"https://b/y.git\"]\nref = \"states\"\n";
+        let layered =
+            Layered::build(|_| None, |_| None, Some((Path::new("g.toml"), text))).expect("valid");
+        let s = layered.settings(Runtime::Local).expect("settings");
+        assert_eq!(s.max_body_bytes, 1024);
+        assert!(s.response_streaming);
+        assert_eq!(
+            s.allowed_repositories,
+            ["https://a/x.git", "https://b/y.git"]
+        );
+        assert_eq!(s.branch.as_str(), "states");
+        for bad in ["ref = 1.5\n", "ref = [1]\n", "ref = { a = 1 }\n"] {
+            let e = Layered::build(|_| None, |_| None, Some((Path::new("g.toml"), bad)))
+                .expect_err(bad)
+                .to_string();
+            assert!(e.contains("`ref`"), "{e}");
+        }
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        for (text, key, hint) in [
+            ("repositry = \"x\"\n", "repositry", None),
+            ("GITSTATE_REF = \"x\"\n", "GITSTATE_REF", Some("ref")),
+            ("git-token = \"x\"\n", "git-token", Some("git_token")),
+            ("[serve]\nlisten = \"x\"\n", "serve", None),
+        ] {
+            let e = Layered::build(|_| None, |_| None, Some((Path::new("g.toml"), text)))
+                .expect_err(text)
+                .to_string();
+            assert!(e.contains(&format!("unknown key `{key}`")), "{e}");
+            if let Some(hint) = hint {
+                assert!(e.contains(&format!("did you mean `{hint}`")), "{e}");
+            }
+        }
+        let e = Layered::build(|_| None, |_| None, Some((Path::new("g.toml"), "ref = ")))
+            .expect_err("syntax")
+            .to_string();
+        assert!(e.starts_with("g.toml is not valid TOML"), "{e}");
+    }
+
+    #[test]
+    fn report_redacts_secrets_and_url_passwords() {
+        let env = map(&[
+            ("GITSTATE_GIT_TOKEN", "tok-123"),
+            ("GITSTATE_PASSPHRASE", "pass-456"),
+            (
+                "GITSTATE_REPOSITORY",
+                "https://bot:url-789@h.example/o/r.git",
+            ),
+        ]);
+        let layered = Layered::build(|_| None, |v| env.get(v).cloned(), None).expect("valid");
+        let shown = format!("{:?} {:?}", layered.report(), layered);
+        for secret in ["tok-123", "pass-456", "url-789"] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
+        assert!(
+            shown.contains("https://bot:***@h.example/o/r.git"),
+            "{shown}"
+        );
+        for (input, output) in [
+            ("https://h/x@y", "https://h/x@y"),
+            ("https://u@h/x", "https://u@h/x"),
+            ("https://u:p@q@h/x", "https://u:***@h/x"),
+            ("plain", "plain"),
+        ] {
+            assert_eq!(redact_userinfo(input), output);
+        }
+    }
+}
