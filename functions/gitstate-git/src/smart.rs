@@ -5,9 +5,11 @@
 //! the text of a message, which differs between hosts.
 
 use std::collections::HashMap;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use base64::Engine;
+use gitstate_core::config::GitAuth;
 use gix::ObjectId;
 use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue};
 
@@ -158,25 +160,136 @@ impl PushReport {
     }
 }
 
+/// What a push asks for: only capabilities `caps` advertised. `report-status` is required (the
+/// verdict on each ref is what every decision rests on); `atomic` only for several commands,
+/// which a caller must not send to a remote without it; `side-band-64k` when offered;
+/// `report-status-v2`, `ofs-delta` (our packs hold whole objects), `quiet` and `push-options`
+/// never.
+pub fn push_capabilities(caps: &Advert, commands: &[Command]) -> Result<Vec<&'static str>, Error> {
+    if !caps.has_cap("report-status") {
+        return Err(Error::Protocol(
+            "the remote does not offer report-status, so a push's outcome could not be known"
+                .into(),
+        ));
+    }
+    let mut wanted = vec!["report-status"];
+    if caps.has_cap("side-band-64k") {
+        wanted.push("side-band-64k");
+    }
+    if commands.len() > 1 {
+        if !caps.has_cap("atomic") {
+            return Err(Error::Protocol(
+                "several ref updates in one push need atomic, which the remote does not offer"
+                    .into(),
+            ));
+        }
+        wanted.push("atomic");
+    }
+    if commands.iter().any(|c| c.new.is_null()) && !caps.has_cap("delete-refs") {
+        return Err(Error::Remote(
+            "the remote does not allow deleting refs".into(),
+        ));
+    }
+    wanted.push(AGENT);
+    Ok(wanted)
+}
+
+/// What a fetch asks for, given the upload-pack capabilities when this process has seen them.
+/// Before any upload-pack advertisement (an UNLOCK or a write as a process's first request),
+/// the set every git upload-pack has offered since git 1.6.6 is assumed rather than spending a
+/// request on asking.
+fn fetch_capabilities(caps: Option<&[String]>) -> Vec<&'static str> {
+    ["side-band-64k", "ofs-delta", "shallow", "no-progress"]
+        .into_iter()
+        .filter(|cap| caps.is_none_or(|caps| caps.iter().any(|c| c == cap)))
+        .chain([AGENT])
+        .collect()
+}
+
+/// The `Authorization` header for `token`: Basic with `username` (default `gitstate`, which
+/// hosts that ignore the name accept) or Bearer. Marked sensitive, so it is never logged.
+fn authorization(auth: GitAuth, username: Option<&str>, token: &str) -> Result<HeaderValue, Error> {
+    let text = match auth {
+        GitAuth::Basic => format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD
+                .encode(format!("{}:{token}", username.unwrap_or("gitstate")))
+        ),
+        GitAuth::Bearer => format!("Bearer {token}"),
+    };
+    let mut value = HeaderValue::try_from(text).map_err(|_| {
+        Error::Config("git credentials contain characters a header cannot carry".into())
+    })?;
+    value.set_sensitive(true);
+    Ok(value)
+}
+
+/// The certificates of a PEM bundle (`GITSTATE_GIT_CA_FILE` / `GITSTATE_GIT_CA_PEM`), trusted in
+/// addition to the system roots.
+pub fn private_roots(pem: &str) -> Result<Vec<reqwest::Certificate>, Error> {
+    let roots = reqwest::Certificate::from_pem_bundle(pem.as_bytes())
+        .map_err(|e| Error::Config(format!("GITSTATE_GIT_CA_FILE/GITSTATE_GIT_CA_PEM: {e}")))?;
+    if roots.is_empty() {
+        return Err(Error::Config(
+            "GITSTATE_GIT_CA_FILE/GITSTATE_GIT_CA_PEM: no certificate in the PEM text".into(),
+        ));
+    }
+    Ok(roots)
+}
+
+/// A failed request, told apart when the host's certificate did not verify: that needs the
+/// operator (a private CA to trust), not a retry, and the log must say which host.
+fn request_error(url: &str, error: reqwest::Error) -> Error {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&error);
+    while let Some(cause) = source {
+        let tls = cause.downcast_ref::<rustls::Error>().or_else(|| {
+            cause
+                .downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        });
+        if let Some(rustls::Error::InvalidCertificate(why)) = tls {
+            let host = reqwest::Url::parse(url)
+                .ok()
+                .and_then(|u| u.host_str().map(str::to_owned))
+                .unwrap_or_default();
+            return Error::Certificate {
+                host,
+                reason: format!("{why:?}"),
+            };
+        }
+        source = cause.source();
+    }
+    Error::Http(error)
+}
+
 /// A remote repository reached over smart HTTP(S).
 pub struct SmartHttp {
     client: reqwest::Client,
     url: String,
     authorization: Option<HeaderValue>,
+    /// Upload-pack capabilities, from the last upload-pack advertisement.
+    upload_caps: Mutex<Option<Vec<String>>>,
+}
+
+/// How [`SmartHttp`] reaches and authenticates to the host, beyond the URL.
+#[derive(Debug, Clone, Default)]
+pub struct Connection<'a> {
+    pub username: Option<&'a str>,
+    pub token: Option<&'a str>,
+    pub auth: GitAuth,
+    /// Extra trusted roots (a private CA), added to the system's.
+    pub roots: &'a [reqwest::Certificate],
+    pub timeout: Duration,
 }
 
 impl SmartHttp {
-    /// `username`/`token` are sent pre-emptively as Basic credentials; never over plain http to
-    /// anything but the loopback interface.
-    pub fn new(
-        url: &str,
-        username: Option<&str>,
-        token: Option<&str>,
-        timeout: Duration,
-    ) -> Result<Self, Error> {
+    /// The token is sent pre-emptively (Basic or Bearer); never over plain http to anything but
+    /// the loopback interface. `HTTPS_PROXY`/`HTTP_PROXY`/`NO_PROXY` are honoured.
+    pub fn new(url: &str, connection: &Connection<'_>) -> Result<Self, Error> {
         let parsed =
             reqwest::Url::parse(url).map_err(|e| Error::Config(format!("repository URL: {e}")))?;
-        let authorization = match token {
+        let authorization = match connection.token {
             None => None,
             Some(token) => {
                 let loopback =
@@ -186,28 +299,23 @@ impl SmartHttp {
                         "refusing to send git credentials over plain http; use https://".into(),
                     ));
                 }
-                let pair = format!("{}:{token}", username.unwrap_or("gitstate"));
-                let mut value = HeaderValue::try_from(format!(
-                    "Basic {}",
-                    base64::engine::general_purpose::STANDARD.encode(pair)
-                ))
-                .map_err(|_| {
-                    Error::Config("git credentials contain characters a header cannot carry".into())
-                })?;
-                value.set_sensitive(true);
-                Some(value)
+                Some(authorization(connection.auth, connection.username, token)?)
             }
         };
-        let client = reqwest::Client::builder()
+        let timeout = connection.timeout;
+        let mut builder = reqwest::Client::builder()
             .timeout(timeout)
             .connect_timeout(timeout.min(Duration::from_secs(5)))
-            .user_agent(AGENT.trim_start_matches("agent="))
-            .build()
-            .map_err(Error::Http)?;
+            .user_agent(AGENT.trim_start_matches("agent="));
+        for root in connection.roots {
+            builder = builder.add_root_certificate(root.clone());
+        }
+        let client = builder.build().map_err(Error::Http)?;
         Ok(Self {
             client,
             url: url.trim_end_matches('/').to_owned(),
             authorization,
+            upload_caps: Mutex::new(None),
         })
     }
 
@@ -223,7 +331,11 @@ impl SmartHttp {
         request: reqwest::RequestBuilder,
         what: &'static str,
     ) -> Result<Vec<u8>, Error> {
-        let response = self.with_auth(request).send().await.map_err(Error::Http)?;
+        let response = self
+            .with_auth(request)
+            .send()
+            .await
+            .map_err(|e| request_error(&self.url, e))?;
         let status = response.status();
         if !status.is_success() {
             return Err(Error::Status {
@@ -238,7 +350,11 @@ impl SmartHttp {
     pub async fn advertise(&self, service: Service) -> Result<Advert, Error> {
         let url = format!("{}/info/refs?service={}", self.url, service.name());
         let request = self.client.get(url);
-        let response = self.with_auth(request).send().await.map_err(Error::Http)?;
+        let response = self
+            .with_auth(request)
+            .send()
+            .await
+            .map_err(|e| request_error(&self.url, e))?;
         let status = response.status();
         if !status.is_success() {
             return Err(Error::Status {
@@ -258,7 +374,13 @@ impl SmartHttp {
             )));
         }
         let body = response.bytes().await.map_err(Error::Http)?;
-        Advert::parse(&body, service)
+        let advert = Advert::parse(&body, service)?;
+        if service == Service::UploadPack
+            && let Ok(mut known) = self.upload_caps.lock()
+        {
+            *known = Some(advert.caps.clone());
+        }
+        Ok(advert)
     }
 
     /// `POST git-upload-pack`: the objects of `wants` at depth 1, given we have `haves` (as shallow
@@ -274,19 +396,29 @@ impl SmartHttp {
         haves: &[ObjectId],
         depth: u32,
     ) -> Result<Vec<u8>, Error> {
+        let caps = fetch_capabilities(
+            self.upload_caps
+                .lock()
+                .map_err(|_| Error::Corrupt("poisoned".into()))?
+                .as_deref(),
+        );
+        // Without `shallow` the host cannot cut history: the whole of it comes.
+        let shallow = caps.contains(&"shallow");
         let mut body = Vec::new();
         for (i, want) in wants.iter().enumerate() {
             let line = if i == 0 {
-                format!("want {want} side-band-64k ofs-delta shallow no-progress {AGENT}\n")
+                format!("want {want} {}\n", caps.join(" "))
             } else {
                 format!("want {want}\n")
             };
             pkt::write(&mut body, line.as_bytes());
         }
-        for have in haves {
-            pkt::write(&mut body, format!("shallow {have}\n").as_bytes());
+        if shallow {
+            for have in haves {
+                pkt::write(&mut body, format!("shallow {have}\n").as_bytes());
+            }
+            pkt::write(&mut body, format!("deepen {}\n", depth.max(1)).as_bytes());
         }
-        pkt::write(&mut body, format!("deepen {}\n", depth.max(1)).as_bytes());
         pkt::flush(&mut body);
         for have in haves {
             pkt::write(&mut body, format!("have {have}\n").as_bytes());
@@ -301,6 +433,10 @@ impl SmartHttp {
         let response = self.send(request, "fetch").await?;
         let mut reader = pkt::Reader::new(&response);
         loop {
+            // Without side-band the pack follows the acknowledgements raw.
+            if reader.rest().starts_with(b"PACK") {
+                return Ok(reader.rest().to_vec());
+            }
             match reader.next_frame()? {
                 Some(pkt::Frame::Data(d)) if matches!(d.first(), Some(1..=3)) => {
                     return pkt::demux(&mut reader, Some(d));
@@ -325,25 +461,8 @@ impl SmartHttp {
         commands: &[Command],
         pack: Option<Vec<u8>>,
     ) -> Result<PushReport, Error> {
-        let mut wanted = vec!["report-status"];
-        let sideband = caps.has_cap("side-band-64k");
-        if sideband {
-            wanted.push("side-band-64k");
-        }
-        if commands.len() > 1 {
-            if !caps.has_cap("atomic") {
-                return Err(Error::Remote(
-                    "the remote does not support atomic pushes".into(),
-                ));
-            }
-            wanted.push("atomic");
-        }
-        if commands.iter().any(|c| c.new.is_null()) && !caps.has_cap("delete-refs") {
-            return Err(Error::Remote(
-                "the remote does not allow deleting refs".into(),
-            ));
-        }
-        wanted.push(AGENT);
+        let wanted = push_capabilities(caps, commands)?;
+        let sideband = wanted.contains(&"side-band-64k");
         let mut body = Vec::new();
         for (i, c) in commands.iter().enumerate() {
             let mut line = format!("{} {} {}", c.old, c.new, c.name).into_bytes();
@@ -438,5 +557,118 @@ mod tests {
         let mut bad = Vec::new();
         pkt::write(&mut bad, b"unpack index-pack failed\n");
         assert!(matches!(PushReport::parse(&bad), Err(Error::Remote(_))));
+    }
+
+    const PUSH_CAPS: [&str; 10] = [
+        "report-status",
+        "report-status-v2",
+        "delete-refs",
+        "side-band-64k",
+        "quiet",
+        "atomic",
+        "ofs-delta",
+        "push-options",
+        "object-format=sha1",
+        "agent=git/2.43.0",
+    ];
+
+    /// Every subset of capabilities a receive-pack could advertise, with one to three commands
+    /// (creates, updates, deletes): a push asks only for what was advertised, never for what it
+    /// does not use, and refuses exactly when a needed capability is missing.
+    #[test]
+    fn push_asks_only_for_advertised_capabilities() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(14);
+        let id = |n: u8| ObjectId::from_bytes_or_panic(&[n; 20]);
+        for mask in 0u32..(1 << PUSH_CAPS.len()) {
+            let caps = Advert {
+                caps: (0..PUSH_CAPS.len())
+                    .filter(|i| mask & (1 << i) != 0)
+                    .map(|i| PUSH_CAPS[i].to_owned())
+                    .collect(),
+                ..Advert::default()
+            };
+            let commands: Vec<Command> = (0..rng.random_range(1..=3))
+                .map(|i| Command {
+                    old: if rng.random_bool(0.3) { null() } else { id(1) },
+                    new: if rng.random_bool(0.3) { null() } else { id(2) },
+                    name: format!("refs/heads/r{i}"),
+                })
+                .collect();
+            let deletes = commands.iter().any(|c| c.new.is_null());
+            let possible = caps.has_cap("report-status")
+                && (commands.len() == 1 || caps.has_cap("atomic"))
+                && (!deletes || caps.has_cap("delete-refs"));
+            match push_capabilities(&caps, &commands) {
+                Ok(wanted) => {
+                    assert!(possible, "{caps:?} {commands:?}");
+                    for cap in wanted.iter().filter(|c| !c.starts_with("agent=")) {
+                        assert!(caps.has_cap(cap), "asked for {cap} not in {caps:?}");
+                        assert!(
+                            !["report-status-v2", "quiet", "push-options", "ofs-delta"]
+                                .contains(cap),
+                            "asked for unused {cap}"
+                        );
+                    }
+                    assert_eq!(wanted.contains(&"atomic"), commands.len() > 1);
+                    assert_eq!(
+                        wanted.contains(&"side-band-64k"),
+                        caps.has_cap("side-band-64k")
+                    );
+                }
+                Err(_) => assert!(!possible, "{caps:?} {commands:?}"),
+            }
+        }
+    }
+
+    fn null() -> ObjectId {
+        ObjectId::null(gix::hash::Kind::Sha1)
+    }
+
+    #[test]
+    fn fetch_asks_only_for_advertised_capabilities() {
+        let all = [
+            "side-band-64k",
+            "ofs-delta",
+            "shallow",
+            "no-progress",
+            "filter",
+        ];
+        for mask in 0u32..(1 << all.len()) {
+            let caps: Vec<String> = (0..all.len())
+                .filter(|i| mask & (1 << i) != 0)
+                .map(|i| all[i].to_owned())
+                .collect();
+            let wanted = fetch_capabilities(Some(&caps));
+            for cap in wanted.iter().filter(|c| !c.starts_with("agent=")) {
+                assert!(caps.iter().any(|c| c == cap), "{cap} not in {caps:?}");
+            }
+            assert_eq!(
+                wanted.len(),
+                1 + caps.iter().filter(|c| *c != "filter").count()
+            );
+        }
+        assert_eq!(fetch_capabilities(None).len(), 5);
+    }
+
+    #[test]
+    fn authorization_schemes() {
+        let basic = authorization(GitAuth::Basic, Some("x-token-auth"), "t0k").expect("valid");
+        assert_eq!(
+            basic.to_str().expect("ascii"),
+            format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD.encode("x-token-auth:t0k")
+            )
+        );
+        let bearer = authorization(GitAuth::Bearer, Some("ignored"), "t0k").expect("valid");
+        assert_eq!(bearer.to_str().expect("ascii"), "Bearer t0k");
+        assert!(basic.is_sensitive() && bearer.is_sensitive());
+        assert!(authorization(GitAuth::Bearer, None, "a\nb").is_err());
+    }
+
+    #[test]
+    fn private_roots_need_a_certificate() {
+        assert!(private_roots("no pem here").is_err());
     }
 }

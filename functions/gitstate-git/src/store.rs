@@ -5,6 +5,8 @@
 //! - unlock: delete of the lock ref, conditional on the lock commit that was checked;
 //! - write: commit on the advertised tip, pushed with compare-and-swap (atomically with an
 //!   unchanged lock ref when a lock is held), rebuilt and retried when another state moved it.
+//!   A remote without `atomic` gets the compare-and-swap of the branch alone, the lock having
+//!   been checked in the same advertisement that gave the tip (see [`WriteMode`]).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -16,7 +18,7 @@ use bytes::Bytes;
 use gix::ObjectId;
 use sha1::{Digest, Sha1};
 
-use gitstate_core::config::{Secret, Settings};
+use gitstate_core::config::{GitAuth, Secret, Settings};
 use gitstate_core::ports::{
     Acquire, Change, CommitMeta, HeldLock, HistoryPage, Location, Refusal, Release, StateStore,
     StoreError, WritePlan, Written, user_from_message,
@@ -27,7 +29,7 @@ use crate::Error;
 use crate::cache::{Cache, NewCommit, Walk};
 use crate::local::LocalRefs;
 use crate::pack;
-use crate::smart::{Advert, Command, PushReport, Service, SmartHttp};
+use crate::smart::{Advert, Command, Connection, PushReport, Service, SmartHttp};
 
 /// History is fetched this many commits deep at first, then four times deeper each time a page
 /// needs more, up to the whole history.
@@ -46,7 +48,40 @@ pub struct StoreOptions {
     pub lock_ref_prefix: String,
     pub username: Option<String>,
     pub token: Option<Secret>,
+    pub auth: GitAuth,
+    /// Private CA certificates trusted besides the system roots.
+    pub roots: Vec<reqwest::Certificate>,
+    /// Refuse remotes whose receive-pack does not advertise `atomic`.
+    pub require_atomic: bool,
     pub timeout: Duration,
+}
+
+/// How a write under a lock reaches the remote, decided per remote from its receive-pack
+/// advertisement.
+///
+/// Both modes: a write is a compare-and-swap of the branch from the advertised tip, so no commit
+/// of another state is ever lost or rewound, and a write is refused unless the lock ref, read in
+/// the same advertisement as that tip, holds the writer's lock ID.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteMode {
+    /// One atomic push also asserts that the lock ref is unchanged: the write lands only if the
+    /// lock is still the one checked at the moment the branch moves.
+    Atomic,
+    /// The branch's compare-and-swap alone: the lock check is as of the advertisement, so a
+    /// force-unlock (and a new lock) landing between that advertisement and the push does not
+    /// stop the write, exactly as with the seed tool's non-atomic protocol. The write still never
+    /// overwrites a newer commit on the branch.
+    BranchOnly,
+}
+
+impl WriteMode {
+    fn of(advert: &Advert) -> Self {
+        if advert.has_cap("atomic") {
+            Self::Atomic
+        } else {
+            Self::BranchOnly
+        }
+    }
 }
 
 pub struct GitStore {
@@ -70,6 +105,8 @@ struct Remote {
     known_tip: Mutex<Option<(ObjectId, Instant)>>,
     /// Receive-pack capabilities, once advertised.
     push_caps: Mutex<Option<Advert>>,
+    /// `GITSTATE_REQUIRE_ATOMIC`: a receive-pack advertisement without `atomic` is an error.
+    require_atomic: bool,
     fetching: tokio::sync::Mutex<()>,
 }
 
@@ -92,6 +129,12 @@ impl GitStore {
             lock_ref_prefix: settings.lock_ref_prefix.clone(),
             username: settings.git_username.clone(),
             token: settings.git_token.clone(),
+            auth: settings.git_auth,
+            roots: match &settings.git_ca_pem {
+                Some(pem) => crate::smart::private_roots(pem)?,
+                None => Vec::new(),
+            },
+            require_atomic: settings.require_atomic,
             timeout: settings.git_timeout,
         };
         match &settings.repository {
@@ -137,9 +180,13 @@ impl GitStore {
             _ => {
                 let http = SmartHttp::new(
                     &at.repository,
-                    self.options.username.as_deref(),
-                    self.options.token.as_ref().map(Secret::expose),
-                    self.options.timeout,
+                    &Connection {
+                        username: self.options.username.as_deref(),
+                        token: self.options.token.as_ref().map(Secret::expose),
+                        auth: self.options.auth,
+                        roots: &self.options.roots,
+                        timeout: self.options.timeout,
+                    },
                 )?;
                 (
                     Arc::new(open_cache(&self.cache_path(at))?),
@@ -152,6 +199,7 @@ impl GitStore {
             transport,
             known_tip: Mutex::new(None),
             push_caps: Mutex::new(None),
+            require_atomic: self.options.require_atomic,
             fetching: tokio::sync::Mutex::new(()),
         });
         remotes.insert(key, remote.clone());
@@ -238,6 +286,9 @@ impl Remote {
             Transport::Http(http) => {
                 let advert = http.advertise(service).await?;
                 if service == Service::ReceivePack {
+                    if self.require_atomic && WriteMode::of(&advert) != WriteMode::Atomic {
+                        return Err(Error::AtomicRequired);
+                    }
                     let caps = Advert {
                         caps: advert.caps.clone(),
                         ..Advert::default()
@@ -838,7 +889,9 @@ impl GitStore {
             new: commit.id,
             name: branch,
         }];
-        if let Some((lock_tip, lock_ref, _)) = lock_tip {
+        if let (Some((lock_tip, lock_ref, _)), WriteMode::Atomic) =
+            (lock_tip, WriteMode::of(&advert))
+        {
             // The plan accepted the lock as it is: the write lands only if it still is.
             commands.push(Command {
                 old: lock_tip,
