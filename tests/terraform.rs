@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::Duration;
 
-use gitstate_tests::{Client, GitServer, TestBackend, git, init_tracing};
+use gitstate_tests::{Client, GitServer, PushMode, TestBackend, git, init_tracing};
 
 const NAME: &str = "env/prod.tfstate";
 
@@ -195,9 +195,10 @@ async fn wait_for_lock(client: &Client, name: &str) -> String {
     panic!("the first run never took the lock");
 }
 
-async fn full_flow(cli: Cli, label: &str) {
+/// The whole flow on a server with atomic push or without it (Azure DevOps, CodeCommit).
+async fn full_flow(cli: Cli, label: &str, mode: PushMode) {
     init_tracing();
-    let server = GitServer::start().await;
+    let server = GitServer::start_in(mode).await;
     let url = server.create_repo("infra");
     let backend = TestBackend::start(&url, &[("GITSTATE_COMMITTER_NAME", label)]).await;
     let client = Client::new(&backend.url);
@@ -350,12 +351,32 @@ async fn full_flow(cli: Cli, label: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terraform_end_to_end() {
-    full_flow(Cli::new(terraform_binary()), "terraform-e2e").await;
+    full_flow(
+        Cli::new(terraform_binary()),
+        "terraform-e2e",
+        PushMode::Atomic,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn opentofu_end_to_end() {
-    full_flow(Cli::new(tofu_binary()), "tofu-e2e").await;
+    full_flow(Cli::new(tofu_binary()), "tofu-e2e", PushMode::Atomic).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terraform_end_to_end_without_atomic() {
+    full_flow(
+        Cli::new(terraform_binary()),
+        "terraform-e2e",
+        PushMode::NoAtomic,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opentofu_end_to_end_without_atomic() {
+    full_flow(Cli::new(tofu_binary()), "tofu-e2e", PushMode::NoAtomic).await;
 }
 
 /// `terraform apply` of `round`, non-interactive.

@@ -17,6 +17,7 @@ use http_body_util::BodyExt;
 use tokio::io::AsyncWriteExt;
 
 pub mod faults;
+pub mod hosts;
 pub mod process;
 
 pub const GIT_USER: &str = "git-bot";

@@ -1,0 +1,188 @@
+//! Hosts as they are found in the wild: without atomic push (Azure DevOps, CodeCommit), taking
+//! only Bearer tokens (Bitbucket Data Center). Private CAs and proxies need their own processes
+//! (the proxy comes from the environment): functions/gitstate-cli/tests/hosts.rs.
+
+use gitstate_tests::hosts::{BEARER_TOKEN, ReverseProxy};
+use gitstate_tests::{
+    Client, GIT_TOKEN, GIT_USER, GitServer, PushMode, TestBackend, git, init_tracing, lock_info,
+    state_json,
+};
+
+const NAME: &str = "net/prod.tfstate";
+
+/// Lock, write under the lock, read back, unlock: what an apply does.
+async fn apply_cycle(client: &Client, id: &str, serial: u64) {
+    let lock = client.lock(NAME, id).await;
+    assert_eq!(lock.status, 200, "lock: {}", lock.body);
+    let body = state_json("hosts", serial);
+    let write = client
+        .send("POST", &format!("/states/{NAME}?ID={id}"), Some(&body))
+        .await;
+    assert_eq!(write.status, 200, "write: {}", write.body);
+    let read = client.send("GET", &format!("/states/{NAME}"), None).await;
+    assert_eq!((read.status, read.body), (200, body));
+    let unlock = client
+        .send("DELETE", &format!("/locks/{NAME}"), Some(&lock_info(id)))
+        .await;
+    assert_eq!(unlock.status, 200, "unlock: {}", unlock.body);
+}
+
+/// The advertisement the test server gives in each mode: what the backend decides from.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_no_atomic_server_does_not_advertise_atomic() {
+    for (mode, atomic) in [(PushMode::Atomic, true), (PushMode::NoAtomic, false)] {
+        let server = GitServer::start_in(mode).await;
+        let url = server.create_repo("adv");
+        let body = reqwest::Client::new()
+            .get(format!("{url}/info/refs?service=git-receive-pack"))
+            .basic_auth(GIT_USER, Some(GIT_TOKEN))
+            .send()
+            .await
+            .expect("advertisement")
+            .bytes()
+            .await
+            .expect("body");
+        let text = String::from_utf8_lossy(&body);
+        assert_eq!(text.contains(" atomic"), atomic, "{mode:?}: {text}");
+    }
+}
+
+/// Without `atomic` a write under a lock is the branch's compare-and-swap alone, after the lock
+/// check in the same advertisement: a write with another ID is still refused (409 + holder),
+/// one without `?ID=` is 423, nothing lands; requests per operation are those of the atomic mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_atomic_the_lock_still_guards_every_write() {
+    init_tracing();
+    let server = GitServer::start_in(PushMode::NoAtomic).await;
+    let url = server.create_repo("guard");
+    let backend = TestBackend::start(&url, &[]).await;
+    let client = Client::new(&backend.url);
+    apply_cycle(&client, "first-apply", 1).await;
+    server.take_labels();
+
+    assert_eq!(client.lock(NAME, "holder").await.status, 200);
+    assert_eq!(
+        server.take_labels(),
+        ["GET refs/receive-pack", "POST receive-pack"],
+        "LOCK: one create-only push"
+    );
+    let body = state_json("hosts", 2);
+    let other = client
+        .send("POST", &format!("/states/{NAME}?ID=intruder"), Some(&body))
+        .await;
+    assert_eq!(other.status, 409, "{}", other.body);
+    assert!(other.body.contains(r#""ID":"holder""#), "{}", other.body);
+    let unlocked = client
+        .send("POST", &format!("/states/{NAME}"), Some(&body))
+        .await;
+    assert_eq!(unlocked.status, 423, "{}", unlocked.body);
+    server.take_labels();
+    let write = client
+        .send("POST", &format!("/states/{NAME}?ID=holder"), Some(&body))
+        .await;
+    assert_eq!(write.status, 200, "{}", write.body);
+    assert_eq!(
+        server.take_labels(),
+        ["GET refs/receive-pack", "POST receive-pack"],
+        "write: advertisement and one push"
+    );
+    let bare = server.repo_dir("guard");
+    let bare = bare.to_str().expect("utf-8");
+    let serials = git(&["--git-dir", bare, "log", "--format=%s", "main"], None);
+    assert_eq!(
+        serials
+            .lines()
+            .filter(|l| l.starts_with(&format!("write {NAME}")))
+            .count(),
+        2,
+        "the refused writes left nothing: {serials}"
+    );
+    let unlock = client
+        .send(
+            "DELETE",
+            &format!("/locks/{NAME}"),
+            Some(&lock_info("holder")),
+        )
+        .await;
+    assert_eq!(unlock.status, 200);
+    git(&["--git-dir", bare, "fsck", "--strict"], None);
+}
+
+/// `GITSTATE_REQUIRE_ATOMIC=true`: a host without atomic push is refused with a 502 naming the
+/// setting, before anything is pushed; a host with it serves as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn require_atomic_refuses_hosts_without_it() {
+    init_tracing();
+    for mode in [PushMode::NoAtomic, PushMode::Atomic] {
+        let server = GitServer::start_in(mode).await;
+        let url = server.create_repo("strict");
+        let backend = TestBackend::start(&url, &[("GITSTATE_REQUIRE_ATOMIC", "true")]).await;
+        let client = Client::new(&backend.url);
+        if mode == PushMode::Atomic {
+            apply_cycle(&client, "strict-apply", 1).await;
+            continue;
+        }
+        let body = state_json("hosts", 1);
+        for (method, path, body) in [
+            ("POST", format!("/locks/{NAME}"), lock_info("strict")),
+            ("POST", format!("/states/{NAME}"), body.clone()),
+            ("DELETE", format!("/locks/{NAME}"), lock_info("strict")),
+        ] {
+            let answer = client.send(method, &path, Some(&body)).await;
+            assert_eq!(answer.status, 502, "{method} {path}: {}", answer.body);
+            assert!(
+                answer.body.contains("GITSTATE_REQUIRE_ATOMIC") && answer.body.lines().count() == 1,
+                "{}",
+                answer.body
+            );
+        }
+        assert!(
+            !server
+                .take_labels()
+                .iter()
+                .any(|l| l == "POST receive-pack"),
+            "nothing was pushed"
+        );
+        let refs = git(&["ls-remote", &server.url_with_credentials("strict")], None);
+        assert!(refs.is_empty(), "no ref created: {refs}");
+    }
+}
+
+/// A host that takes only `Authorization: Bearer` (Bitbucket Data Center project and repository
+/// tokens): `GITSTATE_GIT_AUTH=bearer` works through the whole cycle; Basic with the same token
+/// is a 502 and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bearer_tokens_reach_a_host_that_takes_only_bearer() {
+    init_tracing();
+    let server = GitServer::start().await;
+    server.create_repo("bbdc");
+    let proxy = ReverseProxy::bearer_only(server.address).await;
+    let url = proxy.url("bbdc");
+
+    let basic = TestBackend::start(&url, &[("GITSTATE_GIT_TOKEN", BEARER_TOKEN)]).await;
+    let refused = Client::new(&basic.url).lock(NAME, "basic").await;
+    assert_eq!(refused.status, 502, "{}", refused.body);
+    assert!(proxy.refused() > 0 && proxy.passed() == 0);
+
+    let bearer = TestBackend::start(
+        &url,
+        &[
+            ("GITSTATE_GIT_TOKEN", BEARER_TOKEN),
+            ("GITSTATE_GIT_AUTH", "bearer"),
+        ],
+    )
+    .await;
+    let refused_before = proxy.refused();
+    let client = Client::new(&bearer.url);
+    for (serial, id) in ["first", "second"].iter().enumerate() {
+        apply_cycle(&client, id, serial as u64 + 1).await;
+    }
+    assert_eq!(
+        proxy.refused(),
+        refused_before,
+        "every request carried Bearer"
+    );
+    assert!(proxy.passed() >= 8, "{} requests passed", proxy.passed());
+    let stored = gitstate_tests::stored_file(&server, "bbdc", NAME);
+    assert_eq!(stored, state_json("hosts", 2).into_bytes());
+}
