@@ -240,27 +240,34 @@ pub fn private_roots(pem: &str) -> Result<Vec<reqwest::Certificate>, Error> {
 /// A failed request, told apart when the host's certificate did not verify: that needs the
 /// operator (a private CA to trust), not a retry, and the log must say which host.
 fn request_error(url: &str, error: reqwest::Error) -> Error {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&error);
-    while let Some(cause) = source {
-        let tls = cause.downcast_ref::<rustls::Error>().or_else(|| {
-            cause
-                .downcast_ref::<std::io::Error>()
-                .and_then(|io| io.get_ref())
-                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-        });
-        if let Some(rustls::Error::InvalidCertificate(why)) = tls {
-            let host = reqwest::Url::parse(url)
+    match tls_error(&error) {
+        Some(rustls::Error::InvalidCertificate(why)) => Error::Certificate {
+            host: reqwest::Url::parse(url)
                 .ok()
                 .and_then(|u| u.host_str().map(str::to_owned))
-                .unwrap_or_default();
-            return Error::Certificate {
-                host,
-                reason: format!("{why:?}"),
-            };
-        }
-        source = cause.source();
+                .unwrap_or_default(),
+            reason: format!("{why:?}"),
+        },
+        _ => Error::Http(error),
     }
-    Error::Http(error)
+}
+
+/// The TLS error behind a failed request. The connector nests it in `io::Error`s, whose
+/// `source()` skips the error they wrap, so those are opened with `get_ref()`.
+fn tls_error<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+    let mut next = Some(error);
+    while let Some(cause) = next {
+        if let Some(tls) = cause.downcast_ref::<rustls::Error>() {
+            return Some(tls);
+        }
+        next = match cause.downcast_ref::<std::io::Error>() {
+            Some(io) => io
+                .get_ref()
+                .map(|inner| inner as &(dyn std::error::Error + 'static)),
+            None => cause.source(),
+        };
+    }
+    None
 }
 
 /// A remote repository reached over smart HTTP(S).
@@ -665,6 +672,21 @@ mod tests {
         assert_eq!(bearer.to_str().expect("ascii"), "Bearer t0k");
         assert!(basic.is_sensitive() && bearer.is_sensitive());
         assert!(authorization(GitAuth::Bearer, None, "a\nb").is_err());
+    }
+
+    /// However deep the connector nests the TLS error in `io::Error`s, it is found.
+    #[test]
+    fn finds_the_tls_error_in_nested_io_errors() {
+        let unknown = || rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer);
+        for depth in 0..4 {
+            let mut error: Box<dyn std::error::Error + Send + Sync> = Box::new(unknown());
+            for _ in 0..depth {
+                error = Box::new(std::io::Error::other(error));
+            }
+            assert_eq!(tls_error(error.as_ref()), Some(&unknown()), "depth {depth}");
+        }
+        let plain = std::io::Error::other("connection refused");
+        assert_eq!(tls_error(&plain), None);
     }
 
     #[test]
