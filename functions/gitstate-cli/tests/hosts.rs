@@ -95,9 +95,10 @@ async fn private_ca_and_https_proxy() {
     let via_system = serve(root.path(), "system", &system_host.url("ca"), &ca_env).await;
     flow(&via_system, 2).await;
 
-    // The PEM text (Lambda) through a CONNECT proxy.
+    // The PEM text (Lambda), flattened to one line as a CloudFormation parameter may carry it,
+    // through a CONNECT proxy.
     let proxy = ConnectProxy::start().await;
-    let pem = private.pem();
+    let pem = private.pem().replace('\n', " ");
     let proxied = serve(
         root.path(),
         "proxied",

@@ -346,7 +346,7 @@ fn git_ca_pem(file: Option<String>, pem: Option<String>) -> Result<Option<String
         bundle.push_str(&text);
         bundle.push('\n');
     }
-    if let Some(text) = pem {
+    if let Some(text) = pem.map(|t| unflatten_pem(&t)) {
         if !text.contains("-----BEGIN CERTIFICATE-----") {
             return Err(ConfigError::Invalid {
                 var: "GITSTATE_GIT_CA_PEM",
@@ -357,6 +357,26 @@ fn git_ca_pem(file: Option<String>, pem: Option<String>) -> Result<Option<String
         bundle.push('\n');
     }
     Ok(Some(bundle).filter(|b| !b.is_empty()))
+}
+
+/// PEM text whose newlines became spaces (a CloudFormation parameter or an environment variable
+/// typed on one line) with its lines back; PEM with newlines is returned unchanged.
+fn unflatten_pem(text: &str) -> String {
+    if text.trim().contains('\n') {
+        return text.to_owned();
+    }
+    let mut out = String::new();
+    for part in text.split("-----").map(str::trim).filter(|p| !p.is_empty()) {
+        if part.starts_with("BEGIN ") || part.starts_with("END ") {
+            out.push_str(&format!("-----{part}-----\n"));
+        } else {
+            for chunk in part.split_whitespace() {
+                out.push_str(chunk);
+                out.push('\n');
+            }
+        }
+    }
+    out
 }
 
 fn check_url(var: &'static str, url: &str) -> Result<(), ConfigError> {
@@ -481,6 +501,9 @@ mod tests {
         .expect("valid");
         assert_eq!((s.git_auth, s.require_atomic), (GitAuth::Bearer, true));
         let bundle = s.git_ca_pem.expect("a bundle");
+        let flat = pem.replace('\n', " ");
+        let s = settings(Runtime::Local, &[("GITSTATE_GIT_CA_PEM", &flat)]).expect("valid");
+        assert_eq!(s.git_ca_pem.as_deref().map(str::trim), Some(pem.trim()));
         assert_eq!(
             bundle.matches("BEGIN CERTIFICATE").count(),
             2,
