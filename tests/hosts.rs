@@ -148,6 +148,88 @@ async fn require_atomic_refuses_hosts_without_it() {
     }
 }
 
+/// Hosts offer different capabilities: behind a proxy that removes a seeded random subset of the
+/// optional ones from every advertisement (as a host without them), every request asks only for
+/// what was advertised, and apply cycles from two processes (so fetches of a moved branch happen)
+/// all succeed. Without `side-band-64k` the pack comes raw, without `shallow` the whole history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_ask_only_for_advertised_capabilities() {
+    use rand::{Rng, SeedableRng};
+    init_tracing();
+    const OPTIONAL: [&str; 11] = [
+        "side-band-64k",
+        "side-band",
+        "ofs-delta",
+        "shallow",
+        "no-progress",
+        "atomic",
+        "quiet",
+        "push-options",
+        "report-status-v2",
+        "thin-pack",
+        "include-tag",
+    ];
+    let mut rng = rand::rngs::StdRng::seed_from_u64(14);
+    for round in 0..4 {
+        let hidden: Vec<&str> = OPTIONAL
+            .iter()
+            .copied()
+            .filter(|_| rng.random_bool(0.5))
+            .collect();
+        let server = GitServer::start().await;
+        server.create_repo("caps");
+        let proxy = ReverseProxy::stripping(server.address, &hidden).await;
+        let url = proxy.url("caps");
+        let (one, two) = (
+            TestBackend::start(&url, &[]).await,
+            TestBackend::start(&url, &[]).await,
+        );
+        let (one, two) = (Client::new(&one.url), Client::new(&two.url));
+        for serial in 1..=3 {
+            // Terraform reads the state before it locks (plan), then applies.
+            one.send("GET", &format!("/states/{NAME}"), None).await;
+            apply_cycle(&one, &format!("one-{serial}"), serial).await;
+            let other = two
+                .send(
+                    "POST",
+                    &format!("/states/other-{serial}.tfstate"),
+                    Some(&state_json("other", 1)),
+                )
+                .await;
+            assert_eq!(other.status, 200, "round {round}: {}", other.body);
+        }
+        let requested = proxy.requested();
+        assert!(
+            requested.iter().any(|(s, _)| s == "upload-pack")
+                && requested.iter().any(|(s, _)| s == "receive-pack"),
+            "{requested:?}"
+        );
+        for (service, caps) in &requested {
+            for cap in caps {
+                let name = cap.split('=').next().unwrap_or_default();
+                assert!(
+                    !hidden.contains(&name),
+                    "round {round}: {service} asked for {cap}, hidden: {hidden:?}"
+                );
+            }
+        }
+        let bare = server.repo_dir("caps");
+        git(
+            &[
+                "--git-dir",
+                bare.to_str().expect("utf-8"),
+                "fsck",
+                "--strict",
+            ],
+            None,
+        );
+        eprintln!(
+            "round {round}: hidden {hidden:?}, {} requests checked",
+            requested.len()
+        );
+    }
+}
+
 /// A host that takes only `Authorization: Bearer` (Bitbucket Data Center project and repository
 /// tokens): `GITSTATE_GIT_AUTH=bearer` works through the whole cycle; Basic with the same token
 /// is a 502 and changes nothing.

@@ -27,8 +27,17 @@ struct Forward {
     /// `Some(token)`: only `Authorization: Bearer <token>` passes (and is turned into the
     /// upstream's Basic credentials); `None`: headers pass as they are.
     bearer: Option<&'static str>,
+    /// Capabilities taken out of every ref advertisement, and what clients asked for.
+    strip: Option<Arc<Strip>>,
     refused: Arc<AtomicUsize>,
     passed: Arc<AtomicUsize>,
+}
+
+/// What a [`ReverseProxy::stripping`] proxy hides and saw.
+pub struct Strip {
+    caps: Vec<String>,
+    /// Per upload-pack or receive-pack request: the service and the capabilities asked for.
+    requested: Mutex<Vec<(String, Vec<String>)>>,
 }
 
 /// A reverse proxy to the test git server, plain HTTP or HTTPS.
@@ -38,10 +47,41 @@ pub struct ReverseProxy {
     host: &'static str,
     refused: Arc<AtomicUsize>,
     passed: Arc<AtomicUsize>,
+    strip: Option<Arc<Strip>>,
     _task: tokio::task::JoinHandle<()>,
 }
 
 impl ReverseProxy {
+    /// Plain HTTP, removing `caps` from every ref advertisement (as a host that does not offer
+    /// them) and recording the capabilities each request asks for.
+    pub async fn stripping(upstream: SocketAddr, caps: &[&str]) -> Self {
+        let (mut state, refused, passed) = forward_state(upstream, None);
+        let strip = Arc::new(Strip {
+            caps: caps.iter().map(|c| (*c).to_owned()).collect(),
+            requested: Mutex::default(),
+        });
+        state.strip = Some(strip.clone());
+        let app = axum::Router::new().fallback(forward).with_state(state);
+        let (address, task) = crate::serve_on_loopback(app).await;
+        Self {
+            address,
+            scheme: "http",
+            host: "127.0.0.1",
+            refused,
+            passed,
+            strip: Some(strip),
+            _task: task,
+        }
+    }
+
+    /// (service, capabilities) of every upload-pack and receive-pack request so far.
+    pub fn requested(&self) -> Vec<(String, Vec<String>)> {
+        self.strip
+            .as_ref()
+            .map(|s| s.requested.lock().expect("requested").clone())
+            .unwrap_or_default()
+    }
+
     /// Plain HTTP, letting through only `Authorization: Bearer BEARER_TOKEN`.
     pub async fn bearer_only(upstream: SocketAddr) -> Self {
         let (state, refused, passed) = forward_state(upstream, Some(BEARER_TOKEN));
@@ -53,6 +93,7 @@ impl ReverseProxy {
             host: "127.0.0.1",
             refused,
             passed,
+            strip: None,
             _task: task,
         }
     }
@@ -90,6 +131,7 @@ impl ReverseProxy {
             host: identity.host,
             refused,
             passed,
+            strip: None,
             _task: task,
         }
     }
@@ -128,6 +170,7 @@ fn forward_state(
             .build()
             .expect("client"),
         bearer,
+        strip: None,
         refused: refused.clone(),
         passed: passed.clone(),
     };
@@ -161,6 +204,9 @@ async fn forward(
         .await
         .map(|c| c.to_bytes())
         .unwrap_or_default();
+    if let Some(strip) = &state.strip {
+        record_capabilities(strip, uri.path(), &input);
+    }
     let path = uri.path_and_query().map(|p| p.as_str()).unwrap_or_default();
     let mut request = state
         .client
@@ -188,7 +234,71 @@ async fn forward(
         builder = builder.header(http::header::CONTENT_TYPE, value.clone());
     }
     let bytes = upstream.bytes().await.unwrap_or_default();
+    let bytes = match &state.strip {
+        Some(strip) if uri.path().ends_with("/info/refs") => {
+            bytes::Bytes::from(strip_advertisement(&bytes, &strip.caps))
+        }
+        _ => bytes,
+    };
     builder.body(Body::from(bytes)).expect("response")
+}
+
+/// The capabilities on the first pkt-line of an upload-pack (`want <id> caps…`) or receive-pack
+/// (`<old> <new> <ref>\0caps…`) request.
+fn record_capabilities(strip: &Strip, path: &str, body: &[u8]) {
+    let service = if path.ends_with("/git-upload-pack") {
+        "upload-pack"
+    } else if path.ends_with("/git-receive-pack") {
+        "receive-pack"
+    } else {
+        return;
+    };
+    let Ok(Some(line)) = gitstate_git::pkt::Reader::new(body).next_line() else {
+        return;
+    };
+    let line = String::from_utf8_lossy(line).into_owned();
+    let caps: Vec<String> = match line.split_once('\0') {
+        Some((_, caps)) => caps.split(' ').map(str::to_owned).collect(),
+        None => line.split(' ').skip(2).map(str::to_owned).collect(),
+    };
+    strip
+        .requested
+        .lock()
+        .expect("requested")
+        .push((service.to_owned(), caps));
+}
+
+/// The advertisement with `caps` removed from its capability list (the first ref line).
+fn strip_advertisement(body: &[u8], caps: &[String]) -> Vec<u8> {
+    use gitstate_git::pkt::{Frame, Reader, flush, write};
+    let mut reader = Reader::new(body);
+    let mut out = Vec::new();
+    let mut first_ref = true;
+    let mut flushes = 0;
+    while let Ok(Some(frame)) = reader.next_frame() {
+        match frame {
+            Frame::Flush => {
+                flushes += 1;
+                flush(&mut out);
+            }
+            Frame::Data(line) if flushes == 1 && first_ref => {
+                first_ref = false;
+                let text = String::from_utf8_lossy(line);
+                let Some((head, list)) = text.trim_end_matches('\n').split_once('\0') else {
+                    write(&mut out, line);
+                    continue;
+                };
+                let kept: Vec<&str> = list
+                    .split(' ')
+                    .filter(|c| !caps.iter().any(|s| c.split('=').next() == Some(s.as_str())))
+                    .collect();
+                write(&mut out, format!("{head}\0{}\n", kept.join(" ")).as_bytes());
+            }
+            Frame::Data(line) => write(&mut out, line),
+            Frame::Special => {}
+        }
+    }
+    out
 }
 
 /// A private certificate authority made with the openssl CLI, as an operator would.

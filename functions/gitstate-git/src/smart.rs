@@ -194,14 +194,13 @@ pub fn push_capabilities(caps: &Advert, commands: &[Command]) -> Result<Vec<&'st
     Ok(wanted)
 }
 
-/// What a fetch asks for, given the upload-pack capabilities when this process has seen them.
-/// Before any upload-pack advertisement (an UNLOCK or a write as a process's first request),
-/// the set every git upload-pack has offered since git 1.6.6 is assumed rather than spending a
-/// request on asking.
+/// What a fetch asks for: of the capabilities it can use, those the upload-pack advertisement
+/// offered; none when this process has not seen one (the caller makes sure that only happens
+/// when whole history is fine, see [`SmartHttp::knows_fetch_capabilities`]).
 fn fetch_capabilities(caps: Option<&[String]>) -> Vec<&'static str> {
     ["side-band-64k", "ofs-delta", "shallow", "no-progress"]
         .into_iter()
-        .filter(|cap| caps.is_none_or(|caps| caps.iter().any(|c| c == cap)))
+        .filter(|cap| caps.is_some_and(|caps| caps.iter().any(|c| c == cap)))
         .chain([AGENT])
         .collect()
 }
@@ -388,6 +387,13 @@ impl SmartHttp {
             *known = Some(advert.caps.clone());
         }
         Ok(advert)
+    }
+
+    /// Whether an upload-pack advertisement has told this client what a fetch may ask for.
+    /// Without one a fetch asks for nothing optional: no `shallow`, so the whole history of
+    /// each want comes, which is only right for orphan commits (locks).
+    pub fn knows_fetch_capabilities(&self) -> bool {
+        self.upload_caps.lock().is_ok_and(|caps| caps.is_some())
     }
 
     /// `POST git-upload-pack`: the objects of `wants` at depth 1, given we have `haves` (as shallow
@@ -655,7 +661,11 @@ mod tests {
                 1 + caps.iter().filter(|c| *c != "filter").count()
             );
         }
-        assert_eq!(fetch_capabilities(None).len(), 5);
+        assert_eq!(
+            fetch_capabilities(None),
+            [AGENT],
+            "nothing optional unadvertised"
+        );
     }
 
     #[test]

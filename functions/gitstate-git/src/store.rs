@@ -236,6 +236,7 @@ impl GitStore {
         tip: ObjectId,
         name: &StateName,
     ) -> Result<HeldLock, Error> {
+        remote.ensure_with(vec![tip], true).await?;
         let bytes = remote.read(tip, name.lock_file()).await?;
         let info = bytes
             .and_then(|b| LockInfo::parse(Bytes::from(b)).ok())
@@ -350,6 +351,14 @@ impl Remote {
 
     /// Make sure the cache has `wants` (commits and everything in their trees).
     async fn ensure(&self, wants: Vec<ObjectId>) -> Result<(), Error> {
+        self.ensure_with(wants, false).await
+    }
+
+    /// [`Self::ensure`] for lock commits, which have no parents: when this process has not seen
+    /// the upload-pack capabilities yet, the fetch asks for none rather than spending a request
+    /// on the advertisement (a cold UNLOCK stays at three requests). A branch tip needs `shallow`
+    /// if offered, so for it the advertisement comes first.
+    async fn ensure_with(&self, wants: Vec<ObjectId>, orphans: bool) -> Result<(), Error> {
         let Transport::Http(http) = &self.transport else {
             return Ok(());
         };
@@ -370,6 +379,9 @@ impl Remote {
             Some((tip, _)) if self.cache.has(tip)? => vec![tip],
             _ => Vec::new(),
         };
+        if !orphans && !http.knows_fetch_capabilities() {
+            http.advertise(Service::UploadPack).await?;
+        }
         let pack = http.fetch(&missing, &haves).await?;
         let cache = self.cache.clone();
         blocking(move || {
@@ -614,7 +626,7 @@ impl StateStore for GitStore {
         tips.sort();
         // One fetch for every lock commit the cache lacks.
         remote
-            .ensure(tips.iter().map(|(_, id)| *id).collect())
+            .ensure_with(tips.iter().map(|(_, id)| *id).collect(), true)
             .await?;
         let mut locks = Vec::with_capacity(tips.len());
         for (name, tip) in tips {
