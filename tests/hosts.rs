@@ -108,6 +108,94 @@ async fn without_atomic_the_lock_still_guards_every_write() {
     git(&["--git-dir", bare, "fsck", "--strict"], None);
 }
 
+/// The one difference between the modes, as README states it: a force-unlock landing between a
+/// write's advertisement and its push. With atomic push the write does not land (the lock ref
+/// changed, the push is refused as a whole, and the retry finds no lock: 409/423, nothing
+/// written); without it the write lands, on top of the tip it was built on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_force_unlock_racing_a_write_differs_only_without_atomic() {
+    init_tracing();
+    for mode in [PushMode::Atomic, PushMode::NoAtomic] {
+        let server = GitServer::start_in(mode).await;
+        server.create_repo("race");
+        let bare = server.repo_dir("race");
+        let lock_ref = format!("refs/heads/locks/{NAME}");
+        let armed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let hook = {
+            let (bare, lock_ref, armed) = (bare.clone(), lock_ref.clone(), armed.clone());
+            std::sync::Arc::new(move |body: &[u8]| {
+                let updates_main = String::from_utf8_lossy(body).contains(" refs/heads/main");
+                if updates_main && armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                    // An administrator's force-unlock, straight in the repository.
+                    git(
+                        &[
+                            "--git-dir",
+                            bare.to_str().expect("utf-8"),
+                            "update-ref",
+                            "-d",
+                            &lock_ref,
+                        ],
+                        None,
+                    );
+                }
+            })
+        };
+        let proxy = ReverseProxy::before_push(server.address, hook).await;
+        let backend = TestBackend::start(&proxy.url("race"), &[]).await;
+        let client = Client::new(&backend.url);
+        apply_cycle(&client, "first", 1).await;
+        assert_eq!(client.lock(NAME, "holder").await.status, 200);
+        armed.store(true, std::sync::atomic::Ordering::SeqCst);
+        let write = client
+            .send(
+                "POST",
+                &format!("/states/{NAME}?ID=holder"),
+                Some(&state_json("hosts", 2)),
+            )
+            .await;
+        let stored = gitstate_tests::stored_file(&server, "race", NAME);
+        match mode {
+            PushMode::Atomic => {
+                assert!(matches!(write.status, 409 | 423), "{mode:?}: {write:?}");
+                assert_eq!(
+                    stored,
+                    state_json("hosts", 1).into_bytes(),
+                    "nothing written"
+                );
+            }
+            PushMode::NoAtomic => {
+                assert_eq!(write.status, 200, "{mode:?}: {}", write.body);
+                assert_eq!(stored, state_json("hosts", 2).into_bytes());
+            }
+        }
+        assert!(
+            !armed.load(std::sync::atomic::Ordering::SeqCst),
+            "the race happened"
+        );
+        git(
+            &[
+                "--git-dir",
+                bare.to_str().expect("utf-8"),
+                "fsck",
+                "--strict",
+            ],
+            None,
+        );
+        let parents = git(
+            &[
+                "--git-dir",
+                bare.to_str().expect("utf-8"),
+                "rev-list",
+                "--merges",
+                "--count",
+                "main",
+            ],
+            None,
+        );
+        assert_eq!(parents.trim(), "0", "history stays linear");
+    }
+}
+
 /// `GITSTATE_REQUIRE_ATOMIC=true`: a host without atomic push is refused with a 502 naming the
 /// setting, before anything is pushed; a host with it serves as usual.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

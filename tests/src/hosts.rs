@@ -29,9 +29,14 @@ struct Forward {
     bearer: Option<&'static str>,
     /// Capabilities taken out of every ref advertisement, and what clients asked for.
     strip: Option<Arc<Strip>>,
+    /// Run on every push's body before it is forwarded (what another client does meanwhile).
+    before_push: Option<PushHook>,
     refused: Arc<AtomicUsize>,
     passed: Arc<AtomicUsize>,
 }
+
+/// Called with the body of each push before the proxy forwards it.
+pub type PushHook = Arc<dyn Fn(&[u8]) + Send + Sync>;
 
 /// What a [`ReverseProxy::stripping`] proxy hides and saw.
 pub struct Strip {
@@ -70,6 +75,24 @@ impl ReverseProxy {
             refused,
             passed,
             strip: Some(strip),
+            _task: task,
+        }
+    }
+
+    /// Plain HTTP, running `hook` on each push's body before forwarding it: another client's
+    /// change landing between a backend's advertisement and its push.
+    pub async fn before_push(upstream: SocketAddr, hook: PushHook) -> Self {
+        let (mut state, refused, passed) = forward_state(upstream, None);
+        state.before_push = Some(hook);
+        let app = axum::Router::new().fallback(forward).with_state(state);
+        let (address, task) = crate::serve_on_loopback(app).await;
+        Self {
+            address,
+            scheme: "http",
+            host: "127.0.0.1",
+            refused,
+            passed,
+            strip: None,
             _task: task,
         }
     }
@@ -171,6 +194,7 @@ fn forward_state(
             .expect("client"),
         bearer,
         strip: None,
+        before_push: None,
         refused: refused.clone(),
         passed: passed.clone(),
     };
@@ -206,6 +230,11 @@ async fn forward(
         .unwrap_or_default();
     if let Some(strip) = &state.strip {
         record_capabilities(strip, uri.path(), &input);
+    }
+    if let Some(hook) = &state.before_push
+        && uri.path().ends_with("/git-receive-pack")
+    {
+        hook(&input);
     }
     let path = uri.path_and_query().map(|p| p.as_str()).unwrap_or_default();
     let mut request = state
