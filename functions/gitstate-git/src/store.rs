@@ -236,8 +236,7 @@ impl GitStore {
         tip: ObjectId,
         name: &StateName,
     ) -> Result<HeldLock, Error> {
-        remote.ensure_with(vec![tip], true).await?;
-        let bytes = remote.read(tip, name.lock_file()).await?;
+        let bytes = remote.read_with(tip, name.lock_file(), true).await?;
         let info = bytes
             .and_then(|b| LockInfo::parse(Bytes::from(b)).ok())
             .map_or_else(|| unreadable_lock(tip), Ok)?;
@@ -408,7 +407,17 @@ impl Remote {
 
     /// `path` at `commit`, fetching first if needed. A cache that fails to read is rebuilt once.
     async fn read(&self, commit: ObjectId, path: String) -> Result<Option<Vec<u8>>, Error> {
-        self.ensure(vec![commit]).await?;
+        self.read_with(commit, path, false).await
+    }
+
+    /// [`Self::read`]; `orphan`: `commit` has no parents (a lock), see [`Self::ensure_with`].
+    async fn read_with(
+        &self,
+        commit: ObjectId,
+        path: String,
+        orphan: bool,
+    ) -> Result<Option<Vec<u8>>, Error> {
+        self.ensure_with(vec![commit], orphan).await?;
         let cache = self.cache.clone();
         let first_path = path.clone();
         match blocking(move || cache.read_path(commit, &first_path)).await {
@@ -416,7 +425,7 @@ impl Remote {
             Err(error) if self.is_cache() => {
                 tracing::warn!(error = %gitstate_core::http::chain(&error), "cache read failed");
                 self.rebuild().await?;
-                self.ensure(vec![commit]).await?;
+                self.ensure_with(vec![commit], orphan).await?;
                 let cache = self.cache.clone();
                 blocking(move || cache.read_path(commit, &path)).await
             }
