@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 
 use gitstate_core::password::PasswordVerifier as _;
 use gitstate_tests::process::{ServeProcess, serve_env};
-use gitstate_tests::{Client, GitServer, git, git_output, hash_of, lock_info, state_json};
+use gitstate_tests::{
+    Client, GitServer, PushMode, git, git_output, hash_of, lock_info, state_json,
+};
 
 const WARM_RUNS: usize = 20;
 const COLD_RUNS: usize = 5;
@@ -640,6 +642,68 @@ async fn argon2_cost(out: &mut String, binary: &Path) {
     ));
 }
 
+/// The warm apply cycle on a server with atomic push and on one without it
+/// (`receive.advertiseAtomic=false`, as Azure DevOps and CodeCommit).
+async fn push_modes(out: &mut String, binary: &Path) {
+    out.push_str(&format!(
+        "## Hosts with and without atomic push (warm, {WARM_RUNS} cycles)\n\n\
+         The same warm apply cycle as above, gitstate only, on a server advertising `atomic` and \
+         on one with `receive.advertiseAtomic=false`: a write under a lock is then the branch's \
+         compare-and-swap alone, after the lock check in the same advertisement. The two \
+         alternate cycle by cycle, so both see the same machine load.\n\n\
+         | op | atomic reqs | p50 ms | p95 ms | without atomic reqs | p50 ms | p95 ms |\n\
+         |---|---:|---:|---:|---:|---:|---:|\n"
+    ));
+    let root = tempfile::tempdir().expect("tempdir");
+    let mut setups = Vec::new();
+    for mode in [PushMode::Atomic, PushMode::NoAtomic] {
+        let server = GitServer::start_in(mode).await;
+        let url = server.create_repo("modes");
+        let dir = root.path().join(format!("{mode:?}"));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let process = quiet_server(binary, &dir, &url).await;
+        let client = Client::new(&process.url);
+        for op in [Op::Lock, Op::Write, Op::Unlock] {
+            gitstate_op(&server, &client, op, "modes", 1).await;
+        }
+        let samples: Vec<Sample> = (0..=OPS.len()).map(|_| Sample::default()).collect();
+        setups.push((server, process, client, samples));
+    }
+    for run in 0..=WARM_RUNS {
+        for (server, _, client, samples) in &mut setups {
+            let mut cycle = (Duration::ZERO, 0);
+            for (i, (op, _)) in OPS.iter().enumerate() {
+                let serial = (run * OPS.len() + i + 2) as u64;
+                let (time, reqs) = gitstate_op(server, client, *op, "modes", serial).await;
+                cycle = (cycle.0 + time, cycle.1 + reqs);
+                if run > 0 {
+                    samples[i].add(time, reqs);
+                }
+            }
+            if run > 0 {
+                samples[OPS.len()].add(cycle.0, cycle.1);
+            }
+        }
+    }
+    let names = OPS
+        .iter()
+        .map(|(_, name)| *name)
+        .chain(["full apply cycle"]);
+    for (i, name) in names.enumerate() {
+        let (a, n) = (&setups[0].3[i], &setups[1].3[i]);
+        out.push_str(&format!(
+            "| {name} | {} | {} | {} | {} | {} | {} |\n",
+            a.reqs(),
+            ms(a.pct(0.5)),
+            ms(a.pct(0.95)),
+            n.reqs(),
+            ms(n.pct(0.5)),
+            ms(n.pct(0.95)),
+        ));
+    }
+    out.push('\n');
+}
+
 /// Added to every git request by a proxy in front of the server, to stand in for the round trip
 /// to a hosted remote.
 const REMOTE_RTT: Duration = Duration::from_millis(40);
@@ -976,6 +1040,9 @@ async fn main() {
     }
     if want("console") {
         console(&mut out, &binary).await;
+    }
+    if want("modes") {
+        push_modes(&mut out, &binary).await;
     }
     print!("{out}");
 }

@@ -1,11 +1,23 @@
-//! Many backends with separate caches (as separate Lambda containers) against one repository.
+//! Many backends with separate caches (as separate Lambda containers) against one repository,
+//! on a server with atomic push and on one without (`receive.advertiseAtomic=false`).
 
-use gitstate_tests::{Client, GitServer, TestBackend, git, init_tracing, lock_info, state_json};
+use gitstate_tests::{
+    Client, GitServer, PushMode, TestBackend, git, init_tracing, lock_info, state_json,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn thirty_two_lockers_one_winner() {
+    lockers_one_winner(PushMode::Atomic).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn thirty_two_lockers_one_winner_without_atomic() {
+    lockers_one_winner(PushMode::NoAtomic).await;
+}
+
+async fn lockers_one_winner(mode: PushMode) {
     init_tracing();
-    let server = GitServer::start().await;
+    let server = GitServer::start_in(mode).await;
     let url = server.create_repo("race");
     let mut backends = Vec::new();
     for _ in 0..32 {
@@ -56,8 +68,18 @@ async fn thirty_two_lockers_one_winner() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn eight_writers_lose_no_update() {
+    writers_lose_no_update(PushMode::Atomic, 10).await;
+}
+
+/// Fewer rounds than the atomic variant, to keep CI time: the same races occur from the first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn eight_writers_lose_no_update_without_atomic() {
+    writers_lose_no_update(PushMode::NoAtomic, 5).await;
+}
+
+async fn writers_lose_no_update(mode: PushMode, serials: u64) {
     init_tracing();
-    let server = GitServer::start().await;
+    let server = GitServer::start_in(mode).await;
     let url = server.create_repo("writers");
     let mut tasks = Vec::new();
     for w in 0..8 {
@@ -65,7 +87,7 @@ async fn eight_writers_lose_no_update() {
         tasks.push(tokio::spawn(async move {
             let client = Client::new(&backend.url);
             let name = format!("team-{w}/app.tfstate");
-            for serial in 1..=10u64 {
+            for serial in 1..=serials {
                 let id = format!("w{w}-s{serial}");
                 assert_eq!(client.lock(&name, &id).await.status, 200);
                 let write = client
@@ -93,7 +115,11 @@ async fn eight_writers_lose_no_update() {
     let bare = server.repo_dir("writers");
     let bare = bare.to_str().expect("utf-8");
     let count = git(&["--git-dir", bare, "rev-list", "--count", "main"], None);
-    assert_eq!(count.trim(), "80", "all 80 commits on main");
+    assert_eq!(
+        count.trim(),
+        (8 * serials).to_string(),
+        "every commit on main"
+    );
     let merges = git(
         &["--git-dir", bare, "rev-list", "--merges", "--count", "main"],
         None,
@@ -109,15 +135,24 @@ async fn eight_writers_lose_no_update() {
             ],
             None,
         );
-        assert_eq!(state, state_json(&format!("lineage-{w}"), 10));
+        assert_eq!(state, state_json(&format!("lineage-{w}"), serials));
     }
     git(&["--git-dir", bare, "fsck", "--strict"], None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_backend_serves_concurrent_writers_on_one_cache() {
+    concurrent_writers_on_one_cache(PushMode::Atomic).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_backend_serves_concurrent_writers_on_one_cache_without_atomic() {
+    concurrent_writers_on_one_cache(PushMode::NoAtomic).await;
+}
+
+async fn concurrent_writers_on_one_cache(mode: PushMode) {
     init_tracing();
-    let server = GitServer::start().await;
+    let server = GitServer::start_in(mode).await;
     let url = server.create_repo("shared-cache");
     let backend = TestBackend::start(&url, &[]).await;
     let tasks: Vec<_> = (0..8)

@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::Duration;
 
-use gitstate_tests::{Client, GitServer, TestBackend, git, init_tracing};
+use gitstate_tests::hosts::{ReverseProxy, TestCa};
+use gitstate_tests::{Client, GitServer, PushMode, TestBackend, git, init_tracing};
 
 const NAME: &str = "env/prod.tfstate";
 
@@ -195,9 +196,10 @@ async fn wait_for_lock(client: &Client, name: &str) -> String {
     panic!("the first run never took the lock");
 }
 
-async fn full_flow(cli: Cli, label: &str) {
+/// The whole flow on a server with atomic push or without it (Azure DevOps, CodeCommit).
+async fn full_flow(cli: Cli, label: &str, mode: PushMode) {
     init_tracing();
-    let server = GitServer::start().await;
+    let server = GitServer::start_in(mode).await;
     let url = server.create_repo("infra");
     let backend = TestBackend::start(&url, &[("GITSTATE_COMMITTER_NAME", label)]).await;
     let client = Client::new(&backend.url);
@@ -350,12 +352,32 @@ async fn full_flow(cli: Cli, label: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terraform_end_to_end() {
-    full_flow(Cli::new(terraform_binary()), "terraform-e2e").await;
+    full_flow(
+        Cli::new(terraform_binary()),
+        "terraform-e2e",
+        PushMode::Atomic,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn opentofu_end_to_end() {
-    full_flow(Cli::new(tofu_binary()), "tofu-e2e").await;
+    full_flow(Cli::new(tofu_binary()), "tofu-e2e", PushMode::Atomic).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terraform_end_to_end_without_atomic() {
+    full_flow(
+        Cli::new(terraform_binary()),
+        "terraform-e2e",
+        PushMode::NoAtomic,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opentofu_end_to_end_without_atomic() {
+    full_flow(Cli::new(tofu_binary()), "tofu-e2e", PushMode::NoAtomic).await;
 }
 
 /// `terraform apply` of `round`, non-interactive.
@@ -389,6 +411,41 @@ impl Cli {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         self.ok(dir, &args).await
     }
+}
+
+/// A git host behind a private CA (an HTTPS proxy whose certificate comes from a CA the test
+/// makes): with `GITSTATE_GIT_CA_FILE` Terraform inits, applies twice and plans no changes. The
+/// refusal without the setting is in functions/gitstate-cli/tests/hosts.rs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terraform_through_a_private_ca_host() {
+    init_tracing();
+    let server = GitServer::start().await;
+    server.create_repo("infra");
+    let ca = TestCa::new("terraform");
+    let host = ReverseProxy::tls(server.address, &ca.issue("127.0.0.1")).await;
+    let ca_file = ca.pem_path().display().to_string();
+    let backend =
+        TestBackend::start(&host.url("infra"), &[("GITSTATE_GIT_CA_FILE", &ca_file)]).await;
+    let cli = Cli::new(terraform_binary());
+    let work = tempfile::tempdir().expect("tempdir");
+    write_config(work.path(), &backend.url);
+    cli.ok(work.path(), &["init", "-no-color", "-input=false"])
+        .await;
+    cli.apply(work.path(), 1).await;
+    cli.apply(work.path(), 2).await;
+    let plan = cli
+        .run(
+            work.path(),
+            &["plan", "-detailed-exitcode", "-no-color", "-var", "round=2"],
+        )
+        .await;
+    assert_eq!(plan.status.code(), Some(0), "{}", transcript(&plan));
+    let state = stored_state(&server, NAME);
+    assert_eq!(state["outputs"]["items"]["value"]["alpha"], "alpha-2");
+    assert!(
+        host.passed() > 0,
+        "every git request went through the TLS host"
+    );
 }
 
 /// Grants as Terraform meets them: a reader can plan without a lock but not apply, a writer

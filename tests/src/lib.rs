@@ -17,6 +17,7 @@ use http_body_util::BodyExt;
 use tokio::io::AsyncWriteExt;
 
 pub mod faults;
+pub mod hosts;
 pub mod process;
 
 pub const GIT_USER: &str = "git-bot";
@@ -143,9 +144,18 @@ struct ServerState {
     started: Arc<std::sync::atomic::AtomicUsize>,
 }
 
+/// Whether the served repositories advertise `atomic` push: `NoAtomic` reproduces Azure DevOps
+/// and AWS CodeCommit (`receive.advertiseAtomic=false`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PushMode {
+    Atomic,
+    NoAtomic,
+}
+
 /// `git http-backend` behind Basic auth on 127.0.0.1, counting every request.
 pub struct GitServer {
     pub address: SocketAddr,
+    pub mode: PushMode,
     root: tempfile::TempDir,
     seen: Arc<Mutex<Vec<Seen>>>,
     in_flight: Arc<std::sync::atomic::AtomicUsize>,
@@ -163,6 +173,11 @@ fn git_exec_path() -> PathBuf {
 
 impl GitServer {
     pub async fn start() -> Self {
+        Self::start_in(PushMode::Atomic).await
+    }
+
+    /// A server whose repositories advertise `atomic` or not.
+    pub async fn start_in(mode: PushMode) -> Self {
         let root = tempfile::tempdir().expect("tempdir");
         let seen = Arc::new(Mutex::new(Vec::new()));
         let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -178,6 +193,7 @@ impl GitServer {
         let (address, task) = serve_on_loopback(app).await;
         Self {
             address,
+            mode,
             root,
             seen,
             in_flight,
@@ -217,6 +233,9 @@ impl GitServer {
         );
         git(&["config", "http.receivepack", "true"], Some(&dir));
         git(&["config", "receive.unpackLimit", "1"], Some(&dir));
+        if self.mode == PushMode::NoAtomic {
+            git(&["config", "receive.advertiseAtomic", "false"], Some(&dir));
+        }
         self.url(name)
     }
 

@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gitstate_tests::process::{ServeProcess, serve_env};
-use gitstate_tests::{Client, GIT_TOKEN, GitServer, TEST_PASSWORD, git, lock_info, state_json};
+use gitstate_tests::{
+    Client, GIT_TOKEN, GitServer, PushMode, TEST_PASSWORD, git, lock_info, state_json,
+};
 use rand::{Rng, SeedableRng};
 
 fn binary() -> PathBuf {
@@ -51,9 +53,19 @@ fn serial_of(body: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixty_four_processes_race_for_one_lock_twenty_rounds() {
+    processes_race_for_one_lock(PushMode::Atomic, 20).await;
+}
+
+/// The same race on a server without atomic push; 5 rounds rather than 20 to keep CI time (a
+/// lock is one create-only command in both modes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_processes_race_for_one_lock_without_atomic() {
+    processes_race_for_one_lock(PushMode::NoAtomic, 5).await;
+}
+
+async fn processes_race_for_one_lock(mode: PushMode, rounds: usize) {
     const PROCESSES: usize = 64;
-    const ROUNDS: usize = 20;
-    let server = GitServer::start().await;
+    let server = GitServer::start_in(mode).await;
     let url = server.create_repo("race");
     let root = tempfile::tempdir().expect("tempdir");
     let procs = servers(root.path(), &url, PROCESSES).await;
@@ -68,7 +80,7 @@ async fn sixty_four_processes_race_for_one_lock_twenty_rounds() {
         assert_eq!(warm.status, 404, "{}", warm.body);
     }
     let mut violations = Vec::new();
-    for round in 0..ROUNDS {
+    for round in 0..rounds {
         let barrier = Arc::new(tokio::sync::Barrier::new(PROCESSES));
         let tasks: Vec<_> = clients
             .iter()
@@ -115,7 +127,7 @@ async fn sixty_four_processes_race_for_one_lock_twenty_rounds() {
         assert_eq!(unlock.status, 200, "round {round}: {}", unlock.body);
     }
     eprintln!(
-        "lock race: {PROCESSES} processes x {ROUNDS} rounds, {} violations",
+        "lock race ({mode:?}): {PROCESSES} processes x {rounds} rounds, {} violations",
         violations.len()
     );
     assert!(
@@ -143,8 +155,18 @@ fn reflog(repo_dir: &Path) -> Vec<(String, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eight_processes_eight_states_lose_no_update_and_never_rewind() {
+    processes_lose_no_update(PushMode::Atomic, 8).await;
+}
+
+/// The same on a server without atomic push, 4 cycles per state rather than 8 (CI time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_processes_eight_states_lose_no_update_without_atomic() {
+    processes_lose_no_update(PushMode::NoAtomic, 4).await;
+}
+
+async fn processes_lose_no_update(mode: PushMode, cycles: usize) {
     const N: usize = 8;
-    let server = GitServer::start().await;
+    let server = GitServer::start_in(mode).await;
     let url = server.create_repo("updates");
     let repo_dir = server.repo_dir("updates");
     git(
@@ -159,7 +181,7 @@ async fn eight_processes_eight_states_lose_no_update_and_never_rewind() {
             let clients = clients.clone();
             tokio::spawn(async move {
                 let name = format!("team-{s}/app.tfstate");
-                for cycle in 1..=N as u64 {
+                for cycle in 1..=cycles as u64 {
                     // Each cycle goes through another process, so every cache is stale sometimes.
                     let client = &clients[(s + cycle as usize) % N];
                     let id = format!("s{s}-c{cycle}");
@@ -197,19 +219,19 @@ async fn eight_processes_eight_states_lose_no_update_and_never_rewind() {
         .collect();
     let count = subjects.lines().filter(|l| l.starts_with("write ")).count();
     for s in 0..N {
-        for cycle in 1..=N {
+        for cycle in 1..=cycles {
             let subject = format!("write team-{s}/app.tfstate (serial {cycle})");
             assert!(writes.contains(subject.as_str()), "missing: {subject}");
         }
     }
-    assert_eq!(count, N * N, "each write exactly once");
+    assert_eq!(count, N * cycles, "each write exactly once");
     // Every state at its final serial.
     for s in 0..N {
         let body = git(
             &["show", &format!("main:team-{s}/app.tfstate")],
             Some(&repo_dir),
         );
-        assert_eq!(serial_of(&body), N as u64);
+        assert_eq!(serial_of(&body), cycles as u64);
     }
     // The history is one line of single-parent commits.
     let parents = git(&["rev-list", "--parents", "main"], Some(&repo_dir));
@@ -224,7 +246,7 @@ async fn eight_processes_eight_states_lose_no_update_and_never_rewind() {
     // The branch only ever moved forward: each reflog entry starts where the last ended and is a
     // fast-forward of it.
     let log = reflog(&repo_dir);
-    assert_eq!(log.len(), N * N, "one ref update per write");
+    assert_eq!(log.len(), N * cycles, "one ref update per write");
     let zero = "0".repeat(40);
     let mut previous = zero.clone();
     for (old, new) in &log {
@@ -242,10 +264,11 @@ async fn eight_processes_eight_states_lose_no_update_and_never_rewind() {
         previous = new.clone();
     }
     eprintln!(
-        "lost updates: {N} processes x {N} states x {N} cycles: {count} writes in a linear history, \
-         {} reflog entries, no rewind",
+        "lost updates ({mode:?}): {N} processes x {N} states x {cycles} cycles: {count} writes in a \
+         linear history, {} reflog entries, no rewind",
         log.len()
     );
+    fsck(&server, &repo_dir).await;
     assert_no_secret_in_logs(&procs);
 }
 

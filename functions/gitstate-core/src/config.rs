@@ -53,6 +53,14 @@ pub struct Settings {
     /// `GITSTATE_GIT_USERNAME` / `GITSTATE_GIT_TOKEN`: credentials for the hosted repository.
     pub git_username: Option<String>,
     pub git_token: Option<Secret>,
+    /// `GITSTATE_GIT_AUTH`: how the token is sent, `basic` (default) or `bearer`.
+    pub git_auth: GitAuth,
+    /// `GITSTATE_GIT_CA_FILE` (a PEM bundle's path) and `GITSTATE_GIT_CA_PEM` (PEM text): private
+    /// certificate authorities trusted for the git host in addition to the system roots.
+    pub git_ca_pem: Option<String>,
+    /// `GITSTATE_REQUIRE_ATOMIC` (default false): refuse remotes without atomic push instead of
+    /// writing with the lock checked from the advertisement.
+    pub require_atomic: bool,
     /// `GITSTATE_GIT_TOKEN_KMS`: the git token as base64 of a KMS ciphertext, encrypted under
     /// the context `{"gitstate:purpose": "git-token"}`; the Lambda decrypts it at cold start.
     pub git_token_kms: Option<String>,
@@ -92,6 +100,16 @@ pub struct Settings {
     pub response_streaming: bool,
     /// Encryption at rest (see [`EncryptionSettings`]).
     pub encryption: EncryptionSettings,
+}
+
+/// How the git token goes to the host.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum GitAuth {
+    /// `Authorization: Basic base64(user:token)`, what every host accepts for PATs.
+    #[default]
+    Basic,
+    /// `Authorization: Bearer <token>` (Bitbucket Data Center project and repository tokens).
+    Bearer,
 }
 
 /// `GITSTATE_KMS_KEY_IDS`: KMS keys (ARNs, aliases; comma-separated) every write is sealed
@@ -233,6 +251,27 @@ impl Settings {
                     })
             })
         };
+        let flag = |var: &'static str| -> Result<bool, ConfigError> {
+            match get(var).as_deref() {
+                None | Some("false" | "0") => Ok(false),
+                Some("true" | "1") => Ok(true),
+                Some(other) => Err(ConfigError::Invalid {
+                    var,
+                    reason: format!("{other:?} is not true or false"),
+                }),
+            }
+        };
+        let git_auth = match get("GITSTATE_GIT_AUTH").as_deref() {
+            None | Some("basic") => GitAuth::Basic,
+            Some("bearer") => GitAuth::Bearer,
+            Some(other) => {
+                return Err(ConfigError::Invalid {
+                    var: "GITSTATE_GIT_AUTH",
+                    reason: format!("{other:?} is neither `basic` nor `bearer`"),
+                });
+            }
+        };
+        let git_ca_pem = git_ca_pem(get("GITSTATE_GIT_CA_FILE"), get("GITSTATE_GIT_CA_PEM"))?;
         let listen = get("GITSTATE_LISTEN").unwrap_or_else(|| "127.0.0.1:8080".into());
         if get("GITSTATE_GIT_TOKEN").is_some() && get("GITSTATE_GIT_TOKEN_KMS").is_some() {
             return Err(ConfigError::TwoGitTokens);
@@ -295,6 +334,9 @@ impl Settings {
             allowed_refs,
             git_username: get("GITSTATE_GIT_USERNAME"),
             git_token: get("GITSTATE_GIT_TOKEN").map(Secret),
+            git_auth,
+            git_ca_pem,
+            require_atomic: flag("GITSTATE_REQUIRE_ATOMIC")?,
             git_token_kms: get("GITSTATE_GIT_TOKEN_KMS"),
             lock_ref_prefix,
             cache_dir: get("GITSTATE_CACHE_DIR").map_or(default_cache, PathBuf::from),
@@ -354,6 +396,57 @@ fn key_list(
         }
     }
     Ok(keys)
+}
+
+/// The private CA bundle: the file's PEM text and the variable's, together (either may be unset).
+/// Only the shape is checked here; the git adapter parses the certificates.
+fn git_ca_pem(file: Option<String>, pem: Option<String>) -> Result<Option<String>, ConfigError> {
+    let mut bundle = String::new();
+    if let Some(path) = file {
+        let text = std::fs::read_to_string(&path).map_err(|e| ConfigError::Invalid {
+            var: "GITSTATE_GIT_CA_FILE",
+            reason: format!("cannot read {path:?}: {e}"),
+        })?;
+        if !text.contains("-----BEGIN CERTIFICATE-----") {
+            return Err(ConfigError::Invalid {
+                var: "GITSTATE_GIT_CA_FILE",
+                reason: format!("{path:?} holds no PEM certificate"),
+            });
+        }
+        bundle.push_str(&text);
+        bundle.push('\n');
+    }
+    if let Some(text) = pem.map(|t| unflatten_pem(&t)) {
+        if !text.contains("-----BEGIN CERTIFICATE-----") {
+            return Err(ConfigError::Invalid {
+                var: "GITSTATE_GIT_CA_PEM",
+                reason: "holds no PEM certificate (-----BEGIN CERTIFICATE-----)".into(),
+            });
+        }
+        bundle.push_str(&text);
+        bundle.push('\n');
+    }
+    Ok(Some(bundle).filter(|b| !b.is_empty()))
+}
+
+/// PEM text whose newlines became spaces (a CloudFormation parameter or an environment variable
+/// typed on one line) with its lines back; PEM with newlines is returned unchanged.
+fn unflatten_pem(text: &str) -> String {
+    if text.trim().contains('\n') {
+        return text.to_owned();
+    }
+    let mut out = String::new();
+    for part in text.split("-----").map(str::trim).filter(|p| !p.is_empty()) {
+        if part.starts_with("BEGIN ") || part.starts_with("END ") {
+            out.push_str(&format!("-----{part}-----\n"));
+        } else {
+            for chunk in part.split_whitespace() {
+                out.push_str(chunk);
+                out.push('\n');
+            }
+        }
+    }
+    out
 }
 
 fn check_url(var: &'static str, url: &str) -> Result<(), ConfigError> {
@@ -479,6 +572,10 @@ mod tests {
             [("GITSTATE_KMS_PREVIOUS_KEY_IDS", "alias/old")],
             [("GITSTATE_HISTORY_MAX_DEPTH", "0")],
             [("GITSTATE_GIT_MAX_RESPONSE_BYTES", "lots")],
+            [("GITSTATE_GIT_AUTH", "digest")],
+            [("GITSTATE_REQUIRE_ATOMIC", "yes")],
+            [("GITSTATE_GIT_CA_PEM", "not a certificate")],
+            [("GITSTATE_GIT_CA_FILE", "/nonexistent/ca.pem")],
         ] {
             assert!(settings(Runtime::Local, &vars).is_err(), "{vars:?}");
         }
@@ -541,6 +638,40 @@ mod tests {
         )
         .expect("valid");
         assert_eq!((s.history_max_depth, s.git_max_response_bytes), (100, 4096));
+    }
+
+    #[test]
+    fn git_host_settings() {
+        let s = settings(Runtime::Local, &[]).expect("defaults");
+        assert_eq!(
+            (s.git_auth, s.git_ca_pem, s.require_atomic),
+            (GitAuth::Basic, None, false)
+        );
+        let pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+        let file = std::env::temp_dir().join(format!("gitstate-ca-{}.pem", std::process::id()));
+        std::fs::write(&file, pem).expect("write");
+        let path = file.display().to_string();
+        let s = settings(
+            Runtime::Local,
+            &[
+                ("GITSTATE_GIT_AUTH", "bearer"),
+                ("GITSTATE_REQUIRE_ATOMIC", "true"),
+                ("GITSTATE_GIT_CA_FILE", &path),
+                ("GITSTATE_GIT_CA_PEM", pem),
+            ],
+        )
+        .expect("valid");
+        assert_eq!((s.git_auth, s.require_atomic), (GitAuth::Bearer, true));
+        let bundle = s.git_ca_pem.expect("a bundle");
+        let flat = pem.replace('\n', " ");
+        let s = settings(Runtime::Local, &[("GITSTATE_GIT_CA_PEM", &flat)]).expect("valid");
+        assert_eq!(s.git_ca_pem.as_deref().map(str::trim), Some(pem.trim()));
+        assert_eq!(
+            bundle.matches("BEGIN CERTIFICATE").count(),
+            2,
+            "file and text together"
+        );
+        let _ = std::fs::remove_file(file);
     }
 
     #[test]

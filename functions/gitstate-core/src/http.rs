@@ -230,7 +230,9 @@ impl ApiError {
             Self::Service(S::Store(StoreError::Unavailable(_) | StoreError::Contention { .. })) => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
-            Self::Service(S::Store(StoreError::Remote(_))) => StatusCode::BAD_GATEWAY,
+            Self::Service(S::Store(StoreError::Remote(_) | StoreError::Incompatible(_))) => {
+                StatusCode::BAD_GATEWAY
+            }
             Self::Service(S::Store(StoreError::Corrupt(_) | StoreError::Internal(_))) => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
@@ -280,6 +282,9 @@ impl IntoResponse for ApiError {
             )) => "the git remote is busy or unreachable; retry".to_owned(),
             Self::Service(ServiceError::Store(StoreError::Remote(_))) => {
                 "the git remote refused or garbled the request; see the backend's log".to_owned()
+            }
+            Self::Service(ServiceError::Store(incompatible @ StoreError::Incompatible(_))) => {
+                incompatible.to_string()
             }
             Self::Service(ServiceError::Store(_)) | Self::Render(_) => {
                 "internal error; see the backend's log".to_owned()

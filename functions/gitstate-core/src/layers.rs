@@ -65,6 +65,22 @@ pub const SETTINGS: &[Spec] = &[
         "further repositories requests may name",
     ),
     setting(
+        "GITSTATE_GIT_AUTH",
+        "how the token is sent: basic or bearer [basic]",
+    ),
+    setting(
+        "GITSTATE_GIT_CA_FILE",
+        "PEM bundle of a private CA for the git host",
+    ),
+    setting(
+        "GITSTATE_GIT_CA_PEM",
+        "PEM text of a private CA for the git host",
+    ),
+    switch(
+        "GITSTATE_REQUIRE_ATOMIC",
+        "refuse git hosts without atomic push [false]",
+    ),
+    setting(
         "GITSTATE_ALLOWED_REFS",
         "further branches ?ref= may name (names or prefix/*)",
     ),

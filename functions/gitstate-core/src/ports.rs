@@ -212,6 +212,10 @@ pub enum StoreError {
     /// The remote answered, but not as a git server should (or refused our credentials).
     #[error("the git remote answered unexpectedly")]
     Remote(#[source] BoxError),
+    /// The remote lacks what this deployment insists on (e.g. atomic push with
+    /// `GITSTATE_REQUIRE_ATOMIC=true`); the reason names the setting and is shown to the client.
+    #[error("the git remote cannot be used as configured: {0}")]
+    Incompatible(String),
     /// Other writers kept moving the branch; the client may retry.
     #[error("the branch kept moving after {attempts} attempts")]
     Contention { attempts: u32 },

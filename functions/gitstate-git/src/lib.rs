@@ -10,7 +10,7 @@ pub mod smart;
 pub mod ssh;
 mod store;
 
-pub use store::{GitStore, StoreOptions};
+pub use store::{GitStore, StoreOptions, WriteMode};
 
 use gitstate_core::ports::StoreError;
 
@@ -19,6 +19,14 @@ use gitstate_core::ports::StoreError;
 pub enum Error {
     #[error("git HTTP request failed")]
     Http(#[source] reqwest::Error),
+    #[error(
+        "certificate verification failed for git host {host} ({reason}); trust its CA with GITSTATE_GIT_CA_FILE or GITSTATE_GIT_CA_PEM"
+    )]
+    Certificate { host: String, reason: String },
+    #[error(
+        "the git remote does not offer atomic push and GITSTATE_REQUIRE_ATOMIC=true refuses such remotes"
+    )]
+    AtomicRequired,
     #[error("git remote answered HTTP {status} to the {what}")]
     Status { status: u16, what: &'static str },
     #[error("git protocol error: {0}")]
@@ -64,7 +72,9 @@ impl From<Error> for StoreError {
             | Error::Status { .. }
             | Error::Protocol(_)
             | Error::Remote(_)
-            | Error::Pack(_) => StoreError::Remote(Box::new(error)),
+            | Error::Pack(_)
+            | Error::Certificate { .. } => StoreError::Remote(Box::new(error)),
+            Error::AtomicRequired => StoreError::Incompatible(error.to_string()),
             Error::Corrupt(what) => StoreError::Corrupt(what),
             Error::Config(_) | Error::Git(_) | Error::Io(_) | Error::Join(_) => {
                 StoreError::Internal(Box::new(error))

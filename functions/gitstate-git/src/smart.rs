@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use base64::Engine;
+use gitstate_core::config::GitAuth;
 use gix::ObjectId;
 use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue, LOCATION};
 
@@ -173,6 +174,115 @@ impl PushReport {
     }
 }
 
+/// What a push asks for: only capabilities `caps` advertised. `report-status` is required (the
+/// verdict on each ref is what every decision rests on); `atomic` only for several commands,
+/// which a caller must not send to a remote without it; `side-band-64k` when offered;
+/// `report-status-v2`, `ofs-delta` (our packs hold whole objects), `quiet` and `push-options`
+/// never.
+pub fn push_capabilities(caps: &Advert, commands: &[Command]) -> Result<Vec<&'static str>, Error> {
+    if !caps.has_cap("report-status") {
+        return Err(Error::Protocol(
+            "the remote does not offer report-status, so a push's outcome could not be known"
+                .into(),
+        ));
+    }
+    let mut wanted = vec!["report-status"];
+    if caps.has_cap("side-band-64k") {
+        wanted.push("side-band-64k");
+    }
+    if commands.len() > 1 {
+        if !caps.has_cap("atomic") {
+            return Err(Error::Protocol(
+                "several ref updates in one push need atomic, which the remote does not offer"
+                    .into(),
+            ));
+        }
+        wanted.push("atomic");
+    }
+    if commands.iter().any(|c| c.new.is_null()) && !caps.has_cap("delete-refs") {
+        return Err(Error::Remote(
+            "the remote does not allow deleting refs".into(),
+        ));
+    }
+    wanted.push(AGENT);
+    Ok(wanted)
+}
+
+/// What a fetch asks for: of the capabilities it can use, those the upload-pack advertisement
+/// offered; none when this process has not seen one (the caller makes sure that only happens
+/// when whole history is fine, see [`SmartHttp::knows_fetch_capabilities`]).
+fn fetch_capabilities(caps: Option<&[String]>) -> Vec<&'static str> {
+    ["side-band-64k", "ofs-delta", "shallow", "no-progress"]
+        .into_iter()
+        .filter(|cap| caps.is_some_and(|caps| caps.iter().any(|c| c == cap)))
+        .chain([AGENT])
+        .collect()
+}
+
+/// The `Authorization` header for `token`: Basic with `username` (default `gitstate`, which
+/// hosts that ignore the name accept) or Bearer. Marked sensitive, so it is never logged.
+fn authorization(auth: GitAuth, username: Option<&str>, token: &str) -> Result<HeaderValue, Error> {
+    let text = match auth {
+        GitAuth::Basic => format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD
+                .encode(format!("{}:{token}", username.unwrap_or("gitstate")))
+        ),
+        GitAuth::Bearer => format!("Bearer {token}"),
+    };
+    let mut value = HeaderValue::try_from(text).map_err(|_| {
+        Error::Config("git credentials contain characters a header cannot carry".into())
+    })?;
+    value.set_sensitive(true);
+    Ok(value)
+}
+
+/// The certificates of a PEM bundle (`GITSTATE_GIT_CA_FILE` / `GITSTATE_GIT_CA_PEM`), trusted in
+/// addition to the system roots.
+pub fn private_roots(pem: &str) -> Result<Vec<reqwest::Certificate>, Error> {
+    let roots = reqwest::Certificate::from_pem_bundle(pem.as_bytes())
+        .map_err(|e| Error::Config(format!("GITSTATE_GIT_CA_FILE/GITSTATE_GIT_CA_PEM: {e}")))?;
+    if roots.is_empty() {
+        return Err(Error::Config(
+            "GITSTATE_GIT_CA_FILE/GITSTATE_GIT_CA_PEM: no certificate in the PEM text".into(),
+        ));
+    }
+    Ok(roots)
+}
+
+/// A failed request, told apart when the host's certificate did not verify: that needs the
+/// operator (a private CA to trust), not a retry, and the log must say which host.
+fn request_error(url: &str, error: reqwest::Error) -> Error {
+    match tls_error(&error) {
+        Some(rustls::Error::InvalidCertificate(why)) => Error::Certificate {
+            host: reqwest::Url::parse(url)
+                .ok()
+                .and_then(|u| u.host_str().map(str::to_owned))
+                .unwrap_or_default(),
+            reason: format!("{why:?}"),
+        },
+        _ => Error::Http(error),
+    }
+}
+
+/// The TLS error behind a failed request. The connector nests it in `io::Error`s, whose
+/// `source()` skips the error they wrap, so those are opened with `get_ref()`.
+fn tls_error<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+    let mut next = Some(error);
+    while let Some(cause) = next {
+        if let Some(tls) = cause.downcast_ref::<rustls::Error>() {
+            return Some(tls);
+        }
+        next = match cause.downcast_ref::<std::io::Error>() {
+            Some(io) => io
+                .get_ref()
+                .map(|inner| inner as &(dyn std::error::Error + 'static)),
+            None => cause.source(),
+        };
+    }
+    None
+}
+
 /// A remote repository reached over smart HTTP(S), or over SSH ([`crate::ssh`]).
 pub struct SmartHttp {
     client: reqwest::Client,
@@ -186,17 +296,26 @@ pub struct SmartHttp {
     max_response_bytes: u64,
     /// Set for SSH remotes: the same requests and parsers, another wire.
     wire: Option<Box<dyn crate::ssh::Wire>>,
+    /// Upload-pack capabilities, from the last upload-pack advertisement.
+    upload_caps: Mutex<Option<Vec<String>>>,
+}
+
+/// How [`SmartHttp`] reaches and authenticates to the host, beyond the URL.
+#[derive(Debug, Clone, Default)]
+pub struct Connection<'a> {
+    pub username: Option<&'a str>,
+    pub token: Option<&'a str>,
+    pub auth: GitAuth,
+    /// Extra trusted roots (a private CA), added to the system's.
+    pub roots: &'a [reqwest::Certificate],
+    pub timeout: Duration,
 }
 
 impl SmartHttp {
-    /// `username`/`token` are sent pre-emptively as Basic credentials; never over plain http to
-    /// anything but the loopback interface.
-    pub fn new(
-        url: &str,
-        username: Option<&str>,
-        token: Option<&str>,
-        timeout: Duration,
-    ) -> Result<Self, Error> {
+    /// The token is sent pre-emptively (Basic or Bearer); never over plain http to anything but
+    /// the loopback interface. `HTTPS_PROXY`/`HTTP_PROXY`/`NO_PROXY` are honoured. SSH remotes
+    /// (`ssh://…`, `user@host:path`) go through the system `ssh` instead.
+    pub fn new(url: &str, connection: &Connection<'_>) -> Result<Self, Error> {
         if crate::ssh::is_ssh(url) {
             return Ok(Self {
                 client: reqwest::Client::builder().build().map_err(Error::Http)?,
@@ -205,12 +324,13 @@ impl SmartHttp {
                 redirected: Mutex::new(None),
                 advertised: AtomicBool::new(false),
                 max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
-                wire: Some(Box::new(crate::ssh::Ssh::parse(url, timeout)?)),
+                wire: Some(Box::new(crate::ssh::Ssh::parse(url, connection.timeout)?)),
+                upload_caps: Mutex::new(None),
             });
         }
         let parsed =
             reqwest::Url::parse(url).map_err(|e| Error::Config(format!("repository URL: {e}")))?;
-        let authorization = match token {
+        let authorization = match connection.token {
             None => None,
             Some(token) => {
                 let loopback =
@@ -220,27 +340,21 @@ impl SmartHttp {
                         "refusing to send git credentials over plain http; use https://".into(),
                     ));
                 }
-                let pair = format!("{}:{token}", username.unwrap_or("gitstate"));
-                let mut value = HeaderValue::try_from(format!(
-                    "Basic {}",
-                    base64::engine::general_purpose::STANDARD.encode(pair)
-                ))
-                .map_err(|_| {
-                    Error::Config("git credentials contain characters a header cannot carry".into())
-                })?;
-                value.set_sensitive(true);
-                Some(value)
+                Some(authorization(connection.auth, connection.username, token)?)
             }
         };
-        let client = reqwest::Client::builder()
+        let timeout = connection.timeout;
+        let mut builder = reqwest::Client::builder()
             // Redirects are followed by hand, for the first advertisement only: see
             // `advertisement_response`.
             .redirect(reqwest::redirect::Policy::none())
             .timeout(timeout)
             .connect_timeout(timeout.min(Duration::from_secs(5)))
-            .user_agent(AGENT.trim_start_matches("agent="))
-            .build()
-            .map_err(Error::Http)?;
+            .user_agent(AGENT.trim_start_matches("agent="));
+        for root in connection.roots {
+            builder = builder.add_root_certificate(root.clone());
+        }
+        let client = builder.build().map_err(Error::Http)?;
         Ok(Self {
             client,
             url: url.trim_end_matches('/').to_owned(),
@@ -249,6 +363,7 @@ impl SmartHttp {
             advertised: AtomicBool::new(false),
             max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
             wire: None,
+            upload_caps: Mutex::new(None),
         })
     }
 
@@ -305,7 +420,7 @@ impl SmartHttp {
                 .with_auth(self.client.get(&url))
                 .send()
                 .await
-                .map_err(Error::Http)?;
+                .map_err(|e| request_error(&self.url, e))?;
             if !response.status().is_redirection() {
                 return Ok(response);
             }
@@ -360,7 +475,11 @@ impl SmartHttp {
         request: reqwest::RequestBuilder,
         what: &'static str,
     ) -> Result<Vec<u8>, Error> {
-        let response = self.with_auth(request).send().await.map_err(Error::Http)?;
+        let response = self
+            .with_auth(request)
+            .send()
+            .await
+            .map_err(|e| request_error(&self.url, e))?;
         let status = response.status();
         if !status.is_success() {
             return Err(Error::Status {
@@ -373,9 +492,21 @@ impl SmartHttp {
 
     /// `GET info/refs?service=…`: one request.
     pub async fn advertise(&self, service: Service) -> Result<Advert, Error> {
-        if let Some(wire) = &self.wire {
-            return Advert::parse(&wire.advertise(service).await?, service);
+        let body = match &self.wire {
+            Some(wire) => wire.advertise(service).await?,
+            None => self.advertisement_body(service).await?,
+        };
+        let advert = Advert::parse(&body, service)?;
+        if service == Service::UploadPack
+            && let Ok(mut known) = self.upload_caps.lock()
+        {
+            *known = Some(advert.caps.clone());
         }
+        Ok(advert)
+    }
+
+    /// The body of `GET info/refs?service=…`, checked to be a smart-HTTP advertisement.
+    async fn advertisement_body(&self, service: Service) -> Result<Vec<u8>, Error> {
         let response = self.advertisement_response(service).await?;
         let status = response.status();
         if !status.is_success() {
@@ -395,8 +526,14 @@ impl SmartHttp {
                 "ref advertisement has content type {content_type:?}, not {expected}"
             )));
         }
-        let body = self.read_capped(response, "ref advertisement").await?;
-        Advert::parse(&body, service)
+        self.read_capped(response, "ref advertisement").await
+    }
+
+    /// Whether an upload-pack advertisement has told this client what a fetch may ask for.
+    /// Without one a fetch asks for nothing optional: no `shallow`, so the whole history of
+    /// each want comes, which is only right for orphan commits (locks).
+    pub fn knows_fetch_capabilities(&self) -> bool {
+        self.upload_caps.lock().is_ok_and(|caps| caps.is_some())
     }
 
     /// `POST git-upload-pack`: the objects of `wants` at depth 1, given we have `haves` (as shallow
@@ -434,19 +571,29 @@ impl SmartHttp {
         haves: &[ObjectId],
         depth: u32,
     ) -> Result<Vec<u8>, Error> {
+        let caps = fetch_capabilities(
+            self.upload_caps
+                .lock()
+                .map_err(|_| Error::Corrupt("poisoned".into()))?
+                .as_deref(),
+        );
+        // Without `shallow` the host cannot cut history: the whole of it comes.
+        let can_cut = caps.contains(&"shallow");
         let mut body = Vec::new();
         for (i, want) in wants.iter().enumerate() {
             let line = if i == 0 {
-                format!("want {want} side-band-64k ofs-delta shallow no-progress {AGENT}\n")
+                format!("want {want} {}\n", caps.join(" "))
             } else {
                 format!("want {want}\n")
             };
             pkt::write(&mut body, line.as_bytes());
         }
-        for commit in shallow {
-            pkt::write(&mut body, format!("shallow {commit}\n").as_bytes());
+        if can_cut {
+            for commit in shallow {
+                pkt::write(&mut body, format!("shallow {commit}\n").as_bytes());
+            }
+            pkt::write(&mut body, format!("deepen {}\n", depth.max(1)).as_bytes());
         }
-        pkt::write(&mut body, format!("deepen {}\n", depth.max(1)).as_bytes());
         pkt::flush(&mut body);
         for have in haves {
             pkt::write(&mut body, format!("have {have}\n").as_bytes());
@@ -466,6 +613,10 @@ impl SmartHttp {
         };
         let mut reader = pkt::Reader::new(&response);
         loop {
+            // Without side-band the pack follows the acknowledgements raw.
+            if reader.rest().starts_with(b"PACK") {
+                return Ok(reader.rest().to_vec());
+            }
             match reader.next_frame()? {
                 Some(pkt::Frame::Data(d)) if matches!(d.first(), Some(1..=3)) => {
                     return pkt::demux(&mut reader, Some(d));
@@ -490,25 +641,8 @@ impl SmartHttp {
         commands: &[Command],
         pack: Option<Vec<u8>>,
     ) -> Result<PushReport, Error> {
-        let mut wanted = vec!["report-status"];
-        let sideband = caps.has_cap("side-band-64k");
-        if sideband {
-            wanted.push("side-band-64k");
-        }
-        if commands.len() > 1 {
-            if !caps.has_cap("atomic") {
-                return Err(Error::Remote(
-                    "the remote does not support atomic pushes".into(),
-                ));
-            }
-            wanted.push("atomic");
-        }
-        if commands.iter().any(|c| c.new.is_null()) && !caps.has_cap("delete-refs") {
-            return Err(Error::Remote(
-                "the remote does not allow deleting refs".into(),
-            ));
-        }
-        wanted.push(AGENT);
+        let wanted = push_capabilities(caps, commands)?;
+        let sideband = wanted.contains(&"side-band-64k");
         let mut body = Vec::new();
         for (i, c) in commands.iter().enumerate() {
             let mut line = format!("{} {} {}", c.old, c.new, c.name).into_bytes();
@@ -626,5 +760,137 @@ mod tests {
         let mut bad = Vec::new();
         pkt::write(&mut bad, b"unpack index-pack failed\n");
         assert!(matches!(PushReport::parse(&bad), Err(Error::Remote(_))));
+    }
+
+    const PUSH_CAPS: [&str; 10] = [
+        "report-status",
+        "report-status-v2",
+        "delete-refs",
+        "side-band-64k",
+        "quiet",
+        "atomic",
+        "ofs-delta",
+        "push-options",
+        "object-format=sha1",
+        "agent=git/2.43.0",
+    ];
+
+    /// Every subset of capabilities a receive-pack could advertise, with one to three commands
+    /// (creates, updates, deletes): a push asks only for what was advertised, never for what it
+    /// does not use, and refuses exactly when a needed capability is missing.
+    #[test]
+    fn push_asks_only_for_advertised_capabilities() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(14);
+        let id = |n: u8| ObjectId::from_bytes_or_panic(&[n; 20]);
+        for mask in 0u32..(1 << PUSH_CAPS.len()) {
+            let caps = Advert {
+                caps: (0..PUSH_CAPS.len())
+                    .filter(|i| mask & (1 << i) != 0)
+                    .map(|i| PUSH_CAPS[i].to_owned())
+                    .collect(),
+                ..Advert::default()
+            };
+            let commands: Vec<Command> = (0..rng.random_range(1..=3))
+                .map(|i| Command {
+                    old: if rng.random_bool(0.3) { null() } else { id(1) },
+                    new: if rng.random_bool(0.3) { null() } else { id(2) },
+                    name: format!("refs/heads/r{i}"),
+                })
+                .collect();
+            let deletes = commands.iter().any(|c| c.new.is_null());
+            let possible = caps.has_cap("report-status")
+                && (commands.len() == 1 || caps.has_cap("atomic"))
+                && (!deletes || caps.has_cap("delete-refs"));
+            match push_capabilities(&caps, &commands) {
+                Ok(wanted) => {
+                    assert!(possible, "{caps:?} {commands:?}");
+                    for cap in wanted.iter().filter(|c| !c.starts_with("agent=")) {
+                        assert!(caps.has_cap(cap), "asked for {cap} not in {caps:?}");
+                        assert!(
+                            !["report-status-v2", "quiet", "push-options", "ofs-delta"]
+                                .contains(cap),
+                            "asked for unused {cap}"
+                        );
+                    }
+                    assert_eq!(wanted.contains(&"atomic"), commands.len() > 1);
+                    assert_eq!(
+                        wanted.contains(&"side-band-64k"),
+                        caps.has_cap("side-band-64k")
+                    );
+                }
+                Err(_) => assert!(!possible, "{caps:?} {commands:?}"),
+            }
+        }
+    }
+
+    fn null() -> ObjectId {
+        ObjectId::null(gix::hash::Kind::Sha1)
+    }
+
+    #[test]
+    fn fetch_asks_only_for_advertised_capabilities() {
+        let all = [
+            "side-band-64k",
+            "ofs-delta",
+            "shallow",
+            "no-progress",
+            "filter",
+        ];
+        for mask in 0u32..(1 << all.len()) {
+            let caps: Vec<String> = (0..all.len())
+                .filter(|i| mask & (1 << i) != 0)
+                .map(|i| all[i].to_owned())
+                .collect();
+            let wanted = fetch_capabilities(Some(&caps));
+            for cap in wanted.iter().filter(|c| !c.starts_with("agent=")) {
+                assert!(caps.iter().any(|c| c == cap), "{cap} not in {caps:?}");
+            }
+            assert_eq!(
+                wanted.len(),
+                1 + caps.iter().filter(|c| *c != "filter").count()
+            );
+        }
+        assert_eq!(
+            fetch_capabilities(None),
+            [AGENT],
+            "nothing optional unadvertised"
+        );
+    }
+
+    #[test]
+    fn authorization_schemes() {
+        let basic = authorization(GitAuth::Basic, Some("x-token-auth"), "t0k").expect("valid");
+        assert_eq!(
+            basic.to_str().expect("ascii"),
+            format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD.encode("x-token-auth:t0k")
+            )
+        );
+        let bearer = authorization(GitAuth::Bearer, Some("ignored"), "t0k").expect("valid");
+        assert_eq!(bearer.to_str().expect("ascii"), "Bearer t0k");
+        assert!(basic.is_sensitive() && bearer.is_sensitive());
+        assert!(authorization(GitAuth::Bearer, None, "a\nb").is_err());
+    }
+
+    /// However deep the connector nests the TLS error in `io::Error`s, it is found.
+    #[test]
+    fn finds_the_tls_error_in_nested_io_errors() {
+        let unknown = || rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer);
+        for depth in 0..4 {
+            let mut error: Box<dyn std::error::Error + Send + Sync> = Box::new(unknown());
+            for _ in 0..depth {
+                error = Box::new(std::io::Error::other(error));
+            }
+            assert_eq!(tls_error(error.as_ref()), Some(&unknown()), "depth {depth}");
+        }
+        let plain = std::io::Error::other("connection refused");
+        assert_eq!(tls_error(&plain), None);
+    }
+
+    #[test]
+    fn private_roots_need_a_certificate() {
+        assert!(private_roots("no pem here").is_err());
     }
 }

@@ -5,6 +5,8 @@
 //! - unlock: delete of the lock ref, conditional on the lock commit that was checked;
 //! - write: commit on the advertised tip, pushed with compare-and-swap (atomically with an
 //!   unchanged lock ref when a lock is held), rebuilt and retried when another state moved it.
+//!   A remote without `atomic` gets the compare-and-swap of the branch alone, the lock having
+//!   been checked in the same advertisement that gave the tip (see [`WriteMode`]).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -16,7 +18,7 @@ use bytes::Bytes;
 use gix::ObjectId;
 use sha1::{Digest, Sha1};
 
-use gitstate_core::config::{Secret, Settings};
+use gitstate_core::config::{GitAuth, Secret, Settings};
 use gitstate_core::ports::{
     Acquire, Change, CommitMeta, HeldLock, HistoryPage, Listing, Location, Refusal, Release,
     Revision, StateStore, StoreError, WritePlan, Written, user_from_message,
@@ -28,7 +30,7 @@ use crate::Error;
 use crate::cache::{Cache, Chain, Latest, NewCommit, Walk};
 use crate::local::LocalRefs;
 use crate::pack;
-use crate::smart::{Advert, Command, PushReport, Service, SmartHttp};
+use crate::smart::{Advert, Command, Connection, PushReport, Service, SmartHttp};
 
 /// History is fetched this many commits deep at first, then four times deeper each time a page
 /// needs more, up to [`StoreOptions::max_history_depth`].
@@ -59,11 +61,44 @@ pub struct StoreOptions {
     pub token: Option<Secret>,
     /// The configured repository (`GITSTATE_REPOSITORY`).
     pub primary: Option<String>,
+    pub auth: GitAuth,
+    /// Private CA certificates trusted besides the system roots.
+    pub roots: Vec<reqwest::Certificate>,
+    /// Refuse remotes whose receive-pack does not advertise `atomic`.
+    pub require_atomic: bool,
     pub timeout: Duration,
     /// The most one git answer may hold (`GITSTATE_GIT_MAX_RESPONSE_BYTES`).
     pub max_response_bytes: u64,
     /// How deep history paging and `?at=` may fetch (`GITSTATE_HISTORY_MAX_DEPTH`).
     pub max_history_depth: u32,
+}
+
+/// How a write under a lock reaches the remote, decided per remote from its receive-pack
+/// advertisement.
+///
+/// Both modes: a write is a compare-and-swap of the branch from the advertised tip, so no commit
+/// of another state is ever lost or rewound, and a write is refused unless the lock ref, read in
+/// the same advertisement as that tip, holds the writer's lock ID.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteMode {
+    /// One atomic push also asserts that the lock ref is unchanged: the write lands only if the
+    /// lock is still the one checked at the moment the branch moves.
+    Atomic,
+    /// The branch's compare-and-swap alone: the lock check is as of the advertisement, so a
+    /// force-unlock (and a new lock) landing between that advertisement and the push does not
+    /// stop the write, exactly as with the seed tool's non-atomic protocol. The write still never
+    /// overwrites a newer commit on the branch.
+    BranchOnly,
+}
+
+impl WriteMode {
+    fn of(advert: &Advert) -> Self {
+        if advert.has_cap("atomic") {
+            Self::Atomic
+        } else {
+            Self::BranchOnly
+        }
+    }
 }
 
 pub struct GitStore {
@@ -92,6 +127,8 @@ struct Remote {
     /// History pages already walked, by (tip, path, skip, limit): a commit's history never
     /// changes, so a warm state page does not walk it again.
     histories: Mutex<HashMap<(ObjectId, String, usize, usize), HistoryPage>>,
+    /// `GITSTATE_REQUIRE_ATOMIC`: a receive-pack advertisement without `atomic` is an error.
+    require_atomic: bool,
     fetching: tokio::sync::Mutex<()>,
 }
 
@@ -115,6 +152,12 @@ impl GitStore {
             username: settings.git_username.clone(),
             token: settings.git_token.clone(),
             primary: settings.repository.clone(),
+            auth: settings.git_auth,
+            roots: match &settings.git_ca_pem {
+                Some(pem) => crate::smart::private_roots(pem)?,
+                None => Vec::new(),
+            },
+            require_atomic: settings.require_atomic,
             timeout: settings.git_timeout,
             max_response_bytes: settings.git_max_response_bytes,
             max_history_depth: settings.history_max_depth,
@@ -171,9 +214,13 @@ impl GitStore {
             _ => {
                 let http = SmartHttp::new(
                     &at.repository,
-                    self.options.username.as_deref(),
-                    self.token_for(&at.repository),
-                    self.options.timeout,
+                    &Connection {
+                        username: self.options.username.as_deref(),
+                        token: self.token_for(&at.repository),
+                        auth: self.options.auth,
+                        roots: &self.options.roots,
+                        timeout: self.options.timeout,
+                    },
                 )?
                 .with_max_response_bytes(self.options.max_response_bytes);
                 (
@@ -189,6 +236,7 @@ impl GitStore {
             push_caps: Mutex::new(None),
             last_advert: Mutex::new(None),
             histories: Mutex::default(),
+            require_atomic: self.options.require_atomic,
             fetching: tokio::sync::Mutex::new(()),
         });
         remotes.insert(key, remote.clone());
@@ -282,7 +330,7 @@ impl GitStore {
         tip: ObjectId,
         name: &StateName,
     ) -> Result<HeldLock, Error> {
-        let bytes = remote.read(tip, name.lock_file()).await?;
+        let bytes = remote.read_with(tip, name.lock_file(), true).await?;
         let info = bytes
             .and_then(|b| LockInfo::parse(Bytes::from(b)).ok())
             .map_or_else(|| unreadable_lock(tip), Ok)?;
@@ -335,6 +383,9 @@ impl Remote {
                     *last = Some((advert.clone(), Instant::now()));
                 }
                 if service == Service::ReceivePack {
+                    if self.require_atomic && WriteMode::of(&advert) != WriteMode::Atomic {
+                        return Err(Error::AtomicRequired);
+                    }
                     let caps = Advert {
                         caps: advert.caps.clone(),
                         ..Advert::default()
@@ -446,6 +497,14 @@ impl Remote {
 
     /// Make sure the cache has `wants` (commits and everything in their trees).
     async fn ensure(&self, wants: Vec<ObjectId>) -> Result<(), Error> {
+        self.ensure_with(wants, false).await
+    }
+
+    /// [`Self::ensure`] for lock commits, which have no parents: when this process has not seen
+    /// the upload-pack capabilities yet, the fetch asks for none rather than spending a request
+    /// on the advertisement (a cold UNLOCK stays at three requests). A branch tip needs `shallow`
+    /// if offered, so for it the advertisement comes first.
+    async fn ensure_with(&self, wants: Vec<ObjectId>, orphans: bool) -> Result<(), Error> {
         let Transport::Http(http) = &self.transport else {
             return Ok(());
         };
@@ -466,6 +525,9 @@ impl Remote {
             Some((tip, _)) if self.cache.has(tip)? => vec![tip],
             _ => Vec::new(),
         };
+        if !orphans && !http.knows_fetch_capabilities() {
+            http.advertise(Service::UploadPack).await?;
+        }
         let pack = http.fetch(&missing, &haves).await?;
         let cache = self.cache.clone();
         blocking(move || {
@@ -492,7 +554,17 @@ impl Remote {
 
     /// `path` at `commit`, fetching first if needed. A cache that fails to read is rebuilt once.
     async fn read(&self, commit: ObjectId, path: String) -> Result<Option<Vec<u8>>, Error> {
-        self.ensure(vec![commit]).await?;
+        self.read_with(commit, path, false).await
+    }
+
+    /// [`Self::read`]; `orphan`: `commit` has no parents (a lock), see [`Self::ensure_with`].
+    async fn read_with(
+        &self,
+        commit: ObjectId,
+        path: String,
+        orphan: bool,
+    ) -> Result<Option<Vec<u8>>, Error> {
+        self.ensure_with(vec![commit], orphan).await?;
         let cache = self.cache.clone();
         let first_path = path.clone();
         match blocking(move || cache.read_path(commit, &first_path)).await {
@@ -500,7 +572,7 @@ impl Remote {
             Err(error) if self.is_cache() => {
                 tracing::warn!(error = %gitstate_core::http::chain(&error), "cache read failed");
                 self.rebuild().await?;
-                self.ensure(vec![commit]).await?;
+                self.ensure_with(vec![commit], orphan).await?;
                 let cache = self.cache.clone();
                 blocking(move || cache.read_path(commit, &path)).await
             }
@@ -855,7 +927,7 @@ impl StateStore for GitStore {
         tips.sort();
         // One fetch for every lock commit the cache lacks.
         remote
-            .ensure(tips.iter().map(|(_, id)| *id).collect())
+            .ensure_with(tips.iter().map(|(_, id)| *id).collect(), true)
             .await?;
         let mut locks = Vec::with_capacity(tips.len());
         for (name, tip) in tips {
@@ -1229,7 +1301,9 @@ impl GitStore {
             new: commit.id,
             name: branch,
         }];
-        if let Some((lock_tip, lock_ref, _)) = lock_tip {
+        if let (Some((lock_tip, lock_ref, _)), WriteMode::Atomic) =
+            (lock_tip, WriteMode::of(&advert))
+        {
             // The plan accepted the lock as it is: the write lands only if it still is.
             commands.push(Command {
                 old: lock_tip,
