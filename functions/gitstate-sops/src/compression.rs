@@ -26,7 +26,7 @@ pub fn is_compressed(payload: &[u8]) -> bool {
 
 /// A state as gitstate seals it: one gzip member at the default level (6), with no file name and
 /// a zero modification time, so equal states compress to equal bytes. Level 9 makes a 52 KB state
-/// 1% smaller in the packed repository and compresses a 5 MB one three times slower.
+/// 1% smaller in the packed repository and takes three times as long on a 5 MB one (gzip CLI).
 pub fn compress(state: &[u8]) -> Result<Vec<u8>, Error> {
     let mut encoder = GzEncoder::new(Vec::with_capacity(state.len() / 8), Compression::default());
     encoder
