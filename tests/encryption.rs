@@ -9,8 +9,8 @@ use gitstate_core::access::Caller;
 use gitstate_core::service::Rekeyed;
 use gitstate_sops::Envelope;
 use gitstate_tests::{
-    Client, GitServer, Moto, TestBackend, commit_file, encrypted_app, init_tracing, settings_for,
-    state_json, stored_file, tool,
+    Client, GitServer, Moto, TestBackend, commit_file, encrypted_app, init_tracing,
+    realistic_state, settings_for, state_json, stored_file, tool,
 };
 
 const SECRET: &str = "hunter2-very-secret-db-password";
@@ -135,6 +135,7 @@ async fn round_trip_two_keys_either_decrypts_and_no_plaintext_in_git() {
             .open(&serde_json::to_vec(&one).expect("json"), None)
             .await
             .expect("one key suffices");
+        let opened = gitstate_kms::unpack(opened, 1 << 20).expect("expands");
         assert_eq!(opened.plaintext.as_slice(), body.as_bytes());
         assert_eq!(fresh.keys().calls().decrypt, 1);
     }
@@ -396,6 +397,7 @@ async fn migration_enforcement_rotation_and_rekey() {
         Some(gitstate_kms::encryption_with(
             kms.clone(),
             &settings.encryption,
+            settings.max_body_bytes,
         )),
     )
     .expect("backend");
@@ -596,34 +598,21 @@ async fn python_sops_decrypts_a_gitstate_state_and_sizes() {
     );
     let stored = s.stored("big.tfstate");
     eprintln!(
-        "MEASURE 1 MB state: plaintext {} bytes, stored ciphertext {} bytes (x{:.3})",
+        "MEASURE 1 MB state: plaintext {} bytes, stored (compressed, sealed) {} bytes (x{:.3})",
         body.len(),
         stored.len(),
         stored.len() as f64 / body.len() as f64
     );
-    assert!(stored.len() < body.len() * 14 / 10);
+    assert!(stored.len() < body.len() / 10);
     assert!(!String::from_utf8_lossy(&stored).contains(SECRET));
 
-    // THEN Python sops 1.18 (an independent implementation) decrypts it, MAC checked, to exactly
-    // the plaintext
-    let dir = tempfile::tempdir().expect("tempdir");
-    let file = dir.path().join("big.tfstate.json");
-    std::fs::write(&file, &stored).expect("write");
-    let out = std::process::Command::new(tool("sops"))
-        .args(["-d", "--input-type", "json", "--output-type", "bytes"])
-        .arg(&file)
-        .envs(s.moto.env())
-        .output()
-        .expect("sops runs");
+    // THEN Python sops 1.18 (an independent implementation) decrypts it, MAC checked, to the
+    // gzip stream of exactly the plaintext
+    let (_, expanded) = sops_then_gzip(&s.moto, &stored, &["-d"]);
     assert!(
-        out.status.success(),
-        "python sops failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.stdout == body.as_bytes(),
+        expanded == body.as_bytes(),
         "python sops output differs ({} vs {} bytes)",
-        out.stdout.len(),
+        expanded.len(),
         body.len()
     );
 }
@@ -905,4 +894,237 @@ async fn kms_outage_fails_closed() {
     assert_eq!(refs(), before, "nothing was written");
     let stored = String::from_utf8(stored_file(&server, "infra", name)).expect("utf-8");
     assert!(stored.contains("ENC[AES256_GCM") && !stored.contains(SECRET));
+}
+
+/// The break-glass path as the README gives it: Python sops 1.18 decrypts the file to the sealed
+/// payload, the machine's stock gzip (`gzip_args`) expands it. Returns (payload, expanded).
+fn sops_then_gzip(moto: &Moto, stored: &[u8], gzip_args: &[&str]) -> (Vec<u8>, Vec<u8>) {
+    use std::io::Write;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("state.tfstate");
+    std::fs::write(&file, stored).expect("write");
+    let sops = std::process::Command::new(tool("sops"))
+        .args(["-d", "--input-type", "json", "--output-type", "bytes"])
+        .arg(&file)
+        .envs(moto.env())
+        .output()
+        .expect("sops runs");
+    assert!(
+        sops.status.success(),
+        "python sops failed: {}",
+        String::from_utf8_lossy(&sops.stderr)
+    );
+    let mut gzip = std::process::Command::new("gzip")
+        .args(gzip_args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("gzip runs");
+    gzip.stdin
+        .take()
+        .expect("stdin")
+        .write_all(&sops.stdout)
+        .expect("gzip reads");
+    let out = gzip.wait_with_output().expect("gzip ends");
+    assert!(out.status.success(), "gzip -d failed");
+    (sops.stdout, out.stdout)
+}
+
+/// States of 0 to 400 resources, some with non-ASCII text, through an encrypting backend: each
+/// is sealed as its gzip stream, comes back byte-exact through the API, and opens with Python
+/// sops piped into `gzip -d`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn compressed_states_round_trip_and_break_glass_with_python_sops() {
+    let s = setup().await;
+    s.moto.create_key("tfstate").await;
+    let backend = s
+        .backend(
+            s.moto.kms().await,
+            &[("GITSTATE_KMS_KEY_IDS", "alias/tfstate")],
+        )
+        .await;
+    let client = Client::new(&backend.url);
+    for (seed, resources) in [(1_u64, 0_usize), (2, 1), (3, 7), (4, 60), (5, 60), (6, 400)] {
+        let mut body = realistic_state(seed, resources, 1);
+        if seed % 2 == 0 {
+            body = body.replace("platform", "plätform ✓ 🙂 \\\"q\\\"");
+        }
+        let name = format!("gen/s{seed}.tfstate");
+        let path = format!("/states/{name}");
+        assert_eq!(client.send("POST", &path, Some(&body)).await.status, 200);
+        // THEN it reads back byte-exact, warm and from a cold backend
+        let got = client.send("GET", &path, None).await;
+        assert_eq!((got.status, got.body.as_str()), (200, body.as_str()));
+        let cold = s
+            .backend(
+                s.moto.kms().await,
+                &[("GITSTATE_KMS_KEY_IDS", "alias/tfstate")],
+            )
+            .await;
+        let got = Client::new(&cold.url).send("GET", &path, None).await;
+        assert_eq!((got.status, got.body.as_str()), (200, body.as_str()));
+        // AND git holds a sops binary-mode file whose payload is the gzip stream of the state
+        let stored = s.stored(&name);
+        let kms = s.moto.kms().await;
+        let opened = Envelope::new(kms, vec![], None)
+            .open(&stored, None)
+            .await
+            .expect("opens");
+        assert!(gitstate_sops::compression::is_compressed(&opened.plaintext));
+        let state = gitstate_kms::unpack(opened, 6 << 20).expect("expands");
+        assert_eq!(state.plaintext.as_slice(), body.as_bytes());
+        eprintln!(
+            "MEASURE {resources} resources: state {} bytes, stored {} bytes",
+            body.len(),
+            stored.len()
+        );
+        if resources >= 60 {
+            assert!(
+                stored.len() * 4 < body.len(),
+                "{} vs {}",
+                stored.len(),
+                body.len()
+            );
+        }
+        // AND the break-glass path yields the exact state
+        if matches!(resources, 0 | 60 | 400) {
+            let (payload, expanded) = sops_then_gzip(&s.moto, &stored, &["-d"]);
+            assert!(gitstate_sops::compression::is_compressed(&payload));
+            assert!(expanded == body.as_bytes(), "break-glass output differs");
+        }
+    }
+}
+
+/// Files sealed before compression (the JSON itself as the payload, as gitstate wrote until
+/// now) keep reading; the next write stores the compressed form.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn states_sealed_before_compression_keep_reading() {
+    let s = setup().await;
+    s.moto.create_key("tfstate").await;
+    let body = realistic_state(9, 60, 4);
+    let name = StateName::parse("old/prod.tfstate").expect("name");
+    // GIVEN a file sealed the old way: the state itself under the location's context
+    let old = Envelope::new(s.moto.kms().await, vec!["alias/tfstate".to_owned()], None)
+        .seal(body.as_bytes(), &gitstate_kms::context(&s.url, &name))
+        .await
+        .expect("seals");
+    commit_file(&s.server, "infra", name.as_str(), &old);
+    let backend = s
+        .backend(
+            s.moto.kms().await,
+            &[("GITSTATE_KMS_KEY_IDS", "alias/tfstate")],
+        )
+        .await;
+    let client = Client::new(&backend.url);
+    // THEN it reads byte-exact, and Python sops still yields the JSON itself
+    let got = client.send("GET", "/states/old/prod.tfstate", None).await;
+    assert_eq!((got.status, got.body.as_str()), (200, body.as_str()));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("old.json");
+    std::fs::write(&file, &old).expect("write");
+    let sops = std::process::Command::new(tool("sops"))
+        .args(["-d", "--input-type", "json", "--output-type", "bytes"])
+        .arg(&file)
+        .envs(s.moto.env())
+        .output()
+        .expect("sops runs");
+    assert!(sops.status.success() && sops.stdout == body.as_bytes());
+    // (and the pipe the README gives for either kind, `| gzip -dc -f`, passes it through)
+    let (_, passed) = sops_then_gzip(&s.moto, &old, &["-dc", "-f"]);
+    assert!(passed == body.as_bytes());
+    // AND the next write stores it compressed, which reads back byte-exact
+    let next = realistic_state(9, 60, 5);
+    assert_eq!(
+        client
+            .send("POST", "/states/old/prod.tfstate", Some(&next))
+            .await
+            .status,
+        200
+    );
+    let stored = s.stored(name.as_str());
+    assert!(
+        stored.len() * 4 < old.len(),
+        "{} vs {}",
+        stored.len(),
+        old.len()
+    );
+    let (_, expanded) = sops_then_gzip(&s.moto, &stored, &["-dc", "-f"]);
+    assert!(expanded == next.as_bytes());
+    let got = client.send("GET", "/states/old/prod.tfstate", None).await;
+    assert_eq!((got.status, got.body.as_str()), (200, next.as_str()));
+}
+
+/// A payload that authenticates (valid GCM tag and MAC) but is not a sound gzip stream, or
+/// expands past the maximum state size, is a 500 with a one-line reason: never garbage, never
+/// part of the state, and nothing changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn corrupted_compressed_payloads_are_a_clear_500() {
+    use gitstate_sops::compression::compress;
+    let s = setup().await;
+    s.moto.create_key("tfstate").await;
+    let limit = 1_000_000;
+    let body = state_with_secret("L", 1);
+    let good = compress(body.as_bytes()).expect("compresses");
+    let mut flipped_crc = good.clone();
+    let crc_at = good.len() - 8;
+    flipped_crc[crc_at] ^= 1;
+    let mut trailing = good.clone();
+    trailing.extend_from_slice(body.as_bytes());
+    let mut garbage = vec![0x1f, 0x8b, 8, 0];
+    garbage.extend((0..500_u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8));
+    let bombs = [
+        // just over the limit: a JSON string of '{'s
+        compress(&vec![b'{'; limit + 1]).expect("compresses"),
+        compress(&vec![0; 64 << 20]).expect("compresses"),
+    ];
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("garbage after the magic", garbage),
+        ("truncated", good[..good.len() / 2].to_vec()),
+        ("crc flipped", flipped_crc),
+        ("bytes after the stream", trailing),
+        ("over the maximum state size", bombs[0].clone()),
+        ("64 MiB of zeros", bombs[1].clone()),
+    ];
+    for (i, (what, payload)) in cases.into_iter().enumerate() {
+        let name = StateName::parse(&format!("bad/{i}.tfstate")).expect("name");
+        let sealed = Envelope::new(s.moto.kms().await, vec!["alias/tfstate".to_owned()], None)
+            .seal(&payload, &gitstate_kms::context(&s.url, &name))
+            .await
+            .expect("seals");
+        commit_file(&s.server, "infra", name.as_str(), &sealed);
+        let backend = s
+            .backend(
+                s.moto.kms().await,
+                &[
+                    ("GITSTATE_KMS_KEY_IDS", "alias/tfstate"),
+                    ("GITSTATE_MAX_BODY_BYTES", &limit.to_string()),
+                ],
+            )
+            .await;
+        let client = Client::new(&backend.url);
+        let path = format!("/states/{}", name.as_str());
+        let got = client.send("GET", &path, None).await;
+        assert_eq!(got.status, 500, "{what}: {}", got.body);
+        assert_eq!(
+            got.body.trim_end().lines().count(),
+            1,
+            "{what}: {}",
+            got.body
+        );
+        assert!(
+            !got.body.contains(SECRET) && !got.body.contains('{'),
+            "{what}"
+        );
+        // AND a write over it is refused too, leaving the file as it was
+        let write = client
+            .send("POST", &path, Some(&state_with_secret("L", 2)))
+            .await;
+        assert!(
+            write.status >= 500,
+            "{what}: {} {}",
+            write.status,
+            write.body
+        );
+        assert_eq!(s.stored(name.as_str()), sealed, "{what}");
+    }
 }

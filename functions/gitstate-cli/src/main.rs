@@ -369,7 +369,7 @@ type Opened = (
 );
 
 async fn open(settings: &Settings) -> anyhow::Result<Opened> {
-    let encryption = gitstate_kms::encryption(&settings.encryption).await;
+    let encryption = gitstate_kms::encryption(&settings.encryption, settings.max_body_bytes).await;
     gitstate_git::service_with(settings, encryption).context("opening the git store")
 }
 
@@ -476,7 +476,7 @@ async fn rekey(prefix: &str, args: &SettingsArgs) -> anyhow::Result<()> {
     if settings.encryption.kms_key_ids.is_empty() {
         bail!("GITSTATE_KMS_KEY_IDS names no key to re-encrypt under");
     }
-    let encryption = gitstate_kms::encryption(&settings.encryption).await;
+    let encryption = gitstate_kms::encryption(&settings.encryption, settings.max_body_bytes).await;
     let (backend, _) =
         gitstate_git::service_with(&settings, encryption).context("opening the git store")?;
     let at = backend.locate(None, None)?;
@@ -511,6 +511,7 @@ async fn decrypt(file: &std::path::Path, args: &SettingsArgs) -> anyhow::Result<
         .envelope()
         .open(&stored, None)
         .await
+        .and_then(|opened| gitstate_kms::unpack(opened, settings.max_body_bytes))
         .with_context(|| format!("decrypting {}", file.display()))?;
     let mut out = std::io::stdout().lock();
     out.write_all(&opened.plaintext)?;
@@ -535,9 +536,11 @@ async fn encrypt(
     let plaintext = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
     let kms = gitstate_kms::Kms::from_env().await;
     let sealer = gitstate_kms::SopsSealer::new(kms, &settings.encryption);
+    std::str::from_utf8(&plaintext).context("the state is not UTF-8 text")?;
+    let payload = gitstate_kms::pack(&plaintext).context("compressing")?;
     let sealed = sealer
         .envelope()
-        .seal(&plaintext, &gitstate_kms::context(&repository, &name))
+        .seal(&payload, &gitstate_kms::context(&repository, &name))
         .await
         .context("encrypting")?;
     let mut out = std::io::stdout().lock();

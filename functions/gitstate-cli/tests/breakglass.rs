@@ -128,5 +128,17 @@ fn encrypt_then_decrypt_with_the_cli_and_python_sops() {
         "{}",
         String::from_utf8_lossy(&oracle.stderr)
     );
-    assert_eq!(oracle.stdout, text.as_bytes());
+    // the sealed payload is the state's gzip stream: `sops -d … | gzip -d` is the state
+    assert!(oracle.stdout.starts_with(&[0x1f, 0x8b]));
+    let mut gzip = Command::new("gzip")
+        .arg("-d")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("gzip runs");
+    std::io::Write::write_all(&mut gzip.stdin.take().expect("stdin"), &oracle.stdout)
+        .expect("gzip reads");
+    let expanded = gzip.wait_with_output().expect("gzip ends");
+    assert!(expanded.status.success());
+    assert_eq!(expanded.stdout, text.as_bytes());
 }

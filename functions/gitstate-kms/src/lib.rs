@@ -12,7 +12,8 @@
 mod sealer;
 
 pub use sealer::{
-    CONTEXT_REPOSITORY, CONTEXT_STATE, SopsSealer, context, encryption, encryption_with, seal_error,
+    CONTEXT_REPOSITORY, CONTEXT_STATE, SopsSealer, context, encryption, encryption_with, pack,
+    seal_error, unpack,
 };
 
 use std::collections::HashMap;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bytes::Bytes;
 use gitstate_core::StateName;
-use gitstate_core::config::EncryptionSettings;
+use gitstate_core::config::{DEFAULT_MAX_BODY_BYTES, EncryptionSettings};
 use gitstate_core::ports::{Location, Opened, Protection, SealError, Sealer};
 use gitstate_core::service::Encryption;
 use gitstate_sops::{Context, Envelope, Error, Format, KeyError, KeyService};
@@ -33,6 +33,8 @@ pub fn context(repository: &str, name: &StateName) -> Context {
 /// States sealed as sops binary mode under KMS keys.
 pub struct SopsSealer<K> {
     envelope: Envelope<K>,
+    /// The largest state a sealed payload may expand to (`GITSTATE_MAX_BODY_BYTES`).
+    max_state_bytes: usize,
 }
 
 impl<K: KeyService> SopsSealer<K> {
@@ -44,7 +46,14 @@ impl<K: KeyService> SopsSealer<K> {
         Self {
             envelope: Envelope::new(keys, settings.kms_key_ids.clone(), passphrase)
                 .with_previous(settings.previous_kms_key_ids.clone()),
+            max_state_bytes: DEFAULT_MAX_BODY_BYTES,
         }
+    }
+
+    /// Refuse sealed states that expand past `max` bytes (a decompression bomb).
+    pub fn with_max_state_bytes(mut self, max: usize) -> Self {
+        self.max_state_bytes = max;
+        self
     }
 
     pub fn envelope(&self) -> &Envelope<K> {
@@ -54,21 +63,25 @@ impl<K: KeyService> SopsSealer<K> {
 
 /// The backend's encryption as the settings ask for it, on the standard AWS configuration; none
 /// when nothing is configured.
-pub async fn encryption(settings: &EncryptionSettings) -> Option<Encryption> {
+pub async fn encryption(
+    settings: &EncryptionSettings,
+    max_state_bytes: usize,
+) -> Option<Encryption> {
     if !settings.is_configured() {
         return None;
     }
     let kms = Kms::from_env().await;
-    Some(encryption_with(kms, settings))
+    Some(encryption_with(kms, settings, max_state_bytes))
 }
 
 /// The backend's encryption over a given KMS client.
 pub fn encryption_with<K: KeyService + 'static>(
     keys: K,
     settings: &EncryptionSettings,
+    max_state_bytes: usize,
 ) -> Encryption {
     Encryption {
-        sealer: Arc::new(SopsSealer::new(keys, settings)),
+        sealer: Arc::new(SopsSealer::new(keys, settings).with_max_state_bytes(max_state_bytes)),
         enforced: settings.enforced,
     }
 }
@@ -90,10 +103,32 @@ pub fn seal_error(error: Error) -> SealError {
         | Error::Unsupported(_)
         | Error::NoKmsEntry
         | Error::NoWriteKey
-        | Error::NotText
         | Error::Unrecognised(_)
-        | Error::Crypto => SealError::Unreadable(boxed(error)),
+        | Error::Crypto
+        | Error::Compression(_)
+        | Error::TooLarge { .. } => SealError::Unreadable(boxed(error)),
     }
+}
+
+/// The payload a state is sealed as: the state gzip-compressed (see
+/// [`gitstate_sops::compression`]).
+pub fn pack(state: &[u8]) -> Result<Vec<u8>, Error> {
+    gitstate_sops::compression::compress(state)
+}
+
+/// The state an opened file holds: a binary-mode payload decompressed when it is compressed (files
+/// sealed before compression are not), refused past `max_state_bytes`; plaintext as it is.
+pub fn unpack(
+    mut opened: gitstate_sops::Opened,
+    max_state_bytes: usize,
+) -> Result<gitstate_sops::Opened, Error> {
+    if opened.format == Format::SopsBinary
+        && let Some(state) =
+            gitstate_sops::compression::decompress(&opened.plaintext, max_state_bytes)?
+    {
+        opened.plaintext = state;
+    }
+    Ok(opened)
 }
 
 #[async_trait]
@@ -112,9 +147,10 @@ impl<K: KeyService + 'static> Sealer for SopsSealer<K> {
         at: &Location,
         name: &StateName,
     ) -> Result<Bytes, SealError> {
+        let payload = pack(plaintext).map_err(seal_error)?;
         let sealed = self
             .envelope
-            .seal(plaintext, &context(&at.repository, name))
+            .seal(&payload, &context(&at.repository, name))
             .await
             .map_err(seal_error)?;
         Ok(Bytes::from(sealed))
@@ -130,6 +166,7 @@ impl<K: KeyService + 'static> Sealer for SopsSealer<K> {
             .envelope
             .open(&stored, Some(&context(&at.repository, name)))
             .await
+            .and_then(|opened| unpack(opened, self.max_state_bytes))
             .map_err(seal_error)?;
         let protection = match self
             .envelope

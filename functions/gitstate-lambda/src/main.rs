@@ -113,7 +113,7 @@ async fn main() -> Result<(), lambda_http::Error> {
         let kms = gitstate_kms::Kms::from_env().await;
         settings.git_token = Some(gitstate_kms::decrypt_git_token(&kms, &ciphertext).await?);
     }
-    let encryption = gitstate_kms::encryption(&settings.encryption).await;
+    let encryption = gitstate_kms::encryption(&settings.encryption, settings.max_body_bytes).await;
     let (backend, access) =
         gitstate_git::service_with(&settings, encryption).context("opening the git store")?;
     let limits = Limits {

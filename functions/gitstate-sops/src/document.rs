@@ -173,6 +173,12 @@ impl Document {
     /// Decrypt every value, verify the MAC, and give back the plaintext: the `data` string's
     /// bytes in binary mode, JSON otherwise.
     pub fn decrypt(&self, key: &DataKey) -> Result<Plain, Error> {
+        if let [(name, Value::String(data))] = self.data.as_slice()
+            && name == "data"
+            && self.rule.encrypts(std::slice::from_ref(name))
+        {
+            return self.decrypt_binary(key, data);
+        }
         let mut walk = Walk {
             key,
             rule: &self.rule,
@@ -189,18 +195,7 @@ impl Document {
             members.push((k.clone(), walk.value(v, &mut path)?));
             path.pop();
         }
-        let computed = upper_hex(&walk.hash.finalize());
-        let aad = time::normalise(&self.lastmodified)
-            .ok_or_else(|| Error::Format("`sops.lastmodified` is not an RFC 3339 time".into()))?;
-        let sealed = Sealed::parse(&self.mac)
-            .ok_or_else(|| Error::Format("`sops.mac` is not encrypted".into()))??;
-        let stored = cipher::decrypt(key, &sealed, aad.as_bytes()).map_err(|e| match e {
-            Error::Tampered { .. } => Error::MacMismatch,
-            other => other,
-        })?;
-        if stored.as_slice() != computed.as_bytes() {
-            return Err(Error::MacMismatch);
-        }
+        self.verify_mac(key, walk.hash)?;
         if self.is_binary()
             && let [(_, Value::String(text))] = members.as_mut_slice()
         {
@@ -213,6 +208,55 @@ impl Document {
             bytes: Zeroizing::new(Value::Object(members).to_json().into_bytes()),
             binary: false,
         })
+    }
+}
+
+impl Document {
+    /// Binary mode: the `data` value's plaintext bytes as they are, UTF-8 or not (gitstate seals
+    /// gzip streams; sops stores any file so), authenticated by its GCM tag and the MAC.
+    fn decrypt_binary(&self, key: &DataKey, data: &str) -> Result<Plain, Error> {
+        let mut hash = Sha512::new();
+        if self.mac_only_encrypted {
+            hash.update(Sha256::digest(b"sops"));
+        }
+        let bytes = if data.is_empty() {
+            Zeroizing::new(Vec::new())
+        } else {
+            let sealed = Sealed::parse(data)
+                .ok_or_else(|| Error::Format("value at \"data\" is not encrypted".into()))??;
+            if !matches!(sealed.kind.as_str(), "str" | "bytes") {
+                return Err(Error::Format(format!(
+                    "value at \"data\" is a {}, not a string",
+                    sealed.kind
+                )));
+            }
+            let plain = cipher::decrypt(key, &sealed, b"data:")?;
+            hash.update(plain.as_slice());
+            plain
+        };
+        self.verify_mac(key, hash)?;
+        Ok(Plain {
+            bytes,
+            binary: true,
+        })
+    }
+
+    /// The stored MAC (encrypted under the data key, bound to `lastmodified`) against the hash
+    /// of the values.
+    fn verify_mac(&self, key: &DataKey, hash: Sha512) -> Result<(), Error> {
+        let computed = upper_hex(&hash.finalize());
+        let aad = time::normalise(&self.lastmodified)
+            .ok_or_else(|| Error::Format("`sops.lastmodified` is not an RFC 3339 time".into()))?;
+        let sealed = Sealed::parse(&self.mac)
+            .ok_or_else(|| Error::Format("`sops.mac` is not encrypted".into()))??;
+        let stored = cipher::decrypt(key, &sealed, aad.as_bytes()).map_err(|e| match e {
+            Error::Tampered { .. } => Error::MacMismatch,
+            other => other,
+        })?;
+        if stored.as_slice() != computed.as_bytes() {
+            return Err(Error::MacMismatch);
+        }
+        Ok(())
     }
 }
 
@@ -387,16 +431,16 @@ impl Seal<'_> {
         Ok((key, all))
     }
 
-    /// Encrypt a whole state as sops binary mode: tab-indented, keys sorted, trailing newline.
+    /// Encrypt a whole payload as sops binary mode: tab-indented, keys sorted, trailing newline.
+    /// Any bytes, as sops itself stores a binary file: typed `str`, hashed as they are.
     pub async fn binary(&self, plaintext: &[u8]) -> Result<Vec<u8>, Error> {
-        let text = std::str::from_utf8(plaintext).map_err(|_| Error::NotText)?;
         let (key, wrapped) = self.data_key().await?;
-        let data = if text.is_empty() {
+        let data = if plaintext.is_empty() {
             String::new()
         } else {
-            cipher::encrypt(&key, text.as_bytes(), b"data:", "str")?.render()
+            cipher::encrypt(&key, plaintext, b"data:", "str")?.render()
         };
-        let mac = upper_hex(&Sha512::digest(text.as_bytes()));
+        let mac = upper_hex(&Sha512::digest(plaintext));
         let members = vec![("data".to_owned(), Value::String(data))];
         self.emit(members, &key, &wrapped, &mac)
     }

@@ -4,9 +4,11 @@
 //!   decrypts byte-exact;
 //! - reads binary and tree mode (per-value `ENC[…]`, as terraform-backend-git writes), and that
 //!   tool's `aes` passphrase mode;
+//! - seals a state gzip-compressed ([`compression`]) and reads uncompressed ones;
 //! - the data key comes from, and is wrapped by, a [`KeyService`] (AWS KMS in production).
 
 pub mod cipher;
+pub mod compression;
 mod document;
 mod envelope;
 mod passphrase;
@@ -104,12 +106,14 @@ pub enum Error {
     Key(#[from] KeyError),
     #[error("no KMS key is configured for writing")]
     NoWriteKey,
-    #[error("the state is not UTF-8 text")]
-    NotText,
     #[error("neither JSON nor a passphrase-encrypted state{0}")]
     Unrecognised(&'static str),
     #[error("cipher failure")]
     Crypto,
+    #[error("the sealed state is not a valid gzip stream: {0}")]
+    Compression(String),
+    #[error("the sealed state expands to more than {limit} bytes, the maximum state size")]
+    TooLarge { limit: usize },
 }
 
 #[async_trait]

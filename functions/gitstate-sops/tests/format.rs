@@ -491,3 +491,153 @@ async fn plain_json_passes_and_garbage_is_refused() {
     assert!(env.open(b"not json, too short", None).await.is_err());
     assert!(env.keys().calls().is_empty());
 }
+
+/// A JSON state of a random shape: nested objects and arrays of random depth and width, strings
+/// with escapes and non-ASCII text, numbers, literals; from a few bytes to a few hundred KB.
+fn random_state(rng: &mut rand::rngs::StdRng) -> Vec<u8> {
+    use rand::Rng;
+    fn value(rng: &mut rand::rngs::StdRng, depth: usize) -> serde_json::Value {
+        let pick = if depth == 0 {
+            rng.random_range(0..4)
+        } else {
+            rng.random_range(0..6)
+        };
+        match pick {
+            0 => serde_json::Value::Null,
+            1 => rng.random::<bool>().into(),
+            2 => rng.random_range(-1_000_000_000_i64..1_000_000_000).into(),
+            3 => {
+                const CHARS: &[char] = &[
+                    'a', 'f', '0', '9', '-', '/', ':', '"', '\\', '\n', '\t', ' ', 'é', '€', '😀',
+                ];
+                (0..rng.random_range(0..60))
+                    .map(|_| CHARS[rng.random_range(0..CHARS.len())])
+                    .collect::<String>()
+                    .into()
+            }
+            4 => (0..rng.random_range(0..8))
+                .map(|_| value(rng, depth - 1))
+                .collect::<Vec<_>>()
+                .into(),
+            _ => (0..rng.random_range(0..8))
+                .map(|i| {
+                    (
+                        format!("k{i}_{}", rng.random_range(0..100)),
+                        value(rng, depth - 1),
+                    )
+                })
+                .collect::<serde_json::Map<_, _>>()
+                .into(),
+        }
+    }
+    let resources: Vec<_> = (0..rng.random_range(0..300))
+        .map(|_| value(rng, 4))
+        .collect();
+    let state = serde_json::json!({"version": 4, "serial": rng.random_range(0..1000), "resources": resources});
+    if rng.random::<bool>() {
+        serde_json::to_vec_pretty(&state).expect("json")
+    } else {
+        serde_json::to_vec(&state).expect("json")
+    }
+}
+
+#[tokio::test]
+async fn compressed_states_round_trip_through_binary_mode() {
+    use gitstate_sops::compression::{GZIP_MAGIC, compress, decompress};
+    use rand::{Rng, SeedableRng};
+    let env = envelope(&["k1"]);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(15);
+    for round in 0..40 {
+        // GIVEN a generated state (and, every fourth round, arbitrary bytes: the payload is
+        // binary either way)
+        let state = if round % 4 == 3 {
+            (0..rng.random_range(0..5000))
+                .map(|_| rng.random::<u8>())
+                .collect()
+        } else {
+            random_state(&mut rng)
+        };
+        // WHEN compressed and sealed
+        let payload = compress(&state).expect("compresses");
+        assert!(payload.starts_with(&GZIP_MAGIC));
+        let sealed = env
+            .seal(&payload, &context("a.tfstate"))
+            .await
+            .expect("seals");
+        // THEN the file is a sops binary-mode text file
+        let doc: serde_json::Value = serde_json::from_slice(&sealed).expect("json");
+        assert!(
+            doc["data"]
+                .as_str()
+                .expect("data")
+                .starts_with("ENC[AES256_GCM,data:")
+        );
+        // AND it opens to the payload, MAC checked, which expands to exactly the state
+        let opened = env
+            .open(&sealed, Some(&context("a.tfstate")))
+            .await
+            .expect("opens");
+        assert_eq!(opened.format, Format::SopsBinary);
+        assert_eq!(opened.plaintext.as_slice(), payload.as_slice());
+        let expanded = decompress(&opened.plaintext, state.len())
+            .expect("expands")
+            .expect("compressed");
+        assert_eq!(expanded.as_slice(), state.as_slice(), "round {round}");
+        // AND one byte less than the state's size is over the limit
+        if !state.is_empty() {
+            assert!(matches!(
+                decompress(&opened.plaintext, state.len() - 1),
+                Err(Error::TooLarge { .. })
+            ));
+        }
+        // AND a payload that is not compressed (a file sealed before compression) is left alone
+        if !state.starts_with(&GZIP_MAGIC) {
+            assert!(decompress(&state, 0).expect("passes").is_none());
+        }
+    }
+}
+
+#[test]
+fn damaged_gzip_streams_are_refused_never_returned() {
+    use gitstate_sops::compression::{compress, decompress};
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(1515);
+    let state = random_state(&mut rng);
+    let good = compress(&state).expect("compresses");
+    let limit = 1 << 24;
+    let refused = |payload: &[u8]| match decompress(payload, limit) {
+        Err(Error::Compression(reason)) => assert!(!reason.contains('\n'), "{reason}"),
+        other => panic!(
+            "expected a refusal, got {:?}",
+            other.map(|o| o.map(|s| s.len()))
+        ),
+    };
+    // every truncation of the stream (past its magic)
+    for cut in 2..good.len() {
+        refused(&good[..cut]);
+    }
+    // every single-bit flip of the 8-byte trailer (CRC-32, length)
+    for at in good.len() - 8..good.len() {
+        for bit in 0..8 {
+            let mut bad = good.clone();
+            bad[at] ^= 1 << bit;
+            refused(&bad);
+        }
+    }
+    // random garbage after the magic, and bytes following a complete stream
+    for _ in 0..200 {
+        let mut bad = vec![0x1f, 0x8b];
+        bad.extend((0..rng.random_range(0..300)).map(|_| rng.random::<u8>()));
+        assert!(decompress(&bad, limit).is_err());
+    }
+    let mut trailing = good.clone();
+    trailing.extend_from_slice(b"{}");
+    refused(&trailing);
+    // a bomb: 64 MiB of zeros in about 64 KB stops at the limit
+    let bomb = compress(&vec![0u8; 64 << 20]).expect("compresses");
+    assert!(bomb.len() < 100_000);
+    assert!(matches!(
+        decompress(&bomb, 6 << 20),
+        Err(Error::TooLarge { limit }) if limit == 6 << 20
+    ));
+}
