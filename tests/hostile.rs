@@ -1187,7 +1187,7 @@ async fn a_state_in_the_way_committed_during_a_write_is_409() {
     let tree = git(&["ls-tree", "-r", "--name-only", "main"], Some(&dir));
     assert_eq!(
         tree.lines().collect::<Vec<_>>(),
-        ["s.tfstate", "w"],
+        [".gitstate/index.json", "s.tfstate", "w"],
         "{tree}"
     );
 }
@@ -1235,6 +1235,8 @@ async fn a_write_retry_costs_no_request_for_the_tree_check() {
             "GET refs/receive-pack",
             "POST receive-pack",
             "GET refs/receive-pack",
+            // what a fetch may ask for, once per process (not the tree check's doing)
+            "GET refs/upload-pack",
             "POST upload-pack",
             "POST receive-pack"
         ]
@@ -1248,7 +1250,8 @@ async fn a_write_retry_costs_no_request_for_the_tree_check() {
 }
 
 /// What the LOCK's tree check costs in git requests: nothing when the branch tip is cached (2
-/// requests, as before), one shallow fetch when it is not (3).
+/// requests, as before), one shallow fetch when it is not (3, plus the upload-pack advertisement
+/// that tells a process once what a fetch may ask for).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_requests_with_the_tree_check() {
     let server = GitServer::start().await;
@@ -1270,6 +1273,7 @@ async fn lock_requests_with_the_tree_check() {
         cold,
         [
             "GET refs/receive-pack",
+            "GET refs/upload-pack",
             "POST upload-pack",
             "POST receive-pack"
         ]

@@ -349,6 +349,7 @@ async fn enforced_mode_is_not_fooled_by_a_decoy_entry_naming_the_configured_key(
         Some(gitstate_kms::encryption_with(
             s.proxy.kms().await,
             &settings.encryption,
+            settings.max_body_bytes,
         )),
     )
     .expect("backend");

@@ -1001,6 +1001,11 @@ impl Snapshot {
                 // <mode> SP <type> SP <id> TAB <path>
                 let (meta, path) = line.split_once('\t').ok_or("ls-tree output")?;
                 let blob = meta.split(' ').nth(2).ok_or("ls-tree output")?;
+                // The state index is gitstate's own bookkeeping, derived from the states; the
+                // model describes the states themselves.
+                if path == ".gitstate/index.json" {
+                    continue;
+                }
                 tree.insert(path.to_owned(), blob.to_owned());
             }
             snapshot.trees.insert(name.clone(), tree);
