@@ -824,6 +824,8 @@ async fn console_in_a_real_browser() {
     // `localhost` is another site than `127.0.0.1` for the browser.
     admin.go(&format!("http://localhost:{evil_port}/")).await;
     admin.click("#go").await;
+    // The post's answer replaces the page: wait for it before reading it.
+    admin.wait_url(&format!("/ui/unlock/{PROD}")).await;
     let refused = admin.text("body").await;
     assert!(refused.contains("cross-site request refused"), "{refused}");
     assert_eq!(

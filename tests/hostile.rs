@@ -1244,7 +1244,12 @@ async fn a_write_retry_costs_no_request_for_the_tree_check() {
     let tree = git(&["ls-tree", "-r", "--name-only", "main"], Some(&dir));
     assert_eq!(
         tree.lines().collect::<Vec<_>>(),
-        ["other.tfstate", "s.tfstate", "team/x.tfstate"],
+        [
+            ".gitstate/index.json",
+            "other.tfstate",
+            "s.tfstate",
+            "team/x.tfstate"
+        ],
         "{tree}"
     );
 }
