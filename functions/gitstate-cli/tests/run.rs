@@ -181,6 +181,24 @@ async fn flow(client: &Path, repo: Repo<'_>) {
     assert_eq!(code, 0, "destroy: {out}");
     assert_eq!(stored_serial(&git_dir), Some(2), "{out}");
     assert_clean(dir, &git_dir);
+    // `import` writes the imported resource into the state through the backend.
+    let (code, out) = run(
+        client,
+        dir,
+        &repo,
+        &[
+            "import",
+            "-input=false",
+            "terraform_data.slow",
+            "imported-id",
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "import: {out}");
+    assert_eq!(stored_serial(&git_dir), Some(3), "{out}");
+    let (code, out) = run(client, dir, &repo, &["state", "list"]).await;
+    assert_eq!((code, out.trim()), (0, "terraform_data.slow"));
+    assert_clean(dir, &git_dir);
     // A program that fails: its code comes back, the file is gone.
     let direct = std::process::Command::new(client)
         .arg("no-such-subcommand")
@@ -259,6 +277,10 @@ async fn concurrent_and_interrupted(client: &Path, repo: Repo<'_>) {
         dir.join(TEMPORARY).exists(),
         "the refused run left the first run's file alone"
     );
+    // `force-unlock` under another run releases the holder's lock.
+    let (code, out) = run(client, dir, &repo, &["force-unlock", "-force", &holder]).await;
+    assert_eq!(code, 0, "force-unlock: {out}");
+    assert_eq!(lock_refs(&git_dir), "", "the lock ref is gone: {out}");
 
     // Let the provisioner start, then interrupt.
     tokio::time::sleep(Duration::from_secs(2)).await;
