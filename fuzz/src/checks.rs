@@ -35,7 +35,10 @@ pub fn state_name(data: &[u8]) {
             );
         }
         let lock_ref = format!("refs/heads/locks/{s}");
-        assert!(is_git_ref_name(&lock_ref), "{lock_ref:?} is not a git ref name");
+        assert!(
+            is_git_ref_name(&lock_ref),
+            "{lock_ref:?} is not a git ref name"
+        );
         assert_eq!(StateName::parse(s).as_ref(), Ok(&name), "parsing is stable");
     }
     if let Ok(branch) = BranchName::parse(text) {
