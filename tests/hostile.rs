@@ -815,6 +815,8 @@ async fn integrity_rules_refuse_and_leave_the_remote_byte_identical() {
     let team_path = "/states/team/app/prod.tfstate?ID=team-holder";
     ok(&writer, "POST", team_path, Some(&state_json("p", 1))).await;
     assert_eq!(writer.lock("x/y.tfstate", "xy-holder").await.status, 200);
+    // and a lock on `scratch`, outside the grant `write:scratch/` of the user who meets it
+    assert_eq!(writer.lock("scratch", "scratch-holder").await.status, 200);
 
     let mut probes = Vec::new();
     let state = || Some(state_json("new", 1));
@@ -925,6 +927,21 @@ async fn integrity_rules_refuse_and_leave_the_remote_byte_identical() {
                 "x/y.tfstate",
             ));
         }
+    }
+    // A clash with a state the caller may not read does not name it.
+    for (method, path) in [
+        ("POST", "/locks/scratch/x.tfstate"),
+        ("LOCK", "/states/scratch/x.tfstate"),
+    ] {
+        probes.push(probe(
+            "clash outside the grant",
+            method,
+            path.to_owned(),
+            SCRATCH,
+            lock(),
+            409,
+            "it clashes with a state you cannot read",
+        ));
     }
     // The holder's ID from anyone else, administrators included.
     for user in [ADMIN, OTHER] {

@@ -50,12 +50,12 @@ const NAMES: [&str; 10] = [
     "locks",
 ];
 /// Names the router must refuse (400) before anything else.
-const BAD_NAMES: [&str; 3] = ["x.lock", "a//b", ".gitstate/access.toml"];
+const BAD_NAMES: [&str; 4] = ["x.lock", "a//b", ".gitstate/access.toml", "a/b."];
 
 /// The configured branch: `main`, or for every third seed one with a parent folder (`env`).
 const BRANCHES: [&str; 2] = ["main", "env/main"];
 const ALLOWED_REFS: &str = "env/prod,team/*";
-const REFS: [&str; 22] = [
+const REFS: [&str; 23] = [
     "main",
     "refs/heads/main",
     "env/main",
@@ -77,6 +77,7 @@ const REFS: [&str; 22] = [
     "a..b",
     "-x",
     "x.lock",
+    "team/x.",
     "ma in",
 ];
 
@@ -243,6 +244,7 @@ fn valid_path(name: &str) -> bool {
                     .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
                 && !segment.starts_with('.')
                 && !segment.ends_with(".lock")
+                && !segment.ends_with('.')
         })
 }
 

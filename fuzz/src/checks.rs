@@ -26,6 +26,7 @@ pub fn state_name(data: &[u8]) {
             assert!(!segment.is_empty(), "{s:?} has an empty segment");
             assert!(!segment.starts_with('.'), "{s:?} has a dot segment");
             assert!(!segment.ends_with(".lock"), "{s:?} ends .lock");
+            assert!(!segment.ends_with('.'), "{s:?} has a segment ending in '.'");
             assert!(
                 segment
                     .bytes()
@@ -33,11 +34,17 @@ pub fn state_name(data: &[u8]) {
                 "{s:?} has a character outside the set"
             );
         }
+        let lock_ref = format!("refs/heads/locks/{s}");
+        assert!(
+            is_git_ref_name(&lock_ref),
+            "{lock_ref:?} is not a git ref name"
+        );
         assert_eq!(StateName::parse(s).as_ref(), Ok(&name), "parsing is stable");
     }
     if let Ok(branch) = BranchName::parse(text) {
         let full = branch.full_ref();
         assert!(full.starts_with("refs/heads/") && !full.contains(".."));
+        assert!(is_git_ref_name(&full), "{full:?} is not a git ref name");
         assert!(!branch.as_str().split('/').any(|s| s.starts_with('-')));
     }
 }

@@ -47,11 +47,14 @@ fn config_shows_each_layer_in_order_and_redacts() {
         ],
     );
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let error = String::from_utf8_lossy(&out.stderr).into_owned();
+    // The table is shown, redacted, and then the URL's credentials make the settings invalid.
+    assert!(!out.status.success(), "{text}{error}");
     assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
+        error.contains("GITSTATE_REPOSITORY") && error.contains("GITSTATE_GIT_TOKEN"),
+        "{error}"
     );
+    assert!(!error.contains("url-secret-2"), "{error}");
     assert_eq!(row(&text, "ref"), ("from-flag".into(), "flag --ref".into()));
     assert_eq!(
         row(&text, "listen"),

@@ -379,6 +379,13 @@ mod tests {
                 .to_string()
                 .contains("weaker")
         );
+        let costly = "[users.bob]\nhash = \"$argon2id$v=19$m=4194304,t=2,p=1$c29tZXNhbHQ$RdescudvJCsgt3ub+b+dWRWJTmaaJObG\"\n";
+        assert!(
+            Policy::parse(costly)
+                .expect_err("costly")
+                .to_string()
+                .contains("exceed the maximum")
+        );
     }
 
     #[test]

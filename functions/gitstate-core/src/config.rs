@@ -449,12 +449,37 @@ fn unflatten_pem(text: &str) -> String {
     out
 }
 
+/// Why `url` carries a credential, if it does: any user part of an http(s) URL (a token is often
+/// sent as the user name alone), a password in an `ssh://` URL. The user name of an SSH remote
+/// (`git@host:path`, `ssh://git@host/path`) is not a secret. The reason never repeats the URL.
+pub fn credentials_in_url(url: &str) -> Option<&'static str> {
+    let (scheme, rest) = url.split_once("://")?;
+    let authority = &rest[..rest.find('/').unwrap_or(rest.len())];
+    let (userinfo, _) = authority.rsplit_once('@')?;
+    if scheme.eq_ignore_ascii_case("ssh") {
+        userinfo
+            .contains(':')
+            .then_some("the URL carries a password (user:password@)")
+    } else {
+        Some("the URL carries credentials (user@ or user:token@)")
+    }
+}
+
 fn check_url(var: &'static str, url: &str) -> Result<(), ConfigError> {
     // ssh:// and user@host:path: the local server reaches them through the system ssh.
     let scp_like = !url.contains("://")
         && url.split_once(':').is_some_and(|(host, path)| {
             !host.is_empty() && !host.contains('/') && !path.is_empty()
         });
+    if let Some(reason) = credentials_in_url(url) {
+        return Err(ConfigError::Invalid {
+            var,
+            reason: format!(
+                "{reason}: set GITSTATE_GIT_USERNAME / GITSTATE_GIT_TOKEN instead (or, for local \
+                 use, let `git credential` supply them)"
+            ),
+        });
+    }
     if url.starts_with("https://")
         || url.starts_with("http://")
         || url.starts_with("ssh://")
@@ -596,6 +621,66 @@ mod tests {
                 assert!(error.starts_with(var), "{error}");
             }
         }
+    }
+
+    /// Every URL shape with a credential in it, for both repository settings, is a start-up
+    /// error that names the setting and the credential settings and never repeats the secret;
+    /// the user name of an SSH remote is no secret and stays accepted.
+    #[test]
+    fn urls_with_credentials_are_refused() {
+        let hosts = ["h.example", "h.example:8443", "127.0.0.1:9", "[::1]:8080"];
+        let users = ["u", "x-access-token", "u%40corp", "", "oauth2"];
+        let secrets = ["s3cr3t-tok", "p%3Aw%40d", "ghp_s3cr3tT0ken", ""];
+        for scheme in ["https", "http"] {
+            for host in hosts {
+                for user in users {
+                    for secret in secrets {
+                        let userinfo = match (user, secret) {
+                            ("", "") => "@".to_owned(),
+                            (u, "") => format!("{u}@"),
+                            (u, p) => format!("{u}:{p}@"),
+                        };
+                        for path in ["/o/r.git", "", "/o/r@x.git", "?x=1"] {
+                            let url = format!("{scheme}://{userinfo}{host}{path}");
+                            for var in ["GITSTATE_REPOSITORY", "GITSTATE_ALLOWED_REPOSITORIES"] {
+                                let list = format!("https://ok.example/r.git,{url}");
+                                let value = if var == "GITSTATE_REPOSITORY" {
+                                    &url
+                                } else {
+                                    &list
+                                };
+                                let error = settings(Runtime::Local, &[(var, value)])
+                                    .expect_err(&url)
+                                    .to_string();
+                                assert!(error.starts_with(var), "{error}");
+                                assert!(error.contains("GITSTATE_GIT_TOKEN"), "{error}");
+                                if !secret.is_empty() {
+                                    assert!(!error.contains(secret), "{error}");
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        for ok in [
+            "https://h.example/o/r.git",
+            "http://127.0.0.1:8080/o/r@x.git",
+            "git@h.example:o/r.git",
+            "ssh://git@h.example/o/r.git",
+            "ssh://git@h.example:2222/o/r.git",
+        ] {
+            for var in ["GITSTATE_REPOSITORY", "GITSTATE_ALLOWED_REPOSITORIES"] {
+                assert!(settings(Runtime::Local, &[(var, ok)]).is_ok(), "{ok}");
+            }
+        }
+        let error = settings(
+            Runtime::Local,
+            &[("GITSTATE_REPOSITORY", "ssh://git:pw-9@h.example/o/r.git")],
+        )
+        .expect_err("a password in an ssh URL")
+        .to_string();
+        assert!(!error.contains("pw-9"), "{error}");
     }
 
     #[test]

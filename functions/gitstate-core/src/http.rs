@@ -446,10 +446,17 @@ fn parse_target(uri: &Uri) -> Result<Addressed, ApiError> {
     } else {
         return Err(ApiError::NoRoute);
     };
+    let repository = take("repository");
+    if let Some(reason) = repository
+        .as_deref()
+        .and_then(crate::config::credentials_in_url)
+    {
+        return Err(ApiError::Query(format!("repository=: {reason}")));
+    }
     Ok(Addressed {
         resource,
         name,
-        repository: take("repository"),
+        repository,
         branch: take("ref"),
         lock_id: take("ID"),
         page: take("page"),
@@ -795,4 +802,40 @@ terraform {{
   }}
 }}"#
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A request naming a repository with credentials in it is 400 before anything looks it up,
+    /// and the reason does not repeat the secret.
+    #[test]
+    fn repository_parameter_with_credentials_is_400() {
+        for url in [
+            "https://u:tok-1@h.example/o/r.git",
+            "https://tok-1@h.example/o/r.git",
+            "http://u%40x:tok-1@127.0.0.1:9/r.git",
+            "ssh://git:tok-1@h.example/r.git",
+        ] {
+            let query: String = form_urlencoded::Serializer::new(String::new())
+                .append_pair("type", "git")
+                .append_pair("repository", url)
+                .append_pair("state", "x.tfstate")
+                .finish();
+            let uri: Uri = format!("/?{query}").parse().expect("uri");
+            match parse_target(&uri) {
+                Err(error @ ApiError::Query(_)) => {
+                    assert_eq!(error.status(), StatusCode::BAD_REQUEST);
+                    assert!(!error.to_string().contains("tok-1"), "{error}");
+                }
+                Err(other) => panic!("{url}: {other}"),
+                Ok(_) => panic!("{url} accepted"),
+            }
+        }
+        let uri: Uri = "/?type=git&repository=ssh%3A%2F%2Fgit%40h%2Fr&state=x"
+            .parse()
+            .expect("uri");
+        assert!(parse_target(&uri).is_ok(), "an ssh user name is no secret");
+    }
 }

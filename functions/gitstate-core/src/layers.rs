@@ -363,8 +363,19 @@ fn parse_file(path: &Path, text: &str) -> Result<BTreeMap<&'static str, String>,
     Ok(out)
 }
 
-/// `https://user:secret@host/…` shown as `https://user:***@host/…`.
+/// `https://user:secret@host/…` shown as `https://user:***@host/…`, and `https://token@host/…`
+/// (a token sent as the user name) as `https://***@host/…`; only an SSH user name is shown.
+/// Each URL of a comma-separated list is redacted. Such URLs are refused at start-up anyway
+/// (`config::credentials_in_url`), but `gitstate config` shows what it was given.
 pub fn redact_userinfo(value: &str) -> String {
+    value
+        .split(',')
+        .map(redact_one)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn redact_one(value: &str) -> String {
     let Some(scheme_end) = value.find("://").map(|i| i + 3) else {
         return value.to_owned();
     };
@@ -373,8 +384,10 @@ pub fn redact_userinfo(value: &str) -> String {
     let Some(at) = rest[..authority_end].rfind('@') else {
         return value.to_owned();
     };
+    let ssh = value[..scheme_end].trim().eq_ignore_ascii_case("ssh://");
     let user = rest[..at].split(':').next().unwrap_or_default();
     let password = rest[..at].contains(':');
+    let user = if password || ssh { user } else { "***" };
     format!(
         "{}{user}{}@{}",
         &value[..scheme_end],
@@ -530,7 +543,13 @@ mod tests {
         );
         for (input, output) in [
             ("https://h/x@y", "https://h/x@y"),
-            ("https://u@h/x", "https://u@h/x"),
+            ("https://u@h/x", "https://***@h/x"),
+            ("ssh://git@h/x", "ssh://git@h/x"),
+            ("git@h:x", "git@h:x"),
+            (
+                "https://a/x.git, https://u:p@b/y.git,https://t@c/z",
+                "https://a/x.git, https://u:***@b/y.git,https://***@c/z",
+            ),
             ("https://u:p@q@h/x", "https://u:***@h/x"),
             ("plain", "plain"),
         ] {

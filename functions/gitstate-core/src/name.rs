@@ -21,6 +21,8 @@ pub enum NameError {
     BadCharacter(String),
     #[error("segment {0:?} starts with '.'")]
     LeadingDot(String),
+    #[error("segment {0:?} ends with '.' (git refuses such ref names)")]
+    TrailingDot(String),
     #[error("segment {0:?} ends with '.lock'")]
     LockSuffix(String),
     #[error("the name contains '..'")]
@@ -55,7 +57,14 @@ fn check_path(name: &str, max: usize) -> Result<(), NameError> {
         if segment.ends_with(".lock") {
             return Err(NameError::LockSuffix(segment.to_owned()));
         }
+        // git refuses a ref ending in '.'; a folder ending in '.' is refused too, so a name
+        // is never valid only as a folder of another (and Windows drops trailing dots).
+        if segment.ends_with('.') {
+            return Err(NameError::TrailingDot(segment.to_owned()));
+        }
     }
+    // The rest of git's ref rules (`git check-ref-format`) cannot be broken with the characters
+    // above: no '@' (so neither "@" nor "@{"), no control, space, '~^:?*[\\', no '//'.
     Ok(())
 }
 
@@ -169,6 +178,9 @@ mod tests {
             ("a/prod.lock", NameError::LockSuffix("prod.lock".into())),
             ("a/../b", NameError::DoubleDot),
             ("a..b", NameError::DoubleDot),
+            ("prod.", NameError::TrailingDot("prod.".into())),
+            ("a./b", NameError::TrailingDot("a.".into())),
+            ("a/b.tfstate.", NameError::TrailingDot("b.tfstate.".into())),
         ];
         for (input, want) in cases {
             assert_eq!(
@@ -177,6 +189,76 @@ mod tests {
                 "input {input:?}"
             );
         }
+    }
+
+    /// Every name `StateName::parse` accepts makes a ref the real git accepts
+    /// (`refs/heads/locks/<name>`), and every branch `BranchName::parse` accepts is one too:
+    /// a few thousand generated names, checked by one `git update-ref --stdin`, whose `verify`
+    /// runs git's ref-name check on each (and changes nothing; each transaction is aborted).
+    #[test]
+    fn accepted_names_are_git_ref_names() {
+        use rand::{Rng, SeedableRng};
+        use std::io::Write;
+        use std::process::{Command, Stdio};
+
+        const PIECES: &[&str] = &[
+            "a", "Z", "0", ".", ".", "..", "-", "_", "/", "lock", ".lock", "tfstate", "@", "{",
+            "~", " ",
+        ];
+        let mut rng = rand::rngs::StdRng::seed_from_u64(0x6e61_6d65);
+        let mut refs = std::collections::BTreeSet::new();
+        let mut trailing_dots = 0;
+        while refs.len() < 4000 {
+            let len = rng.random_range(1..8);
+            let name: String = (0..len)
+                .map(|_| PIECES[rng.random_range(0..PIECES.len())])
+                .collect();
+            if name.ends_with('.') {
+                trailing_dots += 1;
+            }
+            if let Ok(state) = StateName::parse(&name) {
+                refs.insert(format!("refs/heads/locks/{state}"));
+            }
+            if let Ok(branch) = BranchName::parse(&name) {
+                refs.insert(branch.full_ref());
+            }
+        }
+        assert!(trailing_dots > 100, "the generator makes trailing dots");
+        let dir = std::env::temp_dir().join(format!("gitstate-refnames-{}", std::process::id()));
+        let init = Command::new("git")
+            .args(["init", "-q", "--bare"])
+            .arg(&dir)
+            .status()
+            .expect("git runs");
+        assert!(init.success());
+        let mut child = Command::new("git")
+            .arg("--git-dir")
+            .arg(&dir)
+            .args(["update-ref", "--stdin"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("git runs");
+        let mut input = String::new();
+        for r in &refs {
+            // One transaction each: names that are folders of others (`a`, `a/b`) are fine
+            // here, as the lock refs of different states never share a transaction.
+            input.push_str(&format!("start\nverify {r} {}\nabort\n", "0".repeat(40)));
+        }
+        // git stops at the first refused name; the status and its message tell which.
+        let _ = child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(input.as_bytes());
+        let out = child.wait_with_output().expect("git ends");
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(
+            out.status.success(),
+            "git refuses an accepted name: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     #[test]

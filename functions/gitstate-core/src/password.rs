@@ -7,6 +7,12 @@ use base64::Engine as _;
 /// OWASP's minimum for argon2id: 19 MiB of memory, two passes, one lane.
 pub const MIN_MEMORY_KIB: u32 = 19 * 1024;
 pub const MIN_PASSES: u32 = 2;
+/// The most a hash may ask for: 1 GiB of memory, ten passes, sixteen lanes. A hash above this
+/// (`m=4194304`) would make every check, and the dummy check of unknown users, allocate gigabytes
+/// and abort the process.
+pub const MAX_MEMORY_KIB: u32 = 1024 * 1024;
+pub const MAX_PASSES: u32 = 10;
+pub const MAX_LANES: u32 = 16;
 
 /// Checks a secret against a stored PHC hash. A trait so tests can count the calls to the real
 /// verifier; production uses [`Argon2id`].
@@ -35,11 +41,23 @@ pub enum HashError {
     Version(u32),
     #[error("parameters m={m},t={t} are weaker than the minimum m={MIN_MEMORY_KIB},t={MIN_PASSES}")]
     Weak { m: u32, t: u32 },
+    #[error(
+        "parameters m={m},t={t},p={p} exceed the maximum m={MAX_MEMORY_KIB},t={MAX_PASSES},p={MAX_LANES}"
+    )]
+    Costly { m: u32, t: u32, p: u32 },
     #[error("hashing failed: {0}")]
     Hashing(String),
 }
 
-/// Accept only argon2id hashes at least as strong as OWASP's minimum.
+/// Whether a hash's parameters stay within the ceiling.
+fn within_ceiling(params: &Params) -> bool {
+    params.m_cost() <= MAX_MEMORY_KIB
+        && params.t_cost() <= MAX_PASSES
+        && params.p_cost() <= MAX_LANES
+}
+
+/// Accept only argon2id hashes at least as strong as OWASP's minimum and no costlier than the
+/// ceiling.
 pub fn check_phc(phc: &str) -> Result<(), HashError> {
     let hash = PasswordHash::new(phc).map_err(|_| HashError::NotPhc)?;
     if hash.algorithm.as_str() != "argon2id" {
@@ -53,6 +71,10 @@ pub fn check_phc(phc: &str) -> Result<(), HashError> {
     if m < MIN_MEMORY_KIB || t < MIN_PASSES {
         return Err(HashError::Weak { m, t });
     }
+    if !within_ceiling(&params) {
+        let p = params.p_cost();
+        return Err(HashError::Costly { m, t, p });
+    }
     if hash.hash.is_none() {
         return Err(HashError::NotPhc);
     }
@@ -60,12 +82,13 @@ pub fn check_phc(phc: &str) -> Result<(), HashError> {
 }
 
 /// The component-wise strongest (memory KiB, passes, lanes) among `hashes`, never below the
-/// minimum: a dummy hash with these costs at least as much to check as any of them.
+/// minimum: a dummy hash with these costs at least as much to check as any of them. Hashes
+/// above the ceiling ([`check_phc`] refuses them) are left out.
 pub fn strongest_params<'a>(hashes: impl Iterator<Item = &'a str>) -> (u32, u32, u32) {
     hashes
         .filter_map(|phc| {
             let hash = PasswordHash::new(phc).ok()?;
-            Params::try_from(&hash).ok()
+            Params::try_from(&hash).ok().filter(within_ceiling)
         })
         .fold((MIN_MEMORY_KIB, MIN_PASSES, 1), |(m, t, p), params| {
             (
@@ -128,6 +151,42 @@ mod tests {
             strongest_params(["garbage"].into_iter()),
             (MIN_MEMORY_KIB, MIN_PASSES, 1)
         );
+    }
+
+    /// Every parameter at the ceiling is accepted, one above it is refused (alone or with the
+    /// others at their extremes), and the dummy hash never takes a refused hash's costs.
+    #[test]
+    fn refuses_hashes_above_the_ceiling() {
+        let phc = |m: u32, t: u32, p: u32| {
+            format!("$argon2id$v=19$m={m},t={t},p={p}$c29tZXNhbHQ$RdescudvJCsgt3ub+b+dWRWJTmaaJObG")
+        };
+        let top = (MAX_MEMORY_KIB, MAX_PASSES, MAX_LANES);
+        check_phc(&phc(top.0, top.1, top.2)).expect("the ceiling itself is fine");
+        for (m, t, p) in [
+            (MAX_MEMORY_KIB + 1, MIN_PASSES, 1),
+            (4 * 1024 * 1024, MIN_PASSES, 1),
+            (MIN_MEMORY_KIB, MAX_PASSES + 1, 1),
+            (MIN_MEMORY_KIB, u32::MAX, 1),
+            (MIN_MEMORY_KIB, MIN_PASSES, MAX_LANES + 1),
+            (MAX_MEMORY_KIB + 1, MAX_PASSES + 1, MAX_LANES + 1),
+        ] {
+            let hash = phc(m, t, p);
+            match check_phc(&hash) {
+                Err(HashError::Costly { .. }) => {}
+                // parameters argon2 itself refuses (e.g. too many passes) are not PHC at all
+                Err(HashError::NotPhc) => {}
+                other => panic!("{hash}: {other:?}"),
+            }
+            assert_eq!(
+                strongest_params([hash.as_str()].into_iter()),
+                (MIN_MEMORY_KIB, MIN_PASSES, 1),
+                "{hash}"
+            );
+        }
+        assert!(matches!(
+            check_phc(&phc(4 * 1024 * 1024, 2, 1)),
+            Err(HashError::Costly { m: 4194304, .. })
+        ));
     }
 
     #[test]

@@ -49,6 +49,24 @@ pub enum Clash {
         "its branch {branch:?} cannot be created: it clashes with the existing branch {existing:?}"
     )]
     Branch { branch: String, existing: String },
+    /// A state the caller may not read is in the way; its name is not told.
+    #[error("it clashes with a state you cannot read")]
+    Unreadable,
+}
+
+impl Clash {
+    /// The clash as told to a caller: the other state is named only when `readable` says the
+    /// caller may read it. A branch clash names a branch, not a state, and is kept.
+    pub fn told(self, readable: impl Fn(&str) -> bool) -> Self {
+        match &self {
+            Self::BelowState(other) | Self::Folder(other) | Self::LockRef(other)
+                if !readable(other) =>
+            {
+                Self::Unreadable
+            }
+            _ => self,
+        }
+    }
 }
 
 /// The tree rule: how `name` clashes with the files `files` of a branch, if it does.

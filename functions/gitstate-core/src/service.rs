@@ -87,6 +87,24 @@ impl From<Refusal> for ServiceError {
     }
 }
 
+/// A clash as the caller may be told it: the state in the way is named only when the caller may
+/// read it (a 409 must not reveal states outside the caller's grants).
+fn clash_for(caller: &Caller, clash: Clash) -> ServiceError {
+    ServiceError::Clash(
+        clash.told(|other| {
+            StateName::parse(other).is_ok_and(|other| caller.may(Role::Read, &other))
+        }),
+    )
+}
+
+/// A store's refusal as the caller may be told it (see [`clash_for`]).
+fn refused(caller: &Caller, refusal: Refusal) -> ServiceError {
+    match refusal {
+        Refusal::Clash(clash) => clash_for(caller, clash),
+        other => other.into(),
+    }
+}
+
 /// The name and e-mail address commits are written under.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Identity {
@@ -332,7 +350,7 @@ impl Backend {
                 Ok(())
             }
             Acquire::Held(held) => Err(ServiceError::Locked(held)),
-            Acquire::Clash(clash) => Err(ServiceError::Clash(clash)),
+            Acquire::Clash(clash) => Err(clash_for(caller, clash)),
         }
     }
 
@@ -355,7 +373,7 @@ impl Backend {
                 // Releasing a lock that exists is always allowed (it harms nothing, and no lock
                 // may get stuck); a name that cannot hold one is not "unlocked".
                 if let Some(clash) = self.store.clash(at, name).await? {
-                    return Err(ServiceError::Clash(clash));
+                    return Err(clash_for(caller, clash));
                 }
                 return Ok(());
             };
@@ -434,7 +452,7 @@ impl Backend {
                     };
                     known.insert(stored, Version::of(&opened.plaintext));
                 }
-                Written::Refused(refusal) => return Err(refusal.into()),
+                Written::Refused(refusal) => return Err(refused(caller, refusal)),
             }
         }
         Err(StoreError::Contention {
@@ -592,7 +610,7 @@ impl Backend {
             .await?
         {
             Written::Committed { .. } | Written::Unchanged => Ok(()),
-            Written::Refused(refusal) => Err(refusal.into()),
+            Written::Refused(refusal) => Err(refused(caller, refusal)),
         }
     }
 
@@ -809,7 +827,7 @@ impl Backend {
         // The write below checks again against the tree it builds on; this answers before any
         // history is read.
         if let Some(clash) = self.store.clash(at, name).await? {
-            return Err(ServiceError::Clash(clash));
+            return Err(clash_for(caller, clash));
         }
         let (from, old) = self.get_version(caller, at, name, selector).await?;
         let mut state: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&old)
@@ -1266,6 +1284,74 @@ mod tests {
             assert_eq!(b.store().list_states(&at, "").await.expect("list"), before);
             assert!(b.list_locks(&admin(), &at).await.expect("locks").is_empty());
         }
+    }
+
+    /// A 409 names the state in the way only to a caller who may read it: every pair of names
+    /// over {a, b} up to three deep where one is a folder of the other, as a state in the tree
+    /// and as a held lock, met by a caller whose only grant is `admin:<its own name>`.
+    #[tokio::test]
+    async fn clashes_name_only_states_the_caller_may_read() {
+        let mut names = vec![String::new()];
+        for _ in 0..3 {
+            let longer: Vec<String> = names
+                .iter()
+                .flat_map(|n| {
+                    ["a", "b"].map(|s| format!("{n}{}{s}", if n.is_empty() { "" } else { "/" }))
+                })
+                .collect();
+            names.extend(longer);
+        }
+        names.retain(|n| !n.is_empty());
+        let mut pairs = 0;
+        for existing in &names {
+            for clashing in &names {
+                let below = |a: &str, b: &str| a.starts_with(&format!("{b}/"));
+                if !below(existing, clashing) && !below(clashing, existing) {
+                    continue;
+                }
+                pairs += 1;
+                let caller = Caller::new(
+                    "ops",
+                    vec![Grant::parse(&format!("admin:{clashing}")).expect("valid")],
+                );
+                let readable = existing.starts_with(clashing.as_str());
+                let told = |r: Result<(), ServiceError>, what: &str| match r {
+                    Err(ServiceError::Clash(Clash::Unreadable)) => assert!(!readable, "{what}"),
+                    Err(ServiceError::Clash(
+                        Clash::BelowState(o) | Clash::Folder(o) | Clash::LockRef(o),
+                    )) => assert!(readable && o == *existing, "{what}: {o}"),
+                    other => panic!("{what}: {other:?}"),
+                };
+                let what = format!("{clashing} against {existing}");
+                let existing = StateName::parse(existing).expect("valid");
+                let name = StateName::parse(clashing).expect("valid");
+                // in the tree
+                let (b, at, _) = backend();
+                b.put_state(&admin(), &at, &existing, None, state("L", 1))
+                    .await
+                    .expect("first state");
+                told(
+                    b.put_state(&caller, &at, &name, None, state("M", 1)).await,
+                    &what,
+                );
+                told(b.lock(&caller, &at, &name, lock_body("X")).await, &what);
+                told(b.unlock(&caller, &at, &name, &lock_body("X")).await, &what);
+                told(b.delete_state(&caller, &at, &name, None).await, &what);
+                told(
+                    b.restore(&caller, &at, &name, &Selector::Serial(1))
+                        .await
+                        .map(drop),
+                    &what,
+                );
+                // as a held lock
+                let (b, at, _) = backend();
+                b.lock(&admin(), &at, &existing, lock_body("E"))
+                    .await
+                    .expect("lock");
+                told(b.lock(&caller, &at, &name, lock_body("X")).await, &what);
+            }
+        }
+        assert!(pairs > 20, "{pairs} pairs");
     }
 
     #[tokio::test]
