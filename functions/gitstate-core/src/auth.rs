@@ -500,6 +500,14 @@ impl Access {
         }
     }
 
+    /// The stored argon2 hash of `user` under the policy last loaded (server side only): the key
+    /// of the console's form tokens, the same in every process and changed with the password.
+    pub fn stored_hash(&self, user: &str) -> Option<Secret> {
+        let loaded = self.loaded.lock().ok()?;
+        let found = loaded.as_ref()?.policy.user(user)?;
+        Some(Secret::new(found.hash.clone()))
+    }
+
     /// 429 for a user name or address over its failure budget; the same whether the user exists.
     fn refuse_if_throttled(
         &self,
