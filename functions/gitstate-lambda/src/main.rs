@@ -4,7 +4,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
 use gitstate_core::config::{Runtime, Settings};
-use gitstate_core::http::{BUFFERED_RESPONSE_LIMIT, ClientAddr, Deadline, Limits, router};
+use gitstate_core::http::{
+    BUFFERED_RESPONSE_LIMIT, ClientAddr, Deadline, Limits, SCHEME_HEADER, router,
+};
 use lambda_http::request::RequestContext;
 use lambda_http::tracing::subscriber::filter::{EnvFilter, LevelFilter, Targets};
 use lambda_http::tracing::subscriber::{Layer as _, layer::SubscriberExt as _};
@@ -98,6 +100,11 @@ fn with_request_facts(mut request: Request) -> Request {
     if let Some(ip) = ip {
         request.extensions_mut().insert(ClientAddr(ip));
     }
+    // Function URLs answer only https.
+    request.headers_mut().insert(
+        SCHEME_HEADER,
+        lambda_http::http::HeaderValue::from_static("https"),
+    );
     request
 }
 

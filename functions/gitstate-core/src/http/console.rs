@@ -19,7 +19,9 @@ use hmac::{Hmac, Mac};
 use http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use sha2::Sha256;
 
-use super::{ApiError, App, MAX_QUERY_BYTES, now_seconds, percent_decode, read_body};
+use super::{
+    ApiError, App, MAX_QUERY_BYTES, SCHEME_HEADER, now_seconds, percent_decode, read_body,
+};
 use crate::StateName;
 use crate::access::{Caller, Role};
 use crate::changes::Changes;
@@ -201,11 +203,17 @@ fn same_origin(headers: &HeaderMap) -> Result<(), ApiError> {
     if site.is_some_and(|site| site != "same-origin") {
         return Err(ApiError::CrossSite);
     }
+    // The scheme too: `http://host` is another origin than an https deployment's.
+    let scheme = match text(header::HeaderName::from_static(SCHEME_HEADER))? {
+        Some(proto) if proto.eq_ignore_ascii_case("https") => "https://",
+        _ => "http://",
+    };
     match (origin, host) {
         (Some(origin), Some(host)) => {
             let origin_host = origin
-                .strip_prefix("https://")
-                .or_else(|| origin.strip_prefix("http://"));
+                .get(..scheme.len())
+                .filter(|s| s.eq_ignore_ascii_case(scheme))
+                .and_then(|_| origin.get(scheme.len()..));
             if origin_host.is_some_and(|h| h.eq_ignore_ascii_case(host)) {
                 Ok(())
             } else {
@@ -513,9 +521,15 @@ mod tests {
     #[test]
     fn only_same_origin_posts_pass() {
         let host = ("host", "127.0.0.1:8080");
+        let plain = (SCHEME_HEADER, "http");
         let ok = [
+            vec![host, plain, ("origin", "http://127.0.0.1:8080")],
             vec![host, ("origin", "http://127.0.0.1:8080")],
-            vec![host, ("origin", "https://127.0.0.1:8080")],
+            vec![
+                host,
+                (SCHEME_HEADER, "https"),
+                ("origin", "https://127.0.0.1:8080"),
+            ],
             vec![
                 host,
                 ("sec-fetch-site", "same-origin"),
@@ -545,6 +559,36 @@ mod tests {
                 matches!(same_origin(&headers(&case)), Err(ApiError::CrossSite)),
                 "{case:?}"
             );
+        }
+    }
+
+    /// Every host, both schemes of the deployment and of the Origin: only the same scheme and
+    /// host pass, with or without `Sec-Fetch-Site: same-origin`.
+    #[test]
+    fn the_origin_scheme_must_be_the_deployments() {
+        use rand::{Rng as _, SeedableRng as _};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(203);
+        for _ in 0..300 {
+            let host = format!(
+                "{}.example:{}",
+                rng.random_range(0..1000),
+                rng.random_range(1..65535)
+            );
+            for deployed in ["http", "https", "HTTPS"] {
+                for sent in ["http", "https", "HTTP", "Https"] {
+                    let origin = format!("{sent}://{host}");
+                    let same = deployed.eq_ignore_ascii_case(sent);
+                    for site in [None, Some("same-origin")] {
+                        let mut case = vec![
+                            ("host", host.as_str()),
+                            (SCHEME_HEADER, deployed),
+                            ("origin", origin.as_str()),
+                        ];
+                        case.extend(site.map(|s| ("sec-fetch-site", s)));
+                        assert_eq!(same_origin(&headers(&case)).is_ok(), same, "{case:?}");
+                    }
+                }
+            }
         }
     }
 
