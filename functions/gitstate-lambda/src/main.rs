@@ -193,6 +193,22 @@ mod tests {
     }
 
     #[test]
+    fn every_request_is_marked_https_whatever_the_client_claims() {
+        for claimed in [None, Some("http"), Some("https"), Some("ftp")] {
+            let mut request = Request::default();
+            if let Some(claimed) = claimed {
+                request.headers_mut().insert(
+                    SCHEME_HEADER,
+                    lambda_http::http::HeaderValue::from_static(claimed),
+                );
+            }
+            let request = with_request_facts(request);
+            let marked: Vec<_> = request.headers().get_all(SCHEME_HEADER).iter().collect();
+            assert_eq!(marked, ["https"], "{claimed:?}");
+        }
+    }
+
+    #[test]
     fn deadlines_no_real_invocation_has_are_ignored() {
         let now = SystemTime::now();
         for deadline in [
