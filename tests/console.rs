@@ -332,6 +332,22 @@ async fn console_actions_are_refused_unless_same_origin_admin_token_and_confirme
         ),
         (admin, vec![], form(&token), 403, "cross-site"),
         (admin, same(), form("forged"), 403, "form token"),
+        // Another scheme is another origin: this listener is plain http.
+        (
+            admin,
+            vec![("origin", format!("https://{host}"))],
+            form(&token),
+            403,
+            "cross-site",
+        ),
+        // The token a page would carry if it were keyed by the password.
+        (
+            admin,
+            same(),
+            form(&password_keyed(admin)),
+            403,
+            "form token",
+        ),
         (
             admin,
             same(),
@@ -402,8 +418,18 @@ async fn console_actions_are_refused_unless_same_origin_admin_token_and_confirme
 }
 
 /// The form token the console derives for `user` (as the server does: HMAC of the user name
-/// keyed by the password).
+/// keyed by the user's stored argon2 hash, which the access file given to the backend holds).
 fn token_for(user: (&str, &str)) -> String {
+    use hmac::{Hmac, Mac};
+    let key = gitstate_tests::hash_of(user.1);
+    let mut mac = <Hmac<sha2::Sha256> as Mac>::new_from_slice(key.as_bytes()).expect("any key");
+    mac.update(b"gitstate console form\0");
+    mac.update(user.0.as_bytes());
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(mac.finalize().into_bytes())
+}
+
+/// The form token keyed by the password, as it once was: a leaked page must not check a guess.
+fn password_keyed(user: (&str, &str)) -> String {
     use hmac::{Hmac, Mac};
     let mut mac = <Hmac<sha2::Sha256> as Mac>::new_from_slice(user.1.as_bytes()).expect("any key");
     mac.update(b"gitstate console form\0");

@@ -128,13 +128,25 @@ pub async fn serve_until(
     match &listening.tls {
         None => axum::serve(
             listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
+            app.layer(axum::middleware::map_request(|request| async {
+                with_scheme(request, "http")
+            }))
+            .into_make_service_with_connect_info::<SocketAddr>(),
         )
         .with_graceful_shutdown(shutdown)
         .await
         .context("serving"),
         Some(tls) => serve_tls(listener, app, tls.clone(), shutdown).await,
     }
+}
+
+/// Mark the request with the scheme of the listener, replacing whatever the client claimed.
+fn with_scheme<B>(mut request: http::Request<B>, scheme: &'static str) -> http::Request<B> {
+    request.headers_mut().insert(
+        gitstate_core::http::SCHEME_HEADER,
+        http::HeaderValue::from_static(scheme),
+    );
+    request
 }
 
 async fn serve_tls(
@@ -175,7 +187,7 @@ async fn serve_tls(
             let service = hyper::service::service_fn(
                 move |mut request: hyper::Request<hyper::body::Incoming>| {
                     request.extensions_mut().insert(ConnectInfo(peer));
-                    app.clone().oneshot(request)
+                    app.clone().oneshot(with_scheme(request, "https"))
                 },
             );
             let connection = hyper::server::conn::http1::Builder::new()

@@ -437,3 +437,50 @@ async fn json_logs() {
         .expect("runs");
     assert!(String::from_utf8_lossy(&bad.stderr).contains("neither text nor json"));
 }
+
+/// A console form post's same-origin check against the scheme the listener really serves:
+/// `https://host` only over TLS, `http://host` only on a plain listener, whatever
+/// `X-Forwarded-Proto` the client sends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_origin_check_uses_the_listeners_scheme() {
+    let pki = Pki::new();
+    let tls = serve(&[
+        "--tls-cert",
+        &pki.path("server.pem"),
+        "--tls-key",
+        &pki.path("server.key"),
+    ])
+    .await;
+    let plain = serve(&[]).await;
+    let post = |base: &str, origin_scheme: &str, claimed: &str| {
+        let host = base.split_once("://").expect("a URL").1.to_owned();
+        let out = Command::new("curl")
+            .args(["-sS", "--max-time", "20", "-w", "\n%{http_code}"])
+            .args(["--cacert", &pki.path("ca.pem")])
+            .args(["-u", &format!("{TEST_USER}:{TEST_PASSWORD}")])
+            .args(["-H", &format!("Origin: {origin_scheme}://{host}")])
+            .args(["-H", &format!("X-Forwarded-Proto: {claimed}")])
+            .args(["--data", "token=x&lock=l&confirm=yes"])
+            .arg(format!("{base}/ui/unlock/app.tfstate"))
+            .output()
+            .expect("curl is installed (Debian package curl)");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    for (served, scheme) in [(&tls, "https"), (&plain, "http")] {
+        for origin_scheme in ["http", "https"] {
+            for claimed in ["http", "https"] {
+                let answer = post(&served.base, origin_scheme, claimed);
+                assert!(answer.ends_with("\n403"), "{answer}");
+                let why = if origin_scheme == scheme {
+                    "form token"
+                } else {
+                    "cross-site"
+                };
+                assert!(
+                    answer.contains(why),
+                    "{scheme} listener, Origin {origin_scheme}, claimed {claimed}: {answer}"
+                );
+            }
+        }
+    }
+}

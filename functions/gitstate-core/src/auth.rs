@@ -11,6 +11,9 @@
 //!   first: a remembered credential never waits on the throttle or the argon2 limit.
 //! - Failures are counted per user and per client address; past a few, the user or address is
 //!   refused (429 + `Retry-After`) without argon2 for a while that doubles with every failure.
+//!   IPv6 addresses count by their /64. When the table is full the least recent entries are
+//!   evicted, and until those would have been forgotten anyway, a user or address the table does
+//!   not hold is refused (fail closed) rather than given a fresh budget.
 //! - argon2 runs at most `available_parallelism` at a time, so a flood queues behind that limit
 //!   instead of taking every blocking thread and all the memory.
 
@@ -154,26 +157,64 @@ struct Loaded {
     verified: HashSet<[u8; 32]>,
 }
 
-#[derive(Default)]
 struct Throttle {
     failures: HashMap<String, (u32, Instant)>,
+    /// At most this many keys are tracked; when full, the least recent are evicted.
+    capacity: usize,
+    /// Set when an entry was evicted before it was forgotten: until then an untracked key may be
+    /// one that lost its count, so it is refused (fail closed) instead of starting afresh.
+    saturated_until: Option<Instant>,
+}
+
+impl Default for Throttle {
+    fn default() -> Self {
+        Self::with_capacity(MAX_TRACKED)
+    }
+}
+
+/// The throttle key of a client address: IPv6 by its /64 (one host holds a whole /64), IPv4 and
+/// IPv4-mapped IPv6 by the address.
+fn address_key(ip: IpAddr) -> String {
+    match ip.to_canonical() {
+        IpAddr::V4(v4) => format!("addr\0{v4}"),
+        IpAddr::V6(v6) => {
+            let prefix = u128::from(v6) & !u128::from(u64::MAX);
+            format!("addr\0{}/64", std::net::Ipv6Addr::from(prefix))
+        }
+    }
 }
 
 impl Throttle {
-    fn count(&mut self, key: &str) -> (u32, Instant) {
+    fn with_capacity(capacity: usize) -> Self {
+        Self {
+            failures: HashMap::new(),
+            capacity: capacity.max(8),
+            saturated_until: None,
+        }
+    }
+
+    fn count(&mut self, key: &str) -> Option<(u32, Instant)> {
         match self.failures.get(key) {
             Some((_, last)) if last.elapsed() > FORGET_AFTER => {
                 self.failures.remove(key);
-                (0, Instant::now())
+                None
             }
-            Some(&(n, last)) => (n, last),
-            None => (0, Instant::now()),
+            Some(&(n, last)) => Some((n, last)),
+            None => None,
         }
     }
 
     /// How much longer the worst of `keys` is refused (`None`: not refused). Keys are
-    /// `user\0<name>` or `addr\0<ip>`; each has its own failure budget.
+    /// `user\0<name>` or `addr\0<ip>`; each has its own failure budget. While the table is
+    /// saturated, a key it does not hold is refused.
     fn blocked(&mut self, keys: &[String]) -> Option<Duration> {
+        let saturated = self
+            .saturated_until
+            .and_then(|until| until.checked_duration_since(Instant::now()))
+            .filter(|d| !d.is_zero());
+        if saturated.is_none() {
+            self.saturated_until = None;
+        }
         keys.iter()
             .filter_map(|key| {
                 let free = if key.starts_with("addr\0") {
@@ -181,7 +222,9 @@ impl Throttle {
                 } else {
                     FREE_USER_FAILURES
                 };
-                let (n, last) = self.count(key);
+                let Some((n, last)) = self.count(key) else {
+                    return saturated.map(|d| d.min(MAX_BLOCK));
+                };
                 let over = n.checked_sub(free)?;
                 let block = FIRST_BLOCK
                     .saturating_mul(1u32 << over.min(10))
@@ -192,19 +235,45 @@ impl Throttle {
     }
 
     fn failed(&mut self, keys: &[String]) {
-        if self.failures.len() >= MAX_TRACKED {
-            self.failures
-                .retain(|_, (_, last)| last.elapsed() <= FORGET_AFTER);
-        }
         for key in keys {
-            if self.failures.len() >= MAX_TRACKED && !self.failures.contains_key(key) {
-                continue;
+            if !self.failures.contains_key(key) && self.failures.len() >= self.capacity {
+                self.make_room();
             }
             let entry = self
                 .failures
                 .entry(key.clone())
                 .or_insert((0, Instant::now()));
             *entry = (entry.0.saturating_add(1), Instant::now());
+        }
+    }
+
+    /// Forget what is due; if the table is still full, evict the least recent eighth and stay
+    /// saturated until the evicted entries would have been forgotten anyway.
+    fn make_room(&mut self) {
+        self.failures
+            .retain(|_, (_, last)| last.elapsed() <= FORGET_AFTER);
+        if self.failures.len() < self.capacity {
+            return;
+        }
+        let mut by_age: Vec<(Instant, String)> = self
+            .failures
+            .iter()
+            .map(|(key, &(_, last))| (last, key.clone()))
+            .collect();
+        let evict = (self.capacity / 8).max(1);
+        by_age.select_nth_unstable_by_key(evict - 1, |(last, _)| *last);
+        let mut newest_evicted = None;
+        for (last, key) in by_age.into_iter().take(evict) {
+            self.failures.remove(&key);
+            newest_evicted = newest_evicted.max(Some(last));
+        }
+        if let Some(last) = newest_evicted {
+            let until = last + FORGET_AFTER;
+            self.saturated_until = self.saturated_until.max(Some(until));
+            tracing::warn!(
+                tracked = self.failures.len(),
+                "login throttle table saturated: refusing untracked users and addresses"
+            );
         }
     }
 
@@ -368,7 +437,7 @@ impl Access {
         header: Option<&[u8]>,
         client: Option<IpAddr>,
     ) -> Result<Caller, AuthError> {
-        let address_key = client.map(|ip| format!("addr\0{ip}"));
+        let address_key = client.map(address_key);
         let (user, secret) = match parse_basic(header) {
             Ok(credentials) => credentials,
             Err(why) => {
@@ -429,6 +498,14 @@ impl Access {
                 Err(AuthError::Unauthenticated)
             }
         }
+    }
+
+    /// The stored argon2 hash of `user` under the policy last loaded (server side only): the key
+    /// of the console's form tokens, the same in every process and changed with the password.
+    pub fn stored_hash(&self, user: &str) -> Option<Secret> {
+        let loaded = self.loaded.lock().ok()?;
+        let found = loaded.as_ref()?.policy.user(user)?;
+        Some(Secret::new(found.hash.clone()))
     }
 
     /// 429 for a user name or address over its failure budget; the same whether the user exists.
@@ -720,6 +797,133 @@ mod tests {
                 .await,
             Err(AuthError::Unauthenticated)
         ));
+    }
+
+    /// Counts verifications and accepts the secret `right`, without argon2's cost.
+    #[derive(Default)]
+    struct Cheap(AtomicUsize);
+    impl PasswordVerifier for Cheap {
+        fn verify(&self, _phc: &str, secret: &[u8]) -> bool {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            secret == b"right"
+        }
+    }
+
+    #[test]
+    fn ipv6_addresses_are_keyed_by_their_64_and_mapped_ipv4_by_the_address() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(64);
+        let net: u128 = 0x2001_0db8_0001_0002 << 64;
+        for _ in 0..200 {
+            let a = net | u128::from(rand::Rng::random::<u64>(&mut rng));
+            let b = net | u128::from(rand::Rng::random::<u64>(&mut rng));
+            assert_eq!(
+                address_key(IpAddr::from(std::net::Ipv6Addr::from(a))),
+                address_key(IpAddr::from(std::net::Ipv6Addr::from(b)))
+            );
+            let other = a ^ (1 << (64 + rand::Rng::random_range(&mut rng, 0..64)));
+            assert_ne!(
+                address_key(IpAddr::from(std::net::Ipv6Addr::from(a))),
+                address_key(IpAddr::from(std::net::Ipv6Addr::from(other)))
+            );
+            let v4 = std::net::Ipv4Addr::from(rand::Rng::random::<u32>(&mut rng));
+            assert_eq!(
+                address_key(IpAddr::from(v4)),
+                address_key(IpAddr::from(v4.to_ipv6_mapped()))
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_full_throttle_table_evicts_then_fails_closed_but_cached_credentials_pass() {
+        const CAPACITY: usize = 64;
+        let hash = hash_secret(b"right").expect("hash");
+        let text = format!("[users.alice]\nhash = \"{hash}\"\ngrants = [\"read:*\"]\n");
+        let counter = Arc::new(Cheap::default());
+        let mut access = access_with(text, counter.clone());
+        access.throttle = Mutex::new(Throttle::with_capacity(CAPACITY));
+        let count = || counter.0.load(Ordering::SeqCst);
+        access
+            .authenticate(Some(&header("alice", "right")), None)
+            .await
+            .expect("verified and remembered");
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let net: u128 = 0x2001_0db8_0009_0009 << 64;
+        let fresh = |rng: &mut rand::rngs::StdRng| {
+            let user = format!("u{}", rand::Rng::random::<u64>(rng));
+            let ip = if rand::Rng::random::<bool>(rng) {
+                IpAddr::from(rand::Rng::random::<[u8; 4]>(rng))
+            } else {
+                IpAddr::from(std::net::Ipv6Addr::from(
+                    net | u128::from(rand::Rng::random::<u64>(rng)),
+                ))
+            };
+            (user, ip)
+        };
+        // A user name throttled before the flood, from several addresses.
+        for n in 0..=FREE_USER_FAILURES as u8 {
+            let ip = IpAddr::from([198, 51, 100, n]);
+            let _ = access
+                .authenticate(Some(&header("victim", "x")), Some(ip))
+                .await;
+        }
+        // The flood: fresh names and addresses (random IPv4, random hosts of one IPv6 /64).
+        let before = count();
+        let mut answered = 0;
+        for _ in 0..(4 * CAPACITY) {
+            let (user, ip) = fresh(&mut rng);
+            match access
+                .authenticate(Some(&header(&user, "x")), Some(ip))
+                .await
+            {
+                Err(AuthError::Unauthenticated) => answered += 1,
+                Err(AuthError::Throttled { retry_after }) => assert!(retry_after <= MAX_BLOCK),
+                other => panic!("{:?}", other.map(|c| c.user)),
+            }
+        }
+        assert_eq!(
+            count() - before,
+            answered,
+            "argon2 ran only for answered attempts"
+        );
+        assert!(
+            answered <= CAPACITY + FREE_ADDRESS_FAILURES as usize,
+            "{answered} fresh keys ran argon2 with a table of {CAPACITY}"
+        );
+        // Saturated: no new key escapes, and argon2 never runs for them.
+        let saturated = count();
+        for _ in 0..(4 * CAPACITY) {
+            let (user, ip) = fresh(&mut rng);
+            let user = if rand::Rng::random::<bool>(&mut rng) {
+                "alice".to_owned()
+            } else {
+                user
+            };
+            assert!(matches!(
+                access
+                    .authenticate(Some(&header(&user, "x")), Some(ip))
+                    .await,
+                Err(AuthError::Throttled { .. })
+            ));
+        }
+        assert!(
+            matches!(
+                access
+                    .authenticate(
+                        Some(&header("victim", "x")),
+                        Some(IpAddr::from([203, 0, 113, 9]))
+                    )
+                    .await,
+                Err(AuthError::Throttled { .. })
+            ),
+            "a throttled name stays throttled after the flood evicted it"
+        );
+        assert_eq!(count(), saturated, "no argon2 for throttled attempts");
+        let (_, ip) = fresh(&mut rng);
+        access
+            .authenticate(Some(&header("alice", "right")), Some(ip))
+            .await
+            .expect("a remembered credential passes a saturated throttle");
+        assert_eq!(count(), saturated);
     }
 
     #[test]

@@ -44,6 +44,11 @@ pub struct ClientAddr(pub IpAddr);
 #[derive(Debug, Clone, Copy)]
 pub struct Deadline(pub std::time::Instant);
 
+/// The scheme the client used, set by whatever serves the router on every request, replacing
+/// any the client sent: `https` behind a TLS listener or a Lambda Function URL, `http` on a plain
+/// listener. The console's origin check compares it with the scheme of `Origin`.
+pub const SCHEME_HEADER: &str = "x-forwarded-proto";
+
 /// Headers of `GET /locks/<name>` that describe the lock beyond Terraform's LockInfo.
 pub const LOCK_USER_HEADER: &str = "gitstate-lock-user";
 pub const LOCK_CREATED_HEADER: &str = "gitstate-lock-created";

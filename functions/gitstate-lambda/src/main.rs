@@ -4,7 +4,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
 use gitstate_core::config::{Runtime, Settings};
-use gitstate_core::http::{BUFFERED_RESPONSE_LIMIT, ClientAddr, Deadline, Limits, router};
+use gitstate_core::http::{
+    BUFFERED_RESPONSE_LIMIT, ClientAddr, Deadline, Limits, SCHEME_HEADER, router,
+};
 use lambda_http::request::RequestContext;
 use lambda_http::tracing::subscriber::filter::{EnvFilter, LevelFilter, Targets};
 use lambda_http::tracing::subscriber::{Layer as _, layer::SubscriberExt as _};
@@ -98,6 +100,11 @@ fn with_request_facts(mut request: Request) -> Request {
     if let Some(ip) = ip {
         request.extensions_mut().insert(ClientAddr(ip));
     }
+    // Function URLs answer only https.
+    request.headers_mut().insert(
+        SCHEME_HEADER,
+        lambda_http::http::HeaderValue::from_static("https"),
+    );
     request
 }
 
@@ -183,6 +190,22 @@ mod tests {
             left > Duration::from_secs(6) && left <= Duration::from_secs(8),
             "{left:?}"
         );
+    }
+
+    #[test]
+    fn every_request_is_marked_https_whatever_the_client_claims() {
+        for claimed in [None, Some("http"), Some("https"), Some("ftp")] {
+            let mut request = Request::default();
+            if let Some(claimed) = claimed {
+                request.headers_mut().insert(
+                    SCHEME_HEADER,
+                    lambda_http::http::HeaderValue::from_static(claimed),
+                );
+            }
+            let request = with_request_facts(request);
+            let marked: Vec<_> = request.headers().get_all(SCHEME_HEADER).iter().collect();
+            assert_eq!(marked, ["https"], "{claimed:?}");
+        }
     }
 
     #[test]

@@ -19,10 +19,11 @@ use hmac::{Hmac, Mac};
 use http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use sha2::Sha256;
 
-use super::{ApiError, App, MAX_QUERY_BYTES, now_seconds, percent_decode, read_body};
+use super::{
+    ApiError, App, MAX_QUERY_BYTES, SCHEME_HEADER, now_seconds, percent_decode, read_body,
+};
 use crate::StateName;
 use crate::access::{Caller, Role};
-use crate::auth::parse_basic;
 use crate::changes::Changes;
 use crate::ports::HeldLock;
 use crate::service::{Selector, ServiceError, StatePage, StateRow};
@@ -93,7 +94,7 @@ pub async fn serve(
     };
     if let Some(name) = state("/ui/states/")? {
         return if get {
-            state_page(app, caller, headers, &name, &params).await
+            state_page(app, caller, &name, &params).await
         } else {
             Err(not_allowed("GET"))
         };
@@ -166,22 +167,26 @@ fn html(page: &impl Template) -> Result<Response, ApiError> {
     Ok(response)
 }
 
-/// The form token of a caller: an HMAC of the user name keyed by the credential the browser sends
-/// with every request. A cross-site page cannot know it; every Lambda container and every restart
-/// computes the same one; it changes with the password.
-fn form_token(headers: &HeaderMap) -> Result<String, ApiError> {
-    let (user, secret) = parse_basic(
-        headers
-            .get(header::AUTHORIZATION)
-            .map(HeaderValue::as_bytes),
-    )
-    .map_err(|_| ApiError::FormToken)?;
-    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(secret.expose().as_bytes())
-        .map_err(|_| ApiError::FormToken)?;
+/// The form token of a caller: an HMAC of the user name keyed by the user's stored argon2 hash,
+/// which never leaves the server. A cross-site page cannot know it, a leaked page does not let
+/// anyone test password guesses at HMAC speed; every Lambda container and every restart computes
+/// the same one; it changes with the password.
+fn form_token(app: &App, caller: &Caller) -> Result<String, ApiError> {
+    let phc = app
+        .access
+        .stored_hash(&caller.user)
+        .ok_or(ApiError::FormToken)?;
+    Ok(token_for(phc.expose(), &caller.user))
+}
+
+fn token_for(phc: &str, user: &str) -> String {
+    // HMAC accepts keys of any length; this cannot fail.
+    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(phc.as_bytes())
+        .unwrap_or_else(|_| unreachable!("HMAC takes any key length"));
     mac.update(b"gitstate console form\0");
     mac.update(user.as_bytes());
     use base64::Engine as _;
-    Ok(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(mac.finalize().into_bytes()))
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(mac.finalize().into_bytes())
 }
 
 /// Refuse anything a browser marks as coming from another site, or that names no origin at all.
@@ -198,11 +203,17 @@ fn same_origin(headers: &HeaderMap) -> Result<(), ApiError> {
     if site.is_some_and(|site| site != "same-origin") {
         return Err(ApiError::CrossSite);
     }
+    // The scheme too: `http://host` is another origin than an https deployment's.
+    let scheme = match text(header::HeaderName::from_static(SCHEME_HEADER))? {
+        Some(proto) if proto.eq_ignore_ascii_case("https") => "https://",
+        _ => "http://",
+    };
     match (origin, host) {
         (Some(origin), Some(host)) => {
             let origin_host = origin
-                .strip_prefix("https://")
-                .or_else(|| origin.strip_prefix("http://"));
+                .get(..scheme.len())
+                .filter(|s| s.eq_ignore_ascii_case(scheme))
+                .and_then(|_| origin.get(scheme.len()..));
             if origin_host.is_some_and(|h| h.eq_ignore_ascii_case(host)) {
                 Ok(())
             } else {
@@ -232,7 +243,7 @@ async fn act(
     same_origin(headers)?;
     let body: Bytes = read_body(headers, body, MAX_QUERY_BYTES).await?;
     let form = Form::parse(&body)?;
-    let expected = form_token(headers)?;
+    let expected = form_token(app, caller)?;
     let sent = form.get("token").unwrap_or_default();
     // Compared in constant time.
     let matches = sent.len() == expected.len()
@@ -418,7 +429,6 @@ struct StatePageView {
 async fn state_page(
     app: &App,
     caller: &Caller,
-    headers: &HeaderMap,
     name: &StateName,
     params: &Form,
 ) -> Result<Response, ApiError> {
@@ -475,7 +485,7 @@ async fn state_page(
         admin,
         // Only admins get a form, so only they need the token.
         token: if admin {
-            form_token(headers)?
+            form_token(app, caller)?
         } else {
             String::new()
         },
@@ -511,9 +521,15 @@ mod tests {
     #[test]
     fn only_same_origin_posts_pass() {
         let host = ("host", "127.0.0.1:8080");
+        let plain = (SCHEME_HEADER, "http");
         let ok = [
+            vec![host, plain, ("origin", "http://127.0.0.1:8080")],
             vec![host, ("origin", "http://127.0.0.1:8080")],
-            vec![host, ("origin", "https://127.0.0.1:8080")],
+            vec![
+                host,
+                (SCHEME_HEADER, "https"),
+                ("origin", "https://127.0.0.1:8080"),
+            ],
             vec![
                 host,
                 ("sec-fetch-site", "same-origin"),
@@ -546,20 +562,96 @@ mod tests {
         }
     }
 
+    /// Every host, both schemes of the deployment and of the Origin: only the same scheme and
+    /// host pass, with or without `Sec-Fetch-Site: same-origin`.
     #[test]
-    fn form_tokens_depend_on_user_and_secret() {
-        use base64::Engine as _;
-        let basic = |user: &str, secret: &str| {
-            let encoded =
-                base64::engine::general_purpose::STANDARD.encode(format!("{user}:{secret}"));
-            headers(&[("authorization", &format!("Basic {encoded}"))])
-        };
-        let token = |h: &HeaderMap| form_token(h).expect("token");
-        let a = token(&basic("ann", "pw-1"));
-        assert_eq!(a, token(&basic("ann", "pw-1")));
-        assert_ne!(a, token(&basic("ann", "pw-2")));
-        assert_ne!(a, token(&basic("bob", "pw-1")));
-        assert!(!a.contains("pw-1"));
+    fn the_origin_scheme_must_be_the_deployments() {
+        use rand::{Rng as _, SeedableRng as _};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(203);
+        for _ in 0..300 {
+            let host = format!(
+                "{}.example:{}",
+                rng.random_range(0..1000),
+                rng.random_range(1..65535)
+            );
+            for deployed in ["http", "https", "HTTPS"] {
+                for sent in ["http", "https", "HTTP", "Https"] {
+                    let origin = format!("{sent}://{host}");
+                    let same = deployed.eq_ignore_ascii_case(sent);
+                    for site in [None, Some("same-origin")] {
+                        let mut case = vec![
+                            ("host", host.as_str()),
+                            (SCHEME_HEADER, deployed),
+                            ("origin", origin.as_str()),
+                        ];
+                        case.extend(site.map(|s| ("sec-fetch-site", s)));
+                        assert_eq!(same_origin(&headers(&case)).is_ok(), same, "{case:?}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn form_tokens_are_keyed_by_the_stored_hash_per_user() {
+        use rand::{Rng as _, SeedableRng as _};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(172);
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..200 {
+            let user = format!("u{}", rng.random::<u32>());
+            let other = format!("{user}x");
+            let salt = rng.random::<u64>();
+            let phc = format!(
+                "$argon2id$v=19$m=19456,t=2,p=1${salt:x}$hash{}",
+                rng.random::<u64>()
+            );
+            let rehashed = format!(
+                "$argon2id$v=19$m=19456,t=2,p=1${salt:x}$hash{}",
+                rng.random::<u64>()
+            );
+            let token = token_for(&phc, &user);
+            assert_eq!(token, token_for(&phc, &user), "the same in every process");
+            assert_ne!(
+                token,
+                token_for(&rehashed, &user),
+                "changes with the password"
+            );
+            assert_ne!(
+                token,
+                token_for(&phc, &other),
+                "never valid for another user"
+            );
+            assert!(seen.insert(token.clone()));
+            assert!(!token.contains(&salt.to_string()));
+        }
+    }
+
+    #[tokio::test]
+    async fn the_token_key_is_the_policy_hash_not_the_sent_password() {
+        let hash = crate::password::hash_secret(b"right").expect("hash");
+        let text = format!("[users.ann]\nhash = \"{hash}\"\ngrants = [\"admin:*\"]\n");
+        let access = crate::auth::Access::new(
+            std::sync::Arc::new(crate::testing::MemoryStore::default()),
+            crate::ports::Location {
+                repository: "r".into(),
+                branch: crate::BranchName::parse("main").expect("valid"),
+            },
+            crate::auth::AccessOptions {
+                source: crate::auth::AccessSource::Text(text),
+                bootstrap: None,
+                refresh: std::time::Duration::from_secs(10),
+            },
+            std::sync::Arc::new(crate::password::Argon2id),
+        )
+        .expect("valid");
+        let stored = access.stored_hash("ann").expect("ann exists");
+        assert_eq!(stored.expose(), hash);
+        assert!(access.stored_hash("bob").is_none(), "no key, no token");
+        // Nothing a page shows lets a guess be checked with an HMAC of the password.
+        let token = token_for(stored.expose(), "ann");
+        for guess in ["right", "wrong", ""] {
+            assert_ne!(token, token_for(guess, "ann"));
+        }
     }
 
     #[test]
