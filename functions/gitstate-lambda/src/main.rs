@@ -63,6 +63,10 @@ fn init_logging() {
     if lambda_http::tracing::subscriber::util::SubscriberInitExt::try_init(subscriber).is_err() {
         eprintln!("a tracing subscriber was already set");
     }
+    // Once per cold start, and only at TRACE: why the capped crates say nothing more.
+    lambda_http::tracing::trace!(
+        "logging at TRACE; the Lambda runtime, AWS SDK and HTTP crates stay at INFO"
+    );
 }
 
 /// How long this invocation may still work, from the deadline the runtime API gave: `None` when
