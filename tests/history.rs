@@ -626,3 +626,105 @@ async fn git_answers_over_the_size_cap_are_502_with_the_reason() {
     // The state still reads: the refused answer changed nothing.
     assert_eq!(c.send("GET", "/states/s.tfstate", None).await.status, 200);
 }
+
+/// A repository where some states (and a file that is no state) last changed long before
+/// `GITSTATE_HISTORY_MAX_DEPTH` commits and others recently, in a generated order: the list
+/// keeps the last changes it found for the recent ones, lists the old ones without one, and a
+/// second list fetches nothing more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lists_keep_the_last_changes_found_within_the_depth() {
+    use std::io::Write as _;
+    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(766);
+    let server = GitServer::start().await;
+    let url = server.create_repo("deep");
+    let work = tempfile::tempdir().expect("tempdir");
+    let dir = work.path().join("deep.git");
+    git(
+        &["init", "-q", "--bare", dir.to_str().expect("utf-8")],
+        None,
+    );
+    // 20 old files in the first commits, then 200 commits to recent states.
+    let old: Vec<String> = (0..20).map(|i| format!("old/o{i}.tfstate")).collect();
+    let recent: Vec<String> = (0..5).map(|i| format!("new/n{i}.tfstate")).collect();
+    let mut last: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
+    let mut stream = Vec::new();
+    let mut serial = 0u64;
+    let files = old
+        .iter()
+        .chain(["README.md".to_owned()].iter())
+        .map(|p| (p.clone(), true))
+        .chain((0..200).map(|_| {
+            let i = rand::Rng::random_range(&mut rng, 0..recent.len());
+            (recent[i].clone(), false)
+        }))
+        .collect::<Vec<_>>();
+    for (path, _) in &files {
+        serial += 1;
+        let content = state_json("deep", serial);
+        let message = format!("write {serial}");
+        write!(
+            stream,
+            "commit refs/heads/main\ncommitter T <t@example.com> {} +0000\ndata {}\n{message}\nM 644 inline {path}\ndata {}\n{content}\n",
+            1_700_000_000 + serial,
+            message.len(),
+            content.len()
+        )
+        .expect("write");
+        last.insert(path, serial);
+    }
+    let mut child = std::process::Command::new("git")
+        .args(["fast-import", "--quiet"])
+        .current_dir(&dir)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("git fast-import");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(&stream)
+        .expect("stream");
+    assert!(child.wait().expect("fast-import").success());
+    git(
+        &["push", "-q", &server.url_with_credentials("deep"), "main"],
+        Some(&dir),
+    );
+    let backend = TestBackend::start(&url, &[("GITSTATE_HISTORY_MAX_DEPTH", "100")]).await;
+    let c = Client::new(&backend.url);
+    let mut requests = Vec::new();
+    for round in 0..2 {
+        server.take_labels();
+        let started = std::time::Instant::now();
+        let answer = c.send("GET", "/states", None).await;
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        let listed = json(&answer.body);
+        let rows = listed.as_array().expect("rows");
+        for row in rows {
+            let name = row["state"].as_str().expect("name");
+            if name.starts_with("new/") {
+                assert_eq!(
+                    row["serial"].as_u64(),
+                    last.get(name).copied(),
+                    "round {round}: {row}"
+                );
+            }
+            if name.starts_with("old/") || name == "README.md" {
+                assert!(row["serial"].is_null(), "round {round}: {row}");
+            }
+        }
+        let written = recent.iter().filter(|p| last.contains_key(p.as_str()));
+        // README.md is listed too (any file outside .gitstate/ with a valid name is).
+        assert_eq!(rows.len(), old.len() + 1 + written.count(), "{listed}");
+        let labels = server.take_labels();
+        println!(
+            "list {round}: {} git requests, {:?}",
+            labels.len(),
+            started.elapsed()
+        );
+        requests.push(labels.len());
+    }
+    assert!(
+        requests[1] <= 1,
+        "a second list walks and fetches no deeper: {requests:?}"
+    );
+}

@@ -111,12 +111,35 @@ pub fn format_age(seconds: i64) -> String {
     }
 }
 
+/// A cell of a printed table: what the backend sent, safe for a terminal.
 fn text(value: &Value) -> String {
     match value {
-        Value::String(s) => s.clone(),
+        Value::String(s) => printable(s),
         Value::Null => "-".into(),
-        other => other.to_string(),
+        other => printable(&other.to_string()),
     }
+}
+
+/// `s` with every character a terminal would act on written out as an escape (`\u{1b}`, `\n`):
+/// control characters (C0, DEL, C1, so every ESC/CSI sequence is defused) and the bidirectional
+/// controls that reorder what is shown. Lock holders and operations are whatever clients sent.
+fn printable(s: &str) -> String {
+    let acts = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if !s.chars().any(acts) {
+        return s.to_owned();
+    }
+    s.chars()
+        .map(|c| {
+            if acts(c) {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 pub fn print_history(answer: &str) -> anyhow::Result<()> {
@@ -245,5 +268,47 @@ mod tests {
         );
         assert!(split_target("a/b.tfstate").is_err());
         assert_eq!(format_age(7300), "2h");
+    }
+
+    /// Generated cells mixing text with every kind of character a terminal acts on: what is
+    /// printed holds none of them, and plain text passes unchanged.
+    #[test]
+    fn printed_cells_carry_no_terminal_controls() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(4);
+        let shown = |c: char| {
+            !c.is_control()
+                && !matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+        };
+        let pools: [&[char]; 3] = [
+            &[
+                'a', 'Z', '0', ' ', '-', '@', 'é', '雪', '🙂', '[', ']', ';', '\\',
+            ],
+            &[
+                '\u{1b}', '\u{7}', '\u{8}', '\r', '\n', '\t', '\0', '\u{7f}', '\u{9b}', '\u{9d}',
+                '\u{85}',
+            ],
+            &['\u{202e}', '\u{2066}', '\u{200f}'],
+        ];
+        for _ in 0..2000 {
+            let len = rng.random_range(0..24);
+            let raw: String = (0..len)
+                .map(|_| {
+                    let pool = pools[rng.random_range(0..pools.len())];
+                    pool[rng.random_range(0..pool.len())]
+                })
+                .collect();
+            for value in [
+                Value::String(raw.clone()),
+                serde_json::json!({ "who": raw }),
+            ] {
+                let cell = text(&value);
+                assert!(cell.chars().all(shown), "{raw:?} printed as {cell:?}");
+            }
+            if raw.chars().all(shown) {
+                assert_eq!(text(&Value::String(raw.clone())), raw);
+            }
+        }
+        assert_eq!(text(&Value::String("\u{1b}[2J".into())), "\\u{1b}[2J");
     }
 }

@@ -278,8 +278,21 @@ async fn main() -> anyhow::Result<()> {
 
 /// Logs on standard error: text (colour only at a terminal, and not under NO_COLOR) or one JSON
 /// object a line (`--log-format json`); `RUST_LOG` sets the level.
+/// Caps the AWS SDK and HTTP crates at INFO whatever `RUST_LOG` says: their TRACE output holds
+/// whole requests, and a KMS `Encrypt` request carries a plaintext data key.
+fn pinned_log_targets() -> tracing_subscriber::filter::Targets {
+    use tracing_subscriber::filter::LevelFilter;
+    tracing_subscriber::filter::Targets::new()
+        .with_default(LevelFilter::TRACE)
+        .with_targets(
+            gitstate_kms::SECRET_BEARING_LOG_TARGETS.map(|target| (target, LevelFilter::INFO)),
+        )
+}
+
 fn init_logging(command: &Command) -> anyhow::Result<()> {
     use std::io::IsTerminal;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
     let settings = match command {
         Command::Serve { settings, .. }
         | Command::Run { settings, .. }
@@ -302,8 +315,15 @@ fn init_logging(command: &Command) -> anyhow::Result<()> {
     match format.as_deref().map(str::trim) {
         None | Some("text") => builder
             .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
+            .finish()
+            .with(pinned_log_targets())
             .init(),
-        Some("json") => builder.json().with_ansi(false).init(),
+        Some("json") => builder
+            .json()
+            .with_ansi(false)
+            .finish()
+            .with(pinned_log_targets())
+            .init(),
         Some(other) => bail!("GITSTATE_LOG_FORMAT: {other:?} is neither text nor json"),
     }
     Ok(())
@@ -547,4 +567,26 @@ async fn encrypt(
     out.write_all(&sealed)?;
     out.flush()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sdk_and_http_targets_are_capped_at_info_and_ours_are_not() {
+        use tracing::Level;
+        let filter = pinned_log_targets();
+        for target in gitstate_kms::SECRET_BEARING_LOG_TARGETS
+            .iter()
+            .flat_map(|t| [t.to_string(), format!("{t}::client::orchestrator")])
+        {
+            assert!(filter.would_enable(&target, &Level::INFO), "{target}");
+            assert!(!filter.would_enable(&target, &Level::DEBUG), "{target}");
+            assert!(!filter.would_enable(&target, &Level::TRACE), "{target}");
+        }
+        for target in ["gitstate_git::smart", "gitstate_kms", "gitstate"] {
+            assert!(filter.would_enable(target, &Level::TRACE), "{target}");
+        }
+    }
 }

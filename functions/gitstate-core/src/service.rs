@@ -744,9 +744,17 @@ impl Backend {
             if serial.is_none() && !revision.deleted {
                 // Written by another tool: look at the content itself.
                 if let Some(bytes) = self.store.read_version(at, name, &revision.version).await? {
-                    let bytes = self.open_revision(at, name, bytes).await?;
-                    let version = Version::of(&bytes);
-                    (serial, lineage) = (version.serial, version.lineage);
+                    match self.open_revision(at, name, bytes).await {
+                        Ok(bytes) => {
+                            let version = Version::of(&bytes);
+                            (serial, lineage) = (version.serial, version.lineage);
+                        }
+                        // Listed without a serial; reading that version reports the failure.
+                        Err(ServiceError::Seal(error)) => {
+                            tracing::warn!(version = %revision.version, error = %error, "a version does not open: listed without a serial");
+                        }
+                        Err(other) => return Err(other),
+                    }
                 }
             }
             let operation = trailer_value(message, "Operation: ")
@@ -1467,5 +1475,137 @@ mod tests {
         b.put_state(&writer("ann"), &at, &name, Some("A"), state("L", 1))
             .await
             .expect("the holder writes");
+    }
+
+    /// Seals by prefixing the current key's name; opens only what the current key sealed, like a
+    /// deployment whose key was replaced (or whose key service is down) after some writes.
+    struct KeyedSealer {
+        key: std::sync::Mutex<&'static str>,
+        /// Keys it can still open with besides the current one.
+        previous: std::sync::Mutex<Vec<&'static str>>,
+        down: std::sync::atomic::AtomicBool,
+    }
+
+    impl KeyedSealer {
+        fn key(&self) -> &'static str {
+            *self.key.lock().expect("not poisoned")
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Sealer for KeyedSealer {
+        fn seals(&self) -> bool {
+            true
+        }
+        fn is_sealed(&self, _: &[u8]) -> bool {
+            true
+        }
+        async fn seal(
+            &self,
+            plain: &[u8],
+            _: &Location,
+            _: &StateName,
+        ) -> Result<Bytes, SealError> {
+            Ok([self.key().as_bytes(), b":", plain].concat().into())
+        }
+        async fn open(
+            &self,
+            stored: Bytes,
+            _: &Location,
+            _: &StateName,
+        ) -> Result<Opened, SealError> {
+            if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(SealError::Unavailable("key service down".into()));
+            }
+            let mut keys = self.previous.lock().expect("not poisoned").clone();
+            keys.push(self.key());
+            let plain = keys
+                .iter()
+                .find_map(|key| stored.strip_prefix(format!("{key}:").as_bytes()))
+                .ok_or_else(|| SealError::ForeignKey("sealed under another key".into()))?;
+            Ok(Opened {
+                plaintext: Bytes::copy_from_slice(plain),
+                protection: Protection::Current,
+                format: "test",
+            })
+        }
+    }
+
+    /// States written under a key the deployment no longer has (or while its key service is down)
+    /// among readable ones: the list still lists every state (the unopenable ones without a
+    /// serial) and each state page is still served, with the unopenable versions' changes unknown.
+    #[tokio::test]
+    async fn unopenable_states_leave_lists_and_pages_working() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed);
+        for round in 0..6 {
+            let sealer = Arc::new(KeyedSealer {
+                key: std::sync::Mutex::new("old"),
+                previous: std::sync::Mutex::new(Vec::new()),
+                down: false.into(),
+            });
+            let (b, at, _) = backend();
+            let b = b.with_encryption(Encryption {
+                sealer: sealer.clone(),
+                enforced: false,
+            });
+            let count = rng.random_range(2..7);
+            let names: Vec<StateName> = (0..count)
+                .map(|i| StateName::parse(&format!("s{round}/n{i}.tfstate")).expect("valid"))
+                .collect();
+            // Serial-less contents make the list open the newest version.
+            let body = |serial: u64| {
+                Bytes::from(format!(
+                    r#"{{"version":4,"resources":[{{"mode":"managed","type":"t","name":"r{serial}"}}]}}"#
+                ))
+            };
+            for name in &names {
+                b.put_state(&admin(), &at, name, None, body(1))
+                    .await
+                    .expect("old key");
+            }
+            // The key is replaced; some states are written twice more under the new one, then
+            // the old key is gone.
+            *sealer.key.lock().expect("not poisoned") = "new";
+            sealer.previous.lock().expect("not poisoned").push("old");
+            let rewritten: Vec<bool> = names.iter().map(|_| rng.random_bool(0.5)).collect();
+            for (name, again) in names.iter().zip(&rewritten) {
+                if *again {
+                    for serial in [2, 3] {
+                        b.put_state(&admin(), &at, name, None, body(serial))
+                            .await
+                            .expect("new key");
+                    }
+                }
+            }
+            sealer.previous.lock().expect("not poisoned").clear();
+            // Down first: what does not open is not remembered, so it opens once the service is back.
+            for down in [true, false] {
+                sealer.down.store(down, std::sync::atomic::Ordering::SeqCst);
+                let rows = b
+                    .list_states(&admin(), &at)
+                    .await
+                    .expect("the list is served");
+                assert_eq!(rows.len(), names.len(), "every state is listed");
+                assert!(rows.iter().all(|row| row.entry.is_some()));
+                for (name, again) in names.iter().zip(&rewritten) {
+                    let page = b
+                        .state_page(&admin(), &at, name, 0, 10)
+                        .await
+                        .expect("the page is served");
+                    let opens = |i: usize| !down && *again && i == 0;
+                    assert_eq!(page.versions.len(), 1 + 2 * usize::from(*again));
+                    for (i, version) in page.versions.iter().enumerate() {
+                        // Changes need this version and the one before it to open.
+                        assert_eq!(
+                            version.changes.is_some(),
+                            opens(i),
+                            "{name} #{i} down={down}"
+                        );
+                    }
+                    assert_eq!(page.resources.is_some(), opens(0), "{name}");
+                }
+            }
+        }
     }
 }

@@ -41,9 +41,11 @@ pub enum Chain {
 /// How far a search for the newest revisions of several paths got.
 pub enum Latest {
     Done(std::collections::HashMap<String, Revision>),
-    /// The walk reached a shallow boundary after `walked` commits with paths still unresolved.
+    /// The walk reached a shallow boundary after `walked` commits with paths still unresolved;
+    /// `found` holds the paths it resolved before.
     Shallow {
         walked: usize,
+        found: std::collections::HashMap<String, Revision>,
     },
 }
 
@@ -286,7 +288,9 @@ impl Cache {
             let tree = decoded_commit.tree_id()?.detach();
             let parent = decoded_commit.parent_ids().next().map(|p| p.detach());
             let parent_tree = match parent {
-                Some(parent) if !repo.has_object(parent) => return Ok(Latest::Shallow { walked }),
+                Some(parent) if !repo.has_object(parent) => {
+                    return Ok(Latest::Shallow { walked, found });
+                }
                 Some(parent) => Some(repo.find_commit(parent)?.tree_id()?.detach()),
                 None => None,
             };

@@ -283,6 +283,13 @@ fn tls_error<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a rus
     None
 }
 
+/// An answer over the size limit, over HTTP or SSH (a 502 with this reason).
+pub(crate) fn too_large(what: &str, limit: u64) -> Error {
+    Error::Remote(format!(
+        "the remote's {what} is larger than {limit} bytes (GITSTATE_GIT_MAX_RESPONSE_BYTES)"
+    ))
+}
+
 /// A remote repository reached over smart HTTP(S), or over SSH ([`crate::ssh`]).
 pub struct SmartHttp {
     client: reqwest::Client,
@@ -374,6 +381,11 @@ impl SmartHttp {
         self
     }
 
+    /// The most one answer may hold, over whichever wire.
+    pub(crate) fn max_response_bytes(&self) -> u64 {
+        self.max_response_bytes
+    }
+
     /// The body of `response`, refused once it passes the size limit (by its declared length at
     /// once, else while it arrives), so a remote cannot fill memory or `/tmp`.
     async fn read_capped(
@@ -382,11 +394,7 @@ impl SmartHttp {
         what: &'static str,
     ) -> Result<Vec<u8>, Error> {
         let limit = self.max_response_bytes;
-        let too_large = || {
-            Error::Remote(format!(
-                "the remote's {what} is larger than {limit} bytes (GITSTATE_GIT_MAX_RESPONSE_BYTES)"
-            ))
-        };
+        let too_large = || too_large(what, limit);
         if response.content_length().is_some_and(|n| n > limit) {
             return Err(too_large());
         }
@@ -493,7 +501,7 @@ impl SmartHttp {
     /// `GET info/refs?service=…`: one request.
     pub async fn advertise(&self, service: Service) -> Result<Advert, Error> {
         let body = match &self.wire {
-            Some(wire) => wire.advertise(service).await?,
+            Some(wire) => wire.advertise(service, self.max_response_bytes()).await?,
             None => self.advertisement_body(service).await?,
         };
         let advert = Advert::parse(&body, service)?;
@@ -600,7 +608,10 @@ impl SmartHttp {
         }
         pkt::write(&mut body, b"done\n");
         let response = match &self.wire {
-            Some(wire) => wire.exchange(Service::UploadPack, body).await?,
+            Some(wire) => {
+                wire.exchange(Service::UploadPack, body, self.max_response_bytes())
+                    .await?
+            }
             None => {
                 let request = self
                     .client
@@ -658,7 +669,10 @@ impl SmartHttp {
             body.extend_from_slice(&pack);
         }
         let response = match &self.wire {
-            Some(wire) => wire.exchange(Service::ReceivePack, body).await?,
+            Some(wire) => {
+                wire.exchange(Service::ReceivePack, body, self.max_response_bytes())
+                    .await?
+            }
             None => {
                 let request = self
                     .client

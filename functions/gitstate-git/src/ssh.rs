@@ -14,12 +14,21 @@ use crate::pkt;
 use crate::smart::Service;
 
 /// How the smart client reaches a remote other than over HTTP: the advertisement (as smart HTTP
-/// returns it, service announcement included) and one request/response exchange.
+/// returns it, service announcement included) and one request/response exchange, each refused
+/// once it passes `limit` bytes (`GITSTATE_GIT_MAX_RESPONSE_BYTES`).
 #[async_trait::async_trait]
 pub trait Wire: Send + Sync {
-    async fn advertise(&self, service: Service) -> Result<Vec<u8>, Error>;
-    async fn exchange(&self, service: Service, request: Vec<u8>) -> Result<Vec<u8>, Error>;
+    async fn advertise(&self, service: Service, limit: u64) -> Result<Vec<u8>, Error>;
+    async fn exchange(
+        &self,
+        service: Service,
+        request: Vec<u8>,
+        limit: u64,
+    ) -> Result<Vec<u8>, Error>;
 }
+
+/// The most of ssh's stderr kept (for the error message); the rest is read and dropped.
+const MAX_STDERR_BYTES: u64 = 64 * 1024;
 
 /// Whether `url` names an SSH remote.
 pub fn is_ssh(url: &str) -> bool {
@@ -42,6 +51,9 @@ pub struct Ssh {
     port: Option<u16>,
     path: String,
     timeout: Duration,
+    /// Tests: a GIT_SSH_COMMAND of their own, without touching the process environment.
+    #[cfg(test)]
+    shell: Option<String>,
 }
 
 impl Ssh {
@@ -84,6 +96,8 @@ impl Ssh {
             port,
             path,
             timeout,
+            #[cfg(test)]
+            shell: None,
         })
     }
 
@@ -96,10 +110,11 @@ impl Ssh {
             args.extend(["-p".to_owned(), port.to_string()]);
         }
         args.extend([self.host.clone(), remote]);
+        let shell = std::env::var("GIT_SSH_COMMAND").ok();
+        #[cfg(test)]
+        let shell = self.shell.clone().or(shell);
         let mut command = match (
-            std::env::var("GIT_SSH_COMMAND")
-                .ok()
-                .filter(|c| !c.trim().is_empty()),
+            shell.filter(|c| !c.trim().is_empty()),
             std::env::var_os("GIT_SSH").filter(|c| !c.is_empty()),
         ) {
             (Some(shell), _) => {
@@ -128,6 +143,7 @@ impl Ssh {
         &self,
         service: Service,
         request: Option<Vec<u8>>,
+        limit: u64,
     ) -> Result<(Vec<u8>, Vec<u8>), Error> {
         let work = async {
             let mut child = self.command(service).spawn().map_err(|e| {
@@ -149,11 +165,18 @@ impl Ssh {
                 .ok_or_else(|| Error::Protocol("no stderr".into()))?;
             let errors = tokio::spawn(async move {
                 let mut text = Vec::new();
-                let _ = stderr.read_to_end(&mut text).await;
+                let _ = (&mut stderr)
+                    .take(MAX_STDERR_BYTES)
+                    .read_to_end(&mut text)
+                    .await;
+                // Drained, so a chatty ssh never blocks on a full pipe.
+                let _ = tokio::io::copy(&mut stderr, &mut tokio::io::sink()).await;
                 text
             });
-            let advert = match read_advertisement(&mut stdout).await {
+            let advert = match read_advertisement(&mut stdout, limit).await {
                 Ok(advert) => advert,
+                // Over the size limit: the child, perhaps still writing, is killed when dropped.
+                Err(e @ Error::Remote(_)) => return Err(e),
                 Err(e) => {
                     let _ = child.wait().await;
                     let text = errors.await.unwrap_or_default();
@@ -165,7 +188,17 @@ impl Ssh {
             stdin.flush().await?;
             drop(stdin);
             let mut rest = Vec::new();
-            stdout.read_to_end(&mut rest).await?;
+            (&mut stdout)
+                .take(limit.saturating_add(1))
+                .read_to_end(&mut rest)
+                .await?;
+            if rest.len() as u64 > limit {
+                // The child is killed when dropped.
+                return Err(crate::smart::too_large(
+                    &format!("{} response", service.name()),
+                    limit,
+                ));
+            }
             let status = child.wait().await?;
             let text = errors.await.unwrap_or_default();
             if !status.success() && rest.is_empty() {
@@ -189,7 +222,10 @@ fn session_error(stderr: &[u8]) -> Option<Error> {
 }
 
 /// pkt-lines up to and including the flush that ends the advertisement.
-async fn read_advertisement(stdout: &mut (impl AsyncRead + Unpin)) -> Result<Vec<u8>, Error> {
+async fn read_advertisement(
+    stdout: &mut (impl AsyncRead + Unpin),
+    limit: u64,
+) -> Result<Vec<u8>, Error> {
     let mut out = Vec::new();
     loop {
         let mut header = [0u8; 4];
@@ -207,20 +243,20 @@ async fn read_advertisement(stdout: &mut (impl AsyncRead + Unpin)) -> Result<Vec
             1..=3 => return Err(Error::Protocol("bad pkt-line length over ssh".into())),
             _ => {
                 let start = out.len();
+                if (start + len - 4) as u64 > limit {
+                    return Err(crate::smart::too_large("ref advertisement", limit));
+                }
                 out.resize(start + len - 4, 0);
                 stdout.read_exact(&mut out[start..]).await?;
             }
-        }
-        if out.len() > 64 * 1024 * 1024 {
-            return Err(Error::Protocol("ref advertisement over 64 MiB".into()));
         }
     }
 }
 
 #[async_trait::async_trait]
 impl Wire for Ssh {
-    async fn advertise(&self, service: Service) -> Result<Vec<u8>, Error> {
-        let (advert, _) = self.session(service, None).await?;
+    async fn advertise(&self, service: Service, limit: u64) -> Result<Vec<u8>, Error> {
+        let (advert, _) = self.session(service, None, limit).await?;
         let mut body = Vec::new();
         pkt::write(
             &mut body,
@@ -231,8 +267,13 @@ impl Wire for Ssh {
         Ok(body)
     }
 
-    async fn exchange(&self, service: Service, request: Vec<u8>) -> Result<Vec<u8>, Error> {
-        let (_, response) = self.session(service, Some(request)).await?;
+    async fn exchange(
+        &self,
+        service: Service,
+        request: Vec<u8>,
+        limit: u64,
+    ) -> Result<Vec<u8>, Error> {
+        let (_, response) = self.session(service, Some(request), limit).await?;
         Ok(response)
     }
 }
@@ -252,7 +293,8 @@ mod tests {
                     host: host.into(),
                     port,
                     path: path.into(),
-                    timeout: t
+                    timeout: t,
+                    shell: None,
                 }
             );
         };
@@ -289,5 +331,106 @@ mod tests {
         }
         assert!(is_ssh("git@github.com:o/r.git") && is_ssh("ssh://h/r"));
         assert!(!is_ssh("https://h/r") && !is_ssh("http://h:80/r") && !is_ssh("/local/path"));
+    }
+
+    /// An `ssh` that is a shell script: `advert` bytes of pkt-lines, then (after reading the
+    /// request) `response` bytes, `stderr` bytes on stderr, and the exit status.
+    fn fake(advert: usize, response: usize, stderr: usize, status: u8) -> Ssh {
+        let mut ssh =
+            Ssh::parse("ssh://git@127.0.0.1/r.git", Duration::from_secs(20)).expect("valid");
+        // 65520-byte pkt-lines (`fff0`) and one shorter line, then a flush.
+        let line = |n: usize| {
+            format!(
+                "printf '%04x' {}; head -c {} /dev/zero | tr '\\0' a;",
+                n + 4,
+                n
+            )
+        };
+        let mut script = String::new();
+        let mut left = advert;
+        while left > 0 {
+            let n = left.min(65516);
+            script.push_str(&line(n));
+            left -= n;
+        }
+        script.push_str("printf 0000; cat >/dev/null;");
+        script.push_str(&format!(
+            "head -c {response} /dev/zero | tr '\\0' b; head -c {stderr} /dev/zero | tr '\\0' e >&2; echo >&2; echo 'the last line' >&2; exit {status}; true"
+        ));
+        ssh.shell = Some(script);
+        ssh
+    }
+
+    const REASON: &str = "bytes (GITSTATE_GIT_MAX_RESPONSE_BYTES)";
+
+    /// Advertisements and responses of generated sizes around the limit: up to it they arrive
+    /// whole, past it they are refused with the HTTP wire's reason (a 502), never read on.
+    #[tokio::test]
+    async fn answers_past_the_size_limit_are_refused() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        let mut seen = [0; 3];
+        for _ in 0..24 {
+            let limit: u64 = rng.random_range(1_000..300_000);
+            let size = |rng: &mut rand::rngs::StdRng| {
+                let delta: i64 = rng.random_range(-2_000..2_000);
+                usize::try_from(limit as i64 + delta).unwrap_or(0)
+            };
+            let (advert, response) = (size(&mut rng), size(&mut rng));
+            // The advertisement's pkt-lines count 4 header bytes each, and the flush 4.
+            let advert_bytes = advert + 4 * advert.div_ceil(65516) + 4;
+            let got = fake(advert, response, 0, 0)
+                .exchange(Service::UploadPack, b"0000".to_vec(), limit)
+                .await;
+            match got {
+                Ok(body) => {
+                    assert!(advert_bytes as u64 <= limit && response as u64 <= limit);
+                    assert_eq!(body.len(), response);
+                    seen[0] += 1;
+                }
+                Err(Error::Remote(reason)) => {
+                    assert!(reason.contains(REASON), "{reason}");
+                    assert!(
+                        advert_bytes as u64 > limit || response as u64 > limit,
+                        "{advert_bytes} {response} <= {limit}: {reason}"
+                    );
+                    let (what, i) = if advert_bytes as u64 > limit {
+                        ("ref advertisement", 1)
+                    } else {
+                        ("git-upload-pack response", 2)
+                    };
+                    assert!(reason.contains(what), "{reason}");
+                    seen[i] += 1;
+                }
+                Err(other) => panic!("{other:?}"),
+            }
+        }
+        assert!(
+            seen.iter().all(|n| *n > 0),
+            "accepted, advertisement, response: {seen:?}"
+        );
+    }
+
+    /// A remote that floods stderr and fails: the error is its stderr's last kept line, from at
+    /// most 64 KiB of it, and the session ends (the rest is drained, so ssh never blocks).
+    #[tokio::test]
+    async fn stderr_is_capped() {
+        let err = fake(10, 0, 4 << 20, 1)
+            .exchange(Service::UploadPack, b"0000".to_vec(), 1 << 20)
+            .await
+            .expect_err("failed");
+        let Error::Remote(reason) = err else {
+            panic!("{err:?}")
+        };
+        assert!(reason.len() <= 64 * 1024 + 16, "{}", reason.len());
+        assert!(!reason.contains("the last line"));
+        let err = fake(10, 0, 100, 1)
+            .exchange(Service::UploadPack, b"0000".to_vec(), 1 << 20)
+            .await
+            .expect_err("failed");
+        assert!(
+            matches!(err, Error::Remote(ref r) if r == "ssh: the last line"),
+            "{err:?}"
+        );
     }
 }

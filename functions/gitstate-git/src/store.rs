@@ -45,6 +45,8 @@ const LIST_REFS_FRESH: Duration = Duration::from_secs(1);
 
 /// History pages a process keeps (each at most 100 revisions).
 const MAX_REMEMBERED_HISTORIES: usize = 256;
+/// Most files remembered as last changed beyond the deepest fetch.
+const MAX_DEEP_CHANGES: usize = 65_536;
 
 /// How often a write is rebuilt on a moved branch before giving up with a retryable 503.
 const MAX_WRITE_ATTEMPTS: u32 = 40;
@@ -127,6 +129,9 @@ struct Remote {
     /// History pages already walked, by (tip, path, skip, limit): a commit's history never
     /// changes, so a warm state page does not walk it again.
     histories: Mutex<HashMap<(ObjectId, String, usize, usize), HistoryPage>>,
+    /// Files whose last change lies deeper than `GITSTATE_HISTORY_MAX_DEPTH`, by (branch, path,
+    /// blob id): while the file holds that blob, a list does not walk the history for it again.
+    deep_changes: Mutex<std::collections::HashSet<(String, String, ObjectId)>>,
     /// `GITSTATE_REQUIRE_ATOMIC`: a receive-pack advertisement without `atomic` is an error.
     require_atomic: bool,
     fetching: tokio::sync::Mutex<()>,
@@ -236,6 +241,7 @@ impl GitStore {
             push_caps: Mutex::new(None),
             last_advert: Mutex::new(None),
             histories: Mutex::default(),
+            deep_changes: Mutex::default(),
             require_atomic: self.options.require_atomic,
             fetching: tokio::sync::Mutex::new(()),
         });
@@ -749,28 +755,62 @@ impl StateStore for GitStore {
         let Some(tip) = self.branch_tip(&remote, at).await? else {
             return Ok(Vec::new());
         };
-        let paths: Vec<String> = names.iter().map(ToString::to_string).collect();
+        let branch = at.branch.full_ref();
+        let cache = remote.cache.clone();
+        let blobs: HashMap<String, ObjectId> = blocking(move || cache.list_blobs(tip))
+            .await?
+            .into_iter()
+            .collect();
+        // Files already known to have changed last beyond the deepest fetch are not looked for.
+        let deep = |path: &String| {
+            blobs.get(path).is_some_and(|blob| {
+                remote
+                    .deep_changes
+                    .lock()
+                    .is_ok_and(|deep| deep.contains(&(branch.clone(), path.clone(), *blob)))
+            })
+        };
+        let paths: Vec<String> = names
+            .iter()
+            .map(ToString::to_string)
+            .filter(|path| !deep(path))
+            .collect();
+        if paths.is_empty() {
+            return Ok(Vec::new());
+        }
+        let answer = |mut found: HashMap<String, Revision>| {
+            names
+                .iter()
+                .filter_map(|name| Some((name.clone(), found.remove(name.as_str())?)))
+                .collect()
+        };
         let max = self.options.max_history_depth;
         let mut depth = FIRST_HISTORY_DEPTH.min(max);
         loop {
-            let (cache, paths) = (remote.cache.clone(), paths.clone());
-            match blocking(move || cache.last_changes(tip, &paths)).await? {
-                Latest::Done(mut found) => {
-                    return Ok(names
-                        .iter()
-                        .filter_map(|name| Some((name.clone(), found.remove(name.as_str())?)))
-                        .collect());
-                }
-                Latest::Shallow { walked } if remote.is_cache() => {
+            let (cache, wanted) = (remote.cache.clone(), paths.clone());
+            match blocking(move || cache.last_changes(tip, &wanted)).await? {
+                Latest::Done(found) => return Ok(answer(found)),
+                Latest::Shallow { walked, found } if remote.is_cache() => {
                     let walked = u32::try_from(walked).unwrap_or(u32::MAX);
                     if walked >= max {
-                        // As deep as this deployment fetches: states changed only before that
-                        // are listed without a last change.
+                        // As deep as this deployment fetches: files changed only before that
+                        // are listed without a last change, and not looked for again while
+                        // they hold the same content.
                         tracing::info!(
                             max,
                             "last changes looked up as far as GITSTATE_HISTORY_MAX_DEPTH"
                         );
-                        return Ok(Vec::new());
+                        if let Ok(mut deep) = remote.deep_changes.lock() {
+                            if deep.len() >= MAX_DEEP_CHANGES {
+                                deep.clear();
+                            }
+                            for path in paths.iter().filter(|p| !found.contains_key(*p)) {
+                                if let Some(blob) = blobs.get(path) {
+                                    deep.insert((branch.clone(), path.clone(), *blob));
+                                }
+                            }
+                        }
+                        return Ok(answer(found));
                     }
                     let cache = remote.cache.clone();
                     let Chain::Shallow { boundary, .. } =

@@ -11,6 +11,22 @@
 
 mod sealer;
 
+/// Log targets of the AWS SDK and the HTTP/TLS crates under it, whose TRACE (and some DEBUG)
+/// output holds whole requests: a KMS `Encrypt` request carries a plaintext data key. Every
+/// binary caps them at INFO whatever level is configured (prefix match on the target).
+pub const SECRET_BEARING_LOG_TARGETS: [&str; 10] = [
+    "aws_smithy_runtime",
+    "aws_smithy_runtime_api",
+    "aws_sigv4",
+    "aws_config",
+    "aws_sdk_kms",
+    "hyper",
+    "hyper_util",
+    "h2",
+    "reqwest",
+    "rustls",
+];
+
 pub use sealer::{
     CONTEXT_REPOSITORY, CONTEXT_STATE, SopsSealer, context, encryption, encryption_with, pack,
     seal_error, unpack,

@@ -21,19 +21,23 @@ const LONGEST_INVOCATION: Duration = Duration::from_secs(15 * 60);
 /// Targets of the Lambda runtime crates and the most they may log, whatever level the deployment
 /// chooses: `lambda_runtime` logs the raw invocation event at TRACE ("raw JSON event received from
 /// Lambda", `layers/api_response.rs` in 1.5), which holds the Authorization header and the state.
-/// Prefix match, so `lambda_runtime::layers::api_response` is covered.
+/// Prefix match, so `lambda_runtime::layers::api_response` is covered. The AWS SDK and HTTP
+/// crates ([`gitstate_kms::SECRET_BEARING_LOG_TARGETS`]) are capped the same way.
 const PINNED_TARGETS: [(&str, LevelFilter); 3] = [
     ("lambda_runtime", LevelFilter::INFO),
     ("lambda_runtime_api_client", LevelFilter::INFO),
     ("lambda_http", LevelFilter::INFO),
 ];
 
-/// The filter that caps [`PINNED_TARGETS`]; it is combined with the configured one, so no
-/// `RUST_LOG` directive, however specific, can raise them.
+/// The filter that caps [`PINNED_TARGETS`] and the SDK's targets; it is combined with the
+/// configured one, so no `RUST_LOG` directive, however specific, can raise them.
 fn pinned() -> Targets {
     Targets::new()
         .with_default(LevelFilter::TRACE)
         .with_targets(PINNED_TARGETS)
+        .with_targets(
+            gitstate_kms::SECRET_BEARING_LOG_TARGETS.map(|target| (target, LevelFilter::INFO)),
+        )
 }
 
 /// `lambda_http::tracing::init_default_subscriber`'s set-up (level from `AWS_LAMBDA_LOG_LEVEL`,
@@ -61,6 +65,10 @@ fn init_logging() {
     if lambda_http::tracing::subscriber::util::SubscriberInitExt::try_init(subscriber).is_err() {
         eprintln!("a tracing subscriber was already set");
     }
+    // Once per cold start, and only at TRACE: why the capped crates say nothing more.
+    lambda_http::tracing::trace!(
+        "logging at TRACE; the Lambda runtime, AWS SDK and HTTP crates stay at INFO"
+    );
 }
 
 /// How long this invocation may still work, from the deadline the runtime API gave: `None` when
@@ -164,16 +172,23 @@ mod tests {
             "lambda_runtime::layers::api_response",
             "lambda_runtime_api_client::body",
             "lambda_http::request",
+            "aws_smithy_runtime::client::orchestrator",
+            "aws_smithy_runtime::client::http::body::minimum_throughput",
+            "aws_smithy_runtime_api::client::interceptors::context",
+            "aws_sigv4::http_request::sign",
+            "aws_config::imds",
+            "aws_sdk_kms::operation::encrypt",
+            "hyper::proto::h1::io",
+            "hyper_util::client::legacy::pool",
+            "h2::codec::framed_write",
+            "reqwest::connect",
+            "rustls::client::hs",
         ] {
             assert!(filter.would_enable(target, &Level::INFO), "{target}");
             assert!(!filter.would_enable(target, &Level::DEBUG), "{target}");
             assert!(!filter.would_enable(target, &Level::TRACE), "{target}");
         }
-        for target in [
-            "gitstate_git::smart",
-            "hyper_util::client",
-            "gitstate_core::auth",
-        ] {
+        for target in ["gitstate_git::smart", "gitstate_kms", "gitstate_core::auth"] {
             assert!(filter.would_enable(target, &Level::TRACE), "{target}");
         }
     }

@@ -145,8 +145,16 @@ async fn no_log_level_prints_the_raw_event_credentials_or_state() {
     let git_basic =
         base64::engine::general_purpose::STANDARD.encode(format!("{GIT_USER}:{GIT_TOKEN}"));
     // Every way a deployment can turn logging up: Lambda's own control, RUST_LOG naming the
-    // runtime's targets outright, and the JSON format.
-    let levels: [&[(&str, &str)]; 3] = [
+    // runtime's targets outright, or the HTTP and AWS SDK crates' (whose TRACE holds whole
+    // requests: the git one's Authorization header, a KMS one's data key), and the JSON format.
+    let levels: [&[(&str, &str)]; 4] = [
+        &[
+            ("AWS_LAMBDA_LOG_LEVEL", "TRACE"),
+            (
+                "RUST_LOG",
+                "hyper=trace,hyper_util=trace,h2=trace,reqwest=trace,rustls=trace,aws_smithy_runtime=trace,aws_smithy_runtime_api=trace,aws_sigv4=trace,aws_config=trace,aws_sdk_kms=trace",
+            ),
+        ],
         &[("AWS_LAMBDA_LOG_LEVEL", "TRACE")],
         &[(
             "RUST_LOG",

@@ -53,8 +53,8 @@ pub struct Opened {
     pub arns: Vec<String>,
     /// The key ARN that unwrapped the data key (for a deployment: a configured key's).
     pub key: Option<String>,
-    /// Entries naming a configured key that the key service refused before one unwrapped: a
-    /// file with a broken (or decoy) entry is never judged current.
+    /// Entries naming a configured key that the key service refused before one unwrapped, or
+    /// that carry another context: a file with a broken (or decoy) entry is never judged current.
     pub refused: usize,
 }
 
@@ -197,6 +197,12 @@ impl<K: KeyService> Envelope<K> {
             });
         }
         candidates.sort_by_key(|(key, _)| !key.current);
+        // Entries naming a configured key under another context are never tried, but they keep
+        // the file from being judged current, wherever they stand.
+        let mismatched = candidates
+            .iter()
+            .filter(|(_, entry)| entry.context != *expected)
+            .count();
         let (mut tried, mut last, mut mismatch) = (0, None, None);
         let mut asked: Vec<&str> = Vec::new();
         for (key, entry) in candidates {
@@ -217,7 +223,7 @@ impl<K: KeyService> Envelope<K> {
                 blob: entry.enc.clone(),
             };
             match self.keys.unwrap(&wrapped, expected).await {
-                Ok(data_key) => return Ok((data_key, key.arn.clone(), tried - 1)),
+                Ok(data_key) => return Ok((data_key, key.arn.clone(), tried - 1 + mismatched)),
                 Err(e) => last = Some(e),
             }
         }

@@ -372,6 +372,34 @@ async fn binary_round_trip_is_byte_exact_under_two_keys() {
         Protection::Partly,
         "a refused entry: never current"
     );
+    // AND entries naming a configured key under another context, anywhere among the real ones,
+    // are counted: such a file is never current, so rekey and enforced mode rewrite it
+    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(6);
+    for _ in 0..32 {
+        let mut decoyed = doc.clone();
+        let list = decoyed["sops"]["kms"].as_array_mut().expect("kms");
+        let decoys = rand::Rng::random_range(&mut rng, 1..4);
+        for _ in 0..decoys {
+            let mut e = list[rand::Rng::random_range(&mut rng, 0..2)].clone();
+            e["context"]["decoy"] = "another state".into();
+            let at = rand::Rng::random_range(&mut rng, 0..=list.len());
+            list.insert(at, e);
+        }
+        let env = Envelope::new(env.keys().same_keys(), vec!["k1".into(), "k2".into()], None);
+        let opened = env
+            .open(
+                &serde_json::to_vec(&decoyed).expect("json"),
+                Some(&context("a.tfstate")),
+            )
+            .await
+            .expect("the real entries open it");
+        assert_eq!(opened.refused, decoys, "{decoyed}");
+        assert_eq!(
+            env.protection(&opened).await.expect("resolves"),
+            Protection::Partly,
+            "an entry with another context: never current"
+        );
+    }
     // AND the protection of a state read break-glass under a key the deployment lacks is none
     let opened = Opened2::from(opened);
     assert_eq!(

@@ -9,7 +9,7 @@ use crate::StateName;
 use crate::access::{Caller, Role};
 use crate::changes::{Changes, Summary};
 use crate::index::{IndexEntry, StateIndex, operation_of};
-use crate::ports::{HeldLock, Location, SealError};
+use crate::ports::{HeldLock, Location};
 
 /// Entries worked out for states the index does not describe, and summaries of versions, kept
 /// per process (both are keyed by immutable content: a blob id, a commit id).
@@ -181,9 +181,9 @@ impl Backend {
                         (serial, lineage) = (version.serial, version.lineage);
                     }
                     // Listed without a serial; reading the state itself reports the failure.
-                    Err(ServiceError::Seal(
-                        SealError::Integrity(_) | SealError::Unreadable(_) | SealError::Refused(_),
-                    )) => {}
+                    Err(ServiceError::Seal(error)) => {
+                        tracing::warn!(state = %name, error = %error, "listed without a serial: its newest version does not open");
+                    }
                     Err(other) => return Err(other),
                 }
             }
@@ -222,7 +222,15 @@ impl Backend {
             return Ok(summary);
         }
         let summary = match self.store.read_version(at, name, &version.version).await? {
-            Some(stored) => Summary::of(&self.open_revision(at, name, stored).await?).map(Arc::new),
+            Some(stored) => match self.open_revision(at, name, stored).await {
+                Ok(plain) => Summary::of(&plain).map(Arc::new),
+                // That version's changes are unknown; the page still shows the others.
+                Err(ServiceError::Seal(error)) => {
+                    tracing::warn!(state = %name, version = %version.version, error = %error, "a version does not open: its changes are unknown");
+                    return Ok(None);
+                }
+                Err(other) => return Err(other),
+            },
             None => None,
         };
         remember(&self.memo.summaries, key, summary.clone());
@@ -285,9 +293,12 @@ impl Backend {
             Some(newest) if page == 0 && newest.info.deleted => None,
             Some(_) if page == 0 => summaries.first().cloned().flatten(),
             _ => match self.store.read_state(at, name).await? {
-                Some(stored) => {
-                    Summary::of(&self.open(at, name, stored).await?.plaintext).map(Arc::new)
-                }
+                Some(stored) => match self.open(at, name, stored).await {
+                    Ok(opened) => Summary::of(&opened.plaintext).map(Arc::new),
+                    // The resources are unknown; reading the state itself reports the failure.
+                    Err(ServiceError::Seal(_)) => None,
+                    Err(other) => return Err(other),
+                },
                 None => None,
             },
         };
