@@ -39,6 +39,9 @@ pub fn serve_env(repository: &str, extra: &[(&str, &str)]) -> Vec<(String, Strin
             access_file(&[(TEST_USER, TEST_PASSWORD, &["admin:*"])]),
         ),
         ("RUST_LOG".into(), "debug".into()),
+        // One line per request, so every server has a log the secret checks can read (the
+        // HTTP and TLS crates, which used to fill it at debug, are held at INFO).
+        ("GITSTATE_ACCESS_LOG".into(), "true".into()),
     ];
     for (k, v) in extra {
         env.retain(|(key, _)| key != k);
