@@ -329,26 +329,13 @@ impl Cache {
         Ok(Latest::Done(found))
     }
 
-    /// The paths of every file in the tree of `commit`, depth first.
+    /// The paths of every file in the tree of `commit`, sorted.
     pub fn list_files(&self, commit: ObjectId) -> Result<Vec<String>, Error> {
-        let repo = self.repo()?;
-        let root = repo.find_commit(commit)?.tree_id()?.detach();
-        let mut out = Vec::new();
-        let mut pending = vec![(root, String::new())];
-        while let Some((id, dir)) = pending.pop() {
-            let tree = repo.find_tree(id)?;
-            let decoded = tree
-                .decode()
-                .map_err(|e| Error::Corrupt(format!("tree {id}: {e}")))?;
-            for entry in &decoded.entries {
-                let path = format!("{dir}{}", entry.filename);
-                if entry.mode.is_tree() {
-                    pending.push((entry.oid.to_owned(), format!("{path}/")));
-                } else if entry.mode.is_blob() {
-                    out.push(path);
-                }
-            }
-        }
+        let mut out: Vec<String> = self
+            .list_blobs(commit)?
+            .into_iter()
+            .map(|(path, _)| path)
+            .collect();
         out.sort();
         Ok(out)
     }

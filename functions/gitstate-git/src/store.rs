@@ -812,15 +812,7 @@ impl StateStore for GitStore {
                         }
                         return Ok(answer(found));
                     }
-                    let cache = remote.cache.clone();
-                    let Chain::Shallow { boundary, .. } =
-                        blocking(move || cache.find_on_chain(tip, null())).await?
-                    else {
-                        return Err(Error::Corrupt("history boundary moved".into()).into());
-                    };
-                    depth = depth.max(walked.saturating_mul(2)).min(max);
-                    remote.deepen(tip, boundary, depth).await?;
-                    depth = depth.saturating_mul(4);
+                    depth = deepen_past(&remote, tip, walked, depth, max).await?;
                 }
                 Latest::Shallow { .. } => {
                     return Err(Error::Corrupt("history has a missing parent commit".into()).into());
@@ -902,15 +894,7 @@ impl StateStore for GitStore {
                         tracing::info!(max, "history listed as far as GITSTATE_HISTORY_MAX_DEPTH");
                         return Ok(partial);
                     }
-                    let cache = remote.cache.clone();
-                    let Chain::Shallow { boundary, .. } =
-                        blocking(move || cache.find_on_chain(tip, null())).await?
-                    else {
-                        return Err(Error::Corrupt("history boundary moved".into()).into());
-                    };
-                    depth = depth.max(walked.saturating_mul(2)).min(max);
-                    remote.deepen(tip, boundary, depth).await?;
-                    depth = depth.saturating_mul(4);
+                    depth = deepen_past(&remote, tip, walked, depth, max).await?;
                 }
                 Walk::Shallow { .. } => {
                     return Err(Error::Corrupt("history has a missing parent commit".into()).into());
@@ -1117,6 +1101,27 @@ impl StateStore for GitStore {
 /// Scaling with the attempt (rather than a fixed 10 ms base) spreads contenders by about the time
 /// a winner needs from advertisement to push, whatever the remote's round trip (BENCHMARKS.md
 /// compares it with the fixed 10 ms base it replaced).
+/// Deepen the cache's history behind `tip` after a walk stopped at its shallow boundary having
+/// `walked` commits: at least twice that, at least `depth`, at most `max`, declaring the
+/// boundary so only the commits past it come. Returns the depth to ask for next time.
+async fn deepen_past(
+    remote: &Remote,
+    tip: ObjectId,
+    walked: u32,
+    depth: u32,
+    max: u32,
+) -> Result<u32, Error> {
+    let cache = remote.cache.clone();
+    let Chain::Shallow { boundary, .. } =
+        blocking(move || cache.find_on_chain(tip, null())).await?
+    else {
+        return Err(Error::Corrupt("history boundary moved".into()));
+    };
+    let depth = depth.max(walked.saturating_mul(2)).min(max);
+    remote.deepen(tip, boundary, depth).await?;
+    Ok(depth.saturating_mul(4))
+}
+
 fn backoff(attempt: u32, last: Duration) -> Duration {
     let base = (last / 2).clamp(Duration::from_millis(10), Duration::from_millis(250));
     let window = base.saturating_mul(1 << attempt.saturating_sub(2).min(5));
