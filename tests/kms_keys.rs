@@ -239,6 +239,17 @@ async fn a_state_under_a_key_the_deployment_lacks_is_refused_without_a_kms_call(
         "the reason is logged"
     );
     assert_eq!(s.proxy.take(), []);
+    // AND the state list, the console's list and the state's page stay up around it: the
+    // state is listed without a serial, the page without its changes, still with no KMS call
+    let backend = s.backend(&[("GITSTATE_KMS_KEY_IDS", a)]).await;
+    let client = Client::new(&backend.url);
+    for path in ["/states", "/ui/", "/ui/states/app/b.tfstate"] {
+        let answer = client.send("GET", path, None).await;
+        assert_eq!(answer.status, 200, "{path}: {}", answer.body);
+        assert!(answer.body.contains("app/b.tfstate"), "{path}: {}", answer.body);
+        assert!(!answer.body.contains(SECRET), "{path}");
+    }
+    assert_eq!(s.proxy.take(), []);
     // AND in enforced mode too
     let enforced = [
         ("GITSTATE_KMS_KEY_IDS", a),
