@@ -246,7 +246,11 @@ async fn a_state_under_a_key_the_deployment_lacks_is_refused_without_a_kms_call(
     for path in ["/states", "/ui/", "/ui/states/app/b.tfstate"] {
         let answer = client.send("GET", path, None).await;
         assert_eq!(answer.status, 200, "{path}: {}", answer.body);
-        assert!(answer.body.contains("app/b.tfstate"), "{path}: {}", answer.body);
+        assert!(
+            answer.body.contains("app/b.tfstate"),
+            "{path}: {}",
+            answer.body
+        );
         assert!(!answer.body.contains(SECRET), "{path}");
     }
     assert_eq!(s.proxy.take(), []);
