@@ -1119,15 +1119,20 @@ async fn integrity_rules_hold_with_lock_refs_outside_the_branches() {
     );
 }
 
-/// Issue 12 (3), the race: a lock ref that clashes appears between the LOCK's look at the refs and
-/// its push. git http-backend refuses the push (`ng refs/heads/locks/race failed to update ref`;
-/// the reason, "'…/race/b.tfstate' exists; cannot create '…/race'", goes to stderr only): the answer
-/// is 409 naming the other lock, from a fresh look at the refs, never a 502.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lock_ref_clash_created_during_the_push_is_409_not_502() {
+/// A git server with one repository that holds `s.tfstate`, a backend on it, an admin client,
+/// and the bare repository's directory (for hooks and checks); the server and backend live as
+/// long as the value.
+struct Seeded {
+    server: GitServer,
+    backend: TestBackend,
+    admin: Client,
+    dir: std::path::PathBuf,
+}
+
+async fn seeded(repo: &str, extra: &[(&str, &str)]) -> Seeded {
     let server = GitServer::start().await;
-    let url = server.create_repo("race");
-    let backend = TestBackend::start(&url, &[]).await;
+    let url = server.create_repo(repo);
+    let backend = TestBackend::start(&url, extra).await;
     let admin = Client::new(&backend.url);
     ok(
         &admin,
@@ -1136,8 +1141,28 @@ async fn a_lock_ref_clash_created_during_the_push_is_409_not_502() {
         Some(&state_json("s", 1)),
     )
     .await;
+    let dir = server.repo_dir(repo);
+    Seeded {
+        server,
+        backend,
+        admin,
+        dir,
+    }
+}
+
+/// Issue 12 (3), the race: a lock ref that clashes appears between the LOCK's look at the refs and
+/// its push. git http-backend refuses the push (`ng refs/heads/locks/race failed to update ref`;
+/// the reason, "'…/race/b.tfstate' exists; cannot create '…/race'", goes to stderr only): the answer
+/// is 409 naming the other lock, from a fresh look at the refs, never a 502.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_ref_clash_created_during_the_push_is_409_not_502() {
+    let Seeded {
+        server: _server,
+        backend: _backend,
+        admin,
+        dir,
+    } = seeded("race", &[]).await;
     // The next push runs a hook that creates the clashing lock ref first.
-    let dir = server.repo_dir("race");
     race_next_push(
         &dir,
         "git update-ref refs/heads/locks/race/b.tfstate $(git rev-parse refs/heads/main)",
@@ -1173,18 +1198,12 @@ fn race_next_push(dir: &std::path::Path, script: &str) {
 /// retry, built on the new tree, refuses `w/x.tfstate` with 409 instead of replacing `w`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_state_in_the_way_committed_during_a_write_is_409() {
-    let server = GitServer::start().await;
-    let url = server.create_repo("treerace");
-    let backend = TestBackend::start(&url, &[]).await;
-    let admin = Client::new(&backend.url);
-    ok(
-        &admin,
-        "POST",
-        "/states/s.tfstate",
-        Some(&state_json("s", 1)),
-    )
-    .await;
-    let dir = server.repo_dir("treerace");
+    let Seeded {
+        server: _server,
+        backend: _backend,
+        admin,
+        dir,
+    } = seeded("treerace", &[]).await;
     race_next_push(
         &dir,
         "tip=$(git rev-parse refs/heads/main)\n\
@@ -1215,18 +1234,12 @@ async fn a_state_in_the_way_committed_during_a_write_is_409() {
 /// advertisement and one push per attempt, and one fetch for the moved tip.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_retry_costs_no_request_for_the_tree_check() {
-    let server = GitServer::start().await;
-    let url = server.create_repo("retry");
-    let backend = TestBackend::start(&url, &[]).await;
-    let admin = Client::new(&backend.url);
-    ok(
-        &admin,
-        "POST",
-        "/states/s.tfstate",
-        Some(&state_json("s", 1)),
-    )
-    .await;
-    let dir = server.repo_dir("retry");
+    let Seeded {
+        server,
+        backend: _backend,
+        admin,
+        dir,
+    } = seeded("retry", &[]).await;
     race_next_push(
         &dir,
         "tip=$(git rev-parse refs/heads/main)\n\
@@ -1421,18 +1434,12 @@ async fn a_branch_that_clashes_with_an_existing_branch_is_409() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_branch_clash_created_during_the_push_is_409_not_502() {
     for (creating, racing) in [("env/r", "env/r/x"), ("env/q/x", "env/q")] {
-        let server = GitServer::start().await;
-        let url = server.create_repo("race");
-        let backend = TestBackend::start(&url, &[("GITSTATE_ALLOWED_REFS", "env/*")]).await;
-        let admin = Client::new(&backend.url);
-        ok(
-            &admin,
-            "POST",
-            "/states/s.tfstate",
-            Some(&state_json("s", 1)),
-        )
-        .await;
-        let dir = server.repo_dir("race");
+        let Seeded {
+            server: _server,
+            backend: _backend,
+            admin,
+            dir,
+        } = seeded("race", &[("GITSTATE_ALLOWED_REFS", "env/*")]).await;
         race_next_push(
             &dir,
             &format!("git update-ref refs/heads/{racing} $(git rev-parse refs/heads/main)"),
