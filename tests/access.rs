@@ -277,10 +277,10 @@ async fn unknown_users_and_wrong_passwords_both_pay_argon2_and_look_the_same() {
         verifier.clone(),
     )
     .expect("access");
-    let router = gitstate_core::http::router(
+    let router = gitstate_http::router(
         Arc::new(backend),
         Arc::new(access),
-        gitstate_core::http::Limits {
+        gitstate_http::Limits {
             max_body_bytes: 1 << 20,
             max_response_bytes: None,
             request_deadline: std::time::Duration::from_secs(50),
@@ -565,10 +565,10 @@ async fn a_flood_of_random_users_from_one_address_is_429_without_argon2_and_cach
         verifier.clone(),
     )
     .expect("access");
-    let router = gitstate_core::http::router(
+    let router = gitstate_http::router(
         Arc::new(backend),
         Arc::new(access),
-        gitstate_core::http::Limits {
+        gitstate_http::Limits {
             max_body_bytes: 1 << 20,
             max_response_bytes: None,
             request_deadline: Duration::from_secs(120),

@@ -752,7 +752,7 @@ async fn the_git_token_decrypts_only_under_its_context() {
     let refused = gitstate_kms::decrypt_git_token(&kms, &unbound)
         .await
         .expect_err("a ciphertext without the git-token context is refused");
-    let message = gitstate_core::http::chain(&refused);
+    let message = gitstate_core::report::chain(&refused);
     assert!(message.contains("GITSTATE_GIT_TOKEN_KMS"), "{message}");
     assert!(!message.contains(token));
     assert!(

@@ -354,12 +354,12 @@ async fn large_states_round_trip_or_are_refused_with_a_reason() {
     let cache = tempfile::tempdir().expect("tempdir");
     let settings = gitstate_tests::settings_for(&url, cache.path(), &[]);
     let (b, access) = gitstate_git::service(&settings).expect("service");
-    let buffered = gitstate_core::http::router(
+    let buffered = gitstate_http::router(
         b,
         access,
-        gitstate_core::http::Limits {
+        gitstate_http::Limits {
             max_body_bytes: settings.max_body_bytes,
-            max_response_bytes: Some(gitstate_core::http::BUFFERED_RESPONSE_LIMIT),
+            max_response_bytes: Some(gitstate_http::BUFFERED_RESPONSE_LIMIT),
             request_deadline: settings.request_deadline,
         },
     );

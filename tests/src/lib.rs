@@ -497,10 +497,10 @@ pub fn settings_for(
 /// The router for `settings`, as every binary builds it.
 pub fn app(settings: &gitstate_core::config::Settings) -> axum::Router {
     let (backend, access) = gitstate_git::service(settings).expect("backend");
-    gitstate_core::http::router(
+    gitstate_http::router(
         backend,
         access,
-        gitstate_core::http::Limits {
+        gitstate_http::Limits {
             max_body_bytes: settings.max_body_bytes,
             max_response_bytes: None,
             request_deadline: settings.request_deadline,
@@ -805,10 +805,10 @@ pub fn encrypted_app(
         gitstate_kms::encryption_with(kms, &settings.encryption, settings.max_body_bytes);
     let (backend, access) =
         gitstate_git::service_with(settings, Some(encryption)).expect("backend");
-    gitstate_core::http::router(
+    gitstate_http::router(
         backend,
         access,
-        gitstate_core::http::Limits {
+        gitstate_http::Limits {
             max_body_bytes: settings.max_body_bytes,
             max_response_bytes: None,
             request_deadline: settings.request_deadline,

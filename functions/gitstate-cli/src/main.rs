@@ -16,10 +16,10 @@ use gitstate_core::StateName;
 use gitstate_core::access::Caller;
 use gitstate_core::access::{Grant, Policy, check_user_name};
 use gitstate_core::config::Settings;
-use gitstate_core::http::{Limits, router};
 use gitstate_core::password::{generate_token, hash_secret};
 use gitstate_core::ports::CommitMeta;
 use gitstate_core::service::Rekeyed;
+use gitstate_http::{Limits, router};
 use settings::SettingsArgs;
 
 #[derive(Parser)]
@@ -371,7 +371,7 @@ async fn serve(state: &str, args: &SettingsArgs) -> anyhow::Result<()> {
             token.expose()
         )?;
     }
-    gitstate_core::http::write_backend_block(&mut out, &base, state)?;
+    gitstate_http::write_backend_block(&mut out, &base, state)?;
     out.flush()?;
     drop(out);
     server::serve_until(
@@ -510,7 +510,7 @@ async fn rekey(prefix: &str, args: &SettingsArgs) -> anyhow::Result<()> {
             Ok(Rekeyed::Missing) => "gone".to_owned(),
             Err(error) => {
                 failed += 1;
-                format!("FAILED: {}", gitstate_core::http::chain(&error))
+                format!("FAILED: {}", gitstate_core::report::chain(&error))
             }
         };
         eprintln!("[{}/{total}] {name}: {outcome}", i + 1);

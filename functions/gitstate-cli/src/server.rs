@@ -143,7 +143,7 @@ pub async fn serve_until(
 /// Mark the request with the scheme of the listener, replacing whatever the client claimed.
 fn with_scheme<B>(mut request: http::Request<B>, scheme: &'static str) -> http::Request<B> {
     request.headers_mut().insert(
-        gitstate_core::http::SCHEME_HEADER,
+        gitstate_http::SCHEME_HEADER,
         http::HeaderValue::from_static(scheme),
     );
     request

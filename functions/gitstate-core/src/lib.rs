@@ -1,11 +1,10 @@
-//! gitstate's domain: names, locks, the service rules, the ports to storage, the HTTP router and
-//! the settings. It knows nothing of git libraries or AWS.
+//! gitstate's domain: names, locks, the service rules, the ports to storage and the settings. It
+//! knows nothing of HTTP frameworks, git libraries or AWS.
 
 pub mod access;
 pub mod auth;
 pub mod changes;
 pub mod config;
-pub mod http;
 pub mod index;
 pub mod kms_key;
 pub mod layers;
@@ -14,6 +13,7 @@ mod name;
 pub mod password;
 pub mod ports;
 pub mod refs;
+pub mod report;
 pub mod service;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;

@@ -365,7 +365,7 @@ fn open_cache(dir: &Path) -> Result<Cache, Error> {
     match Cache::open_or_init(dir) {
         Ok(cache) => Ok(cache),
         Err(error) => {
-            tracing::warn!(dir = %dir.display(), error = %gitstate_core::http::chain(&error), "unusable cache, recreating");
+            tracing::warn!(dir = %dir.display(), error = %gitstate_core::report::chain(&error), "unusable cache, recreating");
             std::fs::remove_dir_all(dir)?;
             Cache::open_or_init(dir)
         }
@@ -576,7 +576,7 @@ impl Remote {
         match blocking(move || cache.read_path(commit, &first_path)).await {
             Ok(found) => Ok(found),
             Err(error) if self.is_cache() => {
-                tracing::warn!(error = %gitstate_core::http::chain(&error), "cache read failed");
+                tracing::warn!(error = %gitstate_core::report::chain(&error), "cache read failed");
                 self.rebuild().await?;
                 self.ensure_with(vec![commit], orphan).await?;
                 let cache = self.cache.clone();
@@ -1019,7 +1019,7 @@ impl StateStore for GitStore {
                     Ok(None) => {}
                     // The branch moved between advertisement and fetch ("not our ref"): look again.
                     Err(error) if error.is_transient() => {
-                        tracing::debug!(attempt, error = %gitstate_core::http::chain(&error), "lock's tree check raced a write, retrying");
+                        tracing::debug!(attempt, error = %gitstate_core::report::chain(&error), "lock's tree check raced a write, retrying");
                         last_attempt = attempt_started.elapsed();
                         refused = None;
                         continue;
@@ -1263,7 +1263,7 @@ impl GitStore {
                 // hiccuped: every attempt starts from what the remote says now, and a push that
                 // did land shows up as "unchanged", so trying again is safe.
                 Err(error) if error.is_transient() => {
-                    tracing::debug!(attempt, error = %gitstate_core::http::chain(&error), "write attempt failed, retrying");
+                    tracing::debug!(attempt, error = %gitstate_core::report::chain(&error), "write attempt failed, retrying");
                     last_error = Some(error);
                 }
                 Err(error) => return Err(error.into()),

@@ -4,9 +4,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
 use gitstate_core::config::{Runtime, Settings};
-use gitstate_core::http::{
-    BUFFERED_RESPONSE_LIMIT, ClientAddr, Deadline, Limits, SCHEME_HEADER, router,
-};
+use gitstate_http::{BUFFERED_RESPONSE_LIMIT, ClientAddr, Deadline, Limits, SCHEME_HEADER, router};
 use lambda_http::request::RequestContext;
 use lambda_http::tracing::subscriber::filter::{EnvFilter, LevelFilter, Targets};
 use lambda_http::tracing::subscriber::{Layer as _, layer::SubscriberExt as _};

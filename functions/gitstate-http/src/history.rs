@@ -1,0 +1,97 @@
+//! `/history/<name>`: the revisions of a state, newest first (`?page=&per_page=`), one revision's
+//! state (`?at=<commit|serial>`), and restoring one on top (`POST ?restore=<commit|serial>`).
+
+use axum::response::Response;
+use gitstate_core::service::{Selector, VersionInfo};
+use http::{HeaderValue, Method, StatusCode};
+
+use crate::{ApiError, Call, json, not_allowed, to_json};
+
+/// Versions on one page when `?per_page=` does not say.
+const PER_PAGE: usize = 20;
+
+/// A page of `GET /history/<name>`.
+#[derive(Debug, serde::Serialize)]
+struct HistoryAnswer<'a> {
+    state: &'a str,
+    page: usize,
+    versions: Vec<VersionInfo>,
+    next_page: Option<usize>,
+}
+
+pub(crate) async fn serve(call: Call<'_>, method: &Method) -> Result<Response, ApiError> {
+    match (method.as_str(), &call.query.at) {
+        ("GET", Some(selector)) => version(call, selector).await,
+        ("GET", None) => page(call).await,
+        ("POST", _) => restore(call).await,
+        _ => Err(not_allowed(method, "GET, POST")),
+    }
+}
+
+/// One revision's state, its commit id in `gitstate-version`.
+async fn version(call: Call<'_>, selector: &str) -> Result<Response, ApiError> {
+    let Call {
+        app,
+        caller,
+        at,
+        name,
+        ..
+    } = call;
+    let selector = Selector::parse(selector)?;
+    let (version, state) = app.backend.get_version(caller, at, name, &selector).await?;
+    app.limits.check_response(&state)?;
+    let mut response = json(StatusCode::OK, state);
+    if let Ok(value) = HeaderValue::from_str(&version) {
+        response.headers_mut().insert("gitstate-version", value);
+    }
+    Ok(response)
+}
+
+async fn page(call: Call<'_>) -> Result<Response, ApiError> {
+    let Call {
+        app,
+        caller,
+        at,
+        name,
+        query,
+    } = call;
+    let number = |text: &Option<String>, default: usize| match text {
+        None => Ok(default),
+        Some(t) => t
+            .parse::<usize>()
+            .map_err(|_| ApiError::Query(format!("{t:?} is not a page number"))),
+    };
+    let page = number(&query.page, 0)?;
+    let per_page = number(&query.per_page, PER_PAGE)?;
+    let (versions, more) = app
+        .backend
+        .history(caller, at, name, page, per_page)
+        .await?;
+    let answer = HistoryAnswer {
+        state: name.as_str(),
+        page,
+        versions,
+        next_page: more.then_some(page + 1),
+    };
+    Ok(json(StatusCode::OK, to_json(&answer)?))
+}
+
+/// Write the selected revision again as the newest (admin only).
+async fn restore(call: Call<'_>) -> Result<Response, ApiError> {
+    let Call {
+        app,
+        caller,
+        at,
+        name,
+        query,
+    } = call;
+    let selector = query
+        .restore
+        .as_deref()
+        .ok_or_else(|| ApiError::Query("restore needs ?restore=<commit id or serial>".into()))?;
+    let restored = app
+        .backend
+        .restore(caller, at, name, &Selector::parse(selector)?)
+        .await?;
+    Ok(json(StatusCode::OK, to_json(&restored)?))
+}

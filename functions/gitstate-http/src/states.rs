@@ -1,0 +1,43 @@
+//! `/states/<name>` (and the seed format's `/?type=git&…&state=<name>`): read, write and remove a
+//! state; `LOCK` and `UNLOCK` go to [`crate::locks`].
+
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http::{Method, StatusCode};
+
+use crate::{ApiError, Call, json, locks, not_allowed};
+
+pub(crate) async fn serve(
+    call: Call<'_>,
+    method: &Method,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let Call {
+        app,
+        caller,
+        at,
+        name,
+        query,
+    } = call;
+    let lock_id = query.lock_id.as_deref();
+    match method.as_str() {
+        "GET" => {
+            let state = app.backend.get_state(caller, at, name).await?;
+            app.limits.check_response(&state)?;
+            Ok(json(StatusCode::OK, state))
+        }
+        "POST" | "PUT" => {
+            app.backend
+                .put_state(caller, at, name, lock_id, body)
+                .await?;
+            Ok(StatusCode::OK.into_response())
+        }
+        "DELETE" => {
+            app.backend.delete_state(caller, at, name, lock_id).await?;
+            Ok(StatusCode::OK.into_response())
+        }
+        "LOCK" => locks::lock(call, body).await,
+        "UNLOCK" => locks::unlock(call, body).await,
+        _ => Err(not_allowed(method, "GET, POST, PUT, DELETE, LOCK, UNLOCK")),
+    }
+}
