@@ -578,7 +578,8 @@ async fn bodies_are_checked_before_anything_changes() {
         base64::engine::general_purpose::STANDARD.encode(md5::Md5::digest(body.as_bytes()))
     };
     let other = base64::engine::general_purpose::STANDARD.encode([0u8; 16]);
-    let cases: [(&[(&str, &str)], String, StatusCode); 7] = [
+    type Case<'a> = (&'a [(&'a str, &'a str)], String, StatusCode);
+    let cases: [Case<'_>; 7] = [
         (&[], "x".repeat(101), StatusCode::PAYLOAD_TOO_LARGE),
         (
             &[("content-length", "101")],
