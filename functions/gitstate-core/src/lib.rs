@@ -2,6 +2,7 @@
 //! the settings. It knows nothing of git libraries or AWS.
 
 pub mod access;
+pub mod api;
 pub mod auth;
 pub mod changes;
 pub mod config;
