@@ -2,22 +2,41 @@
 //! spaces apart, no borders (easy to read, easy to `grep` and `awk`).
 
 use comfy_table::{CellAlignment, ColumnConstraint, Table, Width, presets};
+use gitstate_core::access::Grant;
 use gitstate_core::api::{HistoryAnswer, ListedLock, ListedState};
 
 /// An empty table with `header`; columns listed in `right` are right-aligned.
 fn table(header: &[&str], right: &[usize]) -> Table {
     let mut table = Table::new();
+    table.set_header(header.to_vec());
+    plain(&mut table, right);
     table
-        .load_style(presets::NOTHING)
-        .set_header(header.to_vec());
-    let last = header.len().saturating_sub(1);
+}
+
+/// No borders, columns two spaces apart, those listed in `right` right-aligned.
+fn plain(table: &mut Table, right: &[usize]) {
+    table.load_style(presets::NOTHING);
+    let last = table.column_count().saturating_sub(1);
     for (i, column) in table.column_iter_mut().enumerate() {
         column.set_padding((0, if i == last { 0 } else { 2 }));
         if right.contains(&i) {
             column.set_cell_alignment(CellAlignment::Right);
         }
     }
+}
+
+/// A user's grants and what each allows, one a line, indented under the user's name.
+pub fn grants(grants: &[Grant]) -> String {
+    let mut table = Table::new();
+    for grant in grants {
+        table.add_row(vec![grant.to_string(), grant.describe()]);
+    }
+    plain(&mut table, &[]);
     table
+        .lines()
+        .map(|line| format!("  {}", line.trim_end()))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Seconds since the epoch as `YYYY-MM-DD HH:MM:SSZ` (UTC); `-` outside the calendar's range.

@@ -71,8 +71,8 @@ pub fn access_check(file: &Path) -> anyhow::Result<()> {
         if user.grants.is_empty() {
             writeln!(out, "  (no grants: can authenticate, can do nothing)")?;
         }
-        for grant in &user.grants {
-            writeln!(out, "  {:<24} {}", grant.to_string(), grant.describe())?;
+        if !user.grants.is_empty() {
+            writeln!(out, "{}", crate::tables::grants(&user.grants))?;
         }
     }
     Ok(())

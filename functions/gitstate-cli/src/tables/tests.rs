@@ -211,3 +211,29 @@ fn stale_locks_are_flagged_and_counted() {
     }
     assert!(locks(&[], 0).is_none());
 }
+
+/// Generated grants: one line each, indented by two, the descriptions in one column.
+#[test]
+fn grants_list_one_a_line_under_the_user() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(6);
+    for _ in 0..200 {
+        let given: Vec<Grant> = (0..rng.random_range(1..6))
+            .map(|_| {
+                let role = ["read", "write", "admin"][rng.random_range(0..3)];
+                let prefix = match rng.random_range(0..3) {
+                    0 => "*".to_owned(),
+                    n => format!("{}/", "n".repeat(n * rng.random_range(1..30))),
+                };
+                Grant::parse(&format!("{role}:{prefix}")).expect("valid")
+            })
+            .collect();
+        let printed = grants(&given);
+        let lines: Vec<&str> = printed.lines().collect();
+        assert_eq!(lines.len(), given.len(), "{printed}");
+        let column = lines[0].find(&given[0].describe()).expect("described");
+        for (line, grant) in lines.iter().zip(&given) {
+            assert!(line.starts_with(&format!("  {grant}  ")), "{printed}");
+            assert_eq!(line.find(&grant.describe()), Some(column), "{printed}");
+        }
+    }
+}
