@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::StateName;
 use crate::password::{HashError, check_phc};
@@ -154,14 +154,14 @@ impl fmt::Debug for User {
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 struct FileFormat {
     #[serde(default)]
     users: BTreeMap<String, FileUser>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 struct FileUser {
     hash: String,
@@ -184,6 +184,27 @@ pub fn check_user_name(name: &str) -> Result<(), AccessError> {
             reason: format!("a user name is 1 to {MAX_USER_BYTES} characters of [A-Za-z0-9._@-]"),
         })
     }
+}
+
+/// `user` as an access file entry (`[users."first.last"]` with its hash and grants), written by
+/// the TOML serialiser so that any valid name is quoted as it must be. Appended to an access
+/// file, it adds that user and leaves the others alone. The name and hash are checked first, so
+/// the entry always parses back to `user`.
+pub fn entry_toml(user: &User) -> Result<String, AccessError> {
+    check_user_name(&user.name)?;
+    let refused = |reason: String| AccessError::User {
+        user: user.name.clone(),
+        reason,
+    };
+    check_phc(&user.hash).map_err(|e| refused(e.to_string()))?;
+    let entry = FileUser {
+        hash: user.hash.clone(),
+        grants: user.grants.iter().map(Grant::to_string).collect(),
+    };
+    let file = FileFormat {
+        users: BTreeMap::from([(user.name.clone(), entry)]),
+    };
+    toml::to_string(&file).map_err(|e| refused(e.to_string()))
 }
 
 /// Every user and their grants.
@@ -400,5 +421,127 @@ mod tests {
             "user ci needs the admin grant on app/x.tfstate"
         );
         assert!(Caller::operator("ops").may(Role::Admin, &name("any/thing.tfstate")));
+    }
+
+    /// A user name over the whole alphabet `check_user_name` allows, 1 to 64 bytes.
+    fn user_name(rng: &mut impl rand::Rng) -> String {
+        const ALPHABET: &[u8] =
+            b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._@-";
+        let len = match rng.random_range(0..4) {
+            0 => 1,
+            1 => MAX_USER_BYTES,
+            _ => rng.random_range(1..=MAX_USER_BYTES),
+        };
+        (0..len)
+            .map(|_| char::from(ALPHABET[rng.random_range(0..ALPHABET.len())]))
+            .collect()
+    }
+
+    fn grant(rng: &mut impl rand::Rng) -> Grant {
+        const PREFIX: &[u8] = b"abcXYZ019._-/";
+        let role = Role::ALL[rng.random_range(0..Role::ALL.len())];
+        let prefix = loop {
+            if rng.random_bool(0.2) {
+                break String::new();
+            }
+            let len = rng.random_range(1..12);
+            let p: String = (0..len)
+                .map(|_| char::from(PREFIX[rng.random_range(0..PREFIX.len())]))
+                .collect();
+            if !p.starts_with(['/', '.']) && !p.contains("..") {
+                break p;
+            }
+        };
+        Grant { role, prefix }
+    }
+
+    fn user(rng: &mut impl rand::Rng, name: String) -> User {
+        User {
+            name,
+            hash: HASH.to_owned(),
+            grants: (0..rng.random_range(0..4)).map(|_| grant(rng)).collect(),
+        }
+    }
+
+    /// Generated users (every allowed name shape: dots, `@`, dashes, digits only, 64 bytes) and
+    /// grants: the entry parses back to the same user, and appended to an access file it adds
+    /// that user and leaves every other user as it was.
+    #[test]
+    fn entries_parse_back_and_merge_into_a_file_for_generated_users() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(13);
+        let fixed = [
+            "first.last",
+            "a@b.example",
+            "1.2.3",
+            "...",
+            "@",
+            "-",
+            "users.x",
+        ];
+        for i in 0..500 {
+            let name = fixed
+                .get(i)
+                .map_or_else(|| user_name(&mut rng), |n| (*n).to_owned());
+            let new = user(&mut rng, name.clone());
+            let entry = entry_toml(&new).expect("a valid user");
+            let alone = Policy::parse(&entry).expect("the entry parses");
+            assert_eq!(alone.users().collect::<Vec<_>>(), [&new], "{entry}");
+
+            let mut others: Vec<User> = Vec::new();
+            let mut file = "# the team's access file\n[users.root]\n".to_owned();
+            file.push_str(&format!("hash = \"{HASH}\"\ngrants = [\"admin:*\"]\n"));
+            for _ in 0..rng.random_range(0..4) {
+                let other_name = user_name(&mut rng);
+                let other = user(&mut rng, other_name);
+                if other.name != name
+                    && other.name != "root"
+                    && !others.iter().any(|o| o.name == other.name)
+                {
+                    file.push_str(&entry_toml(&other).expect("valid"));
+                    others.push(other);
+                }
+            }
+            let before = Policy::parse(&file).expect("the file parses");
+            if name == "root" || others.iter().any(|o| o.name == name) {
+                continue;
+            }
+            let merged = Policy::parse(&format!("{file}\n{entry}")).expect("merged file parses");
+            assert_eq!(merged.users().count(), before.users().count() + 1);
+            assert_eq!(merged.user(&name), Some(&new), "{entry}");
+            for old in before.users() {
+                assert_eq!(merged.user(&old.name), Some(old));
+            }
+            // The same user twice is a clear error, never a silent replacement.
+            let twice = Policy::parse(&format!("{file}{entry}{entry}"));
+            assert!(matches!(twice, Err(AccessError::Syntax(_))), "{twice:?}");
+        }
+    }
+
+    /// Names outside the alphabet and hashes that are no argon2id PHC string make no entry.
+    #[test]
+    fn entries_refuse_what_the_access_file_would_refuse() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let bad_chars = [
+            ' ', '"', '\'', '[', ']', '=', '\n', '#', '/', 'é', '雪', '\0', '+',
+        ];
+        for _ in 0..300 {
+            let mut name = user_name(&mut rng);
+            let at = rng.random_range(0..=name.len());
+            name.insert(at, bad_chars[rng.random_range(0..bad_chars.len())]);
+            let entry = entry_toml(&user(&mut rng, name.clone()));
+            assert!(matches!(entry, Err(AccessError::User { .. })), "{name:?}");
+        }
+        let long = user(&mut rng, "x".repeat(MAX_USER_BYTES + 1));
+        assert!(entry_toml(&long).is_err());
+        let mut weak = user(&mut rng, "bob".into());
+        weak.hash = "secret".into();
+        assert!(
+            entry_toml(&weak)
+                .expect_err("not PHC")
+                .to_string()
+                .contains("bob")
+        );
     }
 }

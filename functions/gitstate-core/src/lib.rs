@@ -2,6 +2,7 @@
 //! knows nothing of HTTP frameworks, git libraries or AWS.
 
 pub mod access;
+pub mod api;
 pub mod auth;
 pub mod changes;
 pub mod config;

@@ -694,27 +694,8 @@ impl Verb {
     }
 }
 
-/// One revision of a state, as the history route lists it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct VersionInfo {
-    pub version: String,
-    /// Seconds since the Unix epoch.
-    pub time: i64,
-    pub author: String,
-    pub operation: String,
-    pub serial: Option<u64>,
-    pub lineage: Option<String>,
-    pub deleted: bool,
-}
-
-/// The outcome of a restore.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct Restored {
-    /// The revision whose content was written again.
-    pub from: String,
-    /// The serial of the new revision (above every serial stored before).
-    pub serial: u64,
-}
+/// The revisions and restore outcomes the history route answers with: the shared wire types.
+pub use crate::api::{Restored, VersionInfo};
 
 /// Most revisions one history page lists.
 pub const MAX_PAGE: usize = 100;

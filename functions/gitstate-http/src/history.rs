@@ -2,22 +2,14 @@
 //! state (`?at=<commit|serial>`), and restoring one on top (`POST ?restore=<commit|serial>`).
 
 use axum::response::Response;
-use gitstate_core::service::{Selector, VersionInfo};
+use gitstate_core::api::HistoryAnswer;
+use gitstate_core::service::Selector;
 use http::{HeaderValue, Method, StatusCode};
 
 use crate::{ApiError, Call, json, not_allowed, to_json};
 
 /// Versions on one page when `?per_page=` does not say.
 const PER_PAGE: usize = 20;
-
-/// A page of `GET /history/<name>`.
-#[derive(Debug, serde::Serialize)]
-struct HistoryAnswer<'a> {
-    state: &'a str,
-    page: usize,
-    versions: Vec<VersionInfo>,
-    next_page: Option<usize>,
-}
 
 pub(crate) async fn serve(call: Call<'_>, method: &Method) -> Result<Response, ApiError> {
     match (method.as_str(), &call.query.at) {
@@ -68,7 +60,7 @@ async fn page(call: Call<'_>) -> Result<Response, ApiError> {
         .history(caller, at, name, page, per_page)
         .await?;
     let answer = HistoryAnswer {
-        state: name.as_str(),
+        state: name.as_str().to_owned(),
         page,
         versions,
         next_page: more.then_some(page + 1),

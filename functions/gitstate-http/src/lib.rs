@@ -260,4 +260,6 @@ fn health(method: &Method) -> Result<Response, ApiError> {
 }
 
 #[cfg(test)]
+mod api_tests;
+#[cfg(test)]
 mod tests;

@@ -4,45 +4,20 @@
 use axum::response::Response;
 use gitstate_core::StateName;
 use gitstate_core::access::Caller;
+use gitstate_core::api::{ListedLock, ListedState};
 use gitstate_core::ports::{HeldLock, Location};
 use gitstate_core::service::ServiceError;
 use http::{Method, StatusCode};
 
 use crate::{ApiError, App, json, not_allowed, now_seconds, to_json};
 
-/// A lock as `GET /locks` lists it.
-#[derive(Debug, serde::Serialize)]
-struct ListedLock<'a> {
-    state: &'a str,
-    id: &'a str,
-    who: &'a str,
-    operation: &'a str,
-    user: Option<&'a str>,
-    created: Option<i64>,
-    age_seconds: Option<i64>,
-}
-
-/// A state as `GET /states` lists it.
-#[derive(Debug, serde::Serialize)]
-struct ListedState<'a> {
-    state: &'a str,
-    serial: Option<u64>,
-    lineage: Option<&'a str>,
-    /// When it last changed (Unix seconds), by whom and how; absent for a lock on a state not
-    /// written yet.
-    updated: Option<i64>,
-    author: Option<&'a str>,
-    operation: Option<&'a str>,
-    lock: Option<ListedLock<'a>>,
-}
-
-fn listed_lock<'a>(name: &'a StateName, held: &'a HeldLock, now: i64) -> ListedLock<'a> {
+fn listed_lock(name: &StateName, held: &HeldLock, now: i64) -> ListedLock {
     ListedLock {
-        state: name.as_str(),
-        id: held.info.id(),
-        who: held.info.who(),
-        operation: held.info.operation(),
-        user: held.owner.as_deref(),
+        state: name.as_str().to_owned(),
+        id: held.info.id().to_owned(),
+        who: held.info.who().to_owned(),
+        operation: held.info.operation().to_owned(),
+        user: held.owner.clone(),
         created: held.created,
         age_seconds: held.created.map(|c| now.saturating_sub(c).max(0)),
     }
@@ -60,17 +35,17 @@ pub(crate) async fn states(
     let at = &locate()?;
     let rows = app.backend.list_states(caller, at).await?;
     let now = now_seconds();
-    let listed: Vec<ListedState<'_>> = rows
+    let listed: Vec<ListedState> = rows
         .iter()
         .map(|row| {
             let entry = row.entry.as_ref();
             ListedState {
-                state: row.name.as_str(),
+                state: row.name.as_str().to_owned(),
                 serial: entry.and_then(|e| e.serial),
-                lineage: entry.and_then(|e| e.lineage.as_deref()),
+                lineage: entry.and_then(|e| e.lineage.clone()),
                 updated: entry.map(|e| e.time),
-                author: entry.map(|e| e.author.as_str()),
-                operation: entry.map(|e| e.operation.as_str()),
+                author: entry.map(|e| e.author.clone()),
+                operation: entry.map(|e| e.operation.clone()),
                 lock: row
                     .lock
                     .as_ref()
@@ -93,7 +68,7 @@ pub(crate) async fn locks(
     let at = &locate()?;
     let locks = app.backend.list_locks(caller, at).await?;
     let now = now_seconds();
-    let listed: Vec<ListedLock<'_>> = locks
+    let listed: Vec<ListedLock> = locks
         .iter()
         .map(|(name, held)| listed_lock(name, held, now))
         .collect();

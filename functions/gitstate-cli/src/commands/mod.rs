@@ -1,0 +1,6 @@
+//! One module a group of commands; `main` parses the command line and calls into them.
+
+pub mod keys;
+pub mod remote;
+pub mod serve;
+pub mod users;
