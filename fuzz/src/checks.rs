@@ -1,5 +1,5 @@
 //! The properties each fuzz target checks, as plain functions: `cargo fuzz` drives them with
-//! libFuzzer, and `tests/fuzz_corpus.rs` replays the committed corpora through them in every
+//! libFuzzer, and `tests/it/fuzz_corpus.rs` replays the committed corpora through them in every
 //! `cargo test`.
 //!
 //! Beyond "never panics", each checks what the parser promises.

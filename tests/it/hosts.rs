@@ -1,6 +1,6 @@
 //! Hosts as they are found in the wild: without atomic push (Azure DevOps, CodeCommit), taking
 //! only Bearer tokens (Bitbucket Data Center). Private CAs and proxies need their own processes
-//! (the proxy comes from the environment): functions/gitstate-cli/tests/hosts.rs.
+//! (the proxy comes from the environment): functions/gitstate-cli/tests/it/hosts.rs.
 
 use gitstate_tests::hosts::{BEARER_TOKEN, ReverseProxy};
 use gitstate_tests::{

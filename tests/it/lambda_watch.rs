@@ -287,7 +287,7 @@ async fn the_lambda_binary_answers_every_event_and_terraform_under_cargo_lambda_
         show(&server, "watched", "main:demo/app.tfstate").as_bytes(),
         sent.as_slice()
     );
-    // That EVENT_SEQUENCE covers every file in events/ is checked by tests/lambda_events.rs.
+    // That EVENT_SEQUENCE covers every file in events/ is checked by tests/it/lambda_events.rs.
 
     // Real Terraform through the emulated Function URL: the post-deploy smoke script, twice.
     smoke_run(&watch.base_url(), "first").await;

@@ -10,7 +10,7 @@
 //! and at the end. A failure that involves two requests at once may need a few replays to recur.
 //!
 //! One seed, e.g. to replay a failure (the failure prints this line):
-//! `GITSTATE_MODEL_SEED=7 GITSTATE_MODEL_STEPS=900 cargo test -p gitstate-tests --test model -- --nocapture`
+//! `GITSTATE_MODEL_SEED=7 GITSTATE_MODEL_STEPS=900 cargo test -p gitstate-tests --test it model:: -- --nocapture`
 //! A longer hunt: `GITSTATE_MODEL_SEEDS=100..200 GITSTATE_MODEL_STEPS=3000` (every seed runs, the
 //! failures are listed at the end). `GITSTATE_MODEL_SHRINK_SECS` bounds how long a failing
 //! sequence is shrunk (default 60; 0 prints the whole sequence).
@@ -1656,7 +1656,7 @@ async fn run_seed(seed: u64, steps: usize, shrink_for: Duration) -> Result<(), S
     let failing = sequence[..=failure.step].to_vec();
     let (shrunk, shrunk_failure) = shrink(&cfg, failing.clone(), failure.clone(), shrink_for).await;
     let mut report = format!(
-        "model: {}\nfailed at step {} of seed {seed} ({:.1} s):\n  {}\nreplay: {}GITSTATE_MODEL_SEED={seed} GITSTATE_MODEL_STEPS={} cargo test -p gitstate-tests --test model -- --nocapture\n",
+        "model: {}\nfailed at step {} of seed {seed} ({:.1} s):\n  {}\nreplay: {}GITSTATE_MODEL_SEED={seed} GITSTATE_MODEL_STEPS={} cargo test -p gitstate-tests --test it model:: -- --nocapture\n",
         cfg.describe(),
         failure.step,
         elapsed.as_secs_f64(),

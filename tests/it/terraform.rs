@@ -415,7 +415,7 @@ impl Cli {
 
 /// A git host behind a private CA (an HTTPS proxy whose certificate comes from a CA the test
 /// makes): with `GITSTATE_GIT_CA_FILE` Terraform inits, applies twice and plans no changes. The
-/// refusal without the setting is in functions/gitstate-cli/tests/hosts.rs.
+/// refusal without the setting is in functions/gitstate-cli/tests/it/hosts.rs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terraform_through_a_private_ca_host() {
     init_tracing();
