@@ -58,24 +58,48 @@ pub fn access_file(users: &[(&str, &str, &[&str])]) -> String {
 /// Log output for tests, enabled with `TEST_LOG=1`.
 pub fn init_tracing() {
     if std::env::var_os("TEST_LOG").is_some() {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new(
-                "debug,hyper=info,reqwest=info,h2=info",
-            ))
-            .with_test_writer()
-            .try_init();
+        install_subscriber();
     }
 }
 
 /// Every log line of this test process, at trace level for every crate (hyper, reqwest and gix
-/// included), kept in memory so a test can assert that no secret was ever logged.
+/// included), kept in memory so a test can assert that no secret was ever logged. All the tests
+/// share one process (one test binary), so the capture holds the lines of every test running
+/// alongside too: a "no secret" check covers them all.
 pub fn capture_logs() {
+    CAPTURING.store(true, std::sync::atomic::Ordering::Relaxed);
+    install_subscriber();
+}
+
+/// Whether [`capture_logs`] was called: from then on every event is kept.
+static CAPTURING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The one subscriber of the process, whichever of [`init_tracing`] and [`capture_logs`] comes
+/// first: the in-memory capture (off until [`capture_logs`]) and, with `TEST_LOG`, the test
+/// output at debug level. Two subscribers cannot both be global; one with two layers can.
+fn install_subscriber() {
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
     static INSTALLED: OnceLock<()> = OnceLock::new();
     INSTALLED.get_or_init(|| {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new("trace"))
+        let capture = tracing_subscriber::fmt::layer()
             .with_writer(|| CapturedWriter)
             .with_ansi(false)
+            // Asked at every event (not cached per call site): the capture may start later.
+            .with_filter(tracing_subscriber::filter::dynamic_filter_fn(|_, _| {
+                CAPTURING.load(std::sync::atomic::Ordering::Relaxed)
+            }));
+        let test_log = std::env::var_os("TEST_LOG").is_some().then(|| {
+            tracing_subscriber::fmt::layer()
+                .with_test_writer()
+                .with_filter(tracing_subscriber::EnvFilter::new(
+                    "debug,hyper=info,reqwest=info,h2=info",
+                ))
+        });
+        let _ = tracing_subscriber::registry()
+            .with(capture)
+            .with(test_log)
             .try_init();
     });
 }
