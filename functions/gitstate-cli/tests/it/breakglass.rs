@@ -79,7 +79,7 @@ fn encrypt_then_decrypt_with_the_cli_and_python_sops() {
     let text = "{\"version\":4,\"serial\":1,\"lineage\":\"x\",\"outputs\":{\"pw\":{\"value\":\"s3cr3t-pw\"}}}\n";
     std::fs::write(&plain, text).expect("write");
 
-    let bin = env!("CARGO_BIN_EXE_gitstate");
+    let bin = crate::GITSTATE;
     let mut encrypt = Command::new(bin);
     encrypt
         .args([

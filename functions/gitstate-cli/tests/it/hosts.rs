@@ -1,7 +1,7 @@
 //! A git host behind a private CA and an HTTPS proxy, reached by `gitstate serve` processes (the
 //! proxy settings come from the process environment, so each configuration is its own process).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use gitstate_tests::hosts::{ConnectProxy, ReverseProxy, TestCa};
 use gitstate_tests::process::{ServeProcess, serve_env};
@@ -9,14 +9,15 @@ use gitstate_tests::{Client, GitServer, git, lock_info, state_json};
 
 const NAME: &str = "vpc/prod.tfstate";
 
-fn binary() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_gitstate"))
-}
-
 async fn serve(root: &Path, label: &str, repository: &str, extra: &[(&str, &str)]) -> ServeProcess {
     let dir = root.join(label);
     std::fs::create_dir_all(&dir).expect("server dir");
-    ServeProcess::start(&binary(), &dir, serve_env(repository, extra)).await
+    ServeProcess::start(
+        Path::new(crate::GITSTATE),
+        &dir,
+        serve_env(repository, extra),
+    )
+    .await
 }
 
 /// What Terraform does in an apply, then a force-unlock of a lock left behind: every answer as

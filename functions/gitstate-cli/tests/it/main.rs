@@ -2,6 +2,9 @@
 //! `gitstate` binary (`CARGO_BIN_EXE_gitstate`) as processes against the harness of
 //! `gitstate-tests`. `cargo test -p gitstate-cli --test it serve::` runs one module.
 
+/// The `gitstate` binary under test, as cargo built it for this package.
+const GITSTATE: &str = env!("CARGO_BIN_EXE_gitstate");
+
 mod breakglass;
 mod hosts;
 mod processes;

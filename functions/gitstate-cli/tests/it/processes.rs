@@ -5,7 +5,7 @@
 //! `gitstate` binary (`CARGO_BIN_EXE_gitstate`); the harness is `gitstate-tests`.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,17 +15,15 @@ use gitstate_tests::{
 };
 use rand::{Rng, SeedableRng};
 
-fn binary() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_gitstate"))
-}
-
 /// `n` servers over `repository`, each with its own directory under `root`.
 async fn servers(root: &Path, repository: &str, n: usize) -> Vec<ServeProcess> {
     let mut out = Vec::new();
     for i in 0..n {
         let dir = root.join(format!("server-{i}"));
         std::fs::create_dir_all(&dir).expect("server dir");
-        out.push(ServeProcess::start(&binary(), &dir, serve_env(repository, &[])).await);
+        out.push(
+            ServeProcess::start(Path::new(crate::GITSTATE), &dir, serve_env(repository, &[])).await,
+        );
     }
     out
 }

@@ -114,7 +114,7 @@ impl Sshd {
 }
 
 fn terraform_run(work: &Path, repository: &str, ssh: &str, args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_gitstate"))
+    let out = Command::new(crate::GITSTATE)
         .args([
             "run",
             "--repository",
@@ -220,7 +220,7 @@ async fn processes_race_for_one_lock_over_ssh() {
         let dir = root.path().join(format!("server-{i}"));
         std::fs::create_dir_all(&dir).expect("dir");
         let env = serve_env(&url, &[("GIT_SSH_COMMAND", &ssh), ("RUST_LOG", "info")]);
-        procs.push(ServeProcess::start(Path::new(env!("CARGO_BIN_EXE_gitstate")), &dir, env).await);
+        procs.push(ServeProcess::start(Path::new(crate::GITSTATE), &dir, env).await);
     }
     let clients: Vec<Arc<Client>> = procs
         .iter()
