@@ -5,6 +5,7 @@
 mod access;
 mod concurrency;
 mod console;
+mod contract;
 mod credentials;
 mod encryption;
 mod faults;

@@ -16,9 +16,12 @@ use http::{HeaderMap, Method, StatusCode, Uri};
 use http_body_util::BodyExt;
 use tokio::io::AsyncWriteExt;
 
+mod client;
 pub mod faults;
 pub mod hosts;
 pub mod process;
+
+pub use client::{Answer, Client, History, Lock, TfState, Version};
 
 pub const GIT_USER: &str = "git-bot";
 pub const GIT_TOKEN: &str = "s3cret-git-token";
@@ -532,6 +535,43 @@ pub fn app(settings: &gitstate_core::config::Settings) -> axum::Router {
     )
 }
 
+/// The router for `settings` as [`app`] builds it, over the in-memory store of the core's router
+/// tests instead of a git store (the contract test runs both side by side), and that store.
+pub fn memory_app(
+    settings: &gitstate_core::config::Settings,
+) -> (axum::Router, Arc<gitstate_core::testing::MemoryStore>) {
+    use gitstate_core::service::{Backend, Repositories};
+    let store = Arc::new(gitstate_core::testing::MemoryStore::default());
+    let repositories = Repositories {
+        primary: settings
+            .repository
+            .clone()
+            .expect("a configured repository"),
+        default_branch: settings.branch.clone(),
+        allowed: settings.allowed_repositories.clone(),
+    };
+    let backend = Backend::new(store.clone(), repositories, settings.committer.clone())
+        .with_refs(settings.ref_policy().expect("ref policy"));
+    let primary = backend.locate(None, None).expect("the primary location");
+    let access = gitstate_core::auth::Access::new(
+        store.clone(),
+        primary,
+        settings.access.clone(),
+        Arc::new(gitstate_core::password::Argon2id),
+    )
+    .expect("access policy");
+    let router = gitstate_core::http::router(
+        Arc::new(backend),
+        Arc::new(access),
+        gitstate_core::http::Limits {
+            max_body_bytes: settings.max_body_bytes,
+            max_response_bytes: None,
+            request_deadline: settings.request_deadline,
+        },
+    );
+    (router, store)
+}
+
 impl TestBackend {
     /// A backend over `repository` on the test git server, with a fresh cache.
     pub async fn start(repository: &str, extra: &[(&str, &str)]) -> Self {
@@ -547,81 +587,6 @@ impl TestBackend {
             cache,
             _task: task,
         }
-    }
-}
-
-/// A small HTTP client for the backend, sending Basic credentials (the test admin's unless
-/// told otherwise).
-pub struct Client {
-    http: reqwest::Client,
-    base: String,
-    credentials: Option<(String, String)>,
-}
-
-/// Status and body of a response.
-#[derive(Debug)]
-pub struct Answer {
-    pub status: u16,
-    pub body: String,
-}
-
-impl Client {
-    pub fn new(base: &str) -> Self {
-        Self::with_credentials(base, Some((TEST_USER, TEST_PASSWORD)))
-    }
-
-    pub fn with_credentials(base: &str, credentials: Option<(&str, &str)>) -> Self {
-        Self {
-            http: reqwest::Client::new(),
-            base: base.trim_end_matches('/').to_owned(),
-            credentials: credentials.map(|(u, p)| (u.to_owned(), p.to_owned())),
-        }
-    }
-
-    /// Send with a raw `Authorization` header (or none), for tests of malformed ones.
-    pub async fn send_with_authorization(
-        &self,
-        method: &str,
-        path: &str,
-        authorization: Option<&[u8]>,
-    ) -> (u16, HeaderMap, String) {
-        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
-        let mut request = self.http.request(method, format!("{}{path}", self.base));
-        if let Some(value) = authorization {
-            request = request.header(
-                "authorization",
-                http::HeaderValue::from_bytes(value).expect("header value"),
-            );
-        }
-        let response = request.send().await.expect("backend answers");
-        let status = response.status().as_u16();
-        let headers = response.headers().clone();
-        (status, headers, response.text().await.unwrap_or_default())
-    }
-
-    pub async fn send(&self, method: &str, path: &str, body: Option<&str>) -> Answer {
-        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
-        let mut request = self.http.request(method, format!("{}{path}", self.base));
-        if let Some((user, password)) = &self.credentials {
-            request = request.basic_auth(user, Some(password));
-        }
-        if let Some(body) = body {
-            request = request
-                .header("content-type", "application/json")
-                .body(body.to_owned());
-        }
-        let response = request.send().await.expect("backend answers");
-        let status = response.status().as_u16();
-        Answer {
-            status,
-            body: response.text().await.unwrap_or_default(),
-        }
-    }
-
-    pub async fn lock(&self, name: &str, id: &str) -> Answer {
-        let body = lock_info(id);
-        self.send("POST", &format!("/locks/{name}"), Some(&body))
-            .await
     }
 }
 
@@ -889,8 +854,8 @@ pub fn stored_file(server: &GitServer, repo: &str, path: &str) -> Vec<u8> {
 }
 
 /// Every file of events/, in an order whose answers are known: replayed through the router
-/// (tests/lambda_events.rs) and through the Lambda binary under `cargo lambda watch`
-/// (tests/lambda_watch.rs). The first two are refused (401, 403) and change nothing.
+/// (tests/it/lambda_events.rs) and through the Lambda binary under `cargo lambda watch`
+/// (tests/it/lambda_watch.rs). The first two are refused (401, 403) and change nothing.
 pub const EVENT_SEQUENCE: [(&str, u16); 10] = [
     ("unauthorized.json", 401),
     ("forbidden.json", 403),
