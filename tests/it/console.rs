@@ -456,13 +456,6 @@ struct Browser<'a> {
     _profile: tempfile::TempDir,
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
 impl Driver {
     async fn start() -> Self {
         for tool in ["chromium", "chromedriver"] {
@@ -473,7 +466,7 @@ impl Driver {
                  `apt-get install -y chromium chromium-driver` (as root)"
             );
         }
-        let port = free_port();
+        let port = gitstate_tests::free_port();
         let child = tokio::process::Command::new("chromedriver")
             .arg(format!("--port={port}"))
             .arg("--allowed-ips=127.0.0.1")
@@ -842,11 +835,8 @@ async fn console_in_a_real_browser() {
         let page = evil_page.clone();
         async move { axum::response::Html(page) }
     });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let evil_port = listener.local_addr().expect("address").port();
-    tokio::spawn(async move { axum::serve(listener, evil).await });
+    let (evil_address, _evil) = gitstate_tests::serve_on_loopback(evil).await;
+    let evil_port = evil_address.port();
     // `localhost` is another site than `127.0.0.1` for the browser.
     admin.go(&format!("http://localhost:{evil_port}/")).await;
     admin.click("#go").await;

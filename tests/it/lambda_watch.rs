@@ -93,7 +93,7 @@ impl Watch {
             .expect("cargo runs");
         assert!(build.success(), "cargo build --bin {FUNCTION} failed");
 
-        let port = free_port();
+        let port = gitstate_tests::free_port();
         let log = tempfile::NamedTempFile::new().expect("log file");
         let mut command = cargo_command(&cargo_lambda());
         command
@@ -184,13 +184,6 @@ impl Drop for Watch {
             eprintln!("cargo lambda watch output:\n{}", self.output());
         }
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
-        .port()
 }
 
 fn body_text(response: &serde_json::Value) -> String {

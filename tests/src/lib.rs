@@ -474,8 +474,16 @@ pub fn git_output(args: &[&str], dir: Option<&Path>) -> std::process::Output {
     command.output().expect("git runs")
 }
 
+/// A port of 127.0.0.1 free at the time of asking, for a child process to listen on.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+        .port()
+}
+
 /// Serve `app` on a free port of 127.0.0.1 until the returned task is dropped with the test.
-async fn serve_on_loopback(app: axum::Router) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+pub async fn serve_on_loopback(app: axum::Router) -> (SocketAddr, tokio::task::JoinHandle<()>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -711,10 +719,7 @@ pub const AWS_REGION: &str = "us-east-1";
 
 impl Moto {
     pub async fn start() -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("free port")
-            .port();
+        let port = free_port();
         let child = std::process::Command::new(tool("moto_server"))
             .args(["-H", "127.0.0.1", "-p", &port.to_string()])
             .stdout(Stdio::null())

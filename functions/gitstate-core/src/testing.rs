@@ -178,7 +178,10 @@ impl StateStore for MemoryStore {
             if let Some(clash) = i.tree_clash(at, name) {
                 return Written::Refused(Refusal::Clash(clash));
             }
-            let meta = match plan(i.locks.get(&lock_key(at, name)), i.states.get(&k).map(|b| b.as_ref())) {
+            let meta = match plan(
+                i.locks.get(&lock_key(at, name)),
+                i.states.get(&k).map(|b| b.as_ref()),
+            ) {
                 Ok(meta) => meta,
                 Err(refusal) => return Written::Refused(refusal),
             };

@@ -39,11 +39,7 @@ fn start_serve(
     dir: &std::path::Path,
     env: &[(&str, &str)],
 ) -> (std::process::Child, String, String) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("free port")
-        .local_addr()
-        .expect("addr")
-        .port();
+    let port = gitstate_tests::free_port();
     let address = format!("127.0.0.1:{port}");
     let mut child = Command::new(crate::GITSTATE)
         .arg("serve")

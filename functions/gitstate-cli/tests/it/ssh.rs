@@ -2,7 +2,6 @@
 //! own host key and authorized key): `gitstate run` with terraform over `ssh://` and
 //! `user@host:path`, and many `gitstate serve` processes racing for one lock over SSH.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -47,10 +46,7 @@ impl Sshd {
         keygen(&d.join("host_key"));
         keygen(&d.join("client_key"));
         std::fs::copy(d.join("client_key.pub"), d.join("authorized_keys")).expect("authorized");
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("free port")
-            .port();
+        let port = gitstate_tests::free_port();
         let config = format!(
             "Port {port}\nListenAddress 127.0.0.1\nHostKey {d}/host_key\n\
              AuthorizedKeysFile {d}/authorized_keys\nStrictModes no\nPasswordAuthentication no\n\
