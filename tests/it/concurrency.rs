@@ -255,14 +255,10 @@ async fn embedded_repository_locks_and_writes_concurrently() {
             let client = Client::new(&backend.url);
             tokio::spawn(async move {
                 for serial in 1..=5u64 {
-                    let answer = client
-                        .send(
-                            "POST",
-                            &format!("/states/w{w}.tfstate"),
-                            Some(&state_json("local", serial)),
-                        )
-                        .await;
-                    assert_eq!(answer.status, 200, "{}", answer.body);
+                    client
+                        .write(&format!("w{w}.tfstate"), &state_json("local", serial))
+                        .await
+                        .expect(200);
                 }
             })
         })

@@ -93,10 +93,7 @@ async fn fixture() -> Fixture {
     let backend = TestBackend::start(&url, &[("GITSTATE_ACCESS", &access)]).await;
     let admin = Client::new(&backend.url);
     for body in prod_versions() {
-        let answer = admin
-            .send("POST", &format!("/states/{PROD}"), Some(&body))
-            .await;
-        assert_eq!(answer.status, 200, "{}", answer.body);
+        admin.write(PROD, &body).await.expect(200);
     }
     for (name, serial) in [("net/dev.tfstate", 4), ("app/web.tfstate", 9)] {
         let body = state(serial, &[("null_resource", "x", None, "1")], &[]);
@@ -220,26 +217,17 @@ async fn state_list_is_filtered_by_grant_and_read_from_the_index() {
     );
 
     // A delete removes the entry in the same commit.
-    assert_eq!(
-        f.admin
-            .send("DELETE", "/states/net/dev.tfstate", None)
-            .await
-            .status,
-        200
-    );
+    f.admin
+        .delete_state("net/dev.tfstate", None)
+        .await
+        .expect(200);
     let index: Value =
         serde_json::from_slice(&stored_file(&f.server, "state", ".gitstate/index.json"))
             .expect("JSON");
     assert!(index["states"].get("net/dev.tfstate").is_none());
     assert!(!names(&list(READER).await).contains(&"net/dev.tfstate"));
     // The index is not a state: not addressable, not listed.
-    assert_eq!(
-        f.admin
-            .send("GET", "/states/.gitstate/index.json", None)
-            .await
-            .status,
-        400
-    );
+    f.admin.get_state(".gitstate/index.json").await.expect(400);
 }
 
 /// The console's forms refuse cross-site posts, posts without the token or confirmation, and
@@ -408,13 +396,7 @@ async fn console_actions_are_refused_unless_same_origin_admin_token_and_confirme
     // The same form, same origin, admin, token, confirmed: released.
     let (got, _) = post(admin, &unlock, same(), form(&token)).await;
     assert_eq!(got, 303);
-    assert_eq!(
-        f.admin
-            .send("GET", &format!("/locks/{PROD}"), None)
-            .await
-            .status,
-        404
-    );
+    f.admin.get_lock(PROD).await.expect(404);
 }
 
 /// The form token the console derives for `user` (as the server does: HMAC of the user name
@@ -858,25 +840,13 @@ async fn console_in_a_real_browser() {
     admin.click("#force-unlock").await;
     // The confirmation box is required: the browser does not submit without it.
     assert!(admin.url().await.ends_with(&format!("/ui/states/{PROD}")));
-    assert_eq!(
-        f.admin
-            .send("GET", &format!("/locks/{PROD}"), None)
-            .await
-            .status,
-        200
-    );
+    f.admin.get_lock(PROD).await.expect(200);
     admin.click("#confirm-unlock").await;
     admin.click("#force-unlock").await;
     admin.wait_url("?done=unlocked").await;
     assert_eq!(admin.text(".notice").await, "The lock was released.");
     assert_eq!(admin.text("#lock-heading + p").await, "Not locked.");
-    assert_eq!(
-        f.admin
-            .send("GET", &format!("/locks/{PROD}"), None)
-            .await
-            .status,
-        404
-    );
+    f.admin.get_lock(PROD).await.expect(404);
 
     // --- Restore serial 1 through its form.
     admin
@@ -1120,11 +1090,5 @@ async fn console_through_function_url_events() {
         location.as_deref(),
         Some(format!("/ui/states/{PROD}?done=unlocked").as_str())
     );
-    assert_eq!(
-        f.admin
-            .send("GET", &format!("/locks/{PROD}"), None)
-            .await
-            .status,
-        404
-    );
+    f.admin.get_lock(PROD).await.expect(404);
 }

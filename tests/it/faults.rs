@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use gitstate_tests::faults::{Fault, FaultProxy};
 use gitstate_tests::{
     Answer, Client, GIT_TOKEN, GitServer, TEST_PASSWORD, TestBackend, capture_logs, captured_logs,
-    git, lock_info, state_json,
+    git, lock_info, serial_of, state_json,
 };
 
 /// Git request timeout of the backend under test; stalls last longer.
@@ -34,16 +34,17 @@ async fn with_retries(
     panic!("{method} {path}: still 5xx after 30 tries");
 }
 
-fn serial_of(body: &str) -> u64 {
-    let value: serde_json::Value = serde_json::from_str(body).expect("state parses");
-    value["serial"].as_u64().expect("serial")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn git_server_faults_give_5xx_or_success_never_half_writes_or_stuck_locks() {
     capture_logs();
     let server = GitServer::start().await;
     server.create_repo("faulty");
+    // receive-pack's automatic gc runs inside the push that triggers it, not detached: a
+    // background repack could remove a pack while the fsck below reads it.
+    git(
+        &["config", "gc.autoDetach", "false"],
+        Some(&server.repo_dir("faulty")),
+    );
     let stall = Duration::from_secs(TIMEOUT_SECS) + Duration::from_millis(500);
     let proxy = FaultProxy::start(
         server.address,
@@ -208,6 +209,10 @@ async fn git_server_faults_give_5xx_or_success_never_half_writes_or_stuck_locks(
 async fn terraform_applies_through_git_server_faults() {
     let server = GitServer::start().await;
     server.create_repo("tf-faulty");
+    git(
+        &["config", "gc.autoDetach", "false"],
+        Some(&server.repo_dir("tf-faulty")),
+    );
     let proxy = FaultProxy::start(
         server.address,
         23,
@@ -288,8 +293,7 @@ output "round" {{
     let injected = proxy.injected().len();
     proxy.set_enabled(false);
     let client = Client::new(&backend.url);
-    let got = client.send("GET", &format!("/states/{name}"), None).await;
-    assert_eq!(got.status, 200, "{}", got.body);
+    let got = client.get_state(name).await.expect(200);
     let state: serde_json::Value = serde_json::from_str(&got.body).expect("state parses");
     assert_eq!(state["outputs"]["round"]["value"], APPLIES, "{}", got.body);
     let refs = git(

@@ -604,8 +604,7 @@ async fn hostile_corpus_is_refused_with_reasons_and_leaves_refs_untouched() {
     );
     let got = client.send("GET", &format!("/states/{NAME}"), None).await;
     assert_eq!((got.status, got.body.as_str()), (200, stored.as_str()));
-    let lock = client.send("GET", &format!("/locks/{NAME}"), None).await;
-    assert_eq!(lock.status, 200);
+    let lock = client.get_lock(NAME).await.expect(200);
     assert!(lock.body.contains(HOLDER), "{}", lock.body);
     // AND no secret reached the logs (trace level, every crate).
     let logs = captured_logs();
@@ -1215,9 +1214,9 @@ async fn a_state_in_the_way_committed_during_a_write_is_409() {
          git update-ref refs/heads/main \"$commit\" \"$tip\"",
     );
     let answer = admin
-        .send("POST", "/states/w/x.tfstate", Some(&state_json("x", 1)))
-        .await;
-    assert_eq!(answer.status, 409, "{}", answer.body);
+        .write("w/x.tfstate", &state_json("x", 1))
+        .await
+        .expect(409);
     assert!(answer.body.contains("\"w\""), "{}", answer.body);
     assert!(dir.join("raced").exists(), "the hook ran");
     let tree = git(&["ls-tree", "-r", "--name-only", "main"], Some(&dir));

@@ -298,13 +298,7 @@ async fn full_flow(cli: Cli, label: &str, mode: PushMode) {
     assert!(!blocked.status.success());
     cli.ok(&dir, &["force-unlock", "-force", "crashed-run-0001"])
         .await;
-    assert_eq!(
-        client
-            .send("GET", &format!("/locks/{NAME}"), None)
-            .await
-            .status,
-        404
-    );
+    client.get_lock(NAME).await.expect(404);
 
     // destroy writes a state without resources.
     cli.ok(
@@ -569,10 +563,7 @@ async fn terraform_plans_the_drift_after_a_restore() {
         .as_u64()
         .expect("serial");
 
-    let restored = client
-        .send("POST", &format!("/history/{NAME}?restore=1"), None)
-        .await;
-    assert_eq!(restored.status, 200, "{}", restored.body);
+    client.restore(NAME, "1").await.expect(200);
     let state = stored_state(&server, NAME);
     assert_eq!(state["serial"].as_u64(), Some(second + 1));
     assert!(state.to_string().contains("alpha-0"), "round 0 is back");

@@ -211,6 +211,17 @@ impl Client {
         self.send("GET", &format!("/locks/{name}"), None).await
     }
 
+    /// `POST /history/<name>?restore=<at>` (a serial or a commit).
+    pub async fn restore(&self, name: &str, at: &str) -> Answer {
+        self.send("POST", &format!("/history/{name}?restore={at}"), None)
+            .await
+    }
+
+    /// `GET /locks`: every lock the caller may see.
+    pub async fn list_locks(&self) -> Answer {
+        self.send("GET", "/locks", None).await
+    }
+
     /// `GET /history/<name>` with `query` (`""`, `per_page=5`, `at=<commit>`, …).
     pub async fn history(&self, name: &str, query: &str) -> Answer {
         let query = if query.is_empty() {

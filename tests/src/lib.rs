@@ -605,6 +605,16 @@ pub fn lock_info(id: &str) -> String {
     )
 }
 
+/// The serial of a Terraform state's text (the test fails when it has none).
+#[track_caller]
+pub fn serial_of(state: &str) -> u64 {
+    let value: serde_json::Value =
+        serde_json::from_str(state).unwrap_or_else(|e| panic!("not a state ({e}): {state}"));
+    value["serial"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("a state without a serial: {state}"))
+}
+
 /// A minimal Terraform state with `lineage` and `serial`.
 pub fn state_json(lineage: &str, serial: u64) -> String {
     format!(

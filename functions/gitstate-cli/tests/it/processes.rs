@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use gitstate_tests::process::{ServeProcess, serve_env};
 use gitstate_tests::{
-    Client, GIT_TOKEN, GitServer, PushMode, TEST_PASSWORD, git, lock_info, state_json,
+    Client, GIT_TOKEN, GitServer, PushMode, TEST_PASSWORD, git, lock_info, serial_of, state_json,
 };
 use rand::{Rng, SeedableRng};
 
@@ -44,11 +44,6 @@ fn assert_no_secret_in_logs(servers: &[ServeProcess]) {
     }
 }
 
-fn serial_of(body: &str) -> u64 {
-    let value: serde_json::Value = serde_json::from_str(body).expect("state parses");
-    value["serial"].as_u64().expect("state has a serial")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixty_four_processes_race_for_one_lock_twenty_rounds() {
     processes_race_for_one_lock(PushMode::Atomic, 20).await;
@@ -74,8 +69,7 @@ async fn processes_race_for_one_lock(mode: PushMode, rounds: usize) {
     let name = "shared/race.tfstate";
     // Warm every process (connection, argon2, cache) so the race is about the lock alone.
     for client in &clients {
-        let warm = client.send("GET", &format!("/locks/{name}"), None).await;
-        assert_eq!(warm.status, 404, "{}", warm.body);
+        client.get_lock(name).await.expect(404);
     }
     let mut violations = Vec::new();
     for round in 0..rounds {
@@ -340,12 +334,7 @@ async fn kill_dash_nine_at_random_points_leaves_a_sound_repository() {
     let survivor = Client::new(&procs[3].url);
     for p in &procs {
         let warm = Client::new(&p.url);
-        assert_eq!(
-            warm.send("GET", "/locks/warm-up.tfstate", None)
-                .await
-                .status,
-            404
-        );
+        warm.get_lock("warm-up.tfstate").await.expect(404);
     }
     let names = ["a.tfstate", "env/b.tfstate", "env/deep/c.tfstate"];
     let mut serials = [0u64; 3];
@@ -443,12 +432,7 @@ async fn kill_dash_nine_at_random_points_leaves_a_sound_repository() {
         procs[victim].restart().await;
         // Pay argon2 now, so the next kill lands in the git work, not in authentication.
         let warm = Client::new(&procs[victim].url);
-        assert_eq!(
-            warm.send("GET", "/locks/warm-up.tfstate", None)
-                .await
-                .status,
-            404
-        );
+        warm.get_lock("warm-up.tfstate").await.expect(404);
     }
     eprintln!(
         "crashes (seed {seed}): {trials} trials, {killed_midway} killed mid-request, {completed} \
