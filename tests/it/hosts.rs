@@ -12,19 +12,7 @@ const NAME: &str = "net/prod.tfstate";
 
 /// Lock, write under the lock, read back, unlock: what an apply does.
 async fn apply_cycle(client: &Client, id: &str, serial: u64) {
-    let lock = client.lock(NAME, id).await;
-    assert_eq!(lock.status, 200, "lock: {}", lock.body);
-    let body = state_json("hosts", serial);
-    let write = client
-        .send("POST", &format!("/states/{NAME}?ID={id}"), Some(&body))
-        .await;
-    assert_eq!(write.status, 200, "write: {}", write.body);
-    let read = client.send("GET", &format!("/states/{NAME}"), None).await;
-    assert_eq!((read.status, read.body), (200, body));
-    let unlock = client
-        .send("DELETE", &format!("/locks/{NAME}"), Some(&lock_info(id)))
-        .await;
-    assert_eq!(unlock.status, 200, "unlock: {}", unlock.body);
+    client.apply(NAME, id, &state_json("hosts", serial)).await;
 }
 
 /// The advertisement the test server gives in each mode: what the backend decides from.

@@ -201,14 +201,25 @@ impl Client {
             .await
     }
 
-    /// `DELETE /locks/<name>` with no body: a force-unlock.
+    /// `DELETE /locks/<name>` with an empty body: Terraform's force-unlock.
     pub async fn force_unlock(&self, name: &str) -> Answer {
-        self.send("DELETE", &format!("/locks/{name}"), None).await
+        self.send("DELETE", &format!("/locks/{name}"), Some(""))
+            .await
     }
 
     /// `GET /locks/<name>`.
     pub async fn get_lock(&self, name: &str) -> Answer {
         self.send("GET", &format!("/locks/{name}"), None).await
+    }
+
+    /// What one `terraform apply` does: lock with `id`, write `state` under the lock, read it
+    /// back byte for byte, unlock; each step must succeed.
+    pub async fn apply(&self, name: &str, id: &str, state: &str) {
+        self.lock(name, id).await.expect(200);
+        self.write_locked(name, id, state).await.expect(200);
+        let read = self.get_state(name).await.expect(200);
+        assert_eq!(read.body, state, "{name} reads back what was written");
+        self.unlock(name, id).await.expect(200);
     }
 
     /// `POST /history/<name>?restore=<at>` (a serial or a commit).
