@@ -111,7 +111,7 @@ async fn fixture() -> Fixture {
         "net/foreign.tfstate",
         state(7, &[("null_resource", "f", None, "1")], &[]).as_bytes(),
     );
-    assert_eq!(admin.lock(PROD, "lock-1").await.status, 200);
+    admin.lock(PROD, "lock-1").await.expect(200);
     Fixture {
         server,
         backend,
@@ -131,10 +131,10 @@ fn names(list: &Value) -> Vec<&str> {
 async fn state_list_is_filtered_by_grant_and_read_from_the_index() {
     let f = fixture().await;
     // A lock on a state not written yet is listed too.
-    assert_eq!(
-        f.admin.lock("net/new.tfstate", "lock-new").await.status,
-        200
-    );
+    f.admin
+        .lock("net/new.tfstate", "lock-new")
+        .await
+        .expect(200);
 
     let index: Value =
         serde_json::from_slice(&stored_file(&f.server, "state", ".gitstate/index.json"))
@@ -954,8 +954,8 @@ async fn a_cold_list_takes_at_most_three_git_requests() {
     assert_eq!(labels, ["GET refs/upload-pack", "POST upload-pack"]);
 
     // Locks held: one more fetch brings every lock commit at once.
-    assert_eq!(admin.lock("team-0/s0.tfstate", "l-0").await.status, 200);
-    assert_eq!(admin.lock("team-1/s1.tfstate", "l-1").await.status, 200);
+    admin.lock("team-0/s0.tfstate", "l-0").await.expect(200);
+    admin.lock("team-1/s1.tfstate", "l-1").await.expect(200);
     let (warm, labels, list) = cold_list(&server, &url, &in_repository).await;
     assert_eq!(
         labels,

@@ -387,10 +387,10 @@ async fn migration_enforcement_rotation_and_rekey() {
             .contains(SECRET)
     );
     // a locked state is not rekeyed under Terraform's feet
-    assert_eq!(
-        rotated_client.lock("net/b.tfstate", "tf-run").await.status,
-        200
-    );
+    rotated_client
+        .lock("net/b.tfstate", "tf-run")
+        .await
+        .expect(200);
     assert!(backend.rekey(&caller, &at, &names[1]).await.is_err());
 }
 

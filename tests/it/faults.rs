@@ -171,15 +171,8 @@ async fn git_server_faults_give_5xx_or_success_never_half_writes_or_stuck_locks(
     let client = Client::new(&backends[0].url);
     for s in 0..STATES {
         let name = format!("svc-{s}/app.tfstate");
-        assert_eq!(client.lock(&name, "clean").await.status, 200);
-        let unlock = client
-            .send(
-                "DELETE",
-                &format!("/locks/{name}"),
-                Some(&lock_info("clean")),
-            )
-            .await;
-        assert_eq!(unlock.status, 200);
+        client.lock(&name, "clean").await.expect(200);
+        client.unlock(&name, "clean").await.expect(200);
     }
     let logs = captured_logs();
     assert!(logs.contains("DEBUG"), "logs were captured");
@@ -338,8 +331,7 @@ async fn a_hung_git_server_gets_a_504_at_the_request_deadline_and_leaves_nothing
     let client = Client::new(&backend.url);
     let name = "hung/app.tfstate";
     let state = state_json("lineage-hung", 1);
-    let lock = client.lock(name, "hung-1").await;
-    assert_eq!(lock.status, 504, "{}", lock.body);
+    let lock = client.lock(name, "hung-1").await.expect(504);
     assert!(
         lock.body
             .contains("did not answer within 2 s; retrying is safe"),
@@ -364,19 +356,12 @@ async fn a_hung_git_server_gets_a_504_at_the_request_deadline_and_leaves_nothing
 
     // The server answers again: Terraform's retries of the same requests succeed.
     proxy.set_enabled(false);
-    assert_eq!(client.lock(name, "hung-1").await.status, 200);
-    let write = client
-        .send("POST", &format!("/states/{name}?ID=hung-1"), Some(&state))
-        .await;
-    assert_eq!(write.status, 200, "{}", write.body);
-    let unlock = client
-        .send(
-            "DELETE",
-            &format!("/locks/{name}"),
-            Some(&lock_info("hung-1")),
-        )
-        .await;
-    assert_eq!(unlock.status, 200, "{}", unlock.body);
+    client.lock(name, "hung-1").await.expect(200);
+    client
+        .write_locked(name, "hung-1", &state)
+        .await
+        .expect(200);
+    client.unlock(name, "hung-1").await.expect(200);
     let refs = git(&["ls-remote", &server.url_with_credentials("hung")], None);
     assert!(!refs.contains("refs/heads/locks/"), "no lock left: {refs}");
 }

@@ -133,9 +133,8 @@ async fn lock_and_write_rules_over_git() {
     let c = Client::new(&backend.url);
     let path = format!("/states/{NAME}");
 
-    assert_eq!(c.lock(NAME, "A").await.status, 200);
-    let conflict = c.lock(NAME, "B").await;
-    assert_eq!(conflict.status, 423);
+    c.lock(NAME, "A").await.expect(200);
+    let conflict = c.lock(NAME, "B").await.expect(423);
     assert!(
         conflict.body.contains(r#""ID":"A""#),
         "holder's LockInfo: {}",
@@ -266,7 +265,7 @@ async fn interoperates_with_the_seed_tools_lock_branches() {
         &["push", "-q", "origin", "--delete", &format!("locks/{file}")],
         Some(&clone),
     );
-    assert_eq!(c.lock(file, "gitstate-2").await.status, 200);
+    c.lock(file, "gitstate-2").await.expect(200);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -291,7 +291,7 @@ async fn full_flow(cli: Cli, label: &str, mode: PushMode) {
     );
 
     // force-unlock of a lock left by a crashed run.
-    assert_eq!(client.lock(NAME, "crashed-run-0001").await.status, 200);
+    client.lock(NAME, "crashed-run-0001").await.expect(200);
     let blocked = cli
         .run(&dir, &["plan", "-no-color", "-var", "round=2"])
         .await;
@@ -490,7 +490,7 @@ async fn terraform_respects_each_users_grants() {
 
     // Another writer holds the lock: the writer cannot force-unlock it, the admin can.
     let other = Client::with_credentials(&backend.url, Some((users[2].0, users[2].1)));
-    assert_eq!(other.lock(NAME, "held-by-other").await.status, 200);
+    other.lock(NAME, "held-by-other").await.expect(200);
     let refused = writer
         .run(
             dir,

@@ -177,8 +177,7 @@ async fn processes_lose_no_update(mode: PushMode, cycles: usize) {
                     // Each cycle goes through another process, so every cache is stale sometimes.
                     let client = &clients[(s + cycle as usize) % N];
                     let id = format!("s{s}-c{cycle}");
-                    let lock = client.lock(&name, &id).await;
-                    assert_eq!(lock.status, 200, "{name} {id}: {}", lock.body);
+                    client.lock(&name, &id).await.expect(200);
                     let got = client.send("GET", &format!("/states/{name}"), None).await;
                     if cycle == 1 {
                         assert_eq!(got.status, 404, "{name}: {}", got.body);
@@ -350,8 +349,7 @@ async fn kill_dash_nine_at_random_points_leaves_a_sound_repository() {
         let id = format!("trial-{trial}");
         // GIVEN the lock held (for a write or an unlock), through the survivor.
         if !matches!(op, Op::Lock) {
-            let lock = survivor.lock(name, &id).await;
-            assert_eq!(lock.status, 200, "trial {trial}: {}", lock.body);
+            survivor.lock(name, &id).await.expect(200);
         }
         let request = {
             let base = procs[victim].url.clone();
@@ -446,11 +444,8 @@ async fn kill_dash_nine_at_random_points_leaves_a_sound_repository() {
             let got = client.send("GET", &format!("/states/{name}"), None).await;
             assert!(matches!(got.status, 200 | 404), "{}", got.body);
         }
-        assert_eq!(client.lock("after.tfstate", "after").await.status, 200);
-        let unlock = client
-            .send("DELETE", "/locks/after.tfstate", Some(&lock_info("after")))
-            .await;
-        assert_eq!(unlock.status, 200);
+        client.lock("after.tfstate", "after").await.expect(200);
+        client.unlock("after.tfstate", "after").await.expect(200);
     }
     assert_no_secret_in_logs(&procs);
 }
@@ -553,7 +548,7 @@ async fn a_corrupted_cache_is_detected_and_rebuilt_on_the_next_request() {
         // written by another process since.
         let serial = round as u64 * 2 + 1;
         let id = format!("corrupt-{round}");
-        assert_eq!(writer.lock(name, &id).await.status, 200);
+        writer.lock(name, &id).await.expect(200);
         let first = state_json("lin", serial);
         let put = format!("/states/{name}?ID={id}");
         assert_eq!(writer.send("POST", &put, Some(&first)).await.status, 200);
@@ -567,10 +562,7 @@ async fn a_corrupted_cache_is_detected_and_rebuilt_on_the_next_request() {
         );
         let second = state_json("lin", serial + 1);
         assert_eq!(writer.send("POST", &put, Some(&second)).await.status, 200);
-        let unlock = writer
-            .send("DELETE", &format!("/locks/{name}"), Some(&lock_info(&id)))
-            .await;
-        assert_eq!(unlock.status, 200);
+        writer.unlock(name, &id).await.expect(200);
         // WHEN its cache is damaged while it is down.
         procs[0].kill9().await;
         let touched = damage(&procs[0].cache, how);
