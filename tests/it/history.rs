@@ -327,19 +327,7 @@ fn push_long_history(server: &GitServer, repo: &str, count: u64) -> Vec<String> 
         )
         .expect("write");
     }
-    let mut child = std::process::Command::new("git")
-        .args(["fast-import", "--quiet", "--export-marks=marks"])
-        .current_dir(&dir)
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .expect("git fast-import");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(&stream)
-        .expect("stream");
-    assert!(child.wait().expect("fast-import").success());
+    gitstate_tests::fast_import(&dir, &stream, &["--export-marks=marks"]);
     git(
         &["push", "-q", &server.url_with_credentials(repo), "main"],
         Some(&dir),
@@ -594,19 +582,7 @@ async fn lists_keep_the_last_changes_found_within_the_depth() {
         .expect("write");
         last.insert(path, serial);
     }
-    let mut child = std::process::Command::new("git")
-        .args(["fast-import", "--quiet"])
-        .current_dir(&dir)
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .expect("git fast-import");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(&stream)
-        .expect("stream");
-    assert!(child.wait().expect("fast-import").success());
+    gitstate_tests::fast_import(&dir, &stream, &[]);
     git(
         &["push", "-q", &server.url_with_credentials("deep"), "main"],
         Some(&dir),

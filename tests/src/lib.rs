@@ -457,6 +457,22 @@ pub fn git(args: &[&str], dir: Option<&Path>) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
+/// Feed `stream` to `git fast-import --quiet` (plus `args`) in the repository `dir`: many commits
+/// at once, fast.
+pub fn fast_import(dir: &Path, stream: &[u8], args: &[&str]) {
+    let mut child = std::process::Command::new("git")
+        .args(["fast-import", "--quiet"])
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("git fast-import");
+    // The pipe closes when this statement ends, and fast-import with it.
+    std::io::Write::write_all(&mut child.stdin.take().expect("stdin"), stream)
+        .expect("feed git fast-import");
+    assert!(child.wait().expect("fast-import").success());
+}
+
 /// Run the git CLI and return its whole output, succeed or fail.
 pub fn git_output(args: &[&str], dir: Option<&Path>) -> std::process::Output {
     let mut command = std::process::Command::new("git");
