@@ -112,6 +112,23 @@ impl Pair {
     }
 }
 
+impl Pair {
+    /// `GET /states` (the list of states, JSON) at `base` by `user`.
+    async fn list(&self, base: &str, user: &crate::model::User) -> Reply {
+        let response = self
+            .http
+            .get(format!("{base}/states"))
+            .header("accept", "application/json")
+            .basic_auth(&user.name, Some(&user.password))
+            .send()
+            .await
+            .expect("the backend answers");
+        let status = response.status().as_u16();
+        let body = response.bytes().await.unwrap_or_default().to_vec();
+        comparable(&Op::ListLocks, (status, body, None))
+    }
+}
+
 fn differ(what: &str, git: &Reply, memory: &Reply) -> String {
     format!(
         "{what}\n    git store:    {} {:?} lock user {:?}\n    memory store: {} {:?} lock user {:?}",
@@ -179,6 +196,40 @@ async fn read_back(cfg: &Config, pair: &Pair) -> Result<(), String> {
                     ));
                 }
             }
+        }
+    }
+    // The listings, as each user may see them.
+    for index in 0..cfg.users.len() {
+        let step = Step {
+            backend: 0,
+            user: index,
+            name: "a",
+            reference: None,
+            op: Op::ListLocks,
+            with: None,
+        };
+        let (git, memory) = pair.both(cfg, &step).await;
+        if git != memory {
+            return Err(differ(
+                &format!("after the sequence: {step}"),
+                &git,
+                &memory,
+            ));
+        }
+        let user = &cfg.users[index];
+        let (git, memory) = (
+            pair.list(&pair.git.url, user).await,
+            pair.list(&pair.memory.url, user).await,
+        );
+        if index == 0 && !(git.0 == 200 && git.1.contains("\"state\"")) {
+            return Err(format!("the administrator's list is empty: {git:?}"));
+        }
+        if git != memory {
+            return Err(differ(
+                &format!("after the sequence: GET /states by {}", user.name),
+                &git,
+                &memory,
+            ));
         }
     }
     Ok(())

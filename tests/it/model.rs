@@ -108,8 +108,8 @@ enum Role {
 
 #[derive(Debug, Clone)]
 pub(crate) struct User {
-    name: String,
-    password: String,
+    pub(crate) name: String,
+    pub(crate) password: String,
     /// (role, prefix); the prefix `*` is every state.
     grants: Vec<(Role, &'static str)>,
 }
