@@ -5,7 +5,8 @@
 //! each request goes, one at a time, to two routers built from the same settings: one over the
 //! git store and the machine's `git http-backend` on loopback, one over the memory store. Every
 //! answer must match (status, body, `Gitstate-Lock-User`; commit IDs and clock times aside), and
-//! after the sequence every state, lock and history on every branch reads the same from both.
+//! after the sequence every state, lock and history on every branch, and the lists of states and
+//! locks each user sees, read the same from both.
 //!
 //! `GITSTATE_CONTRACT_SEEDS=<from>..<to>` and `GITSTATE_CONTRACT_STEPS=<n>` run more.
 
