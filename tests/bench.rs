@@ -446,19 +446,7 @@ fn big_repo(server: &GitServer, name: &str, states: usize, commits: usize) {
         )
         .expect("write");
     }
-    let mut child = std::process::Command::new("git")
-        .args(["fast-import", "--quiet"])
-        .current_dir(&dir)
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .expect("fast-import");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(&stream)
-        .expect("feed fast-import");
-    assert!(child.wait().expect("fast-import").success());
+    gitstate_tests::fast_import(&dir, &stream, &[]);
     git(&["repack", "-adq"], Some(&dir));
 }
 

@@ -1,5 +1,5 @@
 //! The properties each fuzz target checks, as plain functions: `cargo fuzz` drives them with
-//! libFuzzer, and `tests/fuzz_corpus.rs` replays the committed corpora through them in every
+//! libFuzzer, and `tests/it/fuzz_corpus.rs` replays the committed corpora through them in every
 //! `cargo test`.
 //!
 //! Beyond "never panics", each checks what the parser promises.
@@ -169,6 +169,7 @@ pub fn sops_file(data: &[u8]) {
             "a document decrypted under a key it was not sealed under"
         );
     }
+    sealed_value_opens_only_under_its_key(data);
     if let Ok(text) = std::str::from_utf8(data)
         && let Some(Ok(sealed)) = gitstate_sops::Sealed::parse(text)
     {
@@ -182,6 +183,46 @@ pub fn sops_file(data: &[u8]) {
         gitstate_sops::open_passphrase("fuzz", data).is_err() || data.len() >= 12 + 16,
         "an input shorter than nonce and tag never opens"
     );
+}
+
+/// `data` sealed as a sops value (the cipher every document value and MAC goes through) opens
+/// under its key with its path to exactly `data`, and under another key, with another path, or
+/// with any one byte of the rendered value changed it does not: so the document check above holds
+/// on every input, not only on those that happen to parse.
+fn sealed_value_opens_only_under_its_key(data: &[u8]) {
+    use gitstate_sops::cipher;
+    if data.is_empty() {
+        return; // sops keeps empty values unencrypted
+    }
+    let key = gitstate_sops::DataKey::new([7u8; 32]);
+    let mut other = [7u8; 32];
+    other[usize::from(data[0]) % 32] ^= 1 << (data.len() % 8);
+    let other = gitstate_sops::DataKey::new(other);
+    let sealed = cipher::encrypt(&key, data, b"data:", "str").expect("sealing never fails");
+    let opened = cipher::decrypt(&key, &sealed, b"data:").expect("opens under its own key");
+    assert_eq!(opened.as_slice(), data, "opens to what was sealed");
+    assert!(
+        cipher::decrypt(&other, &sealed, b"data:").is_err(),
+        "a value decrypted under a key it was not sealed under"
+    );
+    assert!(
+        cipher::decrypt(&key, &sealed, b"other:").is_err(),
+        "a value decrypted under another path"
+    );
+    // One byte of the rendered form changed (chosen by the input) within the data, IV or tag.
+    let rendered = sealed.render();
+    let at = "ENC[AES256_GCM,data:".len() + usize::from(data[data.len() - 1]) % 40;
+    let mut changed = rendered.clone().into_bytes();
+    changed[at] = if changed[at] == b'A' { b'B' } else { b'A' };
+    if let Ok(changed) = String::from_utf8(changed)
+        && let Some(Ok(forged)) = gitstate_sops::Sealed::parse(&changed)
+        && forged != sealed
+    {
+        assert!(
+            cipher::decrypt(&key, &forged, b"data:").is_err(),
+            "a changed value still decrypted: {rendered} -> {changed}"
+        );
+    }
 }
 
 /// KMS key names: an accepted ARN prints back to exactly the input (nothing is normalised, so

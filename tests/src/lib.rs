@@ -16,9 +16,12 @@ use http::{HeaderMap, Method, StatusCode, Uri};
 use http_body_util::BodyExt;
 use tokio::io::AsyncWriteExt;
 
+mod client;
 pub mod faults;
 pub mod hosts;
 pub mod process;
+
+pub use client::{Answer, Client, History, Lock, TfState, Version};
 
 pub const GIT_USER: &str = "git-bot";
 pub const GIT_TOKEN: &str = "s3cret-git-token";
@@ -58,24 +61,48 @@ pub fn access_file(users: &[(&str, &str, &[&str])]) -> String {
 /// Log output for tests, enabled with `TEST_LOG=1`.
 pub fn init_tracing() {
     if std::env::var_os("TEST_LOG").is_some() {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new(
-                "debug,hyper=info,reqwest=info,h2=info",
-            ))
-            .with_test_writer()
-            .try_init();
+        install_subscriber();
     }
 }
 
 /// Every log line of this test process, at trace level for every crate (hyper, reqwest and gix
-/// included), kept in memory so a test can assert that no secret was ever logged.
+/// included), kept in memory so a test can assert that no secret was ever logged. All the tests
+/// share one process (one test binary), so the capture holds the lines of every test running
+/// alongside too: a "no secret" check covers them all.
 pub fn capture_logs() {
+    CAPTURING.store(true, std::sync::atomic::Ordering::Relaxed);
+    install_subscriber();
+}
+
+/// Whether [`capture_logs`] was called: from then on every event is kept.
+static CAPTURING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The one subscriber of the process, whichever of [`init_tracing`] and [`capture_logs`] comes
+/// first: the in-memory capture (off until [`capture_logs`]) and, with `TEST_LOG`, the test
+/// output at debug level. Two subscribers cannot both be global; one with two layers can.
+fn install_subscriber() {
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
     static INSTALLED: OnceLock<()> = OnceLock::new();
     INSTALLED.get_or_init(|| {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new("trace"))
+        let capture = tracing_subscriber::fmt::layer()
             .with_writer(|| CapturedWriter)
             .with_ansi(false)
+            // Asked at every event (not cached per call site): the capture may start later.
+            .with_filter(tracing_subscriber::filter::dynamic_filter_fn(|_, _| {
+                CAPTURING.load(std::sync::atomic::Ordering::Relaxed)
+            }));
+        let test_log = std::env::var_os("TEST_LOG").is_some().then(|| {
+            tracing_subscriber::fmt::layer()
+                .with_test_writer()
+                .with_filter(tracing_subscriber::EnvFilter::new(
+                    "debug,hyper=info,reqwest=info,h2=info",
+                ))
+        });
+        let _ = tracing_subscriber::registry()
+            .with(capture)
+            .with(test_log)
             .try_init();
     });
 }
@@ -430,6 +457,22 @@ pub fn git(args: &[&str], dir: Option<&Path>) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
+/// Feed `stream` to `git fast-import --quiet` (plus `args`) in the repository `dir`: many commits
+/// at once, fast.
+pub fn fast_import(dir: &Path, stream: &[u8], args: &[&str]) {
+    let mut child = std::process::Command::new("git")
+        .args(["fast-import", "--quiet"])
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("git fast-import");
+    // The pipe closes when this statement ends, and fast-import with it.
+    std::io::Write::write_all(&mut child.stdin.take().expect("stdin"), stream)
+        .expect("feed git fast-import");
+    assert!(child.wait().expect("fast-import").success());
+}
+
 /// Run the git CLI and return its whole output, succeed or fail.
 pub fn git_output(args: &[&str], dir: Option<&Path>) -> std::process::Output {
     let mut command = std::process::Command::new("git");
@@ -447,8 +490,16 @@ pub fn git_output(args: &[&str], dir: Option<&Path>) -> std::process::Output {
     command.output().expect("git runs")
 }
 
+/// A port of 127.0.0.1 free at the time of asking, for a child process to listen on.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+        .port()
+}
+
 /// Serve `app` on a free port of 127.0.0.1 until the returned task is dropped with the test.
-async fn serve_on_loopback(app: axum::Router) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+pub async fn serve_on_loopback(app: axum::Router) -> (SocketAddr, tokio::task::JoinHandle<()>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -508,6 +559,43 @@ pub fn app(settings: &gitstate_core::config::Settings) -> axum::Router {
     )
 }
 
+/// The router for `settings` as [`app`] builds it, over the in-memory store of the core's router
+/// tests instead of a git store (the contract test runs both side by side), and that store.
+pub fn memory_app(
+    settings: &gitstate_core::config::Settings,
+) -> (axum::Router, Arc<gitstate_core::testing::MemoryStore>) {
+    use gitstate_core::service::{Backend, Repositories};
+    let store = Arc::new(gitstate_core::testing::MemoryStore::default());
+    let repositories = Repositories {
+        primary: settings
+            .repository
+            .clone()
+            .expect("a configured repository"),
+        default_branch: settings.branch.clone(),
+        allowed: settings.allowed_repositories.clone(),
+    };
+    let backend = Backend::new(store.clone(), repositories, settings.committer.clone())
+        .with_refs(settings.ref_policy().expect("ref policy"));
+    let primary = backend.locate(None, None).expect("the primary location");
+    let access = gitstate_core::auth::Access::new(
+        store.clone(),
+        primary,
+        settings.access.clone(),
+        Arc::new(gitstate_core::password::Argon2id),
+    )
+    .expect("access policy");
+    let router = gitstate_http::router(
+        Arc::new(backend),
+        Arc::new(access),
+        gitstate_http::Limits {
+            max_body_bytes: settings.max_body_bytes,
+            max_response_bytes: None,
+            request_deadline: settings.request_deadline,
+        },
+    );
+    (router, store)
+}
+
 impl TestBackend {
     /// A backend over `repository` on the test git server, with a fresh cache.
     pub async fn start(repository: &str, extra: &[(&str, &str)]) -> Self {
@@ -526,86 +614,21 @@ impl TestBackend {
     }
 }
 
-/// A small HTTP client for the backend, sending Basic credentials (the test admin's unless
-/// told otherwise).
-pub struct Client {
-    http: reqwest::Client,
-    base: String,
-    credentials: Option<(String, String)>,
-}
-
-/// Status and body of a response.
-#[derive(Debug)]
-pub struct Answer {
-    pub status: u16,
-    pub body: String,
-}
-
-impl Client {
-    pub fn new(base: &str) -> Self {
-        Self::with_credentials(base, Some((TEST_USER, TEST_PASSWORD)))
-    }
-
-    pub fn with_credentials(base: &str, credentials: Option<(&str, &str)>) -> Self {
-        Self {
-            http: reqwest::Client::new(),
-            base: base.trim_end_matches('/').to_owned(),
-            credentials: credentials.map(|(u, p)| (u.to_owned(), p.to_owned())),
-        }
-    }
-
-    /// Send with a raw `Authorization` header (or none), for tests of malformed ones.
-    pub async fn send_with_authorization(
-        &self,
-        method: &str,
-        path: &str,
-        authorization: Option<&[u8]>,
-    ) -> (u16, HeaderMap, String) {
-        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
-        let mut request = self.http.request(method, format!("{}{path}", self.base));
-        if let Some(value) = authorization {
-            request = request.header(
-                "authorization",
-                http::HeaderValue::from_bytes(value).expect("header value"),
-            );
-        }
-        let response = request.send().await.expect("backend answers");
-        let status = response.status().as_u16();
-        let headers = response.headers().clone();
-        (status, headers, response.text().await.unwrap_or_default())
-    }
-
-    pub async fn send(&self, method: &str, path: &str, body: Option<&str>) -> Answer {
-        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
-        let mut request = self.http.request(method, format!("{}{path}", self.base));
-        if let Some((user, password)) = &self.credentials {
-            request = request.basic_auth(user, Some(password));
-        }
-        if let Some(body) = body {
-            request = request
-                .header("content-type", "application/json")
-                .body(body.to_owned());
-        }
-        let response = request.send().await.expect("backend answers");
-        let status = response.status().as_u16();
-        Answer {
-            status,
-            body: response.text().await.unwrap_or_default(),
-        }
-    }
-
-    pub async fn lock(&self, name: &str, id: &str) -> Answer {
-        let body = lock_info(id);
-        self.send("POST", &format!("/locks/{name}"), Some(&body))
-            .await
-    }
-}
-
 /// A LockInfo body as Terraform sends it.
 pub fn lock_info(id: &str) -> String {
     format!(
         r#"{{"ID":"{id}","Operation":"OperationTypeApply","Info":"","Who":"tester@host","Version":"1.11.4","Created":"2026-11-21T00:00:00Z","Path":""}}"#
     )
+}
+
+/// The serial of a Terraform state's text (the test fails when it has none).
+#[track_caller]
+pub fn serial_of(state: &str) -> u64 {
+    let value: serde_json::Value =
+        serde_json::from_str(state).unwrap_or_else(|e| panic!("not a state ({e}): {state}"));
+    value["serial"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("a state without a serial: {state}"))
 }
 
 /// A minimal Terraform state with `lineage` and `serial`.
@@ -722,10 +745,7 @@ pub const AWS_REGION: &str = "us-east-1";
 
 impl Moto {
     pub async fn start() -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("free port")
-            .port();
+        let port = free_port();
         let child = std::process::Command::new(tool("moto_server"))
             .args(["-H", "127.0.0.1", "-p", &port.to_string()])
             .stdout(Stdio::null())
@@ -865,8 +885,8 @@ pub fn stored_file(server: &GitServer, repo: &str, path: &str) -> Vec<u8> {
 }
 
 /// Every file of events/, in an order whose answers are known: replayed through the router
-/// (tests/lambda_events.rs) and through the Lambda binary under `cargo lambda watch`
-/// (tests/lambda_watch.rs). The first two are refused (401, 403) and change nothing.
+/// (tests/it/lambda_events.rs) and through the Lambda binary under `cargo lambda watch`
+/// (tests/it/lambda_watch.rs). The first two are refused (401, 403) and change nothing.
 pub const EVENT_SEQUENCE: [(&str, u16); 10] = [
     ("unauthorized.json", 401),
     ("forbidden.json", 403),

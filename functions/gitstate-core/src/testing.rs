@@ -15,6 +15,8 @@ use crate::refs::{Clash, branch_clash, lock_clash, tree_clash};
 use crate::{LockInfo, StateName};
 
 type Key = (Location, StateName);
+/// Locks are per repository, as the git store's lock refs are: not per branch.
+type LockKey = (String, StateName);
 
 #[derive(Default)]
 pub struct MemoryStore {
@@ -24,7 +26,7 @@ pub struct MemoryStore {
 #[derive(Default)]
 struct Inner {
     states: HashMap<Key, Bytes>,
-    locks: HashMap<Key, HeldLock>,
+    locks: HashMap<LockKey, HeldLock>,
     /// Every committed revision of each state, oldest first, with the content it left.
     revisions: HashMap<Key, Vec<(Revision, Option<Bytes>)>>,
     /// Configuration files by path (one repository's worth: tests use one location).
@@ -56,6 +58,10 @@ impl MemoryStore {
 
 fn key(at: &Location, name: &StateName) -> Key {
     (at.clone(), name.clone())
+}
+
+fn lock_key(at: &Location, name: &StateName) -> LockKey {
+    (at.repository.clone(), name.clone())
 }
 
 impl Inner {
@@ -90,7 +96,7 @@ impl Inner {
         let held = self
             .locks
             .keys()
-            .filter(|(l, _)| l.repository == at.repository)
+            .filter(|(repository, _)| *repository == at.repository)
             .map(|(_, n)| n.as_str());
         lock_clash(held, name.as_str())
     }
@@ -115,7 +121,7 @@ impl StateStore for MemoryStore {
         at: &Location,
         name: &StateName,
     ) -> Result<Option<HeldLock>, StoreError> {
-        self.with(|i| i.locks.get(&key(at, name)).cloned())
+        self.with(|i| i.locks.get(&lock_key(at, name)).cloned())
     }
 
     async fn acquire_lock(
@@ -126,7 +132,7 @@ impl StateStore for MemoryStore {
         meta: &CommitMeta,
     ) -> Result<Acquire, StoreError> {
         self.with(|i| {
-            if let Some(held) = i.locks.get(&key(at, name)) {
+            if let Some(held) = i.locks.get(&lock_key(at, name)) {
                 return Acquire::Held(held.clone());
             }
             if let Some(clash) = i.lock_clash(at, name).or_else(|| i.tree_clash(at, name)) {
@@ -139,7 +145,7 @@ impl StateStore for MemoryStore {
                 owner: user_from_message(&meta.message),
                 created: Some(0),
             };
-            i.locks.insert(key(at, name), held);
+            i.locks.insert(lock_key(at, name), held);
             i.log.push(meta.clone());
             Acquire::Acquired
         })
@@ -151,9 +157,9 @@ impl StateStore for MemoryStore {
         name: &StateName,
         held: &HeldLock,
     ) -> Result<Release, StoreError> {
-        self.with(|i| match i.locks.get(&key(at, name)) {
+        self.with(|i| match i.locks.get(&lock_key(at, name)) {
             Some(current) if current == held => {
-                i.locks.remove(&key(at, name));
+                i.locks.remove(&lock_key(at, name));
                 Release::Released
             }
             _ => Release::Changed,
@@ -172,7 +178,10 @@ impl StateStore for MemoryStore {
             if let Some(clash) = i.tree_clash(at, name) {
                 return Written::Refused(Refusal::Clash(clash));
             }
-            let meta = match plan(i.locks.get(&k), i.states.get(&k).map(|b| b.as_ref())) {
+            let meta = match plan(
+                i.locks.get(&lock_key(at, name)),
+                i.states.get(&k).map(|b| b.as_ref()),
+            ) {
                 Ok(meta) => meta,
                 Err(refusal) => return Written::Refused(refusal),
             };
@@ -289,7 +298,7 @@ impl StateStore for MemoryStore {
             let mut locks: Vec<(StateName, HeldLock)> = i
                 .locks
                 .iter()
-                .filter(|((l, _), _)| l == at)
+                .filter(|((repository, _), _)| *repository == at.repository)
                 .map(|((_, name), held)| (name.clone(), held.clone()))
                 .collect();
             locks.sort_by(|a, b| a.0.cmp(&b.0));

@@ -92,13 +92,7 @@ async fn run_once(server: &GitServer, repository: &str, env: &[(&str, &str)]) ->
         .route("/2018-06-01/runtime/invocation/{id}/error", post(answer))
         .route("/2018-06-01/runtime/init/error", post(answer))
         .with_state(api);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let address = listener.local_addr().expect("address");
-    let serving = tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let (address, serving) = gitstate_tests::serve_on_loopback(app).await;
     let cache = tempfile::tempdir().expect("tempdir");
     let output = tempfile::NamedTempFile::new().expect("output file");
     let mut command = Command::new(env!("CARGO_BIN_EXE_gitstate-lambda"));

@@ -39,13 +39,9 @@ fn start_serve(
     dir: &std::path::Path,
     env: &[(&str, &str)],
 ) -> (std::process::Child, String, String) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("free port")
-        .local_addr()
-        .expect("addr")
-        .port();
+    let port = gitstate_tests::free_port();
     let address = format!("127.0.0.1:{port}");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gitstate"))
+    let mut child = Command::new(crate::GITSTATE)
         .arg("serve")
         .current_dir(dir)
         .env_remove("GITSTATE_REPOSITORY")
@@ -136,7 +132,7 @@ fn serve_prints_the_backend_block_and_serves_the_embedded_repository() {
     );
     // The remote commands, against this server, as an operator runs them.
     let cli = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_gitstate"))
+        let out = Command::new(crate::GITSTATE)
             .args(args)
             .env("GITSTATE_URL", format!("http://{address}"))
             .env("TF_HTTP_USERNAME", "admin")
@@ -248,7 +244,7 @@ fn serve_prints_the_backend_block_and_serves_the_embedded_repository() {
 
 #[test]
 fn user_tools_make_entries_the_backend_accepts() {
-    let bin = env!("CARGO_BIN_EXE_gitstate");
+    let bin = crate::GITSTATE;
     let add = Command::new(bin)
         .args([
             "user",

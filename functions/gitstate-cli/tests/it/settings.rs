@@ -1,11 +1,11 @@
 //! `gitstate config` and the settings layers through the real binary: flag over environment over
 //! file, `--config PATH`, unknown keys, redaction; `user add` entries that parse.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Output;
 
 fn gitstate(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut command = std::process::Command::new(PathBuf::from(env!("CARGO_BIN_EXE_gitstate")));
+    let mut command = std::process::Command::new(crate::GITSTATE);
     command.args(args).current_dir(dir);
     for (key, _) in std::env::vars().filter(|(k, _)| k.starts_with("GITSTATE_")) {
         command.env_remove(key);

@@ -10,7 +10,7 @@
 //! and at the end. A failure that involves two requests at once may need a few replays to recur.
 //!
 //! One seed, e.g. to replay a failure (the failure prints this line):
-//! `GITSTATE_MODEL_SEED=7 GITSTATE_MODEL_STEPS=900 cargo test -p gitstate-tests --test model -- --nocapture`
+//! `GITSTATE_MODEL_SEED=7 GITSTATE_MODEL_STEPS=900 cargo test -p gitstate-tests --test it model:: -- --nocapture`
 //! A longer hunt: `GITSTATE_MODEL_SEEDS=100..200 GITSTATE_MODEL_STEPS=3000` (every seed runs, the
 //! failures are listed at the end). `GITSTATE_MODEL_SHRINK_SECS` bounds how long a failing
 //! sequence is shrunk (default 60; 0 prints the whole sequence).
@@ -107,9 +107,9 @@ enum Role {
 }
 
 #[derive(Debug, Clone)]
-struct User {
-    name: String,
-    password: String,
+pub(crate) struct User {
+    pub(crate) name: String,
+    pub(crate) password: String,
     /// (role, prefix); the prefix `*` is every state.
     grants: Vec<(Role, &'static str)>,
 }
@@ -137,16 +137,16 @@ impl User {
 }
 
 #[derive(Debug, Clone)]
-struct Config {
+pub(crate) struct Config {
     seed: u64,
     branch: &'static str,
     lock_prefix: &'static str,
-    users: Vec<User>,
+    pub(crate) users: Vec<User>,
 }
 
 impl Config {
     /// Everything but the steps follows from the seed: the lock prefix and the users' grants.
-    fn for_seed(seed: u64) -> Self {
+    pub(crate) fn for_seed(seed: u64) -> Self {
         let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed_c0f1_9000_0000);
         let lock_prefix = if seed % 4 == 3 {
             "refs/locks/"
@@ -183,7 +183,32 @@ impl Config {
         }
     }
 
-    fn describe(&self) -> String {
+    /// The settings of every backend of a run: the users' access file, the branch, the
+    /// allowed refs and the lock prefix.
+    pub(crate) fn backend_vars(&self) -> Vec<(&'static str, String)> {
+        let users: Vec<(&str, &str, Vec<String>)> = self
+            .users
+            .iter()
+            .map(|u| (u.name.as_str(), u.password.as_str(), u.grant_strings()))
+            .collect();
+        let grants: Vec<Vec<&str>> = users
+            .iter()
+            .map(|(_, _, g)| g.iter().map(String::as_str).collect())
+            .collect();
+        let entries: Vec<(&str, &str, &[&str])> = users
+            .iter()
+            .zip(&grants)
+            .map(|((n, p, _), g)| (*n, *p, g.as_slice()))
+            .collect();
+        vec![
+            ("GITSTATE_ACCESS", access_file(&entries)),
+            ("GITSTATE_REF", self.branch.to_owned()),
+            ("GITSTATE_ALLOWED_REFS", ALLOWED_REFS.to_owned()),
+            ("GITSTATE_LOCK_REF_PREFIX", self.lock_prefix.to_owned()),
+        ]
+    }
+
+    pub(crate) fn describe(&self) -> String {
         let users: Vec<String> = self
             .users
             .iter()
@@ -258,7 +283,7 @@ fn path_clash(a: &str, b: &str) -> bool {
 // Steps.
 
 #[derive(Debug, Clone, Copy)]
-enum Md5Header {
+pub(crate) enum Md5Header {
     Absent,
     Correct,
     Wrong,
@@ -266,7 +291,7 @@ enum Md5Header {
 }
 
 #[derive(Debug, Clone)]
-struct StateBody {
+pub(crate) struct StateBody {
     lineage: &'static str,
     serial: u64,
     nonce: u8,
@@ -283,7 +308,7 @@ impl StateBody {
 }
 
 #[derive(Debug, Clone)]
-enum Op {
+pub(crate) enum Op {
     GetState,
     GetLock,
     Lock {
@@ -316,16 +341,16 @@ enum Op {
 }
 
 #[derive(Debug, Clone)]
-struct Step {
+pub(crate) struct Step {
     /// Which of the two backends (each with its own cache) serves it.
-    backend: usize,
-    user: usize,
-    name: &'static str,
-    reference: Option<&'static str>,
-    op: Op,
+    pub(crate) backend: usize,
+    pub(crate) user: usize,
+    pub(crate) name: &'static str,
+    pub(crate) reference: Option<&'static str>,
+    pub(crate) op: Op,
     /// A second request sent at the same moment: the answers and the remote must then be those
     /// of one of the two orders.
-    with: Option<Box<Step>>,
+    pub(crate) with: Option<Box<Step>>,
 }
 
 impl fmt::Display for Step {
@@ -371,7 +396,7 @@ impl fmt::Display for Step {
 /// Draw the next step. It may look at the model (to pick a holder's ID or user more often than
 /// chance would), but the step itself is a plain value, so a recorded sequence replays and
 /// shrinks without the generator.
-fn generate(rng: &mut StdRng, model: &Model, users: usize, off: &Off) -> Step {
+pub(crate) fn generate(rng: &mut StdRng, model: &Model, users: usize, off: &Off) -> Step {
     let name = if rng.random_ratio(1, 40) {
         BAD_NAMES[rng.random_range(0..BAD_NAMES.len())]
     } else if off.tree {
@@ -475,7 +500,7 @@ fn generate(rng: &mut StdRng, model: &Model, users: usize, off: &Off) -> Step {
 /// class of bug already found: `md5` sends no wrong Content-MD5, `refs` only allowed refs, `tree`
 /// only names that are not folders of each other, `owner` only each user's own lock ID.
 #[derive(Debug, Clone, Copy, Default)]
-struct Off {
+pub(crate) struct Off {
     md5: bool,
     refs: bool,
     tree: bool,
@@ -527,13 +552,13 @@ impl Branch {
 }
 
 #[derive(Debug, Clone, Copy)]
-struct Holder {
+pub(crate) struct Holder {
     id: &'static str,
     user: usize,
 }
 
 #[derive(Debug, Clone, Default)]
-struct Model {
+pub(crate) struct Model {
     /// Branches that have at least one commit.
     branches: BTreeMap<String, Branch>,
     /// Lock refs are per repository, not per branch.
@@ -541,7 +566,7 @@ struct Model {
 }
 
 #[derive(Debug, Clone)]
-enum Effect {
+pub(crate) enum Effect {
     None,
     Put {
         branch: String,
@@ -574,10 +599,10 @@ enum Effect {
 /// nothing may change), refusals an implementation may or may not give where the rules leave the
 /// order open (`tolerated`), and otherwise 200 with `effect`.
 #[derive(Debug)]
-struct Prediction {
-    refusals: Vec<(u16, String)>,
+pub(crate) struct Prediction {
+    pub(crate) refusals: Vec<(u16, String)>,
     tolerated: Vec<(u16, String)>,
-    effect: Effect,
+    pub(crate) effect: Effect,
     /// What a successful GET answers.
     answer: Option<Expected>,
 }
@@ -650,7 +675,7 @@ fn version_of(bytes: &[u8]) -> (Option<String>, Option<u64>) {
 }
 
 impl Model {
-    fn predict(&self, cfg: &Config, step: &Step) -> Prediction {
+    pub(crate) fn predict(&self, cfg: &Config, step: &Step) -> Prediction {
         let mut p = Prediction::new();
         let name = step.name;
         if !valid_path(name) && !matches!(step.op, Op::ListLocks) {
@@ -886,7 +911,7 @@ impl Model {
         p
     }
 
-    fn apply(&mut self, effect: &Effect) {
+    pub(crate) fn apply(&mut self, effect: &Effect) {
         match effect {
             Effect::None | Effect::Restore { .. } => {}
             Effect::Put {
@@ -1097,27 +1122,8 @@ impl World {
             &["config", "gc.autoDetach", "false"],
             Some(&server.repo_dir(REPO)),
         );
-        let users: Vec<(&str, &str, Vec<String>)> = cfg
-            .users
-            .iter()
-            .map(|u| (u.name.as_str(), u.password.as_str(), u.grant_strings()))
-            .collect();
-        let grants: Vec<Vec<&str>> = users
-            .iter()
-            .map(|(_, _, g)| g.iter().map(String::as_str).collect())
-            .collect();
-        let entries: Vec<(&str, &str, &[&str])> = users
-            .iter()
-            .zip(&grants)
-            .map(|((n, p, _), g)| (*n, *p, g.as_slice()))
-            .collect();
-        let access = access_file(&entries);
-        let extra = [
-            ("GITSTATE_ACCESS", access.as_str()),
-            ("GITSTATE_REF", cfg.branch),
-            ("GITSTATE_ALLOWED_REFS", ALLOWED_REFS),
-            ("GITSTATE_LOCK_REF_PREFIX", cfg.lock_prefix),
-        ];
+        let vars = cfg.backend_vars();
+        let extra: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
         let mut backends = Vec::new();
         for _ in 0..2 {
             backends.push(TestBackend::start(&url, &extra).await);
@@ -1130,92 +1136,99 @@ impl World {
     }
 
     async fn send(&self, cfg: &Config, step: &Step) -> (u16, Vec<u8>, Option<String>) {
-        let base = &self.backends[step.backend].url;
-        let user = &cfg.users[step.user];
-        let mut query: Vec<String> = Vec::new();
-        let (method, path, body, md5) = match &step.op {
-            Op::GetState => ("GET", "states", None, Md5Header::Absent),
-            Op::GetLock => ("GET", "locks", None, Md5Header::Absent),
-            Op::Lock { id } => ("POST", "locks", Some(lock_info(id)), Md5Header::Absent),
-            Op::Unlock { id } => (
-                "DELETE",
-                "locks",
-                Some(id.map(lock_info).unwrap_or_default()),
-                Md5Header::Absent,
-            ),
-            Op::Write { id, body, md5 } => {
-                query.extend(id.map(|i| format!("ID={i}")));
-                let body = body.as_ref().map_or_else(
-                    || "{\"serial\": ".to_owned(),
-                    |b| String::from_utf8_lossy(&b.bytes()).into_owned(),
-                );
-                ("POST", "states", Some(body), *md5)
-            }
-            Op::Delete { id } => {
-                query.extend(id.map(|i| format!("ID={i}")));
-                ("DELETE", "states", None, Md5Header::Absent)
-            }
-            Op::Restore { serial } => {
-                query.push(format!("restore={serial}"));
-                ("POST", "history", None, Md5Header::Absent)
-            }
-            Op::History => {
-                query.push("per_page=100".into());
-                ("GET", "history", None, Md5Header::Absent)
-            }
-            Op::At { serial } => {
-                query.push(format!("at={serial}"));
-                ("GET", "history", None, Md5Header::Absent)
-            }
-            Op::ListLocks => ("GET", "locks", None, Md5Header::Absent),
-        };
-        query.extend(
-            step.reference
-                .map(|r| format!("ref={}", r.replace(' ', "%20"))),
-        );
-        let mut url = match step.op {
-            Op::ListLocks => format!("{base}/locks"),
-            _ => format!("{base}/{path}/{}", step.name),
-        };
-        if !query.is_empty() {
-            url.push('?');
-            url.push_str(&query.join("&"));
-        }
-        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
-        let mut request = self
-            .http
-            .request(method, url)
-            .basic_auth(&user.name, Some(&user.password));
-        if let Some(body) = body {
-            let digest = md5::Md5::digest(body.as_bytes());
-            let header = match md5 {
-                Md5Header::Absent => None,
-                Md5Header::Correct => {
-                    Some(base64::engine::general_purpose::STANDARD.encode(digest))
-                }
-                Md5Header::Wrong => Some(
-                    base64::engine::general_purpose::STANDARD
-                        .encode(md5::Md5::digest(b"something else")),
-                ),
-                Md5Header::Malformed => Some("not base64 at all!".to_owned()),
-            };
-            if let Some(header) = header {
-                request = request.header("content-md5", header);
-            }
-            request = request
-                .header("content-type", "application/json")
-                .body(body);
-        }
-        let response = request.send().await.expect("the backend answers");
-        let status = response.status().as_u16();
-        let lock_user = response
-            .headers()
-            .get("gitstate-lock-user")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
-        let body = response.bytes().await.unwrap_or_default().to_vec();
-        (status, body, lock_user)
+        send(&self.http, &self.backends[step.backend].url, cfg, step).await
     }
+}
+
+/// Send one step (not its `with`) to the backend at `base`: the status, the body and the
+/// `Gitstate-Lock-User` header.
+pub(crate) async fn send(
+    http: &reqwest::Client,
+    base: &str,
+    cfg: &Config,
+    step: &Step,
+) -> (u16, Vec<u8>, Option<String>) {
+    let user = &cfg.users[step.user];
+    let mut query: Vec<String> = Vec::new();
+    let (method, path, body, md5) = match &step.op {
+        Op::GetState => ("GET", "states", None, Md5Header::Absent),
+        Op::GetLock => ("GET", "locks", None, Md5Header::Absent),
+        Op::Lock { id } => ("POST", "locks", Some(lock_info(id)), Md5Header::Absent),
+        Op::Unlock { id } => (
+            "DELETE",
+            "locks",
+            Some(id.map(lock_info).unwrap_or_default()),
+            Md5Header::Absent,
+        ),
+        Op::Write { id, body, md5 } => {
+            query.extend(id.map(|i| format!("ID={i}")));
+            let body = body.as_ref().map_or_else(
+                || "{\"serial\": ".to_owned(),
+                |b| String::from_utf8_lossy(&b.bytes()).into_owned(),
+            );
+            ("POST", "states", Some(body), *md5)
+        }
+        Op::Delete { id } => {
+            query.extend(id.map(|i| format!("ID={i}")));
+            ("DELETE", "states", None, Md5Header::Absent)
+        }
+        Op::Restore { serial } => {
+            query.push(format!("restore={serial}"));
+            ("POST", "history", None, Md5Header::Absent)
+        }
+        Op::History => {
+            query.push("per_page=100".into());
+            ("GET", "history", None, Md5Header::Absent)
+        }
+        Op::At { serial } => {
+            query.push(format!("at={serial}"));
+            ("GET", "history", None, Md5Header::Absent)
+        }
+        Op::ListLocks => ("GET", "locks", None, Md5Header::Absent),
+    };
+    query.extend(
+        step.reference
+            .map(|r| format!("ref={}", r.replace(' ', "%20"))),
+    );
+    let mut url = match step.op {
+        Op::ListLocks => format!("{base}/locks"),
+        _ => format!("{base}/{path}/{}", step.name),
+    };
+    if !query.is_empty() {
+        url.push('?');
+        url.push_str(&query.join("&"));
+    }
+    let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+    let mut request = http
+        .request(method, url)
+        .basic_auth(&user.name, Some(&user.password));
+    if let Some(body) = body {
+        let digest = md5::Md5::digest(body.as_bytes());
+        let header = match md5 {
+            Md5Header::Absent => None,
+            Md5Header::Correct => Some(base64::engine::general_purpose::STANDARD.encode(digest)),
+            Md5Header::Wrong => Some(
+                base64::engine::general_purpose::STANDARD
+                    .encode(md5::Md5::digest(b"something else")),
+            ),
+            Md5Header::Malformed => Some("not base64 at all!".to_owned()),
+        };
+        if let Some(header) = header {
+            request = request.header("content-md5", header);
+        }
+        request = request
+            .header("content-type", "application/json")
+            .body(body);
+    }
+    let response = request.send().await.expect("the backend answers");
+    let status = response.status().as_u16();
+    let lock_user = response
+        .headers()
+        .get("gitstate-lock-user")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let body = response.bytes().await.unwrap_or_default().to_vec();
+    (status, body, lock_user)
 }
 
 #[derive(Debug, Clone)]
@@ -1656,7 +1669,7 @@ async fn run_seed(seed: u64, steps: usize, shrink_for: Duration) -> Result<(), S
     let failing = sequence[..=failure.step].to_vec();
     let (shrunk, shrunk_failure) = shrink(&cfg, failing.clone(), failure.clone(), shrink_for).await;
     let mut report = format!(
-        "model: {}\nfailed at step {} of seed {seed} ({:.1} s):\n  {}\nreplay: {}GITSTATE_MODEL_SEED={seed} GITSTATE_MODEL_STEPS={} cargo test -p gitstate-tests --test model -- --nocapture\n",
+        "model: {}\nfailed at step {} of seed {seed} ({:.1} s):\n  {}\nreplay: {}GITSTATE_MODEL_SEED={seed} GITSTATE_MODEL_STEPS={} cargo test -p gitstate-tests --test it model:: -- --nocapture\n",
         cfg.describe(),
         failure.step,
         elapsed.as_secs_f64(),

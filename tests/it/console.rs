@@ -93,10 +93,7 @@ async fn fixture() -> Fixture {
     let backend = TestBackend::start(&url, &[("GITSTATE_ACCESS", &access)]).await;
     let admin = Client::new(&backend.url);
     for body in prod_versions() {
-        let answer = admin
-            .send("POST", &format!("/states/{PROD}"), Some(&body))
-            .await;
-        assert_eq!(answer.status, 200, "{}", answer.body);
+        admin.write(PROD, &body).await.expect(200);
     }
     for (name, serial) in [("net/dev.tfstate", 4), ("app/web.tfstate", 9)] {
         let body = state(serial, &[("null_resource", "x", None, "1")], &[]);
@@ -114,7 +111,7 @@ async fn fixture() -> Fixture {
         "net/foreign.tfstate",
         state(7, &[("null_resource", "f", None, "1")], &[]).as_bytes(),
     );
-    assert_eq!(admin.lock(PROD, "lock-1").await.status, 200);
+    admin.lock(PROD, "lock-1").await.expect(200);
     Fixture {
         server,
         backend,
@@ -134,10 +131,10 @@ fn names(list: &Value) -> Vec<&str> {
 async fn state_list_is_filtered_by_grant_and_read_from_the_index() {
     let f = fixture().await;
     // A lock on a state not written yet is listed too.
-    assert_eq!(
-        f.admin.lock("net/new.tfstate", "lock-new").await.status,
-        200
-    );
+    f.admin
+        .lock("net/new.tfstate", "lock-new")
+        .await
+        .expect(200);
 
     let index: Value =
         serde_json::from_slice(&stored_file(&f.server, "state", ".gitstate/index.json"))
@@ -220,26 +217,17 @@ async fn state_list_is_filtered_by_grant_and_read_from_the_index() {
     );
 
     // A delete removes the entry in the same commit.
-    assert_eq!(
-        f.admin
-            .send("DELETE", "/states/net/dev.tfstate", None)
-            .await
-            .status,
-        200
-    );
+    f.admin
+        .delete_state("net/dev.tfstate", None)
+        .await
+        .expect(200);
     let index: Value =
         serde_json::from_slice(&stored_file(&f.server, "state", ".gitstate/index.json"))
             .expect("JSON");
     assert!(index["states"].get("net/dev.tfstate").is_none());
     assert!(!names(&list(READER).await).contains(&"net/dev.tfstate"));
     // The index is not a state: not addressable, not listed.
-    assert_eq!(
-        f.admin
-            .send("GET", "/states/.gitstate/index.json", None)
-            .await
-            .status,
-        400
-    );
+    f.admin.get_state(".gitstate/index.json").await.expect(400);
 }
 
 /// The console's forms refuse cross-site posts, posts without the token or confirmation, and
@@ -408,13 +396,7 @@ async fn console_actions_are_refused_unless_same_origin_admin_token_and_confirme
     // The same form, same origin, admin, token, confirmed: released.
     let (got, _) = post(admin, &unlock, same(), form(&token)).await;
     assert_eq!(got, 303);
-    assert_eq!(
-        f.admin
-            .send("GET", &format!("/locks/{PROD}"), None)
-            .await
-            .status,
-        404
-    );
+    f.admin.get_lock(PROD).await.expect(404);
 }
 
 /// The form token the console derives for `user` (as the server does: HMAC of the user name
@@ -456,13 +438,6 @@ struct Browser<'a> {
     _profile: tempfile::TempDir,
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
 impl Driver {
     async fn start() -> Self {
         for tool in ["chromium", "chromedriver"] {
@@ -473,7 +448,7 @@ impl Driver {
                  `apt-get install -y chromium chromium-driver` (as root)"
             );
         }
-        let port = free_port();
+        let port = gitstate_tests::free_port();
         let child = tokio::process::Command::new("chromedriver")
             .arg(format!("--port={port}"))
             .arg("--allowed-ips=127.0.0.1")
@@ -842,11 +817,8 @@ async fn console_in_a_real_browser() {
         let page = evil_page.clone();
         async move { axum::response::Html(page) }
     });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let evil_port = listener.local_addr().expect("address").port();
-    tokio::spawn(async move { axum::serve(listener, evil).await });
+    let (evil_address, _evil) = gitstate_tests::serve_on_loopback(evil).await;
+    let evil_port = evil_address.port();
     // `localhost` is another site than `127.0.0.1` for the browser.
     admin.go(&format!("http://localhost:{evil_port}/")).await;
     admin.click("#go").await;
@@ -868,25 +840,13 @@ async fn console_in_a_real_browser() {
     admin.click("#force-unlock").await;
     // The confirmation box is required: the browser does not submit without it.
     assert!(admin.url().await.ends_with(&format!("/ui/states/{PROD}")));
-    assert_eq!(
-        f.admin
-            .send("GET", &format!("/locks/{PROD}"), None)
-            .await
-            .status,
-        200
-    );
+    f.admin.get_lock(PROD).await.expect(200);
     admin.click("#confirm-unlock").await;
     admin.click("#force-unlock").await;
     admin.wait_url("?done=unlocked").await;
     assert_eq!(admin.text(".notice").await, "The lock was released.");
     assert_eq!(admin.text("#lock-heading + p").await, "Not locked.");
-    assert_eq!(
-        f.admin
-            .send("GET", &format!("/locks/{PROD}"), None)
-            .await
-            .status,
-        404
-    );
+    f.admin.get_lock(PROD).await.expect(404);
 
     // --- Restore serial 1 through its form.
     admin
@@ -994,8 +954,8 @@ async fn a_cold_list_takes_at_most_three_git_requests() {
     assert_eq!(labels, ["GET refs/upload-pack", "POST upload-pack"]);
 
     // Locks held: one more fetch brings every lock commit at once.
-    assert_eq!(admin.lock("team-0/s0.tfstate", "l-0").await.status, 200);
-    assert_eq!(admin.lock("team-1/s1.tfstate", "l-1").await.status, 200);
+    admin.lock("team-0/s0.tfstate", "l-0").await.expect(200);
+    admin.lock("team-1/s1.tfstate", "l-1").await.expect(200);
     let (warm, labels, list) = cold_list(&server, &url, &in_repository).await;
     assert_eq!(
         labels,
@@ -1130,11 +1090,5 @@ async fn console_through_function_url_events() {
         location.as_deref(),
         Some(format!("/ui/states/{PROD}?done=unlocked").as_str())
     );
-    assert_eq!(
-        f.admin
-            .send("GET", &format!("/locks/{PROD}"), None)
-            .await
-            .status,
-        404
-    );
+    f.admin.get_lock(PROD).await.expect(404);
 }

@@ -95,15 +95,9 @@ impl KmsProxy {
             http: reqwest::Client::new(),
             seen: seen.clone(),
         });
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let url = format!("http://{}", listener.local_addr().expect("address"));
-        let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
+        let (address, task) = gitstate_tests::serve_on_loopback(app).await;
         Self {
-            url,
+            url: format!("http://{address}"),
             seen,
             _task: task,
         }

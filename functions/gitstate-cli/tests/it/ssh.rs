@@ -2,7 +2,6 @@
 //! own host key and authorized key): `gitstate run` with terraform over `ssh://` and
 //! `user@host:path`, and many `gitstate serve` processes racing for one lock over SSH.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -47,10 +46,7 @@ impl Sshd {
         keygen(&d.join("host_key"));
         keygen(&d.join("client_key"));
         std::fs::copy(d.join("client_key.pub"), d.join("authorized_keys")).expect("authorized");
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("free port")
-            .port();
+        let port = gitstate_tests::free_port();
         let config = format!(
             "Port {port}\nListenAddress 127.0.0.1\nHostKey {d}/host_key\n\
              AuthorizedKeysFile {d}/authorized_keys\nStrictModes no\nPasswordAuthentication no\n\
@@ -114,7 +110,7 @@ impl Sshd {
 }
 
 fn terraform_run(work: &Path, repository: &str, ssh: &str, args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_gitstate"))
+    let out = Command::new(crate::GITSTATE)
         .args([
             "run",
             "--repository",
@@ -220,7 +216,7 @@ async fn processes_race_for_one_lock_over_ssh() {
         let dir = root.path().join(format!("server-{i}"));
         std::fs::create_dir_all(&dir).expect("dir");
         let env = serve_env(&url, &[("GIT_SSH_COMMAND", &ssh), ("RUST_LOG", "info")]);
-        procs.push(ServeProcess::start(Path::new(env!("CARGO_BIN_EXE_gitstate")), &dir, env).await);
+        procs.push(ServeProcess::start(Path::new(crate::GITSTATE), &dir, env).await);
     }
     let clients: Vec<Arc<Client>> = procs
         .iter()

@@ -10,10 +10,6 @@ use gitstate_tests::{GIT_TOKEN, GIT_USER, GitServer, git_output};
 const STATE: &str = "team/app.tfstate";
 const TEMPORARY: &str = "gitstate_run_backend.tf";
 
-fn gitstate() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_gitstate"))
-}
-
 fn terraform() -> PathBuf {
     std::env::var_os("PATH")
         .into_iter()
@@ -110,7 +106,7 @@ fn write_config(dir: &Path, sleep: u32, input: &str) {
 }
 
 fn command(client: &Path, work: &Path, repo: &Repo, args: &[&str]) -> tokio::process::Command {
-    let mut command = tokio::process::Command::new(gitstate());
+    let mut command = tokio::process::Command::new(crate::GITSTATE);
     command
         .args(["run", "--state", STATE, "--"])
         .arg(client)

@@ -5,19 +5,15 @@
 //! `gitstate` binary (`CARGO_BIN_EXE_gitstate`); the harness is `gitstate-tests`.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use gitstate_tests::process::{ServeProcess, serve_env};
 use gitstate_tests::{
-    Client, GIT_TOKEN, GitServer, PushMode, TEST_PASSWORD, git, lock_info, state_json,
+    Client, GIT_TOKEN, GitServer, PushMode, TEST_PASSWORD, git, lock_info, serial_of, state_json,
 };
 use rand::{Rng, SeedableRng};
-
-fn binary() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_gitstate"))
-}
 
 /// `n` servers over `repository`, each with its own directory under `root`.
 async fn servers(root: &Path, repository: &str, n: usize) -> Vec<ServeProcess> {
@@ -25,7 +21,9 @@ async fn servers(root: &Path, repository: &str, n: usize) -> Vec<ServeProcess> {
     for i in 0..n {
         let dir = root.join(format!("server-{i}"));
         std::fs::create_dir_all(&dir).expect("server dir");
-        out.push(ServeProcess::start(&binary(), &dir, serve_env(repository, &[])).await);
+        out.push(
+            ServeProcess::start(Path::new(crate::GITSTATE), &dir, serve_env(repository, &[])).await,
+        );
     }
     out
 }
@@ -44,11 +42,6 @@ fn assert_no_secret_in_logs(servers: &[ServeProcess]) {
             );
         }
     }
-}
-
-fn serial_of(body: &str) -> u64 {
-    let value: serde_json::Value = serde_json::from_str(body).expect("state parses");
-    value["serial"].as_u64().expect("state has a serial")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -76,8 +69,7 @@ async fn processes_race_for_one_lock(mode: PushMode, rounds: usize) {
     let name = "shared/race.tfstate";
     // Warm every process (connection, argon2, cache) so the race is about the lock alone.
     for client in &clients {
-        let warm = client.send("GET", &format!("/locks/{name}"), None).await;
-        assert_eq!(warm.status, 404, "{}", warm.body);
+        client.get_lock(name).await.expect(404);
     }
     let mut violations = Vec::new();
     for round in 0..rounds {
@@ -185,8 +177,7 @@ async fn processes_lose_no_update(mode: PushMode, cycles: usize) {
                     // Each cycle goes through another process, so every cache is stale sometimes.
                     let client = &clients[(s + cycle as usize) % N];
                     let id = format!("s{s}-c{cycle}");
-                    let lock = client.lock(&name, &id).await;
-                    assert_eq!(lock.status, 200, "{name} {id}: {}", lock.body);
+                    client.lock(&name, &id).await.expect(200);
                     let got = client.send("GET", &format!("/states/{name}"), None).await;
                     if cycle == 1 {
                         assert_eq!(got.status, 404, "{name}: {}", got.body);
@@ -342,12 +333,7 @@ async fn kill_dash_nine_at_random_points_leaves_a_sound_repository() {
     let survivor = Client::new(&procs[3].url);
     for p in &procs {
         let warm = Client::new(&p.url);
-        assert_eq!(
-            warm.send("GET", "/locks/warm-up.tfstate", None)
-                .await
-                .status,
-            404
-        );
+        warm.get_lock("warm-up.tfstate").await.expect(404);
     }
     let names = ["a.tfstate", "env/b.tfstate", "env/deep/c.tfstate"];
     let mut serials = [0u64; 3];
@@ -363,8 +349,7 @@ async fn kill_dash_nine_at_random_points_leaves_a_sound_repository() {
         let id = format!("trial-{trial}");
         // GIVEN the lock held (for a write or an unlock), through the survivor.
         if !matches!(op, Op::Lock) {
-            let lock = survivor.lock(name, &id).await;
-            assert_eq!(lock.status, 200, "trial {trial}: {}", lock.body);
+            survivor.lock(name, &id).await.expect(200);
         }
         let request = {
             let base = procs[victim].url.clone();
@@ -445,12 +430,7 @@ async fn kill_dash_nine_at_random_points_leaves_a_sound_repository() {
         procs[victim].restart().await;
         // Pay argon2 now, so the next kill lands in the git work, not in authentication.
         let warm = Client::new(&procs[victim].url);
-        assert_eq!(
-            warm.send("GET", "/locks/warm-up.tfstate", None)
-                .await
-                .status,
-            404
-        );
+        warm.get_lock("warm-up.tfstate").await.expect(404);
     }
     eprintln!(
         "crashes (seed {seed}): {trials} trials, {killed_midway} killed mid-request, {completed} \
@@ -464,11 +444,8 @@ async fn kill_dash_nine_at_random_points_leaves_a_sound_repository() {
             let got = client.send("GET", &format!("/states/{name}"), None).await;
             assert!(matches!(got.status, 200 | 404), "{}", got.body);
         }
-        assert_eq!(client.lock("after.tfstate", "after").await.status, 200);
-        let unlock = client
-            .send("DELETE", "/locks/after.tfstate", Some(&lock_info("after")))
-            .await;
-        assert_eq!(unlock.status, 200);
+        client.lock("after.tfstate", "after").await.expect(200);
+        client.unlock("after.tfstate", "after").await.expect(200);
     }
     assert_no_secret_in_logs(&procs);
 }
@@ -571,7 +548,7 @@ async fn a_corrupted_cache_is_detected_and_rebuilt_on_the_next_request() {
         // written by another process since.
         let serial = round as u64 * 2 + 1;
         let id = format!("corrupt-{round}");
-        assert_eq!(writer.lock(name, &id).await.status, 200);
+        writer.lock(name, &id).await.expect(200);
         let first = state_json("lin", serial);
         let put = format!("/states/{name}?ID={id}");
         assert_eq!(writer.send("POST", &put, Some(&first)).await.status, 200);
@@ -585,10 +562,7 @@ async fn a_corrupted_cache_is_detected_and_rebuilt_on_the_next_request() {
         );
         let second = state_json("lin", serial + 1);
         assert_eq!(writer.send("POST", &put, Some(&second)).await.status, 200);
-        let unlock = writer
-            .send("DELETE", &format!("/locks/{name}"), Some(&lock_info(&id)))
-            .await;
-        assert_eq!(unlock.status, 200);
+        writer.unlock(name, &id).await.expect(200);
         // WHEN its cache is damaged while it is down.
         procs[0].kill9().await;
         let touched = damage(&procs[0].cache, how);

@@ -556,7 +556,7 @@ async fn hostile_corpus_is_refused_with_reasons_and_leaves_refs_untouched() {
     let client = Client::new(&backend.url);
 
     // GIVEN a state at serial 5, locked by HOLDER.
-    assert_eq!(client.lock(NAME, HOLDER).await.status, 200);
+    client.lock(NAME, HOLDER).await.expect(200);
     let stored = format!(
         r#"{{"version":4,"serial":5,"lineage":"lineage-1","outputs":{{"db_password":{{"value":"{STATE_SECRET}","type":"string","sensitive":true}}}},"resources":[]}}"#
     );
@@ -604,8 +604,7 @@ async fn hostile_corpus_is_refused_with_reasons_and_leaves_refs_untouched() {
     );
     let got = client.send("GET", &format!("/states/{NAME}"), None).await;
     assert_eq!((got.status, got.body.as_str()), (200, stored.as_str()));
-    let lock = client.send("GET", &format!("/locks/{NAME}"), None).await;
-    assert_eq!(lock.status, 200);
+    let lock = client.get_lock(NAME).await.expect(200);
     assert!(lock.body.contains(HOLDER), "{}", lock.body);
     // AND no secret reached the logs (trace level, every crate).
     let logs = captured_logs();
@@ -794,7 +793,7 @@ async fn integrity_rules_refuse_and_leave_the_remote_byte_identical() {
 
     // GIVEN net/prod.tfstate locked by the writer, a state `a`, two states in team/app/ (one
     // locked by the writer) and a lock on x/y.tfstate.
-    assert_eq!(writer.lock(NAME, HOLDER).await.status, 200);
+    writer.lock(NAME, HOLDER).await.expect(200);
     let net_path = format!("/states/{NAME}?ID={HOLDER}");
     ok(&writer, "POST", &net_path, Some(&state_json("l", 5))).await;
     ok(&admin, "POST", "/states/a", Some(&state_json("a", 1))).await;
@@ -805,18 +804,15 @@ async fn integrity_rules_refuse_and_leave_the_remote_byte_identical() {
         Some(&state_json("d", 1)),
     )
     .await;
-    assert_eq!(
-        writer
-            .lock("team/app/prod.tfstate", "team-holder")
-            .await
-            .status,
-        200
-    );
+    writer
+        .lock("team/app/prod.tfstate", "team-holder")
+        .await
+        .expect(200);
     let team_path = "/states/team/app/prod.tfstate?ID=team-holder";
     ok(&writer, "POST", team_path, Some(&state_json("p", 1))).await;
-    assert_eq!(writer.lock("x/y.tfstate", "xy-holder").await.status, 200);
+    writer.lock("x/y.tfstate", "xy-holder").await.expect(200);
     // and a lock on `scratch`, outside the grant `write:scratch/` of the user who meets it
-    assert_eq!(writer.lock("scratch", "scratch-holder").await.status, 200);
+    writer.lock("scratch", "scratch-holder").await.expect(200);
 
     let mut probes = Vec::new();
     let state = || Some(state_json("new", 1));
@@ -1021,7 +1017,7 @@ async fn integrity_rules_refuse_and_leave_the_remote_byte_identical() {
     );
     write.content_md5 = Some(md5_base64(body.as_bytes()));
     assert_eq!(send_probe(&backend.url, &write).await.0, 200);
-    assert_eq!(writer.lock(NAME, HOLDER).await.status, 200);
+    writer.lock(NAME, HOLDER).await.expect(200);
     ok(
         &admin,
         "POST",
@@ -1031,14 +1027,11 @@ async fn integrity_rules_refuse_and_leave_the_remote_byte_identical() {
     .await;
     assert!(snapshot(&dir).contains("refs/heads/env/dev\n"));
     ok(&admin, "DELETE", "/locks/x/y.tfstate", None).await;
-    assert_eq!(writer.lock("x", "x-holder").await.status, 200);
+    writer.lock("x", "x-holder").await.expect(200);
     // A lock that exists can always be released, even once a state lies in its way.
-    assert_eq!(writer.lock("c/d.tfstate", "cd").await.status, 200);
+    writer.lock("c/d.tfstate", "cd").await.expect(200);
     ok(&admin, "POST", "/states/c", Some(&state_json("c", 1))).await;
-    let unlock = writer
-        .send("DELETE", "/locks/c/d.tfstate", Some(&lock_info("cd")))
-        .await;
-    assert_eq!(unlock.status, 200, "{}", unlock.body);
+    writer.unlock("c/d.tfstate", "cd").await.expect(200);
     assert!(!snapshot(&dir).contains("refs/heads/locks/c/d.tfstate"));
     eprintln!(
         "integrity corpus: {} probes refused, repository unchanged",
@@ -1064,7 +1057,7 @@ async fn integrity_rules_hold_with_lock_refs_outside_the_branches() {
     .await;
     let admin = Client::new(&backend.url);
     ok(&admin, "POST", "/states/a", Some(&state_json("a", 1))).await;
-    assert_eq!(admin.lock("x/y.tfstate", "xy").await.status, 200);
+    admin.lock("x/y.tfstate", "xy").await.expect(200);
     let mut probes = Vec::new();
     for r in ["refs/locks/x", "refs/locks/x/y.tfstate", "main/x", "locks"] {
         probes.push(probe(
@@ -1111,7 +1104,7 @@ async fn integrity_rules_hold_with_lock_refs_outside_the_branches() {
         Some(&state_json("s", 1)),
     )
     .await;
-    assert_eq!(admin.lock("s.tfstate", "s").await.status, 200);
+    admin.lock("s.tfstate", "s").await.expect(200);
     let refs = snapshot(&dir);
     assert!(
         refs.contains("refs/heads/locks/x\n") && refs.contains("refs/locks/s.tfstate\n"),
@@ -1168,8 +1161,7 @@ async fn a_lock_ref_clash_created_during_the_push_is_409_not_502() {
         "git update-ref refs/heads/locks/race/b.tfstate $(git rev-parse refs/heads/main)",
     );
 
-    let answer = admin.lock("race", "r").await;
-    assert_eq!(answer.status, 409, "{}", answer.body);
+    let answer = admin.lock("race", "r").await.expect(409);
     assert!(answer.body.contains("race/b.tfstate"), "{}", answer.body);
     assert!(dir.join("raced").exists(), "the hook ran");
     let refs = snapshot(&dir);
@@ -1215,9 +1207,9 @@ async fn a_state_in_the_way_committed_during_a_write_is_409() {
          git update-ref refs/heads/main \"$commit\" \"$tip\"",
     );
     let answer = admin
-        .send("POST", "/states/w/x.tfstate", Some(&state_json("x", 1)))
-        .await;
-    assert_eq!(answer.status, 409, "{}", answer.body);
+        .write("w/x.tfstate", &state_json("x", 1))
+        .await
+        .expect(409);
     assert!(answer.body.contains("\"w\""), "{}", answer.body);
     assert!(dir.join("raced").exists(), "the hook ran");
     let tree = git(&["ls-tree", "-r", "--name-only", "main"], Some(&dir));
@@ -1302,7 +1294,7 @@ async fn lock_requests_with_the_tree_check() {
     let fresh = TestBackend::start(&url, &[]).await;
     let client = Client::new(&fresh.url);
     server.take_requests();
-    assert_eq!(client.lock("a.tfstate", "1").await.status, 200);
+    client.lock("a.tfstate", "1").await.expect(200);
     let cold = server.take_labels();
     assert_eq!(
         cold,
@@ -1313,7 +1305,7 @@ async fn lock_requests_with_the_tree_check() {
             "POST receive-pack"
         ]
     );
-    assert_eq!(client.lock("b.tfstate", "2").await.status, 200);
+    client.lock("b.tfstate", "2").await.expect(200);
     let warm = server.take_labels();
     assert_eq!(warm, ["GET refs/receive-pack", "POST receive-pack"]);
     eprintln!(

@@ -74,13 +74,7 @@ async fn round_trip_two_keys_either_decrypts_and_no_plaintext_in_git() {
     let body = state_with_secret("L1", 1);
 
     // WHEN a state is written and read back through the API
-    assert_eq!(
-        client
-            .send("POST", "/states/app/prod.tfstate", Some(&body))
-            .await
-            .status,
-        200
-    );
+    client.write("app/prod.tfstate", &body).await.expect(200);
     let got = client.send("GET", "/states/app/prod.tfstate", None).await;
     // THEN it comes back byte-exact
     assert_eq!((got.status, got.body.as_str()), (200, body.as_str()));
@@ -158,37 +152,19 @@ async fn round_trip_two_keys_either_decrypts_and_no_plaintext_in_git() {
     assert_eq!(kms2.calls().decrypt, 1);
 
     // AND the stale-serial rule holds over sealed states
-    assert_eq!(
-        client
-            .send(
-                "POST",
-                "/states/app/prod.tfstate",
-                Some(&state_with_secret("L1", 3))
-            )
-            .await
-            .status,
-        200
-    );
+    client
+        .write("app/prod.tfstate", &state_with_secret("L1", 3))
+        .await
+        .expect(200);
     let stale = client
-        .send(
-            "POST",
-            "/states/app/prod.tfstate",
-            Some(&state_with_secret("L1", 2)),
-        )
-        .await;
-    assert_eq!(stale.status, 409, "{}", stale.body);
+        .write("app/prod.tfstate", &state_with_secret("L1", 2))
+        .await
+        .expect(409);
     assert!(stale.body.contains("stale"), "{}", stale.body);
-    assert_eq!(
-        cold_client
-            .send(
-                "POST",
-                "/states/app/prod.tfstate",
-                Some(&state_with_secret("L1", 2))
-            )
-            .await
-            .status,
-        409
-    );
+    cold_client
+        .write("app/prod.tfstate", &state_with_secret("L1", 2))
+        .await
+        .expect(409);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -203,13 +179,7 @@ async fn wrong_context_and_tampering_are_refused() {
         .await;
     let client = Client::new(&backend.url);
     let body = state_with_secret("L", 1);
-    assert_eq!(
-        client
-            .send("POST", "/states/a.tfstate", Some(&body))
-            .await
-            .status,
-        200
-    );
+    client.write("a.tfstate", &body).await.expect(200);
     let doc = s.stored_json("a.tfstate");
     let put = |name: &str, doc: &serde_json::Value| {
         commit_file(
@@ -283,14 +253,10 @@ async fn migration_enforcement_rotation_and_rekey() {
     let plain = TestBackend::start(&s.url, &[]).await;
     let plain_client = Client::new(&plain.url);
     for name in ["net/a.tfstate", "net/b.tfstate", "other/c.tfstate"] {
-        let answer = plain_client
-            .send(
-                "POST",
-                &format!("/states/{name}"),
-                Some(&state_with_secret(name, 1)),
-            )
-            .await;
-        assert_eq!(answer.status, 200);
+        plain_client
+            .write(name, &state_with_secret(name, 1))
+            .await
+            .expect(200);
     }
     assert!(
         String::from_utf8(s.stored("net/a.tfstate"))
@@ -307,17 +273,10 @@ async fn migration_enforcement_rotation_and_rekey() {
         client.send("GET", "/states/net/a.tfstate", None).await.body,
         state_with_secret("net/a.tfstate", 1)
     );
-    assert_eq!(
-        client
-            .send(
-                "POST",
-                "/states/net/a.tfstate",
-                Some(&state_with_secret("net/a.tfstate", 2))
-            )
-            .await
-            .status,
-        200
-    );
+    client
+        .write("net/a.tfstate", &state_with_secret("net/a.tfstate", 2))
+        .await
+        .expect(200);
     assert_eq!(arns(&s.stored_json("net/a.tfstate")), [old_key.as_str()]);
     assert!(
         !String::from_utf8(s.stored("net/a.tfstate"))
@@ -332,28 +291,17 @@ async fn migration_enforcement_rotation_and_rekey() {
     ];
     let enforced = s.backend(s.moto.kms().await, &enforced_vars).await;
     let strict = Client::new(&enforced.url);
-    let refused = strict.send("GET", "/states/net/b.tfstate", None).await;
-    assert_eq!(refused.status, 409, "{}", refused.body);
+    let refused = strict.get_state("net/b.tfstate").await.expect(409);
     assert!(
         refused.body.contains("gitstate rekey") && !refused.body.contains(SECRET),
         "{}",
         refused.body
     );
-    let refused = strict
-        .send(
-            "POST",
-            "/states/net/b.tfstate",
-            Some(&state_with_secret("net/b.tfstate", 2)),
-        )
-        .await;
-    assert_eq!(refused.status, 409, "{}", refused.body);
-    assert_eq!(
-        strict
-            .send("GET", "/states/net/a.tfstate", None)
-            .await
-            .status,
-        200
-    );
+    strict
+        .write("net/b.tfstate", &state_with_secret("net/b.tfstate", 2))
+        .await
+        .expect(409);
+    strict.get_state("net/a.tfstate").await.expect(200);
 
     // WHEN the keys rotate to the new key alone, a state under the old key names no key of the
     // deployment: refused, never unwrapped with the key the file names
@@ -382,10 +330,7 @@ async fn migration_enforcement_rotation_and_rekey() {
     ];
     let rotated = s.backend(s.moto.kms().await, &rotated_vars).await;
     let rotated_client = Client::new(&rotated.url);
-    let through_old = rotated_client
-        .send("GET", "/states/net/a.tfstate", None)
-        .await;
-    assert_eq!(through_old.status, 200, "{}", through_old.body);
+    let through_old = rotated_client.get_state("net/a.tfstate").await.expect(200);
     assert!(through_old.body.contains(SECRET));
 
     // AND rekey of net/ (as `gitstate rekey --prefix net/` does) rewrites both under the new key
@@ -431,30 +376,21 @@ async fn migration_enforcement_rotation_and_rekey() {
     );
     for name in ["net/a.tfstate", "net/b.tfstate"] {
         assert_eq!(arns(&s.stored_json(name)), [new_key.as_str()]);
-        let answer = rotated_client
-            .send("GET", &format!("/states/{name}"), None)
-            .await;
-        assert_eq!(answer.status, 200, "{}", answer.body);
+        let answer = rotated_client.get_state(name).await.expect(200);
         assert!(answer.body.contains(SECRET));
     }
     // the lock was released, and other/ was left alone
-    assert_eq!(
-        rotated_client
-            .send("GET", "/locks/net/a.tfstate", None)
-            .await
-            .status,
-        404
-    );
+    rotated_client.get_lock("net/a.tfstate").await.expect(404);
     assert!(
         String::from_utf8(s.stored("other/c.tfstate"))
             .expect("utf-8")
             .contains(SECRET)
     );
     // a locked state is not rekeyed under Terraform's feet
-    assert_eq!(
-        rotated_client.lock("net/b.tfstate", "tf-run").await.status,
-        200
-    );
+    rotated_client
+        .lock("net/b.tfstate", "tf-run")
+        .await
+        .expect(200);
     assert!(backend.rekey(&caller, &at, &names[1]).await.is_err());
 }
 
@@ -515,21 +451,13 @@ async fn tree_mode_and_passphrase_states_are_read() {
         .await;
     let client = Client::new(&backend.url);
     let want: serde_json::Value = serde_json::from_slice(&plain).expect("json");
-    let tree_read = client.send("GET", "/states/tree.tfstate", None).await;
-    assert_eq!(tree_read.status, 200, "{}", tree_read.body);
+    let tree_read = client.get_state("tree.tfstate").await.expect(200);
     assert_eq!(
         serde_json::from_str::<serde_json::Value>(&tree_read.body).expect("json"),
         want
     );
-    assert_eq!(
-        client
-            .send("GET", "/states/tool.tfstate", None)
-            .await
-            .status,
-        500
-    );
-    let aes_read = client.send("GET", "/states/aes.tfstate", None).await;
-    assert_eq!(aes_read.status, 200, "{}", aes_read.body);
+    client.get_state("tool.tfstate").await.expect(500);
+    let aes_read = client.get_state("aes.tfstate").await.expect(200);
     let aes_state: serde_json::Value = serde_json::from_str(&aes_read.body).expect("json");
     assert_eq!(aes_state["lineage"], "3f1c2a9e-8b7d-4c1e-9f00-1234567890ab");
     // without the passphrase the aes state is an error, never garbage
@@ -548,13 +476,7 @@ async fn tree_mode_and_passphrase_states_are_read() {
     );
     // writing either migrates it to binary mode
     let next = state_json("3f1c2a9e-8b7d-4c1e-9f00-1234567890ab", 18);
-    assert_eq!(
-        client
-            .send("POST", "/states/aes.tfstate", Some(&next))
-            .await
-            .status,
-        200
-    );
+    client.write("aes.tfstate", &next).await.expect(200);
     assert!(
         s.stored_json("aes.tfstate")["data"]
             .as_str()
@@ -589,13 +511,7 @@ async fn python_sops_decrypts_a_gitstate_state_and_sizes() {
         r#"{{"version":4,"terraform_version":"1.11.4","serial":1,"lineage":"big","outputs":{{}},"resources":[{}],"check_results":null}}"#,
         resources.join(",")
     );
-    assert_eq!(
-        client
-            .send("POST", "/states/big.tfstate", Some(&body))
-            .await
-            .status,
-        200
-    );
+    client.write("big.tfstate", &body).await.expect(200);
     let stored = s.stored("big.tfstate");
     eprintln!(
         "MEASURE 1 MB state: plaintext {} bytes, stored (compressed, sealed) {} bytes (x{:.3})",
@@ -776,12 +692,7 @@ async fn history_and_restore_of_encrypted_states() {
     let name = "net/hist.tfstate";
     for serial in 1..=2 {
         let body = state_with_secret("H", serial);
-        assert_eq!(
-            c.send("POST", &format!("/states/{name}"), Some(&body))
-                .await
-                .status,
-            200
-        );
+        c.write(name, &body).await.expect(200);
     }
     let listed: serde_json::Value =
         serde_json::from_str(&c.send("GET", &format!("/history/{name}"), None).await.body)
@@ -799,10 +710,7 @@ async fn history_and_restore_of_encrypted_states() {
         (200, state_with_secret("H", 1).as_str())
     );
 
-    let restored = c
-        .send("POST", &format!("/history/{name}?restore=1"), None)
-        .await;
-    assert_eq!(restored.status, 200, "{}", restored.body);
+    c.restore(name, "1").await.expect(200);
     let stored = String::from_utf8(s.stored(name)).expect("utf-8");
     assert!(
         stored.contains("ENC[AES256_GCM"),
@@ -853,16 +761,7 @@ async fn kms_outage_fails_closed() {
     let cold = s.backend(cold_kms, &keys).await;
     let c = Client::new(&warm.url);
     let name = "net/outage.tfstate";
-    assert_eq!(
-        c.send(
-            "POST",
-            &format!("/states/{name}"),
-            Some(&state_with_secret("O", 1))
-        )
-        .await
-        .status,
-        200
-    );
+    c.write(name, &state_with_secret("O", 1)).await.expect(200);
     let Setup { moto, server, .. } = s;
     drop(moto);
     let refs = || gitstate_tests::git(&["ls-remote", &server.url_with_credentials("infra")], None);
@@ -1034,13 +933,7 @@ async fn states_sealed_before_compression_keep_reading() {
     assert!(passed == body.as_bytes());
     // AND the next write stores it compressed, which reads back byte-exact
     let next = realistic_state(9, 60, 5);
-    assert_eq!(
-        client
-            .send("POST", "/states/old/prod.tfstate", Some(&next))
-            .await
-            .status,
-        200
-    );
+    client.write("old/prod.tfstate", &next).await.expect(200);
     let stored = s.stored(name.as_str());
     assert!(
         stored.len() * 4 < old.len(),

@@ -1,22 +1,23 @@
 //! A git host behind a private CA and an HTTPS proxy, reached by `gitstate serve` processes (the
 //! proxy settings come from the process environment, so each configuration is its own process).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use gitstate_tests::hosts::{ConnectProxy, ReverseProxy, TestCa};
 use gitstate_tests::process::{ServeProcess, serve_env};
-use gitstate_tests::{Client, GitServer, git, lock_info, state_json};
+use gitstate_tests::{Client, GitServer, git, state_json};
 
 const NAME: &str = "vpc/prod.tfstate";
-
-fn binary() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_gitstate"))
-}
 
 async fn serve(root: &Path, label: &str, repository: &str, extra: &[(&str, &str)]) -> ServeProcess {
     let dir = root.join(label);
     std::fs::create_dir_all(&dir).expect("server dir");
-    ServeProcess::start(&binary(), &dir, serve_env(repository, extra)).await
+    ServeProcess::start(
+        Path::new(crate::GITSTATE),
+        &dir,
+        serve_env(repository, extra),
+    )
+    .await
 }
 
 /// What Terraform does in an apply, then a force-unlock of a lock left behind: every answer as
@@ -24,24 +25,11 @@ async fn serve(root: &Path, label: &str, repository: &str, extra: &[(&str, &str)
 async fn flow(server: &ServeProcess, serial: u64) {
     let client = Client::new(&server.url);
     let id = format!("apply-{serial}");
-    let lock = client.lock(NAME, &id).await;
-    assert_eq!(lock.status, 200, "lock: {}", lock.body);
-    let body = state_json("private-ca", serial);
-    let write = client
-        .send("POST", &format!("/states/{NAME}?ID={id}"), Some(&body))
+    client
+        .apply(NAME, &id, &state_json("private-ca", serial))
         .await;
-    assert_eq!(write.status, 200, "write: {}", write.body);
-    let read = client.send("GET", &format!("/states/{NAME}"), None).await;
-    assert_eq!((read.status, read.body), (200, body));
-    let unlock = client
-        .send("DELETE", &format!("/locks/{NAME}"), Some(&lock_info(&id)))
-        .await;
-    assert_eq!(unlock.status, 200, "unlock: {}", unlock.body);
-    assert_eq!(client.lock(NAME, "crashed").await.status, 200);
-    let force = client
-        .send("DELETE", &format!("/locks/{NAME}"), Some(""))
-        .await;
-    assert_eq!(force.status, 200, "force-unlock: {}", force.body);
+    client.lock(NAME, "crashed").await.expect(200);
+    client.force_unlock(NAME).await.expect(200);
 }
 
 /// An HTTPS host whose certificate comes from a CA the test makes: refused without the CA

@@ -291,20 +291,14 @@ async fn full_flow(cli: Cli, label: &str, mode: PushMode) {
     );
 
     // force-unlock of a lock left by a crashed run.
-    assert_eq!(client.lock(NAME, "crashed-run-0001").await.status, 200);
+    client.lock(NAME, "crashed-run-0001").await.expect(200);
     let blocked = cli
         .run(&dir, &["plan", "-no-color", "-var", "round=2"])
         .await;
     assert!(!blocked.status.success());
     cli.ok(&dir, &["force-unlock", "-force", "crashed-run-0001"])
         .await;
-    assert_eq!(
-        client
-            .send("GET", &format!("/locks/{NAME}"), None)
-            .await
-            .status,
-        404
-    );
+    client.get_lock(NAME).await.expect(404);
 
     // destroy writes a state without resources.
     cli.ok(
@@ -415,7 +409,7 @@ impl Cli {
 
 /// A git host behind a private CA (an HTTPS proxy whose certificate comes from a CA the test
 /// makes): with `GITSTATE_GIT_CA_FILE` Terraform inits, applies twice and plans no changes. The
-/// refusal without the setting is in functions/gitstate-cli/tests/hosts.rs.
+/// refusal without the setting is in functions/gitstate-cli/tests/it/hosts.rs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terraform_through_a_private_ca_host() {
     init_tracing();
@@ -496,7 +490,7 @@ async fn terraform_respects_each_users_grants() {
 
     // Another writer holds the lock: the writer cannot force-unlock it, the admin can.
     let other = Client::with_credentials(&backend.url, Some((users[2].0, users[2].1)));
-    assert_eq!(other.lock(NAME, "held-by-other").await.status, 200);
+    other.lock(NAME, "held-by-other").await.expect(200);
     let refused = writer
         .run(
             dir,
@@ -569,10 +563,7 @@ async fn terraform_plans_the_drift_after_a_restore() {
         .as_u64()
         .expect("serial");
 
-    let restored = client
-        .send("POST", &format!("/history/{NAME}?restore=1"), None)
-        .await;
-    assert_eq!(restored.status, 200, "{}", restored.body);
+    client.restore(NAME, "1").await.expect(200);
     let state = stored_state(&server, NAME);
     assert_eq!(state["serial"].as_u64(), Some(second + 1));
     assert!(state.to_string().contains("alpha-0"), "round 0 is back");

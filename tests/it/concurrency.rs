@@ -1,9 +1,7 @@
 //! Many backends with separate caches (as separate Lambda containers) against one repository,
 //! on a server with atomic push and on one without (`receive.advertiseAtomic=false`).
 
-use gitstate_tests::{
-    Client, GitServer, PushMode, TestBackend, git, init_tracing, lock_info, state_json,
-};
+use gitstate_tests::{Client, GitServer, PushMode, TestBackend, git, init_tracing, state_json};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn thirty_two_lockers_one_winner() {
@@ -89,7 +87,7 @@ async fn writers_lose_no_update(mode: PushMode, serials: u64) {
             let name = format!("team-{w}/app.tfstate");
             for serial in 1..=serials {
                 let id = format!("w{w}-s{serial}");
-                assert_eq!(client.lock(&name, &id).await.status, 200);
+                client.lock(&name, &id).await.expect(200);
                 let write = client
                     .send(
                         "POST",
@@ -98,13 +96,7 @@ async fn writers_lose_no_update(mode: PushMode, serials: u64) {
                     )
                     .await;
                 assert_eq!(write.status, 200, "{name} serial {serial}: {}", write.body);
-                assert_eq!(
-                    client
-                        .send("DELETE", &format!("/locks/{name}"), Some(&lock_info(&id)))
-                        .await
-                        .status,
-                    200
-                );
+                client.unlock(&name, &id).await.expect(200);
             }
             drop(backend);
         }));
@@ -255,14 +247,10 @@ async fn embedded_repository_locks_and_writes_concurrently() {
             let client = Client::new(&backend.url);
             tokio::spawn(async move {
                 for serial in 1..=5u64 {
-                    let answer = client
-                        .send(
-                            "POST",
-                            &format!("/states/w{w}.tfstate"),
-                            Some(&state_json("local", serial)),
-                        )
-                        .await;
-                    assert_eq!(answer.status, 200, "{}", answer.body);
+                    client
+                        .write(&format!("w{w}.tfstate"), &state_json("local", serial))
+                        .await
+                        .expect(200);
                 }
             })
         })

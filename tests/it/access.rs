@@ -126,25 +126,16 @@ async fn permission_matrix_over_every_role_route_and_prefix() {
                 let prefix = if inside { "team" } else { "other" };
                 let name = format!("{prefix}/case-{n}-{m}.tfstate");
                 // GIVEN a state, and for the lock routes a lock, held by root or by the user.
-                assert_eq!(
-                    root.send(
-                        "POST",
-                        &format!("/states/{name}"),
-                        Some(&state_json("L", 1))
-                    )
-                    .await
-                    .status,
-                    200
-                );
+                root.write(&name, &state_json("L", 1)).await.expect(200);
                 let lock_id = format!("lock-{n}-{m}");
                 match route {
                     Route::ReadLock | Route::UnlockOthers | Route::ForceUnlock => {
-                        assert_eq!(root.lock(&name, &lock_id).await.status, 200);
+                        root.lock(&name, &lock_id).await.expect(200);
                     }
                     Route::UnlockOwn => {
                         let owner = credentials.unwrap_or(ROOT);
                         let setup = Client::with_credentials(&setup_backend.url, Some(owner));
-                        assert_eq!(setup.lock(&name, &lock_id).await.status, 200);
+                        setup.lock(&name, &lock_id).await.expect(200);
                     }
                     _ => {}
                 }
@@ -433,26 +424,12 @@ async fn the_access_file_lives_in_the_repository_and_changes_by_commit() {
     let reader = Client::with_credentials(&backend.url, Some(READER));
 
     // The file's user and the bootstrap administrator both work; others do not.
-    assert_eq!(
-        writer
-            .send("POST", "/states/team/a.tfstate", Some(&state_json("L", 1)))
-            .await
-            .status,
-        200
-    );
-    assert_eq!(
-        root.send("GET", "/states/team/a.tfstate", None)
-            .await
-            .status,
-        200
-    );
-    assert_eq!(
-        reader
-            .send("GET", "/states/team/a.tfstate", None)
-            .await
-            .status,
-        401
-    );
+    writer
+        .write("team/a.tfstate", &state_json("L", 1))
+        .await
+        .expect(200);
+    root.get_state("team/a.tfstate").await.expect(200);
+    reader.get_state("team/a.tfstate").await.expect(401);
 
     // The access file cannot be written through the state API.
     for path in [
@@ -469,30 +446,12 @@ async fn the_access_file_lives_in_the_repository_and_changes_by_commit() {
         "inrepo",
         &access_file(&[(READER.0, READER.1, &["read:*"])]),
     );
-    assert_eq!(
-        reader
-            .send("GET", "/states/team/a.tfstate", None)
-            .await
-            .status,
-        200
-    );
-    assert_eq!(
-        writer
-            .send("GET", "/states/team/a.tfstate", None)
-            .await
-            .status,
-        401
-    );
+    reader.get_state("team/a.tfstate").await.expect(200);
+    writer.get_state("team/a.tfstate").await.expect(401);
 
     // An invalid file keeps the previous policy rather than locking everyone out.
     commit_access_file(&server, "inrepo", "[users.bob]\nhash = \"plaintext\"\n");
-    assert_eq!(
-        reader
-            .send("GET", "/states/team/a.tfstate", None)
-            .await
-            .status,
-        200
-    );
+    reader.get_state("team/a.tfstate").await.expect(200);
     assert!(captured_logs().contains(".gitstate/access.toml is invalid"));
 
     // Commits are authored as the user.

@@ -1,6 +1,6 @@
 //! Hosts as they are found in the wild: without atomic push (Azure DevOps, CodeCommit), taking
 //! only Bearer tokens (Bitbucket Data Center). Private CAs and proxies need their own processes
-//! (the proxy comes from the environment): functions/gitstate-cli/tests/hosts.rs.
+//! (the proxy comes from the environment): functions/gitstate-cli/tests/it/hosts.rs.
 
 use gitstate_tests::hosts::{BEARER_TOKEN, ReverseProxy};
 use gitstate_tests::{
@@ -12,19 +12,7 @@ const NAME: &str = "net/prod.tfstate";
 
 /// Lock, write under the lock, read back, unlock: what an apply does.
 async fn apply_cycle(client: &Client, id: &str, serial: u64) {
-    let lock = client.lock(NAME, id).await;
-    assert_eq!(lock.status, 200, "lock: {}", lock.body);
-    let body = state_json("hosts", serial);
-    let write = client
-        .send("POST", &format!("/states/{NAME}?ID={id}"), Some(&body))
-        .await;
-    assert_eq!(write.status, 200, "write: {}", write.body);
-    let read = client.send("GET", &format!("/states/{NAME}"), None).await;
-    assert_eq!((read.status, read.body), (200, body));
-    let unlock = client
-        .send("DELETE", &format!("/locks/{NAME}"), Some(&lock_info(id)))
-        .await;
-    assert_eq!(unlock.status, 200, "unlock: {}", unlock.body);
+    client.apply(NAME, id, &state_json("hosts", serial)).await;
 }
 
 /// The advertisement the test server gives in each mode: what the backend decides from.
@@ -60,7 +48,7 @@ async fn without_atomic_the_lock_still_guards_every_write() {
     apply_cycle(&client, "first-apply", 1).await;
     server.take_labels();
 
-    assert_eq!(client.lock(NAME, "holder").await.status, 200);
+    client.lock(NAME, "holder").await.expect(200);
     assert_eq!(
         server.take_labels(),
         ["GET refs/receive-pack", "POST receive-pack"],
@@ -68,19 +56,13 @@ async fn without_atomic_the_lock_still_guards_every_write() {
     );
     let body = state_json("hosts", 2);
     let other = client
-        .send("POST", &format!("/states/{NAME}?ID=intruder"), Some(&body))
-        .await;
-    assert_eq!(other.status, 409, "{}", other.body);
+        .write_locked(NAME, "intruder", &body)
+        .await
+        .expect(409);
     assert!(other.body.contains(r#""ID":"holder""#), "{}", other.body);
-    let unlocked = client
-        .send("POST", &format!("/states/{NAME}"), Some(&body))
-        .await;
-    assert_eq!(unlocked.status, 423, "{}", unlocked.body);
+    client.write(NAME, &body).await.expect(423);
     server.take_labels();
-    let write = client
-        .send("POST", &format!("/states/{NAME}?ID=holder"), Some(&body))
-        .await;
-    assert_eq!(write.status, 200, "{}", write.body);
+    client.write_locked(NAME, "holder", &body).await.expect(200);
     assert_eq!(
         server.take_labels(),
         ["GET refs/receive-pack", "POST receive-pack"],
@@ -97,14 +79,7 @@ async fn without_atomic_the_lock_still_guards_every_write() {
         2,
         "the refused writes left nothing: {serials}"
     );
-    let unlock = client
-        .send(
-            "DELETE",
-            &format!("/locks/{NAME}"),
-            Some(&lock_info("holder")),
-        )
-        .await;
-    assert_eq!(unlock.status, 200);
+    client.unlock(NAME, "holder").await.expect(200);
     git(&["--git-dir", bare, "fsck", "--strict"], None);
 }
 
@@ -144,7 +119,7 @@ async fn a_force_unlock_racing_a_write_differs_only_without_atomic() {
         let backend = TestBackend::start(&proxy.url("race"), &[]).await;
         let client = Client::new(&backend.url);
         apply_cycle(&client, "first", 1).await;
-        assert_eq!(client.lock(NAME, "holder").await.status, 200);
+        client.lock(NAME, "holder").await.expect(200);
         armed.store(true, std::sync::atomic::Ordering::SeqCst);
         let write = client
             .send(

@@ -20,11 +20,11 @@ async fn full_cycle_counts_git_requests_and_leaves_an_audit_trail() {
     let path = format!("/states/{NAME}");
 
     // GIVEN an empty repository, WHEN reading, THEN 404 after one advertisement.
-    assert_eq!(client.send("GET", &path, None).await.status, 404);
+    client.get_state(NAME).await.expect(404);
     assert_eq!(server.take_labels(), ["GET refs/upload-pack"]);
 
     // LOCK: advertisement + create-only push = 2 requests.
-    assert_eq!(client.lock(NAME, "lock-1").await.status, 200);
+    client.lock(NAME, "lock-1").await.expect(200);
     assert_eq!(
         server.take_labels(),
         ["GET refs/receive-pack", "POST receive-pack"]
@@ -34,20 +34,16 @@ async fn full_cycle_counts_git_requests_and_leaves_an_audit_trail() {
 
     // Write with the lock: advertisement + push (atomic with the unchanged lock ref).
     let first = state_json("lin-1", 1);
-    assert_eq!(
-        client
-            .send("POST", &format!("{path}?ID=lock-1"), Some(&first))
-            .await
-            .status,
-        200
-    );
+    client
+        .write_locked(NAME, "lock-1", &first)
+        .await
+        .expect(200);
     let write = server.take_labels();
     assert!(write.len() <= 5, "write took {write:?}");
     assert_eq!(write, ["GET refs/receive-pack", "POST receive-pack"]);
 
     // Warm GET of a tip this process pushed: one request.
-    let got = client.send("GET", &path, None).await;
-    assert_eq!((got.status, got.body.as_str()), (200, first.as_str()));
+    assert_eq!(client.get_state(NAME).await.expect(200).body, first);
     assert_eq!(server.take_labels(), ["GET refs/upload-pack"]);
 
     let second = state_json("lin-1", 2);
@@ -61,17 +57,7 @@ async fn full_cycle_counts_git_requests_and_leaves_an_audit_trail() {
     server.take_labels();
 
     // UNLOCK: read the lock (cached commit) + conditional delete.
-    assert_eq!(
-        client
-            .send(
-                "DELETE",
-                &format!("/locks/{NAME}"),
-                Some(&lock_info("lock-1"))
-            )
-            .await
-            .status,
-        200
-    );
+    client.unlock(NAME, "lock-1").await.expect(200);
     assert_eq!(
         server.take_labels(),
         ["GET refs/receive-pack", "POST receive-pack"]
@@ -82,27 +68,23 @@ async fn full_cycle_counts_git_requests_and_leaves_an_audit_trail() {
     // A cold backend (new cache) fetches once, then serves warm GETs with one request each.
     let cold = TestBackend::start(&url, &[]).await;
     let cold_client = Client::new(&cold.url);
-    assert_eq!(cold_client.send("GET", &path, None).await.body, second);
+    assert_eq!(cold_client.get_state(NAME).await.expect(200).body, second);
     assert_eq!(
         server.take_labels(),
         ["GET refs/upload-pack", "POST upload-pack"]
     );
-    assert_eq!(cold_client.send("GET", &path, None).await.body, second);
+    assert_eq!(cold_client.get_state(NAME).await.expect(200).body, second);
     assert_eq!(server.take_labels(), ["GET refs/upload-pack"]);
 
     // UNLOCK in a fresh process: the receive-pack advertisement gives the lock's tip and the push
     // capabilities, one fetch brings the lock commit to compare its ID, then the delete: 3.
-    assert_eq!(client.lock(NAME, "lock-2").await.status, 200);
+    client.lock(NAME, "lock-2").await.expect(200);
     server.take_requests();
     let fresh = TestBackend::start(&url, &[]).await;
-    let unlock = Client::new(&fresh.url)
-        .send(
-            "DELETE",
-            &format!("/locks/{NAME}"),
-            Some(&lock_info("lock-2")),
-        )
-        .await;
-    assert_eq!(unlock.status, 200);
+    Client::new(&fresh.url)
+        .unlock(NAME, "lock-2")
+        .await
+        .expect(200);
     assert_eq!(
         server.take_labels(),
         [
@@ -151,9 +133,8 @@ async fn lock_and_write_rules_over_git() {
     let c = Client::new(&backend.url);
     let path = format!("/states/{NAME}");
 
-    assert_eq!(c.lock(NAME, "A").await.status, 200);
-    let conflict = c.lock(NAME, "B").await;
-    assert_eq!(conflict.status, 423);
+    c.lock(NAME, "A").await.expect(200);
+    let conflict = c.lock(NAME, "B").await.expect(423);
     assert!(
         conflict.body.contains(r#""ID":"A""#),
         "holder's LockInfo: {}",
@@ -171,72 +152,44 @@ async fn lock_and_write_rules_over_git() {
     );
 
     let s1 = state_json("L", 1);
-    let wrong = c.send("POST", &format!("{path}?ID=B"), Some(&s1)).await;
-    assert_eq!(wrong.status, 409);
+    let wrong = c.write_locked(NAME, "B", &s1).await.expect(409);
     assert!(wrong.body.contains(r#""ID":"A""#));
-    assert_eq!(
-        c.send("POST", &path, Some(&s1)).await.status,
-        423,
-        "write without ID while locked"
-    );
-    assert_eq!(
-        c.send("POST", &format!("{path}?ID=A"), Some(&s1))
-            .await
-            .status,
-        200
-    );
-    assert_eq!(
-        c.send("POST", &format!("{path}?ID=A"), Some(&state_json("L", 5)))
-            .await
-            .status,
-        200
-    );
+    // A write without ID while locked.
+    c.write(NAME, &s1).await.expect(423);
+    c.write_locked(NAME, "A", &s1).await.expect(200);
+    c.write_locked(NAME, "A", &state_json("L", 5))
+        .await
+        .expect(200);
     let stale = c
-        .send("POST", &format!("{path}?ID=A"), Some(&state_json("L", 4)))
-        .await;
-    assert_eq!(stale.status, 409);
+        .write_locked(NAME, "A", &state_json("L", 4))
+        .await
+        .expect(409);
     assert!(stale.body.contains("stale"), "{}", stale.body);
 
     assert_eq!(
         c.send("UNLOCK", &path, Some(&lock_info("B"))).await.status,
         409
     );
-    let held = c.send("GET", &format!("/locks/{NAME}"), None).await;
-    assert_eq!(held.status, 200);
+    let held = c.get_lock(NAME).await.expect(200);
     assert!(held.body.contains(r#""ID":"A""#));
+    assert_eq!(held.lock().id, "A");
     assert_eq!(
         c.send("UNLOCK", &path, Some("")).await.status,
         200,
         "Terraform's force-unlock"
     );
-    assert_eq!(
-        c.send("GET", &format!("/locks/{NAME}"), None).await.status,
-        404
-    );
-    assert_eq!(
-        c.send("DELETE", &format!("/locks/{NAME}"), Some(&lock_info("A")))
-            .await
-            .status,
-        200,
-        "not locked"
-    );
+    c.get_lock(NAME).await.expect(404);
+    // Unlocking what is not locked.
+    c.unlock(NAME, "A").await.expect(200);
 
     // Unlocked write with an ID whose lock is gone: refused.
-    assert_eq!(
-        c.send("POST", &format!("{path}?ID=A"), Some(&state_json("L", 6)))
-            .await
-            .status,
-        409
-    );
+    c.write_locked(NAME, "A", &state_json("L", 6))
+        .await
+        .expect(409);
     // -lock=false: accepted.
-    assert_eq!(
-        c.send("POST", &path, Some(&state_json("L", 6)))
-            .await
-            .status,
-        200
-    );
+    c.write(NAME, &state_json("L", 6)).await.expect(200);
     // Terraform re-encodes and sorts the query: decode it properly.
-    assert_eq!(c.lock(NAME, "id with space/+").await.status, 200);
+    c.lock(NAME, "id with space/+").await.expect(200);
     let encoded = format!("{path}?ID=id%20with%20space%2F%2B&ref=main");
     assert_eq!(
         c.send("POST", &encoded, Some(&state_json("L", 7)))
@@ -244,20 +197,11 @@ async fn lock_and_write_rules_over_git() {
             .status,
         200
     );
-    assert_eq!(
-        c.send(
-            "DELETE",
-            &format!("/locks/{NAME}"),
-            Some(&lock_info("id with space/+"))
-        )
-        .await
-        .status,
-        200
-    );
+    c.unlock(NAME, "id with space/+").await.expect(200);
 
-    assert_eq!(c.send("DELETE", &path, None).await.status, 200);
-    assert_eq!(c.send("GET", &path, None).await.status, 404);
-    assert_eq!(c.send("DELETE", &path, None).await.status, 404);
+    c.delete_state(NAME, None).await.expect(200);
+    c.get_state(NAME).await.expect(404);
+    c.delete_state(NAME, None).await.expect(404);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -268,16 +212,7 @@ async fn interoperates_with_the_seed_tools_lock_branches() {
     let backend = TestBackend::start(&url, &[]).await;
     let c = Client::new(&backend.url);
     let file = "app.tfstate";
-    assert_eq!(
-        c.send(
-            "POST",
-            &format!("/states/{file}"),
-            Some(&state_json("S", 1))
-        )
-        .await
-        .status,
-        200
-    );
+    c.write(file, &state_json("S", 1)).await.expect(200);
 
     // The seed recipe, run with the git CLI: clone, branch locks/<file>, commit <file>.lock, push.
     let work = tempfile::tempdir().expect("tempdir");
@@ -304,7 +239,7 @@ async fn interoperates_with_the_seed_tools_lock_branches() {
     );
 
     // WHEN gitstate holds the lock, THEN the seed recipe's push is rejected.
-    assert_eq!(c.lock(file, "gitstate-lock").await.status, 200);
+    c.lock(file, "gitstate-lock").await.expect(200);
     let push = git_output(
         &["push", "-q", "origin", &format!("locks/{file}")],
         Some(&clone),
@@ -312,43 +247,25 @@ async fn interoperates_with_the_seed_tools_lock_branches() {
     assert!(!push.status.success(), "the seed tool must see the lock");
 
     // WHEN the seed recipe holds the lock, THEN gitstate answers 423 with its LockInfo.
-    assert_eq!(
-        c.send(
-            "DELETE",
-            &format!("/locks/{file}"),
-            Some(&lock_info("gitstate-lock"))
-        )
-        .await
-        .status,
-        200
-    );
+    c.unlock(file, "gitstate-lock").await.expect(200);
     git(
         &["push", "-q", "origin", &format!("locks/{file}")],
         Some(&clone),
     );
-    let refused = c.lock(file, "gitstate-2").await;
-    assert_eq!(refused.status, 423);
+    let refused = c.lock(file, "gitstate-2").await.expect(423);
     assert!(
         refused.body.contains(r#""ID":"seed-lock""#),
         "{}",
         refused.body
     );
-    assert_eq!(
-        c.send(
-            "POST",
-            &format!("/states/{file}"),
-            Some(&state_json("S", 2))
-        )
-        .await
-        .status,
-        423
-    );
+    assert_eq!(refused.lock().id, "seed-lock");
+    c.write(file, &state_json("S", 2)).await.expect(423);
     // The seed tool's unlock (delete the branch) frees it for gitstate.
     git(
         &["push", "-q", "origin", "--delete", &format!("locks/{file}")],
         Some(&clone),
     );
-    assert_eq!(c.lock(file, "gitstate-2").await.status, 200);
+    c.lock(file, "gitstate-2").await.expect(200);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -437,12 +354,7 @@ async fn bad_input_is_4xx_and_changes_nothing() {
     let url = server.create_repo("state");
     let backend = TestBackend::start(&url, &[("GITSTATE_MAX_BODY_BYTES", "2048")]).await;
     let c = Client::new(&backend.url);
-    assert_eq!(
-        c.send("POST", "/states/ok.tfstate", Some(&state_json("B", 1)))
-            .await
-            .status,
-        200
-    );
+    c.write("ok.tfstate", &state_json("B", 1)).await.expect(200);
     let before = ls_remote(&server, "state");
 
     let big = format!(r#"{{"pad":"{}"}}"#, "x".repeat(4096));
@@ -523,12 +435,7 @@ async fn corrupt_cache_is_rebuilt_not_served() {
     let backend = TestBackend::start(&url, &[]).await;
     let c = Client::new(&backend.url);
     let state = state_json("C", 1);
-    assert_eq!(
-        c.send("POST", "/states/c.tfstate", Some(&state))
-            .await
-            .status,
-        200
-    );
+    c.write("c.tfstate", &state).await.expect(200);
     // Destroy every object in the cache behind the backend's back.
     for entry in walk(backend.cache.path()) {
         if entry.components().any(|c| c.as_os_str() == "objects") && entry.is_file() {

@@ -9,10 +9,6 @@ use std::time::Duration;
 use gitstate_tests::{TEST_PASSWORD, TEST_USER, access_file};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-fn gitstate() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_gitstate"))
-}
-
 fn openssl(dir: &Path, args: &[&str]) {
     let out = Command::new("openssl")
         .args(args)
@@ -131,7 +127,7 @@ struct Served {
 async fn serve(args: &[&str]) -> Served {
     let work = tempfile::tempdir().expect("tempdir");
     let stderr = work.path().join("serve.log");
-    let mut child = tokio::process::Command::new(gitstate())
+    let mut child = tokio::process::Command::new(crate::GITSTATE)
         .arg("serve")
         .args(args)
         .current_dir(work.path())
@@ -377,7 +373,7 @@ async fn client_certificates_required_and_others_refused() {
 fn non_loopback_needs_tls_or_insecure_listen() {
     let work = tempfile::tempdir().expect("tempdir");
     let run = |args: &[&str]| {
-        let out = Command::new(gitstate())
+        let out = Command::new(crate::GITSTATE)
             .arg("serve")
             .args(args)
             .current_dir(work.path())
@@ -430,7 +426,7 @@ async fn json_logs() {
     }
     assert_eq!(access, 2, "{log}");
     assert!(!log.contains("wrong-password"));
-    let bad = Command::new(gitstate())
+    let bad = Command::new(crate::GITSTATE)
         .args(["serve", "--log-format", "xml"])
         .current_dir(served.work.path())
         .output()

@@ -93,7 +93,7 @@ impl Watch {
             .expect("cargo runs");
         assert!(build.success(), "cargo build --bin {FUNCTION} failed");
 
-        let port = free_port();
+        let port = gitstate_tests::free_port();
         let log = tempfile::NamedTempFile::new().expect("log file");
         let mut command = cargo_command(&cargo_lambda());
         command
@@ -184,13 +184,6 @@ impl Drop for Watch {
             eprintln!("cargo lambda watch output:\n{}", self.output());
         }
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
-        .port()
 }
 
 fn body_text(response: &serde_json::Value) -> String {
@@ -287,7 +280,7 @@ async fn the_lambda_binary_answers_every_event_and_terraform_under_cargo_lambda_
         show(&server, "watched", "main:demo/app.tfstate").as_bytes(),
         sent.as_slice()
     );
-    // That EVENT_SEQUENCE covers every file in events/ is checked by tests/lambda_events.rs.
+    // That EVENT_SEQUENCE covers every file in events/ is checked by tests/it/lambda_events.rs.
 
     // Real Terraform through the emulated Function URL: the post-deploy smoke script, twice.
     smoke_run(&watch.base_url(), "first").await;

@@ -52,15 +52,9 @@ impl Front {
                 .expect("client"),
         };
         let app = axum::Router::new().fallback(forward).with_state(state);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let url = format!("http://{}", listener.local_addr().expect("address"));
-        let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
+        let (address, task) = gitstate_tests::serve_on_loopback(app).await;
         Self {
-            url,
+            url: format!("http://{address}"),
             seen,
             _task: task,
         }
@@ -227,8 +221,7 @@ async fn a_redirect_to_another_origin_is_not_followed_with_the_token() {
     .await;
     let backend = TestBackend::start(&format!("{}/repo.git", front.url), &[]).await;
     let client = Client::new(&backend.url);
-    let answer = client.send("GET", "/states/a.tfstate", None).await;
-    assert_eq!(answer.status, 502, "{}", answer.body);
+    client.get_state("a.tfstate").await.expect(502);
     assert!(
         server.take_requests().is_empty(),
         "the other origin was never asked (so never given the token)"
@@ -282,8 +275,7 @@ async fn only_the_first_advertisement_is_redirected_and_only_within_the_origin()
     let backend = TestBackend::serve(gitstate_tests::app(&settings), cache).await;
     let client = Client::new(&backend.url);
     let state = state_json("lineage-redirect", 1);
-    let wrote = client.send("POST", "/states/a.tfstate", Some(&state)).await;
-    assert_eq!(wrote.status, 200, "{}", wrote.body);
+    client.write("a.tfstate", &state).await.expect(200);
     let read = client.send("GET", "/states/a.tfstate", None).await;
     assert_eq!((read.status, read.body.as_str()), (200, state.as_str()));
     let seen = front.seen();
@@ -305,8 +297,7 @@ async fn only_the_first_advertisement_is_redirected_and_only_within_the_origin()
     // A later advertisement redirected, even within the origin: 502, not followed.
     later.store(true, Ordering::SeqCst);
     let before = front.seen().len();
-    let read = client.send("GET", "/states/a.tfstate", None).await;
-    assert_eq!(read.status, 502, "{}", read.body);
+    client.get_state("a.tfstate").await.expect(502);
     let after: Vec<Seen> = front.seen()[before..].to_vec();
     assert!(
         !after.is_empty()

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use gitstate_tests::faults::{Fault, FaultProxy};
 use gitstate_tests::{
     Answer, Client, GIT_TOKEN, GitServer, TEST_PASSWORD, TestBackend, capture_logs, captured_logs,
-    git, lock_info, state_json,
+    git, lock_info, serial_of, state_json,
 };
 
 /// Git request timeout of the backend under test; stalls last longer.
@@ -34,16 +34,17 @@ async fn with_retries(
     panic!("{method} {path}: still 5xx after 30 tries");
 }
 
-fn serial_of(body: &str) -> u64 {
-    let value: serde_json::Value = serde_json::from_str(body).expect("state parses");
-    value["serial"].as_u64().expect("serial")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn git_server_faults_give_5xx_or_success_never_half_writes_or_stuck_locks() {
     capture_logs();
     let server = GitServer::start().await;
     server.create_repo("faulty");
+    // receive-pack's automatic gc runs inside the push that triggers it, not detached: a
+    // background repack could remove a pack while the fsck below reads it.
+    git(
+        &["config", "gc.autoDetach", "false"],
+        Some(&server.repo_dir("faulty")),
+    );
     let stall = Duration::from_secs(TIMEOUT_SECS) + Duration::from_millis(500);
     let proxy = FaultProxy::start(
         server.address,
@@ -170,15 +171,8 @@ async fn git_server_faults_give_5xx_or_success_never_half_writes_or_stuck_locks(
     let client = Client::new(&backends[0].url);
     for s in 0..STATES {
         let name = format!("svc-{s}/app.tfstate");
-        assert_eq!(client.lock(&name, "clean").await.status, 200);
-        let unlock = client
-            .send(
-                "DELETE",
-                &format!("/locks/{name}"),
-                Some(&lock_info("clean")),
-            )
-            .await;
-        assert_eq!(unlock.status, 200);
+        client.lock(&name, "clean").await.expect(200);
+        client.unlock(&name, "clean").await.expect(200);
     }
     let logs = captured_logs();
     assert!(logs.contains("DEBUG"), "logs were captured");
@@ -208,6 +202,10 @@ async fn git_server_faults_give_5xx_or_success_never_half_writes_or_stuck_locks(
 async fn terraform_applies_through_git_server_faults() {
     let server = GitServer::start().await;
     server.create_repo("tf-faulty");
+    git(
+        &["config", "gc.autoDetach", "false"],
+        Some(&server.repo_dir("tf-faulty")),
+    );
     let proxy = FaultProxy::start(
         server.address,
         23,
@@ -288,8 +286,7 @@ output "round" {{
     let injected = proxy.injected().len();
     proxy.set_enabled(false);
     let client = Client::new(&backend.url);
-    let got = client.send("GET", &format!("/states/{name}"), None).await;
-    assert_eq!(got.status, 200, "{}", got.body);
+    let got = client.get_state(name).await.expect(200);
     let state: serde_json::Value = serde_json::from_str(&got.body).expect("state parses");
     assert_eq!(state["outputs"]["round"]["value"], APPLIES, "{}", got.body);
     let refs = git(
@@ -334,8 +331,7 @@ async fn a_hung_git_server_gets_a_504_at_the_request_deadline_and_leaves_nothing
     let client = Client::new(&backend.url);
     let name = "hung/app.tfstate";
     let state = state_json("lineage-hung", 1);
-    let lock = client.lock(name, "hung-1").await;
-    assert_eq!(lock.status, 504, "{}", lock.body);
+    let lock = client.lock(name, "hung-1").await.expect(504);
     assert!(
         lock.body
             .contains("did not answer within 2 s; retrying is safe"),
@@ -360,19 +356,12 @@ async fn a_hung_git_server_gets_a_504_at_the_request_deadline_and_leaves_nothing
 
     // The server answers again: Terraform's retries of the same requests succeed.
     proxy.set_enabled(false);
-    assert_eq!(client.lock(name, "hung-1").await.status, 200);
-    let write = client
-        .send("POST", &format!("/states/{name}?ID=hung-1"), Some(&state))
-        .await;
-    assert_eq!(write.status, 200, "{}", write.body);
-    let unlock = client
-        .send(
-            "DELETE",
-            &format!("/locks/{name}"),
-            Some(&lock_info("hung-1")),
-        )
-        .await;
-    assert_eq!(unlock.status, 200, "{}", unlock.body);
+    client.lock(name, "hung-1").await.expect(200);
+    client
+        .write_locked(name, "hung-1", &state)
+        .await
+        .expect(200);
+    client.unlock(name, "hung-1").await.expect(200);
     let refs = git(&["ls-remote", &server.url_with_credentials("hung")], None);
     assert!(!refs.contains("refs/heads/locks/"), "no lock left: {refs}");
 }

@@ -1,6 +1,6 @@
 //! History, versions, restore and lock listing over the real git server.
 
-use gitstate_tests::{Client, GitServer, TestBackend, git, lock_info, state_json};
+use gitstate_tests::{Client, GitServer, TestBackend, git, state_json};
 
 fn json(text: &str) -> serde_json::Value {
     serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
@@ -15,121 +15,65 @@ async fn history_lists_reads_and_restores_versions() {
     let name = "app/prod.tfstate";
     // Three versions of the state, another state's commit in between.
     for serial in 1..=3 {
-        assert_eq!(c.lock(name, "L").await.status, 200);
-        let body = state_json("lin", serial);
-        assert_eq!(
-            c.send("POST", &format!("/states/{name}?ID=L"), Some(&body))
-                .await
-                .status,
-            200
-        );
-        assert_eq!(
-            c.send("DELETE", &format!("/locks/{name}"), Some(&lock_info("L")))
-                .await
-                .status,
-            200
-        );
-        let other = state_json("x", serial);
-        assert_eq!(
-            c.send("POST", "/states/app/other.tfstate", Some(&other))
-                .await
-                .status,
-            200
-        );
+        c.lock(name, "L").await.expect(200);
+        c.write_locked(name, "L", &state_json("lin", serial))
+            .await
+            .expect(200);
+        c.unlock(name, "L").await.expect(200);
+        c.write("app/other.tfstate", &state_json("x", serial))
+            .await
+            .expect(200);
     }
 
-    let listed = c.send("GET", &format!("/history/{name}"), None).await;
-    assert_eq!(listed.status, 200, "{}", listed.body);
-    let listed = json(&listed.body);
-    let versions = listed["versions"].as_array().expect("versions");
-    let serials: Vec<u64> = versions
-        .iter()
-        .map(|v| v["serial"].as_u64().expect("serial"))
-        .collect();
+    let listed = c.history(name, "").await.expect(200).history();
+    let versions = &listed.versions;
+    let serials: Vec<Option<u64>> = versions.iter().map(|v| v.serial).collect();
     assert_eq!(
         serials,
-        [3, 2, 1],
+        [Some(3), Some(2), Some(1)],
         "newest first, only this state's commits"
     );
-    assert!(versions.iter().all(|v| v["author"] == "tester"));
-    assert!(versions.iter().all(|v| v["lineage"] == "lin"));
+    assert!(versions.iter().all(|v| v.author == "tester"));
+    assert!(versions.iter().all(|v| v.lineage.as_deref() == Some("lin")));
     assert!(
         versions
             .iter()
-            .all(|v| v["operation"] == "OperationTypeApply")
+            .all(|v| v.operation == "OperationTypeApply" && !v.deleted)
     );
-    assert_eq!(listed["next_page"], serde_json::Value::Null);
+    assert_eq!(listed.next_page, None);
 
     // Paging.
-    let first = json(
-        &c.send("GET", &format!("/history/{name}?per_page=2"), None)
-            .await
-            .body,
-    );
-    assert_eq!(first["versions"].as_array().map(Vec::len), Some(2));
-    assert_eq!(first["next_page"], 1);
-    let second = json(
-        &c.send("GET", &format!("/history/{name}?per_page=2&page=1"), None)
-            .await
-            .body,
-    );
-    assert_eq!(second["versions"][0]["serial"], 1);
+    let first = c.history(name, "per_page=2").await.expect(200).history();
+    assert_eq!(first.versions.len(), 2);
+    assert_eq!(first.next_page, Some(1));
+    let second = c
+        .history(name, "per_page=2&page=1")
+        .await
+        .expect(200)
+        .history();
+    assert_eq!(second.versions[0].serial, Some(1));
 
     // One version by serial and by commit.
-    let by_serial = c.send("GET", &format!("/history/{name}?at=1"), None).await;
-    assert_eq!(by_serial.status, 200);
+    let by_serial = c.history(name, "at=1").await.expect(200);
     assert_eq!(by_serial.body, state_json("lin", 1));
-    let commit = versions[1]["version"].as_str().expect("commit id");
-    let by_commit = c
-        .send("GET", &format!("/history/{name}?at={commit}"), None)
-        .await;
+    let commit = &versions[1].version;
+    let by_commit = c.history(name, &format!("at={commit}")).await.expect(200);
     assert_eq!(by_commit.body, state_json("lin", 2));
-    assert_eq!(
-        c.send("GET", &format!("/history/{name}?at=99"), None)
-            .await
-            .status,
-        404
-    );
-    assert_eq!(
-        c.send("GET", &format!("/history/{name}?at=zz"), None)
-            .await
-            .status,
-        400
-    );
+    c.history(name, "at=99").await.expect(404);
+    c.history(name, "at=zz").await.expect(400);
 
     // Restore is refused while someone else holds the lock, and changes nothing.
-    assert_eq!(c.lock(name, "someone-else").await.status, 200);
-    let refused = c
-        .send("POST", &format!("/history/{name}?restore=1"), None)
-        .await;
-    assert_eq!(refused.status, 423, "{}", refused.body);
-    assert!(refused.body.contains("someone-else"));
-    assert_eq!(
-        c.send(
-            "DELETE",
-            &format!("/locks/{name}"),
-            Some(&lock_info("someone-else"))
-        )
-        .await
-        .status,
-        200
-    );
+    c.lock(name, "someone-else").await.expect(200);
+    let refused = c.restore(name, "1").await.expect(423);
+    assert_eq!(refused.lock().id, "someone-else");
+    c.unlock(name, "someone-else").await.expect(200);
 
     // Restore of serial 1 writes it again on top with serial 4, and leaves no lock.
-    let restored = c
-        .send("POST", &format!("/history/{name}?restore=1"), None)
-        .await;
-    assert_eq!(restored.status, 200, "{}", restored.body);
+    let restored = c.restore(name, "1").await.expect(200);
     assert_eq!(json(&restored.body)["serial"], 4);
-    let now = json(&c.send("GET", &format!("/states/{name}"), None).await.body);
-    assert_eq!(
-        (now["serial"].as_u64(), now["lineage"].as_str()),
-        (Some(4), Some("lin"))
-    );
-    assert_eq!(
-        c.send("GET", &format!("/locks/{name}"), None).await.status,
-        404
-    );
+    let now = c.get_state(name).await.expect(200).state();
+    assert_eq!((now.serial, now.lineage.as_str()), (4, "lin"));
+    c.get_lock(name).await.expect(404);
     let bare = server.repo_dir("hist");
     let subjects = git(
         &[
@@ -162,13 +106,7 @@ async fn history_lists_reads_and_restores_versions() {
         gitstate_tests::access_file(&[("r", "r-password-0123456789", &["write:*"])]);
     let limited = TestBackend::start(&url, &[("GITSTATE_ACCESS", &reader_access)]).await;
     let writer = Client::with_credentials(&limited.url, Some(("r", "r-password-0123456789")));
-    assert_eq!(
-        writer
-            .send("POST", &format!("/history/{name}?restore=2"), None)
-            .await
-            .status,
-        403
-    );
+    writer.restore(name, "2").await.expect(403);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -203,7 +141,7 @@ async fn history_pages_beyond_the_shallow_cache() {
     let backend = TestBackend::start(&url, &[]).await;
     let c = Client::new(&backend.url);
     // A normal read keeps the cache shallow: one advertisement and one depth-1 fetch.
-    assert_eq!(c.send("GET", "/states/s.tfstate", None).await.status, 200);
+    c.get_state("s.tfstate").await.expect(200);
     server.take_labels();
     let first = json(
         &c.send("GET", "/history/s.tfstate?per_page=10", None)
@@ -244,28 +182,17 @@ async fn locks_are_listed_with_age_and_holder() {
     let c = Client::new(&backend.url);
     for i in 0..40 {
         let name = format!("team{}/s{i}.tfstate", i % 4);
-        assert_eq!(
-            c.send(
-                "POST",
-                &format!("/states/{name}"),
-                Some(&state_json("l", 1))
-            )
-            .await
-            .status,
-            200
-        );
+        c.write(&name, &state_json("l", 1)).await.expect(200);
         if i % 3 == 0 {
-            assert_eq!(c.lock(&name, &format!("id-{i}")).await.status, 200);
+            c.lock(&name, &format!("id-{i}")).await.expect(200);
         }
     }
-    let one = c.send("GET", "/locks/team0/s0.tfstate", None).await;
-    assert_eq!(one.status, 200);
+    c.get_lock("team0/s0.tfstate").await.expect(200);
 
     let fresh = TestBackend::start(&url, &[]).await;
     let fresh_client = Client::new(&fresh.url);
     server.take_labels();
-    let listed = fresh_client.send("GET", "/locks", None).await;
-    assert_eq!(listed.status, 200, "{}", listed.body);
+    let listed = fresh_client.list_locks().await.expect(200);
     assert_eq!(
         server.take_labels(),
         ["GET refs/upload-pack", "POST upload-pack"],
@@ -340,10 +267,8 @@ async fn large_states_round_trip_or_are_refused_with_a_reason() {
     let big_limit = (64 << 20).to_string();
     let backend = TestBackend::start(&url, &[("GITSTATE_MAX_BODY_BYTES", &big_limit)]).await;
     let c = Client::new(&backend.url);
-    let put = c.send("POST", "/states/big.tfstate", Some(&state)).await;
-    assert_eq!(put.status, 200, "{}", put.body);
-    let got = c.send("GET", "/states/big.tfstate", None).await;
-    assert_eq!(got.status, 200);
+    c.write("big.tfstate", &state).await.expect(200);
+    let got = c.get_state("big.tfstate").await.expect(200);
     assert!(
         got.body == state,
         "the 20 MB state comes back byte for byte"
@@ -402,19 +327,7 @@ fn push_long_history(server: &GitServer, repo: &str, count: u64) -> Vec<String> 
         )
         .expect("write");
     }
-    let mut child = std::process::Command::new("git")
-        .args(["fast-import", "--quiet", "--export-marks=marks"])
-        .current_dir(&dir)
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .expect("git fast-import");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(&stream)
-        .expect("stream");
-    assert!(child.wait().expect("fast-import").success());
+    gitstate_tests::fast_import(&dir, &stream, &["--export-marks=marks"]);
     git(
         &["push", "-q", &server.url_with_credentials(repo), "main"],
         Some(&dir),
@@ -487,7 +400,7 @@ async fn deep_history_and_unknown_ids_fetch_only_what_the_answer_needs() {
     let ids = push_long_history(&server, "long", VERSIONS);
     let backend = TestBackend::start(&url, &[]).await;
     let c = Client::new(&backend.url);
-    assert_eq!(c.send("GET", "/states/s.tfstate", None).await.status, 200);
+    c.get_state("s.tfstate").await.expect(200);
     server.take_labels();
     let (_, _, shallow_bytes) = cache_objects(backend.cache.path());
 
@@ -497,10 +410,9 @@ async fn deep_history_and_unknown_ids_fetch_only_what_the_answer_needs() {
         let unknown: String = (0..40)
             .map(|_| char::from_digit(rand::Rng::random_range(&mut rng, 0..16), 16).expect("hex"))
             .collect();
-        let answer = c
-            .send("GET", &format!("/history/s.tfstate?at={unknown}"), None)
-            .await;
-        assert_eq!(answer.status, 404, "{}", answer.body);
+        c.history("s.tfstate", &format!("at={unknown}"))
+            .await
+            .expect(404);
         let labels = server.take_labels();
         assert!(
             labels.len() <= 2,
@@ -517,9 +429,9 @@ async fn deep_history_and_unknown_ids_fetch_only_what_the_answer_needs() {
     // cache's boundary (no object arrives twice).
     let deep = &ids[999];
     let answer = c
-        .send("GET", &format!("/history/s.tfstate?at={deep}"), None)
-        .await;
-    assert_eq!(answer.status, 200, "{}", answer.body);
+        .history("s.tfstate", &format!("at={deep}"))
+        .await
+        .expect(200);
     assert_eq!(answer.body, state_json("long", 1000));
     let labels = server.take_labels();
     let (in_packs, distinct, bytes) = cache_objects(backend.cache.path());
@@ -543,10 +455,9 @@ async fn deep_history_and_unknown_ids_fetch_only_what_the_answer_needs() {
     let b = Client::new(&bounded.url);
     server.take_labels();
     let old = &ids[10];
-    let answer = b
-        .send("GET", &format!("/history/s.tfstate?at={old}"), None)
-        .await;
-    assert_eq!(answer.status, 404, "{}", answer.body);
+    b.history("s.tfstate", &format!("at={old}"))
+        .await
+        .expect(404);
     let page = json(
         &b.send("GET", "/history/s.tfstate?per_page=100&page=3", None)
             .await
@@ -608,8 +519,7 @@ async fn git_answers_over_the_size_cap_are_502_with_the_reason() {
     // A cap that a depth-1 read fits in but a deep history pack does not.
     let capped = TestBackend::start(&url, &[("GITSTATE_GIT_MAX_RESPONSE_BYTES", "20000")]).await;
     let c = Client::new(&capped.url);
-    let read = c.send("GET", "/states/s.tfstate", None).await;
-    assert_eq!(read.status, 200, "{}", read.body);
+    c.get_state("s.tfstate").await.expect(200);
     let deep = c
         .send("GET", &format!("/history/s.tfstate?at={}", ids[10]), None)
         .await;
@@ -624,7 +534,7 @@ async fn git_answers_over_the_size_cap_are_502_with_the_reason() {
         "nothing over the cap was stored: {bytes} pack bytes"
     );
     // The state still reads: the refused answer changed nothing.
-    assert_eq!(c.send("GET", "/states/s.tfstate", None).await.status, 200);
+    c.get_state("s.tfstate").await.expect(200);
 }
 
 /// A repository where some states (and a file that is no state) last changed long before
@@ -672,19 +582,7 @@ async fn lists_keep_the_last_changes_found_within_the_depth() {
         .expect("write");
         last.insert(path, serial);
     }
-    let mut child = std::process::Command::new("git")
-        .args(["fast-import", "--quiet"])
-        .current_dir(&dir)
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .expect("git fast-import");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(&stream)
-        .expect("stream");
-    assert!(child.wait().expect("fast-import").success());
+    gitstate_tests::fast_import(&dir, &stream, &[]);
     git(
         &["push", "-q", &server.url_with_credentials("deep"), "main"],
         Some(&dir),

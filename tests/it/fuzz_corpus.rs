@@ -2,7 +2,7 @@
 //! keeping), replayed through the same checks in every `cargo test`, so a regression on an input
 //! the fuzzer once reached fails the ordinary suite. The timed libFuzzer runs are `fuzz/run`.
 
-#[path = "../fuzz/src/checks.rs"]
+#[path = "../../fuzz/src/checks.rs"]
 mod checks;
 
 use std::path::PathBuf;

@@ -1,0 +1,15 @@
+//! The CLI's integration tests, one module per concern, in one binary: each runs the built
+//! `gitstate` binary (`CARGO_BIN_EXE_gitstate`) as processes against the harness of
+//! `gitstate-tests`. `cargo test -p gitstate-cli --test it serve::` runs one module.
+
+/// The `gitstate` binary under test, as cargo built it for this package.
+const GITSTATE: &str = env!("CARGO_BIN_EXE_gitstate");
+
+mod breakglass;
+mod hosts;
+mod processes;
+mod run;
+mod serve;
+mod settings;
+mod ssh;
+mod tls;

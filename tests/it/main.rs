@@ -1,0 +1,21 @@
+//! The integration tests of the tests crate, one module per concern, in one binary so the
+//! workspace is linked once: `cargo test -p gitstate-tests --test it` runs them all,
+//! `cargo test -p gitstate-tests --test it protocol::` one module.
+
+mod access;
+mod concurrency;
+mod console;
+mod contract;
+mod credentials;
+mod encryption;
+mod faults;
+mod fuzz_corpus;
+mod history;
+mod hostile;
+mod hosts;
+mod kms_keys;
+mod lambda_events;
+mod lambda_watch;
+mod model;
+mod protocol;
+mod terraform;
