@@ -30,7 +30,8 @@ use sha2::Sha256;
 use crate::access::{ACCESS_PATH, AccessError, Caller, Grant, Policy, Role};
 use crate::config::Secret;
 use crate::password::{PasswordVerifier, generate_token, hash_secret};
-use crate::ports::{CommitMeta, Location, StateStore, StoreError, USER_TRAILER};
+use crate::ports::{CommitMeta, Location, StateStore, StoreError};
+use crate::trailers::Trailers;
 
 /// Longest `Authorization` header looked at.
 pub const MAX_AUTHORIZATION_BYTES: usize = 4096;
@@ -560,10 +561,11 @@ impl Access {
              [users.{user}]\nhash = \"{hash}\"\ngrants = [\"{grant}\"]\n"
         );
         let meta = CommitMeta {
-            message: format!(
-                "access: first administrator {user}\n\n{USER_TRAILER}{}\n",
-                meta.author_name
-            ),
+            message: Trailers {
+                user: Some(meta.author_name.clone()),
+                ..Trailers::default()
+            }
+            .render(&format!("access: first administrator {user}")),
             ..meta
         };
         let created = self

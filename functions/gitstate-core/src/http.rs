@@ -30,7 +30,7 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 
 use crate::auth::{Access, AuthError};
 use crate::ports::{SealError, StoreError};
-use crate::service::{Backend, Selector, ServiceError};
+use crate::service::{Backend, Selector, ServiceError, WriteRequest};
 use crate::{LockInfo, StateName};
 
 /// The client's address, set by whatever serves the router when it knows it (Lambda: the
@@ -699,7 +699,9 @@ async fn dispatch(
         }
         (Resource::State, "POST" | "PUT") => {
             backend
-                .put_state(caller, &at, &name, target.lock_id.as_deref(), body)
+                .put_state(
+                    WriteRequest::new(caller, &at, &name, body).lock_id(target.lock_id.as_deref()),
+                )
                 .await?;
             Ok(ok())
         }
