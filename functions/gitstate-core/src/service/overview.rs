@@ -301,17 +301,7 @@ impl Backend {
                 None => None,
             },
         };
-        let resources = current.map(|summary| {
-            summary
-                .resources
-                .iter()
-                .map(|(address, r)| CurrentResource {
-                    address: address.clone(),
-                    kind: r.kind.clone(),
-                    mode: r.mode.clone(),
-                })
-                .collect()
-        });
+        let resources = current.as_deref().map(resources_of);
         let lock = self.store.read_lock(at, name).await?;
         Ok(StatePage {
             versions: listed,
@@ -320,4 +310,17 @@ impl Backend {
             lock,
         })
     }
+}
+
+/// The resources a state's summary lists, as the page shows them.
+fn resources_of(summary: &Summary) -> Vec<CurrentResource> {
+    summary
+        .resources
+        .iter()
+        .map(|(address, r)| CurrentResource {
+            address: address.clone(),
+            kind: r.kind.clone(),
+            mode: r.mode.clone(),
+        })
+        .collect()
 }

@@ -613,3 +613,229 @@ async fn unopenable_states_leave_lists_and_pages_working() {
         }
     }
 }
+
+/// The memory store, whose writes of states fail (as a git remote that went away) while
+/// `fail_writes` is set; locks still work.
+#[derive(Default)]
+struct FlakyStore {
+    inner: MemoryStore,
+    fail_writes: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl StateStore for FlakyStore {
+    async fn read_state(
+        &self,
+        at: &Location,
+        name: &StateName,
+    ) -> Result<Option<Bytes>, StoreError> {
+        self.inner.read_state(at, name).await
+    }
+    async fn read_lock(
+        &self,
+        at: &Location,
+        name: &StateName,
+    ) -> Result<Option<HeldLock>, StoreError> {
+        self.inner.read_lock(at, name).await
+    }
+    async fn clash(&self, at: &Location, name: &StateName) -> Result<Option<Clash>, StoreError> {
+        self.inner.clash(at, name).await
+    }
+    async fn acquire_lock(
+        &self,
+        at: &Location,
+        name: &StateName,
+        lock: &crate::LockInfo,
+        meta: &CommitMeta,
+    ) -> Result<crate::ports::Acquire, StoreError> {
+        self.inner.acquire_lock(at, name, lock, meta).await
+    }
+    async fn release_lock(
+        &self,
+        at: &Location,
+        name: &StateName,
+        held: &HeldLock,
+    ) -> Result<crate::ports::Release, StoreError> {
+        self.inner.release_lock(at, name, held).await
+    }
+    async fn write_state(
+        &self,
+        at: &Location,
+        name: &StateName,
+        change: crate::ports::Change,
+        plan: crate::ports::WritePlan,
+    ) -> Result<crate::ports::Written, StoreError> {
+        if self.fail_writes.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(StoreError::Unavailable("the remote went away".into()));
+        }
+        self.inner.write_state(at, name, change, plan).await
+    }
+    async fn history(
+        &self,
+        at: &Location,
+        name: &StateName,
+        skip: usize,
+        limit: usize,
+    ) -> Result<crate::ports::HistoryPage, StoreError> {
+        StateStore::history(&self.inner, at, name, skip, limit).await
+    }
+    async fn read_version(
+        &self,
+        at: &Location,
+        name: &StateName,
+        version: &str,
+    ) -> Result<Option<Bytes>, StoreError> {
+        self.inner.read_version(at, name, version).await
+    }
+    async fn list_locks(&self, at: &Location) -> Result<Vec<(StateName, HeldLock)>, StoreError> {
+        self.inner.list_locks(at).await
+    }
+    async fn list_states(&self, at: &Location, prefix: &str) -> Result<Vec<StateName>, StoreError> {
+        self.inner.list_states(at, prefix).await
+    }
+    async fn read_config(
+        &self,
+        at: &Location,
+        path: &str,
+        fresh_within: std::time::Duration,
+    ) -> Result<Option<Bytes>, StoreError> {
+        self.inner.read_config(at, path, fresh_within).await
+    }
+    async fn create_config(
+        &self,
+        at: &Location,
+        path: &str,
+        content: Bytes,
+        meta: &CommitMeta,
+    ) -> Result<bool, StoreError> {
+        self.inner.create_config(at, path, content, meta).await
+    }
+}
+
+/// How an operation under gitstate's own lock ends.
+#[derive(Debug, Clone, Copy)]
+enum Ending {
+    Succeeds,
+    /// The action itself returns a client error.
+    Fails,
+    /// The action returns a store failure.
+    StoreFails,
+    /// A restore whose write meets a failing store.
+    RestoreWriteFails,
+    /// A rekey whose key service is down.
+    RekeyKeysDown,
+}
+
+/// Whatever the operation under the lock does (succeeds, fails, meets a failing store or key
+/// service), the lock is released afterwards, the state is as before unless it succeeded, and
+/// the next Terraform run can lock; seeded random sequences of endings over one backend.
+#[tokio::test]
+async fn the_own_lock_is_always_released() {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x10c4);
+    let store = Arc::new(FlakyStore::default());
+    let sealer = Arc::new(KeyedSealer {
+        key: std::sync::Mutex::new("k"),
+        previous: std::sync::Mutex::new(Vec::new()),
+        down: false.into(),
+    });
+    let (b, at, name) = backend();
+    let b = Backend::new(store.clone(), b.repositories.clone(), b.committer.clone())
+        .with_encryption(Encryption {
+            sealer: sealer.clone(),
+            enforced: false,
+        });
+    b.put_state(WriteRequest::new(&admin(), &at, &name, state("L", 1)))
+        .await
+        .expect("first write");
+    let mut seen = [0usize; 5];
+    for round in 0..60 {
+        let ending = [
+            Ending::Succeeds,
+            Ending::Fails,
+            Ending::StoreFails,
+            Ending::RestoreWriteFails,
+            Ending::RekeyKeysDown,
+        ][rng.random_range(0..5)];
+        seen[ending as usize] += 1;
+        let before = b.get_state(&admin(), &at, &name).await.expect("readable");
+        let lock = || super::lock::OwnLock {
+            id: format!("own-{round}"),
+            operation: "OperationTypeTest",
+            info: "test".into(),
+            who: "root@gitstate".into(),
+        };
+        let outcome: Result<(), ServiceError> = match ending {
+            Ending::Succeeds => {
+                let (b, at, name) = (&b, &at, &name);
+                b.under_lock(&admin(), at, name, lock(), |id| async move {
+                    // The lock is held while the action runs, under its own ID.
+                    let held = b.get_lock(&admin(), at, name).await?;
+                    assert_eq!(held.info.id(), id);
+                    Ok(())
+                })
+                .await
+            }
+            Ending::Fails => {
+                b.under_lock(&admin(), &at, &name, lock(), |_| async {
+                    Err(ServiceError::NotFound)
+                })
+                .await
+            }
+            Ending::StoreFails => {
+                b.under_lock(&admin(), &at, &name, lock(), |_| async {
+                    Err(StoreError::Unavailable("gone".into()).into())
+                })
+                .await
+            }
+            Ending::RestoreWriteFails => {
+                store
+                    .fail_writes
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+                let restored = b.restore(&admin(), &at, &name, &Selector::Serial(1)).await;
+                store
+                    .fail_writes
+                    .store(false, std::sync::atomic::Ordering::SeqCst);
+                restored.map(drop)
+            }
+            Ending::RekeyKeysDown => {
+                sealer.down.store(true, std::sync::atomic::Ordering::SeqCst);
+                let rekeyed = b.rekey(&admin(), &at, &name).await;
+                sealer
+                    .down
+                    .store(false, std::sync::atomic::Ordering::SeqCst);
+                rekeyed.map(drop)
+            }
+        };
+        match (ending, outcome) {
+            (Ending::Succeeds, Ok(())) => {}
+            (Ending::Fails, Err(ServiceError::NotFound))
+            | (
+                Ending::StoreFails | Ending::RestoreWriteFails,
+                Err(ServiceError::Store(StoreError::Unavailable(_))),
+            )
+            | (Ending::RekeyKeysDown, Err(ServiceError::Seal(SealError::Unavailable(_)))) => {}
+            (ending, other) => panic!("{ending:?}: {other:?}"),
+        }
+        assert!(
+            matches!(
+                b.get_lock(&admin(), &at, &name).await,
+                Err(ServiceError::NoLock)
+            ),
+            "{ending:?} left the lock"
+        );
+        assert_eq!(
+            b.get_state(&admin(), &at, &name).await.expect("readable"),
+            before,
+            "{ending:?}"
+        );
+        let terraform = format!("tf-{round}");
+        b.lock(&admin(), &at, &name, lock_body(&terraform))
+            .await
+            .expect("the next run locks");
+        b.unlock(&admin(), &at, &name, &lock_body(&terraform))
+            .await
+            .expect("and unlocks");
+    }
+    assert!(seen.iter().all(|n| *n >= 5), "{seen:?}");
+}
