@@ -839,3 +839,64 @@ async fn the_own_lock_is_always_released() {
     }
     assert!(seen.iter().all(|n| *n >= 5), "{seen:?}");
 }
+
+/// Every commit of the service carries its trailers as `Trailers::parse` reads them: writes
+/// their serial, lineage, lock and user; a restore also the revision it wrote again; deletes
+/// and locks their lock and user; a hostile lock ID and `Who` stay in their own trailers.
+#[tokio::test]
+async fn commits_carry_their_trailers() {
+    use crate::trailers::{Trailers, WITHOUT_LOCK};
+    let store = Arc::new(MemoryStore::default());
+    let (b, at, name) = backend();
+    let b = Backend::new(store.clone(), b.repositories.clone(), b.committer.clone());
+    let last = || Trailers::parse(&store.history().last().expect("a commit").message);
+    b.put_state(WriteRequest::new(&writer("ann"), &at, &name, state("L", 1)))
+        .await
+        .expect("write");
+    let written = last();
+    assert_eq!(
+        (written.serial, written.lineage.as_deref()),
+        (Some(1), Some("L"))
+    );
+    assert_eq!(
+        (written.lock_id.as_deref(), written.user.as_deref()),
+        (Some(WITHOUT_LOCK), Some("ann"))
+    );
+    let hostile = Bytes::from(
+        r#"{"ID":"X\nUser: root","Operation":"OperationTypeApply","Who":"me\n\nSerial: 99"}"#,
+    );
+    b.lock(&writer("ann"), &at, &name, hostile)
+        .await
+        .expect("lock");
+    let locked = last();
+    assert_eq!(locked.lock_id.as_deref(), Some("X User: root"));
+    assert_eq!(locked.who.as_deref(), Some("me  Serial: 99"));
+    assert_eq!((locked.user.as_deref(), locked.serial), (Some("ann"), None));
+    b.unlock(&admin(), &at, &name, b"").await.expect("force");
+    b.put_state(WriteRequest::new(&admin(), &at, &name, state("L", 2)))
+        .await
+        .expect("write");
+    let (from, _) = b
+        .get_version(&admin(), &at, &name, &Selector::Serial(1))
+        .await
+        .expect("serial 1");
+    let restored = b
+        .restore(&admin(), &at, &name, &Selector::Serial(1))
+        .await
+        .expect("restore");
+    let log = store.history();
+    let restore = log
+        .iter()
+        .rev()
+        .find(|c| c.message.starts_with("restore "))
+        .expect("the restore commit");
+    let trailers = Trailers::parse(&restore.message);
+    assert_eq!(trailers.restored_from.as_deref(), Some(from.as_str()));
+    assert_eq!(trailers.serial, Some(restored.serial));
+    assert_eq!(trailers.operation.as_deref(), Some("OperationTypeRestore"));
+    b.delete_state(&admin(), &at, &name, None)
+        .await
+        .expect("delete");
+    assert_eq!(last().user.as_deref(), Some("root"));
+    assert_eq!(last().serial, None);
+}
