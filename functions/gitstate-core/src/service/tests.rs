@@ -524,13 +524,17 @@ impl Sealer for KeyedSealer {
         }
         let mut keys = self.previous.lock().expect("not poisoned").clone();
         keys.push(self.key());
-        let plain = keys
+        let (key, plain) = keys
             .iter()
-            .find_map(|key| stored.strip_prefix(format!("{key}:").as_bytes()))
+            .find_map(|key| Some((*key, stored.strip_prefix(format!("{key}:").as_bytes())?)))
             .ok_or_else(|| SealError::ForeignKey("sealed under another key".into()))?;
         Ok(Opened {
             plaintext: Bytes::copy_from_slice(plain),
-            protection: Protection::Current,
+            protection: if key == self.key() {
+                Protection::Current
+            } else {
+                Protection::Partly
+            },
             format: "test",
         })
     }
@@ -899,4 +903,64 @@ async fn commits_carry_their_trailers() {
         .expect("delete");
     assert_eq!(last().user.as_deref(), Some("root"));
     assert_eq!(last().serial, None);
+}
+
+/// Rekey rewrites a state sealed under a previous key under its own lock, leaves one under the
+/// current key alone, reports a missing one, and releases its lock every time.
+#[tokio::test]
+async fn rekey_rewrites_under_its_own_lock() {
+    use crate::trailers::Trailers;
+    let store = Arc::new(MemoryStore::default());
+    let sealer = Arc::new(KeyedSealer {
+        key: std::sync::Mutex::new("old"),
+        previous: std::sync::Mutex::new(Vec::new()),
+        down: false.into(),
+    });
+    let (b, at, name) = backend();
+    let b = Backend::new(store.clone(), b.repositories.clone(), b.committer.clone())
+        .with_encryption(Encryption {
+            sealer: sealer.clone(),
+            enforced: false,
+        });
+    b.put_state(WriteRequest::new(&admin(), &at, &name, state("L", 4)))
+        .await
+        .expect("write");
+    *sealer.key.lock().expect("not poisoned") = "new";
+    sealer.previous.lock().expect("not poisoned").push("old");
+    assert_eq!(
+        b.rekey(&admin(), &at, &name).await.expect("rekey"),
+        Rekeyed::Rewritten { from: "test" }
+    );
+    let stored = b.store().read_state(&at, &name).await.expect("read");
+    assert!(stored.expect("stored").starts_with(b"new:"));
+    let log = store.history();
+    let rekey = log
+        .iter()
+        .find(|c| c.message.starts_with("rekey "))
+        .expect("the rekey commit");
+    let trailers = Trailers::parse(&rekey.message);
+    assert!(trailers.lock_id.expect("a lock").starts_with("rekey-"));
+    assert_eq!(
+        (trailers.who.as_deref(), trailers.serial),
+        (Some("root@gitstate"), Some(4))
+    );
+    assert_eq!(
+        b.rekey(&admin(), &at, &name).await.expect("rekey"),
+        Rekeyed::Current
+    );
+    let missing = StateName::parse("net/none.tfstate").expect("valid");
+    assert_eq!(
+        b.rekey(&admin(), &at, &missing).await.expect("rekey"),
+        Rekeyed::Missing
+    );
+    for name in [&name, &missing] {
+        assert!(matches!(
+            b.get_lock(&admin(), &at, name).await,
+            Err(ServiceError::NoLock)
+        ));
+    }
+    assert!(matches!(
+        b.rekey(&writer("ann"), &at, &name).await,
+        Err(ServiceError::Forbidden(_))
+    ));
 }
