@@ -13,8 +13,8 @@ use crate::ports::{
 };
 use crate::trailers::Trailers;
 
-/// A state to write: who writes what, where, under which lock.
-#[derive(Debug, Clone)]
+/// A state to write: who writes what, where, under which lock. (No `Debug`: the body is the
+/// state, secrets included.)
 pub struct WriteRequest<'a> {
     pub caller: &'a Caller,
     pub at: &'a Location,
