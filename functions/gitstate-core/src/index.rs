@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::ports::CommitMeta;
+use crate::trailers::{Trailers, operation_of};
 
 /// Where the index lives on the branch (beside the access file, out of the state API's reach).
 pub const INDEX_PATH: &str = ".gitstate/index.json";
@@ -68,10 +69,11 @@ impl StateIndex {
     pub fn record(&mut self, state: &str, content: Option<String>, meta: &CommitMeta, time: i64) {
         match content {
             Some(content) => {
+                let trailers = Trailers::parse(&meta.message);
                 let entry = IndexEntry {
                     content,
-                    serial: trailer(&meta.message, SERIAL).and_then(|s| s.parse().ok()),
-                    lineage: trailer(&meta.message, LINEAGE).map(str::to_owned),
+                    serial: trailers.serial,
+                    lineage: trailers.lineage,
                     time,
                     author: meta.author_name.clone(),
                     operation: operation_of(&meta.message),
@@ -83,30 +85,6 @@ impl StateIndex {
             }
         }
     }
-}
-
-const SERIAL: &str = "Serial: ";
-const LINEAGE: &str = "Lineage: ";
-const OPERATION: &str = "Operation: ";
-
-fn trailer<'a>(message: &'a str, key: &str) -> Option<&'a str> {
-    message
-        .lines()
-        .rev()
-        .find_map(|line| line.strip_prefix(key))
-        .map(str::trim)
-        .filter(|value| !value.is_empty())
-}
-
-/// Terraform's operation from the `Operation:` trailer, else the first word of the message
-/// (`write`, `delete`, `restore`, `rekey`, or whatever another tool wrote).
-pub fn operation_of(message: &str) -> String {
-    trailer(message, OPERATION)
-        .or_else(|| message.split_whitespace().next())
-        .unwrap_or_default()
-        .chars()
-        .take(100)
-        .collect()
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ pub mod report;
 pub mod service;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;
+pub mod trailers;
 
 pub use lock::{LockInfo, LockInfoError, UnlockRequest};
 pub use name::{BranchName, MAX_NAME_BYTES, NameError, StateName};

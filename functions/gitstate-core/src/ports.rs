@@ -127,18 +127,8 @@ pub struct HistoryPage {
     pub more: bool,
 }
 
-/// The line of a commit message that records the authenticated user (`User: alice`).
-pub const USER_TRAILER: &str = "User: ";
-
-/// The user recorded in a commit message's trailer, if any.
-pub fn user_from_message(message: &str) -> Option<String> {
-    message
-        .lines()
-        .rev()
-        .find_map(|line| line.strip_prefix(USER_TRAILER))
-        .map(|user| user.trim().to_owned())
-        .filter(|user| !user.is_empty())
-}
+/// The user recorded in a commit message's trailers, if any (see [`crate::trailers`]).
+pub use crate::trailers::user_of as user_from_message;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 

@@ -3,6 +3,7 @@
 
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
+use gitstate_core::service::WriteRequest;
 use http::{Method, StatusCode};
 
 use crate::{ApiError, Call, json, locks, not_allowed};
@@ -28,7 +29,7 @@ pub(crate) async fn serve(
         }
         "POST" | "PUT" => {
             app.backend
-                .put_state(caller, at, name, lock_id, body)
+                .put_state(WriteRequest::new(caller, at, name, body).lock_id(lock_id))
                 .await?;
             Ok(StatusCode::OK.into_response())
         }

@@ -8,8 +8,9 @@ use super::{Backend, ServiceError, VersionInfo};
 use crate::StateName;
 use crate::access::{Caller, Role};
 use crate::changes::{Changes, Summary};
-use crate::index::{IndexEntry, StateIndex, operation_of};
+use crate::index::{IndexEntry, StateIndex};
 use crate::ports::{HeldLock, Location};
+use crate::trailers::{Trailers, operation_of};
 
 /// Entries worked out for states the index does not describe, and summaries of versions, kept
 /// per process (both are keyed by immutable content: a blob id, a commit id).
@@ -165,10 +166,8 @@ impl Backend {
                 continue;
             };
             let message = &revision.message;
-            let mut serial = super::trailer_value(message, super::SERIAL_TRAILER)
-                .and_then(|s| s.parse::<u64>().ok());
-            let mut lineage =
-                super::trailer_value(message, super::LINEAGE_TRAILER).map(str::to_owned);
+            let trailers = Trailers::parse(message);
+            let (mut serial, mut lineage) = (trailers.serial, trailers.lineage);
             if serial.is_none()
                 && let Some(stored) = self
                     .store
@@ -302,17 +301,7 @@ impl Backend {
                 None => None,
             },
         };
-        let resources = current.map(|summary| {
-            summary
-                .resources
-                .iter()
-                .map(|(address, r)| CurrentResource {
-                    address: address.clone(),
-                    kind: r.kind.clone(),
-                    mode: r.mode.clone(),
-                })
-                .collect()
-        });
+        let resources = current.as_deref().map(resources_of);
         let lock = self.store.read_lock(at, name).await?;
         Ok(StatePage {
             versions: listed,
@@ -321,4 +310,17 @@ impl Backend {
             lock,
         })
     }
+}
+
+/// The resources a state's summary lists, as the page shows them.
+fn resources_of(summary: &Summary) -> Vec<CurrentResource> {
+    summary
+        .resources
+        .iter()
+        .map(|(address, r)| CurrentResource {
+            address: address.clone(),
+            kind: r.kind.clone(),
+            mode: r.mode.clone(),
+        })
+        .collect()
 }

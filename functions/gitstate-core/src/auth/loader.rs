@@ -1,0 +1,129 @@
+//! The access loader: the policy from the access file in the repository (re-read when it
+//! changed) or from a fixed text, with the bootstrap administrator added.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::verified::Verified;
+use super::{Access, AccessSource, AuthError, poisoned};
+use crate::access::{ACCESS_PATH, AccessError, Policy};
+
+/// A dummy hash with the strongest parameters among `hashes` (the policy's), so verifying an
+/// unknown user costs at least as much as verifying any real one.
+fn dummy_for<'a>(hashes: impl Iterator<Item = &'a str>) -> String {
+    const SALT_AND_HASH: &str =
+        "ZHVtbXlzYWx0ZHVtbXlzYWx0$ZHVtbXloYXNoZHVtbXloYXNoZHVtbXloYXNoZHVtbXk";
+    let (m, t, p) = crate::password::strongest_params(hashes);
+    format!("$argon2id$v=19$m={m},t={t},p={p}${SALT_AND_HASH}")
+}
+
+pub(super) struct Loaded {
+    /// The access file last read from the repository (`None`: there is none).
+    file: Option<Bytes>,
+    pub(super) policy: Arc<Policy>,
+    dummy: String,
+    /// The credentials verified under `policy`.
+    pub(super) verified: Verified,
+}
+
+impl Access {
+    /// Add the bootstrap administrator to a parsed policy.
+    pub(super) fn complete(&self, policy: Policy) -> Result<Policy, AccessError> {
+        match &self.options.bootstrap {
+            Some((user, hash)) => policy.with_bootstrap(user, hash.expose()),
+            None => Ok(policy),
+        }
+    }
+
+    pub(super) fn install(&self, file: Option<Bytes>, policy: Policy) -> (Arc<Policy>, String) {
+        let dummy = dummy_for(policy.users().map(|u| u.hash.as_str()));
+        let policy = Arc::new(policy);
+        if let Ok(mut loaded) = self.loaded.lock() {
+            *loaded = Some(Loaded {
+                file,
+                policy: policy.clone(),
+                dummy: dummy.clone(),
+                verified: Verified::default(),
+            });
+        }
+        (policy, dummy)
+    }
+
+    /// The current policy: for the repository source, re-read when the file changed.
+    pub(super) async fn policy(&self) -> Result<(Arc<Policy>, String), AuthError> {
+        if self.options.source != AccessSource::Repository {
+            let loaded = self.loaded.lock().map_err(poisoned)?;
+            return match loaded.as_ref() {
+                Some(l) => Ok((l.policy.clone(), l.dummy.clone())),
+                None => Err(poisoned(())),
+            };
+        }
+        let file = self
+            .store
+            .read_config(&self.at, ACCESS_PATH, self.options.refresh)
+            .await
+            .map_err(AuthError::Unavailable)?;
+        {
+            let loaded = self.loaded.lock().map_err(poisoned)?;
+            if let Some(l) = loaded.as_ref().filter(|l| l.file == file) {
+                return Ok((l.policy.clone(), l.dummy.clone()));
+            }
+        }
+        let parsed = match &file {
+            None => Ok(Policy::default()),
+            Some(bytes) => std::str::from_utf8(bytes)
+                .map_err(|_| AccessError::Syntax("the file is not UTF-8".into()))
+                .and_then(Policy::parse),
+        }
+        .and_then(|p| self.complete(p));
+        let policy = match parsed {
+            Ok(policy) => {
+                tracing::info!(
+                    users = policy.users().count(),
+                    "access policy loaded from {ACCESS_PATH}"
+                );
+                policy
+            }
+            Err(error) => {
+                // Keep serving with what was valid before; a new process has only the
+                // bootstrap administrator until the file is fixed.
+                tracing::error!(%error, "{ACCESS_PATH} is invalid; keeping the previous policy");
+                let previous = self
+                    .loaded
+                    .lock()
+                    .map_err(poisoned)?
+                    .as_ref()
+                    .map(|l| (*l.policy).clone());
+                match previous {
+                    Some(policy) => policy,
+                    None => self.complete(Policy::default()).map_err(|_| poisoned(()))?,
+                }
+            }
+        };
+        let (installed, dummy) = self.install(file, policy);
+        if installed.is_empty() {
+            tracing::warn!(
+                "no users: add {ACCESS_PATH} to the repository or set GITSTATE_ADMIN_HASH"
+            );
+        }
+        Ok((installed, dummy))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_dummy_hash_has_the_strongest_parameters_of_the_policy() {
+        let weak = "$argon2id$v=19$m=19456,t=2,p=1$c29tZXNhbHQ$RdescudvJCsgt3ub+b+dWRWJTmaaJObG";
+        let strong = "$argon2id$v=19$m=65536,t=3,p=1$c29tZXNhbHQ$RdescudvJCsgt3ub+b+dWRWJTmaaJObG";
+        let dummy = dummy_for([weak, strong, weak].into_iter());
+        assert!(
+            dummy.starts_with("$argon2id$v=19$m=65536,t=3,p=1$"),
+            "{dummy}"
+        );
+        crate::password::check_phc(&dummy).expect("a well-formed hash argon2 really runs");
+    }
+}

@@ -1,0 +1,306 @@
+//! The rules of the backend, independent of HTTP and git: one module per concern.
+//!
+//! - `state`: read, write and delete states (the lock and stale-serial rules of a write);
+//! - `lock`: take, release and list locks, and [`Backend::under_lock`] for operations that lock;
+//! - `history`: a state's revisions and reading one;
+//! - `rekey`, `restore`: the administrators' rewrites, each under the state's lock;
+//! - `overview`: the lists and pages of the console and `GET /states`.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde::Deserialize;
+
+use crate::access::{Caller, Denied, Role};
+use crate::ports::{
+    CommitMeta, HeldLock, Location, Opened, Protection, Refusal, SealError, Sealer, StateStore,
+    StoreError,
+};
+use crate::refs::{Clash, RefPolicy, RefRefused};
+use crate::{BranchName, LockInfoError, NameError, StateName};
+
+mod history;
+mod lock;
+mod overview;
+mod rekey;
+mod restore;
+mod state;
+
+pub use history::{MAX_PAGE, Selector, VersionInfo};
+pub use overview::{CurrentResource, StatePage, StateRow, VersionChanges};
+pub use rekey::Rekeyed;
+pub use restore::Restored;
+pub use state::WriteRequest;
+
+/// Everything that can go wrong in a request, client mistakes and storage failures alike.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    #[error("invalid state name: {0}")]
+    Name(#[from] NameError),
+    #[error("invalid ref: {0}")]
+    Branch(#[source] NameError),
+    #[error("{0}")]
+    LockBody(#[from] LockInfoError),
+    #[error("state is not valid JSON: {0}")]
+    InvalidState(String),
+    #[error("repository {0:?} is not served by this backend (not on its allowlist)")]
+    RepositoryNotAllowed(String),
+    #[error(transparent)]
+    RefNotAllowed(#[from] RefRefused),
+    #[error("the name cannot be used: {0}")]
+    Clash(Clash),
+    #[error("state is locked by {} (lock ID {})", .0.info.who(), .0.info.id())]
+    Locked(HeldLock),
+    #[error("lock ID does not match the holder's {}", .0.info.id())]
+    LockMismatch(HeldLock),
+    #[error("lock {id} is not held: take the lock again before writing")]
+    NotLocked { id: String },
+    #[error(
+        "stale write refused: serial {sent} is lower than the stored serial {stored} of the same lineage"
+    )]
+    Stale { stored: u64, sent: u64 },
+    #[error("no state stored under this name")]
+    NotFound,
+    #[error("no lock held on this state")]
+    NoLock,
+    #[error("already exists")]
+    Exists,
+    #[error("no such revision of this state: {0}")]
+    NoSuchVersion(String),
+    #[error("{0:?} is neither a commit id (40 hex digits) nor a serial")]
+    BadSelector(String),
+    #[error(transparent)]
+    Forbidden(#[from] Denied),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Seal(#[from] SealError),
+    #[error(
+        "the stored state is {format}, not encrypted with the configured KMS keys, and encryption is enforced: an operator must run `gitstate rekey`"
+    )]
+    Unprotected { format: &'static str },
+    #[error("no KMS key is configured (GITSTATE_KMS_KEY_IDS)")]
+    NoKeys,
+}
+
+impl From<Refusal> for ServiceError {
+    fn from(refusal: Refusal) -> Self {
+        match refusal {
+            Refusal::Locked(held) => Self::Locked(held),
+            Refusal::LockMismatch(held) => Self::LockMismatch(held),
+            Refusal::NotLocked { id } => Self::NotLocked { id },
+            Refusal::Stale { stored, sent } => Self::Stale { stored, sent },
+            Refusal::NotFound => Self::NotFound,
+            Refusal::Exists => Self::Exists,
+            Refusal::Unprotected { format } => Self::Unprotected { format },
+            Refusal::Clash(clash) => Self::Clash(clash),
+            // Only escapes when the stored state kept changing while it was being opened.
+            Refusal::Sealed(_) => Self::Store(StoreError::Contention {
+                attempts: MAX_OPENS,
+            }),
+        }
+    }
+}
+
+/// A clash as the caller may be told it: the state in the way is named only when the caller may
+/// read it (a 409 must not reveal states outside the caller's grants).
+fn clash_for(caller: &Caller, clash: Clash) -> ServiceError {
+    ServiceError::Clash(
+        clash.told(|other| {
+            StateName::parse(other).is_ok_and(|other| caller.may(Role::Read, &other))
+        }),
+    )
+}
+
+/// A store's refusal as the caller may be told it (see [`clash_for`]).
+fn refused(caller: &Caller, refusal: Refusal) -> ServiceError {
+    match refusal {
+        Refusal::Clash(clash) => clash_for(caller, clash),
+        other => other.into(),
+    }
+}
+
+/// The name and e-mail address commits are written under.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub name: String,
+    pub email: String,
+}
+
+/// Which repositories and branches requests may address.
+#[derive(Debug, Clone)]
+pub struct Repositories {
+    /// The configured repository; requests that name none use it.
+    pub primary: String,
+    pub default_branch: BranchName,
+    /// Further repositories a request may name (the seed tool's `repository=` parameter).
+    pub allowed: Vec<String>,
+}
+
+impl Repositories {
+    fn find(&self, url: &str) -> Option<&str> {
+        let wanted = normalise(url);
+        std::iter::once(&self.primary)
+            .chain(&self.allowed)
+            .find(|known| normalise(known) == wanted)
+            .map(String::as_str)
+    }
+}
+
+/// Compare repository URLs without caring for a trailing slash or `.git`.
+fn normalise(url: &str) -> &str {
+    let url = url.trim_end_matches('/');
+    url.strip_suffix(".git").unwrap_or(url)
+}
+
+/// The backend: the rules, over a store.
+pub struct Backend {
+    store: Arc<dyn StateStore>,
+    repositories: Repositories,
+    /// Which branches `?ref=` may name.
+    refs: RefPolicy,
+    committer: Identity,
+    encryption: Option<Encryption>,
+    memo: overview::Memo,
+}
+
+/// Encryption at rest: every state passes through the sealer; lock and configuration files stay
+/// plain.
+#[derive(Clone)]
+pub struct Encryption {
+    pub sealer: Arc<dyn Sealer>,
+    /// Refuse to serve or overwrite a state that is not under the configured keys.
+    pub enforced: bool,
+}
+
+/// How often a write opens a stored state that keeps changing under it before giving up.
+const MAX_OPENS: u32 = 4;
+
+/// Lineage and serial of a Terraform state, when it has them (OpenTofu-encrypted states do not).
+#[derive(Debug, Default, Clone, Deserialize)]
+struct Version {
+    lineage: Option<String>,
+    serial: Option<u64>,
+}
+
+impl Version {
+    fn of(bytes: &[u8]) -> Self {
+        serde_json::from_slice(bytes).unwrap_or_default()
+    }
+}
+
+impl Backend {
+    pub fn new(
+        store: Arc<dyn StateStore>,
+        repositories: Repositories,
+        committer: Identity,
+    ) -> Self {
+        Self {
+            refs: RefPolicy::only(repositories.default_branch.clone()),
+            store,
+            repositories,
+            committer,
+            encryption: None,
+            memo: overview::Memo::default(),
+        }
+    }
+
+    /// Let `?ref=` name the branches `refs` allows (by default only the configured branch).
+    pub fn with_refs(mut self, refs: RefPolicy) -> Self {
+        self.refs = refs;
+        self
+    }
+
+    /// Seal every state written from now on and open every state read.
+    pub fn with_encryption(mut self, encryption: Encryption) -> Self {
+        self.encryption = Some(encryption);
+        self
+    }
+
+    /// Resolve the repository and branch a request addresses, refusing repositories that are not
+    /// configured: the function's git credentials must never be pointed at arbitrary hosts.
+    pub fn locate(
+        &self,
+        repository: Option<&str>,
+        branch: Option<&str>,
+    ) -> Result<Location, ServiceError> {
+        let repository = match repository {
+            None => self.repositories.primary.clone(),
+            Some(url) => self
+                .repositories
+                .find(url)
+                .ok_or_else(|| ServiceError::RepositoryNotAllowed(url.chars().take(200).collect()))?
+                .to_owned(),
+        };
+        let branch = match branch {
+            None => self.repositories.default_branch.clone(),
+            Some(b) => {
+                let branch = BranchName::parse(b).map_err(ServiceError::Branch)?;
+                self.refs.check(&branch)?;
+                branch
+            }
+        };
+        Ok(Location { repository, branch })
+    }
+
+    /// The store this backend writes to.
+    pub fn store(&self) -> &Arc<dyn StateStore> {
+        &self.store
+    }
+
+    /// The identity commits are written under when no user is known.
+    pub fn committer(&self) -> &Identity {
+        &self.committer
+    }
+
+    /// Open a past revision: decrypted with the context it was written under, whatever the
+    /// policy says of current states (history already holds what it holds).
+    async fn open_revision(
+        &self,
+        at: &Location,
+        name: &StateName,
+        stored: Bytes,
+    ) -> Result<Bytes, ServiceError> {
+        match &self.encryption {
+            Some(encryption) => Ok(encryption.sealer.open(stored, at, name).await?.plaintext),
+            None => Ok(stored),
+        }
+    }
+
+    /// Open a stored state, enforcing the encryption policy.
+    async fn open(
+        &self,
+        at: &Location,
+        name: &StateName,
+        stored: Bytes,
+    ) -> Result<Opened, ServiceError> {
+        let Some(encryption) = &self.encryption else {
+            return Ok(Opened {
+                plaintext: stored,
+                protection: Protection::Unprotected,
+                format: "unencrypted",
+            });
+        };
+        let opened = encryption.sealer.open(stored, at, name).await?;
+        if encryption.enforced && opened.protection == Protection::Unprotected {
+            return Err(ServiceError::Unprotected {
+                format: opened.format,
+            });
+        }
+        Ok(opened)
+    }
+
+    /// Commits are authored as the authenticated user, at the backend's e-mail address.
+    fn meta(&self, caller: &Caller, message: String) -> CommitMeta {
+        CommitMeta {
+            author_name: caller.user.clone(),
+            author_email: self.committer.email.clone(),
+            committer_name: self.committer.name.clone(),
+            committer_email: self.committer.email.clone(),
+            message,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
