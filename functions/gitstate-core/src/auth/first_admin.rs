@@ -1,11 +1,9 @@
 //! The first administrator: for a repository without an access file, one administrator with a
 //! generated token, committed once.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bytes::Bytes;
-use serde::Serialize;
 
 use super::{Access, AccessSource};
 use crate::access::{ACCESS_PATH, AccessError, Grant, Role};
@@ -73,30 +71,16 @@ const HEADER: &str = "\
 
 ";
 
-/// The access file, as the TOML serialiser writes it.
-#[derive(Serialize)]
-struct AccessFile<'a> {
-    users: BTreeMap<&'a str, Entry<'a>>,
-}
-
-#[derive(Serialize)]
-struct Entry<'a> {
-    hash: &'a str,
-    grants: Vec<String>,
-}
-
-/// A new access file with one user: serialised, so any name is quoted and any value escaped as
-/// TOML needs, then parsed back as the policy would be before anything is committed.
+/// A new access file with one user: the entry as [`crate::access::entry_toml`] writes it (so any
+/// name is quoted and any value escaped as TOML needs), parsed back as the policy would be before
+/// anything is committed.
 fn access_file(user: &str, hash: &str, grants: &[Grant]) -> Result<String, AccessError> {
-    let entry = Entry {
-        hash,
-        grants: grants.iter().map(Grant::to_string).collect(),
-    };
-    let file = AccessFile {
-        users: BTreeMap::from([(user, entry)]),
-    };
-    let toml = toml::to_string(&file).map_err(|e| AccessError::Syntax(e.to_string()))?;
-    let text = format!("{HEADER}{toml}");
+    let entry = crate::access::entry_toml(&crate::access::User {
+        name: user.to_owned(),
+        hash: hash.to_owned(),
+        grants: grants.to_vec(),
+    })?;
+    let text = format!("{HEADER}{entry}");
     crate::access::Policy::parse(&text)?;
     Ok(text)
 }
