@@ -38,27 +38,8 @@ pub struct Lock {
     pub who: String,
 }
 
-/// One page of `GET /history/<name>`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub struct History {
-    pub state: String,
-    pub page: usize,
-    pub versions: Vec<Version>,
-    pub next_page: Option<usize>,
-}
-
-/// One revision a history page lists.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub struct Version {
-    /// The commit.
-    pub version: String,
-    pub time: i64,
-    pub author: String,
-    pub operation: String,
-    pub serial: Option<u64>,
-    pub lineage: Option<String>,
-    pub deleted: bool,
-}
+/// A history page and its revisions: the wire types the server writes and the CLI reads.
+pub use gitstate_core::api::{HistoryAnswer as History, VersionInfo as Version};
 
 impl Answer {
     /// The answer, when it has `status`; otherwise the test fails naming both and the body.
