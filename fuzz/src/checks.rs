@@ -188,7 +188,7 @@ pub fn sops_file(data: &[u8]) {
 /// what is checked is what is called), its parts hold the documented shapes, and a configured
 /// name is an ARN exactly when it starts with `arn:`.
 pub fn kms_arn(data: &[u8]) {
-    use gitstate_core::kms_key::{KeyArn, KeyName, KeyResource};
+    use gitstate_kms::kms_key::{KeyArn, KeyName, KeyResource};
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };

@@ -471,7 +471,7 @@ pub fn settings_for(
     repository: &str,
     cache: &Path,
     extra: &[(&str, &str)],
-) -> gitstate_core::config::Settings {
+) -> gitstate_app::Settings {
     let mut vars: HashMap<String, String> = HashMap::from([
         ("GITSTATE_REPOSITORY".into(), repository.into()),
         ("GITSTATE_GIT_USERNAME".into(), GIT_USER.into()),
@@ -488,24 +488,16 @@ pub fn settings_for(
     for (k, v) in extra {
         vars.insert((*k).into(), (*v).into());
     }
-    gitstate_core::config::Settings::from_lookup(gitstate_core::config::Runtime::Local, |k| {
-        vars.get(k).cloned()
-    })
-    .expect("valid test settings")
+    gitstate_app::Settings::from_lookup(gitstate_app::Runtime::Local, |k| vars.get(k).cloned())
+        .expect("valid test settings")
 }
 
 /// The router for `settings`, as every binary builds it.
-pub fn app(settings: &gitstate_core::config::Settings) -> axum::Router {
-    let (backend, access) = gitstate_git::service(settings).expect("backend");
-    gitstate_core::http::router(
-        backend,
-        access,
-        gitstate_core::http::Limits {
-            max_body_bytes: settings.max_body_bytes,
-            max_response_bytes: None,
-            request_deadline: settings.request_deadline,
-        },
-    )
+pub async fn app(settings: &gitstate_app::Settings) -> axum::Router {
+    gitstate_app::build(settings.clone())
+        .await
+        .expect("backend")
+        .router()
 }
 
 impl TestBackend {
@@ -513,7 +505,7 @@ impl TestBackend {
     pub async fn start(repository: &str, extra: &[(&str, &str)]) -> Self {
         let cache = tempfile::tempdir().expect("tempdir");
         let settings = settings_for(repository, cache.path(), extra);
-        Self::serve(app(&settings), cache).await
+        Self::serve(app(&settings).await, cache).await
     }
 
     pub async fn serve(app: axum::Router, cache: tempfile::TempDir) -> Self {
@@ -797,23 +789,14 @@ impl Moto {
 }
 
 /// The router for `settings`, encrypting with `kms` as `settings.encryption` says.
-pub fn encrypted_app(
-    settings: &gitstate_core::config::Settings,
+pub async fn encrypted_app(
+    settings: &gitstate_app::Settings,
     kms: Arc<gitstate_kms::Kms>,
 ) -> axum::Router {
-    let encryption =
-        gitstate_kms::encryption_with(kms, &settings.encryption, settings.max_body_bytes);
-    let (backend, access) =
-        gitstate_git::service_with(settings, Some(encryption)).expect("backend");
-    gitstate_core::http::router(
-        backend,
-        access,
-        gitstate_core::http::Limits {
-            max_body_bytes: settings.max_body_bytes,
-            max_response_bytes: None,
-            request_deadline: settings.request_deadline,
-        },
-    )
+    gitstate_app::build_with(settings.clone(), Some(kms))
+        .await
+        .expect("backend")
+        .router()
 }
 
 /// Commit `content` as `path` on `main` of the test server's repository `repo`, with the git CLI

@@ -15,8 +15,6 @@ use clap::{Parser, Subcommand};
 use gitstate_core::StateName;
 use gitstate_core::access::Caller;
 use gitstate_core::access::{Grant, Policy, check_user_name};
-use gitstate_core::config::Settings;
-use gitstate_core::http::{Limits, router};
 use gitstate_core::password::{generate_token, hash_secret};
 use gitstate_core::ports::CommitMeta;
 use gitstate_core::service::Rekeyed;
@@ -188,16 +186,12 @@ async fn main() -> anyhow::Result<()> {
             program,
         } => {
             let (layered, mut settings) = settings.settings()?;
-            credential::fill(&mut settings).await;
+            credential::fill(&mut settings.git).await;
             let listening = server::Listening {
                 tls: None,
                 access_log: layered.flag_on("GITSTATE_ACCESS_LOG")?,
             };
-            let status = run::run(settings, listening, &state, &program, async |settings| {
-                let (backend, access) = open(&settings).await?;
-                Ok(app(&settings, (backend, access)))
-            })
-            .await?;
+            let status = run::run(settings, listening, &state, &program).await?;
             std::process::exit(run::exit_code(status));
         }
         Command::User(UserCommand::Add { name, grants }) => user_add(&name, &grants),
@@ -330,34 +324,38 @@ fn init_logging(command: &Command) -> anyhow::Result<()> {
 }
 
 async fn serve(state: &str, args: &SettingsArgs) -> anyhow::Result<()> {
-    let (layered, mut settings) = args.settings()?;
-    let listening = server::Listening::from_settings(&layered, settings.listen)?;
-    credential::fill(&mut settings).await;
-    let (backend, access) = open(&settings).await?;
-    let listener = tokio::net::TcpListener::bind(settings.listen)
-        .await
-        .with_context(|| format!("binding {}", settings.listen))?;
-    let address = listener.local_addr()?;
+    let (_, mut settings) = args.settings()?;
+    let listening = server::Listening::from_settings(&settings.server)?;
+    credential::fill(&mut settings.git).await;
+    let listen = settings.server.listen;
     let storage = settings
+        .git
         .repository
         .clone()
-        .unwrap_or_else(|| format!("{} (embedded)", settings.local_repository.display()));
-    let first_admin = match settings.repository {
-        Some(_) => None,
-        None => {
-            let committer = backend.committer();
-            let meta = CommitMeta {
-                author_name: committer.name.clone(),
-                author_email: committer.email.clone(),
-                committer_name: committer.name.clone(),
-                committer_email: committer.email.clone(),
-                message: String::new(),
-            };
-            access
-                .create_first_admin("admin", meta)
-                .await
-                .context("creating the first administrator")?
-        }
+        .unwrap_or_else(|| format!("{} (embedded)", settings.git.local_repository.display()));
+    let embedded = settings.git.repository.is_none();
+    let app = gitstate_app::build(settings)
+        .await
+        .context("assembling the backend")?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("binding {listen}"))?;
+    let address = listener.local_addr()?;
+    let first_admin = if embedded {
+        let committer = app.backend.committer();
+        let meta = CommitMeta {
+            author_name: committer.name.clone(),
+            author_email: committer.email.clone(),
+            committer_name: committer.name.clone(),
+            committer_email: committer.email.clone(),
+            message: String::new(),
+        };
+        app.access
+            .create_first_admin("admin", meta)
+            .await
+            .context("creating the first administrator")?
+    } else {
+        None
     };
     let mut out = std::io::stdout().lock();
     let base = format!("{}://{address}", listening.scheme());
@@ -374,35 +372,7 @@ async fn serve(state: &str, args: &SettingsArgs) -> anyhow::Result<()> {
     gitstate_core::http::write_backend_block(&mut out, &base, state)?;
     out.flush()?;
     drop(out);
-    server::serve_until(
-        listener,
-        app(&settings, (backend, access)),
-        &listening,
-        shutdown(),
-    )
-    .await
-}
-
-type Opened = (
-    std::sync::Arc<gitstate_core::service::Backend>,
-    std::sync::Arc<gitstate_core::auth::Access>,
-);
-
-async fn open(settings: &Settings) -> anyhow::Result<Opened> {
-    let encryption = gitstate_kms::encryption(&settings.encryption, settings.max_body_bytes).await;
-    gitstate_git::service_with(settings, encryption).context("opening the git store")
-}
-
-fn app(settings: &Settings, (backend, access): Opened) -> axum::Router {
-    router(
-        backend,
-        access,
-        Limits {
-            max_body_bytes: settings.max_body_bytes,
-            max_response_bytes: None,
-            request_deadline: settings.request_deadline,
-        },
-    )
+    server::serve_until(listener, app.router(), &listening, shutdown()).await
 }
 
 async fn shutdown() {
@@ -496,9 +466,10 @@ async fn rekey(prefix: &str, args: &SettingsArgs) -> anyhow::Result<()> {
     if settings.encryption.kms_key_ids.is_empty() {
         bail!("GITSTATE_KMS_KEY_IDS names no key to re-encrypt under");
     }
-    let encryption = gitstate_kms::encryption(&settings.encryption, settings.max_body_bytes).await;
-    let (backend, _) =
-        gitstate_git::service_with(&settings, encryption).context("opening the git store")?;
+    let backend = gitstate_app::build(settings)
+        .await
+        .context("assembling the backend")?
+        .backend;
     let at = backend.locate(None, None)?;
     let names = backend.store().list_states(&at, prefix).await?;
     let caller = Caller::operator("gitstate-rekey");
@@ -531,7 +502,7 @@ async fn decrypt(file: &std::path::Path, args: &SettingsArgs) -> anyhow::Result<
         .envelope()
         .open(&stored, None)
         .await
-        .and_then(|opened| gitstate_kms::unpack(opened, settings.max_body_bytes))
+        .and_then(|opened| gitstate_kms::unpack(opened, settings.limits.max_body_bytes))
         .with_context(|| format!("decrypting {}", file.display()))?;
     let mut out = std::io::stdout().lock();
     out.write_all(&opened.plaintext)?;
@@ -550,7 +521,7 @@ async fn encrypt(
     }
     let name = StateName::parse(&state.unwrap_or_else(|| file.display().to_string()))
         .context("--state")?;
-    let Some(repository) = settings.repository.clone() else {
+    let Some(repository) = settings.git.repository.clone() else {
         bail!("name the repository the state lives in: --repository or GITSTATE_REPOSITORY");
     };
     let plaintext = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;

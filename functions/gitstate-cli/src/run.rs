@@ -7,11 +7,12 @@ use std::process::ExitStatus;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use gitstate_app::Settings;
+use gitstate_app::settings::AccessSettings;
 use gitstate_core::StateName;
 use gitstate_core::access::check_user_name;
-use gitstate_core::auth::{AccessOptions, AccessSource};
-use gitstate_core::config::{Secret, Settings};
 use gitstate_core::password::{generate_token, hash_secret};
+use gitstate_core::secret::Secret;
 use tokio::signal::unix::{SignalKind, signal};
 
 /// The file added next to a configuration without a backend block, for the length of one run.
@@ -212,7 +213,6 @@ pub async fn run(
     listening: crate::server::Listening,
     state: &str,
     program: &[String],
-    app: impl AsyncFnOnce(Settings) -> anyhow::Result<axum::Router>,
 ) -> anyhow::Result<ExitStatus> {
     let name = StateName::parse(state).context("--state")?;
     let Some(executable) = program.first() else {
@@ -241,9 +241,9 @@ pub async fn run(
             .await
             .context("hashing the run's credential")?;
     let (token, hash) = hash?;
-    settings.access = AccessOptions {
+    settings.access = AccessSettings {
         // Only this run's credential is served: the caller already holds the repository itself.
-        source: AccessSource::Text("[users]\n".into()),
+        text: Some(Secret::new("[users]\n".into())),
         bootstrap: Some((user.clone(), Secret::new(hash))),
         refresh: settings.access.refresh,
     };
@@ -252,7 +252,10 @@ pub async fn run(
         .context("binding a loopback port")?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let scheme_base = format!("http://{}", listener.local_addr()?);
-    let app = app(settings).await?;
+    let app = gitstate_app::build(settings)
+        .await
+        .context("assembling the backend")?
+        .router();
     let server = tokio::spawn(async move {
         crate::server::serve_until(listener, app, &listening, async {
             let _ = stopped.await;

@@ -28,9 +28,9 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use crate::access::{ACCESS_PATH, AccessError, Caller, Grant, Policy, Role};
-use crate::config::Secret;
 use crate::password::{PasswordVerifier, generate_token, hash_secret};
 use crate::ports::{CommitMeta, Location, StateStore, StoreError, USER_TRAILER};
+use crate::secret::Secret;
 
 /// Longest `Authorization` header looked at.
 pub const MAX_AUTHORIZATION_BYTES: usize = 4096;

@@ -124,9 +124,6 @@ pub struct Limits {
     pub request_deadline: std::time::Duration,
 }
 
-/// The payload limit of a buffered Function URL response.
-pub const BUFFERED_RESPONSE_LIMIT: usize = 6 * 1024 * 1024;
-
 /// Size of `body` inside Lambda's JSON response envelope: quotes and backslashes are escaped,
 /// control characters become `\uXXXX`, plus room for the status and headers.
 fn envelope_size(body: &[u8]) -> usize {
@@ -454,7 +451,7 @@ fn parse_target(uri: &Uri) -> Result<Addressed, ApiError> {
     let repository = take("repository");
     if let Some(reason) = repository
         .as_deref()
-        .and_then(crate::config::credentials_in_url)
+        .and_then(crate::secret::credentials_in_url)
     {
         return Err(ApiError::Query(format!("repository=: {reason}")));
     }

@@ -1,19 +1,17 @@
-//! gitstate's domain: names, locks, the service rules, the ports to storage, the HTTP router and
-//! the settings. It knows nothing of git libraries or AWS.
+//! gitstate's domain: names, locks, the service rules, the ports to storage and the HTTP router.
+//! It knows nothing of git libraries, AWS or how settings are read.
 
 pub mod access;
 pub mod auth;
 pub mod changes;
-pub mod config;
 pub mod http;
 pub mod index;
-pub mod kms_key;
-pub mod layers;
 mod lock;
 mod name;
 pub mod password;
 pub mod ports;
 pub mod refs;
+pub mod secret;
 pub mod service;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;
