@@ -317,3 +317,52 @@ fn access_sources() {
         .is_err()
     );
 }
+
+/// Every secret the settings hold.
+fn secrets(s: &Settings) -> Vec<&gitstate_core::secret::Secret> {
+    let mut all: Vec<_> = [
+        &s.git.token,
+        &s.git.token_kms,
+        &s.encryption.passphrase,
+        &s.access.text,
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    all.extend(s.access.bootstrap.as_ref().map(|(_, hash)| hash));
+    all
+}
+
+/// For every secret setting of [`crate::layers::SETTINGS`]: the value is held as a `Secret`, and
+/// neither the settings' `Debug` (plain or pretty), the secret's `Debug` and `Display`, nor the
+/// layered view and its report ever show it.
+#[test]
+fn no_secret_setting_is_ever_printed() {
+    use crate::layers::{Layered, SETTINGS};
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(13);
+    let specs: Vec<_> = SETTINGS.iter().filter(|spec| spec.secret).collect();
+    assert!(specs.len() >= 5, "{specs:?}");
+    for spec in specs {
+        let value = format!("hidden-{}-{:x}", spec.key(), rng.random::<u64>());
+        let s = settings(Runtime::Local, &[(spec.var, &value)]).expect(spec.var);
+        let held: Vec<_> = secrets(&s)
+            .into_iter()
+            .filter(|secret| secret.expose() == value)
+            .collect();
+        assert_eq!(held.len(), 1, "{} is not held as a Secret", spec.var);
+        let layered = Layered::build(
+            |_| None,
+            |var| (var == spec.var).then(|| value.clone()),
+            None,
+        )
+        .expect("layers");
+        let shown = format!(
+            "{s:?} {s:#?} {} {:?} {layered:?} {:?}",
+            held[0],
+            held[0],
+            layered.report()
+        );
+        assert!(!shown.contains(&value), "{} printed: {shown}", spec.var);
+    }
+}
