@@ -229,7 +229,7 @@ fn sealed_value_opens_only_under_its_key(data: &[u8]) {
 /// what is checked is what is called), its parts hold the documented shapes, and a configured
 /// name is an ARN exactly when it starts with `arn:`.
 pub fn kms_arn(data: &[u8]) {
-    use gitstate_core::kms_key::{KeyArn, KeyName, KeyResource};
+    use gitstate_sops::kms_key::{KeyArn, KeyName, KeyResource};
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };

@@ -257,19 +257,22 @@ async fn unknown_users_and_wrong_passwords_both_pay_argon2_and_look_the_same() {
         cache.path(),
         &[("GITSTATE_ACCESS", &access_file(&listed))],
     );
-    let backend = gitstate_git::backend(&settings).expect("backend");
+    let backend = gitstate_app::build(settings.clone())
+        .await
+        .expect("backend")
+        .backend;
     let verifier = Arc::new(Counting {
         calls: AtomicUsize::new(0),
     });
     let access = Access::new(
         backend.store().clone(),
         backend.locate(None, None).expect("primary"),
-        settings.access.clone(),
+        settings.access.options(),
         verifier.clone(),
     )
     .expect("access");
     let router = gitstate_http::router(
-        Arc::new(backend),
+        backend,
         Arc::new(access),
         gitstate_http::Limits {
             max_body_bytes: 1 << 20,
@@ -510,7 +513,10 @@ async fn a_flood_of_random_users_from_one_address_is_429_without_argon2_and_cach
             &access_file(&[(READER.0, READER.1, &["read:*"])]),
         )],
     );
-    let backend = gitstate_git::backend(&settings).expect("backend");
+    let backend = gitstate_app::build(settings.clone())
+        .await
+        .expect("backend")
+        .backend;
     let verifier = Arc::new(Gated {
         open: true.into(),
         calls: AtomicUsize::new(0),
@@ -520,12 +526,12 @@ async fn a_flood_of_random_users_from_one_address_is_429_without_argon2_and_cach
     let access = Access::new(
         backend.store().clone(),
         backend.locate(None, None).expect("primary"),
-        settings.access.clone(),
+        settings.access.options(),
         verifier.clone(),
     )
     .expect("access");
     let router = gitstate_http::router(
-        Arc::new(backend),
+        backend,
         Arc::new(access),
         gitstate_http::Limits {
             max_body_bytes: 1 << 20,

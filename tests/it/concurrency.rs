@@ -211,12 +211,10 @@ async fn embedded_repository_locks_and_writes_concurrently() {
         ),
     ]);
     let settings =
-        gitstate_core::config::Settings::from_lookup(gitstate_core::config::Runtime::Local, |k| {
-            vars.get(k).cloned()
-        })
-        .expect("settings");
+        gitstate_app::Settings::from_lookup(gitstate_app::Runtime::Local, |k| vars.get(k).cloned())
+            .expect("settings");
     let backend = TestBackend::serve(
-        gitstate_tests::app(&settings),
+        gitstate_tests::app(&settings).await,
         tempfile::tempdir().expect("tempdir"),
     )
     .await;

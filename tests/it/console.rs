@@ -995,7 +995,8 @@ async fn console_through_function_url_events() {
         &f.server.url("state"),
         cache.path(),
         &[("GITSTATE_ACCESS", &access)],
-    ));
+    ))
+    .await;
     let template: Value = serde_json::from_str(
         &std::fs::read_to_string(concat!(
             env!("CARGO_MANIFEST_DIR"),

@@ -272,7 +272,7 @@ async fn only_the_first_advertisement_is_redirected_and_only_within_the_origin()
     let cache = tempfile::tempdir().expect("tempdir");
     let settings =
         gitstate_tests::settings_for(&format!("{}/old.git", front.url), cache.path(), &[]);
-    let backend = TestBackend::serve(gitstate_tests::app(&settings), cache).await;
+    let backend = TestBackend::serve(gitstate_tests::app(&settings).await, cache).await;
     let client = Client::new(&backend.url);
     let state = state_json("lineage-redirect", 1);
     client.write("a.tfstate", &state).await.expect(200);

@@ -39,7 +39,7 @@ impl Setup {
     async fn backend(&self, kms: Arc<gitstate_kms::Kms>, extra: &[(&str, &str)]) -> TestBackend {
         let cache = tempfile::tempdir().expect("tempdir");
         let settings = settings_for(&self.url, cache.path(), extra);
-        TestBackend::serve(encrypted_app(&settings, kms), cache).await
+        TestBackend::serve(encrypted_app(&settings, kms).await, cache).await
     }
 
     fn stored(&self, name: &str) -> Vec<u8> {
@@ -337,15 +337,10 @@ async fn migration_enforcement_rotation_and_rekey() {
     let cache = tempfile::tempdir().expect("tempdir");
     let settings = settings_for(&s.url, cache.path(), &rotated_vars);
     let kms = s.moto.kms().await;
-    let (backend, _) = gitstate_git::service_with(
-        &settings,
-        Some(gitstate_kms::encryption_with(
-            kms.clone(),
-            &settings.encryption,
-            settings.max_body_bytes,
-        )),
-    )
-    .expect("backend");
+    let backend = gitstate_app::build_with(settings, Some(kms.clone()))
+        .await
+        .expect("backend")
+        .backend;
     let at = backend.locate(None, None).expect("primary");
     let names = backend
         .store()

@@ -277,17 +277,12 @@ async fn large_states_round_trip_or_are_refused_with_a_reason() {
     // A buffered Function URL cannot carry it: 413 saying how to enable streaming, never a
     // truncated body.
     let cache = tempfile::tempdir().expect("tempdir");
-    let settings = gitstate_tests::settings_for(&url, cache.path(), &[]);
-    let (b, access) = gitstate_git::service(&settings).expect("service");
-    let buffered = gitstate_http::router(
-        b,
-        access,
-        gitstate_http::Limits {
-            max_body_bytes: settings.max_body_bytes,
-            max_response_bytes: Some(gitstate_http::BUFFERED_RESPONSE_LIMIT),
-            request_deadline: settings.request_deadline,
-        },
-    );
+    let mut settings = gitstate_tests::settings_for(&url, cache.path(), &[]);
+    settings.limits.max_response_bytes = Some(gitstate_app::settings::BUFFERED_RESPONSE_LIMIT);
+    let buffered = gitstate_app::build(settings)
+        .await
+        .expect("backend")
+        .router();
     let buffered = TestBackend::serve(buffered, cache).await;
     let refused = Client::new(&buffered.url)
         .send("GET", "/states/big.tfstate", None)

@@ -1331,12 +1331,10 @@ async fn embedded_backend(dir: &std::path::Path, extra: &[(&str, &str)]) -> Test
         vars.insert((*key).to_owned(), (*value).to_owned());
     }
     let settings =
-        gitstate_core::config::Settings::from_lookup(gitstate_core::config::Runtime::Local, |k| {
-            vars.get(k).cloned()
-        })
-        .expect("settings");
+        gitstate_app::Settings::from_lookup(gitstate_app::Runtime::Local, |k| vars.get(k).cloned())
+            .expect("settings");
     TestBackend::serve(
-        gitstate_tests::app(&settings),
+        gitstate_tests::app(&settings).await,
         tempfile::tempdir().expect("tempdir"),
     )
     .await

@@ -151,7 +151,11 @@ impl Setup {
     async fn backend(&self, vars: &[(&str, &str)]) -> TestBackend {
         let cache = tempfile::tempdir().expect("tempdir");
         let settings = settings_for(&self.url, cache.path(), vars);
-        TestBackend::serve(encrypted_app(&settings, self.proxy.kms().await), cache).await
+        TestBackend::serve(
+            encrypted_app(&settings, self.proxy.kms().await).await,
+            cache,
+        )
+        .await
     }
 
     async fn get(&self, vars: &[(&str, &str)], name: &str) -> (u16, String) {
@@ -353,15 +357,10 @@ async fn enforced_mode_is_not_fooled_by_a_decoy_entry_naming_the_configured_key(
     ];
     let cache = tempfile::tempdir().expect("tempdir");
     let settings = settings_for(&s.url, cache.path(), &vars);
-    let (backend, _) = gitstate_git::service_with(
-        &settings,
-        Some(gitstate_kms::encryption_with(
-            s.proxy.kms().await,
-            &settings.encryption,
-            settings.max_body_bytes,
-        )),
-    )
-    .expect("backend");
+    let backend = gitstate_app::build_with(settings, Some(s.proxy.kms().await))
+        .await
+        .expect("backend")
+        .backend;
     let at = backend.locate(None, None).expect("primary");
     let caller = Caller::operator("kms-keys-test");
     let state_name = StateName::parse(name).expect("name");

@@ -53,7 +53,8 @@ async fn every_event_file_replays_through_lambda_http() {
         &url,
         cache.path(),
         &[("GITSTATE_ACCESS", &access)],
-    ));
+    ))
+    .await;
 
     let sequence = gitstate_tests::EVENT_SEQUENCE;
     let mut answers = Vec::new();

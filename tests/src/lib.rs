@@ -522,7 +522,7 @@ pub fn settings_for(
     repository: &str,
     cache: &Path,
     extra: &[(&str, &str)],
-) -> gitstate_core::config::Settings {
+) -> gitstate_app::Settings {
     let mut vars: HashMap<String, String> = HashMap::from([
         ("GITSTATE_REPOSITORY".into(), repository.into()),
         ("GITSTATE_GIT_USERNAME".into(), GIT_USER.into()),
@@ -539,61 +539,31 @@ pub fn settings_for(
     for (k, v) in extra {
         vars.insert((*k).into(), (*v).into());
     }
-    gitstate_core::config::Settings::from_lookup(gitstate_core::config::Runtime::Local, |k| {
-        vars.get(k).cloned()
-    })
-    .expect("valid test settings")
+    gitstate_app::Settings::from_lookup(gitstate_app::Runtime::Local, |k| vars.get(k).cloned())
+        .expect("valid test settings")
 }
 
 /// The router for `settings`, as every binary builds it.
-pub fn app(settings: &gitstate_core::config::Settings) -> axum::Router {
-    let (backend, access) = gitstate_git::service(settings).expect("backend");
-    gitstate_http::router(
-        backend,
-        access,
-        gitstate_http::Limits {
-            max_body_bytes: settings.max_body_bytes,
-            max_response_bytes: None,
-            request_deadline: settings.request_deadline,
-        },
-    )
+pub async fn app(settings: &gitstate_app::Settings) -> axum::Router {
+    gitstate_app::build(settings.clone())
+        .await
+        .expect("backend")
+        .router()
 }
 
 /// The router for `settings` as [`app`] builds it, over the in-memory store of the core's router
 /// tests instead of a git store (the contract test runs both side by side), and that store.
 pub fn memory_app(
-    settings: &gitstate_core::config::Settings,
+    settings: &gitstate_app::Settings,
 ) -> (axum::Router, Arc<gitstate_core::testing::MemoryStore>) {
-    use gitstate_core::service::{Backend, Repositories};
     let store = Arc::new(gitstate_core::testing::MemoryStore::default());
-    let repositories = Repositories {
-        primary: settings
-            .repository
-            .clone()
-            .expect("a configured repository"),
-        default_branch: settings.branch.clone(),
-        allowed: settings.allowed_repositories.clone(),
-    };
-    let backend = Backend::new(store.clone(), repositories, settings.committer.clone())
-        .with_refs(settings.ref_policy().expect("ref policy"));
-    let primary = backend.locate(None, None).expect("the primary location");
-    let access = gitstate_core::auth::Access::new(
-        store.clone(),
-        primary,
-        settings.access.clone(),
-        Arc::new(gitstate_core::password::Argon2id),
-    )
-    .expect("access policy");
-    let router = gitstate_http::router(
-        Arc::new(backend),
-        Arc::new(access),
-        gitstate_http::Limits {
-            max_body_bytes: settings.max_body_bytes,
-            max_response_bytes: None,
-            request_deadline: settings.request_deadline,
-        },
-    );
-    (router, store)
+    let primary = settings
+        .git
+        .repository
+        .clone()
+        .expect("a configured repository");
+    let app = gitstate_app::build_over(settings, store.clone(), primary).expect("the application");
+    (app.router(), store)
 }
 
 impl TestBackend {
@@ -601,7 +571,7 @@ impl TestBackend {
     pub async fn start(repository: &str, extra: &[(&str, &str)]) -> Self {
         let cache = tempfile::tempdir().expect("tempdir");
         let settings = settings_for(repository, cache.path(), extra);
-        Self::serve(app(&settings), cache).await
+        Self::serve(app(&settings).await, cache).await
     }
 
     pub async fn serve(app: axum::Router, cache: tempfile::TempDir) -> Self {
@@ -817,23 +787,14 @@ impl Moto {
 }
 
 /// The router for `settings`, encrypting with `kms` as `settings.encryption` says.
-pub fn encrypted_app(
-    settings: &gitstate_core::config::Settings,
+pub async fn encrypted_app(
+    settings: &gitstate_app::Settings,
     kms: Arc<gitstate_kms::Kms>,
 ) -> axum::Router {
-    let encryption =
-        gitstate_kms::encryption_with(kms, &settings.encryption, settings.max_body_bytes);
-    let (backend, access) =
-        gitstate_git::service_with(settings, Some(encryption)).expect("backend");
-    gitstate_http::router(
-        backend,
-        access,
-        gitstate_http::Limits {
-            max_body_bytes: settings.max_body_bytes,
-            max_response_bytes: None,
-            request_deadline: settings.request_deadline,
-        },
-    )
+    gitstate_app::build_with(settings.clone(), Some(kms))
+        .await
+        .expect("backend")
+        .router()
 }
 
 /// Commit `content` as `path` on `main` of the test server's repository `repo`, with the git CLI

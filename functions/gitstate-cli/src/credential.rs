@@ -6,33 +6,34 @@ use std::io::IsTerminal;
 use std::process::Stdio;
 use std::time::Duration;
 
-use gitstate_core::config::{Secret, Settings};
+use gitstate_app::settings::GitSettings;
+use gitstate_core::secret::Secret;
 use tokio::io::AsyncWriteExt;
 
 /// How long a credential helper may take when nobody can answer a prompt.
 const HELPER_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// Fill `settings.git_username`/`git_token` from `git credential fill` when the repository is
+/// Fill `settings.username`/`token` from `git credential fill` when the repository is
 /// http(s) and has no token (nor a KMS-wrapped one). Failures leave the settings as they were:
 /// a public repository needs no credential, and the git request will say if one was needed.
-pub async fn fill(settings: &mut Settings) {
+pub async fn fill(settings: &mut GitSettings) {
     let Some(url) = settings.repository.clone() else {
         return;
     };
-    if settings.git_token.is_some()
-        || settings.git_token_kms.is_some()
+    if settings.token.is_some()
+        || settings.token_kms.is_some()
         || !(url.starts_with("https://") || url.starts_with("http://"))
     {
         return;
     }
-    match ask(&url, settings.git_username.as_deref()).await {
+    match ask(&url, settings.username.as_deref()).await {
         Ok(Some((user, password))) => {
             tracing::info!(
                 "using the git credential helper's login for {}",
                 redacted(&url)
             );
-            settings.git_username.get_or_insert(user);
-            settings.git_token = Some(password);
+            settings.username.get_or_insert(user);
+            settings.token = Some(password);
         }
         Ok(None) => tracing::debug!("git credential fill gave no password"),
         Err(e) => tracing::debug!("git credential fill: {e}"),
@@ -40,7 +41,7 @@ pub async fn fill(settings: &mut Settings) {
 }
 
 fn redacted(url: &str) -> String {
-    gitstate_core::layers::redact_userinfo(url)
+    gitstate_app::layers::redact_userinfo(url)
 }
 
 async fn ask(url: &str, user: Option<&str>) -> std::io::Result<Option<(String, Secret)>> {

@@ -7,11 +7,12 @@ use std::process::ExitStatus;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use gitstate_app::Settings;
+use gitstate_app::settings::AccessSettings;
 use gitstate_core::StateName;
 use gitstate_core::access::check_user_name;
-use gitstate_core::auth::{AccessOptions, AccessSource};
-use gitstate_core::config::{Secret, Settings};
 use gitstate_core::password::{generate_token, hash_secret};
+use gitstate_core::secret::Secret;
 use tokio::signal::unix::{SignalKind, signal};
 
 /// The file added next to a configuration without a backend block, for the length of one run.
@@ -212,18 +213,19 @@ pub async fn run(
     listening: crate::server::Listening,
     state: &str,
     program: &[String],
-    app: impl AsyncFnOnce(Settings) -> anyhow::Result<axum::Router>,
 ) -> anyhow::Result<ExitStatus> {
     let name = StateName::parse(state).context("--state")?;
-    let Some(executable) = program.first() else {
+    if program.is_empty() {
         bail!(
             "name the program to run after `--`, e.g. gitstate run --state x.tfstate -- terraform plan"
         );
-    };
+    }
     // Installed before the backend file exists, so an early Ctrl-C cannot leave it behind.
-    let mut interrupt = signal(SignalKind::interrupt())?;
-    let mut terminate = signal(SignalKind::terminate())?;
-    let mut hangup = signal(SignalKind::hangup())?;
+    let signals = Signals {
+        interrupt: signal(SignalKind::interrupt())?,
+        terminate: signal(SignalKind::terminate())?,
+        hangup: signal(SignalKind::hangup())?,
+    };
     let dir = config_dir(program);
     let _temporary = match declared_backend(&dir)? {
         Declared::None => Some(add_backend_file(&dir)?),
@@ -234,6 +236,41 @@ pub async fn run(
             file.display()
         ),
     };
+    let (user, token) = run_credential(&mut settings).await?;
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+        .await
+        .context("binding a loopback port")?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let scheme_base = format!("http://{}", listener.local_addr()?);
+    let app = gitstate_app::build(settings)
+        .await
+        .context("assembling the backend")?
+        .router();
+    let server = tokio::spawn(async move {
+        crate::server::serve_until(listener, app, &listening, async {
+            let _ = stopped.await;
+        })
+        .await
+    });
+    let endpoints = Endpoints {
+        base: &scheme_base,
+        name: &name,
+        user: &user,
+        token: &token,
+    };
+    let status = run_program(program, &endpoints, signals).await?;
+    let _ = stop.send(());
+    match tokio::time::timeout(Duration::from_secs(10), server).await {
+        Ok(Ok(Err(e))) => eprintln!("gitstate run: the backend failed: {e:#}"),
+        Ok(Err(e)) => eprintln!("gitstate run: the backend failed: {e}"),
+        Err(_) => eprintln!("gitstate run: the backend did not stop within 10 s"),
+        Ok(Ok(Ok(()))) => {}
+    }
+    Ok(status)
+}
+
+/// This run's own user and token; the settings' access becomes that user alone.
+async fn run_credential(settings: &mut Settings) -> anyhow::Result<(String, String)> {
     let token = generate_token();
     let user = run_user();
     let hash =
@@ -241,41 +278,54 @@ pub async fn run(
             .await
             .context("hashing the run's credential")?;
     let (token, hash) = hash?;
-    settings.access = AccessOptions {
+    settings.access = AccessSettings {
         // Only this run's credential is served: the caller already holds the repository itself.
-        source: AccessSource::Text("[users]\n".into()),
+        text: Some(Secret::new("[users]\n".into())),
         bootstrap: Some((user.clone(), Secret::new(hash))),
         refresh: settings.access.refresh,
     };
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
-        .await
-        .context("binding a loopback port")?;
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let scheme_base = format!("http://{}", listener.local_addr()?);
-    let app = app(settings).await?;
-    let server = tokio::spawn(async move {
-        crate::server::serve_until(listener, app, &listening, async {
-            let _ = stopped.await;
-        })
-        .await
-    });
+    Ok((user, token))
+}
 
+/// The signals forwarded to the program while it runs.
+struct Signals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+    hangup: tokio::signal::unix::Signal,
+}
+
+/// Where the program finds the backend, and as whom.
+struct Endpoints<'a> {
+    base: &'a str,
+    name: &'a StateName,
+    user: &'a str,
+    token: &'a str,
+}
+
+/// Start `program` with Terraform's `TF_HTTP_*` variables set to `endpoints`, pass signals on,
+/// and wait for it.
+async fn run_program(
+    program: &[String],
+    endpoints: &Endpoints<'_>,
+    mut signals: Signals,
+) -> anyhow::Result<ExitStatus> {
+    let Endpoints {
+        base,
+        name,
+        user,
+        token,
+    } = endpoints;
+    let executable = program.first().context("no program to run")?;
     let mut command = tokio::process::Command::new(executable);
     command
         .args(&program[1..])
-        .env("TF_HTTP_ADDRESS", format!("{scheme_base}/states/{name}"))
-        .env(
-            "TF_HTTP_LOCK_ADDRESS",
-            format!("{scheme_base}/locks/{name}"),
-        )
-        .env(
-            "TF_HTTP_UNLOCK_ADDRESS",
-            format!("{scheme_base}/locks/{name}"),
-        )
+        .env("TF_HTTP_ADDRESS", format!("{base}/states/{name}"))
+        .env("TF_HTTP_LOCK_ADDRESS", format!("{base}/locks/{name}"))
+        .env("TF_HTTP_UNLOCK_ADDRESS", format!("{base}/locks/{name}"))
         .env("TF_HTTP_LOCK_METHOD", "POST")
         .env("TF_HTTP_UNLOCK_METHOD", "DELETE")
-        .env("TF_HTTP_USERNAME", &user)
-        .env("TF_HTTP_PASSWORD", &token);
+        .env("TF_HTTP_USERNAME", user)
+        .env("TF_HTTP_PASSWORD", token);
     // At a terminal, Ctrl-C reaches the whole foreground group, the program included: forwarding
     // it too would be a second interrupt (Terraform then exits at once, lock held). Elsewhere the
     // program gets its own group and every signal from this process, exactly once.
@@ -287,12 +337,12 @@ pub async fn run(
         .spawn()
         .with_context(|| format!("starting {executable}"))?;
     let pid = child.id().context("the program has no process id")?;
-    let status = loop {
+    loop {
         let forward = tokio::select! {
-            status = child.wait() => break status.context("waiting for the program")?,
-            _ = interrupt.recv() => (!interactive).then_some(rustix::process::Signal::INT),
-            _ = terminate.recv() => Some(rustix::process::Signal::TERM),
-            _ = hangup.recv() => Some(rustix::process::Signal::HUP),
+            status = child.wait() => return status.context("waiting for the program"),
+            _ = signals.interrupt.recv() => (!interactive).then_some(rustix::process::Signal::INT),
+            _ = signals.terminate.recv() => Some(rustix::process::Signal::TERM),
+            _ = signals.hangup.recv() => Some(rustix::process::Signal::HUP),
         };
         if let (Some(signal), Some(pid)) = (
             forward,
@@ -300,15 +350,7 @@ pub async fn run(
         ) {
             let _ = rustix::process::kill_process(pid, signal);
         }
-    };
-    let _ = stop.send(());
-    match tokio::time::timeout(Duration::from_secs(10), server).await {
-        Ok(Ok(Err(e))) => eprintln!("gitstate run: the backend failed: {e:#}"),
-        Ok(Err(e)) => eprintln!("gitstate run: the backend failed: {e}"),
-        Err(_) => eprintln!("gitstate run: the backend did not stop within 10 s"),
-        Ok(Ok(Ok(()))) => {}
     }
-    Ok(status)
 }
 
 /// The exit code to pass on: the program's, or 128 + the signal that ended it.

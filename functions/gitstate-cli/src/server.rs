@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use axum::extract::ConnectInfo;
 use base64::Engine;
-use gitstate_core::layers::Layered;
+use gitstate_app::settings::ServerSettings;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tower::ServiceExt;
@@ -29,16 +29,12 @@ pub struct Listening {
 impl Listening {
     /// `--tls-cert`/`--tls-key`/`--tls-client-ca`, and the rule that a non-loopback address
     /// without TLS needs `--insecure-listen` (and gets a warning).
-    pub fn from_settings(layered: &Layered, address: SocketAddr) -> anyhow::Result<Self> {
-        let cert = layered.get("GITSTATE_TLS_CERT");
-        let key = layered.get("GITSTATE_TLS_KEY");
-        let client_ca = layered.get("GITSTATE_TLS_CLIENT_CA");
+    pub fn from_settings(server: &ServerSettings) -> anyhow::Result<Self> {
+        let address = server.listen;
+        let (cert, key) = (&server.tls.cert, &server.tls.key);
+        let client_ca = &server.tls.client_ca;
         let tls = match (cert, key) {
-            (Some(cert), Some(key)) => Some(tls_config(
-                Path::new(&cert),
-                Path::new(&key),
-                client_ca.as_deref().map(Path::new),
-            )?),
+            (Some(cert), Some(key)) => Some(tls_config(cert, key, client_ca.as_deref())?),
             (None, None) if client_ca.is_some() => {
                 bail!("--tls-client-ca needs --tls-cert and --tls-key")
             }
@@ -46,7 +42,7 @@ impl Listening {
             _ => bail!("--tls-cert and --tls-key go together"),
         };
         if tls.is_none() && !address.ip().is_loopback() {
-            if !layered.flag_on("GITSTATE_INSECURE_LISTEN")? {
+            if !server.insecure_listen {
                 bail!(
                     "{address} is not a loopback address: without TLS, passwords would cross the \
                      network in clear. Give --tls-cert and --tls-key, or --insecure-listen true"
@@ -59,7 +55,7 @@ impl Listening {
         }
         Ok(Self {
             tls,
-            access_log: layered.flag_on("GITSTATE_ACCESS_LOG")?,
+            access_log: server.access_log,
         })
     }
 

@@ -1,13 +1,13 @@
 //! The settings flags of the commands that read settings: one `--<key>` per non-secret entry of
-//! [`gitstate_core::layers::SETTINGS`], plus `--config PATH`.
+//! [`gitstate_app::layers::SETTINGS`], plus `--config PATH`.
 
 use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Arg, ArgMatches, Args, FromArgMatches};
-use gitstate_core::config::{Runtime, Settings};
-use gitstate_core::layers::{Layered, SETTINGS, find_file};
+use gitstate_app::layers::{Layered, Origin, SETTINGS, find_file};
+use gitstate_app::{Runtime, Settings};
 
 const CONFIG: &str = "config";
 
@@ -108,8 +108,8 @@ pub fn print(args: &SettingsArgs) -> anyhow::Result<()> {
         let from = origin.map_or_else(
             || "default".to_owned(),
             |o| match o {
-                gitstate_core::layers::Origin::Flag => format!("flag --{}", spec.flag()),
-                gitstate_core::layers::Origin::Env => format!("env {}", spec.var),
+                Origin::Flag => format!("flag --{}", spec.flag()),
+                Origin::Env => format!("env {}", spec.var),
                 other => other.to_string(),
             },
         );

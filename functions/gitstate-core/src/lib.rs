@@ -1,20 +1,18 @@
-//! gitstate's domain: names, locks, the service rules, the ports to storage and the settings. It
-//! knows nothing of HTTP frameworks, git libraries or AWS.
+//! gitstate's domain: names, locks, the service rules, the ports to storage. It knows nothing
+//! of HTTP frameworks, git libraries, AWS or how settings are read.
 
 pub mod access;
 pub mod api;
 pub mod auth;
 pub mod changes;
-pub mod config;
 pub mod index;
-pub mod kms_key;
-pub mod layers;
 mod lock;
 mod name;
 pub mod password;
 pub mod ports;
 pub mod refs;
 pub mod report;
+pub mod secret;
 pub mod service;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;

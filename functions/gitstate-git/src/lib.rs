@@ -6,10 +6,12 @@ mod index;
 mod local;
 mod pack;
 pub mod pkt;
+mod settings;
 pub mod smart;
 pub mod ssh;
 mod store;
 
+pub use settings::{GitAuth, GitSettings};
 pub use store::{GitStore, StoreOptions, WriteMode};
 
 use gitstate_core::ports::StoreError;
@@ -81,67 +83,4 @@ impl From<Error> for StoreError {
             }
         }
     }
-}
-
-/// What every binary serves: the backend over a git store and the access policy guarding it, as
-/// `settings` describe them.
-pub fn service(
-    settings: &gitstate_core::config::Settings,
-) -> Result<
-    (
-        std::sync::Arc<gitstate_core::service::Backend>,
-        std::sync::Arc<gitstate_core::auth::Access>,
-    ),
-    Error,
-> {
-    service_with(settings, None)
-}
-
-/// [`service`], with states sealed by `encryption` when given.
-pub fn service_with(
-    settings: &gitstate_core::config::Settings,
-    encryption: Option<gitstate_core::service::Encryption>,
-) -> Result<
-    (
-        std::sync::Arc<gitstate_core::service::Backend>,
-        std::sync::Arc<gitstate_core::auth::Access>,
-    ),
-    Error,
-> {
-    let backend = match encryption {
-        Some(encryption) => backend(settings)?.with_encryption(encryption),
-        None => backend(settings)?,
-    };
-    let primary = backend
-        .locate(None, None)
-        .map_err(|e| Error::Config(e.to_string()))?;
-    let access = gitstate_core::auth::Access::new(
-        backend.store().clone(),
-        primary,
-        settings.access.clone(),
-        std::sync::Arc::new(gitstate_core::password::Argon2id),
-    )
-    .map_err(|e| Error::Config(format!("access policy: {e}")))?;
-    Ok((std::sync::Arc::new(backend), std::sync::Arc::new(access)))
-}
-
-/// The backend over a git store, as `settings` describe it.
-pub fn backend(
-    settings: &gitstate_core::config::Settings,
-) -> Result<gitstate_core::service::Backend, Error> {
-    let (store, primary) = GitStore::new(settings)?;
-    let repositories = gitstate_core::service::Repositories {
-        primary,
-        default_branch: settings.branch.clone(),
-        allowed: settings.allowed_repositories.clone(),
-    };
-    let refs = settings
-        .ref_policy()
-        .map_err(|e| Error::Config(e.to_string()))?;
-    Ok(gitstate_core::service::Backend::new(
-        std::sync::Arc::new(store),
-        repositories,
-        settings.committer.clone(),
-    )
-    .with_refs(refs))
 }

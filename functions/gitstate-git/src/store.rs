@@ -18,18 +18,19 @@ use bytes::Bytes;
 use gix::ObjectId;
 use sha1::{Digest, Sha1};
 
-use gitstate_core::config::{GitAuth, Secret, Settings};
 use gitstate_core::ports::{
     Acquire, Change, CommitMeta, HeldLock, HistoryPage, Listing, Location, Refusal, Release,
     Revision, StateStore, StoreError, WritePlan, Written, user_from_message,
 };
 use gitstate_core::refs::{Clash, branch_clash, lock_clash};
+use gitstate_core::secret::Secret;
 use gitstate_core::{BranchName, LockInfo, StateName};
 
 use crate::Error;
 use crate::cache::{Cache, Chain, Latest, NewCommit, Walk};
 use crate::local::LocalRefs;
 use crate::pack;
+use crate::settings::{GitAuth, GitSettings};
 use crate::smart::{Advert, Command, Connection, PushReport, Service, SmartHttp};
 
 /// History is fetched this many commits deep at first, then four times deeper each time a page
@@ -53,7 +54,7 @@ const MAX_WRITE_ATTEMPTS: u32 = 40;
 /// How long a write may keep retrying, well under a Lambda timeout.
 const WRITE_DEADLINE: Duration = Duration::from_secs(20);
 
-/// What the store needs to know, taken from [`Settings`].
+/// What the store needs to know, taken from [`GitSettings`].
 #[derive(Debug, Clone)]
 pub struct StoreOptions {
     pub cache_dir: PathBuf,
@@ -150,22 +151,22 @@ fn null() -> ObjectId {
 impl GitStore {
     /// The store for `settings`, and the identifier of its primary repository (the hosted URL, or
     /// the embedded repository's path).
-    pub fn new(settings: &Settings) -> Result<(Self, String), Error> {
+    pub fn new(settings: &GitSettings) -> Result<(Self, String), Error> {
         let options = StoreOptions {
             cache_dir: settings.cache_dir.clone(),
             lock_ref_prefix: settings.lock_ref_prefix.clone(),
-            username: settings.git_username.clone(),
-            token: settings.git_token.clone(),
+            username: settings.username.clone(),
+            token: settings.token.clone(),
             primary: settings.repository.clone(),
-            auth: settings.git_auth,
-            roots: match &settings.git_ca_pem {
+            auth: settings.auth,
+            roots: match &settings.ca_pem {
                 Some(pem) => crate::smart::private_roots(pem)?,
                 None => Vec::new(),
             },
             require_atomic: settings.require_atomic,
-            timeout: settings.git_timeout,
-            max_response_bytes: settings.git_max_response_bytes,
-            max_history_depth: settings.history_max_depth,
+            timeout: settings.timeout,
+            max_response_bytes: settings.max_response_bytes,
+            max_history_depth: settings.max_history_depth,
         };
         match &settings.repository {
             Some(url) => Ok((

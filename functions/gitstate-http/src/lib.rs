@@ -80,9 +80,6 @@ pub struct Limits {
     pub request_deadline: std::time::Duration,
 }
 
-/// The payload limit of a buffered Function URL response.
-pub const BUFFERED_RESPONSE_LIMIT: usize = 6 * 1024 * 1024;
-
 /// Size of `body` inside Lambda's JSON response envelope: quotes and backslashes are escaped,
 /// control characters become `\uXXXX`, plus room for the status and headers.
 fn envelope_size(body: &[u8]) -> usize {

@@ -105,7 +105,7 @@ pub(crate) fn parse_target(uri: &Uri) -> Result<Addressed, ApiError> {
     let repository = params.take("repository");
     if let Some(reason) = repository
         .as_deref()
-        .and_then(gitstate_core::config::credentials_in_url)
+        .and_then(gitstate_core::secret::credentials_in_url)
     {
         return Err(ApiError::Query(format!("repository=: {reason}")));
     }

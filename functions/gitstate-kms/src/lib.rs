@@ -9,6 +9,8 @@
 //! and instance roles); `AWS_ENDPOINT_URL_KMS` / `AWS_ENDPOINT_URL` point it at LocalStack or
 //! moto.
 
+/// KMS key ARNs and names, parsed strictly (they live with the sops format, which names keys by ARN).
+pub use gitstate_sops::kms_key;
 mod sealer;
 
 /// Log targets of the AWS SDK and the HTTP/TLS crates under it, whose TRACE (and some DEBUG)
@@ -28,8 +30,8 @@ pub const SECRET_BEARING_LOG_TARGETS: [&str; 10] = [
 ];
 
 pub use sealer::{
-    CONTEXT_REPOSITORY, CONTEXT_STATE, SopsSealer, context, encryption, encryption_with, pack,
-    seal_error, unpack,
+    CONTEXT_REPOSITORY, CONTEXT_STATE, EncryptionSettings, SopsSealer, context, encryption,
+    encryption_with, pack, seal_error, unpack,
 };
 
 use std::collections::HashMap;
@@ -42,9 +44,9 @@ use aws_sdk_kms::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_kms::primitives::Blob;
 use aws_sdk_kms::types::DataKeySpec;
 use base64::Engine;
-use gitstate_core::config::Secret;
-use gitstate_core::kms_key::KeyArn;
+use gitstate_core::secret::Secret;
 use gitstate_sops::{Context, DataKey, KeyError, KeyService, WrappedKey};
+use kms_key::KeyArn;
 use zeroize::{Zeroize, Zeroizing};
 
 /// At most this many data keys stay cached; beyond it the cache starts over.

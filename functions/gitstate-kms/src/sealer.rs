@@ -5,8 +5,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bytes::Bytes;
 use gitstate_core::StateName;
-use gitstate_core::config::{DEFAULT_MAX_BODY_BYTES, EncryptionSettings};
 use gitstate_core::ports::{Location, Opened, Protection, SealError, Sealer};
+use gitstate_core::secret::Secret;
 use gitstate_core::service::Encryption;
 use gitstate_sops::{Context, Envelope, Error, Format, KeyError, KeyService};
 use zeroize::Zeroizing;
@@ -30,6 +30,32 @@ pub fn context(repository: &str, name: &StateName) -> Context {
     .collect()
 }
 
+/// The most a sealed state may expand to unless [`SopsSealer::with_max_state_bytes`] says
+/// otherwise: the default request body limit.
+const DEFAULT_MAX_STATE_BYTES: usize = 6 * 1024 * 1024;
+
+/// `GITSTATE_KMS_KEY_IDS`: KMS keys (ARNs, aliases; comma-separated) every write is sealed
+/// under, the first making the data key; `GITSTATE_KMS_PREVIOUS_KEY_IDS`: keys that may still
+/// unwrap states sealed before a key change, never used to seal (with the current ones, the only
+/// keys ever asked to unwrap); `GITSTATE_ENCRYPTION`: `optional` (default: plaintext
+/// states are still served and encrypted on their next write) or `enforced` (states not under
+/// the configured keys are refused until `gitstate rekey`); `GITSTATE_PASSPHRASE`: reads
+/// terraform-backend-git's aes passphrase mode.
+#[derive(Debug, Clone, Default)]
+pub struct EncryptionSettings {
+    pub kms_key_ids: Vec<String>,
+    pub previous_kms_key_ids: Vec<String>,
+    pub enforced: bool,
+    pub passphrase: Option<Secret>,
+}
+
+impl EncryptionSettings {
+    /// Whether states pass through encryption at all.
+    pub fn is_configured(&self) -> bool {
+        !self.kms_key_ids.is_empty() || self.passphrase.is_some()
+    }
+}
+
 /// States sealed as sops binary mode under KMS keys.
 pub struct SopsSealer<K> {
     envelope: Envelope<K>,
@@ -46,7 +72,7 @@ impl<K: KeyService> SopsSealer<K> {
         Self {
             envelope: Envelope::new(keys, settings.kms_key_ids.clone(), passphrase)
                 .with_previous(settings.previous_kms_key_ids.clone()),
-            max_state_bytes: DEFAULT_MAX_BODY_BYTES,
+            max_state_bytes: DEFAULT_MAX_STATE_BYTES,
         }
     }
 

@@ -11,6 +11,7 @@ pub mod cipher;
 pub mod compression;
 mod document;
 mod envelope;
+pub mod kms_key;
 mod passphrase;
 mod time;
 mod tree;

@@ -16,9 +16,10 @@ pub async fn rekey(prefix: &str, args: &SettingsArgs) -> anyhow::Result<()> {
     if settings.encryption.kms_key_ids.is_empty() {
         bail!("GITSTATE_KMS_KEY_IDS names no key to re-encrypt under");
     }
-    let encryption = gitstate_kms::encryption(&settings.encryption, settings.max_body_bytes).await;
-    let (backend, _) =
-        gitstate_git::service_with(&settings, encryption).context("opening the git store")?;
+    let backend = gitstate_app::build(settings)
+        .await
+        .context("assembling the backend")?
+        .backend;
     let at = backend.locate(None, None)?;
     let names = backend.store().list_states(&at, prefix).await?;
     let caller = Caller::operator("gitstate-rekey");
@@ -51,7 +52,7 @@ pub async fn decrypt(file: &Path, args: &SettingsArgs) -> anyhow::Result<()> {
         .envelope()
         .open(&stored, None)
         .await
-        .and_then(|opened| gitstate_kms::unpack(opened, settings.max_body_bytes))
+        .and_then(|opened| gitstate_kms::unpack(opened, settings.limits.max_body_bytes))
         .with_context(|| format!("decrypting {}", file.display()))?;
     let mut out = std::io::stdout().lock();
     out.write_all(&opened.plaintext)?;
@@ -70,7 +71,7 @@ pub async fn encrypt(
     }
     let name = StateName::parse(&state.unwrap_or_else(|| file.display().to_string()))
         .context("--state")?;
-    let Some(repository) = settings.repository.clone() else {
+    let Some(repository) = settings.git.repository.clone() else {
         bail!("name the repository the state lives in: --repository or GITSTATE_REPOSITORY");
     };
     let plaintext = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;

@@ -3,42 +3,44 @@
 use std::io::Write;
 
 use anyhow::Context;
-use gitstate_core::config::Settings;
 use gitstate_core::ports::CommitMeta;
-use gitstate_http::{Limits, router};
 
 use crate::settings::SettingsArgs;
 use crate::{credential, run, server};
 
 pub async fn serve(state: &str, args: &SettingsArgs) -> anyhow::Result<()> {
-    let (layered, mut settings) = args.settings()?;
-    let listening = server::Listening::from_settings(&layered, settings.listen)?;
-    credential::fill(&mut settings).await;
-    let (backend, access) = open(&settings).await?;
-    let listener = tokio::net::TcpListener::bind(settings.listen)
-        .await
-        .with_context(|| format!("binding {}", settings.listen))?;
-    let address = listener.local_addr()?;
+    let (_, mut settings) = args.settings()?;
+    let listening = server::Listening::from_settings(&settings.server)?;
+    credential::fill(&mut settings.git).await;
+    let listen = settings.server.listen;
     let storage = settings
+        .git
         .repository
         .clone()
-        .unwrap_or_else(|| format!("{} (embedded)", settings.local_repository.display()));
-    let first_admin = match settings.repository {
-        Some(_) => None,
-        None => {
-            let committer = backend.committer();
-            let meta = CommitMeta {
-                author_name: committer.name.clone(),
-                author_email: committer.email.clone(),
-                committer_name: committer.name.clone(),
-                committer_email: committer.email.clone(),
-                message: String::new(),
-            };
-            access
-                .create_first_admin("admin", meta)
-                .await
-                .context("creating the first administrator")?
-        }
+        .unwrap_or_else(|| format!("{} (embedded)", settings.git.local_repository.display()));
+    let embedded = settings.git.repository.is_none();
+    let app = gitstate_app::build(settings)
+        .await
+        .context("assembling the backend")?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("binding {listen}"))?;
+    let address = listener.local_addr()?;
+    let first_admin = if embedded {
+        let committer = app.backend.committer();
+        let meta = CommitMeta {
+            author_name: committer.name.clone(),
+            author_email: committer.email.clone(),
+            committer_name: committer.name.clone(),
+            committer_email: committer.email.clone(),
+            message: String::new(),
+        };
+        app.access
+            .create_first_admin("admin", meta)
+            .await
+            .context("creating the first administrator")?
+    } else {
+        None
     };
     let mut out = std::io::stdout().lock();
     let base = format!("{}://{address}", listening.scheme());
@@ -55,51 +57,19 @@ pub async fn serve(state: &str, args: &SettingsArgs) -> anyhow::Result<()> {
     gitstate_http::write_backend_block(&mut out, &base, state)?;
     out.flush()?;
     drop(out);
-    server::serve_until(
-        listener,
-        app(&settings, (backend, access)),
-        &listening,
-        shutdown(),
-    )
-    .await
+    server::serve_until(listener, app.router(), &listening, shutdown()).await
 }
 
 /// `gitstate run`: the program's exit code becomes ours.
 pub async fn run(state: &str, args: &SettingsArgs, program: &[String]) -> anyhow::Result<()> {
     let (layered, mut settings) = args.settings()?;
-    credential::fill(&mut settings).await;
+    credential::fill(&mut settings.git).await;
     let listening = server::Listening {
         tls: None,
         access_log: layered.flag_on("GITSTATE_ACCESS_LOG")?,
     };
-    let status = run::run(settings, listening, state, program, async |settings| {
-        let (backend, access) = open(&settings).await?;
-        Ok(app(&settings, (backend, access)))
-    })
-    .await?;
+    let status = run::run(settings, listening, state, program).await?;
     std::process::exit(run::exit_code(status));
-}
-
-type Opened = (
-    std::sync::Arc<gitstate_core::service::Backend>,
-    std::sync::Arc<gitstate_core::auth::Access>,
-);
-
-async fn open(settings: &Settings) -> anyhow::Result<Opened> {
-    let encryption = gitstate_kms::encryption(&settings.encryption, settings.max_body_bytes).await;
-    gitstate_git::service_with(settings, encryption).context("opening the git store")
-}
-
-fn app(settings: &Settings, (backend, access): Opened) -> axum::Router {
-    router(
-        backend,
-        access,
-        Limits {
-            max_body_bytes: settings.max_body_bytes,
-            max_response_bytes: None,
-            request_deadline: settings.request_deadline,
-        },
-    )
 }
 
 async fn shutdown() {

@@ -80,6 +80,46 @@ fn config_shows_each_layer_in_order_and_redacts() {
     assert!(!out.status.success());
 }
 
+/// Every secret setting of the list, from the environment and from the file: `gitstate config`
+/// shows `***`, its output and errors never hold the value, and the settings are still valid
+/// (the value was read, not dropped).
+#[test]
+fn config_never_prints_any_secret_setting() {
+    let secrets: Vec<_> = gitstate_app::layers::SETTINGS
+        .iter()
+        .filter(|spec| spec.secret)
+        .collect();
+    assert!(secrets.len() >= 5, "{secrets:?}");
+    for (i, spec) in secrets.into_iter().enumerate() {
+        let value = format!("never-shown-{i}-{}", rand::random::<u64>());
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(
+            dir.path().join("gitstate.toml"),
+            format!("{} = {value:?}\n", spec.key()),
+        )
+        .expect("file");
+        let from_file = gitstate(dir.path(), &["config"], &[]);
+        let empty = tempfile::tempdir().expect("tempdir");
+        let from_env = gitstate(empty.path(), &["config"], &[(spec.var, &value)]);
+        for (layer, out) in [("file", from_file), ("env", from_env)] {
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            let error = String::from_utf8_lossy(&out.stderr).into_owned();
+            assert!(out.status.success(), "{} from {layer}: {error}", spec.var);
+            assert_eq!(
+                row(&text, &spec.key()).0,
+                "***",
+                "{} from {layer}",
+                spec.var
+            );
+            assert!(
+                !text.contains(&value) && !error.contains(&value),
+                "{} from {layer} printed:\n{text}{error}",
+                spec.var
+            );
+        }
+    }
+}
+
 #[test]
 fn explicit_file_unknown_keys_and_invalid_values() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -2,7 +2,7 @@
 
 use base64::Engine as _;
 
-use crate::config::Secret;
+use crate::secret::Secret;
 
 /// Longest `Authorization` header looked at.
 pub const MAX_AUTHORIZATION_BYTES: usize = 4096;

@@ -7,9 +7,9 @@ use bytes::Bytes;
 
 use super::{Access, AccessSource};
 use crate::access::{ACCESS_PATH, AccessError, Grant, Role};
-use crate::config::Secret;
 use crate::password::{generate_token, hash_secret};
 use crate::ports::{CommitMeta, StoreError};
+use crate::secret::Secret;
 use crate::trailers::Trailers;
 
 impl Access {

@@ -22,9 +22,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::access::{AccessError, Caller, Policy};
-use crate::config::Secret;
 use crate::password::PasswordVerifier;
 use crate::ports::{Location, StateStore, StoreError};
+use crate::secret::Secret;
 
 mod basic;
 mod first_admin;

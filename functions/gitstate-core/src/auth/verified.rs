@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use crate::config::Secret;
+use crate::secret::Secret;
 
 /// Most credentials remembered under one policy; the set starts afresh when full.
 const MAX_VERIFIED: usize = 4_096;

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use crate::config::{ConfigError, Runtime, Settings};
+use crate::settings::{ConfigError, Runtime, Settings};
 
 /// One setting: its variable, whether its value is a secret, and its help line.
 #[derive(Debug, Clone, Copy)]
@@ -366,7 +366,7 @@ fn parse_file(path: &Path, text: &str) -> Result<BTreeMap<&'static str, String>,
 /// `https://user:secret@host/…` shown as `https://user:***@host/…`, and `https://token@host/…`
 /// (a token sent as the user name) as `https://***@host/…`; only an SSH user name is shown.
 /// Each URL of a comma-separated list is redacted. Such URLs are refused at start-up anyway
-/// (`config::credentials_in_url`), but `gitstate config` shows what it was given.
+/// (`gitstate_core::secret::credentials_in_url`), but `gitstate config` shows what it was given.
 pub fn redact_userinfo(value: &str) -> String {
     value
         .split(',')
@@ -409,29 +409,38 @@ mod tests {
             .collect()
     }
 
-    /// Every variable config.rs reads is listed, so every setting can come from a flag or a file.
+    /// Every variable the settings read is listed, so every setting can come from a flag or a file.
     #[test]
-    fn every_variable_of_config_rs_is_a_setting() {
-        let source = include_str!("config.rs");
-        let mut rest = source;
+    fn every_variable_of_the_settings_is_listed() {
+        let sources = [
+            include_str!("settings/mod.rs"),
+            include_str!("settings/server.rs"),
+            include_str!("settings/git.rs"),
+            include_str!("settings/encryption.rs"),
+            include_str!("settings/access.rs"),
+            include_str!("settings/limits.rs"),
+        ];
         let mut seen = 0;
-        while let Some(i) = rest.find("\"GITSTATE_") {
-            let tail = &rest[i + 1..];
-            let end = tail
-                .find(|c: char| !(c.is_ascii_uppercase() || c == '_'))
-                .unwrap_or(tail.len());
-            let var = &tail[..end];
-            rest = &tail[end..];
-            if !rest.starts_with('"') {
-                continue; // inside a message, e.g. "GITSTATE_REF: …"
+        for source in sources {
+            let mut rest = source;
+            while let Some(i) = rest.find("\"GITSTATE_") {
+                let tail = &rest[i + 1..];
+                let end = tail
+                    .find(|c: char| !(c.is_ascii_uppercase() || c == '_'))
+                    .unwrap_or(tail.len());
+                let var = &tail[..end];
+                rest = &tail[end..];
+                if !rest.starts_with('"') {
+                    continue; // inside a message, e.g. "GITSTATE_REF: …"
+                }
+                assert!(
+                    SETTINGS.iter().any(|s| s.var == var),
+                    "{var} is read by the settings but missing from layers::SETTINGS"
+                );
+                seen += 1;
             }
-            assert!(
-                SETTINGS.iter().any(|s| s.var == var),
-                "{var} is read by config.rs but missing from layers::SETTINGS"
-            );
-            seen += 1;
         }
-        assert!(seen > 20, "config.rs reads {seen} variables?");
+        assert!(seen > 20, "the settings read {seen} variables?");
         let mut keys: Vec<String> = SETTINGS.iter().map(Spec::key).collect();
         keys.sort();
         keys.dedup();
@@ -485,13 +494,13 @@ mod tests {
         let layered =
             Layered::build(|_| None, |_| None, Some((Path::new("g.toml"), text))).expect("valid");
         let s = layered.settings(Runtime::Local).expect("settings");
-        assert_eq!(s.max_body_bytes, 1024);
-        assert!(s.response_streaming);
+        assert_eq!(s.limits.max_body_bytes, 1024);
+        assert!(s.server.response_streaming);
         assert_eq!(
-            s.allowed_repositories,
+            s.git.allowed_repositories,
             ["https://a/x.git", "https://b/y.git"]
         );
-        assert_eq!(s.branch.as_str(), "states");
+        assert_eq!(s.git.branch.as_str(), "states");
         for bad in ["ref = 1.5\n", "ref = [1]\n", "ref = { a = 1 }\n"] {
             let e = Layered::build(|_| None, |_| None, Some((Path::new("g.toml"), bad)))
                 .expect_err(bad)

@@ -1,0 +1,145 @@
+//! The application: typed settings ([`settings`]), where they come from for local use
+//! ([`layers`]), and the one assembly of store, encryption, access and router ([`build`]) that
+//! the Lambda binary, `gitstate serve`, `gitstate run` and the tests share.
+
+#[cfg(feature = "lambda")]
+pub mod lambda;
+pub mod layers;
+pub mod settings;
+
+use std::sync::Arc;
+
+use gitstate_core::auth::Access;
+use gitstate_core::ports::StateStore;
+use gitstate_core::service::{Backend, Repositories};
+use gitstate_git::GitStore;
+use gitstate_http::{Limits, router};
+use gitstate_kms::Kms;
+
+pub use settings::{ConfigError, Runtime, Settings};
+
+/// What [`build`] made: the backend and the access policy guarding it, and the limits the router
+/// applies.
+pub struct App {
+    pub backend: Arc<Backend>,
+    pub access: Arc<Access>,
+    pub limits: Limits,
+}
+
+impl App {
+    /// The HTTP router over this backend.
+    pub fn router(&self) -> axum::Router {
+        router(self.backend.clone(), self.access.clone(), self.limits)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error(transparent)]
+    GitToken(#[from] gitstate_kms::GitTokenError),
+    #[error("opening the git store")]
+    Store(#[from] gitstate_git::Error),
+    #[error(transparent)]
+    Settings(#[from] ConfigError),
+    #[error("the primary repository: {0}")]
+    Primary(String),
+    #[error("access policy: {0}")]
+    Access(String),
+}
+
+/// The application `settings` describe, with KMS (for the git token and for encryption, when
+/// configured) on the standard AWS configuration chain.
+pub async fn build(settings: Settings) -> Result<App, BuildError> {
+    build_with(settings, None).await
+}
+
+/// [`build`], with KMS calls going to `kms` when given (tests point it at a local KMS): states
+/// are then sealed through it as `settings.encryption` says, even when that names no key.
+pub async fn build_with(mut settings: Settings, kms: Option<Arc<Kms>>) -> Result<App, BuildError> {
+    let seal = kms.is_some() || settings.encryption.is_configured();
+    let needs_kms = settings.git.token_kms.is_some() || settings.encryption.is_configured();
+    let kms = match kms {
+        Some(kms) => Some(kms),
+        None if needs_kms => Some(Arc::new(Kms::from_env().await)),
+        None => None,
+    };
+    if let (Some(ciphertext), Some(kms)) = (settings.git.token_kms.take(), &kms) {
+        // Once per process: the token never sits in the template or the console in clear.
+        settings.git.token = Some(gitstate_kms::decrypt_git_token(kms, ciphertext.expose()).await?);
+    }
+    let (store, primary) = GitStore::new(&store_settings(&settings))?;
+    assemble(&settings, Arc::new(store), primary, kms.filter(|_| seal))
+}
+
+/// The application `settings` describe, over `store` (whose primary repository is `primary`)
+/// instead of a git store, unencrypted: the contract test runs this same assembly over the
+/// in-memory store beside the git store.
+pub fn build_over(
+    settings: &Settings,
+    store: Arc<dyn StateStore>,
+    primary: String,
+) -> Result<App, BuildError> {
+    assemble(settings, store, primary, None)
+}
+
+/// Backend, encryption (when `kms` is given), access policy and limits over `store`.
+fn assemble(
+    settings: &Settings,
+    store: Arc<dyn StateStore>,
+    primary: String,
+    kms: Option<Arc<Kms>>,
+) -> Result<App, BuildError> {
+    let repositories = Repositories {
+        primary,
+        default_branch: settings.git.branch.clone(),
+        allowed: settings.git.allowed_repositories.clone(),
+    };
+    let backend = Backend::new(store, repositories, settings.git.committer.clone())
+        .with_refs(settings.ref_policy()?);
+    let backend = match kms {
+        Some(kms) => backend.with_encryption(gitstate_kms::encryption_with(
+            kms,
+            &settings.encryption,
+            settings.limits.max_body_bytes,
+        )),
+        None => backend,
+    };
+    let primary = backend
+        .locate(None, None)
+        .map_err(|e| BuildError::Primary(e.to_string()))?;
+    let access = Access::new(
+        backend.store().clone(),
+        primary,
+        settings.access.options(),
+        Arc::new(gitstate_core::password::Argon2id),
+    )
+    .map_err(|e| BuildError::Access(e.to_string()))?;
+    Ok(App {
+        backend: Arc::new(backend),
+        access: Arc::new(access),
+        limits: Limits {
+            max_body_bytes: settings.limits.max_body_bytes,
+            max_response_bytes: settings.limits.max_response_bytes,
+            request_deadline: settings.server.request_deadline,
+        },
+    })
+}
+
+/// The git adapter's own settings.
+fn store_settings(settings: &Settings) -> gitstate_git::GitSettings {
+    let git = &settings.git;
+    gitstate_git::GitSettings {
+        repository: git.repository.clone(),
+        local_repository: git.local_repository.clone(),
+        cache_dir: git.cache_dir.clone(),
+        lock_ref_prefix: git.lock_ref_prefix.clone(),
+        username: git.username.clone(),
+        token: git.token.clone(),
+        auth: git.auth,
+        ca_pem: git.ca_pem.clone(),
+        require_atomic: git.require_atomic,
+        timeout: git.timeout,
+        max_response_bytes: settings.limits.git_max_response_bytes,
+        max_history_depth: settings.limits.history_max_depth,
+    }
+}

@@ -1,0 +1,74 @@
+//! Who may do what: where the access policy comes from, the bootstrap administrator, how long a
+//! warm process trusts the access file it read.
+
+use std::time::Duration;
+
+use gitstate_core::auth::{AccessOptions, AccessSource};
+use gitstate_core::secret::Secret;
+
+use super::{ConfigError, Vars};
+
+/// `GITSTATE_ACCESS` (the access file's text) or `GITSTATE_ACCESS_FILE` (its path), else
+/// `.gitstate/access.toml` in the repository; `GITSTATE_ADMIN_USER` (default `admin`) with
+/// `GITSTATE_ADMIN_HASH` adds a bootstrap administrator; `GITSTATE_ACCESS_REFRESH_SECS`
+/// (default 10) bounds how long a warm process trusts the branch tip it saw last before looking
+/// for a changed access file.
+#[derive(Debug, Clone)]
+pub struct AccessSettings {
+    /// The policy's text when given by a setting (it holds password hashes); `None`: the file in
+    /// the repository.
+    pub text: Option<Secret>,
+    /// A bootstrap administrator: user name and argon2id hash.
+    pub bootstrap: Option<(String, Secret)>,
+    pub refresh: Duration,
+}
+
+impl AccessSettings {
+    pub(crate) fn read(vars: &Vars<'_>) -> Result<Self, ConfigError> {
+        let text = match (
+            vars.get("GITSTATE_ACCESS"),
+            vars.get("GITSTATE_ACCESS_FILE"),
+        ) {
+            (Some(_), Some(_)) => return Err(ConfigError::TwoAccessSources),
+            (Some(text), None) => Some(text),
+            (None, Some(path)) => {
+                Some(
+                    std::fs::read_to_string(&path).map_err(|e| ConfigError::Invalid {
+                        var: "GITSTATE_ACCESS_FILE",
+                        reason: format!("cannot read {path:?}: {e}"),
+                    })?,
+                )
+            }
+            (None, None) => None,
+        };
+        let refresh = match vars.get("GITSTATE_ACCESS_REFRESH_SECS") {
+            None => 10,
+            Some(v) => v.parse::<u64>().map_err(|_| ConfigError::Invalid {
+                var: "GITSTATE_ACCESS_REFRESH_SECS",
+                reason: format!("{v:?} is not a whole number of seconds"),
+            })?,
+        };
+        Ok(Self {
+            text: text.map(Secret::new),
+            bootstrap: vars.get("GITSTATE_ADMIN_HASH").map(|hash| {
+                let user = vars
+                    .get("GITSTATE_ADMIN_USER")
+                    .unwrap_or_else(|| "admin".into());
+                (user, Secret::new(hash))
+            }),
+            refresh: Duration::from_secs(refresh),
+        })
+    }
+
+    /// The core's access options.
+    pub fn options(&self) -> AccessOptions {
+        AccessOptions {
+            source: match &self.text {
+                Some(text) => AccessSource::Text(text.expose().to_owned()),
+                None => AccessSource::Repository,
+            },
+            bootstrap: self.bootstrap.clone(),
+            refresh: self.refresh,
+        }
+    }
+}

@@ -1,0 +1,254 @@
+//! The git repository: where it is, which branches and repositories requests may name, how to
+//! authenticate, whom commits are written as.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use gitstate_core::BranchName;
+use gitstate_core::refs::{AllowedRefs, RefPolicy};
+use gitstate_core::secret::{Secret, credentials_in_url};
+use gitstate_core::service::Identity;
+
+pub use gitstate_git::GitAuth;
+
+use super::{ConfigError, Runtime, Vars};
+
+#[derive(Debug, Clone)]
+pub struct GitSettings {
+    /// `GITSTATE_REPOSITORY`: the hosted repository (smart HTTP(S)); unset = the embedded local one.
+    pub repository: Option<String>,
+    /// `GITSTATE_ALLOWED_REPOSITORIES`: further repositories requests may name (comma-separated).
+    pub allowed_repositories: Vec<String>,
+    /// `GITSTATE_REF`: the branch states live on (default `main`).
+    pub branch: BranchName,
+    /// `GITSTATE_ALLOWED_REFS`: further branches `?ref=` may name (comma-separated; exact names
+    /// or `prefix/*`). Refs that clash with the lock refs or the configured branch never are.
+    pub allowed_refs: AllowedRefs,
+    /// `GITSTATE_LOCK_REF_PREFIX`: where lock refs go (default `refs/heads/locks/`, as the seed tool).
+    pub lock_ref_prefix: String,
+    /// `GITSTATE_GIT_USERNAME` / `GITSTATE_GIT_TOKEN`: credentials for the hosted repository.
+    pub username: Option<String>,
+    pub token: Option<Secret>,
+    /// `GITSTATE_GIT_TOKEN_KMS`: the git token as base64 of a KMS ciphertext, encrypted under
+    /// the context `{"gitstate:purpose": "git-token"}`; decrypted once by [`crate::build`].
+    pub token_kms: Option<Secret>,
+    /// `GITSTATE_GIT_AUTH`: how the token is sent, `basic` (default) or `bearer`.
+    pub auth: GitAuth,
+    /// `GITSTATE_GIT_CA_FILE` (a PEM bundle's path) and `GITSTATE_GIT_CA_PEM` (PEM text): private
+    /// certificate authorities trusted for the git host in addition to the system roots.
+    pub ca_pem: Option<String>,
+    /// `GITSTATE_REQUIRE_ATOMIC` (default false): refuse remotes without atomic push instead of
+    /// writing with the lock checked from the advertisement.
+    pub require_atomic: bool,
+    /// `GITSTATE_COMMITTER_NAME` / `GITSTATE_COMMITTER_EMAIL`: who commits are written as.
+    pub committer: Identity,
+    /// `GITSTATE_CACHE_DIR`: bare cache repositories (default `/tmp/gitstate` or `./.gitstate/cache`).
+    pub cache_dir: PathBuf,
+    /// `GITSTATE_LOCAL_REPOSITORY`: the embedded default repository (default `./.gitstate/repo.git`).
+    pub local_repository: PathBuf,
+    /// `GITSTATE_GIT_TIMEOUT_SECS`: timeout of one git HTTP request (default 20).
+    pub timeout: Duration,
+}
+
+impl GitSettings {
+    pub(crate) fn read(runtime: Runtime, vars: &Vars<'_>) -> Result<Self, ConfigError> {
+        let repository = repository(runtime, vars)?;
+        let allowed_repositories = vars.list("GITSTATE_ALLOWED_REPOSITORIES");
+        for url in &allowed_repositories {
+            check_url("GITSTATE_ALLOWED_REPOSITORIES", url)?;
+        }
+        let (branch, lock_ref_prefix, allowed_refs) = refs(vars)?;
+        if vars.get("GITSTATE_GIT_TOKEN").is_some() && vars.get("GITSTATE_GIT_TOKEN_KMS").is_some()
+        {
+            return Err(ConfigError::TwoGitTokens);
+        }
+        let default_cache = match runtime {
+            Runtime::Lambda => PathBuf::from("/tmp/gitstate"),
+            Runtime::Local => PathBuf::from(".gitstate/cache"),
+        };
+        Ok(Self {
+            repository,
+            allowed_repositories,
+            branch,
+            allowed_refs,
+            lock_ref_prefix,
+            username: vars.get("GITSTATE_GIT_USERNAME"),
+            token: vars.get("GITSTATE_GIT_TOKEN").map(Secret::new),
+            token_kms: vars.get("GITSTATE_GIT_TOKEN_KMS").map(Secret::new),
+            auth: auth(vars)?,
+            ca_pem: ca_pem(
+                vars.get("GITSTATE_GIT_CA_FILE"),
+                vars.get("GITSTATE_GIT_CA_PEM"),
+            )?,
+            require_atomic: vars.flag("GITSTATE_REQUIRE_ATOMIC")?,
+            committer: Identity {
+                name: vars
+                    .get("GITSTATE_COMMITTER_NAME")
+                    .unwrap_or_else(|| "gitstate".into()),
+                email: vars
+                    .get("GITSTATE_COMMITTER_EMAIL")
+                    .unwrap_or_else(|| "gitstate@localhost".into()),
+            },
+            cache_dir: vars
+                .get("GITSTATE_CACHE_DIR")
+                .map_or(default_cache, PathBuf::from),
+            local_repository: vars
+                .get("GITSTATE_LOCAL_REPOSITORY")
+                .map_or_else(|| PathBuf::from(".gitstate/repo.git"), PathBuf::from),
+            timeout: Duration::from_secs(vars.number("GITSTATE_GIT_TIMEOUT_SECS", 20)?),
+        })
+    }
+
+    /// The branches requests may address (checked when the settings were read).
+    pub fn ref_policy(&self) -> Result<RefPolicy, ConfigError> {
+        RefPolicy::new(
+            self.branch.clone(),
+            &self.lock_ref_prefix,
+            self.allowed_refs.clone(),
+        )
+        .map_err(|e| ConfigError::Invalid {
+            var: e.setting,
+            reason: e.reason,
+        })
+    }
+}
+
+/// `GITSTATE_REPOSITORY`: required on Lambda, and there an http(s) URL.
+fn repository(runtime: Runtime, vars: &Vars<'_>) -> Result<Option<String>, ConfigError> {
+    let repository = vars.get("GITSTATE_REPOSITORY");
+    if runtime == Runtime::Lambda && repository.is_none() {
+        return Err(ConfigError::RepositoryRequired);
+    }
+    if let Some(url) = &repository {
+        check_url("GITSTATE_REPOSITORY", url)?;
+        if runtime == Runtime::Lambda && !url.starts_with("https://") && !url.starts_with("http://")
+        {
+            return Err(ConfigError::Invalid {
+                var: "GITSTATE_REPOSITORY",
+                reason: "the Lambda has no ssh: use the repository's https:// URL".into(),
+            });
+        }
+    }
+    Ok(repository)
+}
+
+/// The branch, the lock ref prefix and the further branches, checked together.
+fn refs(vars: &Vars<'_>) -> Result<(BranchName, String, AllowedRefs), ConfigError> {
+    let branch = BranchName::parse(&vars.get("GITSTATE_REF").unwrap_or_else(|| "main".into()))
+        .map_err(ConfigError::Branch)?;
+    let lock_ref_prefix = vars
+        .get("GITSTATE_LOCK_REF_PREFIX")
+        .unwrap_or_else(|| "refs/heads/locks/".into());
+    if !lock_ref_prefix.starts_with("refs/")
+        || !lock_ref_prefix.ends_with('/')
+        || lock_ref_prefix.contains("..")
+    {
+        return Err(ConfigError::Invalid {
+            var: "GITSTATE_LOCK_REF_PREFIX",
+            reason: "must start with 'refs/' and end with '/', e.g. refs/locks/".into(),
+        });
+    }
+    let allowed_refs = AllowedRefs::parse(&vars.get("GITSTATE_ALLOWED_REFS").unwrap_or_default())
+        .map_err(|e| ConfigError::Invalid {
+        var: "GITSTATE_ALLOWED_REFS",
+        reason: e.to_string(),
+    })?;
+    RefPolicy::new(branch.clone(), &lock_ref_prefix, allowed_refs.clone()).map_err(|e| {
+        ConfigError::Invalid {
+            var: e.setting,
+            reason: e.reason,
+        }
+    })?;
+    Ok((branch, lock_ref_prefix, allowed_refs))
+}
+
+fn auth(vars: &Vars<'_>) -> Result<GitAuth, ConfigError> {
+    match vars.get("GITSTATE_GIT_AUTH").as_deref() {
+        None | Some("basic") => Ok(GitAuth::Basic),
+        Some("bearer") => Ok(GitAuth::Bearer),
+        Some(other) => Err(ConfigError::Invalid {
+            var: "GITSTATE_GIT_AUTH",
+            reason: format!("{other:?} is neither `basic` nor `bearer`"),
+        }),
+    }
+}
+
+/// The private CA bundle: the file's PEM text and the variable's, together (either may be unset).
+/// Only the shape is checked here; the git adapter parses the certificates.
+fn ca_pem(file: Option<String>, pem: Option<String>) -> Result<Option<String>, ConfigError> {
+    let mut bundle = String::new();
+    if let Some(path) = file {
+        let text = std::fs::read_to_string(&path).map_err(|e| ConfigError::Invalid {
+            var: "GITSTATE_GIT_CA_FILE",
+            reason: format!("cannot read {path:?}: {e}"),
+        })?;
+        if !text.contains("-----BEGIN CERTIFICATE-----") {
+            return Err(ConfigError::Invalid {
+                var: "GITSTATE_GIT_CA_FILE",
+                reason: format!("{path:?} holds no PEM certificate"),
+            });
+        }
+        bundle.push_str(&text);
+        bundle.push('\n');
+    }
+    if let Some(text) = pem.map(|t| unflatten_pem(&t)) {
+        if !text.contains("-----BEGIN CERTIFICATE-----") {
+            return Err(ConfigError::Invalid {
+                var: "GITSTATE_GIT_CA_PEM",
+                reason: "holds no PEM certificate (-----BEGIN CERTIFICATE-----)".into(),
+            });
+        }
+        bundle.push_str(&text);
+        bundle.push('\n');
+    }
+    Ok(Some(bundle).filter(|b| !b.is_empty()))
+}
+
+/// PEM text whose newlines became spaces (a CloudFormation parameter or an environment variable
+/// typed on one line) with its lines back; PEM with newlines is returned unchanged.
+fn unflatten_pem(text: &str) -> String {
+    if text.trim().contains('\n') {
+        return text.to_owned();
+    }
+    let mut out = String::new();
+    for part in text.split("-----").map(str::trim).filter(|p| !p.is_empty()) {
+        if part.starts_with("BEGIN ") || part.starts_with("END ") {
+            out.push_str(&format!("-----{part}-----\n"));
+        } else {
+            for chunk in part.split_whitespace() {
+                out.push_str(chunk);
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
+fn check_url(var: &'static str, url: &str) -> Result<(), ConfigError> {
+    // ssh:// and user@host:path: the local server reaches them through the system ssh.
+    let scp_like = !url.contains("://")
+        && url.split_once(':').is_some_and(|(host, path)| {
+            !host.is_empty() && !host.contains('/') && !path.is_empty()
+        });
+    if let Some(reason) = credentials_in_url(url) {
+        return Err(ConfigError::Invalid {
+            var,
+            reason: format!(
+                "{reason}: set GITSTATE_GIT_USERNAME / GITSTATE_GIT_TOKEN instead (or, for local \
+                 use, let `git credential` supply them)"
+            ),
+        });
+    }
+    if url.starts_with("https://")
+        || url.starts_with("http://")
+        || url.starts_with("ssh://")
+        || scp_like
+    {
+        Ok(())
+    } else {
+        Err(ConfigError::Invalid {
+            var,
+            reason: format!("{url:?} is neither an http(s):// URL nor an SSH remote"),
+        })
+    }
+}

@@ -1,0 +1,368 @@
+//! The settings as read from variables: defaults, refusals, and secrets kept out of `Debug`.
+
+use super::*;
+use gitstate_core::auth::AccessSource;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+fn settings(runtime: Runtime, vars: &[(&str, &str)]) -> Result<Settings, ConfigError> {
+    let map: HashMap<String, String> = vars
+        .iter()
+        .map(|(k, v)| ((*k).into(), (*v).into()))
+        .collect();
+    Settings::from_lookup(runtime, |k| map.get(k).cloned())
+}
+
+#[test]
+fn local_defaults() {
+    let s = settings(Runtime::Local, &[]).expect("defaults are valid");
+    assert_eq!(
+        (
+            s.git.repository,
+            s.git.branch.as_str(),
+            s.limits.max_body_bytes
+        ),
+        (None, "main", 6 * 1024 * 1024)
+    );
+    assert_eq!(s.git.cache_dir, PathBuf::from(".gitstate/cache"));
+    assert_eq!(s.git.lock_ref_prefix, "refs/heads/locks/");
+}
+
+#[test]
+fn lambda_needs_a_repository_and_uses_tmp() {
+    assert!(matches!(
+        settings(Runtime::Lambda, &[]),
+        Err(ConfigError::RepositoryRequired)
+    ));
+    let s = settings(
+        Runtime::Lambda,
+        &[
+            ("GITSTATE_REPOSITORY", "https://h/o/r.git"),
+            ("GITSTATE_GIT_TOKEN", "t0k"),
+        ],
+    )
+    .expect("valid");
+    assert_eq!(s.git.cache_dir, PathBuf::from("/tmp/gitstate"));
+    for ssh in ["ssh://git@h/o/r.git", "git@h:o/r.git"] {
+        let vars = [("GITSTATE_REPOSITORY", ssh)];
+        assert!(settings(Runtime::Lambda, &vars).is_err(), "{ssh}");
+        assert!(settings(Runtime::Local, &vars).is_ok(), "{ssh}");
+    }
+    assert!(
+        !format!("{s:?}").contains("t0k"),
+        "the token must not be printed"
+    );
+}
+
+#[test]
+fn encryption_settings() {
+    let s = settings(
+        Runtime::Local,
+        &[
+            (
+                "GITSTATE_KMS_KEY_IDS",
+                " alias/a , arn:aws:kms:eu-west-1:123456789012:key/mrk-0123456789abcdef0123456789abcdef,",
+            ),
+            (
+                "GITSTATE_KMS_PREVIOUS_KEY_IDS",
+                "1234abcd-12ab-34cd-56ef-1234567890ab",
+            ),
+            ("GITSTATE_ENCRYPTION", "enforced"),
+            ("GITSTATE_PASSPHRASE", "pw-123"),
+        ],
+    )
+    .expect("valid");
+    assert_eq!(
+        s.encryption.kms_key_ids,
+        [
+            "alias/a",
+            "arn:aws:kms:eu-west-1:123456789012:key/mrk-0123456789abcdef0123456789abcdef"
+        ]
+    );
+    assert_eq!(
+        s.encryption.previous_kms_key_ids,
+        ["1234abcd-12ab-34cd-56ef-1234567890ab"]
+    );
+    assert!(s.encryption.enforced && s.encryption.is_configured());
+    assert!(!format!("{s:?}").contains("pw-123"));
+    let plain = settings(Runtime::Local, &[]).expect("valid");
+    assert!(!plain.encryption.is_configured());
+}
+
+#[test]
+fn refuses_bad_values() {
+    for vars in [
+        [("GITSTATE_REPOSITORY", "ftp://github.com/o/r.git")],
+        [("GITSTATE_LOCK_REF_PREFIX", "locks/")],
+        [("GITSTATE_MAX_BODY_BYTES", "-1")],
+        [("GITSTATE_REF", "a..b")],
+        [("GITSTATE_LISTEN", "nowhere")],
+        [("GITSTATE_ENCRYPTION", "enforced")],
+        [("GITSTATE_ENCRYPTION", "sometimes")],
+        [("GITSTATE_REF", "locks")],
+        [("GITSTATE_REF", "locks/main")],
+        [("GITSTATE_ALLOWED_REFS", "locks/*")],
+        [("GITSTATE_ALLOWED_REFS", "main/x")],
+        [("GITSTATE_ALLOWED_REFS", "env/*/x")],
+        [("GITSTATE_KMS_PREVIOUS_KEY_IDS", "alias/old")],
+        [("GITSTATE_HISTORY_MAX_DEPTH", "0")],
+        [("GITSTATE_GIT_MAX_RESPONSE_BYTES", "lots")],
+        [("GITSTATE_GIT_AUTH", "digest")],
+        [("GITSTATE_REQUIRE_ATOMIC", "yes")],
+        [("GITSTATE_GIT_CA_PEM", "not a certificate")],
+        [("GITSTATE_GIT_CA_FILE", "/nonexistent/ca.pem")],
+    ] {
+        assert!(settings(Runtime::Local, &vars).is_err(), "{vars:?}");
+    }
+    // a malformed key is a start-up error naming the setting it is in
+    for var in ["GITSTATE_KMS_KEY_IDS", "GITSTATE_KMS_PREVIOUS_KEY_IDS"] {
+        for bad in [
+            "arn:aws:kms:us-east-1:1:key/b",
+            "alias/aws/ebs",
+            "tfstate",
+            "alias/ok,arn:aws:kms:evil.example:123456789012:alias/x",
+        ] {
+            let error = settings(
+                Runtime::Local,
+                &[("GITSTATE_KMS_KEY_IDS", "alias/ok"), (var, bad)],
+            )
+            .expect_err(bad)
+            .to_string();
+            assert!(error.starts_with(var), "{error}");
+        }
+    }
+}
+
+/// Every URL shape with a credential in it, for both repository settings, is a start-up
+/// error that names the setting and the credential settings and never repeats the secret;
+/// the user name of an SSH remote is no secret and stays accepted.
+#[test]
+fn urls_with_credentials_are_refused() {
+    let hosts = ["h.example", "h.example:8443", "127.0.0.1:9", "[::1]:8080"];
+    let users = ["u", "x-access-token", "u%40corp", "", "oauth2"];
+    let secrets = ["s3cr3t-tok", "p%3Aw%40d", "ghp_s3cr3tT0ken", ""];
+    for scheme in ["https", "http"] {
+        for host in hosts {
+            for user in users {
+                for secret in secrets {
+                    let userinfo = match (user, secret) {
+                        ("", "") => "@".to_owned(),
+                        (u, "") => format!("{u}@"),
+                        (u, p) => format!("{u}:{p}@"),
+                    };
+                    for path in ["/o/r.git", "", "/o/r@x.git", "?x=1"] {
+                        let url = format!("{scheme}://{userinfo}{host}{path}");
+                        for var in ["GITSTATE_REPOSITORY", "GITSTATE_ALLOWED_REPOSITORIES"] {
+                            let list = format!("https://ok.example/r.git,{url}");
+                            let value = if var == "GITSTATE_REPOSITORY" {
+                                &url
+                            } else {
+                                &list
+                            };
+                            let error = settings(Runtime::Local, &[(var, value)])
+                                .expect_err(&url)
+                                .to_string();
+                            assert!(error.starts_with(var), "{error}");
+                            assert!(error.contains("GITSTATE_GIT_TOKEN"), "{error}");
+                            if !secret.is_empty() {
+                                assert!(!error.contains(secret), "{error}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for ok in [
+        "https://h.example/o/r.git",
+        "http://127.0.0.1:8080/o/r@x.git",
+        "git@h.example:o/r.git",
+        "ssh://git@h.example/o/r.git",
+        "ssh://git@h.example:2222/o/r.git",
+    ] {
+        for var in ["GITSTATE_REPOSITORY", "GITSTATE_ALLOWED_REPOSITORIES"] {
+            assert!(settings(Runtime::Local, &[(var, ok)]).is_ok(), "{ok}");
+        }
+    }
+    let error = settings(
+        Runtime::Local,
+        &[("GITSTATE_REPOSITORY", "ssh://git:pw-9@h.example/o/r.git")],
+    )
+    .expect_err("a password in an ssh URL")
+    .to_string();
+    assert!(!error.contains("pw-9"), "{error}");
+}
+
+#[test]
+fn ref_settings_name_the_setting_at_fault() {
+    let error = settings(Runtime::Local, &[("GITSTATE_REF", "locks")])
+        .expect_err("clashes with the lock refs");
+    assert!(error.to_string().starts_with("GITSTATE_REF:"), "{error}");
+    let error = settings(Runtime::Local, &[("GITSTATE_ALLOWED_REFS", "dev,locks")])
+        .expect_err("clashes with the lock refs");
+    assert!(
+        error.to_string().starts_with("GITSTATE_ALLOWED_REFS:"),
+        "{error}"
+    );
+    let s = settings(
+        Runtime::Local,
+        &[
+            ("GITSTATE_REF", "locks"),
+            ("GITSTATE_LOCK_REF_PREFIX", "refs/locks/"),
+            ("GITSTATE_ALLOWED_REFS", "env/*, dev"),
+        ],
+    )
+    .expect("refs/locks/ keeps lock refs off the branches");
+    assert_eq!(s.git.allowed_refs.patterns().len(), 2);
+    assert!(s.ref_policy().is_ok());
+}
+
+#[test]
+fn bounds_on_git_work() {
+    let s = settings(Runtime::Local, &[]).expect("defaults");
+    assert_eq!(
+        (s.limits.history_max_depth, s.limits.git_max_response_bytes),
+        (10_000, 128 << 20)
+    );
+    let s = settings(
+        Runtime::Local,
+        &[
+            ("GITSTATE_HISTORY_MAX_DEPTH", "100"),
+            ("GITSTATE_GIT_MAX_RESPONSE_BYTES", "4096"),
+        ],
+    )
+    .expect("valid");
+    assert_eq!(
+        (s.limits.history_max_depth, s.limits.git_max_response_bytes),
+        (100, 4096)
+    );
+}
+
+#[test]
+fn git_host_settings() {
+    let s = settings(Runtime::Local, &[]).expect("defaults");
+    assert_eq!(
+        (s.git.auth, s.git.ca_pem, s.git.require_atomic),
+        (GitAuth::Basic, None, false)
+    );
+    let pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+    let file = std::env::temp_dir().join(format!("gitstate-ca-{}.pem", std::process::id()));
+    std::fs::write(&file, pem).expect("write");
+    let path = file.display().to_string();
+    let s = settings(
+        Runtime::Local,
+        &[
+            ("GITSTATE_GIT_AUTH", "bearer"),
+            ("GITSTATE_REQUIRE_ATOMIC", "true"),
+            ("GITSTATE_GIT_CA_FILE", &path),
+            ("GITSTATE_GIT_CA_PEM", pem),
+        ],
+    )
+    .expect("valid");
+    assert_eq!((s.git.auth, s.git.require_atomic), (GitAuth::Bearer, true));
+    let bundle = s.git.ca_pem.expect("a bundle");
+    let flat = pem.replace('\n', " ");
+    let s = settings(Runtime::Local, &[("GITSTATE_GIT_CA_PEM", &flat)]).expect("valid");
+    assert_eq!(s.git.ca_pem.as_deref().map(str::trim), Some(pem.trim()));
+    assert_eq!(
+        bundle.matches("BEGIN CERTIFICATE").count(),
+        2,
+        "file and text together"
+    );
+    let _ = std::fs::remove_file(file);
+}
+
+#[test]
+fn access_sources() {
+    let s = settings(Runtime::Local, &[]).expect("defaults");
+    assert_eq!(s.access.options().source, AccessSource::Repository);
+    assert_eq!(s.access.refresh, Duration::from_secs(10));
+    let dir = std::env::temp_dir().join(format!("gitstate-access-{}", std::process::id()));
+    std::fs::write(&dir, "[users]\n").expect("write");
+    let path = dir.display().to_string();
+    let s = settings(
+        Runtime::Local,
+        &[
+            ("GITSTATE_ACCESS_FILE", &path),
+            ("GITSTATE_ADMIN_HASH", "$argon2id$…"),
+            ("GITSTATE_ACCESS_REFRESH_SECS", "0"),
+        ],
+    )
+    .expect("valid");
+    assert_eq!(
+        s.access.options().source,
+        AccessSource::Text("[users]\n".into())
+    );
+    assert_eq!(s.access.refresh, Duration::ZERO);
+    let (user, hash) = s.access.bootstrap.clone().expect("bootstrap");
+    assert_eq!((user.as_str(), hash.expose()), ("admin", "$argon2id$…"));
+    assert!(
+        !format!("{s:?}").contains("argon2id"),
+        "hashes stay out of Debug"
+    );
+    let _ = std::fs::remove_file(&dir);
+    assert!(matches!(
+        settings(
+            Runtime::Local,
+            &[("GITSTATE_ACCESS", "x"), ("GITSTATE_ACCESS_FILE", "y")]
+        ),
+        Err(ConfigError::TwoAccessSources)
+    ));
+    assert!(
+        settings(
+            Runtime::Local,
+            &[("GITSTATE_ACCESS_FILE", "/nonexistent/x")]
+        )
+        .is_err()
+    );
+}
+
+/// Every secret the settings hold.
+fn secrets(s: &Settings) -> Vec<&gitstate_core::secret::Secret> {
+    let mut all: Vec<_> = [
+        &s.git.token,
+        &s.git.token_kms,
+        &s.encryption.passphrase,
+        &s.access.text,
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    all.extend(s.access.bootstrap.as_ref().map(|(_, hash)| hash));
+    all
+}
+
+/// For every secret setting of [`crate::layers::SETTINGS`]: the value is held as a `Secret`, and
+/// neither the settings' `Debug` (plain or pretty), the secret's `Debug` and `Display`, nor the
+/// layered view and its report ever show it.
+#[test]
+fn no_secret_setting_is_ever_printed() {
+    use crate::layers::{Layered, SETTINGS};
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(13);
+    let specs: Vec<_> = SETTINGS.iter().filter(|spec| spec.secret).collect();
+    assert!(specs.len() >= 5, "{specs:?}");
+    for spec in specs {
+        let value = format!("hidden-{}-{:x}", spec.key(), rng.random::<u64>());
+        let s = settings(Runtime::Local, &[(spec.var, &value)]).expect(spec.var);
+        let held: Vec<_> = secrets(&s)
+            .into_iter()
+            .filter(|secret| secret.expose() == value)
+            .collect();
+        assert_eq!(held.len(), 1, "{} is not held as a Secret", spec.var);
+        let layered = Layered::build(
+            |_| None,
+            |var| (var == spec.var).then(|| value.clone()),
+            None,
+        )
+        .expect("layers");
+        let shown = format!(
+            "{s:?} {s:#?} {} {:?} {layered:?} {:?}",
+            held[0],
+            held[0],
+            layered.report()
+        );
+        assert!(!shown.contains(&value), "{} printed: {shown}", spec.var);
+    }
+}

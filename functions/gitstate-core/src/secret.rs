@@ -1,0 +1,66 @@
+//! Secret values (passwords, tokens, password hashes): never printed, zeroised when dropped.
+
+use std::fmt;
+
+use zeroize::Zeroize;
+
+/// A secret value: `Debug` and `Display` print `***`, and its bytes are overwritten on drop.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: String) -> Self {
+        Self(value)
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Drop for Secret {
+    fn drop(&mut self) {
+        self.0.zeroize();
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+/// Why `url` carries a credential, if it does: any user part of an http(s) URL (a token is often
+/// sent as the user name alone), a password in an `ssh://` URL. The user name of an SSH remote
+/// (`git@host:path`, `ssh://git@host/path`) is not a secret. The reason never repeats the URL.
+pub fn credentials_in_url(url: &str) -> Option<&'static str> {
+    let (scheme, rest) = url.split_once("://")?;
+    let authority = &rest[..rest.find('/').unwrap_or(rest.len())];
+    let (userinfo, _) = authority.rsplit_once('@')?;
+    if scheme.eq_ignore_ascii_case("ssh") {
+        userinfo
+            .contains(':')
+            .then_some("the URL carries a password (user:password@)")
+    } else {
+        Some("the URL carries credentials (user@ or user:token@)")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn never_printed() {
+        let secret = Secret::new("s3cr3t-value".into());
+        let shown = format!("{secret:?} {secret} {secret:#?} {:?}", Some(&secret));
+        assert!(!shown.contains("s3cr3t"), "{shown}");
+        assert_eq!(secret.expose(), "s3cr3t-value");
+    }
+}

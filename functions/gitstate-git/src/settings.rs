@@ -1,0 +1,43 @@
+//! What the git store is given: the adapter's own settings, filled by the application.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use gitstate_core::secret::Secret;
+
+/// How the git token goes to the host.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum GitAuth {
+    /// `Authorization: Basic base64(user:token)`, what every host accepts for PATs.
+    #[default]
+    Basic,
+    /// `Authorization: Bearer <token>` (Bitbucket Data Center project and repository tokens).
+    Bearer,
+}
+
+/// The repository, its credentials and the bounds on git work.
+#[derive(Debug, Clone)]
+pub struct GitSettings {
+    /// The hosted repository (smart HTTP(S) or SSH); `None` = the embedded one.
+    pub repository: Option<String>,
+    /// The embedded repository, used when `repository` is `None`.
+    pub local_repository: PathBuf,
+    /// Where bare cache repositories of hosted repositories go.
+    pub cache_dir: PathBuf,
+    /// Where lock refs go, e.g. `refs/heads/locks/`.
+    pub lock_ref_prefix: String,
+    pub username: Option<String>,
+    /// Sent only to repositories of the same origin as `repository`.
+    pub token: Option<Secret>,
+    pub auth: GitAuth,
+    /// PEM text of private certificate authorities trusted besides the system roots.
+    pub ca_pem: Option<String>,
+    /// Refuse remotes whose receive-pack does not advertise `atomic`.
+    pub require_atomic: bool,
+    /// Timeout of one git HTTP request.
+    pub timeout: Duration,
+    /// The most one git answer may hold.
+    pub max_response_bytes: u64,
+    /// How deep history paging and `?at=` may fetch.
+    pub max_history_depth: u32,
+}
