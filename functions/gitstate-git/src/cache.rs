@@ -148,6 +148,26 @@ impl Cache {
         Ok(Some(blob.detach().data))
     }
 
+    /// Of the blobs at `paths` in `commit`'s tree (which the cache holds), those it lacks: a
+    /// partial fetch brings trees without their blobs.
+    pub fn lacking_blobs(
+        &self,
+        commit: ObjectId,
+        paths: &[String],
+    ) -> Result<Vec<ObjectId>, Error> {
+        let repo = self.repo()?;
+        let mut lacking = Vec::new();
+        for path in paths {
+            if let Some(blob) = Self::blob_id(&repo, commit, path)?
+                && !repo.has_object(blob)
+                && !lacking.contains(&blob)
+            {
+                lacking.push(blob);
+            }
+        }
+        Ok(lacking)
+    }
+
     /// The id of the blob at `path` in `commit`'s tree.
     fn blob_id(
         repo: &gix::Repository,

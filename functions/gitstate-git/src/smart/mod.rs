@@ -50,6 +50,7 @@ impl Service {
 }
 
 pub use advert::Advert;
+pub use fetch::Blobs;
 pub use push::{Command, PushReport, push_capabilities};
 
 /// The `Authorization` header for `token`: Basic with `username` (default `gitstate`, which

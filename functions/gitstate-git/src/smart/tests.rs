@@ -161,20 +161,25 @@ fn fetch_asks_only_for_advertised_capabilities() {
             .filter(|i| mask & (1 << i) != 0)
             .map(|i| all[i].to_owned())
             .collect();
-        let wanted = fetch_capabilities(Some(&caps));
-        for cap in wanted.iter().filter(|c| !c.starts_with("agent=")) {
-            assert!(caps.iter().any(|c| c == cap), "{cap} not in {caps:?}");
+        for partial in [false, true] {
+            let wanted = fetch_capabilities(Some(&caps), partial);
+            for cap in wanted.iter().filter(|c| !c.starts_with("agent=")) {
+                assert!(caps.iter().any(|c| c == cap), "{cap} not in {caps:?}");
+            }
+            // `filter` only for a partial fetch, and then whenever offered.
+            assert_eq!(
+                wanted.len(),
+                1 + caps.iter().filter(|c| partial || *c != "filter").count()
+            );
         }
+    }
+    for partial in [false, true] {
         assert_eq!(
-            wanted.len(),
-            1 + caps.iter().filter(|c| *c != "filter").count()
+            fetch_capabilities(None, partial),
+            [AGENT],
+            "nothing optional unadvertised"
         );
     }
-    assert_eq!(
-        fetch_capabilities(None),
-        [AGENT],
-        "nothing optional unadvertised"
-    );
 }
 
 #[test]

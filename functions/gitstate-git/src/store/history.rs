@@ -152,8 +152,11 @@ impl GitStore {
         if !on_seen_chain && !self.find_on_branch(&remote, at, commit).await? {
             return Ok(None);
         }
-        let cache = remote.cache.clone();
         let path = name.to_string();
+        if remote.cache.is_commit(commit)? {
+            remote.want_blobs(commit, vec![path.clone()]).await?;
+        }
+        let cache = remote.cache.clone();
         match blocking(move || cache.read_path(commit, &path)).await {
             Ok(found) => Ok(found.map(Bytes::from)),
             // Not a commit (a tree or blob id): no such revision.

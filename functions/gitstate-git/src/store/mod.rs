@@ -16,6 +16,7 @@ mod write;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -36,7 +37,7 @@ use crate::Error;
 use crate::cache::{Cache, Chain, Latest, NewCommit, Walk};
 use crate::local::LocalRefs;
 use crate::pack;
-use crate::smart::{Advert, Command, Connection, PushReport, Service, SmartHttp};
+use crate::smart::{Advert, Blobs, Command, Connection, PushReport, Service, SmartHttp};
 
 /// History is fetched this many commits deep at first, then four times deeper each time a page
 /// needs more, up to [`StoreOptions::max_history_depth`].
@@ -141,6 +142,8 @@ struct Remote {
     /// `GITSTATE_REQUIRE_ATOMIC`: a receive-pack advertisement without `atomic` is an error.
     require_atomic: bool,
     fetching: tokio::sync::Mutex<()>,
+    /// The remote offers `filter` but would not send blobs by id: fetch commits whole.
+    whole_fetches: std::sync::atomic::AtomicBool,
 }
 
 async fn blocking<T: Send + 'static>(
@@ -250,6 +253,7 @@ impl GitStore {
             deep_changes: Mutex::default(),
             require_atomic: self.options.require_atomic,
             fetching: tokio::sync::Mutex::new(()),
+            whole_fetches: std::sync::atomic::AtomicBool::new(false),
         });
         remotes.insert(key, remote.clone());
         Ok(remote)

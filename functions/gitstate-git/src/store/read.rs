@@ -58,6 +58,9 @@ impl GitStore {
         let (files, index) = match tip {
             Some(tip) => {
                 remote.saw_tip(tip);
+                remote
+                    .want_blobs(tip, vec![gitstate_core::index::INDEX_PATH.to_owned()])
+                    .await?;
                 let cache = remote.cache.clone();
                 blocking(move || {
                     let files = cache.list_blobs(tip)?;

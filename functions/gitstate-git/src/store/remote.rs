@@ -103,13 +103,10 @@ impl Remote {
         };
         let _one_fetch_at_a_time = self.fetching.lock().await;
         tracing::debug!(depth, "deepening the cache's history");
-        let pack = http.fetch_deeper(tip, &[boundary], depth).await?;
-        let cache = self.cache.clone();
-        blocking(move || {
-            pack::index_into(cache.git_dir(), &pack)?;
-            cache.reload()
-        })
-        .await
+        let pack = http
+            .fetch_deeper(tip, &[boundary], depth, self.blobs(http))
+            .await?;
+        self.index(pack).await
     }
 
     /// Fetch `commit` alone (depth 1), given the cache has `tip`: refused by the remote when no
@@ -119,13 +116,8 @@ impl Remote {
             return Ok(());
         };
         let _one_fetch_at_a_time = self.fetching.lock().await;
-        let pack = http.fetch(&[commit], &[tip]).await?;
-        let cache = self.cache.clone();
-        blocking(move || {
-            pack::index_into(cache.git_dir(), &pack)?;
-            cache.reload()
-        })
-        .await
+        let pack = http.fetch(&[commit], &[tip], self.blobs(http)).await?;
+        self.index(pack).await
     }
 
     /// The branch tip, if this process saw it on the remote less than `within` ago.
@@ -136,7 +128,67 @@ impl Remote {
             .map(|(tip, _)| tip)
     }
 
-    /// Make sure the cache has `wants` (commits and everything in their trees).
+    /// What fetches of branch commits bring: their trees only when the remote can send blobs by id
+    /// later (and has not refused to), else everything.
+    fn blobs(&self, http: &SmartHttp) -> Blobs {
+        if http.offers_filter() && !self.whole_fetches.load(Ordering::Relaxed) {
+            Blobs::None
+        } else {
+            Blobs::All
+        }
+    }
+
+    /// Index a received pack into the cache.
+    async fn index(&self, pack: Vec<u8>) -> Result<(), Error> {
+        let cache = self.cache.clone();
+        blocking(move || {
+            pack::index_into(cache.git_dir(), &pack)?;
+            cache.reload()
+        })
+        .await
+    }
+
+    /// Make sure the cache holds the blobs at `paths` in `commit` (whose trees it has): those it
+    /// lacks come in one request. A remote that will not send blobs by id gets the commit fetched
+    /// whole instead, and from then on every fetch brings blobs.
+    pub(super) async fn want_blobs(
+        &self,
+        commit: ObjectId,
+        paths: Vec<String>,
+    ) -> Result<(), Error> {
+        let Transport::Http(http) = &self.transport else {
+            return Ok(());
+        };
+        let cache = self.cache.clone();
+        let lacking = blocking(move || cache.lacking_blobs(commit, &paths)).await?;
+        if lacking.is_empty() {
+            return Ok(());
+        }
+        let _one_fetch_at_a_time = self.fetching.lock().await;
+        let lacking = self.missing(lacking).await?;
+        if lacking.is_empty() {
+            return Ok(());
+        }
+        match http.fetch_blobs(&lacking).await {
+            Ok(pack) => self.index(pack).await?,
+            // A remote that cannot be reached now cannot be reached for the whole commit either.
+            Err(error @ Error::Http(_)) => return Err(error),
+            Err(error) => {
+                let pack = http.fetch(&[commit], &[], Blobs::All).await?;
+                self.index(pack).await?;
+                tracing::warn!(error = %gitstate_core::http::chain(&error), "the remote does not send blobs by id; fetching whole commits from now on");
+                self.whole_fetches.store(true, Ordering::Relaxed);
+            }
+        }
+        if !self.missing(lacking).await?.is_empty() {
+            return Err(Error::Remote(
+                "the fetch did not deliver the requested blobs".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Make sure the cache has `wants` (commits and their trees; blobs, see [`Self::blobs`]).
     pub(super) async fn ensure(&self, wants: Vec<ObjectId>) -> Result<(), Error> {
         self.ensure_with(wants, false).await
     }
@@ -173,13 +225,13 @@ impl Remote {
         if !orphans && !http.knows_fetch_capabilities() {
             http.advertise(Service::UploadPack).await?;
         }
-        let pack = http.fetch(&missing, &haves).await?;
-        let cache = self.cache.clone();
-        blocking(move || {
-            pack::index_into(cache.git_dir(), &pack)?;
-            cache.reload()
-        })
-        .await?;
+        let blobs = if orphans {
+            Blobs::All
+        } else {
+            self.blobs(http)
+        };
+        let pack = http.fetch(&missing, &haves, blobs).await?;
+        self.index(pack).await?;
         if !self.missing(missing).await?.is_empty() {
             return Err(Error::Remote(
                 "the fetch did not deliver the requested commits".into(),
@@ -214,19 +266,30 @@ impl Remote {
         orphan: bool,
     ) -> Result<Option<Vec<u8>>, Error> {
         self.ensure_with(vec![commit], orphan).await?;
-        let cache = self.cache.clone();
-        let first_path = path.clone();
-        match blocking(move || cache.read_path(commit, &first_path)).await {
+        match self.blob_at(commit, path.clone()).await {
             Ok(found) => Ok(found),
-            Err(error) if self.is_cache() => {
+            // A cache that cannot be read (not a remote that cannot be reached) starts over.
+            Err(error)
+                if self.is_cache()
+                    && !matches!(
+                        error,
+                        Error::Http(_) | Error::Status { .. } | Error::Certificate { .. }
+                    ) =>
+            {
                 tracing::warn!(error = %gitstate_core::http::chain(&error), "cache read failed");
                 self.rebuild().await?;
                 self.ensure_with(vec![commit], orphan).await?;
-                let cache = self.cache.clone();
-                blocking(move || cache.read_path(commit, &path)).await
+                self.blob_at(commit, path).await
             }
             Err(error) => Err(error),
         }
+    }
+
+    /// `path` at `commit` (which the cache holds), its blob fetched first if missing.
+    async fn blob_at(&self, commit: ObjectId, path: String) -> Result<Option<Vec<u8>>, Error> {
+        self.want_blobs(commit, vec![path.clone()]).await?;
+        let cache = self.cache.clone();
+        blocking(move || cache.read_path(commit, &path)).await
     }
 
     pub(super) async fn rebuild(&self) -> Result<(), Error> {

@@ -116,7 +116,12 @@ impl GitStore {
             None => None,
         };
         let stored = match tip {
-            Some(tip) => remote.read(tip, path.to_owned()).await?,
+            Some(tip) => {
+                // The state and the index the commit updates, in one fetch if missing.
+                let index = gitstate_core::index::INDEX_PATH.to_owned();
+                remote.want_blobs(tip, vec![path.to_owned(), index]).await?;
+                remote.read(tip, path.to_owned()).await?
+            }
             None => None,
         };
         let meta = match plan(held.as_ref(), stored.as_deref()) {
