@@ -140,6 +140,9 @@ impl GitStore {
     ) -> Result<Acquire, StoreError> {
         let remote = self.remote(at)?;
         let lock_ref = self.lock_ref(name);
+        if self.lock_at_floor(&remote, name, lock, meta).await? {
+            return Ok(Acquire::Acquired);
+        }
         let mut refused = None;
         let mut last_attempt = Duration::ZERO;
         // A refused push is judged from the refs, not from the error text: someone took the
@@ -186,6 +189,7 @@ impl GitStore {
             };
             let report = remote.push(vec![command.clone()], commit.objects).await?;
             if report.all_ok(&[command]) {
+                remote.remember_lock(&lock_ref, Some(commit.id));
                 return Ok(Acquire::Acquired);
             }
             refused = Some(report);
@@ -215,12 +219,23 @@ impl GitStore {
         };
         // The delete is conditional on the lock commit that was checked: the server refuses it
         // if the lock changed meanwhile, so no fresh advertisement is needed.
+        let lock_ref = self.lock_ref(name);
         let command = Command {
             old,
             new: null(),
-            name: self.lock_ref(name),
+            name: lock_ref.clone(),
         };
-        let report = remote.push(vec![command.clone()], Vec::new()).await?;
+        // Gone or changed either way: a later look asks the remote.
+        if remote.made_lock(&lock_ref) == Some(old) {
+            remote.remember_lock(&lock_ref, None);
+        }
+        let report = match remote
+            .push_at_floor(vec![command.clone()], Vec::new())
+            .await?
+        {
+            Some(report) => report,
+            None => remote.push(vec![command.clone()], Vec::new()).await?,
+        };
         Ok(if report.all_ok(&[command]) {
             Release::Released
         } else {

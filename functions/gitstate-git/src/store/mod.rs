@@ -8,6 +8,7 @@
 //!   A remote without `atomic` gets the compare-and-swap of the branch alone, the lock having
 //!   been checked in the same advertisement that gave the tip (see [`WriteMode`]).
 
+mod floor;
 mod history;
 mod lock;
 mod read;
@@ -52,6 +53,8 @@ const LIST_REFS_FRESH: Duration = Duration::from_secs(1);
 
 /// History pages a process keeps (each at most 100 revisions).
 const MAX_REMEMBERED_HISTORIES: usize = 256;
+/// Lock commits a process remembers having made.
+const MAX_REMEMBERED_LOCKS: usize = 4096;
 /// Most files remembered as last changed beyond the deepest fetch.
 const MAX_DEEP_CHANGES: usize = 65_536;
 
@@ -144,6 +147,10 @@ struct Remote {
     fetching: tokio::sync::Mutex<()>,
     /// The remote offers `filter` but would not send blobs by id: fetch commits whole.
     whole_fetches: std::sync::atomic::AtomicBool,
+    /// Lock commits this process pushed, by lock ref (see the `floor` module).
+    made_locks: Mutex<HashMap<String, ObjectId>>,
+    /// The remote refused a push without a fresh advertisement: always advertise first.
+    no_floor: std::sync::atomic::AtomicBool,
 }
 
 async fn blocking<T: Send + 'static>(
@@ -254,6 +261,8 @@ impl GitStore {
             require_atomic: self.options.require_atomic,
             fetching: tokio::sync::Mutex::new(()),
             whole_fetches: std::sync::atomic::AtomicBool::new(false),
+            made_locks: Mutex::default(),
+            no_floor: std::sync::atomic::AtomicBool::new(false),
         });
         remotes.insert(key, remote.clone());
         Ok(remote)
@@ -384,6 +393,14 @@ impl StateStore for GitStore {
         meta: &CommitMeta,
     ) -> Result<Acquire, StoreError> {
         self.take_lock(at, name, lock, meta).await
+    }
+
+    async fn known_lock(
+        &self,
+        at: &Location,
+        name: &StateName,
+    ) -> Result<Option<HeldLock>, StoreError> {
+        Ok(self.known_lock_of(at, name).await?)
     }
 
     async fn release_lock(
