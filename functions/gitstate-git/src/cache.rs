@@ -428,7 +428,11 @@ impl Cache {
         let now = gix::date::Time::now_utc();
         let index =
             crate::index::stage(&repo, &mut editor, base_tree, path, blob, meta, now.seconds)?;
-        let tree = editor.write()?.detach();
+        // Without the existence check of gix's editor: after a partial fetch the cache holds the
+        // trees but not the blobs of other states, which the new tree keeps as they are.
+        let tree = editor
+            .detach()
+            .write(|tree| repo.write_object(tree).map(|id| id.detach()))?;
         let author = gix::actor::Signature {
             name: meta.author_name.as_str().into(),
             email: meta.author_email.as_str().into(),
