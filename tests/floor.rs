@@ -111,7 +111,12 @@ async fn cold_and_warm_reads_fetch_only_the_blobs_they_read() {
         let (labels, bytes) = seen(&server);
         if filter {
             assert_eq!(labels, ["GET refs/upload-pack", "POST upload-pack"]);
-            assert_eq!(bytes, 4_889, "advertisement, one blob");
+            // Advertisement and one blob: 4,884 to 4,889 bytes over runs (whether the server
+            // reuses the blob's packed form or compresses it again).
+            assert!(
+                (4_870..=4_900).contains(&bytes),
+                "warm read fetched {bytes} bytes"
+            );
         } else {
             assert_eq!(labels, ["GET refs/upload-pack"]);
         }
@@ -409,5 +414,19 @@ async fn stale_floor_pushes_fall_back_and_win_or_lose_correctly() {
             "{mode:?}: nothing moved"
         );
         assert_eq!(get(&a, NAME).await, state);
+
+        // B releases its lock. A still remembers the lock it made (force-unlocked long ago): a
+        // write without a lock ID, refused on that memory, is decided again from the remote.
+        send(
+            &b,
+            "UNLOCK",
+            &format!("/states/{NAME}"),
+            Some(&lock_info("b-1")),
+            200,
+        )
+        .await;
+        let free = realistic_state(7, 60, 5);
+        send(&a, "POST", &format!("/states/{NAME}"), Some(&free), 200).await;
+        assert_eq!(get(&b, NAME).await, free);
     }
 }

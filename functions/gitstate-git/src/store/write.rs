@@ -132,6 +132,15 @@ impl GitStore {
         let lock_ref = lock.map(|name| self.lock_ref(name));
         let start = self.start(remote, at, lock_ref.as_ref(), floor).await?;
         let tip = start.tip;
+        // At the floor only a push rests on what this process remembers: a refusal or an
+        // "unchanged" is decided again from the remote.
+        let decided = |written| {
+            if start.advert.is_none() {
+                Attempt::MissedFloor(PushReport::default())
+            } else {
+                Attempt::Done(written)
+            }
+        };
         remote
             .ensure(tip.into_iter().chain(start.lock_tip).collect())
             .await?;
@@ -141,7 +150,7 @@ impl GitStore {
         if let Some(tip) = tip {
             let (cache, owned) = (remote.cache.clone(), path.to_owned());
             if let Some(clash) = blocking(move || cache.path_clash(tip, &owned)).await? {
-                return Ok(Attempt::Done(Written::Refused(Refusal::Clash(clash))));
+                return Ok(decided(Written::Refused(Refusal::Clash(clash))));
             }
         }
         let held = match (start.lock_tip, lock) {
@@ -159,11 +168,11 @@ impl GitStore {
         };
         let meta = match plan(held.as_ref(), stored.as_deref()) {
             Ok(meta) => meta,
-            Err(refusal) => return Ok(Attempt::Done(Written::Refused(refusal))),
+            Err(refusal) => return Ok(decided(Written::Refused(refusal))),
         };
         let content = match change {
             Change::Put(bytes) if stored.as_deref() == Some(bytes.as_ref()) => {
-                return Ok(Attempt::Done(Written::Unchanged));
+                return Ok(decided(Written::Unchanged));
             }
             Change::Put(bytes) => Some(bytes.clone()),
             Change::Delete => None,
