@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use gitstate_core::password::PasswordVerifier as _;
 use gitstate_tests::process::{ServeProcess, serve_env};
 use gitstate_tests::{
-    Client, GitServer, PushMode, git, git_output, hash_of, lock_info, state_json,
+    Client, GitServer, PushMode, git, git_output, hash_of, lock_info, realistic_state, state_json,
 };
 
 const WARM_RUNS: usize = 20;
@@ -528,6 +528,86 @@ async fn history_length(out: &mut String, binary: &Path) {
     out.push('\n');
 }
 
+/// A repository of `states` realistic states of 60 resources (about 48 KB each) in one commit,
+/// made with git fast-import and packed as a host keeps it.
+fn realistic_repo(server: &GitServer, name: &str, states: usize, filter: bool) {
+    server.create_repo(name);
+    server.allow_filter(name, filter);
+    let dir = server.repo_dir(name);
+    let mut stream = Vec::new();
+    stream.extend_from_slice(
+        b"commit refs/heads/main\ncommitter bench <b@x> 1700000000 +0000\ndata 5\nseed\n",
+    );
+    for s in 0..states {
+        let content = realistic_state(s as u64, 60, 1);
+        write!(
+            stream,
+            "M 100644 inline team/s{s:04}.tfstate\ndata {}\n{content}\n",
+            content.len()
+        )
+        .expect("write");
+    }
+    let mut child = std::process::Command::new("git")
+        .args(["fast-import", "--quiet"])
+        .current_dir(&dir)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("fast-import");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(&stream)
+        .expect("feed fast-import");
+    assert!(child.wait().expect("fast-import").success());
+    git(&["repack", "-adq"], Some(&dir));
+}
+
+async fn partial_fetch(out: &mut String, binary: &Path) {
+    let server = GitServer::start().await;
+    let root = tempfile::tempdir().expect("tempdir");
+    out.push_str(
+        "## Cold read of one state among many: partial fetch\n\n\
+         Realistic 48 KB states (60 resources each) in one commit, packed. A fresh `gitstate \
+         serve` with an empty cache reads one state; bytes = every git answer's body (the \
+         advertisement, the trees, the blob). `uploadpack.allowFilter` on: trees first \
+         (`filter blob:none`), then the one blob by id; off: the whole tip at depth 1.\n\n\
+         | states | filter | git reqs | bytes fetched | p50 ms | max ms |\n|---:|---|---:|---:|---:|---:|\n",
+    );
+    for states in [200, 2_000] {
+        for filter in [true, false] {
+            let name = format!("r{states}-{filter}");
+            realistic_repo(&server, &name, states, filter);
+            let url = server.url(&name);
+            let mut sample = Sample::default();
+            let mut bytes = 0;
+            for run in 0..COLD_RUNS {
+                let dir = root.path().join(format!("{name}-{run}"));
+                std::fs::create_dir_all(&dir).expect("dir");
+                let p = quiet_server(binary, &dir, &url).await;
+                let c = Client::new(&p.url);
+                c.send("GET", "/locks/warm-up.tfstate", None).await;
+                server.take_requests();
+                let started = Instant::now();
+                let got = c.send("GET", "/states/team/s0007.tfstate", None).await;
+                let time = started.elapsed();
+                assert_eq!(got.status, 200, "{name}: {}", got.body);
+                let seen = server.take_requests();
+                bytes = seen.iter().map(|r| r.bytes).sum::<u64>();
+                sample.add(time, seen.len());
+            }
+            out.push_str(&format!(
+                "| {states} | {} | {} | {bytes} | {} | {} |\n",
+                if filter { "on" } else { "off" },
+                sample.reqs(),
+                ms(sample.pct(0.5)),
+                ms(sample.pct(1.0)),
+            ));
+        }
+    }
+    out.push('\n');
+}
+
 async fn large_state(out: &mut String, binary: &Path) {
     let server = GitServer::start().await;
     let url = server.create_repo("large");
@@ -1013,6 +1093,9 @@ async fn main() {
     let want = |s: &str| sections == "all" || sections.split(',').any(|x| x == s);
     if want("protocol") {
         protocol_comparison(&mut out, &binary).await;
+    }
+    if want("partial") {
+        partial_fetch(&mut out, &binary).await;
     }
     if want("history") {
         history_length(&mut out, &binary).await;

@@ -37,7 +37,8 @@ async fn the_no_atomic_server_does_not_advertise_atomic() {
 
 /// Without `atomic` a write under a lock is the branch's compare-and-swap alone, after the lock
 /// check in the same advertisement: a write with another ID is still refused (409 + holder),
-/// one without `?ID=` is 423, nothing lands; requests per operation are those of the atomic mode.
+/// one without `?ID=` is 423, nothing lands; a write under a lock keeps its advertisement (the
+/// floor pushes it without one only with atomic push).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_atomic_the_lock_still_guards_every_write() {
     init_tracing();
@@ -51,8 +52,8 @@ async fn without_atomic_the_lock_still_guards_every_write() {
     client.lock(NAME, "holder").await.expect(200);
     assert_eq!(
         server.take_labels(),
-        ["GET refs/receive-pack", "POST receive-pack"],
-        "LOCK: one create-only push"
+        ["POST receive-pack"],
+        "LOCK of a warm process: the create-only push alone (the protocol floor)"
     );
     let body = state_json("hosts", 2);
     let other = client

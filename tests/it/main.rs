@@ -9,6 +9,7 @@ mod contract;
 mod credentials;
 mod encryption;
 mod faults;
+mod floor;
 mod fuzz_corpus;
 mod history;
 mod hostile;

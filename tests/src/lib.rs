@@ -140,6 +140,8 @@ pub struct Seen {
     pub path: String,
     pub query: String,
     pub status: u16,
+    /// Bytes of the answer's body (what the client fetched).
+    pub bytes: u64,
 }
 
 impl Seen {
@@ -287,6 +289,16 @@ impl GitServer {
     pub fn take_labels(&self) -> Vec<String> {
         self.take_requests().iter().map(Seen::label).collect()
     }
+
+    /// Let the repository `name` serve partial fetches (`uploadpack.allowFilter`), as GitHub and
+    /// GitLab do, or not (git's default, and this server's unless asked).
+    pub fn allow_filter(&self, name: &str, allow: bool) {
+        let value = if allow { "true" } else { "false" };
+        git(
+            &["config", "uploadpack.allowFilter", value],
+            Some(&self.repo_dir(name)),
+        );
+    }
 }
 
 async fn cgi(
@@ -349,6 +361,9 @@ async fn serve_git(
         path,
         query,
         status: response.status().as_u16(),
+        bytes: axum::body::HttpBody::size_hint(response.body())
+            .exact()
+            .unwrap_or_default(),
     });
     response
 }

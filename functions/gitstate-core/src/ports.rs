@@ -257,6 +257,17 @@ pub trait StateStore: Send + Sync + 'static {
         meta: &CommitMeta,
     ) -> Result<Acquire, StoreError>;
 
+    /// The lock on `name` as this store last made it, known without asking the remote (the
+    /// protocol floor): it may have changed since, so only a [`Self::release_lock`] of it, which
+    /// is conditional, may rest on it. `None` (the default): read it with [`Self::read_lock`].
+    async fn known_lock(
+        &self,
+        _at: &Location,
+        _name: &StateName,
+    ) -> Result<Option<HeldLock>, StoreError> {
+        Ok(None)
+    }
+
     /// Remove the lock if it is still exactly `held`.
     async fn release_lock(
         &self,

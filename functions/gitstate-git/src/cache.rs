@@ -148,6 +148,26 @@ impl Cache {
         Ok(Some(blob.detach().data))
     }
 
+    /// Of the blobs at `paths` in `commit`'s tree (which the cache holds), those it lacks: a
+    /// partial fetch brings trees without their blobs.
+    pub fn lacking_blobs(
+        &self,
+        commit: ObjectId,
+        paths: &[String],
+    ) -> Result<Vec<ObjectId>, Error> {
+        let repo = self.repo()?;
+        let mut lacking = Vec::new();
+        for path in paths {
+            if let Some(blob) = Self::blob_id(&repo, commit, path)?
+                && !repo.has_object(blob)
+                && !lacking.contains(&blob)
+            {
+                lacking.push(blob);
+            }
+        }
+        Ok(lacking)
+    }
+
     /// The id of the blob at `path` in `commit`'s tree.
     fn blob_id(
         repo: &gix::Repository,
@@ -408,7 +428,11 @@ impl Cache {
         let now = gix::date::Time::now_utc();
         let index =
             crate::index::stage(&repo, &mut editor, base_tree, path, blob, meta, now.seconds)?;
-        let tree = editor.write()?.detach();
+        // Without the existence check of gix's editor: after a partial fetch the cache holds the
+        // trees but not the blobs of other states, which the new tree keeps as they are.
+        let tree = editor
+            .detach()
+            .write(|tree| repo.write_object(tree).map(|id| id.detach()))?;
         let author = gix::actor::Signature {
             name: meta.author_name.as_str().into(),
             email: meta.author_email.as_str().into(),

@@ -12,6 +12,11 @@ pub fn flush(out: &mut Vec<u8>) {
     out.extend_from_slice(b"0000");
 }
 
+/// Protocol v2's delimiter between a command's capabilities and its arguments.
+pub fn delim(out: &mut Vec<u8>) {
+    out.extend_from_slice(b"0001");
+}
+
 /// One frame of a pkt-line stream.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Frame<'a> {

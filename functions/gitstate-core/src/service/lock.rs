@@ -94,6 +94,20 @@ impl Backend {
     ) -> Result<(), ServiceError> {
         caller.require(Role::Write, name)?;
         let request = UnlockRequest::parse(body)?;
+        // The lock this process made, released without reading it first when the request may
+        // release it; the release is conditional on it, so a lock that changed meanwhile falls
+        // through to reading it.
+        if let Some(held) = self.store.known_lock(at, name).await?
+            && match &request {
+                UnlockRequest::Id(id) => {
+                    id == held.info.id() && held.owner.as_deref() == Some(caller.user.as_str())
+                }
+                UnlockRequest::Force => false,
+            }
+            && self.store.release_lock(at, name, &held).await? == Release::Released
+        {
+            return Ok(());
+        }
         // A bounded loop: the lock can change between reading it and releasing it.
         for _ in 0..4 {
             let Some(held) = self.store.read_lock(at, name).await? else {

@@ -1,0 +1,74 @@
+//! Ref advertisements: tips and capabilities.
+
+use gix::ObjectId;
+use std::collections::HashMap;
+
+use super::Service;
+use crate::{Error, pkt};
+
+/// Ref tips and capabilities, as a server advertises them (or the local repository reports them).
+#[derive(Debug, Clone, Default)]
+pub struct Advert {
+    pub refs: HashMap<String, ObjectId>,
+    pub caps: Vec<String>,
+}
+
+impl Advert {
+    pub fn tip(&self, name: &str) -> Option<ObjectId> {
+        self.refs.get(name).copied()
+    }
+
+    pub fn has_cap(&self, cap: &str) -> bool {
+        self.caps
+            .iter()
+            .any(|c| c == cap || c.split('=').next() == Some(cap))
+    }
+
+    /// Parse the body of `GET info/refs?service=…` (after the service announcement).
+    pub fn parse(body: &[u8], service: Service) -> Result<Self, Error> {
+        let mut reader = pkt::Reader::new(body);
+        let first = reader
+            .next_line()?
+            .ok_or_else(|| Error::Protocol("empty ref advertisement".into()))?;
+        let announced = format!("# service={}", service.name());
+        if first != announced.as_bytes() {
+            return Err(Error::Protocol(
+                "the server did not announce the service (not a smart HTTP server?)".into(),
+            ));
+        }
+        // A flush ends the announcement.
+        if reader.next_frame()? != Some(pkt::Frame::Flush) {
+            return Err(Error::Protocol(
+                "no flush after the service announcement".into(),
+            ));
+        }
+        let mut advert = Advert::default();
+        let mut first_ref = true;
+        while let Some(line) = reader.next_line()? {
+            let (line, caps) = match line.iter().position(|b| *b == 0) {
+                Some(nul) => (&line[..nul], Some(&line[nul + 1..])),
+                None => (line, None),
+            };
+            if let (true, Some(caps)) = (first_ref, caps) {
+                advert.caps = String::from_utf8_lossy(caps)
+                    .split(' ')
+                    .filter(|c| !c.is_empty())
+                    .map(str::to_owned)
+                    .collect();
+            }
+            first_ref = false;
+            let text = std::str::from_utf8(line)
+                .map_err(|_| Error::Protocol("ref advertisement is not UTF-8".into()))?;
+            let (oid, name) = text
+                .split_once(' ')
+                .ok_or_else(|| Error::Protocol("malformed ref line".into()))?;
+            if name == "capabilities^{}" || name.ends_with("^{}") {
+                continue;
+            }
+            let oid = ObjectId::from_hex(oid.as_bytes())
+                .map_err(|_| Error::Protocol("malformed object id".into()))?;
+            advert.refs.insert(name.to_owned(), oid);
+        }
+        Ok(advert)
+    }
+}

@@ -1,0 +1,151 @@
+//! Push (send-pack): ref update commands, the capabilities they need, the report-status.
+
+use gix::ObjectId;
+use reqwest::header::{ACCEPT, CONTENT_TYPE};
+
+use super::{AGENT, Advert, Service, SmartHttp};
+use crate::{Error, pkt};
+
+/// One ref update of a push. A zero `old` creates; a zero `new` deletes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Command {
+    pub old: ObjectId,
+    pub new: ObjectId,
+    pub name: String,
+}
+
+/// The server's verdict on each ref of a push: `Ok(())` or `Err(reason)`.
+#[derive(Debug, Clone, Default)]
+pub struct PushReport {
+    pub refs: Vec<(String, Result<(), String>)>,
+}
+
+impl PushReport {
+    pub fn all_ok(&self, commands: &[Command]) -> bool {
+        commands.iter().all(|c| {
+            self.refs
+                .iter()
+                .any(|(name, status)| *name == c.name && status.is_ok())
+        })
+    }
+
+    /// Parse report-status (`unpack ok`, then `ok <ref>` / `ng <ref> <reason>` lines).
+    pub fn parse(data: &[u8]) -> Result<Self, Error> {
+        let mut reader = pkt::Reader::new(data);
+        let unpack = reader
+            .next_line()?
+            .ok_or_else(|| Error::Protocol("empty report-status".into()))?;
+        match unpack.strip_prefix(b"unpack ") {
+            Some(b"ok") => {}
+            Some(why) => {
+                return Err(Error::Remote(format!(
+                    "the remote could not unpack: {}",
+                    String::from_utf8_lossy(why)
+                )));
+            }
+            None => {
+                return Err(Error::Protocol(
+                    "report-status does not start with 'unpack'".into(),
+                ));
+            }
+        }
+        let mut report = PushReport::default();
+        while let Some(line) = reader.next_line()? {
+            let text = String::from_utf8_lossy(line);
+            if let Some(name) = text.strip_prefix("ok ") {
+                report.refs.push((name.to_owned(), Ok(())));
+            } else if let Some(rest) = text.strip_prefix("ng ") {
+                let (name, why) = rest.split_once(' ').unwrap_or((rest, ""));
+                report.refs.push((name.to_owned(), Err(why.to_owned())));
+            } else {
+                return Err(Error::Protocol(format!(
+                    "unexpected report-status line {text:?}"
+                )));
+            }
+        }
+        Ok(report)
+    }
+}
+
+/// What a push asks for: only capabilities `caps` advertised. `report-status` is required (the
+/// verdict on each ref is what every decision rests on); `atomic` only for several commands,
+/// which a caller must not send to a remote without it; `side-band-64k` when offered;
+/// `report-status-v2`, `ofs-delta` (our packs hold whole objects), `quiet` and `push-options`
+/// never.
+pub fn push_capabilities(caps: &Advert, commands: &[Command]) -> Result<Vec<&'static str>, Error> {
+    if !caps.has_cap("report-status") {
+        return Err(Error::Protocol(
+            "the remote does not offer report-status, so a push's outcome could not be known"
+                .into(),
+        ));
+    }
+    let mut wanted = vec!["report-status"];
+    if caps.has_cap("side-band-64k") {
+        wanted.push("side-band-64k");
+    }
+    if commands.len() > 1 {
+        if !caps.has_cap("atomic") {
+            return Err(Error::Protocol(
+                "several ref updates in one push need atomic, which the remote does not offer"
+                    .into(),
+            ));
+        }
+        wanted.push("atomic");
+    }
+    if commands.iter().any(|c| c.new.is_null()) && !caps.has_cap("delete-refs") {
+        return Err(Error::Remote(
+            "the remote does not allow deleting refs".into(),
+        ));
+    }
+    wanted.push(AGENT);
+    Ok(wanted)
+}
+
+impl SmartHttp {
+    /// `POST git-receive-pack` with `commands` and `pack`. `caps` are the receive-pack
+    /// capabilities advertised earlier. One request.
+    pub async fn push(
+        &self,
+        caps: &Advert,
+        commands: &[Command],
+        pack: Option<Vec<u8>>,
+    ) -> Result<PushReport, Error> {
+        let wanted = push_capabilities(caps, commands)?;
+        let sideband = wanted.contains(&"side-band-64k");
+        let mut body = Vec::new();
+        for (i, c) in commands.iter().enumerate() {
+            let mut line = format!("{} {} {}", c.old, c.new, c.name).into_bytes();
+            if i == 0 {
+                line.push(0);
+                line.extend_from_slice(wanted.join(" ").as_bytes());
+            }
+            line.push(b'\n');
+            pkt::write(&mut body, &line);
+        }
+        pkt::flush(&mut body);
+        if let Some(pack) = pack {
+            body.extend_from_slice(&pack);
+        }
+        let response = match &self.wire {
+            Some(wire) => {
+                wire.exchange(Service::ReceivePack, body, self.max_response_bytes())
+                    .await?
+            }
+            None => {
+                let request = self
+                    .client
+                    .post(format!("{}/git-receive-pack", self.base()))
+                    .header(CONTENT_TYPE, "application/x-git-receive-pack-request")
+                    .header(ACCEPT, "application/x-git-receive-pack-result")
+                    .body(body);
+                self.send(request, "push").await?
+            }
+        };
+        if sideband {
+            let data = pkt::demux(&mut pkt::Reader::new(&response), None)?;
+            PushReport::parse(&data)
+        } else {
+            PushReport::parse(&response)
+        }
+    }
+}

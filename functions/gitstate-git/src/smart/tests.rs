@@ -1,0 +1,219 @@
+use super::fetch::fetch_capabilities;
+use super::*;
+use crate::pkt;
+use gix::ObjectId;
+
+fn advert_body(lines: &[&[u8]]) -> Vec<u8> {
+    let mut body = Vec::new();
+    pkt::write(&mut body, b"# service=git-receive-pack\n");
+    pkt::flush(&mut body);
+    for line in lines {
+        pkt::write(&mut body, line);
+    }
+    pkt::flush(&mut body);
+    body
+}
+
+#[test]
+fn parses_advertisements() {
+    let a = "1111111111111111111111111111111111111111";
+    let body = advert_body(&[
+        format!("{a} refs/heads/main\0report-status delete-refs atomic side-band-64k\n").as_bytes(),
+        format!("{a} refs/heads/locks/x.tfstate\n").as_bytes(),
+    ]);
+    let advert = Advert::parse(&body, Service::ReceivePack).expect("valid");
+    assert!(advert.has_cap("atomic") && !advert.has_cap("thin-pack"));
+    assert_eq!(advert.refs.len(), 2);
+    assert_eq!(
+        advert.tip("refs/heads/main").map(|o| o.to_string()),
+        Some(a.to_owned())
+    );
+}
+
+#[test]
+fn parses_empty_repository() {
+    let zero = "0000000000000000000000000000000000000000";
+    let body = advert_body(&[format!("{zero} capabilities^{{}}\0report-status\n").as_bytes()]);
+    let advert = Advert::parse(&body, Service::ReceivePack).expect("valid");
+    assert!(advert.refs.is_empty() && advert.has_cap("report-status"));
+}
+
+#[test]
+fn origins_are_scheme_host_and_port() {
+    for (a, b, same) in [
+        ("https://h/a.git", "https://h/b.git", true),
+        ("https://h/a.git", "https://h:443/b.git", true),
+        ("https://h/a.git", "http://h/a.git", false),
+        ("https://h/a.git", "https://h:8443/a.git", false),
+        ("https://h/a.git", "https://g/a.git", false),
+        ("https://h/a.git", "https://h.evil/a.git", false),
+        ("http://127.0.0.1:1/a", "http://127.0.0.1:2/a", false),
+        ("http://127.0.0.1:1/a", "http://localhost:1/a", false),
+        ("https://h/a.git", "not a url", false),
+        ("file:///a", "file:///a", false),
+    ] {
+        assert_eq!(same_origin(a, b), same, "{a} vs {b}");
+    }
+}
+
+#[test]
+fn refuses_dumb_servers() {
+    assert!(Advert::parse(b"1111111 refs/heads/main\n", Service::UploadPack).is_err());
+}
+
+#[test]
+fn parses_report_status() {
+    let mut data = Vec::new();
+    pkt::write(&mut data, b"unpack ok\n");
+    pkt::write(&mut data, b"ok refs/heads/main\n");
+    pkt::write(&mut data, b"ng refs/heads/locks/a failed to update ref\n");
+    pkt::flush(&mut data);
+    let report = PushReport::parse(&data).expect("valid");
+    assert_eq!(report.refs[0], ("refs/heads/main".into(), Ok(())));
+    assert_eq!(
+        report.refs[1],
+        (
+            "refs/heads/locks/a".into(),
+            Err("failed to update ref".into())
+        )
+    );
+    let mut bad = Vec::new();
+    pkt::write(&mut bad, b"unpack index-pack failed\n");
+    assert!(matches!(PushReport::parse(&bad), Err(Error::Remote(_))));
+}
+
+const PUSH_CAPS: [&str; 10] = [
+    "report-status",
+    "report-status-v2",
+    "delete-refs",
+    "side-band-64k",
+    "quiet",
+    "atomic",
+    "ofs-delta",
+    "push-options",
+    "object-format=sha1",
+    "agent=git/2.43.0",
+];
+
+/// Every subset of capabilities a receive-pack could advertise, with one to three commands
+/// (creates, updates, deletes): a push asks only for what was advertised, never for what it
+/// does not use, and refuses exactly when a needed capability is missing.
+#[test]
+fn push_asks_only_for_advertised_capabilities() {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(14);
+    let id = |n: u8| ObjectId::from_bytes_or_panic(&[n; 20]);
+    for mask in 0u32..(1 << PUSH_CAPS.len()) {
+        let caps = Advert {
+            caps: (0..PUSH_CAPS.len())
+                .filter(|i| mask & (1 << i) != 0)
+                .map(|i| PUSH_CAPS[i].to_owned())
+                .collect(),
+            ..Advert::default()
+        };
+        let commands: Vec<Command> = (0..rng.random_range(1..=3))
+            .map(|i| Command {
+                old: if rng.random_bool(0.3) { null() } else { id(1) },
+                new: if rng.random_bool(0.3) { null() } else { id(2) },
+                name: format!("refs/heads/r{i}"),
+            })
+            .collect();
+        let deletes = commands.iter().any(|c| c.new.is_null());
+        let possible = caps.has_cap("report-status")
+            && (commands.len() == 1 || caps.has_cap("atomic"))
+            && (!deletes || caps.has_cap("delete-refs"));
+        match push_capabilities(&caps, &commands) {
+            Ok(wanted) => {
+                assert!(possible, "{caps:?} {commands:?}");
+                for cap in wanted.iter().filter(|c| !c.starts_with("agent=")) {
+                    assert!(caps.has_cap(cap), "asked for {cap} not in {caps:?}");
+                    assert!(
+                        !["report-status-v2", "quiet", "push-options", "ofs-delta"].contains(cap),
+                        "asked for unused {cap}"
+                    );
+                }
+                assert_eq!(wanted.contains(&"atomic"), commands.len() > 1);
+                assert_eq!(
+                    wanted.contains(&"side-band-64k"),
+                    caps.has_cap("side-band-64k")
+                );
+            }
+            Err(_) => assert!(!possible, "{caps:?} {commands:?}"),
+        }
+    }
+}
+
+fn null() -> ObjectId {
+    ObjectId::null(gix::hash::Kind::Sha1)
+}
+
+#[test]
+fn fetch_asks_only_for_advertised_capabilities() {
+    let all = [
+        "side-band-64k",
+        "ofs-delta",
+        "shallow",
+        "no-progress",
+        "filter",
+    ];
+    for mask in 0u32..(1 << all.len()) {
+        let caps: Vec<String> = (0..all.len())
+            .filter(|i| mask & (1 << i) != 0)
+            .map(|i| all[i].to_owned())
+            .collect();
+        for partial in [false, true] {
+            let wanted = fetch_capabilities(Some(&caps), partial);
+            for cap in wanted.iter().filter(|c| !c.starts_with("agent=")) {
+                assert!(caps.iter().any(|c| c == cap), "{cap} not in {caps:?}");
+            }
+            // `filter` only for a partial fetch, and then whenever offered.
+            assert_eq!(
+                wanted.len(),
+                1 + caps.iter().filter(|c| partial || *c != "filter").count()
+            );
+        }
+    }
+    for partial in [false, true] {
+        assert_eq!(
+            fetch_capabilities(None, partial),
+            [AGENT],
+            "nothing optional unadvertised"
+        );
+    }
+}
+
+#[test]
+fn authorization_schemes() {
+    let basic = authorization(GitAuth::Basic, Some("x-token-auth"), "t0k").expect("valid");
+    assert_eq!(
+        basic.to_str().expect("ascii"),
+        format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode("x-token-auth:t0k")
+        )
+    );
+    let bearer = authorization(GitAuth::Bearer, Some("ignored"), "t0k").expect("valid");
+    assert_eq!(bearer.to_str().expect("ascii"), "Bearer t0k");
+    assert!(basic.is_sensitive() && bearer.is_sensitive());
+    assert!(authorization(GitAuth::Bearer, None, "a\nb").is_err());
+}
+
+/// However deep the connector nests the TLS error in `io::Error`s, it is found.
+#[test]
+fn finds_the_tls_error_in_nested_io_errors() {
+    let unknown = || rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer);
+    for depth in 0..4 {
+        let mut error: Box<dyn std::error::Error + Send + Sync> = Box::new(unknown());
+        for _ in 0..depth {
+            error = Box::new(std::io::Error::other(error));
+        }
+        assert_eq!(tls_error(error.as_ref()), Some(&unknown()), "depth {depth}");
+    }
+    let plain = std::io::Error::other("connection refused");
+    assert_eq!(tls_error(&plain), None);
+}
+
+#[test]
+fn private_roots_need_a_certificate() {
+    assert!(private_roots("no pem here").is_err());
+}

@@ -1,0 +1,140 @@
+//! The protocol floor: pushes without a fresh ref advertisement when this process already knows
+//! the receive-pack capabilities, the branch tip (in its cache) and the lock commit it made.
+//!
+//! Every such push is conditional on what it assumes, so the server, not the advertisement,
+//! decides: a create-only lock fails when a lock exists, a compare-and-swap write fails when the
+//! tip moved (atomically with the unchanged lock ref), a delete fails when the lock changed. A
+//! refused push makes the caller run the normal path (advertise, re-read, retry). A remote that
+//! answers such a push with an error rather than a report is not pushed to at the floor again.
+
+use super::*;
+
+impl Remote {
+    /// The receive-pack capabilities, if this process may push to the remote without a fresh
+    /// advertisement (over HTTP, capabilities known, the floor not refused).
+    pub(super) fn floor_caps(&self) -> Option<Advert> {
+        if !self.is_cache() || self.no_floor.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.push_caps.lock().ok()?.clone()
+    }
+
+    /// The branch tip this process last saw, if its cache holds it.
+    pub(super) fn cached_tip(&self) -> Result<Option<ObjectId>, Error> {
+        match self.recent_tip(Duration::MAX) {
+            Some(tip) if self.cache.has(tip)? => Ok(Some(tip)),
+            _ => Ok(None),
+        }
+    }
+
+    /// The lock commit this process made at `lock_ref`, if it made one and has not seen it go.
+    pub(super) fn made_lock(&self, lock_ref: &str) -> Option<ObjectId> {
+        self.made_locks.lock().ok()?.get(lock_ref).copied()
+    }
+
+    pub(super) fn remember_lock(&self, lock_ref: &str, commit: Option<ObjectId>) {
+        if let Ok(mut made) = self.made_locks.lock() {
+            match commit {
+                Some(commit) => {
+                    if made.len() >= MAX_REMEMBERED_LOCKS {
+                        made.clear();
+                    }
+                    made.insert(lock_ref.to_owned(), commit);
+                }
+                None => {
+                    made.remove(lock_ref);
+                }
+            }
+        }
+    }
+
+    /// A push at the floor: `Ok(None)` when the remote answered it with an error instead of a
+    /// report (it wants a fresh advertisement first), and the floor is off for this remote.
+    pub(super) async fn push_at_floor(
+        &self,
+        commands: Vec<Command>,
+        objects: Vec<ObjectId>,
+    ) -> Result<Option<PushReport>, Error> {
+        match self.push(commands, objects).await {
+            Ok(report) => Ok(Some(report)),
+            Err(error @ (Error::Status { .. } | Error::Protocol(_))) => {
+                tracing::warn!(error = %gitstate_core::report::chain(&error), "the remote refused a push without a fresh advertisement; advertising first from now on");
+                self.no_floor.store(true, Ordering::Relaxed);
+                if let Ok(mut caps) = self.push_caps.lock() {
+                    *caps = None;
+                }
+                Ok(None)
+            }
+            Err(error) => Err(error),
+        }
+    }
+}
+
+impl GitStore {
+    /// LOCK at the floor: one create-only push, when the tree this process last saw has no clash.
+    /// `false`: not tried or refused (a lock exists, or its ref clashes): the normal path looks.
+    pub(super) async fn lock_at_floor(
+        &self,
+        remote: &Remote,
+        name: &StateName,
+        lock: &LockInfo,
+        meta: &CommitMeta,
+    ) -> Result<bool, Error> {
+        if remote.floor_caps().is_none() {
+            return Ok(false);
+        }
+        let Some(tip) = remote.cached_tip()? else {
+            return Ok(false);
+        };
+        let (cache, path) = (remote.cache.clone(), name.to_string());
+        if blocking(move || cache.path_clash(tip, &path))
+            .await?
+            .is_some()
+        {
+            return Ok(false);
+        }
+        let lock_ref = self.lock_ref(name);
+        let commit = remote
+            .commit(
+                None,
+                name.lock_file(),
+                Some(lock.as_bytes().clone()),
+                meta.clone(),
+            )
+            .await?;
+        let command = Command {
+            old: null(),
+            new: commit.id,
+            name: lock_ref.clone(),
+        };
+        match remote
+            .push_at_floor(vec![command.clone()], commit.objects)
+            .await?
+        {
+            Some(report) if report.all_ok(&[command]) => {
+                remote.remember_lock(&lock_ref, Some(commit.id));
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    /// The lock this process made for `name`, read from its cache without asking the remote.
+    pub(super) async fn known_lock_of(
+        &self,
+        at: &Location,
+        name: &StateName,
+    ) -> Result<Option<HeldLock>, Error> {
+        let remote = self.remote(at)?;
+        if remote.floor_caps().is_none() {
+            return Ok(None);
+        }
+        let Some(commit) = remote.made_lock(&self.lock_ref(name)) else {
+            return Ok(None);
+        };
+        if !remote.cache.has(commit)? {
+            return Ok(None);
+        }
+        Ok(Some(self.held(&remote, commit, name).await?))
+    }
+}

@@ -1,0 +1,235 @@
+//! History: the last change of each file, a state's revisions page by page, one revision, and
+//! deepening the shallow cache as far as they need.
+
+use super::*;
+
+impl GitStore {
+    pub(super) async fn find_last_changes(
+        &self,
+        at: &Location,
+        names: &[StateName],
+    ) -> Result<Vec<(StateName, Revision)>, StoreError> {
+        let remote = self.remote(at)?;
+        let Some(tip) = self.branch_tip(&remote, at).await? else {
+            return Ok(Vec::new());
+        };
+        let branch = at.branch.full_ref();
+        let cache = remote.cache.clone();
+        let blobs: HashMap<String, ObjectId> = blocking(move || cache.list_blobs(tip))
+            .await?
+            .into_iter()
+            .collect();
+        // Files already known to have changed last beyond the deepest fetch are not looked for.
+        let deep = |path: &String| {
+            blobs.get(path).is_some_and(|blob| {
+                remote
+                    .deep_changes
+                    .lock()
+                    .is_ok_and(|deep| deep.contains(&(branch.clone(), path.clone(), *blob)))
+            })
+        };
+        let paths: Vec<String> = names
+            .iter()
+            .map(ToString::to_string)
+            .filter(|path| !deep(path))
+            .collect();
+        if paths.is_empty() {
+            return Ok(Vec::new());
+        }
+        let answer = |mut found: HashMap<String, Revision>| {
+            names
+                .iter()
+                .filter_map(|name| Some((name.clone(), found.remove(name.as_str())?)))
+                .collect()
+        };
+        let max = self.options.max_history_depth;
+        let mut depth = FIRST_HISTORY_DEPTH.min(max);
+        loop {
+            let (cache, wanted) = (remote.cache.clone(), paths.clone());
+            match blocking(move || cache.last_changes(tip, &wanted)).await? {
+                Latest::Done(found) => return Ok(answer(found)),
+                Latest::Shallow { walked, found } if remote.is_cache() => {
+                    let walked = u32::try_from(walked).unwrap_or(u32::MAX);
+                    if walked >= max {
+                        // As deep as this deployment fetches: files changed only before that
+                        // are listed without a last change, and not looked for again while
+                        // they hold the same content.
+                        tracing::info!(
+                            max,
+                            "last changes looked up as far as GITSTATE_HISTORY_MAX_DEPTH"
+                        );
+                        if let Ok(mut deep) = remote.deep_changes.lock() {
+                            if deep.len() >= MAX_DEEP_CHANGES {
+                                deep.clear();
+                            }
+                            for path in paths.iter().filter(|p| !found.contains_key(*p)) {
+                                if let Some(blob) = blobs.get(path) {
+                                    deep.insert((branch.clone(), path.clone(), *blob));
+                                }
+                            }
+                        }
+                        return Ok(answer(found));
+                    }
+                    depth = deepen_past(&remote, tip, walked, depth, max).await?;
+                }
+                Latest::Shallow { .. } => {
+                    return Err(Error::Corrupt("history has a missing parent commit".into()).into());
+                }
+            }
+        }
+    }
+
+    pub(super) async fn history_page(
+        &self,
+        at: &Location,
+        name: &StateName,
+        skip: usize,
+        limit: usize,
+    ) -> Result<HistoryPage, StoreError> {
+        let remote = self.remote(at)?;
+        let Some(tip) = self.branch_tip(&remote, at).await? else {
+            return Ok(HistoryPage::default());
+        };
+        let key = (tip, name.to_string(), skip, limit);
+        if let Some(page) = remote
+            .histories
+            .lock()
+            .ok()
+            .and_then(|h| h.get(&key).cloned())
+        {
+            return Ok(page);
+        }
+        let max = self.options.max_history_depth;
+        let mut depth = FIRST_HISTORY_DEPTH.min(max);
+        loop {
+            let (cache, path) = (remote.cache.clone(), name.to_string());
+            match blocking(move || cache.history(tip, &path, skip, limit)).await? {
+                Walk::Done(page) => {
+                    if let Ok(mut histories) = remote.histories.lock() {
+                        if histories.len() >= MAX_REMEMBERED_HISTORIES {
+                            histories.clear();
+                        }
+                        histories.insert(key, page.clone());
+                    }
+                    return Ok(page);
+                }
+                Walk::Shallow { walked, partial } if remote.is_cache() => {
+                    let walked = u32::try_from(walked).unwrap_or(u32::MAX);
+                    if walked >= max {
+                        // As deep as this deployment fetches: the page ends here.
+                        tracing::info!(max, "history listed as far as GITSTATE_HISTORY_MAX_DEPTH");
+                        return Ok(partial);
+                    }
+                    depth = deepen_past(&remote, tip, walked, depth, max).await?;
+                }
+                Walk::Shallow { .. } => {
+                    return Err(Error::Corrupt("history has a missing parent commit".into()).into());
+                }
+            }
+        }
+    }
+
+    pub(super) async fn revision(
+        &self,
+        at: &Location,
+        name: &StateName,
+        version: &str,
+    ) -> Result<Option<Bytes>, StoreError> {
+        let Ok(commit) = ObjectId::from_hex(version.as_bytes()) else {
+            return Ok(None);
+        };
+        let remote = self.remote(at)?;
+        // A revision on the chain of a tip this process already saw needs no git request (history
+        // pages read every revision they list this way).
+        let seen_tip = remote.recent_tip(Duration::MAX);
+        let on_seen_chain = match seen_tip {
+            Some(seen) if remote.cache.has(commit)? => {
+                let cache = remote.cache.clone();
+                blocking(move || cache.find_on_chain(seen, commit)).await? == Chain::Found
+            }
+            _ => false,
+        };
+        if !on_seen_chain && !self.find_on_branch(&remote, at, commit).await? {
+            return Ok(None);
+        }
+        let path = name.to_string();
+        if remote.cache.is_commit(commit)? {
+            remote.want_blobs(commit, vec![path.clone()]).await?;
+        }
+        let cache = remote.cache.clone();
+        match blocking(move || cache.read_path(commit, &path)).await {
+            Ok(found) => Ok(found.map(Bytes::from)),
+            // Not a commit (a tree or blob id): no such revision.
+            Err(Error::Git(_)) => Ok(None),
+            Err(other) => Err(other.into()),
+        }
+    }
+
+    /// Make the cache hold `commit` if it is on the branch's first-parent chain, fetching only what
+    /// that needs: the commit alone first (an id no ref reaches is refused by the remote, one
+    /// request), then history down to it, within [`StoreOptions::max_history_depth`].
+    /// `Ok(false)`: not on the branch (as deep as this deployment looks).
+    pub(super) async fn find_on_branch(
+        &self,
+        remote: &Remote,
+        at: &Location,
+        commit: ObjectId,
+    ) -> Result<bool, Error> {
+        let Some(tip) = self.branch_tip(remote, at).await? else {
+            return Ok(false);
+        };
+        if remote.is_cache() && !remote.cache.has(commit)? {
+            match remote.fetch_one(commit, tip).await {
+                Ok(()) => {}
+                Err(Error::Remote(why)) => {
+                    tracing::info!(%commit, "the remote has no such commit: {why}");
+                    return Ok(false);
+                }
+                Err(other) => return Err(other),
+            }
+        }
+        if !remote.cache.is_commit(commit)? {
+            // A tree or blob id (or nothing at all): no revision.
+            return Ok(false);
+        }
+        let max = self.options.max_history_depth;
+        let mut depth = FIRST_HISTORY_DEPTH.min(max);
+        loop {
+            let cache = remote.cache.clone();
+            match blocking(move || cache.find_on_chain(tip, commit)).await? {
+                Chain::Found => return Ok(true),
+                Chain::Absent => return Ok(false),
+                Chain::Shallow { boundary, walked } => {
+                    let walked = u32::try_from(walked).unwrap_or(u32::MAX);
+                    if !remote.is_cache() || walked >= max {
+                        return Ok(false);
+                    }
+                    depth = depth.max(walked.saturating_mul(2)).min(max);
+                    remote.deepen(tip, boundary, depth).await?;
+                    depth = depth.saturating_mul(4);
+                }
+            }
+        }
+    }
+}
+
+/// Deepen the cache's history behind `tip` after a walk stopped at its shallow boundary having
+/// `walked` commits: at least twice that, at least `depth`, at most `max`, declaring the
+/// boundary so only the commits past it come. Returns the depth to ask for next time.
+async fn deepen_past(
+    remote: &Remote,
+    tip: ObjectId,
+    walked: u32,
+    depth: u32,
+    max: u32,
+) -> Result<u32, Error> {
+    let cache = remote.cache.clone();
+    let Chain::Shallow { boundary, .. } =
+        blocking(move || cache.find_on_chain(tip, null())).await?
+    else {
+        return Err(Error::Corrupt("history boundary moved".into()));
+    };
+    let depth = depth.max(walked.saturating_mul(2)).min(max);
+    remote.deepen(tip, boundary, depth).await?;
+    Ok(depth.saturating_mul(4))
+}

@@ -1,0 +1,254 @@
+//! Locks: create-only pushes of orphan commits to lock refs, conditional deletes, holders.
+
+use super::write::backoff;
+use super::*;
+
+impl GitStore {
+    pub(super) fn lock_ref(&self, name: &StateName) -> String {
+        format!("{}{}", self.options.lock_ref_prefix, name)
+    }
+
+    /// The lock, among those `advert` lists, whose ref would clash with the lock ref of `name`.
+    pub(super) fn lock_clash(&self, advert: &Advert, name: &StateName) -> Option<Clash> {
+        let prefix = self.options.lock_ref_prefix.as_str();
+        lock_clash(
+            advert.refs.keys().filter_map(|r| r.strip_prefix(prefix)),
+            name.as_str(),
+        )
+    }
+
+    /// What a LOCK decides from: the lock ref, the branch and every other lock ref (one
+    /// receive-pack advertisement over HTTP, which lists every ref anyway).
+    pub(super) async fn lock_advert(
+        &self,
+        remote: &Remote,
+        at: &Location,
+        lock_ref: &str,
+    ) -> Result<Advert, Error> {
+        let names = vec![lock_ref.to_owned(), at.branch.full_ref()];
+        let mut advert = remote.refs(Service::ReceivePack, names).await?;
+        if !remote.is_cache() {
+            // The embedded repository lists only the refs asked for.
+            let others = remote
+                .refs_with_prefix(&self.options.lock_ref_prefix)
+                .await?;
+            advert.refs.extend(others.refs);
+        }
+        Ok(advert)
+    }
+
+    /// The existing branch in the way of creating `branch`: from `advert` over HTTP (a ref
+    /// advertisement lists every ref), from the refs under `refs/heads/` in the embedded
+    /// repository (whose advertisement lists only the refs asked for).
+    pub(super) async fn branch_clash(
+        &self,
+        remote: &Remote,
+        advert: &Advert,
+        branch: &BranchName,
+    ) -> Result<Option<Clash>, Error> {
+        if remote.is_cache() {
+            return Ok(branch_clash(advert.refs.keys().map(String::as_str), branch));
+        }
+        let heads = remote.refs_with_prefix("refs/heads/").await?;
+        Ok(branch_clash(heads.refs.keys().map(String::as_str), branch))
+    }
+
+    /// How `path` clashes with the tree of `tip` (fetched into the cache first).
+    pub(super) async fn tree_clash(
+        &self,
+        remote: &Remote,
+        tip: ObjectId,
+        path: &str,
+    ) -> Result<Option<Clash>, Error> {
+        remote.ensure(vec![tip]).await?;
+        let (cache, path) = (remote.cache.clone(), path.to_owned());
+        blocking(move || cache.path_clash(tip, &path)).await
+    }
+
+    pub(super) async fn held(
+        &self,
+        remote: &Remote,
+        tip: ObjectId,
+        name: &StateName,
+    ) -> Result<HeldLock, Error> {
+        let bytes = remote.read_with(tip, name.lock_file(), true).await?;
+        let info = bytes
+            .and_then(|b| LockInfo::parse(Bytes::from(b)).ok())
+            .map_or_else(|| unreadable_lock(tip), Ok)?;
+        let cache = remote.cache.clone();
+        let (message, created) = blocking(move || cache.commit_summary(tip)).await?;
+        Ok(HeldLock {
+            info,
+            token: tip.to_string(),
+            owner: user_from_message(&message),
+            created: Some(created),
+        })
+    }
+
+    pub(super) async fn all_locks(
+        &self,
+        at: &Location,
+    ) -> Result<Vec<(StateName, HeldLock)>, StoreError> {
+        let remote = self.remote(at)?;
+        let prefix = &self.options.lock_ref_prefix;
+        let advert = remote.refs_with_prefix(prefix).await?;
+        let mut tips: Vec<(StateName, ObjectId)> = advert
+            .refs
+            .iter()
+            .filter_map(|(r, id)| {
+                let name = StateName::parse(r.strip_prefix(prefix.as_str())?).ok()?;
+                Some((name, *id))
+            })
+            .collect();
+        tips.sort();
+        // One fetch for every lock commit the cache lacks.
+        remote
+            .ensure_with(tips.iter().map(|(_, id)| *id).collect(), true)
+            .await?;
+        let mut locks = Vec::with_capacity(tips.len());
+        for (name, tip) in tips {
+            let held = self.held(&remote, tip, &name).await?;
+            locks.push((name, held));
+        }
+        Ok(locks)
+    }
+
+    pub(super) async fn lock_of(
+        &self,
+        at: &Location,
+        name: &StateName,
+    ) -> Result<Option<HeldLock>, StoreError> {
+        let remote = self.remote(at)?;
+        let lock_ref = self.lock_ref(name);
+        // The receive-pack advertisement lists the same refs and also carries the push
+        // capabilities, so an UNLOCK in a fresh process needs no second advertisement.
+        let advert = remote
+            .refs(Service::ReceivePack, vec![lock_ref.clone()])
+            .await?;
+        match advert.tip(&lock_ref) {
+            Some(tip) => Ok(Some(self.held(&remote, tip, name).await?)),
+            None => Ok(None),
+        }
+    }
+
+    pub(super) async fn take_lock(
+        &self,
+        at: &Location,
+        name: &StateName,
+        lock: &LockInfo,
+        meta: &CommitMeta,
+    ) -> Result<Acquire, StoreError> {
+        let remote = self.remote(at)?;
+        let lock_ref = self.lock_ref(name);
+        if self.lock_at_floor(&remote, name, lock, meta).await? {
+            return Ok(Acquire::Acquired);
+        }
+        let mut refused = None;
+        let mut last_attempt = Duration::ZERO;
+        // A refused push is judged from the refs, not from the error text: someone took the
+        // lock first (held), or created a lock ref it clashes with (a directory/file conflict,
+        // which git http-backend reports as `ng <ref> failed to update ref`): look again.
+        for attempt in 1..=MAX_LOCK_ATTEMPTS {
+            if attempt > 1 {
+                tokio::time::sleep(backoff(attempt, last_attempt)).await;
+            }
+            let attempt_started = Instant::now();
+            let advert = self.lock_advert(&remote, at, &lock_ref).await?;
+            if let Some(tip) = advert.tip(&lock_ref) {
+                return Ok(Acquire::Held(self.held(&remote, tip, name).await?));
+            }
+            if let Some(clash) = self.lock_clash(&advert, name) {
+                return Ok(Acquire::Clash(clash));
+            }
+            if let Some(tip) = advert.tip(&at.branch.full_ref()) {
+                match self.tree_clash(&remote, tip, name.as_str()).await {
+                    Ok(Some(clash)) => return Ok(Acquire::Clash(clash)),
+                    Ok(None) => {}
+                    // The branch moved between advertisement and fetch ("not our ref"): look again.
+                    Err(error) if error.is_transient() => {
+                        tracing::debug!(attempt, error = %gitstate_core::report::chain(&error), "lock's tree check raced a write, retrying");
+                        last_attempt = attempt_started.elapsed();
+                        refused = None;
+                        continue;
+                    }
+                    Err(error) => return Err(error.into()),
+                }
+            }
+            let commit = remote
+                .commit(
+                    None,
+                    name.lock_file(),
+                    Some(lock.as_bytes().clone()),
+                    meta.clone(),
+                )
+                .await?;
+            let command = Command {
+                old: null(),
+                new: commit.id,
+                name: lock_ref.clone(),
+            };
+            let report = remote.push(vec![command.clone()], commit.objects).await?;
+            if report.all_ok(&[command]) {
+                remote.remember_lock(&lock_ref, Some(commit.id));
+                return Ok(Acquire::Acquired);
+            }
+            refused = Some(report);
+            last_attempt = attempt_started.elapsed();
+        }
+        match refused {
+            Some(report) => Err(Error::Remote(format!(
+                "the remote kept refusing to create {lock_ref} ({report:?})"
+            ))
+            .into()),
+            // The branch kept moving under the tree check: busy, retryable.
+            None => Err(StoreError::Contention {
+                attempts: MAX_LOCK_ATTEMPTS,
+            }),
+        }
+    }
+
+    pub(super) async fn drop_lock(
+        &self,
+        at: &Location,
+        name: &StateName,
+        held: &HeldLock,
+    ) -> Result<Release, StoreError> {
+        let remote = self.remote(at)?;
+        let Ok(old) = ObjectId::from_hex(held.token.as_bytes()) else {
+            return Ok(Release::Changed);
+        };
+        // The delete is conditional on the lock commit that was checked: the server refuses it
+        // if the lock changed meanwhile, so no fresh advertisement is needed.
+        let lock_ref = self.lock_ref(name);
+        let command = Command {
+            old,
+            new: null(),
+            name: lock_ref.clone(),
+        };
+        // Gone or changed either way: a later look asks the remote.
+        if remote.made_lock(&lock_ref) == Some(old) {
+            remote.remember_lock(&lock_ref, None);
+        }
+        let report = match remote
+            .push_at_floor(vec![command.clone()], Vec::new())
+            .await?
+        {
+            Some(report) => report,
+            None => remote.push(vec![command.clone()], Vec::new()).await?,
+        };
+        Ok(if report.all_ok(&[command]) {
+            Release::Released
+        } else {
+            Release::Changed
+        })
+    }
+}
+
+/// A lock ref whose commit has no readable lock file still locks the state; describe it so an
+/// administrator can see and force-unlock it.
+fn unreadable_lock(tip: ObjectId) -> Result<LockInfo, Error> {
+    let json = format!(
+        r#"{{"ID":"{tip}","Operation":"unknown","Info":"lock ref without a readable lock file","Who":"unknown","Version":"","Created":"","Path":""}}"#
+    );
+    LockInfo::parse(Bytes::from(json)).map_err(|e| Error::Corrupt(e.to_string()))
+}

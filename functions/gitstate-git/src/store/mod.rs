@@ -1,0 +1,426 @@
+//! [`StateStore`] over git: the seed protocol's branch locks, made atomic.
+//!
+//! - read: advertised tip of the branch → fetch only if the cache lacks it → blob from the ODB;
+//! - lock: push of an orphan commit holding `<name>.lock` to the lock ref, create-only;
+//! - unlock: delete of the lock ref, conditional on the lock commit that was checked;
+//! - write: commit on the advertised tip, pushed with compare-and-swap (atomically with an
+//!   unchanged lock ref when a lock is held), rebuilt and retried when another state moved it.
+//!   A remote without `atomic` gets the compare-and-swap of the branch alone, the lock having
+//!   been checked in the same advertisement that gave the tip (see [`WriteMode`]).
+
+mod floor;
+mod history;
+mod lock;
+mod read;
+mod remote;
+mod write;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use gix::ObjectId;
+use sha1::{Digest, Sha1};
+
+use gitstate_core::ports::{
+    Acquire, Change, CommitMeta, HeldLock, HistoryPage, Listing, Location, Refusal, Release,
+    Revision, StateStore, StoreError, WritePlan, Written, user_from_message,
+};
+use gitstate_core::refs::{Clash, branch_clash, lock_clash};
+use gitstate_core::secret::Secret;
+use gitstate_core::{BranchName, LockInfo, StateName};
+
+use crate::Error;
+use crate::cache::{Cache, Chain, Latest, NewCommit, Walk};
+use crate::local::LocalRefs;
+use crate::pack;
+use crate::settings::{GitAuth, GitSettings};
+use crate::smart::{Advert, Blobs, Command, Connection, PushReport, Service, SmartHttp};
+
+/// History is fetched this many commits deep at first, then four times deeper each time a page
+/// needs more, up to [`StoreOptions::max_history_depth`].
+const FIRST_HISTORY_DEPTH: u32 = 64;
+
+/// How often a LOCK looks again after its tree check raced a write or its push was refused
+/// without a holder or a clashing lock to show for it.
+const MAX_LOCK_ATTEMPTS: u32 = 10;
+/// A list of states trusts a ref advertisement this recent (in a cold process: the one the
+/// access check just made) instead of asking again.
+const LIST_REFS_FRESH: Duration = Duration::from_secs(1);
+
+/// History pages a process keeps (each at most 100 revisions).
+const MAX_REMEMBERED_HISTORIES: usize = 256;
+/// Lock commits a process remembers having made.
+const MAX_REMEMBERED_LOCKS: usize = 4096;
+/// Most files remembered as last changed beyond the deepest fetch.
+const MAX_DEEP_CHANGES: usize = 65_536;
+
+/// How often a write is rebuilt on a moved branch before giving up with a retryable 503.
+const MAX_WRITE_ATTEMPTS: u32 = 40;
+/// How long a write may keep retrying, well under a Lambda timeout.
+const WRITE_DEADLINE: Duration = Duration::from_secs(20);
+
+/// What the store needs to know, taken from [`GitSettings`].
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    pub cache_dir: PathBuf,
+    pub lock_ref_prefix: String,
+    pub username: Option<String>,
+    /// Sent only to repositories of the same origin as `primary`.
+    pub token: Option<Secret>,
+    /// The configured repository (`GITSTATE_REPOSITORY`).
+    pub primary: Option<String>,
+    pub auth: GitAuth,
+    /// Private CA certificates trusted besides the system roots.
+    pub roots: Vec<reqwest::Certificate>,
+    /// Refuse remotes whose receive-pack does not advertise `atomic`.
+    pub require_atomic: bool,
+    pub timeout: Duration,
+    /// The most one git answer may hold (`GITSTATE_GIT_MAX_RESPONSE_BYTES`).
+    pub max_response_bytes: u64,
+    /// How deep history paging and `?at=` may fetch (`GITSTATE_HISTORY_MAX_DEPTH`).
+    pub max_history_depth: u32,
+}
+
+/// How a write under a lock reaches the remote, decided per remote from its receive-pack
+/// advertisement.
+///
+/// Both modes: a write is a compare-and-swap of the branch from the advertised tip, so no commit
+/// of another state is ever lost or rewound, and a write is refused unless the lock ref, read in
+/// the same advertisement as that tip, holds the writer's lock ID.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteMode {
+    /// One atomic push also asserts that the lock ref is unchanged: the write lands only if the
+    /// lock is still the one checked at the moment the branch moves.
+    Atomic,
+    /// The branch's compare-and-swap alone: the lock check is as of the advertisement, so a
+    /// force-unlock (and a new lock) landing between that advertisement and the push does not
+    /// stop the write, exactly as with the seed tool's non-atomic protocol. The write still never
+    /// overwrites a newer commit on the branch.
+    BranchOnly,
+}
+
+impl WriteMode {
+    fn of(advert: &Advert) -> Self {
+        if advert.has_cap("atomic") {
+            Self::Atomic
+        } else {
+            Self::BranchOnly
+        }
+    }
+}
+
+pub struct GitStore {
+    options: StoreOptions,
+    /// The embedded repository, when no hosted one is configured: its identifier and refs.
+    local: Option<(String, Arc<LocalRefs>, Arc<Cache>)>,
+    remotes: Mutex<HashMap<(String, String), Arc<Remote>>>,
+}
+
+enum Transport {
+    Local(Arc<LocalRefs>),
+    Http(SmartHttp),
+}
+
+/// One (repository, branch): its cache and how to reach it.
+struct Remote {
+    cache: Arc<Cache>,
+    transport: Transport,
+    /// The newest branch tip this process has in its cache (what a fetch says it has), and when
+    /// it was last seen on the remote.
+    known_tip: Mutex<Option<(ObjectId, Instant)>>,
+    /// Receive-pack capabilities, once advertised.
+    push_caps: Mutex<Option<Advert>>,
+    /// The last full ref advertisement over HTTP, and when it came.
+    last_advert: Mutex<Option<(Advert, Instant)>>,
+    /// History pages already walked, by (tip, path, skip, limit): a commit's history never
+    /// changes, so a warm state page does not walk it again.
+    histories: Mutex<HashMap<(ObjectId, String, usize, usize), HistoryPage>>,
+    /// Files whose last change lies deeper than `GITSTATE_HISTORY_MAX_DEPTH`, by (branch, path,
+    /// blob id): while the file holds that blob, a list does not walk the history for it again.
+    deep_changes: Mutex<std::collections::HashSet<(String, String, ObjectId)>>,
+    /// `GITSTATE_REQUIRE_ATOMIC`: a receive-pack advertisement without `atomic` is an error.
+    require_atomic: bool,
+    fetching: tokio::sync::Mutex<()>,
+    /// The remote offers `filter` but would not send blobs by id: fetch commits whole.
+    whole_fetches: std::sync::atomic::AtomicBool,
+    /// Lock commits this process pushed, by lock ref (see the `floor` module).
+    made_locks: Mutex<HashMap<String, ObjectId>>,
+    /// The remote refused a push without a fresh advertisement: always advertise first.
+    no_floor: std::sync::atomic::AtomicBool,
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, Error> + Send + 'static,
+) -> Result<T, Error> {
+    tokio::task::spawn_blocking(f).await?
+}
+
+fn null() -> ObjectId {
+    ObjectId::null(gix::hash::Kind::Sha1)
+}
+
+impl GitStore {
+    /// The store for `settings`, and the identifier of its primary repository (the hosted URL, or
+    /// the embedded repository's path).
+    pub fn new(settings: &GitSettings) -> Result<(Self, String), Error> {
+        let options = StoreOptions {
+            cache_dir: settings.cache_dir.clone(),
+            lock_ref_prefix: settings.lock_ref_prefix.clone(),
+            username: settings.username.clone(),
+            token: settings.token.clone(),
+            primary: settings.repository.clone(),
+            auth: settings.auth,
+            roots: match &settings.ca_pem {
+                Some(pem) => crate::smart::private_roots(pem)?,
+                None => Vec::new(),
+            },
+            require_atomic: settings.require_atomic,
+            timeout: settings.timeout,
+            max_response_bytes: settings.max_response_bytes,
+            max_history_depth: settings.max_history_depth,
+        };
+        match &settings.repository {
+            Some(url) => Ok((
+                Self {
+                    options,
+                    local: None,
+                    remotes: Mutex::default(),
+                },
+                url.clone(),
+            )),
+            None => {
+                let cache = Arc::new(Cache::open_or_init(&settings.local_repository)?);
+                let id = std::fs::canonicalize(&settings.local_repository)?
+                    .display()
+                    .to_string();
+                let refs = Arc::new(LocalRefs::new(cache.clone()));
+                Ok((
+                    Self {
+                        options,
+                        local: Some((id.clone(), refs, cache)),
+                        remotes: Mutex::default(),
+                    },
+                    id,
+                ))
+            }
+        }
+    }
+
+    /// The git token, for a repository of the configured repository's origin only: an allowlisted
+    /// repository on another host, port or scheme gets no credentials.
+    fn token_for(&self, repository: &str) -> Option<&str> {
+        let primary = self.options.primary.as_deref()?;
+        crate::smart::same_origin(primary, repository)
+            .then(|| self.options.token.as_ref().map(Secret::expose))
+            .flatten()
+    }
+
+    fn remote(&self, at: &Location) -> Result<Arc<Remote>, Error> {
+        let key = (at.repository.clone(), at.branch.as_str().to_owned());
+        let mut remotes = self
+            .remotes
+            .lock()
+            .map_err(|_| Error::Corrupt("remote table poisoned".into()))?;
+        if let Some(remote) = remotes.get(&key) {
+            return Ok(remote.clone());
+        }
+        let (cache, transport) = match &self.local {
+            Some((id, refs, cache)) if *id == at.repository => {
+                (cache.clone(), Transport::Local(refs.clone()))
+            }
+            _ => {
+                let http = SmartHttp::new(
+                    &at.repository,
+                    &Connection {
+                        username: self.options.username.as_deref(),
+                        token: self.token_for(&at.repository),
+                        auth: self.options.auth,
+                        roots: &self.options.roots,
+                        timeout: self.options.timeout,
+                    },
+                )?
+                .with_max_response_bytes(self.options.max_response_bytes);
+                (
+                    Arc::new(open_cache(&self.cache_path(at))?),
+                    Transport::Http(http),
+                )
+            }
+        };
+        let remote = Arc::new(Remote {
+            cache,
+            transport,
+            known_tip: Mutex::new(None),
+            push_caps: Mutex::new(None),
+            last_advert: Mutex::new(None),
+            histories: Mutex::default(),
+            deep_changes: Mutex::default(),
+            require_atomic: self.options.require_atomic,
+            fetching: tokio::sync::Mutex::new(()),
+            whole_fetches: std::sync::atomic::AtomicBool::new(false),
+            made_locks: Mutex::default(),
+            no_floor: std::sync::atomic::AtomicBool::new(false),
+        });
+        remotes.insert(key, remote.clone());
+        Ok(remote)
+    }
+
+    /// `<cache dir>/<hash of url and branch>-<readable name>.git`
+    fn cache_path(&self, at: &Location) -> PathBuf {
+        let digest = Sha1::digest(format!("{}\n{}", at.repository, at.branch).as_bytes());
+        let hash: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+        let readable: String = at
+            .repository
+            .trim_end_matches('/')
+            .rsplit('/')
+            .next()
+            .unwrap_or("repo")
+            .trim_end_matches(".git")
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
+            .take(40)
+            .collect();
+        self.options
+            .cache_dir
+            .join(format!("{hash}-{readable}.git"))
+    }
+}
+
+/// Open a cache, starting over if what is on disk is not a usable repository.
+fn open_cache(dir: &Path) -> Result<Cache, Error> {
+    match Cache::open_or_init(dir) {
+        Ok(cache) => Ok(cache),
+        Err(error) => {
+            tracing::warn!(dir = %dir.display(), error = %gitstate_core::report::chain(&error), "unusable cache, recreating");
+            std::fs::remove_dir_all(dir)?;
+            Cache::open_or_init(dir)
+        }
+    }
+}
+
+#[async_trait]
+impl StateStore for GitStore {
+    async fn read_state(
+        &self,
+        at: &Location,
+        name: &StateName,
+    ) -> Result<Option<Bytes>, StoreError> {
+        Ok(self.read_path(at, name.to_string()).await?)
+    }
+
+    async fn list_states(&self, at: &Location, prefix: &str) -> Result<Vec<StateName>, StoreError> {
+        self.states_under(at, prefix).await
+    }
+
+    async fn listing(&self, at: &Location) -> Result<Listing, StoreError> {
+        self.list_with_locks(at).await
+    }
+
+    async fn last_changes(
+        &self,
+        at: &Location,
+        names: &[StateName],
+    ) -> Result<Vec<(StateName, Revision)>, StoreError> {
+        self.find_last_changes(at, names).await
+    }
+
+    async fn read_config(
+        &self,
+        at: &Location,
+        path: &str,
+        fresh_within: Duration,
+    ) -> Result<Option<Bytes>, StoreError> {
+        self.config_file(at, path, fresh_within).await
+    }
+
+    async fn create_config(
+        &self,
+        at: &Location,
+        path: &str,
+        content: Bytes,
+        meta: &CommitMeta,
+    ) -> Result<bool, StoreError> {
+        self.create_file(at, path, content, meta).await
+    }
+
+    async fn history(
+        &self,
+        at: &Location,
+        name: &StateName,
+        skip: usize,
+        limit: usize,
+    ) -> Result<HistoryPage, StoreError> {
+        self.history_page(at, name, skip, limit).await
+    }
+
+    async fn read_version(
+        &self,
+        at: &Location,
+        name: &StateName,
+        version: &str,
+    ) -> Result<Option<Bytes>, StoreError> {
+        self.revision(at, name, version).await
+    }
+
+    async fn list_locks(&self, at: &Location) -> Result<Vec<(StateName, HeldLock)>, StoreError> {
+        self.all_locks(at).await
+    }
+
+    async fn clash(&self, at: &Location, name: &StateName) -> Result<Option<Clash>, StoreError> {
+        let remote = self.remote(at)?;
+        let Some(tip) = self.branch_tip(&remote, at).await? else {
+            return Ok(None);
+        };
+        Ok(self.tree_clash(&remote, tip, name.as_str()).await?)
+    }
+
+    async fn read_lock(
+        &self,
+        at: &Location,
+        name: &StateName,
+    ) -> Result<Option<HeldLock>, StoreError> {
+        self.lock_of(at, name).await
+    }
+
+    async fn acquire_lock(
+        &self,
+        at: &Location,
+        name: &StateName,
+        lock: &LockInfo,
+        meta: &CommitMeta,
+    ) -> Result<Acquire, StoreError> {
+        self.take_lock(at, name, lock, meta).await
+    }
+
+    async fn known_lock(
+        &self,
+        at: &Location,
+        name: &StateName,
+    ) -> Result<Option<HeldLock>, StoreError> {
+        Ok(self.known_lock_of(at, name).await?)
+    }
+
+    async fn release_lock(
+        &self,
+        at: &Location,
+        name: &StateName,
+        held: &HeldLock,
+    ) -> Result<Release, StoreError> {
+        self.drop_lock(at, name, held).await
+    }
+
+    async fn write_state(
+        &self,
+        at: &Location,
+        name: &StateName,
+        change: Change,
+        plan: WritePlan,
+    ) -> Result<Written, StoreError> {
+        self.write_loop(at, name.as_str(), Some(name), change, plan)
+            .await
+    }
+}

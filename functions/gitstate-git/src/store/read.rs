@@ -1,0 +1,160 @@
+//! Reads at the branch tip: a state, the states under a prefix, the list with its locks, a
+//! configuration file.
+
+use super::*;
+
+impl GitStore {
+    pub(super) async fn states_under(
+        &self,
+        at: &Location,
+        prefix: &str,
+    ) -> Result<Vec<StateName>, StoreError> {
+        let remote = self.remote(at)?;
+        let branch = at.branch.full_ref();
+        let advert = remote
+            .refs(Service::UploadPack, vec![branch.clone()])
+            .await?;
+        let Some(tip) = advert.tip(&branch) else {
+            return Ok(Vec::new());
+        };
+        remote.ensure(vec![tip]).await?;
+        let cache = remote.cache.clone();
+        let files = blocking(move || cache.list_files(tip)).await?;
+        Ok(files
+            .iter()
+            .filter(|path| path.starts_with(prefix) && !path.starts_with(".gitstate/"))
+            .filter_map(|path| StateName::parse(path).ok())
+            .collect())
+    }
+
+    pub(super) async fn list_with_locks(&self, at: &Location) -> Result<Listing, StoreError> {
+        let remote = self.remote(at)?;
+        let branch = at.branch.full_ref();
+        let prefix = self.options.lock_ref_prefix.as_str();
+        let mut fresh = LIST_REFS_FRESH;
+        let mut attempt = 0;
+        // One advertisement, then one fetch of the tip and every lock commit the cache lacks.
+        let (advert, tip) = loop {
+            attempt += 1;
+            let advert = remote.branch_and_prefix(&branch, prefix, fresh).await?;
+            let tip = advert.tip(&branch);
+            let wants = advert
+                .refs
+                .iter()
+                .filter(|(name, _)| name.starts_with(prefix))
+                .map(|(_, id)| *id)
+                .chain(tip)
+                .collect();
+            match remote.ensure(wants).await {
+                Ok(()) => break (advert, tip),
+                // A ref moved between advertisement and fetch: look again.
+                Err(Error::Remote(why)) if attempt < 4 => {
+                    tracing::debug!(why, "refs moved during a list, retrying");
+                    fresh = Duration::ZERO;
+                }
+                Err(other) => return Err(other.into()),
+            }
+        };
+        let (files, index) = match tip {
+            Some(tip) => {
+                remote.saw_tip(tip);
+                remote
+                    .want_blobs(tip, vec![gitstate_core::index::INDEX_PATH.to_owned()])
+                    .await?;
+                let cache = remote.cache.clone();
+                blocking(move || {
+                    let files = cache.list_blobs(tip)?;
+                    let index = cache.read_path(tip, gitstate_core::index::INDEX_PATH)?;
+                    Ok((files, index))
+                })
+                .await?
+            }
+            None => (Vec::new(), None),
+        };
+        let files = files
+            .into_iter()
+            .filter(|(path, _)| !path.starts_with(".gitstate/"))
+            .filter_map(|(path, blob)| {
+                Some((StateName::parse(&path).ok()?, Some(blob.to_string())))
+            })
+            .collect();
+        let mut lock_tips: Vec<(StateName, ObjectId)> = advert
+            .refs
+            .iter()
+            .filter_map(|(r, id)| Some((StateName::parse(r.strip_prefix(prefix)?).ok()?, *id)))
+            .collect();
+        lock_tips.sort();
+        let mut locks = Vec::with_capacity(lock_tips.len());
+        for (name, lock_tip) in lock_tips {
+            let held = self.held(&remote, lock_tip, &name).await?;
+            locks.push((name, held));
+        }
+        Ok(Listing {
+            files,
+            index: index.map(Bytes::from),
+            locks,
+        })
+    }
+
+    pub(super) async fn config_file(
+        &self,
+        at: &Location,
+        path: &str,
+        fresh_within: Duration,
+    ) -> Result<Option<Bytes>, StoreError> {
+        let remote = self.remote(at)?;
+        if let Some(tip) = remote.recent_tip(fresh_within) {
+            return Ok(remote.read(tip, path.to_owned()).await?.map(Bytes::from));
+        }
+        Ok(self.read_path(at, path.to_owned()).await?)
+    }
+
+    /// The advertised tip of the branch, fetched into the cache.
+    pub(super) async fn branch_tip(
+        &self,
+        remote: &Remote,
+        at: &Location,
+    ) -> Result<Option<ObjectId>, Error> {
+        let branch = at.branch.full_ref();
+        let advert = remote
+            .refs(Service::UploadPack, vec![branch.clone()])
+            .await?;
+        let Some(tip) = advert.tip(&branch) else {
+            return Ok(None);
+        };
+        remote.ensure(vec![tip]).await?;
+        remote.saw_tip(tip);
+        Ok(Some(tip))
+    }
+
+    /// Read `path` at the advertised branch tip.
+    pub(super) async fn read_path(
+        &self,
+        at: &Location,
+        path: String,
+    ) -> Result<Option<Bytes>, Error> {
+        let remote = self.remote(at)?;
+        let branch = at.branch.full_ref();
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let advert = remote
+                .refs(Service::UploadPack, vec![branch.clone()])
+                .await?;
+            let Some(tip) = advert.tip(&branch) else {
+                return Ok(None);
+            };
+            match remote.read(tip, path.clone()).await {
+                Ok(state) => {
+                    remote.saw_tip(tip);
+                    return Ok(state.map(Bytes::from));
+                }
+                // The tip moved between advertisement and fetch: look again, a few times.
+                Err(Error::Remote(why)) if attempt < 4 => {
+                    tracing::debug!(why, "tip moved during a read, retrying")
+                }
+                Err(other) => return Err(other),
+            }
+        }
+    }
+}

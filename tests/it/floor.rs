@@ -1,0 +1,432 @@
+//! Partial fetch and the protocol floor against the real `git http-backend`: exact git requests
+//! and fetched bytes of cold and warm reads, update and no-op applies and UNLOCKs, with
+//! `uploadpack.allowFilter` on and off, with and without atomic push; a push on a stale tip
+//! falls back to the normal path and still wins or loses as it should.
+
+use std::io::Write;
+
+use gitstate_tests::{
+    Client, GitServer, PushMode, Seen, TestBackend, git, init_tracing, lock_info, realistic_state,
+};
+
+/// States in the seeded repository, and the one the tests read and write.
+const STATES: usize = 200;
+const NAME: &str = "team/s0007.tfstate";
+
+/// A repository `name` whose `main` holds `STATES` realistic states of 60 resources (about 48 KB
+/// each) under `team/`, in one commit made with git fast-import (so its ids are the same every
+/// run).
+fn seeded(server: &GitServer, name: &str, filter: bool) -> String {
+    let url = server.create_repo(name);
+    server.allow_filter(name, filter);
+    let mut stream = Vec::new();
+    write!(
+        stream,
+        "commit refs/heads/main\ncommitter seed <seed@example.com> 1700000000 +0000\ndata 5\nseed\n"
+    )
+    .expect("write");
+    for s in 0..STATES {
+        let content = realistic_state(s as u64, 60, 1);
+        write!(
+            stream,
+            "M 100644 inline team/s{s:04}.tfstate\ndata {}\n{content}\n",
+            content.len()
+        )
+        .expect("write");
+    }
+    let mut child = std::process::Command::new("git")
+        .args(["fast-import", "--quiet"])
+        .current_dir(server.repo_dir(name))
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("fast-import");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(&stream)
+        .expect("feed fast-import");
+    assert!(child.wait().expect("fast-import runs").success());
+    // As a host keeps them: packed.
+    git(&["repack", "-adq"], Some(&server.repo_dir(name)));
+    url
+}
+
+/// The labels of the requests since the last look, and the bytes their answers carried.
+fn seen(server: &GitServer) -> (Vec<String>, u64) {
+    let requests = server.take_requests();
+    (
+        requests.iter().map(Seen::label).collect(),
+        requests.iter().map(|r| r.bytes).sum(),
+    )
+}
+
+async fn get(client: &Client, name: &str) -> String {
+    let answer = client.send("GET", &format!("/states/{name}"), None).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    answer.body
+}
+
+/// A cold read fetches the tip's trees, then the one blob it reads; a warm read of another state
+/// fetches just that blob. Without `filter` the whole tip comes at depth 1, as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cold_and_warm_reads_fetch_only_the_blobs_they_read() {
+    for filter in [true, false] {
+        let server = GitServer::start().await;
+        let url = seeded(&server, "states", filter);
+        server.take_requests();
+        let backend = TestBackend::start(&url, &[]).await;
+        let client = Client::new(&backend.url);
+
+        assert_eq!(get(&client, NAME).await, realistic_state(7, 60, 1));
+        let (labels, bytes) = seen(&server);
+        if filter {
+            assert_eq!(
+                labels,
+                [
+                    "GET refs/upload-pack",
+                    "POST upload-pack",
+                    "POST upload-pack"
+                ]
+            );
+            // Advertisement, trees, one blob: 9,958 to 9,963 bytes over runs (the server's pack
+            // of the trees is not byte-for-byte the same every time).
+            assert!(
+                (9_950..=9_970).contains(&bytes),
+                "cold read fetched {bytes} bytes"
+            );
+        } else {
+            assert_eq!(labels, ["GET refs/upload-pack", "POST upload-pack"]);
+            // Every blob of the tip; git's threaded delta search makes the last bytes vary.
+            assert!(
+                (800_000..900_000).contains(&bytes),
+                "a whole tip is {bytes} bytes"
+            );
+        }
+        eprintln!("filter {filter}: cold read {labels:?} {bytes} bytes");
+
+        // Warm: another state of the same tip.
+        let other = "team/s0123.tfstate";
+        assert_eq!(get(&client, other).await, realistic_state(123, 60, 1));
+        let (labels, bytes) = seen(&server);
+        if filter {
+            assert_eq!(labels, ["GET refs/upload-pack", "POST upload-pack"]);
+            // Advertisement and one blob: 4,884 to 4,889 bytes over runs (whether the server
+            // reuses the blob's packed form or compresses it again).
+            assert!(
+                (4_870..=4_900).contains(&bytes),
+                "warm read fetched {bytes} bytes"
+            );
+        } else {
+            assert_eq!(labels, ["GET refs/upload-pack"]);
+        }
+        eprintln!("filter {filter}: warm read {labels:?} {bytes} bytes");
+        // Read again: nothing but the advertisement.
+        get(&client, other).await;
+        assert_eq!(seen(&server).0, ["GET refs/upload-pack"]);
+    }
+}
+
+/// A state list and a history page in a process that fetched trees only: they read the index
+/// and walk trees, fetching what they need.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lists_and_history_work_on_a_partial_cache() {
+    let server = GitServer::start().await;
+    let url = seeded(&server, "states", true);
+    let backend = TestBackend::start(&url, &[]).await;
+    let client = Client::new(&backend.url);
+    get(&client, NAME).await;
+    let list = client.send("GET", "/states", None).await;
+    assert_eq!(list.status, 200, "{}", list.body);
+    assert!(list.body.contains("team/s0199.tfstate"), "{}", list.body);
+    let history = client.send("GET", &format!("/history/{NAME}"), None).await;
+    assert_eq!(history.status, 200, "{}", history.body);
+    let at = client
+        .send("GET", &format!("/history/{NAME}?at=1"), None)
+        .await;
+    assert_eq!(
+        (at.status, at.body.as_str()),
+        (200, realistic_state(7, 60, 1).as_str())
+    );
+}
+
+/// One request's answer status, asserted.
+async fn send(client: &Client, method: &str, path: &str, body: Option<&str>, want: u16) {
+    let answer = client.send(method, path, body).await;
+    assert_eq!(answer.status, want, "{method} {path}: {}", answer.body);
+}
+
+/// An apply's requests, each with the git requests it made.
+async fn apply(
+    server: &GitServer,
+    client: &Client,
+    id: &str,
+    write: Option<&str>,
+) -> Vec<(&'static str, Vec<String>, u64)> {
+    let mut steps = Vec::new();
+    send(
+        client,
+        "LOCK",
+        &format!("/states/{NAME}"),
+        Some(&lock_info(id)),
+        200,
+    )
+    .await;
+    let (labels, bytes) = seen(server);
+    steps.push(("LOCK", labels, bytes));
+    get(client, NAME).await;
+    let (labels, bytes) = seen(server);
+    steps.push(("GET", labels, bytes));
+    if let Some(state) = write {
+        send(
+            client,
+            "POST",
+            &format!("/states/{NAME}?ID={id}"),
+            Some(state),
+            200,
+        )
+        .await;
+        let (labels, bytes) = seen(server);
+        steps.push(("write", labels, bytes));
+    }
+    send(
+        client,
+        "UNLOCK",
+        &format!("/states/{NAME}"),
+        Some(&lock_info(id)),
+        200,
+    )
+    .await;
+    let (labels, bytes) = seen(server);
+    steps.push(("UNLOCK", labels, bytes));
+    steps
+}
+
+fn labels(steps: &[(&str, Vec<String>, u64)]) -> Vec<(String, Vec<String>)> {
+    steps
+        .iter()
+        .map(|(op, labels, _)| ((*op).to_owned(), labels.clone()))
+        .collect()
+}
+
+fn step(op: &str, labels: &[&str]) -> (String, Vec<String>) {
+    (
+        op.to_owned(),
+        labels.iter().map(|l| (*l).to_owned()).collect(),
+    )
+}
+
+const PUSH: &str = "POST receive-pack";
+const PUSH_ADVERT: &str = "GET refs/receive-pack";
+const FETCH: &str = "POST upload-pack";
+const FETCH_ADVERT: &str = "GET refs/upload-pack";
+
+/// Warm applies at the floor: an update apply is 4 git requests and a no-op apply 3 where the
+/// remote pushes atomically; without atomic push a write under a lock keeps its advertisement
+/// (5). The same with the filter on and off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_applies_are_at_the_floor() {
+    init_tracing();
+    for mode in [PushMode::Atomic, PushMode::NoAtomic] {
+        for filter in [true, false] {
+            let server = GitServer::start_in(mode).await;
+            let url = seeded(&server, "states", filter);
+            let backend = TestBackend::start(&url, &[]).await;
+            let client = Client::new(&backend.url);
+            // The first apply of the process: cold.
+            let cold = apply(&server, &client, "a-1", Some(&realistic_state(7, 60, 2))).await;
+            eprintln!("{mode:?} filter {filter}: cold update apply {cold:?}");
+            let update = apply(&server, &client, "a-2", Some(&realistic_state(7, 60, 3))).await;
+            eprintln!("{mode:?} filter {filter}: warm update apply {update:?}");
+            let write = if mode == PushMode::Atomic {
+                vec![PUSH]
+            } else {
+                vec![PUSH_ADVERT, PUSH]
+            };
+            assert_eq!(
+                labels(&update),
+                [
+                    step("LOCK", &[PUSH]),
+                    step("GET", &[FETCH_ADVERT]),
+                    step("write", &write),
+                    step("UNLOCK", &[PUSH]),
+                ],
+                "{mode:?} filter {filter}"
+            );
+            // Exact bytes: report-status answers, and one advertisement (which lists `filter` when
+            // offered).
+            let advert = if filter { 454 } else { 447 };
+            let write_bytes = if mode == PushMode::Atomic { 93 } else { 340 };
+            let bytes: Vec<u64> = update.iter().map(|s| s.2).collect();
+            assert_eq!(
+                bytes,
+                [70, advert, write_bytes, 70],
+                "{mode:?} filter {filter}"
+            );
+            let noop = apply(&server, &client, "a-3", None).await;
+            let bytes: Vec<u64> = noop.iter().map(|s| s.2).collect();
+            assert_eq!(bytes, [70, advert, 70], "{mode:?} filter {filter}");
+            eprintln!("{mode:?} filter {filter}: warm no-op apply {noop:?}");
+            assert_eq!(
+                labels(&noop),
+                [
+                    step("LOCK", &[PUSH]),
+                    step("GET", &[FETCH_ADVERT]),
+                    step("UNLOCK", &[PUSH]),
+                ],
+                "{mode:?} filter {filter}"
+            );
+            assert_eq!(get(&client, NAME).await, realistic_state(7, 60, 3));
+        }
+    }
+}
+
+/// UNLOCK with the LockInfo of a lock another process made: the advertisement shows the lock,
+/// one fetch brings its commit to compare the ID, then the conditional delete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unlock_of_another_process_lock_reads_it_first() {
+    for filter in [true, false] {
+        let server = GitServer::start().await;
+        let url = seeded(&server, "states", filter);
+        let locker = TestBackend::start(&url, &[]).await;
+        send(
+            &Client::new(&locker.url),
+            "LOCK",
+            &format!("/states/{NAME}"),
+            Some(&lock_info("other")),
+            200,
+        )
+        .await;
+        server.take_requests();
+        let other = TestBackend::start(&url, &[]).await;
+        let client = Client::new(&other.url);
+        // A warm process: it has read and knows the capabilities.
+        get(&client, NAME).await;
+        send(&client, "GET", &format!("/locks/{NAME}"), None, 200).await;
+        server.take_requests();
+        send(
+            &client,
+            "UNLOCK",
+            &format!("/states/{NAME}"),
+            Some(&lock_info("other")),
+            200,
+        )
+        .await;
+        let (labels, bytes) = seen(&server);
+        eprintln!("filter {filter}: unlock of another's lock {labels:?} {bytes} bytes");
+        assert_eq!(labels, [PUSH_ADVERT, PUSH], "filter {filter}");
+        assert_eq!(bytes, 367, "filter {filter}");
+        send(&client, "GET", &format!("/locks/{NAME}"), None, 404).await;
+    }
+}
+
+/// A warm process's pushes at the floor meet a remote that moved: a write on a stale tip falls
+/// back and wins; a LOCK while another process holds the lock, and a write under a lock that was
+/// force-unlocked and taken by another, lose as they must, leaving the branch as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_floor_pushes_fall_back_and_win_or_lose_correctly() {
+    init_tracing();
+    for mode in [PushMode::Atomic, PushMode::NoAtomic] {
+        let server = GitServer::start_in(mode).await;
+        let url = seeded(&server, "states", true);
+        let a = TestBackend::start(&url, &[]).await;
+        let b = TestBackend::start(&url, &[]).await;
+        let (a, b) = (Client::new(&a.url), Client::new(&b.url));
+        apply(&server, &a, "a-1", Some(&realistic_state(7, 60, 2))).await;
+
+        // B moves the branch (another state): A's write at the floor misses, then wins.
+        let other = "team/s0001.tfstate";
+        send(
+            &b,
+            "POST",
+            &format!("/states/{other}"),
+            Some(&realistic_state(1, 60, 2)),
+            200,
+        )
+        .await;
+        send(
+            &a,
+            "LOCK",
+            &format!("/states/{NAME}"),
+            Some(&lock_info("a-2")),
+            200,
+        )
+        .await;
+        server.take_requests();
+        let state = realistic_state(7, 60, 3);
+        send(
+            &a,
+            "POST",
+            &format!("/states/{NAME}?ID=a-2"),
+            Some(&state),
+            200,
+        )
+        .await;
+        let (labels, _) = seen(&server);
+        if mode == PushMode::Atomic {
+            // Missed, then the normal path: the new tip's trees and the index another write
+            // changed (the state's own blob is unchanged, so cached).
+            assert_eq!(
+                labels,
+                [PUSH, PUSH_ADVERT, FETCH, FETCH, PUSH],
+                "missed the floor, then won"
+            );
+        } else {
+            // Without atomic push a write under a lock advertises first anyway.
+            assert_eq!(labels, [PUSH_ADVERT, FETCH, FETCH, PUSH]);
+        }
+        assert_eq!(get(&b, NAME).await, state);
+        assert_eq!(get(&b, other).await, realistic_state(1, 60, 2));
+
+        // B force-unlocks and takes the lock: A's write under its old lock is refused.
+        send(&b, "UNLOCK", &format!("/states/{NAME}"), Some(""), 200).await;
+        send(
+            &b,
+            "LOCK",
+            &format!("/states/{NAME}"),
+            Some(&lock_info("b-1")),
+            200,
+        )
+        .await;
+        let before = git(&["ls-remote", &server.url_with_credentials("states")], None);
+        let refused = a
+            .send(
+                "POST",
+                &format!("/states/{NAME}?ID=a-2"),
+                Some(&realistic_state(7, 60, 4)),
+            )
+            .await;
+        assert!(
+            refused.status == 409 || refused.status == 423,
+            "{mode:?}: {} {}",
+            refused.status,
+            refused.body
+        );
+        // A LOCK at the floor while B holds it: create-only, refused, the holder reported.
+        let locked = a
+            .send("LOCK", &format!("/states/{NAME}"), Some(&lock_info("a-3")))
+            .await;
+        assert_eq!(locked.status, 423, "{}", locked.body);
+        assert!(locked.body.contains("b-1"), "{}", locked.body);
+        assert_eq!(
+            git(&["ls-remote", &server.url_with_credentials("states")], None),
+            before,
+            "{mode:?}: nothing moved"
+        );
+        assert_eq!(get(&a, NAME).await, state);
+
+        // B releases its lock. A still remembers the lock it made (force-unlocked long ago): a
+        // write without a lock ID, refused on that memory, is decided again from the remote.
+        send(
+            &b,
+            "UNLOCK",
+            &format!("/states/{NAME}"),
+            Some(&lock_info("b-1")),
+            200,
+        )
+        .await;
+        let free = realistic_state(7, 60, 5);
+        send(&a, "POST", &format!("/states/{NAME}"), Some(&free), 200).await;
+        assert_eq!(get(&b, NAME).await, free);
+    }
+}
