@@ -1,0 +1,98 @@
+//! Reading trees of the cache: the first file below a folder, the paths two trees differ in,
+//! a subtree by name.
+
+use gix::ObjectId;
+
+use crate::Error;
+
+/// The first file (in tree order) below the folder `tree` at `dir`.
+pub(super) fn first_file(
+    repo: &gix::Repository,
+    tree: ObjectId,
+    dir: &str,
+) -> Result<Option<String>, Error> {
+    let tree = repo.find_tree(tree)?;
+    let decoded = tree
+        .decode()
+        .map_err(|e| Error::Corrupt(format!("tree {}: {e}", tree.id)))?;
+    for entry in &decoded.entries {
+        let path = format!("{dir}/{}", entry.filename);
+        if !entry.mode.is_tree() {
+            return Ok(Some(path));
+        }
+        if let Some(found) = first_file(repo, entry.oid.to_owned(), &path)? {
+            return Ok(Some(found));
+        }
+    }
+    Ok(None)
+}
+
+/// The blob paths that differ between two trees (either may be absent), below `prefix`.
+pub(super) fn changed_paths(
+    repo: &gix::Repository,
+    new: Option<ObjectId>,
+    old: Option<ObjectId>,
+    prefix: &str,
+    out: &mut Vec<String>,
+) -> Result<(), Error> {
+    if new == old {
+        return Ok(());
+    }
+    let entries = |id: Option<ObjectId>| -> Result<Vec<(String, ObjectId, bool)>, Error> {
+        let Some(id) = id else {
+            return Ok(Vec::new());
+        };
+        let tree = repo.find_tree(id)?;
+        let decoded = tree
+            .decode()
+            .map_err(|e| Error::Corrupt(format!("tree {id}: {e}")))?;
+        Ok(decoded
+            .entries
+            .iter()
+            .filter(|e| e.mode.is_tree() || e.mode.is_blob())
+            .map(|e| (e.filename.to_string(), e.oid.to_owned(), e.mode.is_tree()))
+            .collect())
+    };
+    let (new, old) = (entries(new)?, entries(old)?);
+    let old_by_name: std::collections::HashMap<&str, (ObjectId, bool)> = old
+        .iter()
+        .map(|(n, id, t)| (n.as_str(), (*id, *t)))
+        .collect();
+    let new_names: std::collections::HashSet<&str> =
+        new.iter().map(|(n, _, _)| n.as_str()).collect();
+    for (name, id, is_tree) in &new {
+        let path = format!("{prefix}{name}");
+        let before = old_by_name.get(name.as_str()).copied();
+        match (is_tree, before) {
+            (_, Some((old_id, _))) if old_id == *id => {}
+            (true, before) => {
+                let old_tree = before.filter(|(_, t)| *t).map(|(id, _)| id);
+                changed_paths(repo, Some(*id), old_tree, &format!("{path}/"), out)?;
+            }
+            (false, _) => out.push(path),
+        }
+    }
+    for (name, id, is_tree) in &old {
+        if !new_names.contains(name.as_str()) {
+            let path = format!("{prefix}{name}");
+            if *is_tree {
+                changed_paths(repo, None, Some(*id), &format!("{path}/"), out)?;
+            } else {
+                out.push(path);
+            }
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn subtree(
+    repo: &gix::Repository,
+    tree: ObjectId,
+    name: &str,
+) -> Result<Option<ObjectId>, Error> {
+    let tree = repo.find_tree(tree)?;
+    Ok(tree
+        .find_entry(name)
+        .filter(|e| e.mode().is_tree())
+        .map(|e| e.object_id()))
+}
