@@ -33,7 +33,7 @@ impl PasswordVerifier for Argon2id {
 
 #[derive(Debug, thiserror::Error)]
 pub enum HashError {
-    #[error("not a PHC hash string ($argon2id$v=19$m=…,t=…,p=…$salt$hash)")]
+    #[error("not an argon2id PHC hash string (what `gitstate hash-password` prints)")]
     NotPhc,
     #[error("algorithm {0} is not argon2id")]
     Algorithm(String),
