@@ -2,10 +2,15 @@
 //! the seed's README), both on the same loopback git server that counts requests; plus history
 //! length, a 5 MB state, argon2 and concurrent writers. Prints a Markdown report.
 //!
-//! Build both binaries into one target directory, then run this one:
-//!   cargo build -p gitstate-cli --bin gitstate -p gitstate-tests --bin gitstate-bench
-//!   target/debug/gitstate-bench > BENCHMARKS.md
-//! `GITSTATE_BIN` overrides where the `gitstate` binary is looked for (default: next to this one).
+//! Build the binaries into one target directory, then run this one:
+//!   cargo build --release -p gitstate-cli --bin gitstate -p gitstate-lambda \
+//!     -p gitstate-tests --bin gitstate-bench
+//!   target/release/gitstate-bench > BENCHMARKS.md   # or a comma-separated list of sections
+//! `GITSTATE_BIN` / `GITSTATE_LAMBDA_BIN` override where the `gitstate` / `gitstate-lambda`
+//! binaries are looked for (default: next to this one); `GITSTATE_BENCH_SMALL=1` shrinks the
+//! encrypted, growth, applies and lambda sections to try them in a debug build. The sections
+//! `encrypted` and `lambda` need moto (tests/tools/.venv), `lambda` cargo-lambda
+//! (tests/tools/deploy-venv), `applies` terraform on PATH.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -17,9 +22,26 @@ use gitstate_tests::{
     Client, GitServer, PushMode, git, git_output, hash_of, lock_info, realistic_state, state_json,
 };
 
+#[path = "bench/applies.rs"]
+mod applies;
+#[path = "bench/encrypted.rs"]
+mod encrypted;
+#[path = "bench/lambda.rs"]
+mod lambda;
+
 const WARM_RUNS: usize = 20;
 const COLD_RUNS: usize = 5;
 const STATE: &str = "net/prod.tfstate";
+
+/// `full`, or `small` when `GITSTATE_BENCH_SMALL` is set (to try a section quickly in a debug
+/// build).
+fn scale(full: usize, small: usize) -> usize {
+    if std::env::var_os("GITSTATE_BENCH_SMALL").is_some() {
+        small
+    } else {
+        full
+    }
+}
 
 fn gitstate_binary() -> PathBuf {
     if let Some(path) = std::env::var_os("GITSTATE_BIN") {
@@ -1114,6 +1136,19 @@ async fn main() {
     }
     if want("modes") {
         push_modes(&mut out, &binary).await;
+    }
+    if want("encrypted") {
+        encrypted::cold_read_encrypted(&mut out, &binary).await;
+    }
+    if want("growth") {
+        encrypted::growth(&mut out, &binary).await;
+    }
+    if want("applies") {
+        applies::concurrent_applies(&mut out, &binary).await;
+    }
+    if want("lambda") {
+        let bench = std::env::current_exe().expect("own path");
+        lambda::lambda_cold_start(&mut out, &bench, &binary).await;
     }
     print!("{out}");
 }
