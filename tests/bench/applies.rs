@@ -143,7 +143,7 @@ pub async fn concurrent_applies(out: &mut String, binary: &Path) {
          {applies} working directories, each with its own state (`apps/aNNN.tfstate`, three \
          `terraform_data` resources), spread round-robin over {backends} `gitstate serve` \
          processes; a proxy adds {} ms to every git request. Each phase starts all \
-         {applies} Terraform processes at once (Terraform {}); git requests are counted at the \
+         {applies} Terraform processes at once ({}); git requests are counted at the \
          server and divided by {applies}.\n\n\
          | phase | succeeded | total s | git reqs per run |\n|---|---:|---:|---:|\n",
         DELAY.as_millis(),
