@@ -2,6 +2,7 @@
 //! and off), the repository's growth per rewrite (plaintext and encrypted) and the Lambda
 //! binary's start-up plus first cold GET under cargo-lambda's emulator.
 
+use std::io::Write as _;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -89,23 +90,59 @@ async fn cold_read(
     let started = Instant::now();
     let got = c.send("GET", &format!("/states/{READ}"), None).await;
     let time = started.elapsed();
-    assert_eq!(got.status, 200, "cold read: {}", got.body);
+    assert_eq!(
+        got.status,
+        200,
+        "cold read of {url}: {}\n{}",
+        got.body,
+        p.log_text()
+    );
     assert_eq!(got.body, realistic_state(7, 60, 1), "the state as written");
     let seen = git_server.take_requests();
     (time, seen.len(), seen.iter().map(|r| r.bytes).sum())
 }
 
-/// Cold read of one state among `states` encrypted ones, filter on and off, alternating run by
-/// run on the same repository.
-pub async fn cold_read_encrypted(out: &mut String, binary: &Path) {
-    let states = scale(200, 20);
-    let moto = Moto::start().await;
-    moto.create_key("bench").await;
-    let git_server = GitServer::start().await;
-    let sealing = sealed_repo(&git_server, "sealed", states, binary, &moto).await;
-    let repo = git_server.repo_dir("sealed");
-    let packed = pack_bytes(&repo);
-    let url = git_server.url("sealed");
+/// `extra` files added to the sealed repository `name`, standing in for more sealed states:
+/// base64 text of random bytes, as long as the sealed [`READ`] (so they weigh and compress as
+/// ciphertext does; they are never read), in one more commit, then packed. (A copy under
+/// another name would not do: a sealed file is bound to its repository's URL.)
+fn add_stand_ins(server_: &GitServer, name: &str, extra: usize) {
+    use base64::Engine as _;
+    use rand::{RngCore as _, SeedableRng as _};
+    let dir = server_.repo_dir(name);
+    let length = stored_file(server_, name, READ).len();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(15);
+    let mut stream = Vec::new();
+    stream.extend_from_slice(
+        b"commit refs/heads/main\ncommitter bench <b@x> 1700000000 +0000\ndata 10\nstand-ins\n\
+          from refs/heads/main^0\n",
+    );
+    for k in 0..extra {
+        let mut raw = vec![0u8; length * 3 / 4];
+        rng.fill_bytes(&mut raw);
+        let text = base64::engine::general_purpose::STANDARD.encode(&raw);
+        write!(
+            stream,
+            "M 100644 inline more/f{k:04}.tfstate\ndata {}\n{text}\n",
+            text.len()
+        )
+        .expect("write");
+    }
+    gitstate_tests::fast_import(&dir, &stream, &[]);
+    git(&["repack", "-adq"], Some(&dir));
+}
+
+/// One table row: cold reads of [`READ`] in the repository `name`, filter on and off
+/// alternating run by run.
+async fn cold_rows(
+    out: &mut String,
+    git_server: &GitServer,
+    binary: &Path,
+    name: &str,
+    label: &str,
+    moto: &Moto,
+) {
+    let url = git_server.url(name);
     let root = tempfile::tempdir().expect("tempdir");
     let mut rows = [
         (true, Sample::default(), 0u64),
@@ -113,26 +150,16 @@ pub async fn cold_read_encrypted(out: &mut String, binary: &Path) {
     ];
     for run in 0..COLD_RUNS {
         for (filter, sample, bytes) in &mut rows {
-            git_server.allow_filter("sealed", *filter);
+            git_server.allow_filter(name, *filter);
             let dir = root.path().join(format!("{filter}-{run}"));
-            let (time, reqs, b) = cold_read(&git_server, binary, &dir, &url, &moto).await;
+            let (time, reqs, b) = cold_read(git_server, binary, &dir, &url, moto).await;
             sample.add(time, reqs);
             *bytes = b;
         }
     }
-    out.push_str(&format!(
-        "## Cold read of one state among {states} encrypted states\n\n\
-         {states} realistic 48 KB states (60 resources each) sealed with KMS (moto on loopback) \
-         through one `gitstate serve` ({sealing:.1} s for the {states} writes), then packed: \
-         {packed} bytes. A fresh `gitstate serve` with an empty cache reads one state; bytes = \
-         every git answer's body. The filter on and off alternate run by run on the same \
-         repository ({COLD_RUNS} runs each); the time includes the KMS `Decrypt` of the data \
-         key.\n\n\
-         | filter | git reqs | bytes fetched | p50 ms | max ms | target |\n\
-         |---|---:|---:|---:|---:|---|\n"
-    ));
+    let packed = pack_bytes(&git_server.repo_dir(name));
     for (filter, sample, bytes) in &rows {
-        let target = if *filter {
+        let target = if *filter && !label.contains('+') {
             let met = *bytes <= 250 * 1024 && sample.requests.iter().all(|r| *r <= 3);
             format!(
                 "≤ 250 KB, ≤ 3 requests: {}",
@@ -142,13 +169,48 @@ pub async fn cold_read_encrypted(out: &mut String, binary: &Path) {
             String::new()
         };
         out.push_str(&format!(
-            "| {} | {} | {bytes} | {} | {} | {target} |\n",
+            "| {label} | {packed} | {} | {} | {bytes} | {} | {} | {target} |\n",
             if *filter { "on" } else { "off" },
             sample.reqs(),
             ms(sample.pct(0.5)),
             ms(sample.pct(1.0)),
         ));
     }
+}
+
+/// Cold read of one state among `states` encrypted ones (and among ten times as many), filter
+/// on and off, alternating run by run on the same repository.
+pub async fn cold_read_encrypted(out: &mut String, binary: &Path) {
+    let states = scale(200, 20);
+    let moto = Moto::start().await;
+    moto.create_key("bench").await;
+    let git_server = GitServer::start().await;
+    let sealing = sealed_repo(&git_server, "sealed", states, binary, &moto).await;
+    out.push_str(&format!(
+        "## Cold read of one state among {states} encrypted states\n\n\
+         {states} realistic 48 KB states (60 resources each) sealed with KMS (moto on loopback) \
+         through one `gitstate serve` ({sealing:.1} s for the {states} writes), then packed. A \
+         fresh `gitstate serve` with an empty cache reads one state; bytes = every git answer's \
+         body. The filter on and off alternate run by run on the same repository ({COLD_RUNS} \
+         runs each); the time includes the KMS `Decrypt` of the data key. Then the same repository \
+         gets {} more files standing in for more sealed states (base64 of random bytes, as long as a \
+         sealed state: ciphertext's weight and compressibility; never read).\n\n\
+         | states | packed bytes | filter | git reqs | bytes fetched | p50 ms | max ms | target |\n\
+         |---|---:|---|---:|---:|---:|---:|---|\n",
+        states * 9
+    ));
+    cold_rows(
+        out,
+        &git_server,
+        binary,
+        "sealed",
+        &format!("{states} sealed"),
+        &moto,
+    )
+    .await;
+    add_stand_ins(&git_server, "sealed", states * 9);
+    let label = format!("{states} sealed + {} stand-ins", states * 9);
+    cold_rows(out, &git_server, binary, "sealed", &label, &moto).await;
     out.push('\n');
 }
 
