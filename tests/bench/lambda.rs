@@ -179,7 +179,7 @@ pub async fn lambda_cold_start(out: &mut String, bench: &Path, binary: &Path) {
     let size = std::fs::metadata(&lambda).map(|m| m.len()).unwrap_or(0);
     out.push_str(&format!(
         "## Lambda binary: start-up plus first cold GET ({states} encrypted states)\n\n\
-         `gitstate-lambda` ({size} bytes, not stripped) under `cargo lambda watch \
+         `gitstate-lambda` ({size} bytes) under `cargo lambda watch \
          --only-lambda-apis`: a Function URL `GET /states/{READ}` is queued in the emulator, \
          then the binary starts with an empty cache (`/tmp` of a new container); time = its \
          start to the answer, which includes loading the AWS configuration, argon2 for the \
