@@ -70,24 +70,59 @@ async fn run(bin: &Path, dir: &Path, config: &Path, args: &[&str]) -> bool {
     out.status.success()
 }
 
-/// One phase (all inits, or all applies) at once: successes, wall time, git requests.
+/// What one phase (all inits, or all applies at once) cost.
+struct Phase {
+    ok: usize,
+    total: Duration,
+    /// Each run's wall time.
+    each: super::Sample,
+    /// Git requests by label (`POST receive-pack`, …), over all runs.
+    labels: Vec<(String, usize)>,
+    requests: usize,
+}
+
+/// One phase: every directory's `terraform args` at once.
 async fn phase(
     git: &GitServer,
     bin: &Path,
     dirs: &[PathBuf],
     config: &Path,
     args: &[&str],
-) -> (usize, Duration, usize) {
+) -> Phase {
     git.take_requests();
+    let times = std::sync::Mutex::new(Vec::new());
     let started = Instant::now();
-    let results = join_all(
-        dirs.iter()
-            .map(|dir| async move { u16::from(run(bin, dir, config, args).await) }),
-    )
+    let results = join_all(dirs.iter().map(|dir| {
+        let times = &times;
+        async move {
+            let began = Instant::now();
+            let ok = run(bin, dir, config, args).await;
+            times.lock().expect("times").push(began.elapsed());
+            u16::from(ok)
+        }
+    }))
     .await;
-    let time = started.elapsed();
-    let ok = results.iter().filter(|r| **r == 1).count();
-    (ok, time, git.take_requests().len())
+    let total = started.elapsed();
+    let seen = git.take_requests();
+    let mut labels: Vec<(String, usize)> = Vec::new();
+    for label in seen.iter().map(gitstate_tests::Seen::label) {
+        match labels.iter_mut().find(|(l, _)| *l == label) {
+            Some((_, n)) => *n += 1,
+            None => labels.push((label, 1)),
+        }
+    }
+    labels.sort();
+    let mut each = super::Sample::default();
+    for t in times.into_inner().expect("times") {
+        each.add(t, 0);
+    }
+    Phase {
+        ok: results.iter().filter(|r| **r == 1).count(),
+        total,
+        each,
+        labels,
+        requests: seen.len(),
+    }
 }
 
 /// `applies` concurrent Terraform applies, each on its own state, spread over `backends`
@@ -145,21 +180,32 @@ pub async fn concurrent_applies(out: &mut String, binary: &Path) {
          processes; a proxy adds {} ms to every git request. Each phase starts all \
          {applies} Terraform processes at once ({}); git requests are counted at the \
          server and divided by {applies}.\n\n\
-         | phase | succeeded | total s | git reqs per run |\n|---|---:|---:|---:|\n",
+         | phase | succeeded | total s | per run p50 s | max s | git reqs per run | of which |\n\
+         |---|---:|---:|---:|---:|---:|---|\n",
         DELAY.as_millis(),
         DELAY.as_millis(),
         version(&bin),
     ));
-    for (label, (ok, time, reqs)) in [
+    for (label, p) in [
         ("`terraform init`", init),
         ("first apply (creates the state)", first),
         ("update apply (changes the resources)", second),
         ("no-op apply", noop),
     ] {
+        let per = |n: usize| n as f64 / applies as f64;
+        let of_which: Vec<String> = p
+            .labels
+            .iter()
+            .map(|(l, n)| format!("{l} {:.1}", per(*n)))
+            .collect();
         out.push_str(&format!(
-            "| {label} | {ok}/{applies} | {:.1} | {:.1} |\n",
-            time.as_secs_f64(),
-            reqs as f64 / applies as f64
+            "| {label} | {}/{applies} | {:.1} | {:.1} | {:.1} | {:.1} | {} |\n",
+            p.ok,
+            p.total.as_secs_f64(),
+            p.each.pct(0.5).as_secs_f64(),
+            p.each.pct(1.0).as_secs_f64(),
+            per(p.requests),
+            of_which.join(", ")
         ));
     }
     out.push('\n');
