@@ -1115,40 +1115,59 @@ async fn main() {
     let want = |s: &str| sections == "all" || sections.split(',').any(|x| x == s);
     if want("protocol") {
         protocol_comparison(&mut out, &binary).await;
+        flush(&mut out);
     }
     if want("partial") {
         partial_fetch(&mut out, &binary).await;
+        flush(&mut out);
     }
     if want("history") {
         history_length(&mut out, &binary).await;
+        flush(&mut out);
     }
     if want("large") {
         large_state(&mut out, &binary).await;
+        flush(&mut out);
     }
     if want("argon2") {
         argon2_cost(&mut out, &binary).await;
+        flush(&mut out);
     }
     if want("writers") {
         concurrent_writers(&mut out, &binary).await;
+        flush(&mut out);
     }
     if want("console") {
         console(&mut out, &binary).await;
+        flush(&mut out);
     }
     if want("modes") {
         push_modes(&mut out, &binary).await;
+        flush(&mut out);
     }
     if want("encrypted") {
         encrypted::cold_read_encrypted(&mut out, &binary).await;
+        flush(&mut out);
     }
     if want("growth") {
         encrypted::growth(&mut out, &binary).await;
+        flush(&mut out);
     }
     if want("applies") {
         applies::concurrent_applies(&mut out, &binary).await;
+        flush(&mut out);
     }
     if want("lambda") {
         let bench = std::env::current_exe().expect("own path");
         lambda::lambda_cold_start(&mut out, &bench, &binary).await;
+        flush(&mut out);
     }
+    flush(&mut out);
+}
+
+/// Print what the sections so far wrote (a later section's failure keeps the earlier ones).
+fn flush(out: &mut String) {
     print!("{out}");
+    let _ = std::io::stdout().flush();
+    out.clear();
 }

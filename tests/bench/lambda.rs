@@ -93,29 +93,33 @@ impl Drop for Emulator {
 }
 
 /// One cold start: the GET is queued in the emulator first, then the binary starts with an
-/// empty cache; the time runs from its start to the answer.
+/// empty cache; the time runs from its start to the answer. `None` (the binary's log printed)
+/// when no right answer came within 30 s.
 async fn cold_start(
     emulator: &Emulator,
     binary: &Path,
     url: &str,
     moto: &Moto,
     cache: &Path,
-) -> Duration {
+) -> Option<Duration> {
     let request = reqwest::Client::new()
         .get(format!(
             "http://127.0.0.1:{}/lambda-url/_/states/{READ}",
             emulator.port
         ))
         .basic_auth(TEST_USER, Some(TEST_PASSWORD))
-        .timeout(Duration::from_secs(60))
+        .timeout(Duration::from_secs(30))
         .send();
     let answer = tokio::spawn(async move {
-        let r = request.await.expect("the emulator answers");
+        let r = request.await.map_err(|e| e.to_string())?;
         let status = r.status().as_u16();
-        (status, r.text().await.unwrap_or_default(), Instant::now())
+        Ok::<_, String>((status, r.text().await.unwrap_or_default(), Instant::now()))
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
     let access = access_file(&[(TEST_USER, TEST_PASSWORD, &["admin:*"])]);
+    std::fs::create_dir_all(cache).expect("cache dir");
+    let log_path = cache.with_extension("log");
+    let log = std::fs::File::create(&log_path).expect("log file");
     let started = Instant::now();
     let mut function = tokio::process::Command::new(binary)
         .env_clear()
@@ -136,17 +140,24 @@ async fn cold_start(
         .envs(moto.env())
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(log)
         .kill_on_drop(true)
         .spawn()
         .expect("the Lambda binary starts");
-    let (status, body, at) = answer.await.expect("request task");
-    let time = at - started;
+    let answer = answer.await.expect("request task");
     let _ = function.start_kill();
     let _ = function.wait().await;
-    assert_eq!(status, 200, "Lambda cold GET: {body}");
-    assert_eq!(body, realistic_state(7, 60, 1), "the state as written");
-    time
+    match answer {
+        Ok((200, body, at)) if body == realistic_state(7, 60, 1) => Some(at - started),
+        other => {
+            let shown = other.map(|(status, body, _)| format!("{status}: {body}"));
+            eprintln!(
+                "Lambda cold GET failed ({shown:?}); the binary's log:\n{}",
+                std::fs::read_to_string(&log_path).unwrap_or_default()
+            );
+            None
+        }
+    }
 }
 
 /// Start-up plus first cold GET of one state among the sealed ones, filter on and off
@@ -162,15 +173,18 @@ pub async fn lambda_cold_start(out: &mut String, bench: &Path, binary: &Path) {
     let emulator = Emulator::start().await;
     let root = tempfile::tempdir().expect("tempdir");
     let mut rows = [
-        (true, Sample::default(), 0u64),
-        (false, Sample::default(), 0),
+        (true, Sample::default(), 0u64, 0usize),
+        (false, Sample::default(), 0, 0),
     ];
     for run in 0..COLD_RUNS {
-        for (filter, sample, bytes) in &mut rows {
+        for (filter, sample, bytes, failed) in &mut rows {
             git_server.allow_filter("sealed", *filter);
             let cache = root.path().join(format!("{filter}-{run}"));
             git_server.take_requests();
-            let time = cold_start(&emulator, &lambda, &url, &moto, &cache).await;
+            let Some(time) = cold_start(&emulator, &lambda, &url, &moto, &cache).await else {
+                *failed += 1;
+                continue;
+            };
             let seen = git_server.take_requests();
             sample.add(time, seen.len());
             *bytes = seen.iter().map(|r| r.bytes).sum();
@@ -186,12 +200,14 @@ pub async fn lambda_cold_start(out: &mut String, bench: &Path, binary: &Path) {
          first credential, the git requests and the KMS `Decrypt`. Same sealed repository as \
          above, built again; filter on and off alternate run by run ({COLD_RUNS} runs \
          each).\n\n\
-         | filter | git reqs | bytes fetched | p50 ms | max ms |\n|---|---:|---:|---:|---:|\n"
+         | filter | answered | git reqs | bytes fetched | p50 ms | max ms |\n\
+         |---|---:|---:|---:|---:|---:|\n"
     ));
-    for (filter, sample, bytes) in &rows {
+    for (filter, sample, bytes, failed) in &rows {
         out.push_str(&format!(
-            "| {} | {} | {bytes} | {} | {} |\n",
+            "| {} | {}/{COLD_RUNS} | {} | {bytes} | {} | {} |\n",
             if *filter { "on" } else { "off" },
+            COLD_RUNS - *failed,
             sample.reqs(),
             ms(sample.pct(0.5)),
             ms(sample.pct(1.0)),
