@@ -170,7 +170,6 @@ pub async fn lambda_cold_start(out: &mut String, bench: &Path, binary: &Path) {
     let git_server = GitServer::start().await;
     sealed_repo(&git_server, "sealed", states, binary, &moto).await;
     let url = git_server.url("sealed");
-    let emulator = Emulator::start().await;
     let root = tempfile::tempdir().expect("tempdir");
     let mut rows = [
         (true, Sample::default(), 0u64, 0usize),
@@ -180,9 +179,21 @@ pub async fn lambda_cold_start(out: &mut String, bench: &Path, binary: &Path) {
         for (filter, sample, bytes, failed) in &mut rows {
             git_server.allow_filter("sealed", *filter);
             let cache = root.path().join(format!("{filter}-{run}"));
-            git_server.take_requests();
-            let Some(time) = cold_start(&emulator, &lambda, &url, &moto, &cache).await else {
+            // A new emulator each attempt: one whose last function was killed while it waited
+            // for the next invocation may hand the next request to that dead waiter. A run
+            // without the right answer is tried again (at most twice) and counted.
+            let mut time = None;
+            for _ in 0..3 {
+                let emulator = Emulator::start().await;
+                git_server.take_requests();
+                time = cold_start(&emulator, &lambda, &url, &moto, &cache).await;
+                if time.is_some() {
+                    break;
+                }
                 *failed += 1;
+                let _ = std::fs::remove_dir_all(&cache);
+            }
+            let Some(time) = time else {
                 continue;
             };
             let seen = git_server.take_requests();
@@ -194,20 +205,19 @@ pub async fn lambda_cold_start(out: &mut String, bench: &Path, binary: &Path) {
     out.push_str(&format!(
         "## Lambda binary: start-up plus first cold GET ({states} encrypted states)\n\n\
          `gitstate-lambda` ({size} bytes) under `cargo lambda watch \
-         --only-lambda-apis`: a Function URL `GET /states/{READ}` is queued in the emulator, \
+         --only-lambda-apis` (a new emulator each run): a Function URL `GET /states/{READ}` is queued in the emulator, \
          then the binary starts with an empty cache (`/tmp` of a new container); time = its \
          start to the answer, which includes loading the AWS configuration, argon2 for the \
          first credential, the git requests and the KMS `Decrypt`. Same sealed repository as \
          above, built again; filter on and off alternate run by run ({COLD_RUNS} runs \
          each).\n\n\
-         | filter | answered | git reqs | bytes fetched | p50 ms | max ms |\n\
+         | filter | failed attempts | git reqs | bytes fetched | p50 ms | max ms |\n\
          |---|---:|---:|---:|---:|---:|\n"
     ));
     for (filter, sample, bytes, failed) in &rows {
         out.push_str(&format!(
-            "| {} | {}/{COLD_RUNS} | {} | {bytes} | {} | {} |\n",
+            "| {} | {failed} | {} | {bytes} | {} | {} |\n",
             if *filter { "on" } else { "off" },
-            COLD_RUNS - *failed,
             sample.reqs(),
             ms(sample.pct(0.5)),
             ms(sample.pct(1.0)),
