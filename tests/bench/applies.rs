@@ -79,6 +79,17 @@ struct Phase {
     /// Git requests by label (`POST receive-pack`, …), over all runs.
     labels: Vec<(String, usize)>,
     requests: usize,
+    /// Commits the phase added to `main` (landed writes).
+    commits: usize,
+}
+
+/// Commits on `main` of the repository `dir`.
+fn commits(dir: &Path) -> usize {
+    let n = gitstate_tests::git_output(&["rev-list", "--count", "main"], Some(dir));
+    String::from_utf8_lossy(&n.stdout)
+        .trim()
+        .parse()
+        .unwrap_or(0)
 }
 
 /// One phase: every directory's `terraform args` at once.
@@ -90,6 +101,7 @@ async fn phase(
     args: &[&str],
 ) -> Phase {
     git.take_requests();
+    let before = commits(&git.repo_dir("applies"));
     let times = std::sync::Mutex::new(Vec::new());
     let started = Instant::now();
     let results = join_all(dirs.iter().map(|dir| {
@@ -122,6 +134,7 @@ async fn phase(
         each,
         labels,
         requests: seen.len(),
+        commits: commits(&git.repo_dir("applies")) - before,
     }
 }
 
@@ -179,9 +192,10 @@ pub async fn concurrent_applies(out: &mut String, binary: &Path) {
          `terraform_data` resources), spread round-robin over {backends} `gitstate serve` \
          processes; a proxy adds {} ms to every git request. Each phase starts all \
          {applies} Terraform processes at once ({}); git requests are counted at the \
-         server and divided by {applies}.\n\n\
-         | phase | succeeded | total s | per run p50 s | max s | git reqs per run | of which |\n\
-         |---|---:|---:|---:|---:|---:|---|\n",
+         server and divided by {applies}; commits = those the phase added to the branch (writes \
+         that landed), per run.\n\n\
+         | phase | succeeded | total s | per run p50 s | max s | commits per run | git reqs per run | of which |\n\
+         |---|---:|---:|---:|---:|---:|---:|---|\n",
         DELAY.as_millis(),
         DELAY.as_millis(),
         version(&bin),
@@ -199,11 +213,12 @@ pub async fn concurrent_applies(out: &mut String, binary: &Path) {
             .map(|(l, n)| format!("{l} {:.1}", per(*n)))
             .collect();
         out.push_str(&format!(
-            "| {label} | {}/{applies} | {:.1} | {:.1} | {:.1} | {:.1} | {} |\n",
+            "| {label} | {}/{applies} | {:.1} | {:.1} | {:.1} | {:.2} | {:.1} | {} |\n",
             p.ok,
             p.total.as_secs_f64(),
             p.each.pct(0.5).as_secs_f64(),
             p.each.pct(1.0).as_secs_f64(),
+            per(p.commits),
             per(p.requests),
             of_which.join(", ")
         ));
