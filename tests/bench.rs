@@ -1,6 +1,8 @@
 //! `gitstate-bench`: gitstate against the seed tool's protocol (scripted with the git CLI, as in
 //! the seed's README), both on the same loopback git server that counts requests; plus history
-//! length, a 5 MB state, argon2 and concurrent writers. Prints a Markdown report.
+//! length, a 5 MB state, argon2 and concurrent writers; issue 15's sections (encrypted cold read,
+//! growth per rewrite, 100 concurrent Terraform applies, the Lambda cold start) in `bench/`.
+//! Prints a Markdown report, section by section.
 //!
 //! Build the binaries into one target directory, then run this one:
 //!   cargo build --release -p gitstate-cli --bin gitstate -p gitstate-lambda \
