@@ -1,11 +1,18 @@
 //! `gitstate-bench`: gitstate against the seed tool's protocol (scripted with the git CLI, as in
 //! the seed's README), both on the same loopback git server that counts requests; plus history
-//! length, a 5 MB state, argon2 and concurrent writers. Prints a Markdown report.
+//! length, a 5 MB state, argon2 and concurrent writers; issue 15's sections (encrypted cold read,
+//! growth per rewrite, 100 concurrent Terraform applies, the Lambda cold start) in `bench/`.
+//! Prints a Markdown report, section by section.
 //!
-//! Build both binaries into one target directory, then run this one:
-//!   cargo build -p gitstate-cli --bin gitstate -p gitstate-tests --bin gitstate-bench
-//!   target/debug/gitstate-bench > BENCHMARKS.md
-//! `GITSTATE_BIN` overrides where the `gitstate` binary is looked for (default: next to this one).
+//! Build the binaries into one target directory, then run this one:
+//!   cargo build --release -p gitstate-cli --bin gitstate -p gitstate-lambda \
+//!     -p gitstate-tests --bin gitstate-bench
+//!   target/release/gitstate-bench > BENCHMARKS.md   # or a comma-separated list of sections
+//! `GITSTATE_BIN` / `GITSTATE_LAMBDA_BIN` override where the `gitstate` / `gitstate-lambda`
+//! binaries are looked for (default: next to this one); `GITSTATE_BENCH_SMALL=1` shrinks the
+//! encrypted, growth, applies and lambda sections to try them in a debug build. The sections
+//! `encrypted` and `lambda` need moto (tests/tools/.venv), `lambda` cargo-lambda
+//! (tests/tools/deploy-venv), `applies` terraform on PATH.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -17,9 +24,26 @@ use gitstate_tests::{
     Client, GitServer, PushMode, git, git_output, hash_of, lock_info, realistic_state, state_json,
 };
 
+#[path = "bench/applies.rs"]
+mod applies;
+#[path = "bench/encrypted.rs"]
+mod encrypted;
+#[path = "bench/lambda.rs"]
+mod lambda;
+
 const WARM_RUNS: usize = 20;
 const COLD_RUNS: usize = 5;
 const STATE: &str = "net/prod.tfstate";
+
+/// `full`, or `small` when `GITSTATE_BENCH_SMALL` is set (to try a section quickly in a debug
+/// build).
+fn scale(full: usize, small: usize) -> usize {
+    if std::env::var_os("GITSTATE_BENCH_SMALL").is_some() {
+        small
+    } else {
+        full
+    }
+}
 
 fn gitstate_binary() -> PathBuf {
     if let Some(path) = std::env::var_os("GITSTATE_BIN") {
@@ -1093,27 +1117,59 @@ async fn main() {
     let want = |s: &str| sections == "all" || sections.split(',').any(|x| x == s);
     if want("protocol") {
         protocol_comparison(&mut out, &binary).await;
+        flush(&mut out);
     }
     if want("partial") {
         partial_fetch(&mut out, &binary).await;
+        flush(&mut out);
     }
     if want("history") {
         history_length(&mut out, &binary).await;
+        flush(&mut out);
     }
     if want("large") {
         large_state(&mut out, &binary).await;
+        flush(&mut out);
     }
     if want("argon2") {
         argon2_cost(&mut out, &binary).await;
+        flush(&mut out);
     }
     if want("writers") {
         concurrent_writers(&mut out, &binary).await;
+        flush(&mut out);
     }
     if want("console") {
         console(&mut out, &binary).await;
+        flush(&mut out);
     }
     if want("modes") {
         push_modes(&mut out, &binary).await;
+        flush(&mut out);
     }
+    if want("encrypted") {
+        encrypted::cold_read_encrypted(&mut out, &binary).await;
+        flush(&mut out);
+    }
+    if want("growth") {
+        encrypted::growth(&mut out, &binary).await;
+        flush(&mut out);
+    }
+    if want("applies") {
+        applies::concurrent_applies(&mut out, &binary).await;
+        flush(&mut out);
+    }
+    if want("lambda") {
+        let bench = std::env::current_exe().expect("own path");
+        lambda::lambda_cold_start(&mut out, &bench, &binary).await;
+        flush(&mut out);
+    }
+    flush(&mut out);
+}
+
+/// Print what the sections so far wrote (a later section's failure keeps the earlier ones).
+fn flush(out: &mut String) {
     print!("{out}");
+    let _ = std::io::stdout().flush();
+    out.clear();
 }
