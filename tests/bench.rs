@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use gitstate_core::password::PasswordVerifier as _;
 use gitstate_tests::process::{ServeProcess, serve_env};
 use gitstate_tests::{
-    Client, GitServer, PushMode, git, git_output, hash_of, lock_info, realistic_state, state_json,
+    Client, GitServer, PushMode, git, git_output, hash_of, lock_info, realistic_repo, state_json,
 };
 
 #[path = "bench/applies.rs"]
@@ -550,41 +550,6 @@ async fn history_length(out: &mut String, binary: &Path) {
         ));
     }
     out.push('\n');
-}
-
-/// A repository of `states` realistic states of 60 resources (about 48 KB each) in one commit,
-/// made with git fast-import and packed as a host keeps it.
-fn realistic_repo(server: &GitServer, name: &str, states: usize, filter: bool) {
-    server.create_repo(name);
-    server.allow_filter(name, filter);
-    let dir = server.repo_dir(name);
-    let mut stream = Vec::new();
-    stream.extend_from_slice(
-        b"commit refs/heads/main\ncommitter bench <b@x> 1700000000 +0000\ndata 5\nseed\n",
-    );
-    for s in 0..states {
-        let content = realistic_state(s as u64, 60, 1);
-        write!(
-            stream,
-            "M 100644 inline team/s{s:04}.tfstate\ndata {}\n{content}\n",
-            content.len()
-        )
-        .expect("write");
-    }
-    let mut child = std::process::Command::new("git")
-        .args(["fast-import", "--quiet"])
-        .current_dir(&dir)
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .expect("fast-import");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(&stream)
-        .expect("feed fast-import");
-    assert!(child.wait().expect("fast-import").success());
-    git(&["repack", "-adq"], Some(&dir));
 }
 
 async fn partial_fetch(out: &mut String, binary: &Path) {

@@ -3,54 +3,14 @@
 //! `uploadpack.allowFilter` on and off, with and without atomic push; a push on a stale tip
 //! falls back to the normal path and still wins or loses as it should.
 
-use std::io::Write;
-
 use gitstate_tests::{
-    Client, GitServer, PushMode, Seen, TestBackend, git, init_tracing, lock_info, realistic_state,
+    Client, GitServer, PushMode, Seen, TestBackend, git, init_tracing, lock_info, realistic_repo,
+    realistic_state,
 };
 
 /// States in the seeded repository, and the one the tests read and write.
 const STATES: usize = 200;
 const NAME: &str = "team/s0007.tfstate";
-
-/// A repository `name` whose `main` holds `STATES` realistic states of 60 resources (about 48 KB
-/// each) under `team/`, in one commit made with git fast-import (so its ids are the same every
-/// run).
-fn seeded(server: &GitServer, name: &str, filter: bool) -> String {
-    let url = server.create_repo(name);
-    server.allow_filter(name, filter);
-    let mut stream = Vec::new();
-    write!(
-        stream,
-        "commit refs/heads/main\ncommitter seed <seed@example.com> 1700000000 +0000\ndata 5\nseed\n"
-    )
-    .expect("write");
-    for s in 0..STATES {
-        let content = realistic_state(s as u64, 60, 1);
-        write!(
-            stream,
-            "M 100644 inline team/s{s:04}.tfstate\ndata {}\n{content}\n",
-            content.len()
-        )
-        .expect("write");
-    }
-    let mut child = std::process::Command::new("git")
-        .args(["fast-import", "--quiet"])
-        .current_dir(server.repo_dir(name))
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .expect("fast-import");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(&stream)
-        .expect("feed fast-import");
-    assert!(child.wait().expect("fast-import runs").success());
-    // As a host keeps them: packed.
-    git(&["repack", "-adq"], Some(&server.repo_dir(name)));
-    url
-}
 
 /// The labels of the requests since the last look, and the bytes their answers carried.
 fn seen(server: &GitServer) -> (Vec<String>, u64) {
@@ -73,7 +33,7 @@ async fn get(client: &Client, name: &str) -> String {
 async fn cold_and_warm_reads_fetch_only_the_blobs_they_read() {
     for filter in [true, false] {
         let server = GitServer::start().await;
-        let url = seeded(&server, "states", filter);
+        let url = realistic_repo(&server, "states", STATES, filter);
         server.take_requests();
         let backend = TestBackend::start(&url, &[]).await;
         let client = Client::new(&backend.url);
@@ -132,7 +92,7 @@ async fn cold_and_warm_reads_fetch_only_the_blobs_they_read() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lists_and_history_work_on_a_partial_cache() {
     let server = GitServer::start().await;
-    let url = seeded(&server, "states", true);
+    let url = realistic_repo(&server, "states", STATES, true);
     let backend = TestBackend::start(&url, &[]).await;
     let client = Client::new(&backend.url);
     get(&client, NAME).await;
@@ -230,7 +190,7 @@ async fn warm_applies_are_at_the_floor() {
     for mode in [PushMode::Atomic, PushMode::NoAtomic] {
         for filter in [true, false] {
             let server = GitServer::start_in(mode).await;
-            let url = seeded(&server, "states", filter);
+            let url = realistic_repo(&server, "states", STATES, filter);
             let backend = TestBackend::start(&url, &[]).await;
             let client = Client::new(&backend.url);
             // The first apply of the process: cold.
@@ -287,7 +247,7 @@ async fn warm_applies_are_at_the_floor() {
 async fn unlock_of_another_process_lock_reads_it_first() {
     for filter in [true, false] {
         let server = GitServer::start().await;
-        let url = seeded(&server, "states", filter);
+        let url = realistic_repo(&server, "states", STATES, filter);
         let locker = TestBackend::start(&url, &[]).await;
         send(
             &Client::new(&locker.url),
@@ -328,7 +288,7 @@ async fn stale_floor_pushes_fall_back_and_win_or_lose_correctly() {
     init_tracing();
     for mode in [PushMode::Atomic, PushMode::NoAtomic] {
         let server = GitServer::start_in(mode).await;
-        let url = seeded(&server, "states", true);
+        let url = realistic_repo(&server, "states", STATES, true);
         let a = TestBackend::start(&url, &[]).await;
         let b = TestBackend::start(&url, &[]).await;
         let (a, b) = (Client::new(&a.url), Client::new(&b.url));

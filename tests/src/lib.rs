@@ -488,6 +488,32 @@ pub fn fast_import(dir: &Path, stream: &[u8], args: &[&str]) {
     assert!(child.wait().expect("fast-import").success());
 }
 
+/// Create `name` on `server` with `states` realistic states of 60 resources (about 48 KB each)
+/// under `team/` (`team/s0000.tfstate`, …) on `main`, in one commit made with git fast-import (so
+/// its ids are the same every run) and packed as a host keeps it; `filter` sets
+/// `uploadpack.allowFilter`. Returns the repository's URL.
+pub fn realistic_repo(server: &GitServer, name: &str, states: usize, filter: bool) -> String {
+    let url = server.create_repo(name);
+    server.allow_filter(name, filter);
+    let mut stream =
+        b"commit refs/heads/main\ncommitter seed <seed@example.com> 1700000000 +0000\ndata 5\nseed\n"
+            .to_vec();
+    for s in 0..states {
+        let content = realistic_state(s as u64, 60, 1);
+        stream.extend_from_slice(
+            format!(
+                "M 100644 inline team/s{s:04}.tfstate\ndata {}\n{content}\n",
+                content.len()
+            )
+            .as_bytes(),
+        );
+    }
+    let dir = server.repo_dir(name);
+    fast_import(&dir, &stream, &[]);
+    git(&["repack", "-adq"], Some(&dir));
+    url
+}
+
 /// Run the git CLI and return its whole output, succeed or fail.
 pub fn git_output(args: &[&str], dir: Option<&Path>) -> std::process::Output {
     let mut command = std::process::Command::new("git");
