@@ -63,24 +63,69 @@ impl Error {
 
 impl From<Error> for StoreError {
     fn from(error: Error) -> Self {
+        match Class::of(&error) {
+            Class::Unavailable => StoreError::Unavailable(Box::new(error)),
+            Class::Remote => StoreError::Remote(Box::new(error)),
+            Class::Incompatible => StoreError::Incompatible(error.to_string()),
+            Class::Corrupt => match error {
+                Error::Corrupt(what) => StoreError::Corrupt(what),
+                other => StoreError::Corrupt(other.to_string()),
+            },
+            Class::Internal => StoreError::Internal(Box::new(error)),
+        }
+    }
+}
+
+impl Error {
+    /// The same failure once more, for another caller of the one request that failed (writes
+    /// pushed together): the same kind of [`StoreError`] (so the same status), with this one's
+    /// text.
+    pub(crate) fn echo(&self) -> StoreError {
+        let text = gitstate_core::report::chain(self);
+        let shared = || Box::new(Echoed(text.clone()));
+        match Class::of(self) {
+            Class::Unavailable => StoreError::Unavailable(shared()),
+            Class::Remote => StoreError::Remote(shared()),
+            Class::Incompatible => StoreError::Incompatible(self.to_string()),
+            Class::Corrupt => StoreError::Corrupt(match self {
+                Self::Corrupt(what) => what.clone(),
+                other => other.to_string(),
+            }),
+            Class::Internal => StoreError::Internal(shared()),
+        }
+    }
+}
+
+/// A failure first reported to another caller, by its text.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Echoed(String);
+
+/// Which [`StoreError`] a failure becomes.
+enum Class {
+    Unavailable,
+    Remote,
+    Incompatible,
+    Corrupt,
+    Internal,
+}
+
+impl Class {
+    fn of(error: &Error) -> Self {
         match error {
             Error::Http(e) if e.is_timeout() || e.is_connect() || e.is_request() || e.is_body() => {
-                StoreError::Unavailable(Box::new(Error::Http(e)))
+                Self::Unavailable
             }
-            Error::Status { status, .. } if status >= 500 || status == 429 => {
-                StoreError::Unavailable(Box::new(error))
-            }
+            Error::Status { status, .. } if *status >= 500 || *status == 429 => Self::Unavailable,
             Error::Http(_)
             | Error::Status { .. }
             | Error::Protocol(_)
             | Error::Remote(_)
             | Error::Pack(_)
-            | Error::Certificate { .. } => StoreError::Remote(Box::new(error)),
-            Error::AtomicRequired => StoreError::Incompatible(error.to_string()),
-            Error::Corrupt(what) => StoreError::Corrupt(what),
-            Error::Config(_) | Error::Git(_) | Error::Io(_) | Error::Join(_) => {
-                StoreError::Internal(Box::new(error))
-            }
+            | Error::Certificate { .. } => Self::Remote,
+            Error::AtomicRequired => Self::Incompatible,
+            Error::Corrupt(_) => Self::Corrupt,
+            Error::Config(_) | Error::Git(_) | Error::Io(_) | Error::Join(_) => Self::Internal,
         }
     }
 }

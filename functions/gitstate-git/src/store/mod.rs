@@ -8,6 +8,7 @@
 //!   A remote without `atomic` gets the compare-and-swap of the branch alone, the lock having
 //!   been checked in the same advertisement that gave the tip (see [`WriteMode`]).
 
+mod batch;
 mod floor;
 mod history;
 mod lock;
@@ -152,6 +153,8 @@ struct Remote {
     made_locks: Mutex<HashMap<String, ObjectId>>,
     /// The remote refused a push without a fresh advertisement: always advertise first.
     no_floor: std::sync::atomic::AtomicBool,
+    /// Writes waiting to be pushed together (see the `batch` module).
+    batcher: batch::Batcher,
 }
 
 async fn blocking<T: Send + 'static>(
@@ -264,6 +267,7 @@ impl GitStore {
             whole_fetches: std::sync::atomic::AtomicBool::new(false),
             made_locks: Mutex::default(),
             no_floor: std::sync::atomic::AtomicBool::new(false),
+            batcher: batch::Batcher::default(),
         });
         remotes.insert(key, remote.clone());
         Ok(remote)

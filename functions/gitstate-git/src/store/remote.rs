@@ -190,7 +190,13 @@ impl Remote {
 
     /// Make sure the cache has `wants` (commits and their trees; blobs, see [`Self::blobs`]).
     pub(super) async fn ensure(&self, wants: Vec<ObjectId>) -> Result<(), Error> {
-        self.ensure_with(wants, false).await
+        self.ensure_how(wants, Fetch::Branch).await
+    }
+
+    /// [`Self::ensure`] for a tip a few commits past the one the cache knows: blobs and all, as
+    /// only what changed since is sent.
+    pub(super) async fn ensure_changes(&self, wants: Vec<ObjectId>) -> Result<(), Error> {
+        self.ensure_how(wants, Fetch::Changes).await
     }
 
     /// [`Self::ensure`] for lock commits, which have no parents: when this process has not seen
@@ -202,6 +208,15 @@ impl Remote {
         wants: Vec<ObjectId>,
         orphans: bool,
     ) -> Result<(), Error> {
+        let how = if orphans {
+            Fetch::Orphans
+        } else {
+            Fetch::Branch
+        };
+        self.ensure_how(wants, how).await
+    }
+
+    async fn ensure_how(&self, wants: Vec<ObjectId>, how: Fetch) -> Result<(), Error> {
         let Transport::Http(http) = &self.transport else {
             return Ok(());
         };
@@ -222,13 +237,13 @@ impl Remote {
             Some((tip, _)) if self.cache.has(tip)? => vec![tip],
             _ => Vec::new(),
         };
-        if !orphans && !http.knows_fetch_capabilities() {
+        if how != Fetch::Orphans && !http.knows_fetch_capabilities() {
             http.advertise(Service::UploadPack).await?;
         }
-        let blobs = if orphans {
-            Blobs::All
-        } else {
-            self.blobs(http)
+        let blobs = match how {
+            Fetch::Orphans => Blobs::All,
+            Fetch::Changes if !haves.is_empty() => Blobs::All,
+            Fetch::Branch | Fetch::Changes => self.blobs(http),
         };
         let pack = http.fetch(&missing, &haves, blobs).await?;
         self.index(pack).await?;
@@ -355,4 +370,15 @@ impl Remote {
             }
         }
     }
+}
+
+/// What a fetch of commits the cache lacks brings along.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fetch {
+    /// Branch commits: trees, and blobs unless the remote sends them by id later.
+    Branch,
+    /// Lock commits (no parents): everything, without asking for the capabilities first.
+    Orphans,
+    /// Branch commits a little past a tip the cache has: everything that changed since.
+    Changes,
 }

@@ -1,6 +1,7 @@
-//! Writes: a commit on the advertised tip, pushed with compare-and-swap and retried on a moved
-//! branch.
+//! Writes: commits on the advertised tip, pushed with compare-and-swap; the rounds that
+//! [`super::batch`] runs.
 
+use super::batch::Job;
 use super::*;
 
 impl GitStore {
@@ -23,80 +24,16 @@ impl GitStore {
         ))
     }
 
-    /// Write `path`, guarded by the lock of `lock` when given; retried on a moved branch.
-    pub(super) async fn write_loop(
-        &self,
-        at: &Location,
-        path: &str,
-        lock: Option<&StateName>,
-        change: Change,
-        plan: WritePlan,
-    ) -> Result<Written, StoreError> {
-        let remote = self.remote(at)?;
-        let started = std::time::Instant::now();
-        let mut last_error = None;
-        let mut last_attempt = Duration::ZERO;
-        let mut missed_floor = false;
-        for attempt in 1..=MAX_WRITE_ATTEMPTS {
-            // A first attempt at the floor that missed (the tip moved on since this process saw
-            // it) is not contention: the second one looks at the remote at once.
-            if attempt > 1 && !missed_floor {
-                tokio::time::sleep(backoff(attempt, last_attempt)).await;
-            }
-            missed_floor = false;
-            if attempt > 1 && started.elapsed() > WRITE_DEADLINE {
-                break;
-            }
-            let attempt_started = std::time::Instant::now();
-            let job = Job {
-                path,
-                lock,
-                change: &change,
-                plan: &plan,
-            };
-            let outcome = self.write_attempt(&remote, at, job, attempt == 1).await;
-            last_attempt = attempt_started.elapsed();
-            match outcome {
-                Ok(Attempt::Done(written)) => return Ok(written),
-                Ok(Attempt::MissedFloor(report)) => {
-                    tracing::debug!(?report, "write at the floor refused, looking at the remote");
-                    missed_floor = true;
-                }
-                Ok(Attempt::Lost(report)) => {
-                    tracing::debug!(
-                        attempt,
-                        ?report,
-                        "write lost a race, rebuilding on the new tip"
-                    );
-                }
-                // A tip that moved between advertisement and fetch ("not our ref"), a remote that
-                // hiccuped: every attempt starts from what the remote says now, and a push that
-                // did land shows up as "unchanged", so trying again is safe.
-                Err(error) if error.is_transient() => {
-                    tracing::debug!(attempt, error = %gitstate_core::report::chain(&error), "write attempt failed, retrying");
-                    last_error = Some(error);
-                }
-                Err(error) => return Err(error.into()),
-            }
-        }
-        match last_error {
-            Some(error) => Err(error.into()),
-            None => Err(StoreError::Contention {
-                attempts: MAX_WRITE_ATTEMPTS,
-            }),
-        }
-    }
-
-    /// Where an attempt starts: at the floor on a first attempt when it can, else from a fresh
-    /// receive-pack advertisement.
+    /// Where a round starts: at the floor when it can, else from a fresh receive-pack
+    /// advertisement of the branch and the writers' lock refs.
     async fn start(
         &self,
         remote: &Remote,
         at: &Location,
-        lock_ref: Option<&String>,
+        lock_refs: &[Option<String>],
         floor: bool,
     ) -> Result<Start, Error> {
-        if floor && let Some(start) = floor_start(remote, lock_ref)? {
+        if floor && let Some(start) = floor_start(remote, lock_refs)? {
             return Ok(start);
         }
         let branch = at.branch.full_ref();
@@ -104,116 +41,243 @@ impl GitStore {
             .refs(
                 Service::ReceivePack,
                 std::iter::once(branch.clone())
-                    .chain(lock_ref.cloned())
+                    .chain(lock_refs.iter().flatten().cloned())
                     .collect(),
             )
             .await?;
         Ok(Start {
             tip: advert.tip(&branch),
-            lock_tip: lock_ref.and_then(|r| advert.tip(r)),
+            lock_tips: lock_refs
+                .iter()
+                .map(|r| r.as_ref().and_then(|r| advert.tip(r)))
+                .collect(),
             mode: WriteMode::of(&advert),
             advert: Some(advert),
         })
     }
 
-    async fn write_attempt(
+    /// One round of a batch of writes (distinct, non-overlapping paths): each write's check and
+    /// plan against the tip, one commit per write that changes something, chained on the tip,
+    /// and one push of the chain. One verdict per job, in order.
+    pub(super) async fn write_round(
         &self,
         remote: &Remote,
         at: &Location,
-        job: Job<'_>,
-        floor: bool,
-    ) -> Result<Attempt, Error> {
-        let Job {
-            path,
-            lock,
-            change,
-            plan,
-        } = job;
-        let lock_ref = lock.map(|name| self.lock_ref(name));
-        let start = self.start(remote, at, lock_ref.as_ref(), floor).await?;
+        round: Round<'_>,
+    ) -> Result<Vec<Verdict>, Error> {
+        let jobs = round.jobs;
+        let lock_refs: Vec<Option<String>> = jobs
+            .iter()
+            .map(|job| job.lock.as_ref().map(|name| self.lock_ref(name)))
+            .collect();
+        let start = self.start(remote, at, &lock_refs, round.floor).await?;
         let tip = start.tip;
         // At the floor only a push rests on what this process remembers: a refusal or an
         // "unchanged" is decided again from the remote.
         let decided = |written| {
             if start.advert.is_none() {
-                Attempt::MissedFloor(PushReport::default())
+                Verdict::MissedFloor
             } else {
-                Attempt::Done(written)
+                Verdict::Done(written)
             }
         };
-        remote
-            .ensure(tip.into_iter().chain(start.lock_tip).collect())
-            .await?;
-        // The tree rule, against the very tree the commit is built on: a concurrent writer that
-        // slips a clashing path in makes the push below lose the compare-and-swap, and the next
-        // attempt sees it here.
-        if let Some(tip) = tip {
-            let (cache, owned) = (remote.cache.clone(), path.to_owned());
-            if let Some(clash) = blocking(move || cache.path_clash(tip, &owned)).await? {
-                return Ok(decided(Written::Refused(Refusal::Clash(clash))));
-            }
+        let wants = tip
+            .into_iter()
+            .chain(start.lock_tips.iter().flatten().copied());
+        if round.after_loss && start.advert.is_some() {
+            // Right after a lost race the cache holds a tip a few commits old: what changed
+            // since (the index among it) comes in the same request as the trees.
+            remote.ensure_changes(wants.collect()).await?;
+        } else {
+            remote.ensure(wants.collect()).await?;
         }
-        let held = match (start.lock_tip, lock) {
-            (Some(lock_tip), Some(name)) => Some(self.held(remote, lock_tip, name).await?),
-            _ => None,
-        };
-        let stored = match tip {
-            Some(tip) => {
-                // The state and the index the commit updates, in one fetch if missing.
-                let index = gitstate_core::index::INDEX_PATH.to_owned();
-                remote.want_blobs(tip, vec![path.to_owned(), index]).await?;
-                remote.read(tip, path.to_owned()).await?
-            }
-            None => None,
-        };
-        let meta = match plan(held.as_ref(), stored.as_deref()) {
-            Ok(meta) => meta,
-            Err(refusal) => return Ok(decided(Written::Refused(refusal))),
-        };
-        let content = match change {
-            Change::Put(bytes) if stored.as_deref() == Some(bytes.as_ref()) => {
-                return Ok(decided(Written::Unchanged));
-            }
-            Change::Put(bytes) => Some(bytes.clone()),
-            Change::Delete => None,
-        };
+        if let (Some(tip), Some(_)) = (tip, &start.advert) {
+            remote.saw_tip(tip);
+        }
+        if let Some(tip) = tip {
+            // The states and the index the commits update, in one fetch if missing.
+            let paths = jobs
+                .iter()
+                .map(|job| job.path.clone())
+                .chain(std::iter::once(gitstate_core::index::INDEX_PATH.to_owned()))
+                .collect();
+            remote.want_blobs(tip, paths).await?;
+        }
         // A new branch git cannot create next to an existing one (`env/a/b` while `env/a`
         // exists): refuse it now rather than push. A clashing branch created by someone else
-        // after this look makes the push fail, and the next attempt refuses it here.
+        // after this look makes the push fail, and the next round refuses it here.
         if tip.is_none()
             && let Some(advert) = &start.advert
             && let Some(clash) = self.branch_clash(remote, advert, &at.branch).await?
         {
-            return Ok(Attempt::Done(Written::Refused(Refusal::Clash(clash))));
+            return Ok(jobs
+                .iter()
+                .map(|_| Verdict::Done(Written::Refused(Refusal::Clash(clash.clone()))))
+                .collect());
         }
-        let commit = remote.commit(tip, path.to_owned(), content, meta).await?;
-        push_write(remote, at, &start, lock_ref, commit).await
+        let mut verdicts = Vec::with_capacity(jobs.len());
+        let mut chain = Chain::on(tip);
+        for (job, lock_tip) in jobs.iter().zip(&start.lock_tips) {
+            let verdict = match self.plan_one(remote, tip, job, *lock_tip).await? {
+                Planned::Decided(written) => decided(written),
+                Planned::Commit(content, meta) => {
+                    let commit = remote
+                        .commit(chain.head, job.path.clone(), content, meta)
+                        .await?;
+                    chain.add(commit);
+                    Verdict::Lost
+                }
+            };
+            verdicts.push(verdict);
+        }
+        let Some(head) = chain.head.filter(|_| !chain.commits.is_empty()) else {
+            return Ok(verdicts);
+        };
+        let mut commands = vec![Command {
+            old: tip.unwrap_or_else(null),
+            new: head,
+            name: at.branch.full_ref(),
+        }];
+        if start.mode == WriteMode::Atomic {
+            for ((verdict, lock_tip), lock_ref) in
+                verdicts.iter().zip(&start.lock_tips).zip(lock_refs)
+            {
+                if let (Verdict::Lost, Some(lock_tip), Some(lock_ref)) =
+                    (verdict, lock_tip, lock_ref)
+                {
+                    // The plan accepted the lock as it is: the write lands only if it still is.
+                    commands.push(Command {
+                        old: *lock_tip,
+                        new: *lock_tip,
+                        name: lock_ref,
+                    });
+                }
+            }
+        }
+        let landed = push_chain(remote, &start, head, commands, chain.objects).await?;
+        let mut commits = chain.commits.into_iter();
+        for verdict in &mut verdicts {
+            if matches!(verdict, Verdict::Lost) {
+                let commit = commits.next();
+                match (landed, commit) {
+                    (Landed::Yes, Some(commit)) => {
+                        *verdict = Verdict::Done(Written::Committed {
+                            version: commit.to_string(),
+                        });
+                    }
+                    (Landed::MissedFloor, _) => *verdict = Verdict::MissedFloor,
+                    _ => {}
+                }
+            }
+        }
+        Ok(verdicts)
+    }
+
+    /// One write's tree check, lock and plan against `tip`: decided, or what to commit.
+    async fn plan_one(
+        &self,
+        remote: &Remote,
+        tip: Option<ObjectId>,
+        job: &Job,
+        lock_tip: Option<ObjectId>,
+    ) -> Result<Planned, Error> {
+        // The tree rule, against the very tree the commit is built on: a concurrent writer that
+        // slips a clashing path in makes the push lose the compare-and-swap, and the next round
+        // sees it here. Writes in one round never overlap, so the tip's tree is the chain's.
+        if let Some(tip) = tip {
+            let (cache, owned) = (remote.cache.clone(), job.path.clone());
+            if let Some(clash) = blocking(move || cache.path_clash(tip, &owned)).await? {
+                return Ok(Planned::Decided(Written::Refused(Refusal::Clash(clash))));
+            }
+        }
+        let held = match (lock_tip, &job.lock) {
+            (Some(lock_tip), Some(name)) => Some(self.held(remote, lock_tip, name).await?),
+            _ => None,
+        };
+        let stored = match tip {
+            Some(tip) => remote.read(tip, job.path.clone()).await?,
+            None => None,
+        };
+        let meta = match (job.plan)(held.as_ref(), stored.as_deref()) {
+            Ok(meta) => meta,
+            Err(refusal) => return Ok(Planned::Decided(Written::Refused(refusal))),
+        };
+        Ok(match &job.change {
+            Change::Put(bytes) if stored.as_deref() == Some(bytes.as_ref()) => {
+                Planned::Decided(Written::Unchanged)
+            }
+            Change::Put(bytes) => Planned::Commit(Some(bytes.clone()), meta),
+            Change::Delete => Planned::Commit(None, meta),
+        })
     }
 }
 
-/// What a write attempt writes.
-struct Job<'a> {
-    path: &'a str,
-    /// The lock the write is made under, if any.
-    lock: Option<&'a StateName>,
-    change: &'a Change,
-    plan: &'a WritePlan,
+/// A batch of writes, once.
+pub(super) struct Round<'a> {
+    pub(super) jobs: &'a [Job],
+    /// Try at the protocol floor (no fresh advertisement).
+    pub(super) floor: bool,
+    /// The round before lost a race: the tip moved on a little.
+    pub(super) after_loss: bool,
 }
 
-/// Where a write attempt starts.
+/// How a write fared in a round.
+pub(super) enum Verdict {
+    Done(Written),
+    /// The remote refused the push: another writer moved the branch or a lock changed.
+    Lost,
+    /// Decided or refused at the floor: the tip or lock this process knew may have changed (or
+    /// the remote wants an advertisement first); decide again from the remote.
+    MissedFloor,
+}
+
+enum Planned {
+    Decided(Written),
+    Commit(Option<Bytes>, CommitMeta),
+}
+
+/// Commits built one on another on the round's tip.
+struct Chain {
+    head: Option<ObjectId>,
+    commits: Vec<ObjectId>,
+    /// What the remote lacks for all of them.
+    objects: Vec<ObjectId>,
+}
+
+impl Chain {
+    fn on(tip: Option<ObjectId>) -> Self {
+        Self {
+            head: tip,
+            commits: Vec::new(),
+            objects: Vec::new(),
+        }
+    }
+
+    fn add(&mut self, commit: NewCommit) {
+        self.head = Some(commit.id);
+        self.commits.push(commit.id);
+        for id in commit.objects {
+            if !self.objects.contains(&id) {
+                self.objects.push(id);
+            }
+        }
+    }
+}
+
+/// Where a round starts.
 struct Start {
     tip: Option<ObjectId>,
-    /// The lock commit the attempt rests on, when it writes under a lock that exists.
-    lock_tip: Option<ObjectId>,
+    /// Per job, the lock commit the write rests on, when it writes under a lock that exists.
+    lock_tips: Vec<Option<ObjectId>>,
     mode: WriteMode,
     /// The advertisement it came from; `None` at the floor.
     advert: Option<Advert>,
 }
 
-/// A first attempt at the floor: on the tip this process last saw and, under a lock, the lock
-/// commit it made, when the remote pushes atomically (without `atomic` the lock is only checked
-/// as of an advertisement, so a write under a lock takes a fresh one). `None`: advertise.
-fn floor_start(remote: &Remote, lock_ref: Option<&String>) -> Result<Option<Start>, Error> {
+/// A round at the floor: on the tip this process last saw and, under locks, the lock commits it
+/// made, when the remote pushes atomically (without `atomic` a lock is only checked as of an
+/// advertisement, so a write under a lock takes a fresh one). `None`: advertise.
+fn floor_start(remote: &Remote, lock_refs: &[Option<String>]) -> Result<Option<Start>, Error> {
     let Some(caps) = remote.floor_caps() else {
         return Ok(None);
     };
@@ -221,66 +285,59 @@ fn floor_start(remote: &Remote, lock_ref: Option<&String>) -> Result<Option<Star
         return Ok(None);
     };
     let mode = WriteMode::of(&caps);
-    let lock_tip = match lock_ref {
-        None => None,
-        Some(_) if mode != WriteMode::Atomic => return Ok(None),
-        Some(lock_ref) => match remote.made_lock(lock_ref) {
-            Some(commit) => Some(commit),
-            None => return Ok(None),
-        },
-    };
+    let mut lock_tips = Vec::with_capacity(lock_refs.len());
+    for lock_ref in lock_refs {
+        lock_tips.push(match lock_ref {
+            None => None,
+            Some(_) if mode != WriteMode::Atomic => return Ok(None),
+            Some(lock_ref) => match remote.made_lock(lock_ref) {
+                Some(commit) => Some(commit),
+                None => return Ok(None),
+            },
+        });
+    }
     Ok(Some(Start {
         tip: Some(tip),
-        lock_tip,
+        lock_tips,
         mode,
         advert: None,
     }))
 }
 
-/// Push `commit` with compare-and-swap on the attempt's tip, atomically with the unchanged lock
-/// ref when the remote allows; at the floor, a remote that wants an advertisement first makes
-/// the attempt lost (the next one advertises).
-async fn push_write(
+/// Whether a round's push landed.
+#[derive(Clone, Copy)]
+enum Landed {
+    Yes,
+    /// Refused: another writer moved the branch, or a lock changed.
+    Lost,
+    /// Refused at the floor (or the remote wants an advertisement first).
+    MissedFloor,
+}
+
+/// Push the chain with compare-and-swap on the round's tip, atomically with the unchanged lock
+/// refs when the remote allows; at the floor, a remote that wants an advertisement first makes
+/// the round missed (the next one advertises).
+async fn push_chain(
     remote: &Remote,
-    at: &Location,
     start: &Start,
-    lock_ref: Option<String>,
-    commit: NewCommit,
-) -> Result<Attempt, Error> {
-    let mut commands = vec![Command {
-        old: start.tip.unwrap_or_else(null),
-        new: commit.id,
-        name: at.branch.full_ref(),
-    }];
-    if let (Some(lock_tip), Some(lock_ref), WriteMode::Atomic) =
-        (start.lock_tip, lock_ref, start.mode)
-    {
-        // The plan accepted the lock as it is: the write lands only if it still is.
-        commands.push(Command {
-            old: lock_tip,
-            new: lock_tip,
-            name: lock_ref,
-        });
-    }
+    head: ObjectId,
+    commands: Vec<Command>,
+    objects: Vec<ObjectId>,
+) -> Result<Landed, Error> {
     let report = if start.advert.is_none() {
-        match remote
-            .push_at_floor(commands.clone(), commit.objects)
-            .await?
-        {
+        match remote.push_at_floor(commands.clone(), objects).await? {
             Some(report) if report.all_ok(&commands) => report,
-            Some(report) => return Ok(Attempt::MissedFloor(report)),
-            None => return Ok(Attempt::MissedFloor(PushReport::default())),
+            _ => return Ok(Landed::MissedFloor),
         }
     } else {
-        remote.push(commands.clone(), commit.objects).await?
+        remote.push(commands.clone(), objects).await?
     };
     if report.all_ok(&commands) {
-        remote.saw_tip(commit.id);
-        return Ok(Attempt::Done(Written::Committed {
-            version: commit.id.to_string(),
-        }));
+        remote.saw_tip(head);
+        return Ok(Landed::Yes);
     }
-    Ok(Attempt::Lost(report))
+    tracing::debug!(?report, "write push lost a race");
+    Ok(Landed::Lost)
 }
 
 /// How long to wait before write attempt `attempt` (2, 3, …) after one that took `last`: full
@@ -293,14 +350,4 @@ pub(super) fn backoff(attempt: u32, last: Duration) -> Duration {
     let window = base.saturating_mul(1 << attempt.saturating_sub(2).min(5));
     let millis = u64::try_from(window.as_millis()).unwrap_or(u64::MAX).max(1);
     Duration::from_millis(rand::random_range(0..millis))
-}
-
-/// How one write attempt ended.
-enum Attempt {
-    Done(Written),
-    /// The remote refused the push: another writer moved the branch or the lock changed.
-    Lost(PushReport),
-    /// The remote refused a push at the floor: the tip or lock this process knew had changed
-    /// (or the remote wants an advertisement first).
-    MissedFloor(PushReport),
 }
