@@ -3,6 +3,7 @@
 //! `cargo test -p gitstate-tests --test it protocol::` one module.
 
 mod access;
+mod batch;
 mod concurrency;
 mod console;
 mod contract;
