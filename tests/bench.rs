@@ -12,7 +12,9 @@
 //! binaries are looked for (default: next to this one); `GITSTATE_BENCH_SMALL=1` shrinks the
 //! encrypted, growth, applies and lambda sections to try them in a debug build. The sections
 //! `encrypted` and `lambda` need moto (tests/tools/.venv), `lambda` cargo-lambda
-//! (tests/tools/deploy-venv), `applies` terraform on PATH.
+//! (tests/tools/deploy-venv), `applies` terraform on PATH. `GITSTATE_BENCH_BASELINE=<an older
+//! gitstate binary>` (named by `GITSTATE_BENCH_BASELINE_NAME`) adds that build as a side of the
+//! `applies` comparison.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};

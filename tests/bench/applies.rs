@@ -8,7 +8,9 @@ use gitstate_tests::faults::{Fault, FaultProxy};
 use gitstate_tests::process::ServeProcess;
 use gitstate_tests::{GitServer, TEST_PASSWORD, TEST_USER, terraform_backend_block};
 
-use super::{join_all, quiet_server, scale};
+use gitstate_tests::process::serve_env;
+
+use super::{join_all, scale};
 
 /// Added to every git request.
 const DELAY: Duration = Duration::from_millis(100);
@@ -95,13 +97,14 @@ fn commits(dir: &Path) -> usize {
 /// One phase: every directory's `terraform args` at once.
 async fn phase(
     git: &GitServer,
+    repo: &str,
     bin: &Path,
     dirs: &[PathBuf],
     config: &Path,
     args: &[&str],
 ) -> Phase {
     git.take_requests();
-    let before = commits(&git.repo_dir("applies"));
+    let before = commits(&git.repo_dir(repo));
     let times = std::sync::Mutex::new(Vec::new());
     let started = Instant::now();
     let results = join_all(dirs.iter().map(|dir| {
@@ -134,57 +137,112 @@ async fn phase(
         each,
         labels,
         requests: seen.len(),
-        commits: commits(&git.repo_dir("applies")) - before,
+        commits: commits(&git.repo_dir(repo)) - before,
+    }
+}
+
+/// One side of the comparison: its own repository, backends and working directories.
+struct Side {
+    /// What the table calls it.
+    label: String,
+    repo: String,
+    dirs: Vec<PathBuf>,
+    _procs: Vec<ServeProcess>,
+    _proxy: FaultProxy,
+}
+
+impl Side {
+    async fn start(
+        git: &GitServer,
+        (binary, label): (&Path, String),
+        root: &Path,
+        (applies, backends): (usize, usize),
+        (index, writes_per_push): (usize, usize),
+    ) -> Self {
+        let repo = format!("applies-{index}");
+        git.create_repo(&repo);
+        let proxy = FaultProxy::start(git.address, 1, 1.0, vec![Fault::Slow(DELAY)]).await;
+        let url = proxy.url(&repo);
+        let per_push = writes_per_push.to_string();
+        let mut procs: Vec<ServeProcess> = Vec::new();
+        for b in 0..backends {
+            let dir = root.join(format!("{repo}-backend-{b}"));
+            std::fs::create_dir_all(&dir).expect("dir");
+            let env = serve_env(
+                &url,
+                &[
+                    ("RUST_LOG", "warn"),
+                    ("GITSTATE_GIT_WRITES_PER_PUSH", per_push.as_str()),
+                ],
+            );
+            procs.push(ServeProcess::start(binary, &dir, env).await);
+        }
+        let dirs: Vec<PathBuf> = (0..applies)
+            .map(|i| {
+                let dir = root.join(format!("{repo}-ws-{i:03}"));
+                std::fs::create_dir_all(&dir).expect("dir");
+                let base = &procs[i % backends].url;
+                let block = terraform_backend_block(base, &format!("apps/a{i:03}.tfstate"), "");
+                std::fs::write(dir.join("main.tf"), format!("{block}{RESOURCES}")).expect("config");
+                dir
+            })
+            .collect();
+        Self {
+            label,
+            repo,
+            dirs,
+            _procs: procs,
+            _proxy: proxy,
+        }
     }
 }
 
 /// `applies` concurrent Terraform applies, each on its own state, spread over `backends`
-/// `gitstate serve` processes, every git request delayed by [`DELAY`].
+/// `gitstate serve` processes, every git request delayed by [`DELAY`]: once with every write
+/// pushed alone (`GITSTATE_GIT_WRITES_PER_PUSH=1`) and once with waiting writes pushed together
+/// (the default), phase by phase in turns so both see the same machine.
 pub async fn concurrent_applies(out: &mut String, binary: &Path) {
     let (applies, backends) = (scale(100, 8), scale(8, 2));
     let bin = terraform();
     let git = GitServer::start().await;
-    git.create_repo("applies");
-    let proxy = FaultProxy::start(git.address, 1, 1.0, vec![Fault::Slow(DELAY)]).await;
-    let url = proxy.url("applies");
     let root = tempfile::tempdir().expect("tempdir");
     let config = root.path().join("empty.tfrc");
     std::fs::write(&config, "").expect("cli config");
-    let mut procs: Vec<ServeProcess> = Vec::new();
-    for b in 0..backends {
-        let dir = root.path().join(format!("backend-{b}"));
-        std::fs::create_dir_all(&dir).expect("dir");
-        procs.push(quiet_server(binary, &dir, &url).await);
+    let mut sides = Vec::new();
+    for writes_per_push in [1, 32] {
+        sides.push(
+            Side::start(
+                &git,
+                binary,
+                root.path(),
+                (applies, backends),
+                writes_per_push,
+            )
+            .await,
+        );
     }
-    let dirs: Vec<PathBuf> = (0..applies)
-        .map(|i| {
-            let dir = root.path().join(format!("ws-{i:03}"));
-            std::fs::create_dir_all(&dir).expect("dir");
-            let base = &procs[i % backends].url;
-            let block = terraform_backend_block(base, &format!("apps/a{i:03}.tfstate"), "");
-            std::fs::write(dir.join("main.tf"), format!("{block}{RESOURCES}")).expect("config");
-            dir
-        })
-        .collect();
-    let init = phase(&git, &bin, &dirs, &config, &["init", "-no-color"]).await;
-    let args = ["apply", "-auto-approve", "-no-color"];
-    let first = phase(&git, &bin, &dirs, &config, &args).await;
-    let second = phase(
-        &git,
-        &bin,
-        &dirs,
-        &config,
-        &["apply", "-auto-approve", "-no-color", "-var", "round=2"],
-    )
-    .await;
-    let noop = phase(
-        &git,
-        &bin,
-        &dirs,
-        &config,
-        &["apply", "-auto-approve", "-no-color", "-var", "round=2"],
-    )
-    .await;
+    let phases: [(&str, Vec<&str>); 4] = [
+        ("`terraform init`", vec!["init", "-no-color"]),
+        (
+            "first apply (creates the state)",
+            vec!["apply", "-auto-approve", "-no-color"],
+        ),
+        (
+            "update apply (changes the resources)",
+            vec!["apply", "-auto-approve", "-no-color", "-var", "round=2"],
+        ),
+        (
+            "no-op apply",
+            vec!["apply", "-auto-approve", "-no-color", "-var", "round=2"],
+        ),
+    ];
+    let mut rows = Vec::new();
+    for (label, args) in &phases {
+        for side in &sides {
+            let p = phase(&git, &side.repo, &bin, &side.dirs, &config, args).await;
+            rows.push((*label, side.label.clone(), p));
+        }
+    }
     out.push_str(&format!(
         "## {applies} concurrent Terraform applies through {backends} backends, +{} ms per git \
          request\n\n\
@@ -193,19 +251,19 @@ pub async fn concurrent_applies(out: &mut String, binary: &Path) {
          processes; a proxy adds {} ms to every git request. Each phase starts all \
          {applies} Terraform processes at once ({}); git requests are counted at the \
          server and divided by {applies}; commits = those the phase added to the branch (writes \
-         that landed), per run.\n\n\
-         | phase | succeeded | total s | per run p50 s | max s | commits per run | git reqs per run | of which |\n\
-         |---|---:|---:|---:|---:|---:|---:|---|\n",
+         that landed), per run. Each side has its own repository, backends and working \
+         directories; the sides take turns phase by phase, so all see the same machine: \
+         the baseline build when `GITSTATE_BENCH_BASELINE` names one (each write races on its \
+         own), this build with one write per push (`GITSTATE_GIT_WRITES_PER_PUSH=1`: a \
+         process's writes queue and leave one at a time), and this build's default (waiting \
+         writes leave together, up to 32 in one push).\n\n\
+         | phase | backends | succeeded | total s | per run p50 s | max s | commits per run | git reqs per run | of which |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---|\n",
         DELAY.as_millis(),
         DELAY.as_millis(),
         version(&bin),
     ));
-    for (label, p) in [
-        ("`terraform init`", init),
-        ("first apply (creates the state)", first),
-        ("update apply (changes the resources)", second),
-        ("no-op apply", noop),
-    ] {
+    for (label, side, p) in rows {
         let per = |n: usize| n as f64 / applies as f64;
         let of_which: Vec<String> = p
             .labels
@@ -213,7 +271,7 @@ pub async fn concurrent_applies(out: &mut String, binary: &Path) {
             .map(|(l, n)| format!("{l} {:.1}", per(*n)))
             .collect();
         out.push_str(&format!(
-            "| {label} | {}/{applies} | {:.1} | {:.1} | {:.1} | {:.2} | {:.1} | {} |\n",
+            "| {label} | {side} | {}/{applies} | {:.1} | {:.1} | {:.1} | {:.2} | {:.1} | {} |\n",
             p.ok,
             p.total.as_secs_f64(),
             p.each.pct(0.5).as_secs_f64(),

@@ -458,10 +458,12 @@ async fn random_groups_of_concurrent_writes_answer_as_one_at_a_time() {
                     }
                 }
             }
-            // Every name reads the same from both, and every lock is gone for the next round.
+            // Every name reads the same from both (on the git side through the other process,
+            // so from the remote, not from the writer's cache), and every lock is gone for the
+            // next round.
             for name in NAMES {
                 for path in [format!("/states/{name}"), format!("/locks/{name}")] {
-                    let git = Client::new(&both.slow.backend.url)
+                    let git = Client::new(&both.slow.other.url)
                         .send("GET", &path, None)
                         .await;
                     let memory = memory.send("GET", &path, None).await;

@@ -97,6 +97,10 @@ pub const SETTINGS: &[Spec] = &[
         "largest answer taken from the git remote [134217728]",
     ),
     setting(
+        "GITSTATE_GIT_WRITES_PER_PUSH",
+        "most waiting writes pushed together [32]",
+    ),
+    setting(
         "GITSTATE_LOCK_REF_PREFIX",
         "where lock refs go [refs/heads/locks/]",
     ),

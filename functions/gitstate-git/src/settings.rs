@@ -40,4 +40,6 @@ pub struct GitSettings {
     pub max_response_bytes: u64,
     /// How deep history paging and `?at=` may fetch.
     pub max_history_depth: u32,
+    /// The most writes waiting at once that leave in one push (1: each alone).
+    pub writes_per_push: usize,
 }

@@ -22,6 +22,9 @@ pub struct LimitSettings {
     /// `GITSTATE_HISTORY_MAX_DEPTH`: how many commits of the branch history paging and `?at=` may
     /// fetch at most (default 10000).
     pub history_max_depth: u32,
+    /// `GITSTATE_GIT_WRITES_PER_PUSH`: how many writes waiting at once in one process may leave
+    /// in one push (default 32; 1 pushes every write alone).
+    pub git_writes_per_push: usize,
 }
 
 impl LimitSettings {
@@ -33,12 +36,20 @@ impl LimitSettings {
         let max_body_bytes =
             vars.number("GITSTATE_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES as u64)?;
         let history_max_depth = vars.number("GITSTATE_HISTORY_MAX_DEPTH", 10_000)?;
+        let writes_per_push = vars.number("GITSTATE_GIT_WRITES_PER_PUSH", 32)?;
+        if writes_per_push > 256 {
+            return Err(ConfigError::Invalid {
+                var: "GITSTATE_GIT_WRITES_PER_PUSH",
+                reason: format!("{writes_per_push} is more than 256"),
+            });
+        }
         Ok(Self {
             max_body_bytes: usize::try_from(max_body_bytes).unwrap_or(usize::MAX),
             max_response_bytes: (runtime == Runtime::Lambda && !streaming)
                 .then_some(BUFFERED_RESPONSE_LIMIT),
             git_max_response_bytes: vars.number("GITSTATE_GIT_MAX_RESPONSE_BYTES", 128 << 20)?,
             history_max_depth: u32::try_from(history_max_depth).unwrap_or(u32::MAX),
+            git_writes_per_push: usize::try_from(writes_per_push).unwrap_or(1),
         })
     }
 }

@@ -108,6 +108,8 @@ fn refuses_bad_values() {
         [("GITSTATE_KMS_PREVIOUS_KEY_IDS", "alias/old")],
         [("GITSTATE_HISTORY_MAX_DEPTH", "0")],
         [("GITSTATE_GIT_MAX_RESPONSE_BYTES", "lots")],
+        [("GITSTATE_GIT_WRITES_PER_PUSH", "0")],
+        [("GITSTATE_GIT_WRITES_PER_PUSH", "257")],
         [("GITSTATE_GIT_AUTH", "digest")],
         [("GITSTATE_REQUIRE_ATOMIC", "yes")],
         [("GITSTATE_GIT_CA_PEM", "not a certificate")],
@@ -222,20 +224,29 @@ fn ref_settings_name_the_setting_at_fault() {
 fn bounds_on_git_work() {
     let s = settings(Runtime::Local, &[]).expect("defaults");
     assert_eq!(
-        (s.limits.history_max_depth, s.limits.git_max_response_bytes),
-        (10_000, 128 << 20)
+        (
+            s.limits.history_max_depth,
+            s.limits.git_max_response_bytes,
+            s.limits.git_writes_per_push
+        ),
+        (10_000, 128 << 20, 32)
     );
     let s = settings(
         Runtime::Local,
         &[
             ("GITSTATE_HISTORY_MAX_DEPTH", "100"),
             ("GITSTATE_GIT_MAX_RESPONSE_BYTES", "4096"),
+            ("GITSTATE_GIT_WRITES_PER_PUSH", "1"),
         ],
     )
     .expect("valid");
     assert_eq!(
-        (s.limits.history_max_depth, s.limits.git_max_response_bytes),
-        (100, 4096)
+        (
+            s.limits.history_max_depth,
+            s.limits.git_max_response_bytes,
+            s.limits.git_writes_per_push
+        ),
+        (100, 4096, 1)
     );
 }
 

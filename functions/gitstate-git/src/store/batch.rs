@@ -12,7 +12,7 @@
 //! The leader leads until its own write is decided, then hands what is still undecided back to
 //! the queue for the next caller to lead. A leader whose caller goes away (a dropped request)
 //! drops the writes it held; their callers queue them again, which is safe because a write that
-//! did land reads back as unchanged.
+//! did land reads back as unchanged. A write whose caller went away before it left is dropped.
 
 use std::collections::VecDeque;
 
@@ -21,8 +21,6 @@ use tokio::sync::oneshot;
 use super::write::{Round, Verdict, backoff};
 use super::*;
 
-/// Most writes in one push.
-const MAX_BATCH_WRITES: usize = 32;
 /// Most bytes of new content in one push (a first write always goes, however large).
 const MAX_BATCH_BYTES: usize = 16 << 20;
 
@@ -74,13 +72,22 @@ impl Job {
 }
 
 /// The writes of one branch waiting to be pushed, and who pushes them.
-#[derive(Default)]
 pub(super) struct Batcher {
     queue: Mutex<VecDeque<Job>>,
     leader: tokio::sync::Mutex<()>,
+    /// Most writes in one push.
+    most: usize,
 }
 
 impl Batcher {
+    pub(super) fn new(most: usize) -> Self {
+        Self {
+            queue: Mutex::default(),
+            leader: tokio::sync::Mutex::new(()),
+            most: most.max(1),
+        }
+    }
+
     fn push_back(&self, job: Job) {
         if let Ok(mut queue) = self.queue.lock() {
             queue.push_back(job);
@@ -102,10 +109,12 @@ impl Batcher {
         let Ok(mut queue) = self.queue.lock() else {
             return;
         };
+        // A caller that went away (a dropped request) gets no write pushed for it.
+        queue.retain(|job| !job.reply.is_closed());
         let mut bytes: usize = batch.iter().map(Job::bytes).sum();
         let mut kept = VecDeque::with_capacity(queue.len());
         while let Some(job) = queue.pop_front() {
-            let fits = batch.len() < MAX_BATCH_WRITES
+            let fits = batch.len() < self.most
                 && (batch.is_empty() || bytes.saturating_add(job.bytes()) <= MAX_BATCH_BYTES)
                 && !batch.iter().any(|other| overlaps(&other.path, &job.path));
             if fits {

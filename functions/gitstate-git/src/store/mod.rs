@@ -85,6 +85,8 @@ pub struct StoreOptions {
     pub max_response_bytes: u64,
     /// How deep history paging and `?at=` may fetch (`GITSTATE_HISTORY_MAX_DEPTH`).
     pub max_history_depth: u32,
+    /// The most writes waiting at once that leave in one push (1: each alone).
+    pub writes_per_push: usize,
 }
 
 /// How a write under a lock reaches the remote, decided per remote from its receive-pack
@@ -186,6 +188,7 @@ impl GitStore {
             timeout: settings.timeout,
             max_response_bytes: settings.max_response_bytes,
             max_history_depth: settings.max_history_depth,
+            writes_per_push: settings.writes_per_push.max(1),
         };
         match &settings.repository {
             Some(url) => Ok((
@@ -267,7 +270,7 @@ impl GitStore {
             whole_fetches: std::sync::atomic::AtomicBool::new(false),
             made_locks: Mutex::default(),
             no_floor: std::sync::atomic::AtomicBool::new(false),
-            batcher: batch::Batcher::default(),
+            batcher: batch::Batcher::new(self.options.writes_per_push),
         });
         remotes.insert(key, remote.clone());
         Ok(remote)
