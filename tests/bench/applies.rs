@@ -198,9 +198,9 @@ impl Side {
 }
 
 /// `applies` concurrent Terraform applies, each on its own state, spread over `backends`
-/// `gitstate serve` processes, every git request delayed by [`DELAY`]: once with every write
-/// pushed alone (`GITSTATE_GIT_WRITES_PER_PUSH=1`) and once with waiting writes pushed together
-/// (the default), phase by phase in turns so both see the same machine.
+/// `gitstate serve` processes, every git request delayed by [`DELAY`]: with one write per push
+/// (`GITSTATE_GIT_WRITES_PER_PUSH=1`), with the default, and with a baseline build when
+/// `GITSTATE_BENCH_BASELINE` names one; phase by phase in turns so all see the same machine.
 pub async fn concurrent_applies(out: &mut String, binary: &Path) {
     let (applies, backends) = (scale(100, 8), scale(8, 2));
     let bin = terraform();
@@ -208,18 +208,25 @@ pub async fn concurrent_applies(out: &mut String, binary: &Path) {
     let root = tempfile::tempdir().expect("tempdir");
     let config = root.path().join("empty.tfrc");
     std::fs::write(&config, "").expect("cli config");
+    let mut plan: Vec<(PathBuf, String, usize)> = Vec::new();
+    if let Some(baseline) = std::env::var_os("GITSTATE_BENCH_BASELINE") {
+        let name =
+            std::env::var("GITSTATE_BENCH_BASELINE_NAME").unwrap_or_else(|_| "baseline".into());
+        plan.push((PathBuf::from(baseline), name, 1));
+    }
+    plan.push((binary.to_owned(), "one write per push".into(), 1));
+    plan.push((binary.to_owned(), "default (32 per push)".into(), 32));
     let mut sides = Vec::new();
-    for writes_per_push in [1, 32] {
-        sides.push(
-            Side::start(
-                &git,
-                binary,
-                root.path(),
-                (applies, backends),
-                writes_per_push,
-            )
-            .await,
-        );
+    for (index, (bin, label, writes_per_push)) in plan.into_iter().enumerate() {
+        let side = Side::start(
+            &git,
+            (&bin, label),
+            root.path(),
+            (applies, backends),
+            (index, writes_per_push),
+        )
+        .await;
+        sides.push(side);
     }
     let phases: [(&str, Vec<&str>); 4] = [
         ("`terraform init`", vec!["init", "-no-color"]),
@@ -257,7 +264,7 @@ pub async fn concurrent_applies(out: &mut String, binary: &Path) {
          own), this build with one write per push (`GITSTATE_GIT_WRITES_PER_PUSH=1`: a \
          process's writes queue and leave one at a time), and this build's default (waiting \
          writes leave together, up to 32 in one push).\n\n\
-         | phase | backends | succeeded | total s | per run p50 s | max s | commits per run | git reqs per run | of which |\n\
+         | phase | gitstate | succeeded | total s | per run p50 s | max s | commits per run | git reqs per run | of which |\n\
          |---|---:|---:|---:|---:|---:|---:|---:|---|\n",
         DELAY.as_millis(),
         DELAY.as_millis(),
