@@ -390,3 +390,51 @@ async fn stale_floor_pushes_fall_back_and_win_or_lose_correctly() {
         assert_eq!(get(&b, NAME).await, free);
     }
 }
+
+/// With the access policy in the repository (`.gitstate/access.toml`), a cold read fetches the
+/// tip's trees once, then the access file and the state: the policy costs no second look at the
+/// remote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cold_read_with_the_policy_in_the_repository() {
+    let server = GitServer::start().await;
+    let url = realistic_repo(&server, "policy", STATES, true);
+    let work = tempfile::tempdir().expect("tempdir");
+    let clone = work.path().join("clone");
+    let clone_str = clone.to_str().expect("utf-8");
+    git(
+        &[
+            "clone",
+            "-q",
+            &server.url_with_credentials("policy"),
+            clone_str,
+        ],
+        None,
+    );
+    std::fs::create_dir_all(clone.join(".gitstate")).expect("mkdir");
+    std::fs::write(
+        clone.join(".gitstate/access.toml"),
+        gitstate_tests::access_file(&[(
+            gitstate_tests::TEST_USER,
+            gitstate_tests::TEST_PASSWORD,
+            &["admin:*"],
+        )]),
+    )
+    .expect("write");
+    git(&["add", "."], Some(&clone));
+    git(&["commit", "-q", "-m", "access"], Some(&clone));
+    git(&["push", "-q", "origin", "HEAD:main"], Some(&clone));
+    server.take_requests();
+    let backend = TestBackend::start(&url, &[("GITSTATE_ACCESS_REFRESH_SECS", "10")]).await;
+    let client = Client::new(&backend.url);
+    assert_eq!(get(&client, NAME).await, realistic_state(7, 60, 1));
+    let (labels, bytes) = seen(&server);
+    eprintln!("cold read with the policy in the repository: {labels:?} {bytes} bytes");
+    assert_eq!(
+        labels,
+        [
+            "GET refs/upload-pack",
+            "POST upload-pack",
+            "POST upload-pack"
+        ]
+    );
+}

@@ -12,6 +12,7 @@ pub mod password;
 pub mod ports;
 pub mod refs;
 pub mod report;
+pub mod scope;
 pub mod secret;
 pub mod service;
 #[cfg(any(test, feature = "test-util"))]

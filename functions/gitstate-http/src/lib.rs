@@ -42,6 +42,7 @@ use gitstate_core::StateName;
 use gitstate_core::access::Caller;
 use gitstate_core::auth::Access;
 use gitstate_core::ports::{Location, StoreError};
+use gitstate_core::scope::Scope;
 use gitstate_core::service::{Backend, ServiceError};
 use http::request::Parts;
 use http::{HeaderValue, Method, StatusCode, header};
@@ -182,8 +183,30 @@ fn client_address(parts: &Parts) -> Option<IpAddr> {
         })
 }
 
-/// Authenticate, then hand the request to the handler of the resource it addresses.
+/// [`route`] within the request's [`Scope`]: when it began, and the state it reads when it is a
+/// `GET` of a state at the configured location with credentials (its blob may then come with the
+/// access file's, see `gitstate_core::scope`).
 async fn dispatch(app: &App, parts: &Parts, body: Body) -> Result<Response, ApiError> {
+    let reads = match request::parse_target(&parts.uri) {
+        Ok(Addressed {
+            resource: Resource::State(name),
+            repository: None,
+            branch: None,
+            ..
+        }) if parts.method == Method::GET && parts.headers.contains_key(header::AUTHORIZATION) => {
+            Some(name)
+        }
+        _ => None,
+    };
+    let scope = Scope {
+        began: std::time::Instant::now(),
+        reads,
+    };
+    scope.run(route(app, parts, body)).await
+}
+
+/// Authenticate, then hand the request to the handler of the resource it addresses.
+async fn route(app: &App, parts: &Parts, body: Body) -> Result<Response, ApiError> {
     let (method, uri, headers) = (&parts.method, &parts.uri, &parts.headers);
     if uri.path() == "/health" {
         // Read like any address, so that a malformed query is refused here too.

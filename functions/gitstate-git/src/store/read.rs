@@ -106,7 +106,11 @@ impl GitStore {
         if let Some(tip) = remote.recent_tip(fresh_within) {
             return Ok(remote.read(tip, path.to_owned()).await?.map(Bytes::from));
         }
-        Ok(self.read_path(at, path.to_owned()).await?)
+        // The state the request reads next, if it is one: its blob comes with this file's.
+        let also = gitstate_core::scope::Scope::current()
+            .and_then(|scope| scope.reads)
+            .map(|name| name.to_string());
+        Ok(self.read_path_with(at, path.to_owned(), also).await?)
     }
 
     /// The advertised tip of the branch, fetched into the cache.
@@ -133,18 +137,44 @@ impl GitStore {
         at: &Location,
         path: String,
     ) -> Result<Option<Bytes>, Error> {
+        self.read_path_with(at, path, None).await
+    }
+
+    /// [`Self::read_path`], fetching the blob at `also` in the same request if the cache lacks
+    /// it. An advertisement made since the request began (see `gitstate_core::scope`) is used
+    /// rather than asking again.
+    async fn read_path_with(
+        &self,
+        at: &Location,
+        path: String,
+        also: Option<String>,
+    ) -> Result<Option<Bytes>, Error> {
         let remote = self.remote(at)?;
         let branch = at.branch.full_ref();
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let advert = remote
-                .refs(Service::UploadPack, vec![branch.clone()])
-                .await?;
+            let advert = match remote.advert_in_scope().filter(|_| attempt == 1) {
+                Some(advert) => advert,
+                None => {
+                    remote
+                        .refs(Service::UploadPack, vec![branch.clone()])
+                        .await?
+                }
+            };
             let Some(tip) = advert.tip(&branch) else {
                 return Ok(None);
             };
-            match remote.read(tip, path.clone()).await {
+            let read = async {
+                if let Some(also) = &also {
+                    remote.ensure(vec![tip]).await?;
+                    remote
+                        .want_blobs(tip, vec![path.clone(), also.clone()])
+                        .await?;
+                }
+                remote.read(tip, path.clone()).await
+            };
+            match read.await {
                 Ok(state) => {
                     remote.saw_tip(tip);
                     return Ok(state.map(Bytes::from));

@@ -36,6 +36,16 @@ impl Remote {
         }
     }
 
+    /// The last full advertisement, if it came after the request being served began (see
+    /// `gitstate_core::scope`): it reflects every write that finished before the request.
+    pub(super) fn advert_in_scope(&self) -> Option<Advert> {
+        let scope = gitstate_core::scope::Scope::current()?;
+        let last = self.last_advert.lock().ok()?;
+        last.as_ref()
+            .filter(|(_, when)| *when >= scope.began)
+            .map(|(advert, _)| advert.clone())
+    }
+
     pub(super) fn saw_tip(&self, tip: ObjectId) {
         if let Ok(mut known) = self.known_tip.lock() {
             *known = Some((tip, Instant::now()));
