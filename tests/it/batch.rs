@@ -65,6 +65,24 @@ impl Slow {
             .unwrap_or(0)
     }
 
+    /// `main` is one line of commits, and the repository passes `git fsck --strict`.
+    fn linear_and_sound(&self) {
+        let bare = self.bare();
+        let merges = git(
+            &[
+                "--git-dir",
+                &bare,
+                "rev-list",
+                "--merges",
+                "--count",
+                "main",
+            ],
+            None,
+        );
+        assert_eq!(merges.trim(), "0", "history is linear");
+        git(&["--git-dir", &bare, "fsck", "--strict"], None);
+    }
+
     /// Receive-pack POSTs the server saw since the last call.
     fn pushes(&self) -> usize {
         self.server
@@ -169,25 +187,13 @@ async fn writes_leave_together(mode: PushMode) {
     }
     seen.sort_unstable();
     assert_eq!(seen, (0..writes as u64).collect::<Vec<_>>());
-    let merges = git(
-        &[
-            "--git-dir",
-            &bare,
-            "rev-list",
-            "--merges",
-            "--count",
-            "main",
-        ],
-        None,
-    );
-    assert_eq!(merges.trim(), "0", "history is linear");
     for i in 0..writes {
         client
             .unlock(&format!("s{i}.tfstate"), &format!("id-{i}"))
             .await
             .expect(200);
     }
-    git(&["--git-dir", &bare, "fsck", "--strict"], None);
+    slow.linear_and_sound();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -370,29 +376,17 @@ async fn random_groups_of_concurrent_writes_answer_as_one_at_a_time() {
             }
             for item in &group {
                 let path = format!("/locks/{}", item.name);
+                let mine = Some(lock_body(&mine(round, item.name)));
+                if matches!(item.before, Before::Mine | Before::Broken) {
+                    both.setup(false, "POST", &path, mine.as_deref()).await;
+                }
                 match item.before {
-                    Before::Unlocked => {}
-                    Before::Mine => {
-                        both.setup(
-                            false,
-                            "POST",
-                            &path,
-                            Some(&lock_body(&mine(round, item.name))),
-                        )
-                        .await;
-                    }
+                    Before::Unlocked | Before::Mine => {}
                     Before::Theirs => {
                         both.setup(true, "POST", &path, Some(&lock_body("theirs")))
                             .await;
                     }
                     Before::Broken => {
-                        both.setup(
-                            false,
-                            "POST",
-                            &path,
-                            Some(&lock_body(&mine(round, item.name))),
-                        )
-                        .await;
                         both.setup(true, "DELETE", &path, Some("")).await;
                         both.setup(true, "POST", &path, Some(&lock_body("thief")))
                             .await;
@@ -477,20 +471,7 @@ async fn random_groups_of_concurrent_writes_answer_as_one_at_a_time() {
                     .await;
             }
         }
-        let bare = both.slow.bare();
-        let merges = git(
-            &[
-                "--git-dir",
-                &bare,
-                "rev-list",
-                "--merges",
-                "--count",
-                "main",
-            ],
-            None,
-        );
-        assert_eq!(merges.trim(), "0", "history is linear");
-        git(&["--git-dir", &bare, "fsck", "--strict"], None);
+        both.slow.linear_and_sound();
     }
     eprintln!("statuses: {statuses:?}; {commits} commits landed in {pushes} pushes");
     for status in [200, 409, 423] {
