@@ -485,3 +485,52 @@ async fn random_groups_of_concurrent_writes_answer_as_one_at_a_time() {
         "{commits} commits landed in {pushes} pushes: no group left together"
     );
 }
+
+/// A server hook that declines any push touching `bad.tfstate`: the writes waiting with it still
+/// land (the group is split after two refusals on an unchanged tip), and the declined write is a
+/// 502 with the remote's reason rather than 20 s of retries and a 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_write_the_remote_declines_does_not_fail_the_others() {
+    init_tracing();
+    let slow = Slow::start(PushMode::Atomic, "declines").await;
+    let hook = slow.server.repo_dir("declines").join("hooks/pre-receive");
+    std::fs::create_dir_all(hook.parent().expect("hooks")).expect("hooks dir");
+    std::fs::write(
+        &hook,
+        "#!/bin/sh\n\
+         zero=0000000000000000000000000000000000000000\n\
+         while read old new ref; do\n\
+           [ \"$new\" = \"$zero\" ] && continue\n\
+           range=$new; [ \"$old\" != \"$zero\" ] && range=$old..$new\n\
+           if git log --format= --name-only \"$range\" | grep -qx bad.tfstate; then\n\
+             echo 'bad.tfstate is not welcome here' >&2; exit 1\n\
+           fi\n\
+         done\n",
+    )
+    .expect("hook");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
+    let names: Vec<String> = (0..6)
+        .map(|i| format!("good{i}.tfstate"))
+        .chain(["bad.tfstate".to_owned()])
+        .collect();
+    let requests: Vec<_> = names
+        .iter()
+        .map(|name| {
+            (
+                "POST".to_owned(),
+                format!("/states/{name}"),
+                Some(state_json("L", 1)),
+            )
+        })
+        .collect();
+    let answers = at_once(&slow.backend.url, &requests).await;
+    for (name, (status, body)) in names.iter().zip(&answers) {
+        let want = if name == "bad.tfstate" { 502 } else { 200 };
+        assert_eq!(*status, want, "{name}: {body}");
+    }
+    assert_eq!(slow.commits(), 6, "the six good writes landed");
+    slow.linear_and_sound();
+}

@@ -1,24 +1,29 @@
 //! Group commit: writes to one branch that wait at the same time leave in one push.
 //!
 //! Every write is a compare-and-swap of the branch, so many writers of one branch land one push
-//! at a time. Within one process, writes that arrive while another is on its way queue up; one
-//! of their callers (the leader) takes all that do not touch the same or an overlapping path and
-//! builds one commit per write, each on the one before (a chain on the tip, so every state's
-//! history keeps its own author, message and trailers), then pushes the chain in one request.
-//! Under a lock, the push also asserts every writer's lock ref unchanged (atomically), so a write
-//! whose lock was broken meanwhile makes the whole push lose, and the next round refuses it
-//! alone. A lone write is a batch of one: the same requests as without batching.
+//! at a time. Within one process, writes queue up per branch, and one task (started by the write
+//! that found nobody pushing) pushes them until the queue is empty: each round takes the waiting
+//! writes that do not touch the same or an overlapping path, builds one commit per write, each on
+//! the one before (a chain on the tip, so every state's history keeps its own author, message
+//! and trailers), and pushes the chain in one request. Under a lock, the push also asserts every
+//! writer's lock ref unchanged (atomically), so a write whose lock was broken meanwhile makes the
+//! whole push lose, and the next round refuses it alone. A lone write is a round of one: the same
+//! requests as without batching.
 //!
-//! The leader leads until its own write is decided, then hands what is still undecided back to
-//! the queue for the next caller to lead. A leader whose caller goes away (a dropped request)
-//! drops the writes it held; their callers queue them again, which is safe because a write that
-//! did land reads back as unchanged. A write whose caller went away before it left is dropped.
+//! Callers only wait for their answer: a caller that goes away (a dropped request) takes nothing
+//! with it, and its write is dropped if it has not left yet; a round all of whose callers went
+//! away is dropped where it stands. A push refused twice on the same tip
+//! (not a race: a hook or a size limit refusing one of the writes), or a round that fails for
+//! good, is retried one write at a time, so one write cannot fail the others.
 
 use std::collections::VecDeque;
 
+use std::sync::PoisonError;
+use std::sync::atomic::AtomicBool;
+
 use tokio::sync::oneshot;
 
-use super::write::{Round, Verdict, backoff};
+use super::write::{Lost, Outcome, Round, Verdict, Writer, backoff};
 use super::*;
 
 /// Most bytes of new content in one push (a first write always goes, however large).
@@ -71,10 +76,10 @@ impl Job {
     }
 }
 
-/// The writes of one branch waiting to be pushed, and who pushes them.
+/// The writes of one branch waiting to be pushed, and whether a task is pushing them.
 pub(super) struct Batcher {
     queue: Mutex<VecDeque<Job>>,
-    leader: tokio::sync::Mutex<()>,
+    leading: AtomicBool,
     /// Most writes in one push.
     most: usize,
 }
@@ -83,38 +88,39 @@ impl Batcher {
     pub(super) fn new(most: usize) -> Self {
         Self {
             queue: Mutex::default(),
-            leader: tokio::sync::Mutex::new(()),
+            leading: AtomicBool::new(false),
             most: most.max(1),
         }
     }
 
-    fn push_back(&self, job: Job) {
-        if let Ok(mut queue) = self.queue.lock() {
-            queue.push_back(job);
-        }
+    fn queue(&self) -> std::sync::MutexGuard<'_, VecDeque<Job>> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Undecided writes back to the front of the queue, in their order.
+    /// Become the task that pushes; `false` if one already is.
+    fn claim(&self) -> bool {
+        !self.leading.swap(true, Ordering::SeqCst)
+    }
+
+    /// Writes back to the front of the queue, in their order.
     fn hand_back(&self, jobs: Vec<Job>) {
-        if let Ok(mut queue) = self.queue.lock() {
-            for job in jobs.into_iter().rev() {
-                queue.push_front(job);
-            }
+        let mut queue = self.queue();
+        for job in jobs.into_iter().rev() {
+            queue.push_front(job);
         }
     }
 
-    /// Move queued writes into `batch` while they fit: distinct, non-overlapping paths (so each
-    /// write's tree check and read are the same on the tip as on the chain before it).
-    fn top_up(&self, batch: &mut Vec<Job>) {
-        let Ok(mut queue) = self.queue.lock() else {
-            return;
-        };
+    /// Move queued writes into `batch` while they fit (at most `most`): distinct,
+    /// non-overlapping paths (so each write's tree check and read are the same on the tip as on
+    /// the chain before it).
+    fn top_up(&self, batch: &mut Vec<Job>, most: usize) {
+        let mut queue = self.queue();
         // A caller that went away (a dropped request) gets no write pushed for it.
         queue.retain(|job| !job.reply.is_closed());
         let mut bytes: usize = batch.iter().map(Job::bytes).sum();
         let mut kept = VecDeque::with_capacity(queue.len());
         while let Some(job) = queue.pop_front() {
-            let fits = batch.len() < self.most
+            let fits = batch.len() < most
                 && (batch.is_empty() || bytes.saturating_add(job.bytes()) <= MAX_BATCH_BYTES)
                 && !batch.iter().any(|other| overlaps(&other.path, &job.path));
             if fits {
@@ -125,6 +131,20 @@ impl Batcher {
             }
         }
         *queue = kept;
+    }
+}
+
+/// Held by the pushing task: if it panics, the flag is released and the waiting writes are
+/// answered (with an error) rather than left waiting.
+struct Leading(Arc<Remote>);
+
+impl Drop for Leading {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let batcher = &self.0.batcher;
+            batcher.queue().clear();
+            batcher.leading.store(false, Ordering::SeqCst);
+        }
     }
 }
 
@@ -149,137 +169,197 @@ impl GitStore {
         plan: WritePlan,
     ) -> Result<Written, StoreError> {
         let remote = self.remote(at)?;
-        loop {
-            let (reply, mut answer) = oneshot::channel();
-            remote.batcher.push_back(Job {
-                path: path.to_owned(),
-                lock: lock.cloned(),
-                change: change.clone(),
-                plan: plan.clone(),
-                floor: true,
-                attempts: 0,
-                started: Instant::now(),
-                last_error: None,
-                reply,
-            });
-            let answered = tokio::select! {
-                answered = &mut answer => answered.ok(),
-                _leading = remote.batcher.leader.lock() => self.lead(&remote, at, &mut answer).await,
+        let (reply, answer) = oneshot::channel();
+        remote.batcher.queue().push_back(Job {
+            path: path.to_owned(),
+            lock: lock.cloned(),
+            change,
+            plan,
+            floor: true,
+            attempts: 0,
+            started: Instant::now(),
+            last_error: None,
+            reply,
+        });
+        if remote.batcher.claim() {
+            let writer = Writer {
+                remote: remote.clone(),
+                at: at.clone(),
+                lock_ref_prefix: self.options.lock_ref_prefix.clone(),
             };
-            match answered {
-                Some(reply) => return reply,
-                // The leader holding this write went away: queue it again.
-                None => tracing::debug!("a write's leader went away; queueing it again"),
-            }
+            tokio::spawn(writer.lead());
         }
+        answer.await.unwrap_or_else(|_| {
+            Err(StoreError::Internal(
+                "the write task ended unanswered".into(),
+            ))
+        })
     }
+}
 
-    /// Push rounds of queued writes until `own` is answered; `None` when it was dropped.
-    async fn lead(
-        &self,
-        remote: &Remote,
-        at: &Location,
-        own: &mut oneshot::Receiver<Reply>,
-    ) -> Option<Reply> {
+/// Where the rounds of one pushing task stand.
+#[derive(Default)]
+struct Rounds {
+    /// Consecutive rounds that lost a race or failed in a way worth a pause.
+    lost: u32,
+    last_round: Duration,
+    /// The last round's push was refused.
+    after_loss: Option<Lost>,
+    /// One write per round until the queue is empty (see the module doc).
+    solo: bool,
+}
+
+impl Writer {
+    /// Push rounds of queued writes until the queue is empty.
+    async fn lead(self) {
+        let _leading = Leading(self.remote.clone());
+        let batcher = &self.remote.batcher;
         let mut batch: Vec<Job> = Vec::new();
-        let mut lost_rounds = 0;
-        let mut last_round = Duration::ZERO;
+        let mut rounds = Rounds::default();
         loop {
-            match own.try_recv() {
-                Ok(reply) => {
-                    remote.batcher.hand_back(batch);
-                    return Some(reply);
-                }
-                Err(oneshot::error::TryRecvError::Closed) => {
-                    remote.batcher.hand_back(batch);
-                    return None;
-                }
-                Err(oneshot::error::TryRecvError::Empty) => {}
+            if rounds.lost > 0 {
+                tokio::time::sleep(backoff(rounds.lost + 1, rounds.last_round)).await;
             }
-            if lost_rounds > 0 {
-                tokio::time::sleep(backoff(lost_rounds + 1, last_round)).await;
+            batch.retain(|job| !job.reply.is_closed());
+            if rounds.solo && batch.len() > 1 {
+                batcher.hand_back(batch.split_off(1));
             }
-            remote.batcher.top_up(&mut batch);
+            batcher.top_up(&mut batch, if rounds.solo { 1 } else { batcher.most });
             if batch.is_empty() {
-                // Only a write that is neither queued nor answered: never expected, but not a
-                // reason to spin.
-                return None;
+                // Let go, then look once more: a write queued just now saw the flag taken.
+                batcher.leading.store(false, Ordering::SeqCst);
+                if batcher.queue().is_empty() || !batcher.claim() {
+                    return;
+                }
+                rounds = Rounds::default();
+                continue;
             }
-            let floor = batch.iter().all(|job| job.floor);
             let started = Instant::now();
             let round = Round {
                 jobs: &batch,
-                floor,
-                after_loss: lost_rounds > 0,
+                floor: batch.iter().all(|job| job.floor),
+                after_loss: rounds.after_loss.is_some(),
             };
-            let outcome = self.write_round(remote, at, round).await;
-            last_round = started.elapsed();
-            lost_rounds = match self.settle(&mut batch, outcome) {
-                true => lost_rounds + 1,
-                false => 0,
+            // A round whose callers have all gone (their requests timed out, say on a hung
+            // remote) is dropped where it stands, as their own requests would have been.
+            let outcome = tokio::select! {
+                outcome = self.write_round(round) => Some(outcome),
+                () = callers_gone(&batch) => None,
             };
+            rounds.last_round = started.elapsed();
+            match outcome {
+                Some(outcome) => settle(&mut batch, &mut rounds, outcome),
+                None => {
+                    tracing::debug!("every caller of a write round went away; dropping it");
+                    batch.clear();
+                }
+            }
         }
     }
+}
 
-    /// Answer the decided writes of a round, keep the rest; `true` when the round lost a race
-    /// (or failed in a way worth another try after a pause).
-    fn settle(&self, batch: &mut Vec<Job>, outcome: Result<Vec<Verdict>, Error>) -> bool {
-        let verdicts = match outcome {
-            Ok(verdicts) => verdicts,
-            // A tip that moved between advertisement and fetch ("not our ref"), a remote that
-            // hiccuped: every round starts from what the remote says now, and a push that did
-            // land shows up as "unchanged", so trying again is safe.
-            Err(error) if error.is_transient() => {
-                tracing::debug!(error = %gitstate_core::report::chain(&error), writes = batch.len(), "write round failed, retrying");
-                for job in batch.iter_mut() {
-                    job.attempts += 1;
-                    job.last_error = Some(error.echo());
-                }
-                self.drop_exhausted(batch);
-                return true;
+/// Answer the decided writes of a round and keep the rest.
+fn settle(batch: &mut Vec<Job>, rounds: &mut Rounds, outcome: Result<Outcome, Error>) {
+    let outcome = match outcome {
+        Ok(outcome) => outcome,
+        // A tip that moved between advertisement and fetch ("not our ref"), a remote that
+        // hiccuped: every round starts from what the remote says now, and a push that did land
+        // shows up as "unchanged", so trying again is safe.
+        Err(error) if error.is_transient() => {
+            tracing::debug!(error = %gitstate_core::report::chain(&error), writes = batch.len(), "write round failed, retrying");
+            for job in batch.iter_mut() {
+                job.attempts += 1;
+                job.last_error = Some(error.echo());
             }
-            Err(error) => {
-                let mut jobs = std::mem::take(batch).into_iter();
-                let first = jobs.next();
-                for job in jobs {
-                    job.answer(Err(error.echo()));
-                }
-                if let Some(first) = first {
-                    first.answer(Err(error.into()));
-                }
-                return false;
+            drop_exhausted(batch);
+            rounds.lost += 1;
+            rounds.after_loss = None;
+            return;
+        }
+        // Several writes: one of them may be the cause; each goes alone from now on.
+        Err(error) if batch.len() > 1 => {
+            tracing::debug!(error = %gitstate_core::report::chain(&error), writes = batch.len(), "write round failed; writing one at a time");
+            for job in batch.iter_mut() {
+                job.attempts += 1;
+                job.last_error = Some(error.echo());
             }
-        };
-        let mut lost = false;
-        let mut kept = Vec::with_capacity(batch.len());
-        for (mut job, verdict) in std::mem::take(batch).into_iter().zip(verdicts) {
-            job.attempts += 1;
-            match verdict {
-                Verdict::Done(written) => job.answer(Ok(written)),
-                Verdict::MissedFloor => {
-                    job.floor = false;
-                    kept.push(job);
-                }
-                Verdict::Lost => {
-                    job.floor = false;
-                    lost = true;
-                    kept.push(job);
-                }
+            drop_exhausted(batch);
+            rounds.solo = true;
+            rounds.after_loss = None;
+            return;
+        }
+        Err(error) => {
+            // At most one write here.
+            if let Some(job) = std::mem::take(batch).pop() {
+                job.answer(Err(error.into()));
+            }
+            rounds.lost = 0;
+            rounds.after_loss = None;
+            return;
+        }
+    };
+    // Refused twice on a tip that did not move: not a race, but the remote declining (a hook, a
+    // size limit). Several writes go one at a time from now on; a lone one is answered.
+    let mut declined = None;
+    if let (Some(now), Some(before)) = (&outcome.lost, &rounds.after_loss)
+        && now.on == before.on
+    {
+        if now.commits > 1 {
+            tracing::debug!(
+                "a push of several writes was refused twice on one tip; writing one at a time"
+            );
+            rounds.solo = true;
+        } else {
+            declined = Some(now.reason.clone());
+        }
+    }
+    rounds.lost = if outcome.lost.is_some() {
+        rounds.lost + 1
+    } else {
+        0
+    };
+    rounds.after_loss = outcome.lost;
+    let mut kept = Vec::with_capacity(batch.len());
+    for (mut job, verdict) in std::mem::take(batch).into_iter().zip(outcome.verdicts) {
+        job.attempts += 1;
+        match verdict {
+            Verdict::Done(written) => job.answer(Ok(written)),
+            Verdict::MissedFloor => {
+                job.floor = false;
+                kept.push(job);
+            }
+            Verdict::Lost if let Some(reason) = &declined => {
+                job.answer(Err(Error::Remote(format!(
+                    "the remote refused the push on an unchanged branch: {reason}"
+                ))
+                .into()));
+            }
+            Verdict::Lost => {
+                job.floor = false;
+                // It reached the remote: a transient failure before this one is no longer why.
+                job.last_error = None;
+                kept.push(job);
             }
         }
-        *batch = kept;
-        self.drop_exhausted(batch);
-        lost
     }
+    *batch = kept;
+    drop_exhausted(batch);
+}
 
-    fn drop_exhausted(&self, batch: &mut Vec<Job>) {
-        let (done, kept): (Vec<Job>, Vec<Job>) =
-            std::mem::take(batch).into_iter().partition(Job::exhausted);
-        for job in done {
-            job.give_up();
-        }
-        *batch = kept;
+/// Done when no caller of `batch` waits any more.
+async fn callers_gone(batch: &[Job]) {
+    while !batch.iter().all(|job| job.reply.is_closed()) {
+        tokio::time::sleep(Duration::from_millis(25)).await;
     }
+}
+
+fn drop_exhausted(batch: &mut Vec<Job>) {
+    let (done, kept): (Vec<Job>, Vec<Job>) =
+        std::mem::take(batch).into_iter().partition(Job::exhausted);
+    for job in done {
+        job.give_up();
+    }
+    *batch = kept;
 }
 
 #[cfg(test)]

@@ -37,22 +37,6 @@ impl GitStore {
         Ok(advert)
     }
 
-    /// The existing branch in the way of creating `branch`: from `advert` over HTTP (a ref
-    /// advertisement lists every ref), from the refs under `refs/heads/` in the embedded
-    /// repository (whose advertisement lists only the refs asked for).
-    pub(super) async fn branch_clash(
-        &self,
-        remote: &Remote,
-        advert: &Advert,
-        branch: &BranchName,
-    ) -> Result<Option<Clash>, Error> {
-        if remote.is_cache() {
-            return Ok(branch_clash(advert.refs.keys().map(String::as_str), branch));
-        }
-        let heads = remote.refs_with_prefix("refs/heads/").await?;
-        Ok(branch_clash(heads.refs.keys().map(String::as_str), branch))
-    }
-
     /// How `path` clashes with the tree of `tip` (fetched into the cache first).
     pub(super) async fn tree_clash(
         &self,
@@ -71,18 +55,7 @@ impl GitStore {
         tip: ObjectId,
         name: &StateName,
     ) -> Result<HeldLock, Error> {
-        let bytes = remote.read_with(tip, name.lock_file(), true).await?;
-        let info = bytes
-            .and_then(|b| LockInfo::parse(Bytes::from(b)).ok())
-            .map_or_else(|| unreadable_lock(tip), Ok)?;
-        let cache = remote.cache.clone();
-        let (message, created) = blocking(move || cache.commit_summary(tip)).await?;
-        Ok(HeldLock {
-            info,
-            token: tip.to_string(),
-            owner: user_from_message(&message),
-            created: Some(created),
-        })
+        remote.held(tip, name).await
     }
 
     pub(super) async fn all_locks(
@@ -251,4 +224,37 @@ fn unreadable_lock(tip: ObjectId) -> Result<LockInfo, Error> {
         r#"{{"ID":"{tip}","Operation":"unknown","Info":"lock ref without a readable lock file","Who":"unknown","Version":"","Created":"","Path":""}}"#
     );
     LockInfo::parse(Bytes::from(json)).map_err(|e| Error::Corrupt(e.to_string()))
+}
+
+impl Remote {
+    /// The existing branch in the way of creating `branch`: from `advert` over HTTP (a ref
+    /// advertisement lists every ref), from the refs under `refs/heads/` in the embedded
+    /// repository (whose advertisement lists only the refs asked for).
+    pub(super) async fn branch_clash(
+        &self,
+        advert: &Advert,
+        branch: &BranchName,
+    ) -> Result<Option<Clash>, Error> {
+        if self.is_cache() {
+            return Ok(branch_clash(advert.refs.keys().map(String::as_str), branch));
+        }
+        let heads = self.refs_with_prefix("refs/heads/").await?;
+        Ok(branch_clash(heads.refs.keys().map(String::as_str), branch))
+    }
+
+    /// The lock the lock commit `tip` records for `name`.
+    pub(super) async fn held(&self, tip: ObjectId, name: &StateName) -> Result<HeldLock, Error> {
+        let bytes = self.read_with(tip, name.lock_file(), true).await?;
+        let info = bytes
+            .and_then(|b| LockInfo::parse(Bytes::from(b)).ok())
+            .map_or_else(|| unreadable_lock(tip), Ok)?;
+        let cache = self.cache.clone();
+        let (message, created) = blocking(move || cache.commit_summary(tip)).await?;
+        Ok(HeldLock {
+            info,
+            token: tip.to_string(),
+            owner: user_from_message(&message),
+            created: Some(created),
+        })
+    }
 }

@@ -138,8 +138,10 @@ struct Remote {
     known_tip: Mutex<Option<(ObjectId, Instant)>>,
     /// Receive-pack capabilities, once advertised.
     push_caps: Mutex<Option<Advert>>,
-    /// The last full ref advertisement over HTTP, and when it came.
+    /// The last full ref advertisement over HTTP, and when it was asked for.
     last_advert: Mutex<Option<(Advert, Instant)>>,
+    /// When this process last began a push.
+    last_push: Mutex<Option<Instant>>,
     /// History pages already walked, by (tip, path, skip, limit): a commit's history never
     /// changes, so a warm state page does not walk it again.
     histories: Mutex<HashMap<(ObjectId, String, usize, usize), HistoryPage>>,
@@ -263,6 +265,7 @@ impl GitStore {
             known_tip: Mutex::new(None),
             push_caps: Mutex::new(None),
             last_advert: Mutex::new(None),
+            last_push: Mutex::new(None),
             histories: Mutex::default(),
             deep_changes: Mutex::default(),
             require_atomic: self.options.require_atomic,

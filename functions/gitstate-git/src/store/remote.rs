@@ -14,9 +14,21 @@ impl Remote {
                 blocking(move || refs.list(&names)).await
             }
             Transport::Http(http) => {
+                // Stamped when asked, not when answered: it reflects no later write. One asked
+                // before a push of ours began is not kept (it may not show that push).
+                let asked = Instant::now();
                 let advert = http.advertise(service).await?;
-                if let Ok(mut last) = self.last_advert.lock() {
-                    *last = Some((advert.clone(), Instant::now()));
+                let pushed_since = self
+                    .last_push
+                    .lock()
+                    .ok()
+                    .and_then(|pushed| *pushed)
+                    .is_some_and(|pushed| pushed >= asked);
+                if !pushed_since
+                    && let Ok(mut last) = self.last_advert.lock()
+                    && last.as_ref().is_none_or(|(_, kept)| *kept <= asked)
+                {
+                    *last = Some((advert.clone(), asked));
                 }
                 if service == Service::ReceivePack {
                     if self.require_atomic && WriteMode::of(&advert) != WriteMode::Atomic {
@@ -343,6 +355,9 @@ impl Remote {
         objects: Vec<ObjectId>,
     ) -> Result<PushReport, Error> {
         // What was advertised before a push of ours is out of date.
+        if let Ok(mut pushed) = self.last_push.lock() {
+            *pushed = Some(Instant::now());
+        }
         if let Ok(mut last) = self.last_advert.lock() {
             *last = None;
         }

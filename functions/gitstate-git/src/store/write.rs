@@ -23,16 +23,24 @@ impl GitStore {
             Written::Committed { .. }
         ))
     }
+}
+
+/// What the rounds of one branch's writes need, owned, so that they run in a task of their own.
+pub(super) struct Writer {
+    pub(super) remote: Arc<Remote>,
+    pub(super) at: Location,
+    pub(super) lock_ref_prefix: String,
+}
+
+impl Writer {
+    fn lock_ref(&self, name: &StateName) -> String {
+        format!("{}{}", self.lock_ref_prefix, name)
+    }
 
     /// Where a round starts: at the floor when it can, else from a fresh receive-pack
     /// advertisement of the branch and the writers' lock refs.
-    async fn start(
-        &self,
-        remote: &Remote,
-        at: &Location,
-        lock_refs: &[Option<String>],
-        floor: bool,
-    ) -> Result<Start, Error> {
+    async fn start(&self, lock_refs: &[Option<String>], floor: bool) -> Result<Start, Error> {
+        let (remote, at) = (&*self.remote, &self.at);
         if floor && let Some(start) = floor_start(remote, lock_refs)? {
             return Ok(start);
         }
@@ -59,18 +67,14 @@ impl GitStore {
     /// One round of a batch of writes (distinct, non-overlapping paths): each write's check and
     /// plan against the tip, one commit per write that changes something, chained on the tip,
     /// and one push of the chain. One verdict per job, in order.
-    pub(super) async fn write_round(
-        &self,
-        remote: &Remote,
-        at: &Location,
-        round: Round<'_>,
-    ) -> Result<Vec<Verdict>, Error> {
+    pub(super) async fn write_round(&self, round: Round<'_>) -> Result<Outcome, Error> {
+        let (remote, at) = (&*self.remote, &self.at);
         let jobs = round.jobs;
         let lock_refs: Vec<Option<String>> = jobs
             .iter()
             .map(|job| job.lock.as_ref().map(|name| self.lock_ref(name)))
             .collect();
-        let start = self.start(remote, at, &lock_refs, round.floor).await?;
+        let start = self.start(&lock_refs, round.floor).await?;
         let tip = start.tip;
         // At the floor only a push rests on what this process remembers: a refusal or an
         // "unchanged" is decided again from the remote.
@@ -81,15 +85,20 @@ impl GitStore {
                 Verdict::Done(written)
             }
         };
-        let wants = tip
+        let wants: Vec<ObjectId> = tip
             .into_iter()
-            .chain(start.lock_tips.iter().flatten().copied());
+            .chain(start.lock_tips.iter().flatten().copied())
+            .collect();
         if round.after_loss && start.advert.is_some() {
             // Right after a lost race the cache holds a tip a few commits old: what changed
-            // since (the index among it) comes in the same request as the trees.
-            remote.ensure_changes(wants.collect()).await?;
+            // since (the index among it) comes in the same request as the trees. If that fails
+            // (say it is more than a git answer may hold), the trees alone.
+            if let Err(error) = remote.ensure_changes(wants.clone()).await {
+                tracing::debug!(error = %gitstate_core::report::chain(&error), "fetching the changes failed; fetching trees");
+                remote.ensure(wants).await?;
+            }
         } else {
-            remote.ensure(wants.collect()).await?;
+            remote.ensure(wants).await?;
         }
         if let (Some(tip), Some(_)) = (tip, &start.advert) {
             remote.saw_tip(tip);
@@ -108,17 +117,18 @@ impl GitStore {
         // after this look makes the push fail, and the next round refuses it here.
         if tip.is_none()
             && let Some(advert) = &start.advert
-            && let Some(clash) = self.branch_clash(remote, advert, &at.branch).await?
+            && let Some(clash) = remote.branch_clash(advert, &at.branch).await?
         {
-            return Ok(jobs
-                .iter()
-                .map(|_| Verdict::Done(Written::Refused(Refusal::Clash(clash.clone()))))
-                .collect());
+            return Ok(Outcome::decided(
+                jobs.iter()
+                    .map(|_| Verdict::Done(Written::Refused(Refusal::Clash(clash.clone()))))
+                    .collect(),
+            ));
         }
         let mut verdicts = Vec::with_capacity(jobs.len());
         let mut chain = Chain::on(tip);
         for (job, lock_tip) in jobs.iter().zip(&start.lock_tips) {
-            let verdict = match self.plan_one(remote, tip, job, *lock_tip).await? {
+            let verdict = match plan_one(remote, tip, job, *lock_tip).await? {
                 Planned::Decided(written) => decided(written),
                 Planned::Commit(content, meta) => {
                     let commit = remote
@@ -131,8 +141,9 @@ impl GitStore {
             verdicts.push(verdict);
         }
         let Some(head) = chain.head.filter(|_| !chain.commits.is_empty()) else {
-            return Ok(verdicts);
+            return Ok(Outcome::decided(verdicts));
         };
+        let commit_count = chain.commits.len();
         let mut commands = vec![Command {
             old: tip.unwrap_or_else(null),
             new: head,
@@ -159,7 +170,7 @@ impl GitStore {
         for verdict in &mut verdicts {
             if matches!(verdict, Verdict::Lost) {
                 let commit = commits.next();
-                match (landed, commit) {
+                match (&landed, commit) {
                     (Landed::Yes, Some(commit)) => {
                         *verdict = Verdict::Done(Written::Committed {
                             version: commit.to_string(),
@@ -170,46 +181,55 @@ impl GitStore {
                 }
             }
         }
-        Ok(verdicts)
-    }
-
-    /// One write's tree check, lock and plan against `tip`: decided, or what to commit.
-    async fn plan_one(
-        &self,
-        remote: &Remote,
-        tip: Option<ObjectId>,
-        job: &Job,
-        lock_tip: Option<ObjectId>,
-    ) -> Result<Planned, Error> {
-        // The tree rule, against the very tree the commit is built on: a concurrent writer that
-        // slips a clashing path in makes the push lose the compare-and-swap, and the next round
-        // sees it here. Writes in one round never overlap, so the tip's tree is the chain's.
-        if let Some(tip) = tip {
-            let (cache, owned) = (remote.cache.clone(), job.path.clone());
-            if let Some(clash) = blocking(move || cache.path_clash(tip, &owned)).await? {
-                return Ok(Planned::Decided(Written::Refused(Refusal::Clash(clash))));
-            }
-        }
-        let held = match (lock_tip, &job.lock) {
-            (Some(lock_tip), Some(name)) => Some(self.held(remote, lock_tip, name).await?),
-            _ => None,
-        };
-        let stored = match tip {
-            Some(tip) => remote.read(tip, job.path.clone()).await?,
-            None => None,
-        };
-        let meta = match (job.plan)(held.as_ref(), stored.as_deref()) {
-            Ok(meta) => meta,
-            Err(refusal) => return Ok(Planned::Decided(Written::Refused(refusal))),
-        };
-        Ok(match &job.change {
-            Change::Put(bytes) if stored.as_deref() == Some(bytes.as_ref()) => {
-                Planned::Decided(Written::Unchanged)
-            }
-            Change::Put(bytes) => Planned::Commit(Some(bytes.clone()), meta),
-            Change::Delete => Planned::Commit(None, meta),
+        Ok(Outcome {
+            verdicts,
+            lost: match landed {
+                Landed::Lost(reason) => Some(Lost {
+                    on: tip,
+                    commits: commit_count,
+                    reason,
+                }),
+                Landed::Yes | Landed::MissedFloor => None,
+            },
         })
     }
+}
+
+/// One write's tree check, lock and plan against `tip`: decided, or what to commit.
+async fn plan_one(
+    remote: &Remote,
+    tip: Option<ObjectId>,
+    job: &Job,
+    lock_tip: Option<ObjectId>,
+) -> Result<Planned, Error> {
+    // The tree rule, against the very tree the commit is built on: a concurrent writer that
+    // slips a clashing path in makes the push lose the compare-and-swap, and the next round
+    // sees it here. Writes in one round never overlap, so the tip's tree is the chain's.
+    if let Some(tip) = tip {
+        let (cache, owned) = (remote.cache.clone(), job.path.clone());
+        if let Some(clash) = blocking(move || cache.path_clash(tip, &owned)).await? {
+            return Ok(Planned::Decided(Written::Refused(Refusal::Clash(clash))));
+        }
+    }
+    let held = match (lock_tip, &job.lock) {
+        (Some(lock_tip), Some(name)) => Some(remote.held(lock_tip, name).await?),
+        _ => None,
+    };
+    let stored = match tip {
+        Some(tip) => remote.read(tip, job.path.clone()).await?,
+        None => None,
+    };
+    let meta = match (job.plan)(held.as_ref(), stored.as_deref()) {
+        Ok(meta) => meta,
+        Err(refusal) => return Ok(Planned::Decided(Written::Refused(refusal))),
+    };
+    Ok(match &job.change {
+        Change::Put(bytes) if stored.as_deref() == Some(bytes.as_ref()) => {
+            Planned::Decided(Written::Unchanged)
+        }
+        Change::Put(bytes) => Planned::Commit(Some(bytes.clone()), meta),
+        Change::Delete => Planned::Commit(None, meta),
+    })
 }
 
 /// A batch of writes, once.
@@ -219,6 +239,34 @@ pub(super) struct Round<'a> {
     pub(super) floor: bool,
     /// The round before lost a race: the tip moved on a little.
     pub(super) after_loss: bool,
+}
+
+/// How a round ended.
+pub(super) struct Outcome {
+    /// One per job, in order.
+    pub(super) verdicts: Vec<Verdict>,
+    /// The remote refused the round's push (not at the floor).
+    pub(super) lost: Option<Lost>,
+}
+
+impl Outcome {
+    fn decided(verdicts: Vec<Verdict>) -> Self {
+        Self {
+            verdicts,
+            lost: None,
+        }
+    }
+}
+
+/// A push the remote refused.
+#[derive(Clone, PartialEq, Eq)]
+pub(super) struct Lost {
+    /// The tip it was built on.
+    pub(super) on: Option<ObjectId>,
+    /// How many commits it carried.
+    pub(super) commits: usize,
+    /// What the remote said of the first ref it refused.
+    pub(super) reason: String,
 }
 
 /// How a write fared in a round.
@@ -305,11 +353,11 @@ fn floor_start(remote: &Remote, lock_refs: &[Option<String>]) -> Result<Option<S
 }
 
 /// Whether a round's push landed.
-#[derive(Clone, Copy)]
 enum Landed {
     Yes,
-    /// Refused: another writer moved the branch, or a lock changed.
-    Lost,
+    /// Refused (another writer moved the branch, a lock changed, or the remote would not take
+    /// it), with what the remote said.
+    Lost(String),
     /// Refused at the floor (or the remote wants an advertisement first).
     MissedFloor,
 }
@@ -337,7 +385,12 @@ async fn push_chain(
         return Ok(Landed::Yes);
     }
     tracing::debug!(?report, "write push lost a race");
-    Ok(Landed::Lost)
+    let reason = report
+        .refs
+        .iter()
+        .find_map(|(name, status)| status.as_ref().err().map(|why| format!("{name}: {why}")))
+        .unwrap_or_else(|| "no report for the branch".into());
+    Ok(Landed::Lost(reason))
 }
 
 /// How long to wait before write attempt `attempt` (2, 3, …) after one that took `last`: full
