@@ -366,6 +366,35 @@ fn drop_exhausted(batch: &mut Vec<Job>) {
 mod tests {
     use super::overlaps;
 
+    /// Generated pairs of paths over segments that are string prefixes of one another (`a`,
+    /// `ab`, `a.b`): two overlap exactly when one's segments begin the other's, never because one
+    /// string merely begins the other.
+    #[test]
+    fn overlap_is_a_prefix_of_segments_never_of_strings() {
+        use rand::{Rng, SeedableRng};
+        const SEGMENTS: [&str; 5] = ["a", "ab", "a.b", "b", "a.tfstate"];
+        let mut rng = rand::rngs::StdRng::seed_from_u64(15);
+        let path = |rng: &mut rand::rngs::StdRng| {
+            (0..rng.random_range(1..=3))
+                .map(|_| SEGMENTS[rng.random_range(0..SEGMENTS.len())])
+                .collect::<Vec<_>>()
+        };
+        let (mut seen_overlap, mut seen_string_prefix) = (0, 0);
+        for _ in 0..5_000 {
+            let (a, b) = (path(&mut rng), path(&mut rng));
+            let (sa, sb) = (a.join("/"), b.join("/"));
+            let expected = a.starts_with(&b) || b.starts_with(&a);
+            assert_eq!(overlaps(&sa, &sb), expected, "{sa} and {sb}");
+            seen_overlap += usize::from(expected);
+            seen_string_prefix +=
+                usize::from(!expected && (sa.starts_with(&sb) || sb.starts_with(&sa)));
+        }
+        assert!(
+            seen_overlap > 100 && seen_string_prefix > 100,
+            "{seen_overlap} {seen_string_prefix}"
+        );
+    }
+
     #[test]
     fn overlapping_paths_are_the_same_file_or_one_inside_the_other() {
         assert!(overlaps("a", "a"));

@@ -94,19 +94,7 @@ impl GitStore {
             return Ok(false);
         }
         let lock_ref = self.lock_ref(name);
-        let commit = remote
-            .commit(
-                None,
-                name.lock_file(),
-                Some(lock.as_bytes().clone()),
-                meta.clone(),
-            )
-            .await?;
-        let command = Command {
-            old: null(),
-            new: commit.id,
-            name: lock_ref.clone(),
-        };
+        let (command, commit) = remote.lock_commit(name, lock, meta, &lock_ref).await?;
         match remote
             .push_at_floor(vec![command.clone()], commit.objects)
             .await?

@@ -147,19 +147,7 @@ impl GitStore {
                     Err(error) => return Err(error.into()),
                 }
             }
-            let commit = remote
-                .commit(
-                    None,
-                    name.lock_file(),
-                    Some(lock.as_bytes().clone()),
-                    meta.clone(),
-                )
-                .await?;
-            let command = Command {
-                old: null(),
-                new: commit.id,
-                name: lock_ref.clone(),
-            };
+            let (command, commit) = remote.lock_commit(name, lock, meta, &lock_ref).await?;
             let report = remote.push(vec![command.clone()], commit.objects).await?;
             if report.all_ok(&[command]) {
                 remote.remember_lock(&lock_ref, Some(commit.id));
@@ -240,6 +228,31 @@ impl Remote {
         }
         let heads = self.refs_with_prefix("refs/heads/").await?;
         Ok(branch_clash(heads.refs.keys().map(String::as_str), branch))
+    }
+
+    /// A new orphan commit holding `name`'s lock file, and the create-only push of it to
+    /// `lock_ref` (refused by the remote if any lock is there).
+    pub(super) async fn lock_commit(
+        &self,
+        name: &StateName,
+        lock: &LockInfo,
+        meta: &CommitMeta,
+        lock_ref: &str,
+    ) -> Result<(Command, NewCommit), Error> {
+        let commit = self
+            .commit(
+                None,
+                name.lock_file(),
+                Some(lock.as_bytes().clone()),
+                meta.clone(),
+            )
+            .await?;
+        let command = Command {
+            old: null(),
+            new: commit.id,
+            name: lock_ref.to_owned(),
+        };
+        Ok((command, commit))
     }
 
     /// The lock the lock commit `tip` records for `name`.
