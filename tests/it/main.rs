@@ -18,6 +18,7 @@ mod hosts;
 mod kms_keys;
 mod lambda_events;
 mod lambda_watch;
+mod misconfigured;
 mod model;
 mod protocol;
 mod terraform;
