@@ -39,6 +39,8 @@ impl App {
 pub enum BuildError {
     #[error(transparent)]
     GitToken(#[from] gitstate_kms::GitTokenError),
+    #[error(transparent)]
+    AgeIdentity(#[from] gitstate_kms::AgeIdentityError),
     #[error("opening the git store")]
     Store(#[from] gitstate_git::Error),
     #[error(transparent)]
@@ -69,6 +71,7 @@ pub async fn build_with(mut settings: Settings, kms: Option<Arc<Kms>>) -> Result
         // Once per process: the token never sits in the template or the console in clear.
         settings.git.token = Some(gitstate_kms::decrypt_git_token(kms, ciphertext.expose()).await?);
     }
+    gitstate_kms::open_age_identities(kms.as_deref(), &mut settings.encryption).await?;
     let (store, primary) = GitStore::new(&store_settings(&settings))?;
     assemble(&settings, Arc::new(store), primary, kms.filter(|_| seal))
 }
