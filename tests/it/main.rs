@@ -21,4 +21,5 @@ mod lambda_events;
 mod lambda_watch;
 mod model;
 mod protocol;
+mod sops_oracle;
 mod terraform;

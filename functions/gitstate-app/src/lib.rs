@@ -1,7 +1,9 @@
 //! The application: typed settings ([`settings`]), where they come from for local use
 //! ([`layers`]), and the one assembly of store, encryption, access and router ([`build`]) that
-//! the Lambda binary, `gitstate serve`, `gitstate run` and the tests share.
+//! the Lambda binary, `gitstate serve`, `gitstate run` and the tests share; [`docs`] makes the
+//! operators' settings table from the settings list.
 
+pub mod docs;
 #[cfg(feature = "lambda")]
 pub mod lambda;
 pub mod layers;

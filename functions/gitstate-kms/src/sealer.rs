@@ -119,16 +119,24 @@ pub fn seal_error(error: Error) -> SealError {
         | Error::NoKey {
             last: Some(KeyError::Unavailable(_)),
             ..
-        } => SealError::Unavailable(boxed(error)),
-        Error::Key(_) | Error::NoKey { .. } => SealError::Refused(boxed(error)),
-        Error::NoConfiguredKey { .. } => SealError::ForeignKey(boxed(error)),
-        Error::Tampered { .. } | Error::MacMismatch | Error::ContextMismatch { .. } => {
-            SealError::Integrity(boxed(error))
         }
+        | Error::Threshold {
+            last: Some(KeyError::Unavailable(_)),
+            ..
+        } => SealError::Unavailable(boxed(error)),
+        Error::Key(_) | Error::NoKey { .. } | Error::Threshold { .. } => {
+            SealError::Refused(boxed(error))
+        }
+        Error::NoConfiguredKey { .. } => SealError::ForeignKey(boxed(error)),
+        Error::Tampered { .. }
+        | Error::MacMismatch
+        | Error::ContextMismatch { .. }
+        | Error::Unbound => SealError::Integrity(boxed(error)),
         Error::Format(_)
         | Error::Unsupported(_)
         | Error::NoKmsEntry
         | Error::NoWriteKey
+        | Error::Layout(_)
         | Error::Unrecognised(_)
         | Error::Crypto
         | Error::Compression(_)
