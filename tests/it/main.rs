@@ -16,6 +16,7 @@ mod fuzz_corpus;
 mod history;
 mod hostile;
 mod hosts;
+mod key_sources;
 mod kms_keys;
 mod lambda_events;
 mod lambda_watch;

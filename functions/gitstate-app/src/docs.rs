@@ -86,6 +86,31 @@ const DESCRIPTIONS: &[Described] = &[
         "KMS keys (same forms as `GITSTATE_KMS_KEY_IDS`) that still open states sealed under them but seal nothing; with the current keys, the only keys ever asked to unwrap (template: `PreviousKeyArns`)",
     ),
     describe(
+        "GITSTATE_AGE_RECIPIENTS",
+        "age recipients (`age1…`, comma-separated) every write is sealed for, beside or instead of KMS; such files carry their location under the MAC, so a copy elsewhere is refused (seed: `TF_BACKEND_HTTP_SOPS_AGE_RECIPIENTS`)",
+    ),
+    describe(
+        "GITSTATE_AGE_PREVIOUS_RECIPIENTS",
+        "age recipients that still open states sealed for them but seal nothing; with the current ones, the only age entries ever tried",
+    ),
+    describe(
+        "GITSTATE_AGE_IDENTITY",
+        "age identities (`AGE-SECRET-KEY-1…` lines) that open states; else `SOPS_AGE_KEY`. Exclusive with `GITSTATE_AGE_IDENTITY_FILE` and `GITSTATE_AGE_IDENTITY_KMS`",
+    ),
+    describe(
+        "GITSTATE_AGE_IDENTITY_FILE",
+        "a file of age identities (as `age-keygen` writes it) that open states; else `SOPS_AGE_KEY_FILE`",
+    ),
+    describe(
+        "GITSTATE_AGE_IDENTITY_KMS",
+        "the age identities as base64 of a KMS ciphertext (context `{\"gitstate:purpose\":\"age-identity\"}`), decrypted at start",
+    ),
+    describe_default(
+        "GITSTATE_SOPS_SHAMIR_THRESHOLD",
+        "one group of every key",
+        "one sops key group per source (KMS, age), of which this many open a state (Shamir); 1 or unset: one group, any key opens (seed: `TF_BACKEND_HTTP_SOPS_SHAMIR_THRESHOLD`)",
+    ),
+    describe(
         "GITSTATE_HISTORY_MAX_DEPTH",
         "how many commits of the branch history paging and `?at=` may fetch at most",
     ),

@@ -39,6 +39,8 @@ impl App {
 pub enum BuildError {
     #[error(transparent)]
     Sealed(#[from] gitstate_kms::SealedSettingError),
+    #[error(transparent)]
+    AgeIdentity(#[from] gitstate_kms::AgeIdentityError),
     #[error("opening the git store")]
     Store(#[from] gitstate_git::Error),
     #[error(transparent)]
@@ -84,6 +86,7 @@ pub async fn build_with(mut settings: Settings, kms: Option<Arc<Kms>>) -> Result
         .await?;
         settings.access.bootstrap = Some((user, hash));
     }
+    gitstate_kms::open_age_identities(kms.as_deref(), &mut settings.encryption).await?;
     let (store, primary) = GitStore::new(&store_settings(&settings))?;
     assemble(&settings, Arc::new(store), primary, kms.filter(|_| seal))
 }

@@ -295,7 +295,10 @@ impl<K: KeyService> Envelope<K> {
                 }
                 GroupKey::Failed(e) => {
                     named += 1;
-                    last = Some(e);
+                    // a copy's mismatch outranks any later failure
+                    if !matches!(last, Some(Error::ContextMismatch { .. })) {
+                        last = Some(e);
+                    }
                 }
                 GroupKey::NotNamed => {}
             }
@@ -316,6 +319,10 @@ impl<K: KeyService> Envelope<K> {
             });
         }
         if document.groups.len() > 1 {
+            // a group bound to another location says so: the file was copied, not under-keyed
+            if let Some(Error::ContextMismatch { .. }) = &last {
+                return Err(last.unwrap_or(Error::NoKmsEntry));
+            }
             let last = match last {
                 Some(Error::NoKey { last, .. }) => last,
                 Some(Error::Key(e)) => Some(e),

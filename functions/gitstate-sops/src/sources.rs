@@ -90,6 +90,15 @@ pub struct AgeKeys {
     identities: Vec<age::x25519::Identity>,
 }
 
+/// Names the recipients only: the identities are secrets.
+impl std::fmt::Debug for AgeKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgeKeys")
+            .field("recipients", &self.recipients())
+            .finish()
+    }
+}
+
 impl AgeKeys {
     /// No private key: seals for its recipients, opens nothing.
     pub fn sealing_only() -> Self {

@@ -54,7 +54,7 @@ pub enum ConfigError {
     TwoGitTokens,
     #[error("GITSTATE_ADMIN_HASH and GITSTATE_ADMIN_HASH_KMS are both set: choose one")]
     TwoAdminHashes,
-    #[error("GITSTATE_ENCRYPTION=enforced needs GITSTATE_KMS_KEY_IDS")]
+    #[error("GITSTATE_ENCRYPTION=enforced needs GITSTATE_KMS_KEY_IDS or GITSTATE_AGE_RECIPIENTS")]
     EnforcedWithoutKeys,
     #[error("GITSTATE_KMS_PREVIOUS_KEY_IDS needs GITSTATE_KMS_KEY_IDS")]
     PreviousWithoutKeys,
