@@ -17,6 +17,9 @@ const DELAY: Duration = Duration::from_millis(50);
 /// Concurrent applies, one row each.
 const LEVELS: [usize; 6] = [1, 10, 25, 50, 100, 200];
 
+/// A build to compare: its binary, its label, settings added to its environment.
+type Build = (std::path::PathBuf, String, Vec<(String, String)>);
+
 /// One side of the comparison: a build with its own repository and one process per apply.
 struct Side {
     label: String,
@@ -70,6 +73,21 @@ struct Phase {
     failed: usize,
     each: Sample,
     requests: usize,
+    /// From the last answer until the branch had every write.
+    lag: Duration,
+}
+
+/// Refs under `refs/gitstate/pending/` in the repository.
+fn pending_refs(git: &GitServer, repo: &str) -> usize {
+    let out = gitstate_tests::git_output(
+        &[
+            "for-each-ref",
+            "--format=%(refname)",
+            "refs/gitstate/pending/",
+        ],
+        Some(&git.repo_dir(repo)),
+    );
+    String::from_utf8_lossy(&out.stdout).lines().count()
 }
 
 async fn phase(git: &GitServer, side: &Side, n: usize, serial: u64, write: bool) -> Phase {
@@ -82,6 +100,14 @@ async fn phase(git: &GitServer, side: &Side, n: usize, serial: u64, write: bool)
         write,
     )
     .await;
+    // Writes kept on refs of their own are folded into the branch after they are answered: the
+    // phase ends (and its requests are counted) once no such ref, nor a fold, is left. The
+    // time from the last answer until then is the branch's lag.
+    let done = Instant::now();
+    while pending_refs(git, &side.repo) > 0 && done.elapsed() < Duration::from_secs(120) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let lag = done.elapsed();
     let requests = git.take_requests().len();
     let mut each = Sample::default();
     for t in results.iter().flatten() {
@@ -91,6 +117,7 @@ async fn phase(git: &GitServer, side: &Side, n: usize, serial: u64, write: bool)
         failed: results.iter().filter(|r| r.is_none()).count(),
         each,
         requests,
+        lag,
     }
 }
 
@@ -125,15 +152,25 @@ pub async fn lambda_shape(out: &mut String, binary: &std::path::Path) {
     let levels: Vec<usize> = LEVELS.iter().copied().filter(|n| *n <= most).collect();
     let git = GitServer::start().await;
     let root = tempfile::tempdir().expect("tempdir");
-    let mut builds: Vec<(std::path::PathBuf, String)> = Vec::new();
+    let mut builds: Vec<Build> = Vec::new();
     if let Some(baseline) = std::env::var_os("GITSTATE_BENCH_BASELINE") {
         let name =
             std::env::var("GITSTATE_BENCH_BASELINE_NAME").unwrap_or_else(|_| "baseline".into());
-        builds.push((baseline.into(), name));
+        builds.push((baseline.into(), name, Vec::new()));
     }
-    builds.push((binary.to_owned(), "this build".into()));
+    builds.push((binary.to_owned(), "this build".into(), Vec::new()));
+    // `GITSTATE_BENCH_SIDE_ENV=NAME=VALUE`: this build once more, with that setting.
+    if let Ok(setting) = std::env::var("GITSTATE_BENCH_SIDE_ENV")
+        && let Some((key, value)) = setting.split_once('=')
+    {
+        builds.push((
+            binary.to_owned(),
+            format!("this build, {setting}"),
+            vec![(key.to_owned(), value.to_owned())],
+        ));
+    }
     let mut sides = Vec::new();
-    for (index, (bin, label)) in builds.into_iter().enumerate() {
+    for (index, (bin, label, extra)) in builds.into_iter().enumerate() {
         let repo = format!("lambda-{index}");
         git.create_repo(&repo);
         let proxy = FaultProxy::start(git.address, 1, 1.0, vec![Fault::Slow(DELAY)]).await;
@@ -142,10 +179,9 @@ pub async fn lambda_shape(out: &mut String, binary: &std::path::Path) {
         for p in 0..most {
             let dir = root.path().join(format!("{repo}-{p:03}"));
             std::fs::create_dir_all(&dir).expect("dir");
-            let env = serve_env(
-                &url,
-                &[("RUST_LOG", "warn"), ("GITSTATE_ACCESS_LOG", "false")],
-            );
+            let mut settings = vec![("RUST_LOG", "warn"), ("GITSTATE_ACCESS_LOG", "false")];
+            settings.extend(extra.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+            let env = serve_env(&url, &settings);
             procs.push(ServeProcess::start(&bin, &dir, env).await);
         }
         let clients = procs
@@ -181,20 +217,22 @@ pub async fn lambda_shape(out: &mut String, binary: &std::path::Path) {
          its own state: an update apply is LOCK, GET, POST `?ID=`, UNLOCK; a no-op apply LOCK, \
          GET, UNLOCK (they share no compare-and-swap point). All applies of a row start at once; \
          every process is warm (it created its state before). Git requests counted at the \
-         server, divided by the applies; times per apply. Each build has its own repository \
-         and processes; the builds take turns row by row.\n\n\
-         | applies | gitstate | failed | git reqs per apply | p50 s | p95 s | max s | no-op reqs | no-op p95 s | p95 / no-op p95 |\n\
-         |---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+         server, divided by the applies, until no ref under `refs/gitstate/` is left (a build \
+         that keeps writes on refs of their own and folds them into the branch later: branch \
+         lag = from the last answer until the branch has every write); times per apply. Each \
+         build has its own repository and processes; the builds take turns row by row. \
+         `GITSTATE_BENCH_SIDE_ENV=NAME=VALUE` adds this build once more with that setting.\n\n\
+         | applies | gitstate | failed | git reqs per apply | p50 s | p95 s | max s | no-op reqs | no-op p95 s | p95 / no-op p95 | branch lag s |\n\
+         |---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         DELAY.as_millis()
     ));
-    let mut serial = 2;
-    for &n in &levels {
+    for (serial, &n) in (2..).zip(levels.iter()) {
         for side in &sides {
             let update = phase(&git, side, n, serial, true).await;
             let noop = phase(&git, side, n, serial, false).await;
             let (p95, base) = (update.each.pct(0.95), noop.each.pct(0.95));
             out.push_str(&format!(
-                "| {n} | {} | {} | {:.1} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} |\n",
+                "| {n} | {} | {} | {:.1} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} |\n",
                 side.label,
                 update.failed,
                 update.requests as f64 / n as f64,
@@ -204,9 +242,9 @@ pub async fn lambda_shape(out: &mut String, binary: &std::path::Path) {
                 noop.requests as f64 / n as f64,
                 base.as_secs_f64(),
                 p95.as_secs_f64() / base.as_secs_f64().max(f64::EPSILON),
+                update.lag.as_secs_f64(),
             ));
         }
-        serial += 1;
     }
     out.push('\n');
 }
