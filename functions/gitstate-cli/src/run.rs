@@ -283,6 +283,7 @@ async fn run_credential(settings: &mut Settings) -> anyhow::Result<(String, Stri
         text: Some(Secret::new("[users]\n".into())),
         bootstrap: Some((user.clone(), Secret::new(hash))),
         refresh: settings.access.refresh,
+        hash_memory_kib: settings.access.hash_memory_kib,
     };
     Ok((user, token))
 }
