@@ -8,6 +8,7 @@ mod concurrency;
 mod console;
 mod contract;
 mod credentials;
+mod deploy;
 mod encryption;
 mod faults;
 mod floor;

@@ -20,6 +20,10 @@ pub struct AccessSettings {
     pub text: Option<Secret>,
     /// A bootstrap administrator: user name and argon2id hash.
     pub bootstrap: Option<(String, Secret)>,
+    /// `GITSTATE_ADMIN_HASH_KMS`: the bootstrap administrator's hash as base64 of a KMS
+    /// ciphertext (context `{"gitstate:purpose": "admin-hash"}`, plus the team), so the hash is
+    /// not readable in the function's configuration; decrypted once by [`crate::build`].
+    pub bootstrap_kms: Option<(String, Secret)>,
     pub refresh: Duration,
     /// The memory one argon2 check may take (KiB): half of what the process has, see
     /// [`process_memory_bytes`].
@@ -79,14 +83,19 @@ impl AccessSettings {
                 reason: format!("{v:?} is not a whole number of seconds"),
             })?,
         };
+        let user = || {
+            vars.get("GITSTATE_ADMIN_USER")
+                .unwrap_or_else(|| "admin".into())
+        };
+        let bootstrap = vars.get("GITSTATE_ADMIN_HASH");
+        let bootstrap_kms = vars.get("GITSTATE_ADMIN_HASH_KMS");
+        if bootstrap.is_some() && bootstrap_kms.is_some() {
+            return Err(ConfigError::TwoAdminHashes);
+        }
         Ok(Self {
             text: text.map(Secret::new),
-            bootstrap: vars.get("GITSTATE_ADMIN_HASH").map(|hash| {
-                let user = vars
-                    .get("GITSTATE_ADMIN_USER")
-                    .unwrap_or_else(|| "admin".into());
-                (user, Secret::new(hash))
-            }),
+            bootstrap: bootstrap.map(|hash| (user(), Secret::new(hash))),
+            bootstrap_kms: bootstrap_kms.map(|sealed| (user(), Secret::new(sealed))),
             refresh: Duration::from_secs(refresh),
             hash_memory_kib: process_memory_bytes(vars)?.map_or(
                 gitstate_core::password::MAX_MEMORY_KIB,
