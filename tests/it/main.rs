@@ -20,6 +20,7 @@ mod key_sources;
 mod kms_keys;
 mod lambda_events;
 mod lambda_watch;
+mod misconfigured;
 mod model;
 mod protocol;
 mod sops_oracle;

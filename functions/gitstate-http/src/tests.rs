@@ -457,7 +457,7 @@ async fn the_seed_address_format_is_the_state_route() {
     assert_eq!(answer.status, StatusCode::FORBIDDEN);
     assert_eq!(
         call(&router, "GET", "/", "rita", "").await.status,
-        StatusCode::NOT_FOUND
+        StatusCode::BAD_REQUEST
     );
 }
 
@@ -517,8 +517,8 @@ async fn methods_a_route_does_not_take_are_405_with_allow() {
 async fn unknown_paths_and_bad_names_are_refused() {
     let router = app();
     for (uri, status) in [
-        ("/nowhere", StatusCode::NOT_FOUND),
-        ("/state/x", StatusCode::NOT_FOUND),
+        ("/nowhere", StatusCode::BAD_REQUEST),
+        ("/state/x", StatusCode::BAD_REQUEST),
         ("/states/", StatusCode::BAD_REQUEST),
         ("/locks/", StatusCode::BAD_REQUEST),
         ("/states/../x", StatusCode::BAD_REQUEST),
@@ -733,7 +733,7 @@ async fn the_console_serves_pages_and_guards_its_forms() {
         call(&router, "GET", "/ui/elsewhere", "ann", "")
             .await
             .status,
-        StatusCode::NOT_FOUND
+        StatusCode::BAD_REQUEST
     );
 
     let token = console::form_token(
