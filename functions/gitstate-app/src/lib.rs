@@ -71,7 +71,7 @@ pub async fn build_with(mut settings: Settings, kms: Option<Arc<Kms>>) -> Result
         // Once per process: the token never sits in the template or the console in clear.
         settings.git.token = Some(gitstate_kms::decrypt_git_token(kms, ciphertext.expose()).await?);
     }
-    gitstate_kms::open_age_identities(kms.as_deref(), &mut settings.encryption).await?;
+    gitstate_kms::open_private_keys(kms.as_deref(), &mut settings.encryption).await?;
     let (store, primary) = GitStore::new(&store_settings(&settings))?;
     assemble(&settings, Arc::new(store), primary, kms.filter(|_| seal))
 }
