@@ -153,6 +153,8 @@ enum AccessCommand {
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     logging::init(&cli.command)?;
+    // A misspelt GITSTATE_* variable or an empty one is an error before anything else runs.
+    gitstate_app::layers::check_environment(std::env::vars(), false)?;
     match cli.command {
         Command::Serve { state, settings } => serve::serve(&state, &settings).await,
         Command::Config { settings } => settings::print(&settings),

@@ -113,7 +113,9 @@ pub fn print(args: &SettingsArgs) -> anyhow::Result<()> {
                 other => other.to_string(),
             },
         );
-        let shown = shown.unwrap_or_else(|| "-".to_owned());
+        let shown = shown
+            .or_else(|| spec.default_value().map(str::to_owned))
+            .unwrap_or_else(|| "(unset)".to_owned());
         writeln!(out, "{:<24} {:<44} {from}", spec.key(), shown)?;
     }
     out.flush()?;
