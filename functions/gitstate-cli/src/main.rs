@@ -46,6 +46,11 @@ enum Command {
         /// The state's path in the repository, e.g. network/prod.tfstate.
         #[arg(long)]
         state: String,
+        /// Terraform's working directory, for a program the run cannot see into (a script,
+        /// make): its backend is checked there. Not needed for terraform, tofu, or env, sh -c,
+        /// timeout, nice, nohup and time in front of them.
+        #[arg(long, value_name = "DIR")]
+        workdir: Option<PathBuf>,
         #[command(flatten)]
         settings: SettingsArgs,
         /// The program and its arguments, after `--`.
@@ -160,9 +165,10 @@ async fn main() -> anyhow::Result<()> {
         Command::Config { settings } => settings::print(&settings),
         Command::Run {
             state,
+            workdir,
             settings,
             program,
-        } => serve::run(&state, &settings, &program).await,
+        } => serve::run(&state, &settings, &program, workdir.as_deref()).await,
         Command::User(UserCommand::Add { name, grants }) => users::user_add(&name, &grants),
         Command::HashPassword => users::hash_password(),
         Command::Access(AccessCommand::Check { file }) => users::access_check(&file),

@@ -61,14 +61,19 @@ pub async fn serve(state: &str, args: &SettingsArgs) -> anyhow::Result<()> {
 }
 
 /// `gitstate run`: the program's exit code becomes ours.
-pub async fn run(state: &str, args: &SettingsArgs, program: &[String]) -> anyhow::Result<()> {
+pub async fn run(
+    state: &str,
+    args: &SettingsArgs,
+    program: &[String],
+    workdir: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
     let (layered, mut settings) = args.settings()?;
     credential::fill(&mut settings.git).await;
     let listening = server::Listening {
         tls: None,
         access_log: layered.flag_on("GITSTATE_ACCESS_LOG")?,
     };
-    let status = run::run(settings, listening, state, program).await?;
+    let status = run::run(settings, listening, state, program, workdir).await?;
     std::process::exit(run::exit_code(status));
 }
 
