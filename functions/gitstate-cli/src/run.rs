@@ -284,6 +284,7 @@ async fn run_credential(settings: &mut Settings) -> anyhow::Result<(String, Stri
         bootstrap: Some((user.clone(), Secret::new(hash))),
         bootstrap_kms: None,
         refresh: settings.access.refresh,
+        hash_memory_kib: settings.access.hash_memory_kib,
     };
     Ok((user, token))
 }

@@ -75,6 +75,7 @@ pub(crate) fn access() -> Arc<Access> {
             source: AccessSource::Text(text),
             bootstrap: None,
             refresh: Duration::from_secs(10),
+            hash_memory_kib: gitstate_core::password::MAX_MEMORY_KIB,
         },
         Arc::new(Known),
     )
