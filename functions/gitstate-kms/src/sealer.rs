@@ -59,6 +59,9 @@ impl EncryptionSettings {
 /// States sealed as sops binary mode under KMS keys.
 pub struct SopsSealer<K> {
     envelope: Envelope<K>,
+    /// The passphrase when it is the only protection configured: writes then stay in
+    /// terraform-backend-git's aes mode (as that tool wrote them) instead of going out in clear.
+    passphrase_writes: Option<Zeroizing<String>>,
     /// The largest state a sealed payload may expand to (`GITSTATE_MAX_BODY_BYTES`).
     max_state_bytes: usize,
 }
@@ -69,9 +72,13 @@ impl<K: KeyService> SopsSealer<K> {
             .passphrase
             .as_ref()
             .map(|p| Zeroizing::new(p.expose().to_owned()));
+        let passphrase_writes = passphrase
+            .clone()
+            .filter(|_| settings.kms_key_ids.is_empty());
         Self {
             envelope: Envelope::new(keys, settings.kms_key_ids.clone(), passphrase)
                 .with_previous(settings.previous_kms_key_ids.clone()),
+            passphrase_writes,
             max_state_bytes: DEFAULT_MAX_STATE_BYTES,
         }
     }
@@ -160,7 +167,7 @@ pub fn unpack(
 #[async_trait]
 impl<K: KeyService + 'static> Sealer for SopsSealer<K> {
     fn seals(&self) -> bool {
-        self.envelope.seals()
+        self.envelope.seals() || self.passphrase_writes.is_some()
     }
 
     fn is_sealed(&self, stored: &[u8]) -> bool {
@@ -173,6 +180,11 @@ impl<K: KeyService + 'static> Sealer for SopsSealer<K> {
         at: &Location,
         name: &StateName,
     ) -> Result<Bytes, SealError> {
+        if let Some(passphrase) = &self.passphrase_writes {
+            let sealed = gitstate_sops::seal_passphrase(passphrase, rand::random(), plaintext)
+                .map_err(seal_error)?;
+            return Ok(Bytes::from(sealed));
+        }
         let payload = pack(plaintext).map_err(seal_error)?;
         let sealed = self
             .envelope
