@@ -154,14 +154,28 @@ pub fn pkt_line(data: &[u8]) {
     let _ = Advert::parse(data, Service::ReceivePack);
 }
 
-/// The sops decoder: any bytes are either refused or parsed into a document whose decryption with
-/// a key it was not sealed under fails (the MAC and GCM tags hold), never panics; the encrypted
+/// The sops decoder: any bytes are either refused or parsed into a document (key groups of KMS,
+/// age and OpenPGP entries, a threshold within them) whose decryption with a key it was not
+/// sealed under fails (the MAC and GCM tags hold), never panics; the encrypted
 /// value syntax round-trips; the passphrase reader refuses what it cannot authenticate.
 pub fn sops_file(data: &[u8]) {
     let _ = gitstate_sops::looks_like_sops(data);
     if let Ok(document) = gitstate_sops::Document::parse(data) {
         let key = gitstate_sops::DataKey::new([7u8; 32]);
         let _ = document.is_binary();
+        // key groups: the threshold never exceeds the groups, and every entry names its key
+        assert!(document.needed() >= 1 && document.needed() <= document.groups.len().max(1));
+        assert!(document.threshold <= document.groups.len());
+        for group in &document.groups {
+            assert_eq!(group.ids().count() + group.foreign, group.len());
+        }
+        // shares made of any bytes combine to some key or are refused, never a panic
+        let shares: Vec<gitstate_sops::Unwrapped> = data
+            .chunks(33)
+            .take(4)
+            .map(|c| gitstate_sops::Unwrapped::new(c.to_vec()))
+            .collect();
+        let _ = document.combine(&shares);
         // The MAC is always an AES-GCM value under the data key, so no input (short of one sealed
         // under this very key, which no mutation forges) decrypts.
         assert!(

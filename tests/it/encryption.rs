@@ -1,5 +1,5 @@
 //! Encryption at rest against a real KMS API (moto on loopback), the real git server, real
-//! Terraform, and Python sops 1.18 as an independent reader.
+//! Terraform, and the stock Go sops 3.11 as the independent reader.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -10,7 +10,7 @@ use gitstate_core::service::Rekeyed;
 use gitstate_sops::Envelope;
 use gitstate_tests::{
     Client, GitServer, Moto, TestBackend, commit_file, encrypted_app, init_tracing,
-    realistic_state, settings_for, state_json, stored_file, tool,
+    realistic_state, settings_for, sops311, state_json, stored_file,
 };
 
 const SECRET: &str = "hunter2-very-secret-db-password";
@@ -408,6 +408,8 @@ async fn tree_mode_and_passphrase_states_are_read() {
             gitstate_sops::Seal {
                 keys: &kms,
                 key_ids: &["alias/tfstate".to_owned()],
+                offline: &[],
+                threshold: None,
                 context: &context,
                 now: std::time::SystemTime::now(),
             }
@@ -485,7 +487,7 @@ async fn tree_mode_and_passphrase_states_are_read() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn python_sops_decrypts_a_gitstate_state_and_sizes() {
+async fn sops311_decrypts_a_gitstate_state_and_sizes() {
     let s = setup().await;
     s.moto.create_key("tfstate").await;
     let backend = s
@@ -517,12 +519,12 @@ async fn python_sops_decrypts_a_gitstate_state_and_sizes() {
     assert!(stored.len() < body.len() / 10);
     assert!(!String::from_utf8_lossy(&stored).contains(SECRET));
 
-    // THEN Python sops 1.18 (an independent implementation) decrypts it, MAC checked, to the
-    // gzip stream of exactly the plaintext
+    // THEN the stock sops 3.11 (an independent implementation) decrypts it, MAC checked, to
+    // the gzip stream of exactly the plaintext
     let (_, expanded) = sops_then_gzip(&s.moto, &stored, &["-d"]);
     assert!(
         expanded == body.as_bytes(),
-        "python sops output differs ({} vs {} bytes)",
+        "sops 3.11 output differs ({} vs {} bytes)",
         expanded.len(),
         body.len()
     );
@@ -790,22 +792,22 @@ async fn kms_outage_fails_closed() {
     assert!(stored.contains("ENC[AES256_GCM") && !stored.contains(SECRET));
 }
 
-/// The break-glass path as the README gives it: Python sops 1.18 decrypts the file to the sealed
-/// payload, the machine's stock gzip (`gzip_args`) expands it. Returns (payload, expanded).
+/// The break-glass path as the README gives it: the stock sops 3.11 decrypts the file to the
+/// sealed payload, the machine's stock gzip (`gzip_args`) expands it. Returns (payload, expanded).
 fn sops_then_gzip(moto: &Moto, stored: &[u8], gzip_args: &[&str]) -> (Vec<u8>, Vec<u8>) {
     use std::io::Write;
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("state.tfstate");
     std::fs::write(&file, stored).expect("write");
-    let sops = std::process::Command::new(tool("sops"))
-        .args(["-d", "--input-type", "json", "--output-type", "bytes"])
+    let sops = sops311()
+        .args(["decrypt", "--input-type", "json", "--output-type", "binary"])
         .arg(&file)
         .envs(moto.env())
         .output()
         .expect("sops runs");
     assert!(
         sops.status.success(),
-        "python sops failed: {}",
+        "sops 3.11 failed: {}",
         String::from_utf8_lossy(&sops.stderr)
     );
     let mut gzip = std::process::Command::new("gzip")
@@ -825,10 +827,10 @@ fn sops_then_gzip(moto: &Moto, stored: &[u8], gzip_args: &[&str]) -> (Vec<u8>, V
 }
 
 /// States of 0 to 400 resources, some with non-ASCII text, through an encrypting backend: each
-/// is sealed as its gzip stream, comes back byte-exact through the API, and opens with Python
-/// sops piped into `gzip -d`.
+/// is sealed as its gzip stream, comes back byte-exact through the API, and opens with the stock
+/// sops 3.11 piped into `gzip -d`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn compressed_states_round_trip_and_break_glass_with_python_sops() {
+async fn compressed_states_round_trip_and_break_glass_with_sops311() {
     let s = setup().await;
     s.moto.create_key("tfstate").await;
     let backend = s
@@ -910,14 +912,14 @@ async fn states_sealed_before_compression_keep_reading() {
         )
         .await;
     let client = Client::new(&backend.url);
-    // THEN it reads byte-exact, and Python sops still yields the JSON itself
+    // THEN it reads byte-exact, and sops 3.11 still yields the JSON itself
     let got = client.send("GET", "/states/old/prod.tfstate", None).await;
     assert_eq!((got.status, got.body.as_str()), (200, body.as_str()));
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("old.json");
     std::fs::write(&file, &old).expect("write");
-    let sops = std::process::Command::new(tool("sops"))
-        .args(["-d", "--input-type", "json", "--output-type", "bytes"])
+    let sops = sops311()
+        .args(["decrypt", "--input-type", "json", "--output-type", "binary"])
         .arg(&file)
         .envs(s.moto.env())
         .output()

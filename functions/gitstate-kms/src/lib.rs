@@ -30,8 +30,9 @@ pub const SECRET_BEARING_LOG_TARGETS: [&str; 10] = [
 ];
 
 pub use sealer::{
-    CONTEXT_REPOSITORY, CONTEXT_STATE, EncryptionSettings, SopsSealer, context, encryption,
-    encryption_with, pack, seal_error, unpack,
+    AGE_IDENTITY_PURPOSE, AgeIdentityError, CONTEXT_REPOSITORY, CONTEXT_STATE, EncryptionSettings,
+    SopsSealer, context, encryption, encryption_with, open_age_identities, pack, seal_error,
+    unpack,
 };
 
 use std::collections::HashMap;
@@ -45,7 +46,7 @@ use aws_sdk_kms::primitives::Blob;
 use aws_sdk_kms::types::DataKeySpec;
 use base64::Engine;
 use gitstate_core::secret::Secret;
-use gitstate_sops::{Context, DataKey, KeyError, KeyService, WrappedKey};
+use gitstate_sops::{Context, DataKey, KeyError, KeyService, Unwrapped, WrappedKey};
 use kms_key::KeyArn;
 use zeroize::{Zeroize, Zeroizing};
 
@@ -85,7 +86,7 @@ pub struct Kms {
     /// One client per region: sops files name the region in each key ARN.
     clients: Mutex<HashMap<String, Client>>,
     default: Client,
-    keys: Mutex<HashMap<CacheKey, DataKey>>,
+    keys: Mutex<HashMap<CacheKey, Unwrapped>>,
     arns: Mutex<HashMap<String, String>>,
     counters: Counters,
 }
@@ -218,14 +219,14 @@ impl Kms {
             .clone())
     }
 
-    fn remember(&self, wrapped: &WrappedKey, context: &Context, key: &DataKey) {
+    fn remember(&self, wrapped: &WrappedKey, context: &Context, key: &[u8]) {
         let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
         if keys.len() >= CACHE_CAPACITY {
             keys.clear();
         }
         keys.insert(
             (wrapped.arn.clone(), wrapped.blob.clone(), context.clone()),
-            key.clone(),
+            Zeroizing::new(key.to_vec()),
         );
     }
 }
@@ -305,14 +306,14 @@ impl KeyService for Kms {
                 .map(Blob::into_inner)
                 .unwrap_or_default(),
         };
-        self.remember(&wrapped, context, &key);
+        self.remember(&wrapped, context, key.as_slice());
         Ok((key, wrapped))
     }
 
     async fn wrap(
         &self,
         key_id: &str,
-        key: &DataKey,
+        secret: &[u8],
         context: &Context,
     ) -> Result<WrappedKey, KeyError> {
         self.counters.encrypt.fetch_add(1, Ordering::Relaxed);
@@ -320,7 +321,7 @@ impl KeyService for Kms {
             .client_for(key_id)?
             .encrypt()
             .key_id(key_id)
-            .plaintext(Blob::new(key.to_vec()))
+            .plaintext(Blob::new(secret.to_vec()))
             .set_encryption_context(non_empty(context))
             .send()
             .await
@@ -332,11 +333,11 @@ impl KeyService for Kms {
                 .map(Blob::into_inner)
                 .unwrap_or_default(),
         };
-        self.remember(&wrapped, context, key);
+        self.remember(&wrapped, context, secret);
         Ok(wrapped)
     }
 
-    async fn unwrap(&self, wrapped: &WrappedKey, context: &Context) -> Result<DataKey, KeyError> {
+    async fn unwrap(&self, wrapped: &WrappedKey, context: &Context) -> Result<Unwrapped, KeyError> {
         let cache_key = (wrapped.arn.clone(), wrapped.blob.clone(), context.clone());
         if let Some(key) = self
             .keys
@@ -356,9 +357,9 @@ impl KeyService for Kms {
             .send()
             .await
             .map_err(key_error)?;
-        let key = data_key(out.plaintext)?;
-        self.remember(wrapped, context, &key);
-        Ok(key)
+        let secret = Zeroizing::new(out.plaintext.map(Blob::into_inner).unwrap_or_default());
+        self.remember(wrapped, context, &secret);
+        Ok(secret)
     }
 
     async fn resolve(&self, key_id: &str) -> Result<String, KeyError> {

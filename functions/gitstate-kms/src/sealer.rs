@@ -8,7 +8,9 @@ use gitstate_core::StateName;
 use gitstate_core::ports::{Location, Opened, Protection, SealError, Sealer};
 use gitstate_core::secret::Secret;
 use gitstate_core::service::Encryption;
-use gitstate_sops::{Context, Envelope, Error, Format, KeyError, KeyService};
+use gitstate_sops::{
+    AgeKeys, Context, Envelope, Error, Format, KeyError, KeyService, KeySource, Offline,
+};
 use zeroize::Zeroizing;
 
 use crate::Kms;
@@ -37,7 +39,10 @@ const DEFAULT_MAX_STATE_BYTES: usize = 6 * 1024 * 1024;
 /// `GITSTATE_KMS_KEY_IDS`: KMS keys (ARNs, aliases; comma-separated) every write is sealed
 /// under, the first making the data key; `GITSTATE_KMS_PREVIOUS_KEY_IDS`: keys that may still
 /// unwrap states sealed before a key change, never used to seal (with the current ones, the only
-/// keys ever asked to unwrap); `GITSTATE_ENCRYPTION`: `optional` (default: plaintext
+/// keys ever asked to unwrap); `GITSTATE_AGE_RECIPIENTS` / `GITSTATE_AGE_PREVIOUS_RECIPIENTS`:
+/// the same for age recipients, opened with the age identities held; `GITSTATE_SOPS_SHAMIR_THRESHOLD`:
+/// one key group per source (KMS, age), any that many of which open a state (unset: one group of
+/// every key, any one opens); `GITSTATE_ENCRYPTION`: `optional` (default: plaintext
 /// states are still served and encrypted on their next write) or `enforced` (states not under
 /// the configured keys are refused until `gitstate rekey`); `GITSTATE_PASSPHRASE`: reads
 /// terraform-backend-git's aes passphrase mode.
@@ -45,6 +50,18 @@ const DEFAULT_MAX_STATE_BYTES: usize = 6 * 1024 * 1024;
 pub struct EncryptionSettings {
     pub kms_key_ids: Vec<String>,
     pub previous_kms_key_ids: Vec<String>,
+    pub age_recipients: Vec<String>,
+    pub previous_age_recipients: Vec<String>,
+    /// The age identities (`AGE-SECRET-KEY-1…` lines) as given, and the variable that gave
+    /// them (`GITSTATE_AGE_IDENTITY`, `…_FILE`, sops's `SOPS_AGE_KEY`, `…_FILE`): parsed once at
+    /// start (see [`open_age_identities`]).
+    pub age_identity: Option<(&'static str, Secret)>,
+    /// `GITSTATE_AGE_IDENTITY_KMS`: the identities as base64 of a KMS ciphertext (context
+    /// `gitstate:purpose` = `age-identity`), decrypted once at start.
+    pub age_identity_kms: Option<Secret>,
+    /// The identities, once opened.
+    pub age_identities: Option<Arc<AgeKeys>>,
+    pub shamir_threshold: Option<usize>,
     pub enforced: bool,
     pub passphrase: Option<Secret>,
 }
@@ -52,11 +69,80 @@ pub struct EncryptionSettings {
 impl EncryptionSettings {
     /// Whether states pass through encryption at all.
     pub fn is_configured(&self) -> bool {
-        !self.kms_key_ids.is_empty() || self.passphrase.is_some()
+        !self.kms_key_ids.is_empty()
+            || self.passphrase.is_some()
+            || !self.age_recipients.is_empty()
+            || self.age_identity.is_some()
+            || self.age_identity_kms.is_some()
+            || self.age_identities.is_some()
+    }
+
+    /// The age source as configured: its recipients, and the identities that open.
+    pub fn age(&self) -> Option<Offline> {
+        if self.age_recipients.is_empty()
+            && self.previous_age_recipients.is_empty()
+            && self.age_identities.is_none()
+        {
+            return None;
+        }
+        let keys: Arc<dyn KeySource> = match &self.age_identities {
+            Some(keys) => keys.clone(),
+            None => Arc::new(AgeKeys::sealing_only()),
+        };
+        // every recipient was checked when the settings were read
+        let mut previous = self.previous_age_recipients.clone();
+        if self.age_recipients.is_empty()
+            && let Some(held) = &self.age_identities
+        {
+            // identities with no recipient configured still open (a break-glass reader)
+            previous.extend(held.recipients());
+        }
+        Offline::new(keys, &self.age_recipients, &previous).ok()
     }
 }
 
-/// States sealed as sops binary mode under KMS keys.
+/// The context a KMS-encrypted age identity is bound to.
+pub const AGE_IDENTITY_PURPOSE: (&str, &str) = ("gitstate:purpose", "age-identity");
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgeIdentityError {
+    #[error("GITSTATE_AGE_IDENTITY_KMS could not be decrypted")]
+    Decrypt(#[from] crate::SecretError),
+    #[error("{var}: {source}")]
+    Identity {
+        var: &'static str,
+        source: gitstate_sops::SourceError,
+    },
+}
+
+/// Parse the age identities given as text, or decrypt `GITSTATE_AGE_IDENTITY_KMS` with `kms`
+/// and parse them, once per process (as the git token). Errors name the variable, never a key.
+pub async fn open_age_identities(
+    kms: Option<&Kms>,
+    settings: &mut EncryptionSettings,
+) -> Result<(), AgeIdentityError> {
+    let parse = |var: &'static str, text: &str| {
+        AgeKeys::parse(text)
+            .map(Arc::new)
+            .map_err(|source| AgeIdentityError::Identity { var, source })
+    };
+    if let Some((var, text)) = settings.age_identity.take() {
+        settings.age_identities = Some(parse(var, text.expose())?);
+    }
+    if let (Some(kms), Some(ciphertext)) = (kms, settings.age_identity_kms.take()) {
+        let context: Context = [(
+            AGE_IDENTITY_PURPOSE.0.to_owned(),
+            AGE_IDENTITY_PURPOSE.1.to_owned(),
+        )]
+        .into();
+        let plaintext = kms.decrypt_base64(ciphertext.expose(), &context).await?;
+        let text = String::from_utf8_lossy(&plaintext);
+        settings.age_identities = Some(parse("GITSTATE_AGE_IDENTITY_KMS", &text)?);
+    }
+    Ok(())
+}
+
+/// States sealed as sops binary mode under KMS keys and age recipients.
 pub struct SopsSealer<K> {
     envelope: Envelope<K>,
     /// The passphrase when it is the only protection configured: writes then stay in
@@ -74,10 +160,12 @@ impl<K: KeyService> SopsSealer<K> {
             .map(|p| Zeroizing::new(p.expose().to_owned()));
         let passphrase_writes = passphrase
             .clone()
-            .filter(|_| settings.kms_key_ids.is_empty());
+            .filter(|_| settings.kms_key_ids.is_empty() && settings.age_recipients.is_empty());
         Self {
             envelope: Envelope::new(keys, settings.kms_key_ids.clone(), passphrase)
-                .with_previous(settings.previous_kms_key_ids.clone()),
+                .with_previous(settings.previous_kms_key_ids.clone())
+                .with_offline(settings.age().into_iter().collect())
+                .with_threshold(settings.shamir_threshold),
             passphrase_writes,
             max_state_bytes: DEFAULT_MAX_STATE_BYTES,
         }
@@ -126,16 +214,24 @@ pub fn seal_error(error: Error) -> SealError {
         | Error::NoKey {
             last: Some(KeyError::Unavailable(_)),
             ..
-        } => SealError::Unavailable(boxed(error)),
-        Error::Key(_) | Error::NoKey { .. } => SealError::Refused(boxed(error)),
-        Error::NoConfiguredKey { .. } => SealError::ForeignKey(boxed(error)),
-        Error::Tampered { .. } | Error::MacMismatch | Error::ContextMismatch { .. } => {
-            SealError::Integrity(boxed(error))
         }
+        | Error::Threshold {
+            last: Some(KeyError::Unavailable(_)),
+            ..
+        } => SealError::Unavailable(boxed(error)),
+        Error::Key(_) | Error::NoKey { .. } | Error::Threshold { .. } => {
+            SealError::Refused(boxed(error))
+        }
+        Error::NoConfiguredKey { .. } => SealError::ForeignKey(boxed(error)),
+        Error::Tampered { .. }
+        | Error::MacMismatch
+        | Error::ContextMismatch { .. }
+        | Error::Unbound => SealError::Integrity(boxed(error)),
         Error::Format(_)
         | Error::Unsupported(_)
         | Error::NoKmsEntry
         | Error::NoWriteKey
+        | Error::Layout(_)
         | Error::Unrecognised(_)
         | Error::Crypto
         | Error::Compression(_)

@@ -10,22 +10,68 @@ use zeroize::Zeroizing;
 
 use crate::cipher::{self, Sealed};
 use crate::tree::Value;
-use crate::{Context, DataKey, Error, KeyService, WrappedKey, time};
+use crate::{Context, DataKey, Error, KeyService, Offline, Unwrapped, WrappedKey, time};
 
 mod seal;
 pub use seal::Seal;
+pub(crate) use seal::grouping;
 
 /// The `version` gitstate writes: a valid semver ≥ 3.3.0, or the sops CLI refuses the file or
 /// takes its old "encryption context bug" path.
 pub const SOPS_VERSION: &str = "3.13.2";
 
-/// One `sops.kms[]` entry.
+/// The data member holding the location a file is sealed for (its encryption context as JSON),
+/// encrypted and under the MAC like the state: sops decrypts past it (the binary store emits only
+/// `data`), and a copy at another path shows another location. Written whenever a key source
+/// other than KMS (which binds the context itself) seals the file.
+pub const BINDING: &str = "gitstate_binding";
+
+/// One `kms[]` entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KmsEntry {
     pub arn: String,
     pub context: Context,
     pub created_at: String,
     pub enc: Vec<u8>,
+}
+
+/// One entry of another source: `age[]` (`recipient`) or `pgp[]` (`fp`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// The list it lives in: `age` or `pgp`.
+    pub list: &'static str,
+    /// The recipient or fingerprint.
+    pub id: String,
+    pub enc: String,
+    pub created_at: String,
+}
+
+/// A key group: every entry wraps the same secret (the data key, or with several groups this
+/// group's Shamir share of it).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeyGroup {
+    pub kms: Vec<KmsEntry>,
+    pub entries: Vec<Entry>,
+    /// Entries of sources gitstate has no key service for (GCP KMS, Azure Key Vault, Vault).
+    pub foreign: usize,
+}
+
+impl KeyGroup {
+    pub fn len(&self) -> usize {
+        self.kms.len() + self.entries.len() + self.foreign
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Every entry's key name: KMS ARNs, then the other sources' recipients.
+    pub fn ids(&self) -> impl Iterator<Item = &str> {
+        self.kms
+            .iter()
+            .map(|e| e.arn.as_str())
+            .chain(self.entries.iter().map(|e| e.id.as_str()))
+    }
 }
 
 /// Which leaves a tree-mode file encrypts (sops allows one rule).
@@ -52,7 +98,10 @@ impl Rule {
 #[derive(Debug, Clone)]
 pub struct Document {
     data: Vec<(String, Value)>,
-    pub kms: Vec<KmsEntry>,
+    /// One group when the file lists its keys at the top level; `key_groups` otherwise.
+    pub groups: Vec<KeyGroup>,
+    /// How many groups open the file (0 in the file means all of them).
+    pub threshold: usize,
     pub lastmodified: String,
     mac: String,
     rule: Rule,
@@ -60,11 +109,13 @@ pub struct Document {
     pub version: String,
 }
 
-/// A decrypted document: the plaintext bytes, and whether it was binary mode.
+/// A decrypted document: the plaintext bytes, whether it was binary mode, and the location it
+/// names (see [`BINDING`]).
 #[derive(Debug)]
 pub struct Plain {
     pub bytes: Zeroizing<Vec<u8>>,
     pub binary: bool,
+    pub binding: Option<Context>,
 }
 
 /// Is this a sops document (a JSON object with a top-level `sops` object)? Cheap enough for a
@@ -103,19 +154,26 @@ impl Document {
             Some(Value::String(s)) => Some(s.clone()),
             _ => None,
         };
-        if matches!(sops.get("key_groups"), Some(Value::Array(groups)) if !groups.is_empty()) {
-            return Err(Error::Unsupported(
-                "key groups (Shamir secret sharing) are not supported; use one group of KMS keys"
-                    .into(),
-            ));
-        }
-        let kms = match sops.get("kms") {
-            None | Some(Value::Null) => Vec::new(),
-            Some(Value::Array(entries)) => entries
+        let groups = match sops.get("key_groups") {
+            Some(Value::Array(groups)) if !groups.is_empty() => groups
                 .iter()
-                .map(kms_entry)
+                .map(key_group)
                 .collect::<Result<Vec<_>, _>>()?,
-            Some(_) => return Err(Error::Format("`sops.kms` is not a list".into())),
+            None | Some(Value::Null) | Some(Value::Array(_)) => vec![key_group(&sops)?],
+            Some(_) => return Err(Error::Format("`sops.key_groups` is not a list".into())),
+        };
+        let threshold = match sops.get("shamir_threshold") {
+            None | Some(Value::Null) => 0,
+            Some(Value::Number(n)) => n
+                .parse::<usize>()
+                .ok()
+                .filter(|t| *t <= groups.len())
+                .ok_or_else(|| Error::Format("`sops.shamir_threshold` is out of range".into()))?,
+            Some(_) => {
+                return Err(Error::Format(
+                    "`sops.shamir_threshold` is not a number".into(),
+                ));
+            }
         };
         let regex = |r: String| {
             regex_lite::Regex::new(&r).map_err(|_| Error::Format("invalid regex rule".into()))
@@ -133,7 +191,8 @@ impl Document {
         };
         Ok(Self {
             data,
-            kms,
+            groups,
+            threshold,
             lastmodified: text("lastmodified")
                 .ok_or_else(|| Error::Format("no `sops.lastmodified`".into()))?,
             mac: text("mac").ok_or_else(|| Error::Format("no `sops.mac`".into()))?,
@@ -143,44 +202,111 @@ impl Document {
         })
     }
 
-    /// Is this binary mode: the whole plaintext in one `data` string?
+    /// Is this binary mode: the whole plaintext in one `data` string (and maybe the binding)?
     pub fn is_binary(&self) -> bool {
-        matches!(self.data.as_slice(), [(key, Value::String(_))] if key == "data")
+        match self.data.as_slice() {
+            [(key, Value::String(_))] => key == "data",
+            [(key, Value::String(_)), (binding, Value::String(_))] => {
+                key == "data" && binding == BINDING
+            }
+            _ => false,
+        }
     }
 
-    /// The data key, from the first KMS entry the key service unwraps, each with its own ARN
-    /// and context: what `sops -d` does, for break-glass reads of a file in hand. A deployment
-    /// reads through [`crate::Envelope::open`] with an expected context instead, where only its
-    /// configured keys unwrap. Returns the key and the ARN of the entry that unwrapped it.
-    pub async fn data_key_from(&self, keys: &dyn KeyService) -> Result<(DataKey, String), Error> {
-        if self.kms.is_empty() {
-            return Err(Error::NoKmsEntry);
+    /// How many groups must open: every one when the file says 0, and the one of a single group.
+    pub fn needed(&self) -> usize {
+        match (self.groups.len(), self.threshold) {
+            (0 | 1, _) => 1,
+            (groups, 0) => groups,
+            (_, threshold) => threshold,
         }
-        let mut last = None;
-        for entry in &self.kms {
-            let wrapped = WrappedKey {
-                arn: entry.arn.clone(),
-                blob: entry.enc.clone(),
-            };
-            match keys.unwrap(&wrapped, &entry.context).await {
-                Ok(key) => return Ok((key, entry.arn.clone())),
-                Err(e) => last = Some(e),
+    }
+
+    /// The data key from what the groups that opened unwrapped: the key itself with one group,
+    /// Shamir shares with several (a wrong share gives a wrong key, which the MAC then refuses).
+    pub fn combine(&self, parts: &[Unwrapped]) -> Result<DataKey, Error> {
+        let key = if self.groups.len() > 1 {
+            let shares: Vec<&[u8]> = parts.iter().map(|p| p.as_slice()).collect();
+            crate::shamir::combine(&shares)
+                .map_err(|e| Error::Format(format!("key group shares: {e}")))?
+        } else {
+            parts.first().cloned().ok_or(Error::NoKmsEntry)?
+        };
+        let key: [u8; 32] = key
+            .as_slice()
+            .try_into()
+            .map_err(|_| Error::Format("the data key is not 256 bits".into()))?;
+        Ok(Zeroizing::new(key))
+    }
+
+    /// The data key as `sops -d` finds it, for break-glass reads of a file in hand: in each group
+    /// the first entry that opens, age entries with any identity held, KMS entries with their own
+    /// ARN and context. A deployment reads through [`crate::Envelope::open`] with an expected
+    /// context instead, where only its configured keys unwrap. Returns the key and the name of
+    /// the first entry that opened.
+    pub async fn data_key_from(
+        &self,
+        keys: &dyn KeyService,
+        offline: &[Offline],
+    ) -> Result<(DataKey, String), Error> {
+        let needed = self.needed();
+        let (mut parts, mut first, mut last, mut tried) = (Vec::new(), None, None, 0);
+        for group in &self.groups {
+            if parts.len() >= needed {
+                break;
+            }
+            let mut got = None;
+            'entries: for entry in &group.entries {
+                for source in offline.iter().filter(|o| o.source.list() == entry.list) {
+                    tried += 1;
+                    match source.source.unwrap(&entry.id, &entry.enc).await {
+                        Ok(secret) => {
+                            got = Some((secret, entry.id.clone()));
+                            break 'entries;
+                        }
+                        Err(e) => last = Some(e),
+                    }
+                }
+            }
+            if got.is_none() {
+                for entry in &group.kms {
+                    tried += 1;
+                    let wrapped = WrappedKey {
+                        arn: entry.arn.clone(),
+                        blob: entry.enc.clone(),
+                    };
+                    match keys.unwrap(&wrapped, &entry.context).await {
+                        Ok(secret) => {
+                            got = Some((secret, entry.arn.clone()));
+                            break;
+                        }
+                        Err(e) => last = Some(e),
+                    }
+                }
+            }
+            if let Some((secret, id)) = got {
+                parts.push(secret);
+                first.get_or_insert(id);
             }
         }
-        Err(Error::NoKey {
-            tried: self.kms.len(),
-            last,
-        })
+        match first {
+            Some(id) if parts.len() >= needed => Ok((self.combine(&parts)?, id)),
+            _ if self.groups.len() > 1 => Err(Error::Threshold {
+                opened: parts.len(),
+                groups: self.groups.len(),
+                threshold: needed,
+                last,
+            }),
+            _ if tried == 0 => Err(Error::NoKmsEntry),
+            _ => Err(Error::NoKey { tried, last }),
+        }
     }
 
     /// Decrypt every value, verify the MAC, and give back the plaintext: the `data` string's
     /// bytes in binary mode, JSON otherwise.
     pub fn decrypt(&self, key: &DataKey) -> Result<Plain, Error> {
-        if let [(name, Value::String(data))] = self.data.as_slice()
-            && name == "data"
-            && self.rule.encrypts(std::slice::from_ref(name))
-        {
-            return self.decrypt_binary(key, data);
+        if self.is_binary() && self.rule.encrypts(&["data".to_owned()]) {
+            return self.decrypt_binary(key);
         }
         let mut walk = Walk {
             key,
@@ -199,48 +325,82 @@ impl Document {
             path.pop();
         }
         self.verify_mac(key, walk.hash)?;
+        let binding = match members.iter().position(|(k, _)| k == BINDING) {
+            Some(at) => match members.remove(at).1 {
+                Value::String(text) => Some(binding(&text)?),
+                _ => return Err(Error::Format(format!("{BINDING:?} is not a string"))),
+            },
+            None => None,
+        };
         if self.is_binary()
             && let [(_, Value::String(text))] = members.as_mut_slice()
         {
             return Ok(Plain {
                 bytes: Zeroizing::new(std::mem::take(text).into_bytes()),
                 binary: true,
+                binding,
             });
         }
         Ok(Plain {
             bytes: Zeroizing::new(Value::Object(members).to_json().into_bytes()),
             binary: false,
+            binding,
         })
     }
 }
 
+/// The location a binding names, from its plaintext (the context as a JSON object).
+fn binding(text: &str) -> Result<Context, Error> {
+    serde_json::from_str(text).map_err(|_| Error::Format(format!("{BINDING:?} is not a location")))
+}
+
 impl Document {
     /// Binary mode: the `data` value's plaintext bytes as they are, UTF-8 or not (gitstate seals
-    /// gzip streams; sops stores any file so), authenticated by its GCM tag and the MAC.
-    fn decrypt_binary(&self, key: &DataKey, data: &str) -> Result<Plain, Error> {
+    /// gzip streams; sops stores any file so), authenticated by its GCM tag and the MAC, and the
+    /// binding after it.
+    fn decrypt_binary(&self, key: &DataKey) -> Result<Plain, Error> {
         let mut hash = Sha512::new();
         if self.mac_only_encrypted {
             hash.update(Sha256::digest(b"sops"));
         }
-        let bytes = if data.is_empty() {
-            Zeroizing::new(Vec::new())
-        } else {
-            let sealed = Sealed::parse(data)
-                .ok_or_else(|| Error::Format("value at \"data\" is not encrypted".into()))??;
+        let mut bytes = Zeroizing::new(Vec::new());
+        let mut binding_text = None;
+        for (name, value) in &self.data {
+            let Value::String(text) = value else {
+                continue;
+            };
+            if text.is_empty() {
+                continue;
+            }
+            let sealed = Sealed::parse(text)
+                .ok_or_else(|| Error::Format(format!("value at {name:?} is not encrypted")))??;
             if !matches!(sealed.kind.as_str(), "str" | "bytes") {
                 return Err(Error::Format(format!(
-                    "value at \"data\" is a {}, not a string",
+                    "value at {name:?} is a {}, not a string",
                     sealed.kind
                 )));
             }
-            let plain = cipher::decrypt(key, &sealed, b"data:")?;
+            let plain = cipher::decrypt(key, &sealed, format!("{name}:").as_bytes())?;
             hash.update(plain.as_slice());
-            plain
-        };
+            if name == "data" {
+                bytes = plain;
+            } else {
+                binding_text = Some(plain);
+            }
+        }
         self.verify_mac(key, hash)?;
+        let binding = match binding_text {
+            Some(text) => {
+                Some(binding(std::str::from_utf8(&text).map_err(|_| {
+                    Error::Format(format!("{BINDING:?} is not UTF-8"))
+                })?)?)
+            }
+            None => None,
+        };
         Ok(Plain {
             bytes,
             binary: true,
+            binding,
         })
     }
 
@@ -261,6 +421,46 @@ impl Document {
         }
         Ok(())
     }
+}
+
+/// A key group: the `kms`, `age` and `pgp` lists of the metadata (or of one `key_groups[]`
+/// object); null and missing lists are empty, entries of other sources are only counted.
+fn key_group(value: &Value) -> Result<KeyGroup, Error> {
+    let list = |key: &str| match value.get(key) {
+        None | Some(Value::Null) => Ok(&[][..]),
+        Some(Value::Array(entries)) => Ok(entries.as_slice()),
+        Some(_) => Err(Error::Format(format!("`{key}` is not a list"))),
+    };
+    let kms = list("kms")?
+        .iter()
+        .map(kms_entry)
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut entries = Vec::new();
+    for (name, id_key) in [("age", "recipient"), ("pgp", "fp")] {
+        for entry in list(name)? {
+            let text = |key: &str| match entry.get(key) {
+                Some(Value::String(s)) => Some(s.clone()),
+                _ => None,
+            };
+            entries.push(Entry {
+                list: name,
+                id: text(id_key)
+                    .ok_or_else(|| Error::Format(format!("an {name} entry has no `{id_key}`")))?,
+                enc: text("enc")
+                    .ok_or_else(|| Error::Format(format!("an {name} entry has no `enc`")))?,
+                created_at: text("created_at").unwrap_or_default(),
+            });
+        }
+    }
+    let mut foreign = 0;
+    for name in ["gcp_kms", "azure_kv", "hc_vault", "hckms"] {
+        foreign += list(name)?.len();
+    }
+    Ok(KeyGroup {
+        kms,
+        entries,
+        foreign,
+    })
 }
 
 fn kms_entry(value: &Value) -> Result<KmsEntry, Error> {

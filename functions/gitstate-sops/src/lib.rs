@@ -5,7 +5,9 @@
 //! - reads binary and tree mode (per-value `ENC[…]`, as terraform-backend-git writes), and that
 //!   tool's `aes` passphrase mode;
 //! - seals a state gzip-compressed ([`compression`]) and reads uncompressed ones;
-//! - the data key comes from, and is wrapped by, a [`KeyService`] (AWS KMS in production).
+//! - the data key comes from, and is wrapped by, a [`KeyService`] (AWS KMS in production), and
+//!   by any [`KeySource`] that works offline (age); with key groups, each group wraps a Shamir
+//!   share of it ([`shamir`]), as sops writes `key_groups` and `shamir_threshold`.
 
 pub mod cipher;
 pub mod compression;
@@ -13,6 +15,8 @@ mod document;
 mod envelope;
 pub mod kms_key;
 mod passphrase;
+pub mod shamir;
+mod sources;
 mod time;
 mod tree;
 
@@ -22,12 +26,18 @@ use async_trait::async_trait;
 use zeroize::Zeroizing;
 
 pub use cipher::Sealed;
-pub use document::{Document, KmsEntry, Plain, SOPS_VERSION, Seal, looks_like_sops};
+pub use document::{
+    BINDING, Document, Entry, KeyGroup, KmsEntry, Plain, SOPS_VERSION, Seal, looks_like_sops,
+};
 pub use envelope::{Envelope, Format, Opened, Protection};
 pub use passphrase::{open_passphrase, seal_passphrase};
+pub use sources::{AgeKeys, KeySource, Offline, SourceError};
 
 /// A 256-bit data key, wiped from memory when dropped.
 pub type DataKey = Zeroizing<[u8; 32]>;
+
+/// What a master key unwraps: a data key, or a key group's Shamir share of one.
+pub type Unwrapped = Zeroizing<Vec<u8>>;
 
 /// An encryption context: sent with every wrap and unwrap, stored in the file.
 pub type Context = BTreeMap<String, String>;
@@ -62,15 +72,15 @@ pub trait KeyService: Send + Sync {
         context: &Context,
     ) -> Result<(DataKey, WrappedKey), KeyError>;
 
-    /// Wrap an existing data key under one more master key.
+    /// Wrap an existing data key (or a key group's Shamir share) under one more master key.
     async fn wrap(
         &self,
         key_id: &str,
-        key: &DataKey,
+        secret: &[u8],
         context: &Context,
     ) -> Result<WrappedKey, KeyError>;
 
-    async fn unwrap(&self, wrapped: &WrappedKey, context: &Context) -> Result<DataKey, KeyError>;
+    async fn unwrap(&self, wrapped: &WrappedKey, context: &Context) -> Result<Unwrapped, KeyError>;
 
     /// The full key ARN a configured key ID (ARN, alias, alias ARN or bare ID) names.
     async fn resolve(&self, key_id: &str) -> Result<String, KeyError>;
@@ -96,8 +106,21 @@ pub enum Error {
         #[source]
         last: Option<KeyError>,
     },
-    #[error("the file has no AWS KMS master key")]
+    #[error("the file has no master key entry gitstate can use")]
     NoKmsEntry,
+    #[error("key groups: {opened} of {groups} opened, {threshold} needed")]
+    Threshold {
+        opened: usize,
+        groups: usize,
+        threshold: usize,
+        #[source]
+        last: Option<KeyError>,
+    },
+    /// Opened through a key that binds no location (age, OpenPGP), yet the file names none.
+    #[error(
+        "the file names no location: under age alone it opens only as gitstate seals it (import it by writing its plaintext)"
+    )]
+    Unbound,
     /// No entry names a key of the deployment: nothing was asked to unwrap.
     #[error(
         "none of the file's {entries} KMS entries names a configured key (the first names {first:?}); no KMS call was made"
@@ -105,8 +128,10 @@ pub enum Error {
     NoConfiguredKey { entries: usize, first: String },
     #[error(transparent)]
     Key(#[from] KeyError),
-    #[error("no KMS key is configured for writing")]
+    #[error("no key is configured for writing")]
     NoWriteKey,
+    #[error("invalid key group layout: {0}")]
+    Layout(String),
     #[error("neither JSON nor a passphrase-encrypted state{0}")]
     Unrecognised(&'static str),
     #[error("cipher failure")]
@@ -130,13 +155,13 @@ impl<T: KeyService + ?Sized> KeyService for std::sync::Arc<T> {
     async fn wrap(
         &self,
         key_id: &str,
-        key: &DataKey,
+        secret: &[u8],
         context: &Context,
     ) -> Result<WrappedKey, KeyError> {
-        (**self).wrap(key_id, key, context).await
+        (**self).wrap(key_id, secret, context).await
     }
 
-    async fn unwrap(&self, wrapped: &WrappedKey, context: &Context) -> Result<DataKey, KeyError> {
+    async fn unwrap(&self, wrapped: &WrappedKey, context: &Context) -> Result<Unwrapped, KeyError> {
         (**self).unwrap(wrapped, context).await
     }
 

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use base64::Engine;
 use gitstate_sops::{
     Context, DataKey, Document, Envelope, Error, Format, KeyError, KeyService, Protection, Seal,
-    WrappedKey, cipher,
+    Unwrapped, WrappedKey, cipher,
 };
 use zeroize::Zeroizing;
 
@@ -28,7 +28,7 @@ fn vector_key() -> DataKey {
 }
 
 /// A wrapped key's master key ARN, context and plaintext.
-type Bound = (String, Context, [u8; 32]);
+type Bound = (String, Context, Vec<u8>);
 
 /// A key service in memory: blobs are opaque handles, bound to their context like KMS does.
 #[derive(Default)]
@@ -41,10 +41,13 @@ impl FakeKms {
     fn arn(key_id: &str) -> String {
         format!("arn:aws:kms:us-east-1:123456789012:key/{key_id}")
     }
-    fn store(&self, key_id: &str, key: &DataKey, context: &Context) -> WrappedKey {
+    fn store(&self, key_id: &str, key: &[u8], context: &Context) -> WrappedKey {
         let mut map = self.wrapped.lock().expect("lock");
         let blob = format!("blob-{}", map.len()).into_bytes();
-        map.insert(blob.clone(), (Self::arn(key_id), context.clone(), **key));
+        map.insert(
+            blob.clone(),
+            (Self::arn(key_id), context.clone(), key.to_vec()),
+        );
         WrappedKey {
             arn: Self::arn(key_id),
             blob,
@@ -78,25 +81,25 @@ impl KeyService for FakeKms {
         for (i, b) in key.iter_mut().enumerate() {
             *b = u8::try_from(i).expect("small") ^ 0x5a;
         }
-        let wrapped = self.store(key_id, &key, context);
+        let wrapped = self.store(key_id, key.as_slice(), context);
         Ok((key, wrapped))
     }
     async fn wrap(
         &self,
         key_id: &str,
-        key: &DataKey,
+        key: &[u8],
         context: &Context,
     ) -> Result<WrappedKey, KeyError> {
         self.calls.lock().expect("lock").push("Encrypt");
         Ok(self.store(key_id, key, context))
     }
-    async fn unwrap(&self, wrapped: &WrappedKey, context: &Context) -> Result<DataKey, KeyError> {
+    async fn unwrap(&self, wrapped: &WrappedKey, context: &Context) -> Result<Unwrapped, KeyError> {
         self.calls.lock().expect("lock").push("Decrypt");
         let map = self.wrapped.lock().expect("lock");
         match map.get(&wrapped.blob) {
             // like KMS, a blob opens only under the key that wrapped it, named by its ARN
             Some((arn, _, _)) if *arn != wrapped.arn => Err(refused("another key's ciphertext")),
-            Some((_, bound, key)) if bound == context => Ok(Zeroizing::new(*key)),
+            Some((_, bound, key)) if bound == context => Ok(Zeroizing::new(key.clone())),
             Some(_) => Err(refused("wrong context")),
             None => Err(refused("invalid ciphertext")),
         }
@@ -492,6 +495,8 @@ async fn tree_mode_written_and_read_back() {
     let seal = Seal {
         keys: env.keys(),
         key_ids: &["k1".to_owned()],
+        offline: &[],
+        threshold: None,
         context: &context("t.tfstate"),
         now: UNIX_EPOCH + Duration::from_secs(1_767_323_045),
     };

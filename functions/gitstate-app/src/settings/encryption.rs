@@ -1,16 +1,43 @@
-//! Encryption at rest: KMS keys, previous keys, the mode, the passphrase.
+//! Encryption at rest: KMS keys and age recipients (current and previous), the age identities,
+//! key groups, the mode, the passphrase. terraform-backend-git's variables for the same things
+//! are read too; gitstate's own win when both are set.
 
 use gitstate_core::secret::Secret;
 use gitstate_kms::kms_key::KeyName;
+use gitstate_sops::{AgeKeys, KeySource};
 
 pub use gitstate_kms::EncryptionSettings;
 
 use super::{ConfigError, Vars};
 
 pub(crate) fn read(vars: &Vars<'_>) -> Result<EncryptionSettings, ConfigError> {
+    if vars.get("TF_BACKEND_HTTP_SOPS_PGP_FP").is_some() {
+        return Err(ConfigError::Invalid {
+            var: "TF_BACKEND_HTTP_SOPS_PGP_FP",
+            reason: "OpenPGP keys are not supported: seal with KMS or age (GITSTATE_AGE_RECIPIENTS), and read the old states once with sops".into(),
+        });
+    }
+    let age_recipients = if vars.get("GITSTATE_AGE_RECIPIENTS").is_some() {
+        recipients(vars, "GITSTATE_AGE_RECIPIENTS")?
+    } else {
+        recipients(vars, "TF_BACKEND_HTTP_SOPS_AGE_RECIPIENTS")?
+    };
+    let shamir_threshold = match vars.get("GITSTATE_SOPS_SHAMIR_THRESHOLD") {
+        Some(_) => Some(vars.number("GITSTATE_SOPS_SHAMIR_THRESHOLD", 1)?),
+        None if vars.get("TF_BACKEND_HTTP_SOPS_SHAMIR_THRESHOLD").is_some() => {
+            Some(vars.number("TF_BACKEND_HTTP_SOPS_SHAMIR_THRESHOLD", 1)?)
+        }
+        None => None,
+    };
     let encryption = EncryptionSettings {
         kms_key_ids: key_list(vars, "GITSTATE_KMS_KEY_IDS")?,
         previous_kms_key_ids: key_list(vars, "GITSTATE_KMS_PREVIOUS_KEY_IDS")?,
+        age_recipients,
+        previous_age_recipients: recipients(vars, "GITSTATE_AGE_PREVIOUS_RECIPIENTS")?,
+        age_identity: identity(vars)?,
+        age_identity_kms: vars.get("GITSTATE_AGE_IDENTITY_KMS").map(Secret::new),
+        age_identities: None,
+        shamir_threshold: shamir_threshold.map(|t| usize::try_from(t).unwrap_or(usize::MAX)),
         enforced: match vars.get("GITSTATE_ENCRYPTION").as_deref() {
             None | Some("optional") => false,
             Some("enforced") => true,
@@ -23,11 +50,23 @@ pub(crate) fn read(vars: &Vars<'_>) -> Result<EncryptionSettings, ConfigError> {
         },
         passphrase: vars.get("GITSTATE_PASSPHRASE").map(Secret::new),
     };
-    if encryption.enforced && encryption.kms_key_ids.is_empty() {
+    let sources = usize::from(!encryption.kms_key_ids.is_empty())
+        + usize::from(!encryption.age_recipients.is_empty());
+    if encryption.enforced && sources == 0 {
         return Err(ConfigError::EnforcedWithoutKeys);
     }
     if !encryption.previous_kms_key_ids.is_empty() && encryption.kms_key_ids.is_empty() {
         return Err(ConfigError::PreviousWithoutKeys);
+    }
+    if let Some(threshold) = encryption.shamir_threshold
+        && threshold > sources.max(1)
+    {
+        return Err(ConfigError::Invalid {
+            var: "GITSTATE_SOPS_SHAMIR_THRESHOLD",
+            reason: format!(
+                "{threshold} key groups cannot open a state sealed for {sources} (one group per source: KMS, age)"
+            ),
+        });
     }
     Ok(encryption)
 }
@@ -45,4 +84,60 @@ fn key_list(vars: &Vars<'_>, var: &'static str) -> Result<Vec<String>, ConfigErr
         }
     }
     Ok(keys)
+}
+
+/// A comma-separated list of age recipients (`age1…`).
+fn recipients(vars: &Vars<'_>, var: &'static str) -> Result<Vec<String>, ConfigError> {
+    let age = AgeKeys::sealing_only();
+    let mut out: Vec<String> = Vec::new();
+    for recipient in vars.list(var) {
+        let recipient = age
+            .recipient(&recipient)
+            .map_err(|e| ConfigError::Invalid {
+                var,
+                reason: e.to_string(),
+            })?;
+        if !out.contains(&recipient) {
+            out.push(recipient);
+        }
+    }
+    Ok(out)
+}
+
+/// The age identities' text: `GITSTATE_AGE_IDENTITY` or the file `GITSTATE_AGE_IDENTITY_FILE`
+/// names, else sops's own `SOPS_AGE_KEY` / `SOPS_AGE_KEY_FILE`; at most one of gitstate's three
+/// (with `GITSTATE_AGE_IDENTITY_KMS`). Parsed when the application is built.
+fn identity(vars: &Vars<'_>) -> Result<Option<(&'static str, Secret)>, ConfigError> {
+    let set: Vec<&'static str> = [
+        "GITSTATE_AGE_IDENTITY",
+        "GITSTATE_AGE_IDENTITY_FILE",
+        "GITSTATE_AGE_IDENTITY_KMS",
+    ]
+    .into_iter()
+    .filter(|v| vars.get(v).is_some())
+    .collect();
+    if set.len() > 1 {
+        return Err(ConfigError::Invalid {
+            var: set[1],
+            reason: format!("{} is set too: choose one", set[0]),
+        });
+    }
+    let (text_var, file_var) = match set.first() {
+        Some(&"GITSTATE_AGE_IDENTITY_KMS") => return Ok(None),
+        Some(_) => ("GITSTATE_AGE_IDENTITY", "GITSTATE_AGE_IDENTITY_FILE"),
+        None => ("SOPS_AGE_KEY", "SOPS_AGE_KEY_FILE"),
+    };
+    Ok(match (vars.get(text_var), vars.get(file_var)) {
+        (Some(text), _) => Some((text_var, Secret::new(text))),
+        (None, Some(path)) => Some((
+            file_var,
+            Secret::new(
+                std::fs::read_to_string(&path).map_err(|e| ConfigError::Invalid {
+                    var: file_var,
+                    reason: format!("cannot read {path:?}: {e}"),
+                })?,
+            ),
+        )),
+        (None, None) => None,
+    })
 }

@@ -335,12 +335,14 @@ fn secrets(s: &Settings) -> Vec<&gitstate_core::secret::Secret> {
         &s.git.token,
         &s.git.token_kms,
         &s.encryption.passphrase,
+        &s.encryption.age_identity_kms,
         &s.access.text,
     ]
     .into_iter()
     .flatten()
     .collect();
     all.extend(s.access.bootstrap.as_ref().map(|(_, hash)| hash));
+    all.extend(s.encryption.age_identity.as_ref().map(|(_, text)| text));
     all
 }
 
@@ -376,4 +378,100 @@ fn no_secret_setting_is_ever_printed() {
         );
         assert!(!shown.contains(&value), "{} printed: {shown}", spec.var);
     }
+}
+
+/// An age recipient (made once with `age-keygen`; its identity was thrown away).
+const AGE_RECIPIENT: &str = "age1xpw8qa545nj2jl6umc0ua74tctx7ysmvqzlgv8wh72zql8937vvsc5u7af";
+
+#[test]
+fn age_groups_and_the_seed_variables() {
+    // comments alone hold no identity; a bad one is an error that never shows it
+    assert!(gitstate_sops::AgeKeys::parse("# a comment\n\n").is_err());
+    let bad = gitstate_sops::AgeKeys::parse("# keys\nAGE-SECRET-KEY-1NOTAKEY").expect_err("bad");
+    assert!(!bad.to_string().contains("NOTAKEY") && bad.to_string().contains("line 2"));
+    let s = settings(
+        Runtime::Local,
+        &[
+            ("GITSTATE_AGE_RECIPIENTS", AGE_RECIPIENT),
+            ("GITSTATE_KMS_KEY_IDS", "alias/tfstate"),
+            ("GITSTATE_SOPS_SHAMIR_THRESHOLD", "2"),
+            ("GITSTATE_ENCRYPTION", "enforced"),
+        ],
+    )
+    .expect("valid");
+    assert_eq!(s.encryption.age_recipients, [AGE_RECIPIENT]);
+    assert_eq!(s.encryption.shamir_threshold, Some(2));
+    // the seed's variables map onto the same settings; gitstate's own win
+    let seed = settings(
+        Runtime::Local,
+        &[
+            ("TF_BACKEND_HTTP_SOPS_AGE_RECIPIENTS", AGE_RECIPIENT),
+            ("TF_BACKEND_HTTP_SOPS_SHAMIR_THRESHOLD", "1"),
+        ],
+    )
+    .expect("valid");
+    assert_eq!(seed.encryption.age_recipients, [AGE_RECIPIENT]);
+    assert_eq!(seed.encryption.shamir_threshold, Some(1));
+    let both = settings(
+        Runtime::Local,
+        &[
+            ("TF_BACKEND_HTTP_SOPS_SHAMIR_THRESHOLD", "3"),
+            ("GITSTATE_SOPS_SHAMIR_THRESHOLD", "1"),
+            ("GITSTATE_AGE_RECIPIENTS", AGE_RECIPIENT),
+        ],
+    )
+    .expect("gitstate's own variable wins");
+    assert_eq!(both.encryption.shamir_threshold, Some(1));
+    // mistakes are errors naming the variable
+    for (vars, var) in [
+        (
+            vec![("GITSTATE_AGE_RECIPIENTS", "age1nope")],
+            "GITSTATE_AGE_RECIPIENTS",
+        ),
+        (
+            vec![(
+                "TF_BACKEND_HTTP_SOPS_PGP_FP",
+                "FBC7B9E2A4F9289AC0C1D4843D16CEE4A27381B4",
+            )],
+            "TF_BACKEND_HTTP_SOPS_PGP_FP",
+        ),
+        (
+            vec![
+                ("GITSTATE_AGE_RECIPIENTS", AGE_RECIPIENT),
+                ("GITSTATE_SOPS_SHAMIR_THRESHOLD", "2"),
+            ],
+            "GITSTATE_SOPS_SHAMIR_THRESHOLD",
+        ),
+        (
+            vec![("GITSTATE_SOPS_SHAMIR_THRESHOLD", "0")],
+            "GITSTATE_SOPS_SHAMIR_THRESHOLD",
+        ),
+        (
+            vec![
+                ("GITSTATE_AGE_IDENTITY", "x"),
+                ("GITSTATE_AGE_IDENTITY_KMS", "eA=="),
+            ],
+            "GITSTATE_AGE_IDENTITY_KMS",
+        ),
+        (
+            vec![("SOPS_AGE_KEY_FILE", "/nonexistent/keys.txt")],
+            "SOPS_AGE_KEY_FILE",
+        ),
+    ] {
+        match settings(Runtime::Local, &vars) {
+            Err(ConfigError::Invalid { var: got, reason }) => {
+                assert_eq!(got, var, "{vars:?}");
+                assert!(
+                    !reason.contains("NOTAKEY"),
+                    "a key is never printed: {reason}"
+                );
+            }
+            other => panic!("{vars:?}: {other:?}"),
+        }
+    }
+    // enforced needs some key to seal with
+    assert!(matches!(
+        settings(Runtime::Local, &[("GITSTATE_ENCRYPTION", "enforced")]),
+        Err(ConfigError::EnforcedWithoutKeys)
+    ));
 }

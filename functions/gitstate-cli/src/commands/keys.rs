@@ -13,8 +13,10 @@ use crate::settings::SettingsArgs;
 
 pub async fn rekey(prefix: &str, args: &SettingsArgs) -> anyhow::Result<()> {
     let (_, settings) = args.settings()?;
-    if settings.encryption.kms_key_ids.is_empty() {
-        bail!("GITSTATE_KMS_KEY_IDS names no key to re-encrypt under");
+    if settings.encryption.kms_key_ids.is_empty() && settings.encryption.age_recipients.is_empty() {
+        bail!(
+            "neither GITSTATE_KMS_KEY_IDS nor GITSTATE_AGE_RECIPIENTS names a key to re-encrypt under"
+        );
     }
     let backend = gitstate_app::build(settings)
         .await
@@ -44,9 +46,10 @@ pub async fn rekey(prefix: &str, args: &SettingsArgs) -> anyhow::Result<()> {
 }
 
 pub async fn decrypt(file: &Path, args: &SettingsArgs) -> anyhow::Result<()> {
-    let (_, settings) = args.settings()?;
+    let (_, mut settings) = args.settings()?;
     let stored = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
     let kms = gitstate_kms::Kms::from_env().await;
+    gitstate_kms::open_age_identities(Some(&kms), &mut settings.encryption).await?;
     let sealer = gitstate_kms::SopsSealer::new(kms, &settings.encryption);
     let opened = sealer
         .envelope()
@@ -66,8 +69,10 @@ pub async fn encrypt(
     args: &SettingsArgs,
 ) -> anyhow::Result<()> {
     let (_, settings) = args.settings()?;
-    if settings.encryption.kms_key_ids.is_empty() {
-        bail!("GITSTATE_KMS_KEY_IDS names no key to encrypt under");
+    if settings.encryption.kms_key_ids.is_empty() && settings.encryption.age_recipients.is_empty() {
+        bail!(
+            "neither GITSTATE_KMS_KEY_IDS nor GITSTATE_AGE_RECIPIENTS names a key to encrypt under"
+        );
     }
     let name = StateName::parse(&state.unwrap_or_else(|| file.display().to_string()))
         .context("--state")?;

@@ -5,35 +5,143 @@ use super::*;
 /// The settings of one write.
 pub struct Seal<'a> {
     pub keys: &'a dyn KeyService,
-    /// The master keys, in file order; the first generates the data key.
+    /// The KMS master keys, in file order; the first generates the data key.
     pub key_ids: &'a [String],
+    /// The other sources, each with the recipients it seals for.
+    pub offline: &'a [Offline],
+    /// `None` (or 1): one key group of every key, any of which opens the file. `Some(n)`, n ≥ 2:
+    /// one group per source (KMS, then each other source), any `n` of which open it.
+    pub threshold: Option<usize>,
     pub context: &'a Context,
     pub now: SystemTime,
 }
 
-impl Seal<'_> {
-    async fn data_key(&self) -> Result<(DataKey, Vec<WrappedKey>), Error> {
-        let (first, rest) = self.key_ids.split_first().ok_or(Error::NoWriteKey)?;
-        let (key, wrapped) = self.keys.generate(first, self.context).await?;
-        let mut all = vec![wrapped];
-        for id in rest {
-            all.push(self.keys.wrap(id, &key, self.context).await?);
+/// One master key of a write: a KMS key ID, or a recipient of another source.
+#[derive(Clone, Copy)]
+enum Member<'a> {
+    Kms(&'a str),
+    Offline(&'a Offline, &'a str),
+}
+
+/// The key groups of a write from each source's keys (empty ones left out), and the threshold
+/// the file names (0 for one group).
+pub(crate) fn grouping<T>(
+    per_source: Vec<Vec<T>>,
+    threshold: Option<usize>,
+) -> Result<(Vec<Vec<T>>, usize), Error> {
+    let mut groups: Vec<Vec<T>> = per_source.into_iter().filter(|g| !g.is_empty()).collect();
+    if groups.is_empty() {
+        return Err(Error::NoWriteKey);
+    }
+    match threshold {
+        Some(n) if n >= 2 => {
+            if n > groups.len() {
+                return Err(Error::Layout(format!(
+                    "a threshold of {n} needs at least {n} sources of keys, {} are configured",
+                    groups.len()
+                )));
+            }
+            if groups.len() == 1 {
+                return Ok((groups, 0));
+            }
+            Ok((groups, n))
         }
-        Ok((key, all))
+        _ => {
+            let one: Vec<T> = groups.drain(..).flatten().collect();
+            Ok((vec![one], 0))
+        }
+    }
+}
+
+/// The sealed secret of each group, and each group's entries.
+type Wrapped<'a> = (DataKey, Vec<Vec<(Member<'a>, Wrap)>>);
+
+/// What an entry holds once wrapped.
+enum Wrap {
+    Kms(WrappedKey),
+    Text(String),
+}
+
+impl Seal<'_> {
+    fn groups(&self) -> Result<(Vec<Vec<Member<'_>>>, usize), Error> {
+        let mut per_source = vec![self.key_ids.iter().map(|k| Member::Kms(k)).collect()];
+        for source in self.offline {
+            per_source.push(
+                source
+                    .current
+                    .iter()
+                    .map(|id| Member::Offline(source, id))
+                    .collect(),
+            );
+        }
+        grouping(per_source, self.threshold)
+    }
+
+    async fn wrap<'m>(&self, member: Member<'m>, secret: &[u8]) -> Result<Wrap, Error> {
+        Ok(match member {
+            Member::Kms(id) => Wrap::Kms(self.keys.wrap(id, secret, self.context).await?),
+            Member::Offline(source, id) => Wrap::Text(source.source.wrap(id, secret).await?),
+        })
+    }
+
+    /// The data key and every entry: with one group led by a KMS key, that key generates the
+    /// data key; otherwise it is random here, split into shares when there are several groups.
+    async fn data_key(&self) -> Result<(Wrapped<'_>, usize, bool), Error> {
+        let (groups, threshold) = self.groups()?;
+        let bound = groups
+            .iter()
+            .flatten()
+            .any(|m| matches!(m, Member::Offline(..)));
+        let mut out = Vec::with_capacity(groups.len());
+        let key = if let [group] = groups.as_slice() {
+            let mut entries = Vec::with_capacity(group.len());
+            let key = match group.first() {
+                Some(Member::Kms(first)) => {
+                    let (key, wrapped) = self.keys.generate(first, self.context).await?;
+                    entries.push((group[0], Wrap::Kms(wrapped)));
+                    key
+                }
+                _ => random_key(),
+            };
+            for member in &group[entries.len()..] {
+                entries.push((*member, self.wrap(*member, key.as_slice()).await?));
+            }
+            out.push(entries);
+            key
+        } else {
+            let key = random_key();
+            let shares =
+                crate::shamir::split(key.as_slice(), groups.len(), threshold, &mut rand::rng())
+                    .map_err(|e| Error::Layout(e.to_string()))?;
+            for (group, share) in groups.iter().zip(&shares) {
+                let mut entries = Vec::with_capacity(group.len());
+                for member in group {
+                    entries.push((*member, self.wrap(*member, share).await?));
+                }
+                out.push(entries);
+            }
+            key
+        };
+        Ok(((key, out), threshold, bound))
     }
 
     /// Encrypt a whole payload as sops binary mode: tab-indented, keys sorted, trailing newline.
     /// Any bytes, as sops itself stores a binary file: typed `str`, hashed as they are.
     pub async fn binary(&self, plaintext: &[u8]) -> Result<Vec<u8>, Error> {
-        let (key, wrapped) = self.data_key().await?;
+        let ((key, wrapped), threshold, bound) = self.data_key().await?;
         let data = if plaintext.is_empty() {
             String::new()
         } else {
             cipher::encrypt(&key, plaintext, b"data:", "str")?.render()
         };
-        let mac = upper_hex(&Sha512::digest(plaintext));
-        let members = vec![("data".to_owned(), Value::String(data))];
-        self.emit(members, &key, &wrapped, &mac)
+        let mut hash = Sha512::new();
+        hash.update(plaintext);
+        let mut members = vec![("data".to_owned(), Value::String(data))];
+        if bound {
+            members.push(self.binding(&key, &mut hash)?);
+        }
+        let mac = upper_hex(&hash.finalize());
+        self.emit(members, &key, &wrapped, threshold, &mac)
     }
 
     /// Encrypt a JSON document as sops tree mode, typing numbers as sops 3.13.2 does. gitstate
@@ -44,7 +152,7 @@ impl Seal<'_> {
         else {
             return Err(Error::Format("the top level is not an object".into()));
         };
-        let (key, wrapped) = self.data_key().await?;
+        let ((key, wrapped), threshold, bound) = self.data_key().await?;
         let mut hash = Sha512::new();
         let mut path = Vec::new();
         let mut out = Vec::with_capacity(members.len());
@@ -53,47 +161,112 @@ impl Seal<'_> {
             out.push((k.clone(), encrypt_value(&key, v, &mut path, &mut hash)?));
             path.pop();
         }
+        if bound {
+            out.push(self.binding(&key, &mut hash)?);
+        }
         let mac = upper_hex(&hash.finalize());
-        self.emit(out, &key, &wrapped, &mac)
+        self.emit(out, &key, &wrapped, threshold, &mac)
+    }
+
+    /// The [`BINDING`] member: the context, encrypted at its own path and hashed into the MAC.
+    fn binding(&self, key: &DataKey, hash: &mut Sha512) -> Result<(String, Value), Error> {
+        let text = serde_json::to_string(self.context).map_err(|_| Error::Crypto)?;
+        hash.update(text.as_bytes());
+        let sealed = cipher::encrypt(
+            key,
+            text.as_bytes(),
+            format!("{BINDING}:").as_bytes(),
+            "str",
+        )?;
+        Ok((BINDING.to_owned(), Value::String(sealed.render())))
     }
 
     fn emit(
         &self,
         mut members: Vec<(String, Value)>,
         key: &DataKey,
-        wrapped: &[WrappedKey],
+        wrapped: &[Vec<(Member<'_>, Wrap)>],
+        threshold: usize,
         mac: &str,
     ) -> Result<Vec<u8>, Error> {
         let lastmodified = time::format(self.now);
         let mac = cipher::encrypt(key, mac.as_bytes(), lastmodified.as_bytes(), "str")?.render();
         let s = |t: &str| Value::String(t.to_owned());
-        let entries = wrapped
-            .iter()
-            .map(|w| {
-                let context = self
-                    .context
-                    .iter()
-                    .map(|(k, v)| (k.clone(), s(v)))
-                    .collect();
-                Value::Object(vec![
-                    ("arn".into(), s(&w.arn)),
-                    ("aws_profile".into(), s("")),
-                    ("context".into(), Value::Object(context)),
-                    ("created_at".into(), s(&lastmodified)),
-                    ("enc".into(), Value::String(STANDARD.encode(&w.blob))),
-                ])
-            })
-            .collect();
-        let sops = Value::Object(vec![
-            ("kms".into(), Value::Array(entries)),
+        // one group's lists, keys sorted: age, kms, pgp (empty ones left out)
+        let lists = |group: &[(Member<'_>, Wrap)]| -> Vec<(String, Value)> {
+            let mut by_list: Vec<(String, Vec<Value>)> = Vec::new();
+            for (member, sealed) in group {
+                let (list, entry) = match (member, sealed) {
+                    (Member::Kms(_), Wrap::Kms(w)) => {
+                        let context = self
+                            .context
+                            .iter()
+                            .map(|(k, v)| (k.clone(), s(v)))
+                            .collect();
+                        (
+                            "kms",
+                            Value::Object(vec![
+                                ("arn".into(), s(&w.arn)),
+                                ("aws_profile".into(), s("")),
+                                ("context".into(), Value::Object(context)),
+                                ("created_at".into(), s(&lastmodified)),
+                                ("enc".into(), Value::String(STANDARD.encode(&w.blob))),
+                            ]),
+                        )
+                    }
+                    (Member::Offline(source, id), Wrap::Text(enc)) => {
+                        let list = source.source.list();
+                        let entry = if list == "age" {
+                            vec![("enc".into(), s(enc)), ("recipient".into(), s(id))]
+                        } else {
+                            vec![
+                                ("created_at".into(), s(&lastmodified)),
+                                ("enc".into(), s(enc)),
+                                ("fp".into(), s(id)),
+                            ]
+                        };
+                        (list, Value::Object(entry))
+                    }
+                    _ => continue,
+                };
+                match by_list.iter_mut().find(|(l, _)| l == list) {
+                    Some((_, entries)) => entries.push(entry),
+                    None => by_list.push((list.to_owned(), vec![entry])),
+                }
+            }
+            by_list.sort_by(|a, b| a.0.cmp(&b.0));
+            by_list
+                .into_iter()
+                .map(|(l, entries)| (l, Value::Array(entries)))
+                .collect()
+        };
+        let mut sops: Vec<(String, Value)> = Vec::new();
+        if let [group] = wrapped {
+            sops.extend(lists(group));
+        } else {
+            let groups = wrapped.iter().map(|g| Value::Object(lists(g))).collect();
+            sops.push(("key_groups".into(), Value::Array(groups)));
+            sops.push((
+                "shamir_threshold".into(),
+                Value::Number(threshold.to_string()),
+            ));
+        }
+        sops.extend([
             ("lastmodified".into(), s(&lastmodified)),
             ("mac".into(), Value::String(mac)),
             ("unencrypted_suffix".into(), s("_unencrypted")),
             ("version".into(), s(SOPS_VERSION)),
         ]);
-        members.push(("sops".into(), sops));
+        sops.sort_by(|a, b| a.0.cmp(&b.0));
+        members.push(("sops".into(), Value::Object(sops)));
         Ok(Value::Object(members).to_json_tabs().into_bytes())
     }
+}
+
+fn random_key() -> DataKey {
+    let mut key = Zeroizing::new([0u8; 32]);
+    rand::RngCore::fill_bytes(&mut rand::rng(), key.as_mut_slice());
+    key
 }
 
 fn encrypt_value(

@@ -1,0 +1,339 @@
+//! The settings table operators read in `docs/operating.md`, generated from [`SETTINGS`] (name,
+//! flag, secrecy, the default its help line states) and the descriptions here. A test compares
+//! the file with [`settings_table`]; `UPDATE_DOCS=1 cargo test -p gitstate-app settings_table`
+//! writes it.
+
+use crate::layers::{SETTINGS, Spec};
+
+/// What an operator reads about one setting of [`SETTINGS`]: the variable, the default when the
+/// help line's `[…]` does not say it all (it differs by runtime, or there is none), and what it
+/// does. Every setting has exactly one entry (a test checks both ways).
+struct Described {
+    var: &'static str,
+    default: Option<&'static str>,
+    meaning: &'static str,
+}
+
+const fn describe(var: &'static str, meaning: &'static str) -> Described {
+    Described {
+        var,
+        default: None,
+        meaning,
+    }
+}
+
+const fn describe_default(
+    var: &'static str,
+    default: &'static str,
+    meaning: &'static str,
+) -> Described {
+    Described {
+        var,
+        default: Some(default),
+        meaning,
+    }
+}
+
+const DESCRIPTIONS: &[Described] = &[
+    describe_default(
+        "GITSTATE_REPOSITORY",
+        "unset: embedded repository",
+        "the state repository, `https://…` (required on Lambda); locally also `ssh://…` or `user@host:path`. Credentials in the URL (`https://user:token@…`, `https://token@…`) are refused at start-up, and a request's `repository=` with them is 400: use `GITSTATE_GIT_USERNAME` / `GITSTATE_GIT_TOKEN` (locally also `git credential`)",
+    ),
+    describe("GITSTATE_REF", "the branch states live on"),
+    describe(
+        "GITSTATE_GIT_USERNAME",
+        "user name for the repository ([Git hosts](#git-hosts)), sent only to its origin (scheme, host, port)",
+    ),
+    describe(
+        "GITSTATE_GIT_TOKEN",
+        "token for the repository ([Git hosts](#git-hosts)), sent only to its origin (scheme, host, port)",
+    ),
+    describe(
+        "GITSTATE_GIT_TOKEN_KMS",
+        "the git token as base64 of a KMS ciphertext (context `{\"gitstate:purpose\":\"git-token\"}`), decrypted at Lambda cold start; exclusive with `GITSTATE_GIT_TOKEN`",
+    ),
+    describe(
+        "GITSTATE_ALLOWED_REPOSITORIES",
+        "further repositories requests may name (comma-separated; no credentials in the URLs, as for `GITSTATE_REPOSITORY`); one on another origin is reached without credentials",
+    ),
+    describe(
+        "GITSTATE_GIT_AUTH",
+        "`bearer`: send the token as `Authorization: Bearer` (Bitbucket Data Center project/repository tokens)",
+    ),
+    describe(
+        "GITSTATE_GIT_CA_FILE",
+        "a private CA for the git host as a PEM file, trusted besides the system roots (may be set with `GITSTATE_GIT_CA_PEM`)",
+    ),
+    describe(
+        "GITSTATE_GIT_CA_PEM",
+        "a private CA for the git host as PEM text, trusted besides the system roots (may be set with `GITSTATE_GIT_CA_FILE`)",
+    ),
+    describe(
+        "GITSTATE_REQUIRE_ATOMIC",
+        "`true`: refuse hosts without atomic push (502 naming this setting) instead of [writing without it](#hosts-without-atomic-push)",
+    ),
+    describe(
+        "GITSTATE_ALLOWED_REFS",
+        "further branches `?ref=` may name (comma-separated exact names or `prefix/*`); refs clashing with the lock refs or `GITSTATE_REF` are refused regardless",
+    ),
+    describe(
+        "GITSTATE_KMS_PREVIOUS_KEY_IDS",
+        "KMS keys (same forms as `GITSTATE_KMS_KEY_IDS`) that still open states sealed under them but seal nothing; with the current keys, the only keys ever asked to unwrap (template: `PreviousKeyArns`)",
+    ),
+    describe(
+        "GITSTATE_AGE_RECIPIENTS",
+        "age recipients (`age1…`, comma-separated) every write is sealed for, beside or instead of KMS; such files carry their location under the MAC, so a copy elsewhere is refused (seed: `TF_BACKEND_HTTP_SOPS_AGE_RECIPIENTS`)",
+    ),
+    describe(
+        "GITSTATE_AGE_PREVIOUS_RECIPIENTS",
+        "age recipients that still open states sealed for them but seal nothing; with the current ones, the only age entries ever tried",
+    ),
+    describe(
+        "GITSTATE_AGE_IDENTITY",
+        "age identities (`AGE-SECRET-KEY-1…` lines) that open states; else `SOPS_AGE_KEY`. Exclusive with `GITSTATE_AGE_IDENTITY_FILE` and `GITSTATE_AGE_IDENTITY_KMS`",
+    ),
+    describe(
+        "GITSTATE_AGE_IDENTITY_FILE",
+        "a file of age identities (as `age-keygen` writes it) that open states; else `SOPS_AGE_KEY_FILE`",
+    ),
+    describe(
+        "GITSTATE_AGE_IDENTITY_KMS",
+        "the age identities as base64 of a KMS ciphertext (context `{\"gitstate:purpose\":\"age-identity\"}`), decrypted at start",
+    ),
+    describe_default(
+        "GITSTATE_SOPS_SHAMIR_THRESHOLD",
+        "one group of every key",
+        "one sops key group per source (KMS, age), of which this many open a state (Shamir); 1 or unset: one group, any key opens (seed: `TF_BACKEND_HTTP_SOPS_SHAMIR_THRESHOLD`)",
+    ),
+    describe(
+        "GITSTATE_HISTORY_MAX_DEPTH",
+        "how many commits of the branch history paging and `?at=` may fetch at most",
+    ),
+    describe(
+        "GITSTATE_GIT_MAX_RESPONSE_BYTES",
+        "the most a git remote may send in one answer (advertisement, pack, push report); more is a 502",
+    ),
+    describe(
+        "GITSTATE_GIT_WRITES_PER_PUSH",
+        "how many writes waiting at once in one process may leave in one push ([group commit](../ARCHITECTURE.md#many-writers-on-one-branch)); 1 pushes each alone",
+    ),
+    describe(
+        "GITSTATE_LOCK_REF_PREFIX",
+        "where lock refs go; `refs/locks/` keeps them out of branch lists and CI triggers",
+    ),
+    describe_default(
+        "GITSTATE_CACHE_DIR",
+        "`/tmp/gitstate` (Lambda), `.gitstate/cache` (local)",
+        "cache repositories",
+    ),
+    describe("GITSTATE_LOCAL_REPOSITORY", "the embedded repository"),
+    describe(
+        "GITSTATE_MAX_BODY_BYTES",
+        "larger request bodies are 413 (6 MiB is the Function URL limit); an encrypted state expanding past it is refused (500)",
+    ),
+    describe(
+        "GITSTATE_GIT_TIMEOUT_SECS",
+        "timeout of one git HTTP request",
+    ),
+    describe(
+        "GITSTATE_REQUEST_DEADLINE_SECS",
+        "a request not done by then is answered 504; on Lambda the invocation's deadline less 2 s applies too",
+    ),
+    describe(
+        "GITSTATE_COMMITTER_NAME",
+        "commit committer name (the author is the authenticated user)",
+    ),
+    describe("GITSTATE_COMMITTER_EMAIL", "commit committer email"),
+    describe_default(
+        "GITSTATE_ACCESS",
+        "unset: `.gitstate/access.toml` in the repository",
+        "the access policy as TOML text (exclusive with `GITSTATE_ACCESS_FILE`)",
+    ),
+    describe_default(
+        "GITSTATE_ACCESS_FILE",
+        "unset: `.gitstate/access.toml` in the repository",
+        "the access policy as a file path (exclusive with `GITSTATE_ACCESS`)",
+    ),
+    describe("GITSTATE_ADMIN_USER", "name of the bootstrap administrator"),
+    describe(
+        "GITSTATE_ADMIN_HASH",
+        "bootstrap administrator (argon2id PHC hash)",
+    ),
+    describe(
+        "GITSTATE_ACCESS_REFRESH_SECS",
+        "how long a warm process trusts the branch tip it saw last when reading the access file",
+    ),
+    describe(
+        "GITSTATE_KMS_KEY_IDS",
+        "KMS keys (ARNs or aliases, comma-separated) every write is encrypted under; the first makes the data key",
+    ),
+    describe(
+        "GITSTATE_ENCRYPTION",
+        "`enforced`: refuse (409, \"run gitstate rekey\") any state not encrypted with the configured keys",
+    ),
+    describe(
+        "GITSTATE_PASSPHRASE",
+        "reads terraform-backend-git's `aes` passphrase mode (migration)",
+    ),
+    describe(
+        "GITSTATE_RESPONSE_STREAMING",
+        "the Function URL streams responses (`InvokeMode: RESPONSE_STREAM`): the Lambda runs the streaming runtime and serves states over 6 MB",
+    ),
+    describe("GITSTATE_LISTEN", "address of `gitstate serve`"),
+    describe(
+        "GITSTATE_TLS_CERT",
+        "PEM certificate chain: `serve` speaks HTTPS (with `GITSTATE_TLS_KEY`)",
+    ),
+    describe("GITSTATE_TLS_KEY", "PEM private key of `GITSTATE_TLS_CERT`"),
+    describe(
+        "GITSTATE_TLS_CLIENT_CA",
+        "PEM CA bundle: clients must present a certificate it issued",
+    ),
+    describe(
+        "GITSTATE_INSECURE_LISTEN",
+        "allow a non-loopback `GITSTATE_LISTEN` without TLS",
+    ),
+    describe(
+        "GITSTATE_LOG_FORMAT",
+        "`json`: one JSON object per log line",
+    ),
+    describe("GITSTATE_ACCESS_LOG", "one log line per request"),
+];
+
+/// Variables gitstate honours that are not its own settings: (name, default, meaning).
+const OTHER_VARIABLES: &[(&str, &str, &str)] = &[
+    (
+        "HTTPS_PROXY",
+        "none",
+        "proxy for git requests (`HTTP_PROXY` and `ALL_PROXY` too), see [Proxies](#git-hosts)",
+    ),
+    ("NO_PROXY", "none", "hosts that bypass the proxy"),
+    (
+        "RUST_LOG",
+        "`info`",
+        "log level (`AWS_LAMBDA_LOG_LEVEL` on Lambda). On Lambda the runtime's own targets (`lambda_runtime`, `lambda_runtime_api_client`, `lambda_http`) stay at INFO whatever is set: `lambda_runtime` prints the raw event, Authorization header and state included, at TRACE. On Lambda and in the CLI the AWS SDK and HTTP crates (`aws_smithy_runtime*`, `aws_sigv4`, `aws_config`, `aws_sdk_kms`, `hyper*`, `h2`, `reqwest`, `rustls`) stay at INFO too: their TRACE holds whole requests (a KMS `Encrypt` carries a plaintext data key)",
+    ),
+];
+
+/// The default a help line states at its end (`… [main]`), if any.
+fn stated_default(spec: &Spec) -> Option<&'static str> {
+    let help = spec.help.trim_end();
+    let inner = help.strip_suffix(']')?;
+    inner.rfind('[').map(|start| &inner[start + 1..])
+}
+
+/// Why the table cannot be made: a setting without a description, or one too many.
+#[derive(Debug, thiserror::Error)]
+pub enum TableError {
+    #[error("{0} has no description in functions/gitstate-app/src/docs.rs (DESCRIPTIONS): add one")]
+    Undescribed(&'static str),
+    #[error(
+        "DESCRIPTIONS in functions/gitstate-app/src/docs.rs describes {0}, which is no setting"
+    )]
+    Unknown(&'static str),
+    #[error(
+        "{var}: the described default {described:?} does not contain the help line's {stated:?}"
+    )]
+    Default {
+        var: &'static str,
+        described: &'static str,
+        stated: &'static str,
+    },
+}
+
+/// The Markdown table of every setting, in [`SETTINGS`] order, then the other variables.
+pub fn settings_table() -> Result<String, TableError> {
+    if let Some(extra) = DESCRIPTIONS
+        .iter()
+        .find(|d| !SETTINGS.iter().any(|s| s.var == d.var))
+    {
+        return Err(TableError::Unknown(extra.var));
+    }
+    let mut out = String::from("| variable | flag | default | meaning |\n|---|---|---|---|\n");
+    for spec in SETTINGS {
+        let described = DESCRIPTIONS
+            .iter()
+            .find(|d| d.var == spec.var)
+            .ok_or(TableError::Undescribed(spec.var))?;
+        let default = match (described.default, stated_default(spec)) {
+            (Some(described), Some(stated)) if !described.contains(stated) => {
+                return Err(TableError::Default {
+                    var: spec.var,
+                    described,
+                    stated,
+                });
+            }
+            (Some(described), _) => described.to_owned(),
+            (None, Some(stated)) => format!("`{stated}`"),
+            (None, None) => "none".to_owned(),
+        };
+        let flag = if spec.secret {
+            "none (secret)".to_owned()
+        } else {
+            format!("`--{}`", spec.flag())
+        };
+        out.push_str(&format!(
+            "| `{}` | {flag} | {default} | {} |\n",
+            spec.var, described.meaning
+        ));
+    }
+    for (var, default, meaning) in OTHER_VARIABLES {
+        out.push_str(&format!("| `{var}` | none | {default} | {meaning} |\n"));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DOC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/operating.md");
+    const BEGIN: &str = "<!-- settings table: generated from functions/gitstate-app/src/docs.rs; \
+        UPDATE_DOCS=1 cargo test -p gitstate-app settings_table -->\n";
+    const END: &str = "<!-- end of the settings table -->";
+
+    /// Every cell stays on its line and in its column.
+    #[test]
+    fn settings_table_cells_are_one_line_without_pipes() {
+        let rows = DESCRIPTIONS
+            .iter()
+            .map(|d| (d.var, d.meaning))
+            .chain(OTHER_VARIABLES.iter().map(|(v, _, m)| (*v, *m)));
+        for (var, text) in rows {
+            assert!(!text.contains(['|', '\n']), "{var}: {text}");
+        }
+        let table = settings_table().expect("every setting described");
+        let columns = |line: &str| line.matches('|').count();
+        assert!(table.lines().all(|line| columns(line) == 5), "{table}");
+        assert_eq!(
+            table.lines().count(),
+            2 + SETTINGS.len() + OTHER_VARIABLES.len()
+        );
+    }
+
+    /// docs/operating.md holds the table as generated now; with `UPDATE_DOCS=1` it is rewritten.
+    #[test]
+    fn settings_table_in_docs_is_current() {
+        let table = settings_table().unwrap_or_else(|e| panic!("{e}"));
+        let text = std::fs::read_to_string(DOC).expect("docs/operating.md");
+        let (before, rest) = text
+            .split_once(BEGIN)
+            .unwrap_or_else(|| panic!("docs/operating.md lacks the line {BEGIN:?}"));
+        let (current, after) = rest
+            .split_once(END)
+            .unwrap_or_else(|| panic!("docs/operating.md lacks the line {END:?}"));
+        if current == table {
+            return;
+        }
+        if std::env::var_os("UPDATE_DOCS").is_some() {
+            std::fs::write(DOC, format!("{before}{BEGIN}{table}{END}{after}"))
+                .expect("writing docs/operating.md");
+            return;
+        }
+        panic!(
+            "docs/operating.md's settings table differs from the settings (layers::SETTINGS and \
+             docs.rs): regenerate it with `UPDATE_DOCS=1 cargo test -p gitstate-app settings_table`"
+        );
+    }
+}

@@ -1,0 +1,166 @@
+//! Master key sources other than AWS KMS: one small trait, one implementation per source. age
+//! is here; OpenPGP, GCP KMS and Vault transit would each be one more implementation (their
+//! entries are read and counted already, and never used).
+
+use std::str::FromStr;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use zeroize::Zeroizing;
+
+use crate::{KeyError, Unwrapped};
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SourceError {
+    #[error("{0:?} is not an age recipient (age1…)")]
+    Recipient(String),
+    #[error("line {0} of the age identities is not an age secret key (AGE-SECRET-KEY-1…)")]
+    Identity(usize),
+    #[error("no age identity in the given text")]
+    NoIdentity,
+}
+
+/// A source of master keys that wraps a data key (or a key group's Shamir share) for a
+/// recipient and unwraps an entry with a private key it holds.
+#[async_trait]
+pub trait KeySource: Send + Sync {
+    /// The list of a sops key group its entries live in (`age`, `pgp`, `gcp_kms`, `hc_vault`).
+    fn list(&self) -> &'static str;
+    /// The one spelling of a recipient the files carry; refuses what is not a recipient.
+    fn recipient(&self, id: &str) -> Result<String, SourceError>;
+    /// The entry's `enc` text: `secret` wrapped for `recipient`.
+    async fn wrap(&self, recipient: &str, secret: &[u8]) -> Result<String, KeyError>;
+    /// Unwrap an entry naming `recipient` with a private key this source holds.
+    async fn unwrap(&self, recipient: &str, enc: &str) -> Result<Unwrapped, KeyError>;
+}
+
+/// A configured source: its recipients that seal every write (current) and those that only
+/// still open (previous). Only entries naming one of them are ever tried.
+#[derive(Clone)]
+pub struct Offline {
+    pub source: Arc<dyn KeySource>,
+    pub current: Vec<String>,
+    pub previous: Vec<String>,
+}
+
+impl Offline {
+    /// Recipients spelt as the source spells them; refuses any that is not one.
+    pub fn new(
+        source: Arc<dyn KeySource>,
+        current: &[String],
+        previous: &[String],
+    ) -> Result<Self, SourceError> {
+        let canonical = |ids: &[String]| -> Result<Vec<String>, SourceError> {
+            let mut out: Vec<String> = Vec::new();
+            for id in ids {
+                let id = source.recipient(id)?;
+                if !out.contains(&id) {
+                    out.push(id);
+                }
+            }
+            Ok(out)
+        };
+        let current = canonical(current)?;
+        let previous = canonical(previous)?
+            .into_iter()
+            .filter(|id| !current.contains(id))
+            .collect();
+        Ok(Self {
+            source,
+            current,
+            previous,
+        })
+    }
+
+    /// Is `id` (as a file spells it) a configured recipient, and a current one?
+    pub fn names(&self, id: &str) -> Option<bool> {
+        let id = self.source.recipient(id).ok()?;
+        if self.current.contains(&id) {
+            Some(true)
+        } else if self.previous.contains(&id) {
+            Some(false)
+        } else {
+            None
+        }
+    }
+}
+
+/// age X25519 recipients; the identities (private keys) it holds unwrap.
+pub struct AgeKeys {
+    identities: Vec<age::x25519::Identity>,
+}
+
+/// Names the recipients only: the identities are secrets.
+impl std::fmt::Debug for AgeKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgeKeys")
+            .field("recipients", &self.recipients())
+            .finish()
+    }
+}
+
+impl AgeKeys {
+    /// No private key: seals for its recipients, opens nothing.
+    pub fn sealing_only() -> Self {
+        Self {
+            identities: Vec::new(),
+        }
+    }
+
+    /// Identities as an age identity file holds them: one `AGE-SECRET-KEY-1…` a line, `#`
+    /// comments and blank lines skipped.
+    pub fn parse(text: &str) -> Result<Self, SourceError> {
+        let mut identities = Vec::new();
+        for (at, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let identity =
+                age::x25519::Identity::from_str(line).map_err(|_| SourceError::Identity(at + 1))?;
+            identities.push(identity);
+        }
+        if identities.is_empty() {
+            return Err(SourceError::NoIdentity);
+        }
+        Ok(Self { identities })
+    }
+
+    /// The recipients of the identities held.
+    pub fn recipients(&self) -> Vec<String> {
+        self.identities
+            .iter()
+            .map(|i| i.to_public().to_string())
+            .collect()
+    }
+}
+
+#[async_trait]
+impl KeySource for AgeKeys {
+    fn list(&self) -> &'static str {
+        "age"
+    }
+
+    fn recipient(&self, id: &str) -> Result<String, SourceError> {
+        age::x25519::Recipient::from_str(id.trim())
+            .map(|r| r.to_string())
+            .map_err(|_| SourceError::Recipient(id.chars().take(80).collect()))
+    }
+
+    async fn wrap(&self, recipient: &str, secret: &[u8]) -> Result<String, KeyError> {
+        let to = age::x25519::Recipient::from_str(recipient)
+            .map_err(|e| KeyError::Refused(e.to_string().into()))?;
+        age::encrypt_and_armor(&to, secret).map_err(|e| KeyError::Refused(e.to_string().into()))
+    }
+
+    async fn unwrap(&self, recipient: &str, enc: &str) -> Result<Unwrapped, KeyError> {
+        let identity = self
+            .identities
+            .iter()
+            .find(|i| i.to_public().to_string() == recipient)
+            .ok_or_else(|| KeyError::Refused("no age identity for this recipient".into()))?;
+        age::decrypt(identity, enc.as_bytes())
+            .map(Zeroizing::new)
+            .map_err(|e| KeyError::Refused(e.to_string().into()))
+    }
+}

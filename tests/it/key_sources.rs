@@ -1,0 +1,505 @@
+//! Key sources beyond KMS, against the real tools: age keys made by the machine's `age-keygen`,
+//! files checked both ways with the stock sops 3.11 (`SOPS_AGE_KEY_FILE`), KMS through moto, key
+//! groups with a Shamir threshold mixing both; pinning, rotation, rekey, enforced mode, and a
+//! copy at another path refused for each source.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use gitstate_core::StateName;
+use gitstate_core::access::Caller;
+use gitstate_core::service::Rekeyed;
+use gitstate_sops::{AgeKeys, Envelope, Error, Offline};
+use gitstate_tests::{
+    Client, GitServer, Moto, TestBackend, commit_file, encrypted_app, init_tracing, settings_for,
+    sops311, stored_file,
+};
+
+use crate::sops_oracle::{break_glass, generated_state, kms_group, sops, sops_config};
+
+/// An age identity made by `age-keygen`: its file and its recipient.
+struct AgeKey {
+    file: PathBuf,
+    recipient: String,
+}
+
+fn age_key(dir: &Path, name: &str) -> AgeKey {
+    let file = dir.join(name);
+    let made = std::process::Command::new("age-keygen")
+        .arg("-o")
+        .arg(&file)
+        .output()
+        .expect("age-keygen runs (Debian package age)");
+    assert!(made.status.success(), "age-keygen failed");
+    let public = std::process::Command::new("age-keygen")
+        .arg("-y")
+        .arg(&file)
+        .output()
+        .expect("age-keygen -y");
+    let recipient = String::from_utf8(public.stdout)
+        .expect("utf-8")
+        .trim()
+        .to_owned();
+    assert!(recipient.starts_with("age1"), "{recipient}");
+    AgeKey { file, recipient }
+}
+
+/// One identity file holding several keys (as a key file after a rotation does).
+fn key_file(dir: &Path, name: &str, keys: &[&AgeKey]) -> PathBuf {
+    let text: String = keys
+        .iter()
+        .map(|k| std::fs::read_to_string(&k.file).expect("key file"))
+        .collect();
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("write");
+    path
+}
+
+struct Setup {
+    moto: Moto,
+    server: GitServer,
+    url: String,
+    keys: tempfile::TempDir,
+}
+
+async fn setup() -> Setup {
+    init_tracing();
+    let moto = Moto::start().await;
+    let server = GitServer::start().await;
+    let url = server.create_repo("infra");
+    Setup {
+        moto,
+        server,
+        url,
+        keys: tempfile::tempdir().expect("tempdir"),
+    }
+}
+
+impl Setup {
+    async fn backend(&self, vars: &[(&str, &str)]) -> TestBackend {
+        let cache = tempfile::tempdir().expect("tempdir");
+        let mut vars = vars.to_vec();
+        vars.push(("GITSTATE_MAX_BODY_BYTES", "8000000"));
+        let settings = settings_for(&self.url, cache.path(), &vars);
+        TestBackend::serve(encrypted_app(&settings, self.moto.kms().await).await, cache).await
+    }
+
+    fn stored(&self, name: &str) -> Vec<u8> {
+        stored_file(&self.server, "infra", name)
+    }
+
+    fn stored_json(&self, name: &str) -> serde_json::Value {
+        serde_json::from_slice(&self.stored(name)).expect("json")
+    }
+
+    /// The binding of a state at `name` as sops's own plaintext member.
+    fn binding(&self, name: &str) -> String {
+        let context = gitstate_kms::context(&self.url, &StateName::parse(name).expect("name"));
+        serde_json::to_string(&context).expect("json")
+    }
+
+    /// A state sealed by sops 3.11 itself with the given key groups, as gitstate's binary mode
+    /// with its binding: sops tree mode of `{"data": state, "gitstate_binding": location}`.
+    fn sops_bound(
+        &self,
+        state: &str,
+        name: &str,
+        groups: &str,
+        threshold: Option<usize>,
+    ) -> Vec<u8> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = sops_config(dir.path(), groups, threshold);
+        let plain = serde_json::json!({"data": state, "gitstate_binding": self.binding(name)});
+        sops(
+            &[
+                "--config",
+                config.to_str().expect("utf-8"),
+                "encrypt",
+                "--input-type",
+                "json",
+                "--output-type",
+                "json",
+            ],
+            plain.to_string().as_bytes(),
+            &self.moto.env(),
+        )
+    }
+}
+
+impl Setup {
+    /// Open `stored` as a deployment with these age recipients and identities (no KMS key)
+    /// would at `name`: the error says why a state is refused, which the API keeps to its log.
+    async fn open_with(
+        &self,
+        recipients: &[&AgeKey],
+        identities: &[&AgeKey],
+        stored: &[u8],
+        name: &str,
+    ) -> Result<gitstate_sops::Opened, Error> {
+        let text: String = identities
+            .iter()
+            .map(|k| std::fs::read_to_string(&k.file).expect("key file"))
+            .collect();
+        let recipients: Vec<String> = recipients.iter().map(|k| k.recipient.clone()).collect();
+        let age = Offline::new(
+            Arc::new(AgeKeys::parse(&text).expect("identities")),
+            &recipients,
+            &[],
+        )
+        .expect("recipients");
+        let context = gitstate_kms::context(&self.url, &StateName::parse(name).expect("name"));
+        Envelope::new(self.moto.kms().await, vec![], None)
+            .with_offline(vec![age])
+            .open(stored, Some(&context))
+            .await
+    }
+}
+
+fn age_env(key: &Path) -> Vec<(&'static str, String)> {
+    vec![("SOPS_AGE_KEY_FILE", key.display().to_string())]
+}
+
+fn age_group(recipients: &[&AgeKey]) -> String {
+    let list: String = recipients
+        .iter()
+        .map(|k| format!("          - {:?}\n", k.recipient))
+        .collect();
+    format!("      - age:\n{list}")
+}
+
+/// Generated states sealed under an age recipient alone open with sops 3.11 and the identity
+/// to exactly the state; they name their location, so a copy at another path is refused; a
+/// file sops 3.11 wrote with the same binding reads byte-exact, and one without a binding (which
+/// any path could hold) is refused; a deployment whose recipients do not include the file's is
+/// refused even when it holds the identity (pinning).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn age_states_open_with_sops311_and_copies_are_refused() {
+    let s = setup().await;
+    let key = age_key(s.keys.path(), "a.txt");
+    let other = age_key(s.keys.path(), "b.txt");
+    let file = key.file.display().to_string();
+    let backend = s
+        .backend(&[
+            ("GITSTATE_AGE_RECIPIENTS", key.recipient.as_str()),
+            ("GITSTATE_AGE_IDENTITY_FILE", file.as_str()),
+        ])
+        .await;
+    let client = Client::new(&backend.url);
+    let cases = 10;
+    for seed in 200..200 + cases {
+        let state = generated_state(seed, true);
+        let name = format!("age/s{seed}.tfstate");
+        client.write(&name, &state).await.expect(200);
+        let doc = s.stored_json(&name);
+        let top: Vec<&String> = doc.as_object().expect("object").keys().collect();
+        assert_eq!(top, ["data", "gitstate_binding", "sops"]);
+        assert_eq!(doc["sops"]["age"][0]["recipient"], key.recipient.as_str());
+        assert!(doc["sops"].get("kms").is_none());
+        let stored = s.stored(&name);
+        assert!(
+            break_glass(&stored, &age_env(&key.file)) == state.as_bytes(),
+            "seed {seed}: sops 3.11 gives another state"
+        );
+        let got = client.get_state(&name).await.expect(200);
+        assert!(got.body == state, "seed {seed}");
+        // a copy at another path opens (the key is the same) but names another location
+        let copy = format!("age/copy{seed}.tfstate");
+        commit_file(&s.server, "infra", &copy, &stored);
+        let refused = client.get_state(&copy).await;
+        assert_eq!(refused.status, 500, "seed {seed}: {}", refused.body);
+        assert!(
+            matches!(
+                s.open_with(&[&key], &[&key], &stored, &copy).await,
+                Err(Error::ContextMismatch { .. })
+            ),
+            "seed {seed}"
+        );
+    }
+
+    // sops 3.11's own file with gitstate's binding reads, and its copy does not
+    let state = generated_state(7, true);
+    let sealed = s.sops_bound(&state, "age/by-sops.tfstate", &age_group(&[&key]), None);
+    commit_file(&s.server, "infra", "age/by-sops.tfstate", &sealed);
+    let got = client.get_state("age/by-sops.tfstate").await.expect(200);
+    assert!(got.body == state);
+    commit_file(&s.server, "infra", "age/by-sops-copy.tfstate", &sealed);
+    assert_eq!(
+        client.get_state("age/by-sops-copy.tfstate").await.status,
+        500
+    );
+    // sops 3.11's plain binary mode names no location: refused, saying so
+    let unbound = sops(
+        &[
+            "encrypt",
+            "--age",
+            &key.recipient,
+            "--input-type",
+            "binary",
+            "--output-type",
+            "json",
+        ],
+        state.as_bytes(),
+        &[],
+    );
+    commit_file(&s.server, "infra", "age/unbound.tfstate", &unbound);
+    let refused = client.get_state("age/unbound.tfstate").await;
+    assert_eq!(refused.status, 500, "{}", refused.body);
+    assert!(matches!(
+        s.open_with(&[&key], &[&key], &unbound, "age/unbound.tfstate")
+            .await,
+        Err(Error::Unbound)
+    ));
+
+    // pinning: the identity is held, but the configured recipient is another one
+    let pinned = s
+        .backend(&[
+            ("GITSTATE_AGE_RECIPIENTS", other.recipient.as_str()),
+            ("GITSTATE_AGE_IDENTITY_FILE", file.as_str()),
+        ])
+        .await;
+    let refused = Client::new(&pinned.url).get_state("age/s200.tfstate").await;
+    assert_eq!(refused.status, 500, "{}", refused.body);
+    assert!(matches!(
+        s.open_with(
+            &[&other],
+            &[&key],
+            &s.stored("age/s200.tfstate"),
+            "age/s200.tfstate"
+        )
+        .await,
+        Err(Error::NoConfiguredKey { .. })
+    ));
+    eprintln!("MEASURE age: {cases} generated states through sops 3.11");
+}
+
+/// Rotation under age: the old recipient as a previous one still reads in enforced mode, rekey
+/// rewrites the state for the new recipient alone (then it is current), and sops 3.11 opens the
+/// result with the new identity only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn age_rotation_enforced_and_rekey() {
+    let s = setup().await;
+    let old = age_key(s.keys.path(), "old.txt");
+    let new = age_key(s.keys.path(), "new.txt");
+    let old_file = old.file.display().to_string();
+    let first = s
+        .backend(&[
+            ("GITSTATE_AGE_RECIPIENTS", old.recipient.as_str()),
+            ("GITSTATE_AGE_IDENTITY_FILE", old_file.as_str()),
+        ])
+        .await;
+    let state = generated_state(31, true);
+    Client::new(&first.url)
+        .write("rot/a.tfstate", &state)
+        .await
+        .expect(200);
+
+    let both = key_file(s.keys.path(), "both.txt", &[&old, &new]);
+    let both = both.display().to_string();
+    let rotated_vars = [
+        ("GITSTATE_AGE_RECIPIENTS", new.recipient.as_str()),
+        ("GITSTATE_AGE_PREVIOUS_RECIPIENTS", old.recipient.as_str()),
+        ("GITSTATE_AGE_IDENTITY_FILE", both.as_str()),
+        ("GITSTATE_ENCRYPTION", "enforced"),
+    ];
+    let rotated = s.backend(&rotated_vars).await;
+    let client = Client::new(&rotated.url);
+    assert!(client.get_state("rot/a.tfstate").await.expect(200).body == state);
+
+    let cache = tempfile::tempdir().expect("tempdir");
+    let settings = settings_for(&s.url, cache.path(), &rotated_vars);
+    let backend = gitstate_app::build_with(settings, Some(s.moto.kms().await))
+        .await
+        .expect("backend")
+        .backend;
+    let at = backend.locate(None, None).expect("primary");
+    let name = StateName::parse("rot/a.tfstate").expect("name");
+    let caller = Caller::operator("rekey-test");
+    assert_eq!(
+        backend.rekey(&caller, &at, &name).await.expect("rekey"),
+        Rekeyed::Rewritten {
+            from: "sops binary mode"
+        }
+    );
+    assert_eq!(
+        backend.rekey(&caller, &at, &name).await.expect("again"),
+        Rekeyed::Current
+    );
+    let doc = s.stored_json("rot/a.tfstate");
+    assert_eq!(doc["sops"]["age"].as_array().expect("age").len(), 1);
+    assert_eq!(doc["sops"]["age"][0]["recipient"], new.recipient.as_str());
+    assert!(break_glass(&s.stored("rot/a.tfstate"), &age_env(&new.file)) == state.as_bytes());
+    assert!(client.get_state("rot/a.tfstate").await.expect(200).body == state);
+    // and the old identity alone no longer opens it, with sops 3.11 either
+    let dir = tempfile::tempdir().expect("tempdir");
+    let stored = dir.path().join("a.json");
+    std::fs::write(&stored, s.stored("rot/a.tfstate")).expect("write");
+    let out = sops311()
+        .args(["decrypt", "--input-type", "json", "--output-type", "binary"])
+        .arg(&stored)
+        .envs(age_env(&old.file))
+        .output()
+        .expect("sops runs");
+    assert!(!out.status.success(), "the old identity still opens it");
+}
+
+/// Key groups: gitstate seals KMS and age as two groups with a threshold of 2; sops 3.11 opens
+/// the file with both and not with KMS alone; gitstate without the age identity cannot open it.
+/// One group of both (no threshold) opens with either, in sops 3.11 and in gitstate. Files
+/// sops 3.11 writes with three groups and a threshold of 2 open in gitstate with any two, and
+/// not with one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn key_groups_with_a_threshold_both_ways_with_sops311() {
+    let s = setup().await;
+    let arn = s.moto.create_key("tfstate").await;
+    let a = age_key(s.keys.path(), "a.txt");
+    let b = age_key(s.keys.path(), "b.txt");
+    let a_file = a.file.display().to_string();
+    let mut both_env = s.moto.env();
+    both_env.extend(age_env(&a.file));
+
+    // two groups, both needed
+    let split = s
+        .backend(&[
+            ("GITSTATE_KMS_KEY_IDS", "alias/tfstate"),
+            ("GITSTATE_AGE_RECIPIENTS", a.recipient.as_str()),
+            ("GITSTATE_AGE_IDENTITY_FILE", a_file.as_str()),
+            ("GITSTATE_SOPS_SHAMIR_THRESHOLD", "2"),
+        ])
+        .await;
+    let client = Client::new(&split.url);
+    let cases = 6;
+    for seed in 300..300 + cases {
+        let state = generated_state(seed, true);
+        let name = format!("groups/s{seed}.tfstate");
+        client.write(&name, &state).await.expect(200);
+        let doc = s.stored_json(&name);
+        assert_eq!(doc["sops"]["shamir_threshold"], 2);
+        let groups = doc["sops"]["key_groups"].as_array().expect("key groups");
+        assert_eq!(groups.len(), 2);
+        assert!(groups[0]["kms"][0]["arn"] == arn.as_str() && groups[1]["age"].is_array());
+        let stored = s.stored(&name);
+        assert!(
+            break_glass(&stored, &both_env) == state.as_bytes(),
+            "seed {seed}"
+        );
+        assert!(client.get_state(&name).await.expect(200).body == state);
+    }
+    // a copy of a key-group file at another path is refused (its binding names the first)
+    commit_file(
+        &s.server,
+        "infra",
+        "groups/copy.tfstate",
+        &s.stored("groups/s300.tfstate"),
+    );
+    assert_eq!(client.get_state("groups/copy.tfstate").await.status, 500);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let one = dir.path().join("one.json");
+    std::fs::write(&one, s.stored("groups/s300.tfstate")).expect("write");
+    let kms_alone = sops311()
+        .args(["decrypt", "--input-type", "json", "--output-type", "binary"])
+        .arg(&one)
+        .envs(s.moto.env())
+        .output()
+        .expect("sops runs");
+    assert!(!kms_alone.status.success(), "one share of two opened it");
+    let no_identity = s
+        .backend(&[
+            ("GITSTATE_KMS_KEY_IDS", "alias/tfstate"),
+            ("GITSTATE_AGE_RECIPIENTS", a.recipient.as_str()),
+            ("GITSTATE_SOPS_SHAMIR_THRESHOLD", "2"),
+        ])
+        .await;
+    let refused = Client::new(&no_identity.url)
+        .get_state("groups/s300.tfstate")
+        .await;
+    assert!(refused.status >= 500, "{}", refused.body);
+
+    // one group of both keys: either opens
+    let either = s
+        .backend(&[
+            ("GITSTATE_KMS_KEY_IDS", "alias/tfstate"),
+            ("GITSTATE_AGE_RECIPIENTS", a.recipient.as_str()),
+        ])
+        .await;
+    let state = generated_state(320, true);
+    Client::new(&either.url)
+        .write("groups/either.tfstate", &state)
+        .await
+        .expect(200);
+    let doc = s.stored_json("groups/either.tfstate");
+    assert!(doc["sops"]["kms"].is_array() && doc["sops"]["age"].is_array());
+    assert!(doc["sops"].get("key_groups").is_none());
+    let stored = s.stored("groups/either.tfstate");
+    assert!(break_glass(&stored, &s.moto.env()) == state.as_bytes());
+    assert!(break_glass(&stored, &age_env(&a.file)) == state.as_bytes());
+    let age_only = s
+        .backend(&[("GITSTATE_AGE_IDENTITY_FILE", a_file.as_str())])
+        .await;
+    assert!(
+        Client::new(&age_only.url)
+            .get_state("groups/either.tfstate")
+            .await
+            .expect(200)
+            .body
+            == state
+    );
+
+    // sops 3.11 writes three groups (KMS, age a, age b), any two of which open
+    let groups = format!(
+        "{}{}{}",
+        kms_group(&arn, &s.url, "groups/by-sops.tfstate"),
+        age_group(&[&a]),
+        age_group(&[&b])
+    );
+    let state = generated_state(330, true);
+    let sealed = s.sops_bound(&state, "groups/by-sops.tfstate", &groups, Some(2));
+    let doc: serde_json::Value = serde_json::from_slice(&sealed).expect("json");
+    assert_eq!(
+        doc["sops"]["key_groups"].as_array().expect("groups").len(),
+        3
+    );
+    commit_file(&s.server, "infra", "groups/by-sops.tfstate", &sealed);
+    let ab = key_file(s.keys.path(), "ab.txt", &[&a, &b]);
+    let ab = ab.display().to_string();
+    let b_file = b.file.display().to_string();
+    for (what, vars, opens) in [
+        (
+            "KMS and a",
+            vec![
+                ("GITSTATE_KMS_KEY_IDS", "alias/tfstate"),
+                ("GITSTATE_AGE_IDENTITY_FILE", a_file.as_str()),
+            ],
+            true,
+        ),
+        (
+            "a and b",
+            vec![("GITSTATE_AGE_IDENTITY_FILE", ab.as_str())],
+            true,
+        ),
+        (
+            "b alone",
+            vec![("GITSTATE_AGE_IDENTITY_FILE", b_file.as_str())],
+            false,
+        ),
+        (
+            "KMS alone",
+            vec![("GITSTATE_KMS_KEY_IDS", "alias/tfstate")],
+            false,
+        ),
+    ] {
+        let backend = s.backend(&vars).await;
+        let got = Client::new(&backend.url)
+            .get_state("groups/by-sops.tfstate")
+            .await;
+        if opens {
+            assert!(
+                got.status == 200 && got.body == state,
+                "{what}: {}",
+                got.body
+            );
+        } else {
+            assert!(got.status >= 500, "{what}: {}", got.status);
+        }
+    }
+    eprintln!("MEASURE key groups: {cases} generated states through sops 3.11");
+}
