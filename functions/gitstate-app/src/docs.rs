@@ -58,7 +58,11 @@ const DESCRIPTIONS: &[Described] = &[
     ),
     describe(
         "GITSTATE_GIT_TOKEN_KMS",
-        "the git token as base64 of a KMS ciphertext (context `{\"gitstate:purpose\":\"git-token\"}`), decrypted at Lambda cold start; exclusive with `GITSTATE_GIT_TOKEN`",
+        "the git token as base64 of a KMS ciphertext (context `{\"gitstate:purpose\":\"git-token\"}` plus the team), decrypted at Lambda cold start; exclusive with `GITSTATE_GIT_TOKEN`",
+    ),
+    describe(
+        "GITSTATE_TEAM",
+        "the deployment's team (the template sets it): the KMS-sealed settings must carry `\"gitstate:team\":\"<team>\"` in their context, so one team's ciphertext starts no other team's function",
     ),
     describe(
         "GITSTATE_ALLOWED_REPOSITORIES",
@@ -166,6 +170,10 @@ const DESCRIPTIONS: &[Described] = &[
     describe(
         "GITSTATE_ADMIN_HASH",
         "bootstrap administrator (argon2id PHC hash)",
+    ),
+    describe(
+        "GITSTATE_ADMIN_HASH_KMS",
+        "that hash as base64 of a KMS ciphertext (context `{\"gitstate:purpose\":\"admin-hash\"}` plus the team), decrypted at start-up; exclusive with `GITSTATE_ADMIN_HASH` (template: `AdminHashCiphertext`)",
     ),
     describe(
         "GITSTATE_ACCESS_REFRESH_SECS",

@@ -66,6 +66,7 @@ pub const SETTINGS: &[Spec] = &[
         "GITSTATE_GIT_TOKEN_KMS",
         "the git token as a KMS ciphertext",
     ),
+    setting("GITSTATE_TEAM", "the team KMS-sealed settings are bound to"),
     setting(
         "GITSTATE_ALLOWED_REPOSITORIES",
         "further repositories requests may name",
@@ -166,6 +167,7 @@ pub const SETTINGS: &[Spec] = &[
         "GITSTATE_ADMIN_HASH",
         "bootstrap administrator's argon2id hash",
     ),
+    secret("GITSTATE_ADMIN_HASH_KMS", "that hash as a KMS ciphertext"),
     setting(
         "GITSTATE_ACCESS_REFRESH_SECS",
         "how long the last seen tip is trusted [10]",

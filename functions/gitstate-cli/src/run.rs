@@ -282,7 +282,9 @@ async fn run_credential(settings: &mut Settings) -> anyhow::Result<(String, Stri
         // Only this run's credential is served: the caller already holds the repository itself.
         text: Some(Secret::new("[users]\n".into())),
         bootstrap: Some((user.clone(), Secret::new(hash))),
+        bootstrap_kms: None,
         refresh: settings.access.refresh,
+        hash_memory_kib: settings.access.hash_memory_kib,
     };
     Ok((user, token))
 }
