@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 
 use crate::settings::{ConfigError, Runtime, Settings};
 
+pub mod seed;
+
 /// One setting: its variable, whether its value is a secret, and its help line.
 #[derive(Debug, Clone, Copy)]
 pub struct Spec {
@@ -54,6 +56,10 @@ pub const SETTINGS: &[Spec] = &[
         "the state repository (unset: the embedded one)",
     ),
     setting("GITSTATE_REF", "the branch states live on [main]"),
+    setting(
+        "GITSTATE_STATE",
+        "the state `run` serves and `serve` prints a block for",
+    ),
     setting("GITSTATE_GIT_USERNAME", "user name for the repository"),
     secret("GITSTATE_GIT_TOKEN", "token for the repository"),
     secret(
@@ -288,6 +294,12 @@ pub enum Origin {
     Flag,
     Env,
     File(PathBuf),
+    /// One of terraform-backend-git's variables ([`seed::SEED_VARIABLES`]).
+    SeedEnv(&'static str),
+    /// terraform-backend-git's `terraform-backend-git.hcl`.
+    SeedFile(PathBuf),
+    /// terraform-backend-git's default, where its interface is used.
+    SeedDefault,
 }
 
 impl fmt::Display for Origin {
@@ -296,6 +308,9 @@ impl fmt::Display for Origin {
             Self::Flag => f.write_str("flag"),
             Self::Env => f.write_str("environment"),
             Self::File(path) => write!(f, "file {}", path.display()),
+            Self::SeedEnv(var) => write!(f, "env {var} (terraform-backend-git)"),
+            Self::SeedFile(path) => write!(f, "file {} (terraform-backend-git)", path.display()),
+            Self::SeedDefault => f.write_str("terraform-backend-git's default"),
         }
     }
 }
@@ -324,6 +339,8 @@ pub enum LayerError {
     EmptyFlag { flag: String },
     #[error("{0}")]
     Environment(String),
+    #[error("{0}")]
+    Seed(String),
 }
 
 /// The file found for this run: `--config PATH` (must exist) or `./gitstate.toml` (if present).
@@ -343,6 +360,9 @@ pub fn find_file(explicit: Option<&Path>) -> Result<Option<(PathBuf, String)>, L
 #[derive(Clone, Default)]
 pub struct Layered {
     values: BTreeMap<&'static str, (String, Origin)>,
+    /// terraform-backend-git's Basic-auth password, hashed into `GITSTATE_ADMIN_HASH` when the
+    /// settings are read.
+    seed_password: Option<gitstate_core::secret::Secret>,
 }
 
 impl fmt::Debug for Layered {
@@ -392,7 +412,10 @@ impl Layered {
                 values.insert(spec.var, chosen);
             }
         }
-        Ok(Self { values })
+        Ok(Self {
+            values,
+            seed_password: None,
+        })
     }
 
     pub fn get(&self, var: &str) -> Option<String> {
@@ -416,7 +439,21 @@ impl Layered {
     }
 
     pub fn settings(&self, runtime: Runtime) -> Result<Settings, ConfigError> {
-        Settings::from_lookup(runtime, |var| self.get(var))
+        let seed_hash = match (&self.seed_password, self.origin("GITSTATE_ADMIN_HASH")) {
+            (Some(password), Some(Origin::SeedEnv(_))) => Some(
+                gitstate_core::password::hash_secret(password.expose().as_bytes()).map_err(
+                    |e| ConfigError::Invalid {
+                        var: "GITSTATE_ADMIN_HASH",
+                        reason: format!("hashing {}: {e}", seed::SEED_PASSWORD),
+                    },
+                )?,
+            ),
+            _ => None,
+        };
+        Settings::from_lookup(runtime, |var| match (var, &seed_hash) {
+            ("GITSTATE_ADMIN_HASH", Some(hash)) => Some(hash.clone()),
+            _ => self.get(var),
+        })
     }
 
     /// Every setting with the value to show (secrets and URL passwords redacted; `None` when
