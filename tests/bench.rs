@@ -1,7 +1,8 @@
 //! `gitstate-bench`: gitstate against the seed tool's protocol (scripted with the git CLI, as in
 //! the seed's README), both on the same loopback git server that counts requests; plus history
 //! length, a 5 MB state, argon2 and concurrent writers; issue 15's sections (encrypted cold read,
-//! growth per rewrite, 100 concurrent Terraform applies, the Lambda cold start) in `bench/`.
+//! growth per rewrite, 100 concurrent Terraform applies, the Lambda cold start), applies in the
+//! Lambda shape (one process per apply, issue 27) in `bench/`.
 //! Prints a Markdown report, section by section.
 //!
 //! Build the binaries into one target directory, then run this one:
@@ -32,6 +33,8 @@ mod applies;
 mod encrypted;
 #[path = "bench/lambda.rs"]
 mod lambda;
+#[path = "bench/lambda_shape.rs"]
+mod lambda_shape;
 
 const WARM_RUNS: usize = 20;
 const COLD_RUNS: usize = 5;
@@ -1124,6 +1127,10 @@ async fn main() {
     }
     if want("applies") {
         applies::concurrent_applies(&mut out, &binary).await;
+        flush(&mut out);
+    }
+    if want("lambda-shape") {
+        lambda_shape::lambda_shape(&mut out, &binary).await;
         flush(&mut out);
     }
     if want("lambda") {

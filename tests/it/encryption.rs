@@ -656,20 +656,20 @@ async fn the_git_token_decrypts_only_under_its_context() {
         }
     };
     let bound = encrypt(Some(gitstate_kms::GIT_TOKEN_PURPOSE)).await;
-    let decrypted = gitstate_kms::decrypt_git_token(&kms, &bound)
+    let decrypted = gitstate_kms::decrypt_git_token(&kms, &bound, None)
         .await
         .expect("decrypts");
     assert_eq!(decrypted.expose(), token);
 
     let unbound = encrypt(None).await;
-    let refused = gitstate_kms::decrypt_git_token(&kms, &unbound)
+    let refused = gitstate_kms::decrypt_git_token(&kms, &unbound, None)
         .await
         .expect_err("a ciphertext without the git-token context is refused");
     let message = gitstate_core::report::chain(&refused);
     assert!(message.contains("GITSTATE_GIT_TOKEN_KMS"), "{message}");
     assert!(!message.contains(token));
     assert!(
-        gitstate_kms::decrypt_git_token(&kms, "not base64!")
+        gitstate_kms::decrypt_git_token(&kms, "not base64!", None)
             .await
             .is_err()
     );

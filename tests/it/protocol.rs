@@ -368,7 +368,7 @@ async fn bad_input_is_4xx_and_changes_nothing() {
             400,
         ),
         // The client resolves a literal `..` itself; the server sees /etc/passwd.
-        ("GET", "/states/a/../../etc/passwd".into(), None, 404),
+        ("GET", "/states/a/../../etc/passwd".into(), None, 400),
         ("GET", "/states/..%2fx".into(), None, 400),
         ("GET", "/states/a%2F..%2F..%2Fx".into(), None, 400),
         ("POST", "/locks/x.lock".into(), Some(lock_info("Z")), 400),
@@ -397,7 +397,7 @@ async fn bad_input_is_4xx_and_changes_nothing() {
         ),
         ("PATCH", "/states/ok.tfstate".into(), Some("{}".into()), 405),
         ("PROPFIND", "/locks/ok.tfstate".into(), None, 405),
-        ("GET", "/nowhere".into(), None, 404),
+        ("GET", "/nowhere".into(), None, 400),
         ("GET", "/?type=svn&repository=x&state=a".into(), None, 400),
         ("GET", "/states/ok.tfstate?ref=a..b".into(), None, 400),
         ("GET", "/states/ok.tfstate?ID=1&ID=2".into(), None, 400),

@@ -10,7 +10,7 @@ use gitstate_tests::{Client, GitServer, PushMode, TestBackend, git, init_tracing
 
 const NAME: &str = "env/prod.tfstate";
 
-fn terraform_binary() -> PathBuf {
+pub(crate) fn terraform_binary() -> PathBuf {
     let found = std::env::var_os("PATH")
         .into_iter()
         .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
@@ -21,7 +21,7 @@ fn terraform_binary() -> PathBuf {
     })
 }
 
-fn tofu_binary() -> PathBuf {
+pub(crate) fn tofu_binary() -> PathBuf {
     let path = std::env::var_os("GITSTATE_TOFU").map_or_else(
         || {
             PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -37,7 +37,7 @@ fn tofu_binary() -> PathBuf {
     path
 }
 
-struct Cli {
+pub(crate) struct Cli {
     bin: PathBuf,
     config: tempfile::TempDir,
     /// TF_HTTP_USERNAME / TF_HTTP_PASSWORD.
@@ -45,7 +45,7 @@ struct Cli {
 }
 
 impl Cli {
-    fn new(bin: PathBuf) -> Self {
+    pub(crate) fn new(bin: PathBuf) -> Self {
         let config = tempfile::tempdir().expect("tempdir");
         std::fs::write(config.path().join("empty.tfrc"), "").expect("cli config");
         Self {
@@ -106,11 +106,11 @@ impl Cli {
         tokio::spawn(async move { child.wait().await.expect("apply exits") })
     }
 
-    async fn run(&self, dir: &Path, args: &[&str]) -> Output {
+    pub(crate) async fn run(&self, dir: &Path, args: &[&str]) -> Output {
         self.command(dir, args).output().await.expect("client runs")
     }
 
-    async fn ok(&self, dir: &Path, args: &[&str]) -> String {
+    pub(crate) async fn ok(&self, dir: &Path, args: &[&str]) -> String {
         let out = self.run(dir, args).await;
         let text = transcript(&out);
         assert!(
@@ -122,7 +122,7 @@ impl Cli {
     }
 }
 
-fn transcript(out: &Output) -> String {
+pub(crate) fn transcript(out: &Output) -> String {
     format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),

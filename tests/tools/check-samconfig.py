@@ -1,5 +1,6 @@
 """Check infra/samconfig.toml against template.yaml: every team's deploy section names stack
-gitstate-<team>, sets TeamName=<team>, gives every required parameter and no unknown one."""
+gitstate-<team>, sets TeamName=<team>, gives every required parameter and no unknown one, and
+allows the named IAM role."""
 
 import sys
 import tomllib
@@ -31,6 +32,9 @@ def main(config_path, template_path):
         for key in ("capabilities", "region"):
             if key not in deploy:
                 problems.append(f"{team}: {key} is not set")
+        # The role has a fixed name (the key policy names it): CAPABILITY_IAM is refused.
+        if "CAPABILITY_NAMED_IAM" not in str(deploy.get("capabilities", "")):
+            problems.append(f"{team}: capabilities must include CAPABILITY_NAMED_IAM")
     if not teams:
         problems.append("no team: no [<team>.deploy.parameters] section")
     for problem in problems:

@@ -40,7 +40,14 @@ const DESCRIPTIONS: &[Described] = &[
         "unset: embedded repository",
         "the state repository, `https://…` (required on Lambda); locally also `ssh://…` or `user@host:path`. Credentials in the URL (`https://user:token@…`, `https://token@…`) are refused at start-up, and a request's `repository=` with them is 400: use `GITSTATE_GIT_USERNAME` / `GITSTATE_GIT_TOKEN` (locally also `git credential`)",
     ),
-    describe("GITSTATE_REF", "the branch states live on"),
+    describe(
+        "GITSTATE_REF",
+        "the branch states live on (`master` where terraform-backend-git's interface is used: docs/migrating-from-terraform-backend-git.md)",
+    ),
+    describe(
+        "GITSTATE_STATE",
+        "locally: the state `run` serves and `serve` prints a block for when `--state` is not given (gitstate.toml `state`, terraform-backend-git's `git.state`)",
+    ),
     describe(
         "GITSTATE_GIT_USERNAME",
         "user name for the repository ([Git hosts](#git-hosts)), sent only to its origin (scheme, host, port)",
@@ -51,7 +58,11 @@ const DESCRIPTIONS: &[Described] = &[
     ),
     describe(
         "GITSTATE_GIT_TOKEN_KMS",
-        "the git token as base64 of a KMS ciphertext (context `{\"gitstate:purpose\":\"git-token\"}`), decrypted at Lambda cold start; exclusive with `GITSTATE_GIT_TOKEN`",
+        "the git token as base64 of a KMS ciphertext (context `{\"gitstate:purpose\":\"git-token\"}` plus the team), decrypted at Lambda cold start; exclusive with `GITSTATE_GIT_TOKEN`",
+    ),
+    describe(
+        "GITSTATE_TEAM",
+        "the deployment's team (the template sets it): the KMS-sealed settings must carry `\"gitstate:team\":\"<team>\"` in their context, so one team's ciphertext starts no other team's function",
     ),
     describe(
         "GITSTATE_ALLOWED_REPOSITORIES",
@@ -179,6 +190,10 @@ const DESCRIPTIONS: &[Described] = &[
     describe(
         "GITSTATE_ADMIN_HASH",
         "bootstrap administrator (argon2id PHC hash)",
+    ),
+    describe(
+        "GITSTATE_ADMIN_HASH_KMS",
+        "that hash as base64 of a KMS ciphertext (context `{\"gitstate:purpose\":\"admin-hash\"}` plus the team), decrypted at start-up; exclusive with `GITSTATE_ADMIN_HASH` (template: `AdminHashCiphertext`)",
     ),
     describe(
         "GITSTATE_ACCESS_REFRESH_SECS",

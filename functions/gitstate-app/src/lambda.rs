@@ -49,14 +49,8 @@ pub fn init_logging() {
     // The level applies to every target, and RUST_LOG's directives refine it.
     let configured = EnvFilter::builder()
         .parse_lossy(format!("{level},{}", var("RUST_LOG").unwrap_or_default()));
-    let format = lambda_http::tracing::subscriber::fmt::layer()
-        .with_target(false)
-        .without_time();
-    let format = if var("AWS_LAMBDA_LOG_FORMAT").is_some_and(|f| f.eq_ignore_ascii_case("json")) {
-        format.json().boxed()
-    } else {
-        format.boxed()
-    };
+    let json = var("AWS_LAMBDA_LOG_FORMAT").is_some_and(|f| f.eq_ignore_ascii_case("json"));
+    let format = log_format(json, std::io::stdout);
     let subscriber = lambda_http::tracing::subscriber::registry()
         .with(format.with_filter(configured).with_filter(pinned()));
     if lambda_http::tracing::subscriber::util::SubscriberInitExt::try_init(subscriber).is_err() {
@@ -66,6 +60,29 @@ pub fn init_logging() {
     lambda_http::tracing::trace!(
         "logging at TRACE; the Lambda runtime, AWS SDK and HTTP crates stay at INFO"
     );
+}
+
+/// The function's log line format, JSON when Lambda's log format is (the template sets JSON),
+/// written to `writer`: the failed-login metric filter of template.yaml matches these lines, and
+/// a test writes through this same layer to hold the pattern to them.
+pub fn log_format<S, W>(
+    json: bool,
+    writer: W,
+) -> Box<dyn lambda_http::tracing::subscriber::Layer<S> + Send + Sync>
+where
+    S: lambda_http::tracing::Subscriber
+        + for<'a> lambda_http::tracing::subscriber::registry::LookupSpan<'a>,
+    W: for<'w> lambda_http::tracing::subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
+    let format = lambda_http::tracing::subscriber::fmt::layer()
+        .with_target(false)
+        .without_time()
+        .with_writer(writer);
+    if json {
+        format.json().boxed()
+    } else {
+        format.boxed()
+    }
 }
 
 /// How long this invocation may still work, from the deadline the runtime API gave: `None` when

@@ -38,7 +38,7 @@ impl App {
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
     #[error(transparent)]
-    GitToken(#[from] gitstate_kms::GitTokenError),
+    Sealed(#[from] gitstate_kms::SealedSettingError),
     #[error(transparent)]
     AgeIdentity(#[from] gitstate_kms::AgeIdentityError),
     #[error("opening the git store")]
@@ -61,15 +61,30 @@ pub async fn build(settings: Settings) -> Result<App, BuildError> {
 /// are then sealed through it as `settings.encryption` says, even when that names no key.
 pub async fn build_with(mut settings: Settings, kms: Option<Arc<Kms>>) -> Result<App, BuildError> {
     let seal = kms.is_some() || settings.encryption.is_configured();
-    let needs_kms = settings.git.token_kms.is_some() || settings.encryption.is_configured();
+    let needs_kms = settings.git.token_kms.is_some()
+        || settings.access.bootstrap_kms.is_some()
+        || settings.encryption.is_configured();
     let kms = match kms {
         Some(kms) => Some(kms),
         None if needs_kms => Some(Arc::new(Kms::from_env().await)),
         None => None,
     };
+    let team = settings.git.team.clone();
     if let (Some(ciphertext), Some(kms)) = (settings.git.token_kms.take(), &kms) {
         // Once per process: the token never sits in the template or the console in clear.
-        settings.git.token = Some(gitstate_kms::decrypt_git_token(kms, ciphertext.expose()).await?);
+        settings.git.token =
+            Some(gitstate_kms::decrypt_git_token(kms, ciphertext.expose(), team.as_deref()).await?);
+    }
+    if let (Some((user, ciphertext)), Some(kms)) = (settings.access.bootstrap_kms.take(), &kms) {
+        let hash = gitstate_kms::decrypt_setting(
+            kms,
+            "GITSTATE_ADMIN_HASH_KMS",
+            gitstate_kms::ADMIN_HASH_PURPOSE,
+            team.as_deref(),
+            ciphertext.expose(),
+        )
+        .await?;
+        settings.access.bootstrap = Some((user, hash));
     }
     gitstate_kms::open_private_keys(kms.as_deref(), &mut settings.encryption).await?;
     let (store, primary) = GitStore::new(&store_settings(&settings))?;

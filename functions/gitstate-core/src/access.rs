@@ -14,7 +14,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::StateName;
-use crate::password::{HashError, check_phc};
+use crate::password::{HashError, check_phc, memory_kib};
 
 /// Where the access file lives in the state repository, on the configured branch.
 pub const ACCESS_PATH: &str = ".gitstate/access.toml";
@@ -259,6 +259,24 @@ impl Policy {
                 prefix: String::new(),
             }],
         });
+        Ok(self)
+    }
+
+    /// Refuse a policy with a hash that asks more than `budget_kib` of memory (what one argon2
+    /// check may take in this process, see [`crate::password::hash_memory_budget`]).
+    pub fn within_memory(self, budget_kib: u32) -> Result<Self, AccessError> {
+        for user in self.users.values() {
+            if let Some(m) = memory_kib(&user.hash).filter(|m| *m > budget_kib) {
+                return Err(AccessError::User {
+                    user: user.name.clone(),
+                    reason: HashError::Memory {
+                        m,
+                        budget: budget_kib,
+                    }
+                    .to_string(),
+                });
+            }
+        }
         Ok(self)
     }
 

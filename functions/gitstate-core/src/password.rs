@@ -14,6 +14,22 @@ pub const MAX_MEMORY_KIB: u32 = 1024 * 1024;
 pub const MAX_PASSES: u32 = 10;
 pub const MAX_LANES: u32 = 16;
 
+/// The memory (KiB) one argon2 check may take in a process that has `process_bytes`: half of it
+/// (the rest is the process's own), never above [`MAX_MEMORY_KIB`] nor below [`MIN_MEMORY_KIB`]
+/// (a process too small for OWASP's minimum still checks one hash at a time).
+pub fn hash_memory_budget(process_bytes: u64) -> u32 {
+    let half_kib = process_bytes / 2 / 1024;
+    u32::try_from(half_kib)
+        .unwrap_or(u32::MAX)
+        .clamp(MIN_MEMORY_KIB, MAX_MEMORY_KIB)
+}
+
+/// The memory (KiB) a PHC hash asks for, when it is one.
+pub fn memory_kib(phc: &str) -> Option<u32> {
+    let hash = PasswordHash::new(phc).ok()?;
+    Params::try_from(&hash).ok().map(|p| p.m_cost())
+}
+
 /// Checks a secret against a stored PHC hash. A trait so tests can count the calls to the real
 /// verifier; production uses [`Argon2id`].
 pub trait PasswordVerifier: Send + Sync + 'static {
@@ -45,6 +61,11 @@ pub enum HashError {
         "parameters m={m},t={t},p={p} exceed the maximum m={MAX_MEMORY_KIB},t={MAX_PASSES},p={MAX_LANES}"
     )]
     Costly { m: u32, t: u32, p: u32 },
+    #[error(
+        "m={m} KiB is more than one argon2 check may take in this process ({budget} KiB, half of \
+         its memory: AWS_LAMBDA_FUNCTION_MEMORY_SIZE on Lambda)"
+    )]
+    Memory { m: u32, budget: u32 },
     #[error("hashing failed: {0}")]
     Hashing(String),
 }
@@ -187,6 +208,34 @@ mod tests {
             check_phc(&phc(4 * 1024 * 1024, 2, 1)),
             Err(HashError::Costly { m: 4194304, .. })
         ));
+    }
+
+    /// Generated process sizes: the budget is half the memory within [minimum, ceiling], and a
+    /// hash over the budget is refused by the policy check while one within passes.
+    #[test]
+    fn the_memory_budget_is_half_the_process_within_bounds() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(0x3e3);
+        for _ in 0..2000 {
+            let bytes: u64 = match rng.random_range(0..3) {
+                0 => rng.random_range(0..(64u64 << 20)),
+                1 => rng.random_range(0..(8u64 << 30)),
+                _ => rng.random(),
+            };
+            let budget = hash_memory_budget(bytes);
+            assert!((MIN_MEMORY_KIB..=MAX_MEMORY_KIB).contains(&budget));
+            let half = bytes / 2048;
+            if (u64::from(MIN_MEMORY_KIB)..=u64::from(MAX_MEMORY_KIB)).contains(&half) {
+                assert_eq!(u64::from(budget), half);
+            }
+        }
+        // The Lambda default, 1,024 MB: 512 MiB a check.
+        assert_eq!(hash_memory_budget(1024 << 20), 512 * 1024);
+        let phc = |m: u32| {
+            format!("$argon2id$v=19$m={m},t=2,p=1$c29tZXNhbHQ$RdescudvJCsgt3ub+b+dWRWJTmaaJObG")
+        };
+        assert_eq!(memory_kib(&phc(65536)), Some(65536));
+        assert_eq!(memory_kib("garbage"), None);
     }
 
     #[test]

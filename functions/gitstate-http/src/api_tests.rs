@@ -56,6 +56,7 @@ fn router() -> axum::Router {
             )),
             bootstrap: None,
             refresh: std::time::Duration::from_secs(10),
+            hash_memory_kib: gitstate_core::password::MAX_MEMORY_KIB,
         },
         Arc::new(Plain),
     )

@@ -15,8 +15,14 @@ pub enum ApiError {
     Service(#[from] ServiceError),
     #[error(transparent)]
     Auth(#[from] AuthError),
-    #[error("no such route: use /states/<name>, /locks/<name> or /?type=git&repository=…&state=…")]
+    /// A path that names no route: 400, never 404, which Terraform reads as "no state yet".
+    #[error(
+        "no such route: states are at /states/<name>, locks at /locks/<name> (or the seed format /?type=git&repository=…&ref=…&state=…)"
+    )]
     NoRoute,
+    /// `hint`: the nearest known name, if one is close, and the names this address takes.
+    #[error("unknown query parameter {name:?}{hint}")]
+    UnknownParameter { name: String, hint: String },
     #[error("method {method} is not allowed here (allowed: {allowed})")]
     Method {
         method: String,
@@ -57,10 +63,13 @@ impl ApiError {
             Self::Auth(AuthError::Unauthenticated) => StatusCode::UNAUTHORIZED,
             Self::Auth(AuthError::Throttled { .. }) => StatusCode::TOO_MANY_REQUESTS,
             Self::Auth(AuthError::Unavailable(_)) => StatusCode::SERVICE_UNAVAILABLE,
-            Self::NoRoute => StatusCode::NOT_FOUND,
             Self::Method { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::TooLarge { .. } | Self::ResponseTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::BodyRead | Self::Query(_) | Self::ContentMd5(_) => StatusCode::BAD_REQUEST,
+            Self::NoRoute
+            | Self::UnknownParameter { .. }
+            | Self::BodyRead
+            | Self::Query(_)
+            | Self::ContentMd5(_) => StatusCode::BAD_REQUEST,
             Self::MediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::QueryTooLong => StatusCode::URI_TOO_LONG,
             Self::Deadline { .. } => StatusCode::GATEWAY_TIMEOUT,
@@ -106,9 +115,14 @@ impl ApiError {
 fn service_status(error: &ServiceError) -> StatusCode {
     use ServiceError as S;
     match error {
-        S::Name(_) | S::Branch(_) | S::LockBody(_) | S::InvalidState(_) | S::BadSelector(_) => {
-            StatusCode::BAD_REQUEST
-        }
+        S::Name(_)
+        | S::Branch(_)
+        | S::LockBody(_)
+        | S::InvalidState(_)
+        | S::BadSelector(_)
+        | S::LockRequestToState(_) => StatusCode::BAD_REQUEST,
+        // What the repository holds is broken, not the request; the reason says what to fix.
+        S::NotAState(_) => StatusCode::INTERNAL_SERVER_ERROR,
         S::RepositoryNotAllowed(_) | S::RefNotAllowed(_) | S::Forbidden(_) => StatusCode::FORBIDDEN,
         S::Exists | S::Clash(_) => StatusCode::CONFLICT,
         S::NoSuchVersion(_) | S::NotFound | S::NoLock => StatusCode::NOT_FOUND,

@@ -4,6 +4,7 @@
 use axum::extract::Request;
 use axum::middleware::Next;
 use axum::response::Response;
+use tracing::Instrument as _;
 
 /// Why a request failed, as the log should say it.
 #[derive(Debug, Clone)]
@@ -14,16 +15,27 @@ pub(crate) enum Outcome {
     Failed(String),
 }
 
-/// Log one line for every refused or failed request, at INFO for 4xx and ERROR for 5xx.
+/// Log one line for every refused or failed request, at INFO for 4xx and ERROR for 5xx. Every
+/// line logged while a request is served (here, in the service, in the store) is within a span
+/// naming its method and path (never the query: it may carry a repository URL).
 pub(crate) async fn outcomes(request: Request, next: Next) -> Response {
-    let response = next.run(request).await;
-    let status = response.status().as_u16();
-    match response.extensions().get::<Outcome>() {
-        Some(Outcome::Failed(chain)) => tracing::error!(status, error = %chain),
-        Some(Outcome::Refused(reason)) => tracing::info!(status, "{reason}"),
-        None => {}
+    let span = tracing::info_span!(
+        "request",
+        method = %request.method(),
+        path = %request.uri().path()
+    );
+    async move {
+        let response = next.run(request).await;
+        let status = response.status().as_u16();
+        match response.extensions().get::<Outcome>() {
+            Some(Outcome::Failed(chain)) => tracing::error!(status, error = %chain),
+            Some(Outcome::Refused(reason)) => tracing::info!(status, "{reason}"),
+            None => {}
+        }
+        response
     }
-    response
+    .instrument(span)
+    .await
 }
 
 #[cfg(test)]
@@ -91,6 +103,11 @@ mod tests {
         assert_eq!(logged.len(), 2, "{text}");
         assert!(logged[0].contains("ERROR"), "{text}");
         assert!(logged[0].contains("status=500"), "{text}");
+        assert!(
+            logged.iter().all(|line| line.contains("method=GET")),
+            "{text}"
+        );
+        assert!(logged[0].contains("path=/broken"), "{text}");
         assert!(
             logged[0].contains("internal storage failure: pack index unreadable"),
             "{text}"

@@ -77,9 +77,69 @@ impl Params {
     fn take(&self, key: &str) -> Option<String> {
         self.get(key).map(str::to_owned)
     }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Every parameter is one of `known` (matched exactly: Terraform sends `ID`, not `id`) and has
+    /// a value.
+    fn check(&self, known: &[&str]) -> Result<(), ApiError> {
+        for (key, value) in &self.0 {
+            if !known.contains(&key.as_str()) {
+                let guess = nearest(key, known)
+                    .map(|n| format!(" (did you mean {n:?}?)"))
+                    .unwrap_or_default();
+                let takes = match known {
+                    [] => "no parameters".to_owned(),
+                    known => known.join(", "),
+                };
+                return Err(ApiError::UnknownParameter {
+                    name: key.chars().take(40).collect(),
+                    hint: format!("{guess}; this address takes {takes}"),
+                });
+            }
+            if value.is_empty() {
+                return Err(ApiError::Query(format!(
+                    "parameter {key:?} is empty: give it a value or leave it out"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The known name closest to `name` (by edit distance, ignoring case), when one is close enough
+/// to be a likely typo: at most a third of its letters differ.
+pub(crate) fn nearest<'a>(name: &str, known: &[&'a str]) -> Option<&'a str> {
+    let name = name.to_lowercase();
+    known
+        .iter()
+        .map(|k| (strsim::damerau_levenshtein(&name, &k.to_lowercase()), *k))
+        .filter(|(distance, k)| *distance <= k.chars().count().div_ceil(3).max(1))
+        .min_by_key(|(distance, _)| *distance)
+        .map(|(_, k)| k)
+}
+
+/// The query parameters every address takes: which repository and branch it means.
+const LOCATION_PARAMETERS: [&str; 2] = ["ref", "repository"];
+
+impl Resource {
+    /// The query parameters an address of this resource takes beyond [`LOCATION_PARAMETERS`].
+    fn parameters(&self) -> &'static [&'static str] {
+        match self {
+            // Terraform adds `?ID=` to the address of a write under its lock.
+            Self::State(_) => &["ID"],
+            Self::History(_) => &["page", "per_page", "at", "restore"],
+            Self::Lock(_) | Self::StateList | Self::LockList => &[],
+            Self::Health => &[],
+        }
+    }
 }
 
 /// Read the target of `uri`: the resource, the repository and branch it names, the parameters.
+/// A path that names no route, a parameter the route does not take and an empty value are
+/// refused: an address with a typo must fail, never read as "no state" (see [`ApiError::NoRoute`]).
 pub(crate) fn parse_target(uri: &Uri) -> Result<Addressed, ApiError> {
     let params = Params::of_query(uri)?;
     let path = decode_path(uri.path())?;
@@ -102,6 +162,17 @@ pub(crate) fn parse_target(uri: &Uri) -> Result<Addressed, ApiError> {
             resource(state_name(name)?)
         }
     };
+    let seed: &[&str] = if path == "/" { &SEED_PARAMETERS } else { &[] };
+    let known: Vec<&str> = match resource {
+        Resource::Health => Vec::new(),
+        ref other => LOCATION_PARAMETERS
+            .iter()
+            .chain(seed)
+            .chain(other.parameters())
+            .copied()
+            .collect(),
+    };
+    params.check(&known)?;
     let repository = params.take("repository");
     if let Some(reason) = repository
         .as_deref()
@@ -123,7 +194,11 @@ pub(crate) fn parse_target(uri: &Uri) -> Result<Addressed, ApiError> {
     })
 }
 
-/// The seed tool's address format: `/?type=git&repository=<url>&state=<name>`.
+/// The parameters of the seed tool's address besides [`LOCATION_PARAMETERS`].
+const SEED_PARAMETERS: [&str; 2] = ["type", "state"];
+
+/// The seed tool's address format: `/?type=git&repository=<url>&ref=<branch>&state=<name>`.
+/// Its `ref=` may be left out (the configured branch); `type`, `repository` and `state` may not.
 fn seed_address(params: &Params) -> Result<Resource, ApiError> {
     match params.get("type") {
         Some("git") => {}
@@ -132,7 +207,12 @@ fn seed_address(params: &Params) -> Result<Resource, ApiError> {
                 "type {other:?} is not supported (only type=git)"
             )));
         }
-        None => return Err(ApiError::NoRoute),
+        None if params.is_empty() => return Err(ApiError::NoRoute),
+        None => {
+            return Err(ApiError::Query(
+                "the seed address format needs type=git".into(),
+            ));
+        }
     }
     if params.get("repository").is_none() {
         return Err(ApiError::Query(

@@ -100,32 +100,80 @@ pub enum SecretError {
 
 /// The encryption context a KMS-encrypted git token is bound to.
 pub const GIT_TOKEN_PURPOSE: (&str, &str) = ("gitstate:purpose", "git-token");
+/// The encryption context a KMS-encrypted bootstrap administrator's hash is bound to.
+pub const ADMIN_HASH_PURPOSE: (&str, &str) = ("gitstate:purpose", "admin-hash");
+/// The context key naming the deployment's team (`GITSTATE_TEAM`) in a sealed setting's
+/// context: a ciphertext made for one team does not decrypt in another team's function.
+pub const TEAM_CONTEXT_KEY: &str = "gitstate:team";
 
-/// Decrypt `GITSTATE_GIT_TOKEN_KMS` (base64 of a KMS ciphertext) into the git token. Errors name
-/// the variable, never the value.
-pub async fn decrypt_git_token(kms: &Kms, ciphertext: &str) -> Result<Secret, GitTokenError> {
-    let context: Context = [(
-        GIT_TOKEN_PURPOSE.0.to_owned(),
-        GIT_TOKEN_PURPOSE.1.to_owned(),
-    )]
-    .into();
-    let plaintext = kms.decrypt_base64(ciphertext, &context).await?;
-    let token = std::str::from_utf8(&plaintext).map_err(|_| GitTokenError::Utf8)?;
-    let token = token.trim();
-    if token.is_empty() {
-        return Err(GitTokenError::Empty);
+/// Decrypt `GITSTATE_GIT_TOKEN_KMS` (base64 of a KMS ciphertext) into the git token, under the
+/// context `{"gitstate:purpose": "git-token"}` plus `{"gitstate:team": team}` when the
+/// deployment names its team. Errors name the variable, never the value.
+pub async fn decrypt_git_token(
+    kms: &Kms,
+    ciphertext: &str,
+    team: Option<&str>,
+) -> Result<Secret, SealedSettingError> {
+    decrypt_setting(
+        kms,
+        "GITSTATE_GIT_TOKEN_KMS",
+        GIT_TOKEN_PURPOSE,
+        team,
+        ciphertext,
+    )
+    .await
+}
+
+/// Decrypt a setting kept as base64 of a KMS ciphertext (`var`), made under the context
+/// `purpose` plus the team when given; the plaintext is UTF-8, trimmed, not empty.
+pub async fn decrypt_setting(
+    kms: &Kms,
+    var: &'static str,
+    purpose: (&str, &str),
+    team: Option<&str>,
+    ciphertext: &str,
+) -> Result<Secret, SealedSettingError> {
+    let mut context: Context = [(purpose.0.to_owned(), purpose.1.to_owned())].into();
+    if let Some(team) = team {
+        context.insert(TEAM_CONTEXT_KEY.to_owned(), team.to_owned());
     }
-    Ok(Secret::new(token.to_owned()))
+    let plaintext = kms
+        .decrypt_base64(ciphertext, &context)
+        .await
+        .map_err(|source| SealedSettingError::Decrypt {
+            var,
+            context: describe(&context),
+            source,
+        })?;
+    let value = std::str::from_utf8(&plaintext).map_err(|_| SealedSettingError::Utf8 { var })?;
+    let value = value.trim();
+    if value.is_empty() {
+        return Err(SealedSettingError::Empty { var });
+    }
+    Ok(Secret::new(value.to_owned()))
+}
+
+/// `k=v,k=v` as `aws kms encrypt --encryption-context` takes it.
+fn describe(context: &Context) -> String {
+    context
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum GitTokenError {
-    #[error("GITSTATE_GIT_TOKEN_KMS could not be decrypted")]
-    Decrypt(#[from] SecretError),
-    #[error("GITSTATE_GIT_TOKEN_KMS decrypts to something that is not UTF-8")]
-    Utf8,
-    #[error("GITSTATE_GIT_TOKEN_KMS decrypts to an empty token")]
-    Empty,
+pub enum SealedSettingError {
+    #[error("{var} could not be decrypted with the encryption context {context}")]
+    Decrypt {
+        var: &'static str,
+        context: String,
+        source: SecretError,
+    },
+    #[error("{var} decrypts to something that is not UTF-8")]
+    Utf8 { var: &'static str },
+    #[error("{var} decrypts to an empty value")]
+    Empty { var: &'static str },
 }
 
 impl Kms {

@@ -20,7 +20,42 @@ pub struct AccessSettings {
     pub text: Option<Secret>,
     /// A bootstrap administrator: user name and argon2id hash.
     pub bootstrap: Option<(String, Secret)>,
+    /// `GITSTATE_ADMIN_HASH_KMS`: the bootstrap administrator's hash as base64 of a KMS
+    /// ciphertext (context `{"gitstate:purpose": "admin-hash"}`, plus the team), so the hash is
+    /// not readable in the function's configuration; decrypted once by [`crate::build`].
+    pub bootstrap_kms: Option<(String, Secret)>,
     pub refresh: Duration,
+    /// The memory one argon2 check may take (KiB): half of what the process has, see
+    /// [`process_memory_bytes`].
+    pub hash_memory_kib: u32,
+}
+
+/// The memory this process really has: on Lambda the function's configured size
+/// (`AWS_LAMBDA_FUNCTION_MEMORY_SIZE`, in MB), else the smaller of its cgroup's limit and the
+/// machine's memory (`None`: neither could be read).
+pub(crate) fn process_memory_bytes(vars: &Vars<'_>) -> Result<Option<u64>, ConfigError> {
+    if let Some(mb) = vars.get("AWS_LAMBDA_FUNCTION_MEMORY_SIZE") {
+        let mb = mb.parse::<u64>().map_err(|_| ConfigError::Invalid {
+            var: "AWS_LAMBDA_FUNCTION_MEMORY_SIZE",
+            reason: format!("{mb:?} is not a whole number of MB"),
+        })?;
+        return Ok(Some(mb.saturating_mul(1 << 20)));
+    }
+    let read = |path: &str| std::fs::read_to_string(path).ok();
+    let cgroup = read("/sys/fs/cgroup/memory.max")
+        .or_else(|| read("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
+        .and_then(|text| text.trim().parse::<u64>().ok());
+    let machine = read("/proc/meminfo").and_then(|text| {
+        text.lines()
+            .find_map(|line| line.strip_prefix("MemTotal:"))
+            .and_then(|rest| rest.trim().strip_suffix("kB"))
+            .and_then(|kb| kb.trim().parse::<u64>().ok())
+            .map(|kb| kb.saturating_mul(1024))
+    });
+    Ok(match (cgroup, machine) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    })
 }
 
 impl AccessSettings {
@@ -48,15 +83,24 @@ impl AccessSettings {
                 reason: format!("{v:?} is not a whole number of seconds"),
             })?,
         };
+        let user = || {
+            vars.get("GITSTATE_ADMIN_USER")
+                .unwrap_or_else(|| "admin".into())
+        };
+        let bootstrap = vars.get("GITSTATE_ADMIN_HASH");
+        let bootstrap_kms = vars.get("GITSTATE_ADMIN_HASH_KMS");
+        if bootstrap.is_some() && bootstrap_kms.is_some() {
+            return Err(ConfigError::TwoAdminHashes);
+        }
         Ok(Self {
             text: text.map(Secret::new),
-            bootstrap: vars.get("GITSTATE_ADMIN_HASH").map(|hash| {
-                let user = vars
-                    .get("GITSTATE_ADMIN_USER")
-                    .unwrap_or_else(|| "admin".into());
-                (user, Secret::new(hash))
-            }),
+            bootstrap: bootstrap.map(|hash| (user(), Secret::new(hash))),
+            bootstrap_kms: bootstrap_kms.map(|sealed| (user(), Secret::new(sealed))),
             refresh: Duration::from_secs(refresh),
+            hash_memory_kib: process_memory_bytes(vars)?.map_or(
+                gitstate_core::password::MAX_MEMORY_KIB,
+                gitstate_core::password::hash_memory_budget,
+            ),
         })
     }
 
@@ -69,6 +113,7 @@ impl AccessSettings {
             },
             bootstrap: self.bootstrap.clone(),
             refresh: self.refresh,
+            hash_memory_kib: self.hash_memory_kib,
         }
     }
 }

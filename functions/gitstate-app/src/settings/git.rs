@@ -30,8 +30,13 @@ pub struct GitSettings {
     pub username: Option<String>,
     pub token: Option<Secret>,
     /// `GITSTATE_GIT_TOKEN_KMS`: the git token as base64 of a KMS ciphertext, encrypted under
-    /// the context `{"gitstate:purpose": "git-token"}`; decrypted once by [`crate::build`].
+    /// the context `{"gitstate:purpose": "git-token"}` (plus `"gitstate:team"` with
+    /// [`Self::team`]); decrypted once by [`crate::build`].
     pub token_kms: Option<Secret>,
+    /// `GITSTATE_TEAM`: the deployment's team (the template sets it). KMS-sealed settings
+    /// must name it in their encryption context, so one team's ciphertext starts no other team's
+    /// function.
+    pub team: Option<String>,
     /// `GITSTATE_GIT_AUTH`: how the token is sent, `basic` (default) or `bearer`.
     pub auth: GitAuth,
     /// `GITSTATE_GIT_CA_FILE` (a PEM bundle's path) and `GITSTATE_GIT_CA_PEM` (PEM text): private
@@ -75,6 +80,7 @@ impl GitSettings {
             username: vars.get("GITSTATE_GIT_USERNAME"),
             token: vars.get("GITSTATE_GIT_TOKEN").map(Secret::new),
             token_kms: vars.get("GITSTATE_GIT_TOKEN_KMS").map(Secret::new),
+            team: vars.get("GITSTATE_TEAM"),
             auth: auth(vars)?,
             ca_pem: ca_pem(
                 vars.get("GITSTATE_GIT_CA_FILE"),

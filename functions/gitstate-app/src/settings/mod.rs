@@ -52,6 +52,8 @@ pub enum ConfigError {
     TwoAccessSources,
     #[error("GITSTATE_GIT_TOKEN and GITSTATE_GIT_TOKEN_KMS are both set: choose one")]
     TwoGitTokens,
+    #[error("GITSTATE_ADMIN_HASH and GITSTATE_ADMIN_HASH_KMS are both set: choose one")]
+    TwoAdminHashes,
     #[error("GITSTATE_ENCRYPTION=enforced needs GITSTATE_KMS_KEY_IDS or GITSTATE_AGE_RECIPIENTS")]
     EnforcedWithoutKeys,
     #[error("GITSTATE_KMS_PREVIOUS_KEY_IDS needs GITSTATE_KMS_KEY_IDS")]

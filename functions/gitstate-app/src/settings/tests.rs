@@ -342,6 +342,7 @@ fn secrets(s: &Settings) -> Vec<&gitstate_core::secret::Secret> {
     .flatten()
     .collect();
     all.extend(s.access.bootstrap.as_ref().map(|(_, hash)| hash));
+    all.extend(s.access.bootstrap_kms.as_ref().map(|(_, sealed)| sealed));
     all.extend(s.encryption.age_identity.as_ref().map(|(_, text)| text));
     all.extend(s.encryption.pgp_secret_keys.as_ref().map(|(_, text)| text));
     all

@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::verified::Verified;
 use super::{Access, AccessSource, AuthError, poisoned};
 use crate::access::{ACCESS_PATH, AccessError, Policy};
 
@@ -23,17 +22,17 @@ pub(super) struct Loaded {
     file: Option<Bytes>,
     pub(super) policy: Arc<Policy>,
     dummy: String,
-    /// The credentials verified under `policy`.
-    pub(super) verified: Verified,
 }
 
 impl Access {
-    /// Add the bootstrap administrator to a parsed policy.
+    /// Add the bootstrap administrator to a parsed policy, and refuse it if a hash asks more
+    /// memory than a check may take in this process.
     pub(super) fn complete(&self, policy: Policy) -> Result<Policy, AccessError> {
-        match &self.options.bootstrap {
-            Some((user, hash)) => policy.with_bootstrap(user, hash.expose()),
-            None => Ok(policy),
-        }
+        let policy = match &self.options.bootstrap {
+            Some((user, hash)) => policy.with_bootstrap(user, hash.expose())?,
+            None => policy,
+        };
+        policy.within_memory(self.options.hash_memory_kib)
     }
 
     pub(super) fn install(&self, file: Option<Bytes>, policy: Policy) -> (Arc<Policy>, String) {
@@ -44,7 +43,6 @@ impl Access {
                 file,
                 policy: policy.clone(),
                 dummy: dummy.clone(),
-                verified: Verified::default(),
             });
         }
         (policy, dummy)

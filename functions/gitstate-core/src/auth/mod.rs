@@ -2,20 +2,24 @@
 //!
 //! - The policy comes from the access file in the state repository (re-read when the branch tip
 //!   changes, at most every `refresh`), or from a fixed text given at start-up, plus an optional
-//!   bootstrap administrator.
+//!   bootstrap administrator. A hash that asks more memory than one check may take in this
+//!   process makes the policy invalid.
 //! - Every check of an unknown user runs argon2 against a dummy hash with the strongest
 //!   parameters of the policy, so unknown users and wrong passwords cost the same and answer the
 //!   same.
-//! - A verified credential is remembered by a keyed hash of user and secret (never the secret),
-//!   until the policy changes, so a warm process pays argon2 once per credential. That check comes
-//!   first: a remembered credential never waits on the throttle or the argon2 limit.
-//! - Failures are counted per user and per client address; past a few, the user or address is
-//!   refused (429 + `Retry-After`) without argon2 for a while that doubles with every failure.
-//!   IPv6 addresses count by their /64. When the table is full the least recent entries are
-//!   evicted, and until those would have been forgotten anyway, a user or address the table does
-//!   not hold is refused (fail closed) rather than given a fresh budget.
-//! - argon2 runs at most `available_parallelism` at a time, so a flood queues behind that limit
-//!   instead of taking every blocking thread and all the memory.
+//! - A verified credential is remembered by a keyed hash of user, secret and stored hash (never
+//!   the secret), so a warm process pays argon2 once per credential, across policy changes that
+//!   keep the user's hash. That check comes first: a remembered credential never waits on the
+//!   throttle or the argon2 limit.
+//! - Failures count against the client's address (IPv6 by its /64) and against the pair of the
+//!   user name and that address, never against a user name alone: past a few, the address or the
+//!   pair is refused (429 + `Retry-After`) without argon2 for a while that doubles with every
+//!   failure, and the same user from a clean address is still checked. A request that names no
+//!   user (a malformed header) costs no argon2 and counts against its address only. See
+//!   [`throttle`].
+//! - argon2 runs at most `available_parallelism` at a time and within a memory budget (half of
+//!   what the process has), so a flood queues behind that limit instead of taking every blocking
+//!   thread and all the memory.
 
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
@@ -35,9 +39,12 @@ mod verified;
 pub use basic::{BasicError, MAX_AUTHORIZATION_BYTES, parse_basic};
 pub use first_admin::FirstAdminError;
 use loader::Loaded;
-pub use throttle::{FREE_ADDRESS_FAILURES, FREE_USER_FAILURES, retry_after_secs};
-use throttle::{Throttle, address_key};
-use verified::Fingerprints;
+use throttle::Throttle;
+pub use throttle::{
+    AddressKey, FORGET_AFTER, FREE_ADDRESS_FAILURES, FREE_PAIR_FAILURES, MAX_ADDRESS_BLOCK,
+    MAX_PAIR_BLOCK, MAX_TRACKED, retry_after_secs,
+};
+use verified::{Fingerprints, Verified};
 
 /// Where the access policy comes from.
 #[derive(Clone, PartialEq, Eq)]
@@ -65,6 +72,21 @@ pub struct AccessOptions {
     pub bootstrap: Option<(String, Secret)>,
     /// How long a warm process may use the branch tip it saw last before asking the remote.
     pub refresh: Duration,
+    /// The most memory (KiB) argon2 may take in this process at once: every hash of the policy
+    /// must fit, and checks running together share it. See [`crate::password::hash_memory_budget`].
+    pub hash_memory_kib: u32,
+}
+
+/// A client's address as a log line shows it: the address, or `unknown`.
+struct ClientAddress(Option<IpAddr>);
+
+impl std::fmt::Display for ClientAddress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(address) => address.fmt(f),
+            None => f.write_str("unknown"),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -72,9 +94,11 @@ pub enum AuthError {
     /// No, malformed or wrong credentials; the same for unknown users and wrong passwords.
     #[error("authentication required: send the Basic credentials of a gitstate user")]
     Unauthenticated,
-    /// Too many failures for this user name or client address: refused without argon2.
+    /// Too many failures from this client address, or for this user name from it: refused
+    /// without argon2.
     #[error(
-        "too many failed logins for this user name or address; retry after Retry-After seconds"
+        "too many failed logins from this address; retry after {} s (Retry-After)",
+        retry_after_secs(*retry_after)
     )]
     Throttled { retry_after: Duration },
     /// The access file could not be read from the repository.
@@ -88,12 +112,17 @@ pub struct Access {
     at: Location,
     options: AccessOptions,
     verifier: Arc<dyn PasswordVerifier>,
-    /// The credential cache's keyed hashes.
+    /// The credential cache's and the throttle's keyed hashes.
     fingerprints: Fingerprints,
     loaded: Mutex<Option<Loaded>>,
+    /// The credentials argon2 accepted.
+    verified: Mutex<Verified>,
     throttle: Mutex<Throttle>,
     /// At most this many argon2 verifications at once (the machine's parallelism).
     argon2_slots: tokio::sync::Semaphore,
+    /// The memory budget of the verifications running, in MiB (`memory_mib` in all).
+    argon2_memory: tokio::sync::Semaphore,
+    memory_mib: u32,
 }
 
 fn poisoned<T>(_: T) -> AuthError {
@@ -117,6 +146,7 @@ impl Access {
         options: AccessOptions,
         verifier: Arc<dyn PasswordVerifier>,
     ) -> Result<Self, AccessError> {
+        let memory_mib = mib(options.hash_memory_kib);
         let access = Self {
             store,
             at,
@@ -124,10 +154,13 @@ impl Access {
             verifier,
             fingerprints: Fingerprints::new(),
             loaded: Mutex::new(None),
+            verified: Mutex::default(),
             throttle: Mutex::default(),
             argon2_slots: tokio::sync::Semaphore::new(
                 std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
             ),
+            argon2_memory: tokio::sync::Semaphore::new(memory_mib as usize),
+            memory_mib,
         };
         if let AccessSource::Text(text) = &access.options.source {
             let policy = access.complete(Policy::parse(text)?)?;
@@ -145,41 +178,49 @@ impl Access {
         header: Option<&[u8]>,
         client: Option<IpAddr>,
     ) -> Result<Caller, AuthError> {
-        let address_key = client.map(address_key);
+        let address = client.map(AddressKey::of);
         let (user, secret) = match parse_basic(header) {
             Ok(credentials) => credentials,
             Err(why) => {
-                tracing::info!(client = ?client, "unauthenticated request: {why}");
+                tracing::info!(client = %ClientAddress(client), "unauthenticated request: {why}");
+                // No user named: no argon2, and only the address counts (a browser's first
+                // request, with no header at all, counts nothing).
                 if why != BasicError::Missing {
-                    let keys: Vec<String> = address_key.into_iter().collect();
-                    self.refuse_if_throttled(&keys, "", client)?;
-                    self.failed(keys);
+                    self.refuse_if_throttled(address, None, "", client)?;
+                    self.failed(address, None);
                 }
                 return Err(AuthError::Unauthenticated);
             }
         };
-        let keys: Vec<String> = std::iter::once(format!("user\0{user}"))
-            .chain(address_key)
-            .collect();
         let (policy, dummy) = self.policy().await?;
-        let fingerprint = self.fingerprints.of(&user, &secret);
         let known = policy.user(&user);
+        let hash = known.map_or(dummy, |u| u.hash.clone());
+        let fingerprint = self.fingerprints.of(&user, &secret, &hash);
         // A credential verified before answers at once, whatever the throttle and the argon2
         // queue say: a flood of bad logins cannot lock out a working client.
-        if let Some(found) = known {
-            let loaded = self.loaded.lock().map_err(poisoned)?;
-            let cached = loaded.as_ref().is_some_and(|l| {
-                Arc::ptr_eq(&l.policy, &policy) && l.verified.contains(&fingerprint)
-            });
-            if cached {
-                return Ok(Caller::new(user, found.grants.clone()));
-            }
+        if let Some(found) = known
+            && self
+                .verified
+                .lock()
+                .map_err(poisoned)?
+                .contains(&fingerprint)
+        {
+            return Ok(Caller::new(user, found.grants.clone()));
         }
-        self.refuse_if_throttled(&keys, &user, client)?;
+        let pair = self.fingerprints.pair(&user, address);
+        self.refuse_if_throttled(address, Some(&pair), &user, client)?;
         let _slot = self.argon2_slots.acquire().await.map_err(poisoned)?;
+        let _memory = self
+            .argon2_memory
+            .acquire_many(
+                crate::password::memory_kib(&hash)
+                    .map_or(1, mib)
+                    .min(self.memory_mib),
+            )
+            .await
+            .map_err(poisoned)?;
         // Checked again with the slot held: failures that finished while this one queued count.
-        self.refuse_if_throttled(&keys, &user, client)?;
-        let hash = known.map_or(dummy, |u| u.hash.clone());
+        self.refuse_if_throttled(address, Some(&pair), &user, client)?;
         let verifier = self.verifier.clone();
         let verified =
             tokio::task::spawn_blocking(move || verifier.verify(&hash, secret.expose().as_bytes()))
@@ -187,19 +228,17 @@ impl Access {
                 .unwrap_or(false);
         match known {
             Some(found) if verified => {
-                if let Ok(mut loaded) = self.loaded.lock()
-                    && let Some(l) = loaded.as_mut().filter(|l| Arc::ptr_eq(&l.policy, &policy))
-                {
-                    l.verified.remember(fingerprint);
+                if let Ok(mut remembered) = self.verified.lock() {
+                    remembered.remember(fingerprint);
                 }
                 if let Ok(mut throttle) = self.throttle.lock() {
-                    throttle.succeeded(&keys[0]);
+                    throttle.succeeded(&pair);
                 }
                 Ok(Caller::new(user, found.grants.clone()))
             }
             _ => {
-                tracing::warn!(user = %printable(&user), client = ?client, "authentication failed");
-                self.failed(keys);
+                tracing::warn!(user = %printable(&user), client = %ClientAddress(client), "authentication failed");
+                self.failed(address, Some(pair));
                 Err(AuthError::Unauthenticated)
             }
         }
@@ -213,27 +252,39 @@ impl Access {
         Some(Secret::new(found.hash.clone()))
     }
 
-    /// 429 for a user name or address over its failure budget; the same whether the user exists.
+    /// 429 for an address or a (user name, address) pair over its failure budget; the same
+    /// whether the user exists.
     fn refuse_if_throttled(
         &self,
-        keys: &[String],
+        address: Option<AddressKey>,
+        pair: Option<&throttle::PairKey>,
         user: &str,
         client: Option<IpAddr>,
     ) -> Result<(), AuthError> {
-        match self.throttle.lock().map_err(poisoned)?.blocked(keys) {
+        match self
+            .throttle
+            .lock()
+            .map_err(poisoned)?
+            .blocked(address, pair)
+        {
             Some(retry_after) => {
-                tracing::warn!(user = %printable(user), client = ?client, retry_after_ms = retry_after.as_millis() as u64, "refusing repeated failures");
+                tracing::warn!(user = %printable(user), client = %ClientAddress(client), retry_after_secs = retry_after_secs(retry_after), "refusing repeated failures");
                 Err(AuthError::Throttled { retry_after })
             }
             None => Ok(()),
         }
     }
 
-    fn failed(&self, keys: Vec<String>) {
+    fn failed(&self, address: Option<AddressKey>, pair: Option<throttle::PairKey>) {
         if let Ok(mut throttle) = self.throttle.lock() {
-            throttle.failed(&keys);
+            throttle.failed(address, pair);
         }
     }
+}
+
+/// Whole MiB of `kib`, rounded up, at least 1.
+fn mib(kib: u32) -> u32 {
+    kib.div_ceil(1024).max(1)
 }
 
 #[cfg(test)]

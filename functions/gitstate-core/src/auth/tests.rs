@@ -3,7 +3,7 @@ use std::time::Duration;
 use base64::Engine as _;
 use bytes::Bytes;
 
-use super::throttle::{FIRST_BLOCK, MAX_BLOCK};
+use super::throttle::FIRST_BLOCK;
 use super::*;
 use crate::BranchName;
 use crate::access::{ACCESS_PATH, Role};
@@ -46,6 +46,7 @@ async fn unknown_users_and_wrong_passwords_both_run_argon2_and_successes_are_cac
             source: AccessSource::Text(text),
             bootstrap: None,
             refresh: Duration::from_secs(10),
+            hash_memory_kib: crate::password::MAX_MEMORY_KIB,
         },
         counter.clone(),
     )
@@ -99,6 +100,7 @@ fn access_with(text: String, verifier: Arc<dyn PasswordVerifier>) -> Access {
             source: AccessSource::Text(text),
             bootstrap: None,
             refresh: Duration::from_secs(10),
+            hash_memory_kib: crate::password::MAX_MEMORY_KIB,
         },
         verifier,
     )
@@ -175,8 +177,13 @@ impl PasswordVerifier for Cheap {
     }
 }
 
+/// Issue 24's attacks on `Access`: wrong passwords for `alice` from many addresses refuse each
+/// address after its budget, yet `alice` with the right password from a clean address is
+/// checked (once: then remembered) and let in; malformed headers from more fresh addresses than
+/// the table holds cost no argon2 and never make a clean key refused; the attacker's addresses
+/// stay refused after that flood (the flood's keys have fewer failures, so they go first).
 #[tokio::test]
-async fn a_full_throttle_table_evicts_then_fails_closed_but_cached_credentials_pass() {
+async fn a_user_under_attack_logs_in_from_a_clean_address_and_a_full_table_refuses_no_clean_key() {
     const CAPACITY: usize = 64;
     let hash = hash_secret(b"right").expect("hash");
     let text = format!("[users.alice]\nhash = \"{hash}\"\ngrants = [\"read:*\"]\n");
@@ -184,88 +191,210 @@ async fn a_full_throttle_table_evicts_then_fails_closed_but_cached_credentials_p
     let mut access = access_with(text, counter.clone());
     access.throttle = Mutex::new(Throttle::with_capacity(CAPACITY));
     let count = || counter.0.load(Ordering::SeqCst);
+    let attackers: Vec<IpAddr> = (0..40u8).map(|n| IpAddr::from([198, 51, 100, n])).collect();
+    for ip in &attackers {
+        let mut failures = 0;
+        loop {
+            match access
+                .authenticate(Some(&header("alice", "guess")), Some(*ip))
+                .await
+            {
+                Err(AuthError::Unauthenticated) => failures += 1,
+                Err(AuthError::Throttled { retry_after }) => {
+                    assert!(retry_after <= FIRST_BLOCK);
+                    break;
+                }
+                other => panic!("{:?}", other.map(|c| c.user)),
+            }
+        }
+        assert_eq!(failures, FREE_PAIR_FAILURES, "{ip}");
+    }
+    let guesses = count();
+    assert_eq!(guesses, attackers.len() * FREE_PAIR_FAILURES as usize);
+    // Malformed headers and fresh names from fresh addresses: more keys than the table holds.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let net: u128 = 0x2001_0db8_0009_0000 << 64;
+    let mut fresh = || {
+        if rand::Rng::random::<bool>(&mut rng) {
+            IpAddr::from([
+                10,
+                rand::Rng::random(&mut rng),
+                rand::Rng::random(&mut rng),
+                rand::Rng::random(&mut rng),
+            ])
+        } else {
+            IpAddr::from(std::net::Ipv6Addr::from(
+                net | (u128::from(rand::Rng::random::<u16>(&mut rng)) << 64),
+            ))
+        }
+    };
+    for _ in 0..(4 * CAPACITY) {
+        let ip = fresh();
+        assert!(matches!(
+            access.authenticate(Some(b"Basic !!!"), Some(ip)).await,
+            Err(AuthError::Unauthenticated)
+        ));
+    }
+    assert_eq!(count(), guesses, "malformed headers cost no argon2");
+    assert!(access.throttle.lock().expect("lock").addresses.len() <= CAPACITY);
+    for n in 0..(2 * CAPACITY) {
+        let ip = fresh();
+        assert!(
+            matches!(
+                access
+                    .authenticate(Some(&header(&format!("u{n}"), "x")), Some(ip))
+                    .await,
+                Err(AuthError::Unauthenticated)
+            ),
+            "a clean key is checked, never refused"
+        );
+    }
+    for ip in &attackers[..4] {
+        assert!(
+            matches!(
+                access
+                    .authenticate(Some(&header("alice", "guess")), Some(*ip))
+                    .await,
+                Err(AuthError::Throttled { .. })
+            ),
+            "{ip} is still refused after the flood"
+        );
+    }
+    let before = count();
+    let caller = access
+        .authenticate(Some(&header("alice", "right")), Some(fresh()))
+        .await
+        .expect("the right password from a clean address");
+    assert_eq!(caller.user, "alice");
+    assert_eq!(count(), before + 1);
+    // Remembered: from a refused address too, without argon2.
+    access
+        .authenticate(Some(&header("alice", "right")), Some(attackers[0]))
+        .await
+        .expect("remembered");
+    assert_eq!(count(), before + 1);
+}
+
+/// A new policy that keeps a user's hash keeps the user's credential remembered; one that
+/// changes the hash forgets it.
+#[tokio::test]
+async fn remembered_credentials_survive_a_policy_change_that_keeps_the_hash() {
+    let store = Arc::new(MemoryStore::default());
+    let hash = hash_secret(b"right").expect("hash");
+    let file = |extra: &str, hash: &str| {
+        Bytes::from(format!(
+            "[users.alice]\nhash = \"{hash}\"\ngrants = [\"read:*\"]\n{extra}"
+        ))
+    };
+    store.put_config(ACCESS_PATH, file("", &hash));
+    let counter = Arc::new(Cheap::default());
+    let access = Access::new(
+        store.clone(),
+        location(),
+        AccessOptions {
+            source: AccessSource::Repository,
+            bootstrap: None,
+            refresh: Duration::ZERO,
+            hash_memory_kib: crate::password::MAX_MEMORY_KIB,
+        },
+        counter.clone(),
+    )
+    .expect("valid");
+    let count = || counter.0.load(Ordering::SeqCst);
     access
         .authenticate(Some(&header("alice", "right")), None)
         .await
-        .expect("verified and remembered");
-    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-    let net: u128 = 0x2001_0db8_0009_0009 << 64;
-    let fresh = |rng: &mut rand::rngs::StdRng| {
-        let user = format!("u{}", rand::Rng::random::<u64>(rng));
-        let ip = if rand::Rng::random::<bool>(rng) {
-            IpAddr::from(rand::Rng::random::<[u8; 4]>(rng))
-        } else {
-            IpAddr::from(std::net::Ipv6Addr::from(
-                net | u128::from(rand::Rng::random::<u64>(rng)),
-            ))
-        };
-        (user, ip)
-    };
-    // A user name throttled before the flood, from several addresses.
-    for n in 0..=FREE_USER_FAILURES as u8 {
-        let ip = IpAddr::from([198, 51, 100, n]);
-        let _ = access
-            .authenticate(Some(&header("victim", "x")), Some(ip))
-            .await;
-    }
-    // The flood: fresh names and addresses (random IPv4, random hosts of one IPv6 /64).
-    let before = count();
-    let mut answered = 0;
-    for _ in 0..(4 * CAPACITY) {
-        let (user, ip) = fresh(&mut rng);
-        match access
-            .authenticate(Some(&header(&user, "x")), Some(ip))
-            .await
-        {
-            Err(AuthError::Unauthenticated) => answered += 1,
-            Err(AuthError::Throttled { retry_after }) => assert!(retry_after <= MAX_BLOCK),
-            other => panic!("{:?}", other.map(|c| c.user)),
-        }
-    }
-    assert_eq!(
-        count() - before,
-        answered,
-        "argon2 ran only for answered attempts"
+        .expect("verified");
+    assert_eq!(count(), 1);
+    store.put_config(
+        ACCESS_PATH,
+        file(&format!("[users.bob]\nhash = \"{hash}\"\n"), &hash),
     );
-    assert!(
-        answered <= CAPACITY + FREE_ADDRESS_FAILURES as usize,
-        "{answered} fresh keys ran argon2 with a table of {CAPACITY}"
-    );
-    // Saturated: no new key escapes, and argon2 never runs for them.
-    let saturated = count();
-    for _ in 0..(4 * CAPACITY) {
-        let (user, ip) = fresh(&mut rng);
-        let user = if rand::Rng::random::<bool>(&mut rng) {
-            "alice".to_owned()
-        } else {
-            user
-        };
-        assert!(matches!(
-            access
-                .authenticate(Some(&header(&user, "x")), Some(ip))
-                .await,
-            Err(AuthError::Throttled { .. })
-        ));
-    }
-    assert!(
-        matches!(
-            access
-                .authenticate(
-                    Some(&header("victim", "x")),
-                    Some(IpAddr::from([203, 0, 113, 9]))
-                )
-                .await,
-            Err(AuthError::Throttled { .. })
-        ),
-        "a throttled name stays throttled after the flood evicted it"
-    );
-    assert_eq!(count(), saturated, "no argon2 for throttled attempts");
-    let (_, ip) = fresh(&mut rng);
     access
-        .authenticate(Some(&header("alice", "right")), Some(ip))
+        .authenticate(Some(&header("alice", "right")), None)
         .await
-        .expect("a remembered credential passes a saturated throttle");
-    assert_eq!(count(), saturated);
+        .expect("still remembered");
+    assert_eq!(count(), 1, "the same hash: no argon2");
+    let rotated = hash_secret(b"right").expect("hash");
+    store.put_config(ACCESS_PATH, file("", &rotated));
+    access
+        .authenticate(Some(&header("alice", "right")), None)
+        .await
+        .expect("verified again");
+    assert_eq!(count(), 2, "a new hash is checked again");
+}
+
+/// A hash that asks more memory than a check may take here makes the policy invalid: refused
+/// at start-up as a fixed text or a bootstrap hash; in the repository, logged and ignored (the
+/// previous policy stays).
+#[tokio::test]
+async fn a_hash_over_the_memory_budget_is_an_invalid_policy() {
+    let budget = crate::password::hash_memory_budget(128 << 20);
+    let costly = |m: u32| {
+        format!("$argon2id$v=19$m={m},t=2,p=1$c29tZXNhbHQ$RdescudvJCsgt3ub+b+dWRWJTmaaJObG")
+    };
+    let options = |source, bootstrap| AccessOptions {
+        source,
+        bootstrap,
+        refresh: Duration::ZERO,
+        hash_memory_kib: budget,
+    };
+    let text = |m: u32| format!("[users.big]\nhash = \"{}\"\n", costly(m));
+    let new = |o| {
+        Access::new(
+            Arc::new(MemoryStore::default()),
+            location(),
+            o,
+            Arc::new(Cheap::default()),
+        )
+    };
+    assert!(new(options(AccessSource::Text(text(budget)), None)).is_ok());
+    let refused = new(options(AccessSource::Text(text(budget + 1)), None))
+        .err()
+        .expect("over the budget");
+    assert!(
+        refused
+            .to_string()
+            .contains("more than one argon2 check may take"),
+        "{refused}"
+    );
+    assert!(
+        new(options(
+            AccessSource::Repository,
+            Some(("admin".into(), Secret::new(costly(budget + 1024))))
+        ))
+        .is_err()
+    );
+    // In the repository: the costly file is ignored and the valid one before it stays.
+    let store = Arc::new(MemoryStore::default());
+    let hash = hash_secret(b"right").expect("hash");
+    store.put_config(
+        ACCESS_PATH,
+        Bytes::from(format!("[users.alice]\nhash = \"{hash}\"\n")),
+    );
+    let access = Access::new(
+        store.clone(),
+        location(),
+        options(AccessSource::Repository, None),
+        Arc::new(Cheap::default()),
+    )
+    .expect("valid");
+    access
+        .authenticate(Some(&header("alice", "right")), None)
+        .await
+        .expect("alice");
+    store.put_config(
+        ACCESS_PATH,
+        Bytes::from(format!(
+            "[users.alice]\nhash = \"{hash}\"\n[users.big]\nhash = \"{}\"\n",
+            costly(4 * budget)
+        )),
+    );
+    access
+        .authenticate(Some(&header("alice", "right")), None)
+        .await
+        .expect("the previous policy stays");
+    assert!(access.stored_hash("big").is_none());
 }
 
 #[tokio::test]
@@ -278,6 +407,7 @@ async fn repository_policy_is_reloaded_and_first_admin_created_once() {
             source: AccessSource::Repository,
             bootstrap: None,
             refresh: Duration::ZERO,
+            hash_memory_kib: crate::password::MAX_MEMORY_KIB,
         },
         Arc::new(Argon2id),
     )
@@ -332,6 +462,7 @@ async fn a_first_admin_with_a_dotted_name_can_log_in() {
             source: AccessSource::Repository,
             bootstrap: None,
             refresh: Duration::ZERO,
+            hash_memory_kib: crate::password::MAX_MEMORY_KIB,
         },
         Arc::new(Cheap::default()),
     )
@@ -370,4 +501,20 @@ async fn a_first_admin_with_a_dotted_name_can_log_in() {
             .as_deref(),
         Some("gitstate")
     );
+}
+
+/// Issue 23's log wording: a throttled refusal says its wait in seconds (rounded up, as
+/// `Retry-After`), and a client address shows as the address, not `Some(…)`.
+#[test]
+fn throttled_reasons_and_addresses_read_well() {
+    let throttled = AuthError::Throttled {
+        retry_after: Duration::from_millis(2_500),
+    };
+    assert!(
+        throttled.to_string().contains("retry after 3 s"),
+        "{throttled}"
+    );
+    let address = IpAddr::from([192, 0, 2, 7]);
+    assert_eq!(super::ClientAddress(Some(address)).to_string(), "192.0.2.7");
+    assert_eq!(super::ClientAddress(None).to_string(), "unknown");
 }

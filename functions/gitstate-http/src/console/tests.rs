@@ -130,6 +130,7 @@ async fn the_token_key_is_the_policy_hash_not_the_sent_password() {
             source: gitstate_core::auth::AccessSource::Text(text),
             bootstrap: None,
             refresh: std::time::Duration::from_secs(10),
+            hash_memory_kib: gitstate_core::password::MAX_MEMORY_KIB,
         },
         std::sync::Arc::new(gitstate_core::password::Argon2id),
     )

@@ -68,7 +68,9 @@ fn seal_error(rng: &mut StdRng) -> SealError {
 
 fn service_error(rng: &mut StdRng) -> ServiceError {
     use ServiceError as S;
-    match rng.random_range(0..22) {
+    match rng.random_range(0..24) {
+        22 => S::LockRequestToState("a LockInfo was sent as the state"),
+        23 => S::NotAState("the file is empty"),
         0 => S::Name(NameError::BadCharacter(word(rng))),
         1 => S::Branch(NameError::Empty),
         2 => S::LockBody(LockInfoError::MissingId),
@@ -105,7 +107,7 @@ fn service_error(rng: &mut StdRng) -> ServiceError {
 
 /// Any error of the HTTP layer, with random contents.
 fn api_error(rng: &mut StdRng) -> ApiError {
-    match rng.random_range(0..20) {
+    match rng.random_range(0..21) {
         0..=3 => ApiError::Service(service_error(rng)),
         4 => ApiError::Auth(match rng.random_range(0..3) {
             0 => AuthError::Unauthenticated,
@@ -134,6 +136,10 @@ fn api_error(rng: &mut StdRng) -> ApiError {
         15 => ApiError::FormToken,
         16 => ApiError::Unconfirmed,
         17 => ApiError::Render(askama::Error::custom(std::io::Error::other(SECRET))),
+        18 => ApiError::UnknownParameter {
+            name: word(rng),
+            hint: format!("; this address takes {}", word(rng)),
+        },
         _ => ApiError::ResponseTooLarge {
             size: rng.random_range(0..usize::MAX),
             limit: rng.random_range(0..usize::MAX),
@@ -152,6 +158,8 @@ fn expected(error: &ApiError) -> (StatusCode, &'static str) {
             S::Branch(_) => (C::BAD_REQUEST, "branch"),
             S::LockBody(_) => (C::BAD_REQUEST, "lock body"),
             S::InvalidState(_) => (C::BAD_REQUEST, "invalid state"),
+            S::LockRequestToState(_) => (C::BAD_REQUEST, "lock request to state"),
+            S::NotAState(_) => (C::INTERNAL_SERVER_ERROR, "not a state"),
             S::RepositoryNotAllowed(_) => (C::FORBIDDEN, "repository"),
             S::RefNotAllowed(_) => (C::FORBIDDEN, "ref"),
             S::Clash(_) => (C::CONFLICT, "clash"),
@@ -188,7 +196,8 @@ fn expected(error: &ApiError) -> (StatusCode, &'static str) {
             AuthError::Throttled { .. } => (C::TOO_MANY_REQUESTS, "throttled"),
             AuthError::Unavailable(_) => (C::SERVICE_UNAVAILABLE, "policy unavailable"),
         },
-        ApiError::NoRoute => (C::NOT_FOUND, "no route"),
+        ApiError::NoRoute => (C::BAD_REQUEST, "no route"),
+        ApiError::UnknownParameter { .. } => (C::BAD_REQUEST, "unknown parameter"),
         ApiError::Method { .. } => (C::METHOD_NOT_ALLOWED, "method"),
         ApiError::TooLarge { .. } => (C::PAYLOAD_TOO_LARGE, "too large"),
         ApiError::BodyRead => (C::BAD_REQUEST, "body read"),
@@ -206,7 +215,7 @@ fn expected(error: &ApiError) -> (StatusCode, &'static str) {
 }
 
 /// The arms of [`expected`].
-const ARMS: usize = 47;
+const ARMS: usize = 50;
 
 #[tokio::test]
 async fn every_error_variant_maps_to_its_status_body_and_headers() {

@@ -112,15 +112,17 @@ fn parameters_come_once() {
             "{query}"
         );
     }
-    let uri: Uri = "/states/s?ref=main&ID=L1&page=2&per_page=3&at=4&restore=5"
-        .parse()
-        .expect("uri");
+    let uri: Uri = "/states/s?ref=main&ID=L1".parse().expect("uri");
     let target = parse_target(&uri).expect("valid");
     assert!(matches!(target.resource, Resource::State(ref n) if n.as_str() == "s"));
     assert_eq!(target.branch.as_deref(), Some("main"));
-    let q = target.query;
+    assert_eq!(target.query.lock_id.as_deref(), Some("L1"));
+    let uri: Uri = "/history/s?ref=main&page=2&per_page=3&at=4&restore=5"
+        .parse()
+        .expect("uri");
+    let q = parse_target(&uri).expect("valid").query;
     assert_eq!(
-        [q.lock_id, q.page, q.per_page, q.at, q.restore].map(|v| v.unwrap_or_default()),
-        ["L1", "2", "3", "4", "5"].map(str::to_owned)
+        [q.page, q.per_page, q.at, q.restore].map(|v| v.unwrap_or_default()),
+        ["2", "3", "4", "5"].map(str::to_owned)
     );
 }

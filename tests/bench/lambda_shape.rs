@@ -1,0 +1,250 @@
+//! Many concurrent applies in the Lambda shape: one `gitstate serve` per apply (a Lambda
+//! container serves one request at a time, so no two writes ever wait in the same process and
+//! group commit never applies), every git request delayed by a proxy.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gitstate_tests::faults::{Fault, FaultProxy};
+use gitstate_tests::process::{ServeProcess, serve_env};
+use gitstate_tests::{Client, GitServer, state_json};
+
+use super::{Sample, scale};
+
+/// Added to every git request (a hosted forge seen from AWS).
+const DELAY: Duration = Duration::from_millis(50);
+
+/// Concurrent applies, one row each.
+const LEVELS: [usize; 6] = [1, 10, 25, 50, 100, 200];
+
+/// A build to compare: its binary, its label, settings added to its environment.
+type Build = (std::path::PathBuf, String, Vec<(String, String)>);
+
+/// One side of the comparison: a build with its own repository and one process per apply.
+struct Side {
+    label: String,
+    repo: String,
+    clients: Vec<Arc<Client>>,
+    _procs: Vec<ServeProcess>,
+    _proxy: FaultProxy,
+}
+
+fn state(i: usize) -> String {
+    format!("apps/s{i:03}.tfstate")
+}
+
+/// One apply on state `i` through `client`: LOCK, GET, the write of `serial` (when `write`),
+/// UNLOCK. Its wall time, or `None` when any step did not answer 200.
+async fn apply(client: &Client, i: usize, id: &str, serial: u64, write: bool) -> Option<Duration> {
+    let name = state(i);
+    let started = Instant::now();
+    let ok = |status: u16, what: &str| {
+        if status != 200 {
+            eprintln!("{what} {name}: {status}");
+        }
+        status == 200
+    };
+    if !ok(client.lock(&name, id).await.status, "LOCK") {
+        return None;
+    }
+    let got = client.get_state(&name).await.status;
+    if got != 200 && got != 404 {
+        ok(got, "GET");
+        return None;
+    }
+    if write {
+        let answer = client
+            .write_locked(&name, id, &state_json(&format!("l{i}"), serial))
+            .await;
+        if !ok(answer.status, "write") {
+            eprintln!("{}", answer.body);
+            let _ = client.unlock(&name, id).await;
+            return None;
+        }
+    }
+    if !ok(client.unlock(&name, id).await.status, "UNLOCK") {
+        return None;
+    }
+    Some(started.elapsed())
+}
+
+/// What one phase of `n` applies at once cost.
+struct Phase {
+    failed: usize,
+    each: Sample,
+    requests: usize,
+    /// From the last answer until the branch had every write.
+    lag: Duration,
+}
+
+/// Refs under `refs/gitstate/pending/` in the repository.
+fn pending_refs(git: &GitServer, repo: &str) -> usize {
+    let out = gitstate_tests::git_output(
+        &[
+            "for-each-ref",
+            "--format=%(refname)",
+            "refs/gitstate/pending/",
+        ],
+        Some(&git.repo_dir(repo)),
+    );
+    String::from_utf8_lossy(&out.stdout).lines().count()
+}
+
+async fn phase(git: &GitServer, side: &Side, n: usize, serial: u64, write: bool) -> Phase {
+    git.take_requests();
+    let results = all_at_once(
+        side,
+        0..n,
+        |i| format!("{}-{serial}-{i}", side.repo),
+        serial,
+        write,
+    )
+    .await;
+    // Writes kept on refs of their own are folded into the branch after they are answered: the
+    // phase ends (and its requests are counted) once no such ref, nor a fold, is left. The
+    // time from the last answer until then is the branch's lag.
+    let done = Instant::now();
+    while pending_refs(git, &side.repo) > 0 && done.elapsed() < Duration::from_secs(120) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let lag = done.elapsed();
+    let requests = git.take_requests().len();
+    let mut each = Sample::default();
+    for t in results.iter().flatten() {
+        each.add(*t, 0);
+    }
+    Phase {
+        failed: results.iter().filter(|r| r.is_none()).count(),
+        each,
+        requests,
+        lag,
+    }
+}
+
+/// The applies on `states`, each through its own process, all started at once; their results
+/// in order.
+async fn all_at_once(
+    side: &Side,
+    states: impl Iterator<Item = usize>,
+    id: impl Fn(usize) -> String,
+    serial: u64,
+    write: bool,
+) -> Vec<Option<Duration>> {
+    let handles: Vec<_> = states
+        .map(|i| {
+            let (client, id) = (side.clients[i].clone(), id(i));
+            tokio::spawn(async move { apply(&client, i, &id, serial, write).await })
+        })
+        .collect();
+    let mut results = Vec::with_capacity(handles.len());
+    for handle in handles {
+        results.push(handle.await.expect("apply task"));
+    }
+    results
+}
+
+/// `1 … 200` concurrent applies in the Lambda shape at +50 ms per git request: update applies
+/// (LOCK, GET, write, UNLOCK) next to no-op applies (LOCK, GET, UNLOCK, which share no
+/// compare-and-swap point) in the same run; this build, and the baseline build when
+/// `GITSTATE_BENCH_BASELINE` names one, in turns.
+pub async fn lambda_shape(out: &mut String, binary: &std::path::Path) {
+    let most = scale(*LEVELS.last().unwrap_or(&1), 25);
+    let levels: Vec<usize> = LEVELS.iter().copied().filter(|n| *n <= most).collect();
+    let git = GitServer::start().await;
+    let root = tempfile::tempdir().expect("tempdir");
+    let mut builds: Vec<Build> = Vec::new();
+    if let Some(baseline) = std::env::var_os("GITSTATE_BENCH_BASELINE") {
+        let name =
+            std::env::var("GITSTATE_BENCH_BASELINE_NAME").unwrap_or_else(|_| "baseline".into());
+        builds.push((baseline.into(), name, Vec::new()));
+    }
+    builds.push((binary.to_owned(), "this build".into(), Vec::new()));
+    // `GITSTATE_BENCH_SIDE_ENV=NAME=VALUE`: this build once more, with that setting.
+    if let Ok(setting) = std::env::var("GITSTATE_BENCH_SIDE_ENV")
+        && let Some((key, value)) = setting.split_once('=')
+    {
+        builds.push((
+            binary.to_owned(),
+            format!("this build, {setting}"),
+            vec![(key.to_owned(), value.to_owned())],
+        ));
+    }
+    let mut sides = Vec::new();
+    for (index, (bin, label, extra)) in builds.into_iter().enumerate() {
+        let repo = format!("lambda-{index}");
+        git.create_repo(&repo);
+        let proxy = FaultProxy::start(git.address, 1, 1.0, vec![Fault::Slow(DELAY)]).await;
+        let url = proxy.url(&repo);
+        let mut procs = Vec::with_capacity(most);
+        for p in 0..most {
+            let dir = root.path().join(format!("{repo}-{p:03}"));
+            std::fs::create_dir_all(&dir).expect("dir");
+            let mut settings = vec![("RUST_LOG", "warn"), ("GITSTATE_ACCESS_LOG", "false")];
+            settings.extend(extra.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+            let env = serve_env(&url, &settings);
+            procs.push(ServeProcess::start(&bin, &dir, env).await);
+        }
+        let clients = procs
+            .iter()
+            .map(|p| Arc::new(Client::new(&p.url)))
+            .collect();
+        sides.push(Side {
+            label,
+            repo,
+            clients,
+            _procs: procs,
+            _proxy: proxy,
+        });
+    }
+    // Every state created, ten at a time, by its own process (which is then warm).
+    for side in &sides {
+        for chunk in (0..most).collect::<Vec<_>>().chunks(10) {
+            let results = all_at_once(
+                side,
+                chunk.iter().copied(),
+                |i| format!("{}-create-{i}", side.repo),
+                1,
+                true,
+            )
+            .await;
+            assert!(results.iter().all(Option::is_some), "creating the states");
+        }
+    }
+    out.push_str(&format!(
+        "## Concurrent applies in the Lambda shape, +{} ms per git request\n\n\
+         One `gitstate serve` per apply (a Lambda container serves one request at a time, so \
+         no two writes wait in the same process and group commit never applies), each apply on \
+         its own state: an update apply is LOCK, GET, POST `?ID=`, UNLOCK; a no-op apply LOCK, \
+         GET, UNLOCK (they share no compare-and-swap point). All applies of a row start at once; \
+         every process is warm (it created its state before). Git requests counted at the \
+         server, divided by the applies, until no ref under `refs/gitstate/` is left (a build \
+         that keeps writes on refs of their own and folds them into the branch later: branch \
+         lag = from the last answer until the branch has every write); times per apply. Each \
+         build has its own repository and processes; the builds take turns row by row. \
+         `GITSTATE_BENCH_SIDE_ENV=NAME=VALUE` adds this build once more with that setting.\n\n\
+         | applies | gitstate | failed | git reqs per apply | p50 s | p95 s | max s | no-op reqs | no-op p95 s | p95 / no-op p95 | branch lag s |\n\
+         |---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        DELAY.as_millis()
+    ));
+    for (serial, &n) in (2..).zip(levels.iter()) {
+        for side in &sides {
+            let update = phase(&git, side, n, serial, true).await;
+            let noop = phase(&git, side, n, serial, false).await;
+            let (p95, base) = (update.each.pct(0.95), noop.each.pct(0.95));
+            out.push_str(&format!(
+                "| {n} | {} | {} | {:.1} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} |\n",
+                side.label,
+                update.failed,
+                update.requests as f64 / n as f64,
+                update.each.pct(0.5).as_secs_f64(),
+                p95.as_secs_f64(),
+                update.each.pct(1.0).as_secs_f64(),
+                noop.requests as f64 / n as f64,
+                base.as_secs_f64(),
+                p95.as_secs_f64() / base.as_secs_f64().max(f64::EPSILON),
+                update.lag.as_secs_f64(),
+            ));
+        }
+    }
+    out.push('\n');
+}

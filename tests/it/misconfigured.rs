@@ -1,0 +1,423 @@
+//! Issue 23, the server's half: every misconfigured address or request fails loudly, with a reason,
+//! and Terraform (the real terraform and OpenTofu) fails on it instead of acting on a wrong
+//! picture of the state. The inputs are generated; each run prints its seed
+//! (`GITSTATE_TEST_SEED=<n>` replays one) and drives a bounded sample of them through the clients.
+
+use std::path::Path;
+
+use gitstate_tests::{Client, GitServer, TestBackend, init_tracing};
+use rand::rngs::StdRng;
+use rand::{Rng as _, SeedableRng as _};
+
+use crate::terraform::{Cli, terraform_binary, tofu_binary, transcript};
+
+const NAME: &str = "env/prod.tfstate";
+
+/// The seed of this run: `GITSTATE_TEST_SEED`, or the clock; printed so a failure can be replayed.
+fn seed(test: &str) -> u64 {
+    let seed = std::env::var("GITSTATE_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64)
+        });
+    eprintln!("{test}: GITSTATE_TEST_SEED={seed}");
+    seed
+}
+
+/// The route words of the API; a near miss is none of them.
+const ROUTE_WORDS: [&str; 7] = ["states", "locks", "history", "health", "ui", "", "."];
+
+/// `word` with one or two random edits: a letter dropped, added, changed, two swapped, or the
+/// case of one flipped.
+fn near_miss(rng: &mut StdRng, word: &str) -> String {
+    let mut chars: Vec<char> = word.chars().collect();
+    for _ in 0..rng.random_range(1..=2) {
+        let len = chars.len();
+        let at = rng.random_range(0..len.max(1));
+        let letter = rng.random_range('a'..='z');
+        match rng.random_range(0..5) {
+            0 if len > 1 => {
+                chars.remove(at.min(len - 1));
+            }
+            1 => chars.insert(at.min(len), letter),
+            2 if len > 0 => chars[at.min(len - 1)] = letter,
+            3 if len > 1 => chars.swap(at.min(len - 2), at.min(len - 2) + 1),
+            _ if len > 0 => {
+                let i = at.min(len - 1);
+                chars[i] = if chars[i].is_ascii_lowercase() {
+                    chars[i].to_ascii_uppercase()
+                } else {
+                    chars[i].to_ascii_lowercase()
+                };
+            }
+            _ => chars.push(letter),
+        }
+    }
+    chars.into_iter().collect()
+}
+
+fn word(rng: &mut StdRng) -> String {
+    (0..rng.random_range(1..8))
+        .map(|_| rng.random_range('a'..='z'))
+        .collect()
+}
+
+/// The seed tool's address of [`NAME`] on `repository`, parameters in a random order.
+fn seed_params(rng: &mut StdRng, repository: &str) -> Vec<(String, String)> {
+    let mut params = vec![
+        ("type".to_owned(), "git".to_owned()),
+        ("repository".to_owned(), repository.to_owned()),
+        ("ref".to_owned(), "main".to_owned()),
+        ("state".to_owned(), NAME.to_owned()),
+    ];
+    for i in (1..params.len()).rev() {
+        params.swap(i, rng.random_range(0..=i));
+    }
+    params
+}
+
+fn query(params: &[(String, String)]) -> String {
+    let mut out = form_urlencoded::Serializer::new(String::new());
+    for (k, v) in params {
+        out.append_pair(k, v);
+    }
+    out.finish()
+}
+
+/// A generated address (path and query) that must never read as "no state", and its class.
+fn misaddressed(rng: &mut StdRng, repository: &str) -> (&'static str, String) {
+    match rng.random_range(0..7) {
+        0 => {
+            let route = ["states", "locks", "history"][rng.random_range(0..3)];
+            let word = loop {
+                let candidate = near_miss(rng, route);
+                if !ROUTE_WORDS.contains(&candidate.as_str()) {
+                    break candidate;
+                }
+            };
+            ("near-miss route", format!("/{word}/{NAME}"))
+        }
+        1 => {
+            let path = match rng.random_range(0..5) {
+                0 => format!("/{NAME}"),
+                1 => "/prod.tfstate".to_owned(),
+                2 => format!("/{}/states/{NAME}", word(rng)),
+                3 => format!("/states{}/{NAME}", word(rng)),
+                _ => format!("/{}/{NAME}", word(rng)),
+            };
+            ("no route", path)
+        }
+        2 => {
+            // The seed format without one of the parameters it needs (`ref` may be left out).
+            let mut params = seed_params(rng, repository);
+            let needed = ["type", "repository", "state"][rng.random_range(0..3)];
+            params.retain(|(k, _)| k != needed);
+            if rng.random_bool(0.5) {
+                params.retain(|(k, _)| k != "ref");
+            }
+            (
+                "seed format, a parameter missing",
+                format!("/?{}", query(&params)),
+            )
+        }
+        3 => {
+            // The seed format with one parameter's name misspelt.
+            let mut params = seed_params(rng, repository);
+            let i = rng.random_range(0..params.len());
+            let original = params[i].0.clone();
+            params[i].0 = loop {
+                let candidate = near_miss(rng, &original);
+                if !["type", "repository", "ref", "state", "ID"].contains(&candidate.as_str()) {
+                    break candidate;
+                }
+            };
+            (
+                "seed format, a name misspelt",
+                format!("/?{}", query(&params)),
+            )
+        }
+        4 => {
+            // A parameter the state's address does not take.
+            let key = loop {
+                let candidate = if rng.random_bool(0.5) {
+                    let known = ["ref", "ID", "repository"][rng.random_range(0..3)];
+                    near_miss(rng, known)
+                } else {
+                    word(rng)
+                };
+                if !["ref", "ID", "repository"].contains(&candidate.as_str()) {
+                    break candidate;
+                }
+            };
+            let params = [(key, word(rng))];
+            (
+                "unknown parameter",
+                format!("/states/{NAME}?{}", query(&params)),
+            )
+        }
+        5 => {
+            // A parameter without a value.
+            let key = ["ref", "repository", "ID"][rng.random_range(0..3)];
+            ("empty parameter", format!("/states/{NAME}?{key}="))
+        }
+        _ => {
+            // A name the rules refuse.
+            let name = match rng.random_range(0..6) {
+                0 => format!("{NAME}/"),
+                1 => NAME.replace('/', "//"),
+                2 => format!(".git/{NAME}"),
+                3 => format!(".gitstate/{}", word(rng)),
+                4 => format!("{NAME}.lock"),
+                _ => format!("env/%20{}", word(rng)),
+            };
+            ("refused name", format!("/states/{name}"))
+        }
+    }
+}
+
+/// A backend block whose state address is `address`; the lock addresses are right, so only the
+/// state's address is wrong.
+fn config(base: &str, address: &str) -> String {
+    format!(
+        r#"terraform {{
+  backend "http" {{
+    address        = "{base}{address}"
+    lock_address   = "{base}/locks/{NAME}"
+    unlock_address = "{base}/locks/{NAME}"
+    lock_method    = "POST"
+    unlock_method  = "DELETE"
+    retry_max      = 0
+  }}
+}}
+"#
+    )
+}
+
+/// `terraform init` on `address`: its exit status and transcript.
+async fn init(cli: &Cli, base: &str, address: &str) -> (bool, String) {
+    let work = tempfile::tempdir().expect("tempdir");
+    let dir: &Path = work.path();
+    std::fs::write(dir.join("main.tf"), config(base, address)).expect("main.tf");
+    let out = cli.run(dir, &["init", "-no-color", "-input=false"]).await;
+    (out.status.success(), transcript(&out))
+}
+
+/// Generated addresses with a typo in the route, the seed format missing a parameter, an unknown,
+/// misspelt or empty query parameter, or a refused name: every one is a 400 with a one-line
+/// reason (never the 404 Terraform reads as "no state"), nothing reaches git; and terraform and
+/// OpenTofu fail `init` on a sample of them, while the right address inits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn misaddressed_requests_fail_and_terraform_fails_on_them() {
+    init_tracing();
+    let server = GitServer::start().await;
+    let url = server.create_repo("infra");
+    let backend = TestBackend::start(&url, &[]).await;
+    let client = Client::new(&backend.url);
+    let mut rng = StdRng::seed_from_u64(seed("misaddressed"));
+
+    // The control: the right address is "no state" (404), which the generated ones never are.
+    client.get_state(NAME).await.expect(404);
+    server.take_requests();
+    let mut cases = Vec::new();
+    for _ in 0..300 {
+        let (class, address) = misaddressed(&mut rng, &url);
+        let answer = client.send("GET", &address, None).await;
+        assert_eq!(
+            answer.status, 400,
+            "{class}: GET {address}: {}",
+            answer.body
+        );
+        let reason = answer.body.trim();
+        assert!(
+            !reason.is_empty() && !reason.contains('\n'),
+            "{class}: GET {address}: one line: {reason:?}"
+        );
+        cases.push((class, address));
+    }
+    assert!(
+        server.take_requests().is_empty(),
+        "a refused address reaches no git"
+    );
+
+    // terraform and OpenTofu, on a sample: init fails, saying the status.
+    let clis = [
+        ("terraform", Cli::new(terraform_binary())),
+        ("tofu", Cli::new(tofu_binary())),
+    ];
+    for (label, cli) in &clis {
+        let (ok, text) = init(cli, &backend.url, &format!("/states/{NAME}")).await;
+        assert!(ok, "{label}: the right address inits:\n{text}");
+    }
+    let per_client = 25;
+    for (label, cli) in &clis {
+        for _ in 0..per_client {
+            let (class, address) = &cases[rng.random_range(0..cases.len())];
+            let (ok, text) = init(cli, &backend.url, address).await;
+            assert!(!ok, "{label} init must fail on {class} {address}:\n{text}");
+            assert!(
+                text.contains("400"),
+                "{label}: {class} {address}: the status is shown:\n{text}"
+            );
+        }
+    }
+    eprintln!(
+        "misaddressed: {} generated addresses over HTTP, {} terraform/tofu runs",
+        cases.len(),
+        per_client * clis.len()
+    );
+}
+
+const ONE_RESOURCE: &str = r#"
+resource "terraform_data" "item" {
+  input = "x"
+}
+"#;
+
+/// A backend block with the given lock address (a path on `base`) and methods.
+fn lock_config(base: &str, lock_path: &str, lock_method: &str, unlock_method: &str) -> String {
+    format!(
+        r#"terraform {{
+  backend "http" {{
+    address        = "{base}/states/{NAME}"
+    lock_address   = "{base}{lock_path}"
+    unlock_address = "{base}{lock_path}"
+    lock_method    = "{lock_method}"
+    unlock_method  = "{unlock_method}"
+    retry_max      = 0
+  }}
+}}
+{ONE_RESOURCE}"#
+    )
+}
+
+/// Lock requests sent to the state's address, as terraform and OpenTofu send them with
+/// `lock_address` = the state's address: with `lock_method = "POST"` the apply fails and the
+/// stored state is byte for byte what it was (before, the LockInfo replaced it); with
+/// `unlock_method = "DELETE"` it fails and the state is still there (before, the DELETE removed
+/// it; the apply's own write under its LOCK lands); with LOCK/UNLOCK there (gitstate's verbs on a
+/// state's address) or the lock's own address it applies. Every combination of lock address and
+/// methods, for both clients.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_requests_at_the_state_address_never_touch_the_state() {
+    init_tracing();
+    let server = GitServer::start().await;
+    let url = server.create_repo("infra");
+    let backend = TestBackend::start(&url, &[]).await;
+    let client = Client::new(&backend.url);
+    let state = gitstate_tests::state_json("L", 1);
+    client.apply(NAME, "setup", &state).await;
+    let clis = [
+        ("terraform", Cli::new(terraform_binary())),
+        ("tofu", Cli::new(tofu_binary())),
+    ];
+    let mut runs = 0;
+    for (label, cli) in &clis {
+        for lock_path in [format!("/states/{NAME}"), format!("/locks/{NAME}")] {
+            for (lock_method, unlock_method) in [
+                ("POST", "DELETE"),
+                ("POST", "UNLOCK"),
+                ("LOCK", "DELETE"),
+                ("LOCK", "UNLOCK"),
+            ] {
+                let at_state = lock_path.starts_with("/states/");
+                let misdirected = at_state && (lock_method == "POST" || unlock_method == "DELETE");
+                let before = client.get_state(NAME).await.expect(200).body;
+                let work = tempfile::tempdir().expect("tempdir");
+                let dir = work.path();
+                std::fs::write(
+                    dir.join("main.tf"),
+                    lock_config(&backend.url, &lock_path, lock_method, unlock_method),
+                )
+                .expect("main.tf");
+                cli.ok(dir, &["init", "-no-color", "-input=false"]).await;
+                let out = cli
+                    .run(
+                        dir,
+                        &["apply", "-auto-approve", "-no-color", "-input=false"],
+                    )
+                    .await;
+                runs += 2;
+                let text = transcript(&out);
+                let case = format!("{label} lock at {lock_path} {lock_method}/{unlock_method}");
+                if misdirected {
+                    assert!(!out.status.success(), "{case} must fail:\n{text}");
+                    let after = client.get_state(NAME).await.expect(200);
+                    if lock_method == "POST" {
+                        assert_eq!(after.body, before, "{case}: the state is untouched");
+                    } else {
+                        // Locked by LOCK, the write under it is Terraform's own; the unlock sent
+                        // as a DELETE to the state did not remove it.
+                        assert!(after.state().serial >= 1, "{case}: {}", after.body);
+                    }
+                } else {
+                    assert!(out.status.success(), "{case}:\n{text}");
+                }
+                // Whatever lock a failed run left is released for the next combination.
+                client.force_unlock(NAME).await;
+            }
+        }
+    }
+    eprintln!("lock requests at the state address: {runs} terraform/tofu runs");
+}
+
+/// A stored file that is not a state (empty, blank, not JSON, a JSON array or string, generated
+/// bytes) is an error for terraform and OpenTofu, never "no state": `plan` fails instead of
+/// planning to create the resource.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_file_that_is_not_a_state_fails_the_plan() {
+    init_tracing();
+    let server = GitServer::start().await;
+    let url = server.create_repo("infra");
+    let backend = TestBackend::start(&url, &[]).await;
+    let client = Client::new(&backend.url);
+    let mut rng = StdRng::seed_from_u64(seed("not a state"));
+    let clis = [
+        ("terraform", Cli::new(terraform_binary())),
+        ("tofu", Cli::new(tofu_binary())),
+    ];
+    let mut runs = 0;
+    for round in 0..6 {
+        let content: Vec<u8> = match round {
+            0 => Vec::new(),
+            1 => b" \n\t\n".to_vec(),
+            2 => b"[1, 2]".to_vec(),
+            3 => b"\"a string\"".to_vec(),
+            _ => (0..rng.random_range(1..200))
+                .map(|_| rng.random_range(0x20u8..0x7f))
+                .filter(|b| *b != b'{')
+                .collect(),
+        };
+        let name = format!("broken/{round}.tfstate");
+        gitstate_tests::commit_file(&server, "infra", &name, &content);
+        let answer = client.get_state(&name).await;
+        assert!(
+            answer.status >= 400 && answer.status != 404,
+            "{content:?}: {}",
+            answer.status
+        );
+        for (label, cli) in &clis {
+            let work = tempfile::tempdir().expect("tempdir");
+            let dir = work.path();
+            let block = config(&backend.url, &format!("/states/{name}"));
+            std::fs::write(dir.join("main.tf"), format!("{block}{ONE_RESOURCE}")).expect("main.tf");
+            let init = cli.run(dir, &["init", "-no-color", "-input=false"]).await;
+            let plan = cli
+                .run(dir, &["plan", "-no-color", "-input=false", "-lock=false"])
+                .await;
+            runs += 2;
+            let text = format!("{}{}", transcript(&init), transcript(&plan));
+            assert!(
+                !init.status.success() || !plan.status.success(),
+                "{label} must fail on {content:?}:\n{text}"
+            );
+            assert!(
+                !text.contains("to add"),
+                "{label} planned against no state:\n{text}"
+            );
+        }
+    }
+    eprintln!("not a state: {runs} terraform/tofu runs");
+}
