@@ -792,7 +792,7 @@ async fn kms_outage_fails_closed() {
     assert!(stored.contains("ENC[AES256_GCM") && !stored.contains(SECRET));
 }
 
-/// The break-glass path as the README gives it: the stock sops 3.11 decrypts the file to the
+/// The break-glass path as docs/operating.md gives it: the stock sops 3.11 decrypts the file to the
 /// sealed payload, the machine's stock gzip (`gzip_args`) expands it. Returns (payload, expanded).
 fn sops_then_gzip(moto: &Moto, stored: &[u8], gzip_args: &[&str]) -> (Vec<u8>, Vec<u8>) {
     use std::io::Write;
@@ -925,7 +925,7 @@ async fn states_sealed_before_compression_keep_reading() {
         .output()
         .expect("sops runs");
     assert!(sops.status.success() && sops.stdout == body.as_bytes());
-    // (and the pipe the README gives for either kind, `| gzip -dc -f`, passes it through)
+    // (and the pipe docs/operating.md gives for either kind, `| gzip -dc -f`, passes it through)
     let (_, passed) = sops_then_gzip(&s.moto, &old, &["-dc", "-f"]);
     assert!(passed == body.as_bytes());
     // AND the next write stores it compressed, which reads back byte-exact

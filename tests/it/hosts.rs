@@ -84,7 +84,7 @@ async fn without_atomic_the_lock_still_guards_every_write() {
     git(&["--git-dir", bare, "fsck", "--strict"], None);
 }
 
-/// The one difference between the modes, as README states it: a force-unlock landing between a
+/// The one difference between the modes, as docs/operating.md states it: a force-unlock landing between a
 /// write's advertisement and its push. With atomic push the write does not land (the lock ref
 /// changed, the push is refused as a whole, and the retry finds no lock: 409/423, nothing
 /// written); without it the write lands, on top of the tip it was built on.

@@ -76,7 +76,7 @@ pub fn sops(args: &[&str], input: &[u8], env: &[(&str, String)]) -> Vec<u8> {
     out.stdout
 }
 
-/// `sops decrypt --input-type json --output-type binary FILE | gzip -dc -f`: the README's
+/// `sops decrypt --input-type json --output-type binary FILE | gzip -dc -f`: docs/operating.md's
 /// break-glass pipe.
 pub fn break_glass(stored: &[u8], env: &[(&str, String)]) -> Vec<u8> {
     let payload = sops(

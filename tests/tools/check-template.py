@@ -330,7 +330,7 @@ def assert_properties(r, given):
     else:
         check("git-token-key" not in policies, "no separate token key")
 
-    # The key policy as the README says it.
+    # The key policy as docs/operating.md says it.
     if own_key:
         policy = r.props("StateKey")["KeyPolicy"]
         admin = p["KeyAdminPrincipalArn"]

@@ -3,7 +3,7 @@
 //! the file with [`settings_table`]; `UPDATE_DOCS=1 cargo test -p gitstate-app settings_table`
 //! writes it.
 
-use crate::layers::{SETTINGS, Spec};
+use crate::layers::{self, SETTINGS};
 
 /// What an operator reads about one setting of [`SETTINGS`]: the variable, the default when the
 /// help line's `[…]` does not say it all (it differs by runtime, or there is none), and what it
@@ -236,8 +236,14 @@ const DESCRIPTIONS: &[Described] = &[
     describe("GITSTATE_ACCESS_LOG", "one log line per request"),
 ];
 
-/// Variables gitstate honours that are not its own settings: (name, default, meaning).
+/// Variables gitstate honours that are not settings ([`layers::OTHER_VARIABLES`], which must all
+/// be here, and those of other tools): (name, default, meaning).
 const OTHER_VARIABLES: &[(&str, &str, &str)] = &[
+    (
+        "GITSTATE_URL",
+        "`http://127.0.0.1:8080`",
+        "the backend the remote commands (`history`, `show`, `restore`, `list`, `locks`) talk to; also `--url`",
+    ),
     (
         "HTTPS_PROXY",
         "none",
@@ -250,13 +256,6 @@ const OTHER_VARIABLES: &[(&str, &str, &str)] = &[
         "log level (`AWS_LAMBDA_LOG_LEVEL` on Lambda). On Lambda the runtime's own targets (`lambda_runtime`, `lambda_runtime_api_client`, `lambda_http`) stay at INFO whatever is set: `lambda_runtime` prints the raw event, Authorization header and state included, at TRACE. On Lambda and in the CLI the AWS SDK and HTTP crates (`aws_smithy_runtime*`, `aws_sigv4`, `aws_config`, `aws_sdk_kms`, `hyper*`, `h2`, `reqwest`, `rustls`) stay at INFO too: their TRACE holds whole requests (a KMS `Encrypt` carries a plaintext data key)",
     ),
 ];
-
-/// The default a help line states at its end (`… [main]`), if any.
-fn stated_default(spec: &Spec) -> Option<&'static str> {
-    let help = spec.help.trim_end();
-    let inner = help.strip_suffix(']')?;
-    inner.rfind('[').map(|start| &inner[start + 1..])
-}
 
 /// Why the table cannot be made: a setting without a description, or one too many.
 #[derive(Debug, thiserror::Error)]
@@ -279,6 +278,12 @@ pub enum TableError {
 
 /// The Markdown table of every setting, in [`SETTINGS`] order, then the other variables.
 pub fn settings_table() -> Result<String, TableError> {
+    if let Some(other) = layers::OTHER_VARIABLES
+        .iter()
+        .find(|v| !OTHER_VARIABLES.iter().any(|(name, _, _)| name == *v))
+    {
+        return Err(TableError::Undescribed(other));
+    }
     if let Some(extra) = DESCRIPTIONS
         .iter()
         .find(|d| !SETTINGS.iter().any(|s| s.var == d.var))
@@ -291,7 +296,7 @@ pub fn settings_table() -> Result<String, TableError> {
             .iter()
             .find(|d| d.var == spec.var)
             .ok_or(TableError::Undescribed(spec.var))?;
-        let default = match (described.default, stated_default(spec)) {
+        let default = match (described.default, spec.default_value()) {
             (Some(described), Some(stated)) if !described.contains(stated) => {
                 return Err(TableError::Default {
                     var: spec.var,

@@ -49,7 +49,8 @@ const fn switch(var: &'static str, help: &'static str) -> Spec {
     }
 }
 
-/// Every setting of the local commands. The README's Settings table says what each one means.
+/// Every setting of the local commands. The settings table of
+/// docs/operating.md, made by [`crate::docs`], says what each one means.
 pub const SETTINGS: &[Spec] = &[
     setting(
         "GITSTATE_REPOSITORY",
