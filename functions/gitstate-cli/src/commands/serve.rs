@@ -67,6 +67,7 @@ pub async fn run(state: &str, args: &SettingsArgs, program: &[String]) -> anyhow
     let listening = server::Listening {
         tls: None,
         access_log: layered.flag_on("GITSTATE_ACCESS_LOG")?,
+        connections: settings.server.connections,
     };
     let status = run::run(settings, listening, state, program).await?;
     std::process::exit(run::exit_code(status));
