@@ -269,3 +269,155 @@ async fn misaddressed_requests_fail_and_terraform_fails_on_them() {
         per_client * clis.len()
     );
 }
+
+const ONE_RESOURCE: &str = r#"
+resource "terraform_data" "item" {
+  input = "x"
+}
+"#;
+
+/// A backend block with the given lock address (a path on `base`) and methods.
+fn lock_config(base: &str, lock_path: &str, lock_method: &str, unlock_method: &str) -> String {
+    format!(
+        r#"terraform {{
+  backend "http" {{
+    address        = "{base}/states/{NAME}"
+    lock_address   = "{base}{lock_path}"
+    unlock_address = "{base}{lock_path}"
+    lock_method    = "{lock_method}"
+    unlock_method  = "{unlock_method}"
+    retry_max      = 0
+  }}
+}}
+{ONE_RESOURCE}"#
+    )
+}
+
+/// Lock requests sent to the state's address, as terraform and OpenTofu send them with
+/// `lock_address` = the state's address: with `lock_method = "POST"` the apply fails and the
+/// stored state is byte for byte what it was (before, the LockInfo replaced it); with
+/// `unlock_method = "DELETE"` it fails and the state is still there (before, the DELETE removed
+/// it; the apply's own write under its LOCK lands); with LOCK/UNLOCK there (gitstate's verbs on a
+/// state's address) or the lock's own address it applies. Every combination of lock address and
+/// methods, for both clients.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_requests_at_the_state_address_never_touch_the_state() {
+    init_tracing();
+    let server = GitServer::start().await;
+    let url = server.create_repo("infra");
+    let backend = TestBackend::start(&url, &[]).await;
+    let client = Client::new(&backend.url);
+    let state = gitstate_tests::state_json("L", 1);
+    client.apply(NAME, "setup", &state).await;
+    let clis = [
+        ("terraform", Cli::new(terraform_binary())),
+        ("tofu", Cli::new(tofu_binary())),
+    ];
+    let mut runs = 0;
+    for (label, cli) in &clis {
+        for lock_path in [format!("/states/{NAME}"), format!("/locks/{NAME}")] {
+            for (lock_method, unlock_method) in [
+                ("POST", "DELETE"),
+                ("POST", "UNLOCK"),
+                ("LOCK", "DELETE"),
+                ("LOCK", "UNLOCK"),
+            ] {
+                let at_state = lock_path.starts_with("/states/");
+                let misdirected = at_state && (lock_method == "POST" || unlock_method == "DELETE");
+                let before = client.get_state(NAME).await.expect(200).body;
+                let work = tempfile::tempdir().expect("tempdir");
+                let dir = work.path();
+                std::fs::write(
+                    dir.join("main.tf"),
+                    lock_config(&backend.url, &lock_path, lock_method, unlock_method),
+                )
+                .expect("main.tf");
+                cli.ok(dir, &["init", "-no-color", "-input=false"]).await;
+                let out = cli
+                    .run(
+                        dir,
+                        &["apply", "-auto-approve", "-no-color", "-input=false"],
+                    )
+                    .await;
+                runs += 2;
+                let text = transcript(&out);
+                let case = format!("{label} lock at {lock_path} {lock_method}/{unlock_method}");
+                if misdirected {
+                    assert!(!out.status.success(), "{case} must fail:\n{text}");
+                    let after = client.get_state(NAME).await.expect(200);
+                    if lock_method == "POST" {
+                        assert_eq!(after.body, before, "{case}: the state is untouched");
+                    } else {
+                        // Locked by LOCK, the write under it is Terraform's own; the unlock sent
+                        // as a DELETE to the state did not remove it.
+                        assert!(after.state().serial >= 1, "{case}: {}", after.body);
+                    }
+                } else {
+                    assert!(out.status.success(), "{case}:\n{text}");
+                }
+                // Whatever lock a failed run left is released for the next combination.
+                client.force_unlock(NAME).await;
+            }
+        }
+    }
+    eprintln!("lock requests at the state address: {runs} terraform/tofu runs");
+}
+
+/// A stored file that is not a state (empty, blank, not JSON, a JSON array or string, generated
+/// bytes) is an error for terraform and OpenTofu, never "no state": `plan` fails instead of
+/// planning to create the resource.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_file_that_is_not_a_state_fails_the_plan() {
+    init_tracing();
+    let server = GitServer::start().await;
+    let url = server.create_repo("infra");
+    let backend = TestBackend::start(&url, &[]).await;
+    let client = Client::new(&backend.url);
+    let mut rng = StdRng::seed_from_u64(seed("not a state"));
+    let clis = [
+        ("terraform", Cli::new(terraform_binary())),
+        ("tofu", Cli::new(tofu_binary())),
+    ];
+    let mut runs = 0;
+    for round in 0..6 {
+        let content: Vec<u8> = match round {
+            0 => Vec::new(),
+            1 => b" \n\t\n".to_vec(),
+            2 => b"[1, 2]".to_vec(),
+            3 => b"\"a string\"".to_vec(),
+            _ => (0..rng.random_range(1..200))
+                .map(|_| rng.random_range(0x20u8..0x7f))
+                .filter(|b| *b != b'{')
+                .collect(),
+        };
+        let name = format!("broken/{round}.tfstate");
+        gitstate_tests::commit_file(&server, "infra", &name, &content);
+        let answer = client.get_state(&name).await;
+        assert!(
+            answer.status >= 400 && answer.status != 404,
+            "{content:?}: {}",
+            answer.status
+        );
+        for (label, cli) in &clis {
+            let work = tempfile::tempdir().expect("tempdir");
+            let dir = work.path();
+            let block = config(&backend.url, &format!("/states/{name}"));
+            std::fs::write(dir.join("main.tf"), format!("{block}{ONE_RESOURCE}")).expect("main.tf");
+            let init = cli.run(dir, &["init", "-no-color", "-input=false"]).await;
+            let plan = cli
+                .run(dir, &["plan", "-no-color", "-input=false", "-lock=false"])
+                .await;
+            runs += 2;
+            let text = format!("{}{}", transcript(&init), transcript(&plan));
+            assert!(
+                !init.status.success() || !plan.status.success(),
+                "{label} must fail on {content:?}:\n{text}"
+            );
+            assert!(
+                !text.contains("to add"),
+                "{label} planned against no state:\n{text}"
+            );
+        }
+    }
+    eprintln!("not a state: {runs} terraform/tofu runs");
+}

@@ -40,7 +40,14 @@ const DESCRIPTIONS: &[Described] = &[
         "unset: embedded repository",
         "the state repository, `https://…` (required on Lambda); locally also `ssh://…` or `user@host:path`. Credentials in the URL (`https://user:token@…`, `https://token@…`) are refused at start-up, and a request's `repository=` with them is 400: use `GITSTATE_GIT_USERNAME` / `GITSTATE_GIT_TOKEN` (locally also `git credential`)",
     ),
-    describe("GITSTATE_REF", "the branch states live on"),
+    describe(
+        "GITSTATE_REF",
+        "the branch states live on (`master` where terraform-backend-git's interface is used: docs/migrating-from-terraform-backend-git.md)",
+    ),
+    describe(
+        "GITSTATE_STATE",
+        "locally: the state `run` serves and `serve` prints a block for when `--state` is not given (gitstate.toml `state`, terraform-backend-git's `git.state`)",
+    ),
     describe(
         "GITSTATE_GIT_USERNAME",
         "user name for the repository ([Git hosts](#git-hosts)), sent only to its origin (scheme, host, port)",

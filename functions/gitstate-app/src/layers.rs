@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 
 use crate::settings::{ConfigError, Runtime, Settings};
 
+pub mod seed;
+
 /// One setting: its variable, whether its value is a secret, and its help line.
 #[derive(Debug, Clone, Copy)]
 pub struct Spec {
@@ -54,6 +56,10 @@ pub const SETTINGS: &[Spec] = &[
         "the state repository (unset: the embedded one)",
     ),
     setting("GITSTATE_REF", "the branch states live on [main]"),
+    setting(
+        "GITSTATE_STATE",
+        "the state `run` serves and `serve` prints a block for",
+    ),
     setting("GITSTATE_GIT_USERNAME", "user name for the repository"),
     secret("GITSTATE_GIT_TOKEN", "token for the repository"),
     secret(
@@ -210,7 +216,81 @@ pub const SETTINGS: &[Spec] = &[
     switch("GITSTATE_ACCESS_LOG", "one log line per request [false]"),
 ];
 
+/// `GITSTATE_*` variables gitstate reads that are not settings: the remote commands' backend URL.
+pub const OTHER_VARIABLES: &[&str] = &["GITSTATE_URL"];
+
+/// The known name nearest to `name` (edit distance, ignoring case and `-`/`_`), among the
+/// variables when `name` looks like one (`GITSTATE_…`), else among the file keys.
+pub fn nearest(name: &str) -> Option<String> {
+    let normal = |s: &str| s.to_ascii_lowercase().replace('-', "_");
+    let wanted = normal(
+        name.trim_start_matches("GITSTATE_")
+            .trim_start_matches("gitstate_"),
+    );
+    let variable = name.to_ascii_uppercase().starts_with("GITSTATE_");
+    let candidates = SETTINGS
+        .iter()
+        .map(|s| (s.key(), s.var.to_owned()))
+        .chain(OTHER_VARIABLES.iter().map(|v| {
+            (
+                v.trim_start_matches("GITSTATE_").to_ascii_lowercase(),
+                (*v).to_owned(),
+            )
+        }))
+        .filter(|(key, _)| variable || SETTINGS.iter().any(|s| s.key() == *key));
+    candidates
+        .map(|(key, var)| {
+            let distance = strsim::damerau_levenshtein(&wanted, &key);
+            (distance, if variable { var } else { key })
+        })
+        .min_by_key(|(distance, _)| *distance)
+        .map(|(_, name)| name)
+}
+
+/// ` (did you mean `X`?)` for an unknown name, or nothing when no name is near.
+fn hint(name: &str) -> String {
+    nearest(name).map_or_else(String::new, |n| format!(" (did you mean `{n}`?)"))
+}
+
+/// Every `GITSTATE_*` variable of `vars` is a known one; with `allow_empty` false, none is set to
+/// an empty value (an empty CI secret would otherwise silently mean the default). Lambda allows
+/// empties: its template passes unset parameters as empty strings. Every problem is named.
+pub fn check_environment(
+    vars: impl IntoIterator<Item = (String, String)>,
+    allow_empty: bool,
+) -> Result<(), LayerError> {
+    let mut problems = Vec::new();
+    for (var, value) in vars {
+        if !var.starts_with("GITSTATE_") {
+            continue;
+        }
+        let known =
+            SETTINGS.iter().any(|s| s.var == var) || OTHER_VARIABLES.contains(&var.as_str());
+        if !known {
+            problems.push(format!("unknown variable {var}{}", hint(&var)));
+        } else if !allow_empty && value.trim().is_empty() {
+            problems.push(format!(
+                "{var} is set but empty: give it a value or unset it"
+            ));
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        problems.sort();
+        Err(LayerError::Environment(problems.join("; ")))
+    }
+}
+
 impl Spec {
+    /// The default as the help line states it (`[…]` at its end), if any.
+    pub fn default_value(&self) -> Option<&'static str> {
+        let help = self.help.trim_end();
+        let start = help.rfind('[')?;
+        help.ends_with(']')
+            .then(|| &help[start + 1..help.len() - 1])
+    }
+
     /// The key in the TOML file: the variable without `GITSTATE_`, in lower case.
     pub fn key(&self) -> String {
         self.var
@@ -230,6 +310,12 @@ pub enum Origin {
     Flag,
     Env,
     File(PathBuf),
+    /// One of terraform-backend-git's variables ([`seed::SEED_VARIABLES`]).
+    SeedEnv(&'static str),
+    /// terraform-backend-git's `terraform-backend-git.hcl`.
+    SeedFile(PathBuf),
+    /// terraform-backend-git's default, where its interface is used.
+    SeedDefault,
 }
 
 impl fmt::Display for Origin {
@@ -238,6 +324,9 @@ impl fmt::Display for Origin {
             Self::Flag => f.write_str("flag"),
             Self::Env => f.write_str("environment"),
             Self::File(path) => write!(f, "file {}", path.display()),
+            Self::SeedEnv(var) => write!(f, "env {var} (terraform-backend-git)"),
+            Self::SeedFile(path) => write!(f, "file {} (terraform-backend-git)", path.display()),
+            Self::SeedDefault => f.write_str("terraform-backend-git's default"),
         }
     }
 }
@@ -260,6 +349,14 @@ pub enum LayerError {
     },
     #[error("{}: `{key}` must be a string, number, boolean or list of strings", path.display())]
     BadValue { path: PathBuf, key: String },
+    #[error("{}: `{key}` is empty: give it a value or remove the line", path.display())]
+    EmptyValue { path: PathBuf, key: String },
+    #[error("the flag --{flag} is empty: give it a value or leave it out")]
+    EmptyFlag { flag: String },
+    #[error("{0}")]
+    Environment(String),
+    #[error("{0}")]
+    Seed(String),
 }
 
 /// The file found for this run: `--config PATH` (must exist) or `./gitstate.toml` (if present).
@@ -279,6 +376,9 @@ pub fn find_file(explicit: Option<&Path>) -> Result<Option<(PathBuf, String)>, L
 #[derive(Clone, Default)]
 pub struct Layered {
     values: BTreeMap<&'static str, (String, Origin)>,
+    /// terraform-backend-git's Basic-auth password, hashed into `GITSTATE_ADMIN_HASH` when the
+    /// settings are read.
+    seed_password: Option<gitstate_core::secret::Secret>,
 }
 
 impl fmt::Debug for Layered {
@@ -304,12 +404,22 @@ impl Layered {
             Some((path, text)) => parse_file(path, text)?,
             None => BTreeMap::new(),
         };
-        let present = |v: Option<String>| v.filter(|v| !v.trim().is_empty());
         let mut values = BTreeMap::new();
         for spec in SETTINGS {
-            let chosen = present(flag(spec.var))
+            let flagged = flag(spec.var);
+            if flagged.as_ref().is_some_and(|v| v.trim().is_empty()) {
+                return Err(LayerError::EmptyFlag { flag: spec.flag() });
+            }
+            let from_env = env(spec.var);
+            if from_env.as_ref().is_some_and(|v| v.trim().is_empty()) {
+                return Err(LayerError::Environment(format!(
+                    "{} is set but empty: give it a value or unset it",
+                    spec.var
+                )));
+            }
+            let chosen = flagged
                 .map(|v| (v, Origin::Flag))
-                .or_else(|| present(env(spec.var)).map(|v| (v, Origin::Env)))
+                .or_else(|| from_env.map(|v| (v, Origin::Env)))
                 .or_else(|| {
                     let (path, value) = (file?.0, from_file.get(spec.var)?.clone());
                     Some((value, Origin::File(path.to_path_buf())))
@@ -318,7 +428,10 @@ impl Layered {
                 values.insert(spec.var, chosen);
             }
         }
-        Ok(Self { values })
+        Ok(Self {
+            values,
+            seed_password: None,
+        })
     }
 
     pub fn get(&self, var: &str) -> Option<String> {
@@ -342,7 +455,21 @@ impl Layered {
     }
 
     pub fn settings(&self, runtime: Runtime) -> Result<Settings, ConfigError> {
-        Settings::from_lookup(runtime, |var| self.get(var))
+        let seed_hash = match (&self.seed_password, self.origin("GITSTATE_ADMIN_HASH")) {
+            (Some(password), Some(Origin::SeedEnv(_))) => Some(
+                gitstate_core::password::hash_secret(password.expose().as_bytes()).map_err(
+                    |e| ConfigError::Invalid {
+                        var: "GITSTATE_ADMIN_HASH",
+                        reason: format!("hashing {}: {e}", seed::SEED_PASSWORD),
+                    },
+                )?,
+            ),
+            _ => None,
+        };
+        Settings::from_lookup(runtime, |var| match (var, &seed_hash) {
+            ("GITSTATE_ADMIN_HASH", Some(hash)) => Some(hash.clone()),
+            _ => self.get(var),
+        })
     }
 
     /// Every setting with the value to show (secrets and URL passwords redacted; `None` when
@@ -372,14 +499,8 @@ fn parse_file(path: &Path, text: &str) -> Result<BTreeMap<&'static str, String>,
     let mut out = BTreeMap::new();
     for (key, value) in table {
         let Some(spec) = SETTINGS.iter().find(|s| s.key() == key) else {
-            let stripped = key.trim_start_matches("GITSTATE_").to_ascii_lowercase();
-            let hint = match SETTINGS
-                .iter()
-                .find(|s| s.key() == stripped.replace('-', "_"))
-            {
-                Some(spec) => format!(" (did you mean `{}`?)", spec.key()),
-                None => String::new(),
-            };
+            let hint = nearest(&key.trim_start_matches("GITSTATE_").to_ascii_lowercase())
+                .map_or_else(String::new, |n| format!(" (did you mean `{n}`?)"));
             return Err(LayerError::UnknownKey {
                 path: path.to_path_buf(),
                 key,
@@ -391,6 +512,12 @@ fn parse_file(path: &Path, text: &str) -> Result<BTreeMap<&'static str, String>,
             key: key.clone(),
         };
         let text = match value {
+            toml::Value::String(s) if s.trim().is_empty() => {
+                return Err(LayerError::EmptyValue {
+                    path: path.to_path_buf(),
+                    key,
+                });
+            }
             toml::Value::String(s) => s,
             toml::Value::Integer(n) => n.to_string(),
             toml::Value::Boolean(b) => b.to_string(),
@@ -558,7 +685,7 @@ mod tests {
     #[test]
     fn unknown_keys_are_named() {
         for (text, key, hint) in [
-            ("repositry = \"x\"\n", "repositry", None),
+            ("repositry = \"x\"\n", "repositry", Some("repository")),
             ("GITSTATE_REF = \"x\"\n", "GITSTATE_REF", Some("ref")),
             ("git-token = \"x\"\n", "git-token", Some("git_token")),
             ("[serve]\nlisten = \"x\"\n", "serve", None),
@@ -575,6 +702,120 @@ mod tests {
             .expect_err("syntax")
             .to_string();
         assert!(e.starts_with("g.toml is not valid TOML"), "{e}");
+    }
+
+    /// One random edit (insert, delete, swap, replace) of `name`'s part after `keep` characters.
+    fn misspell(rng: &mut rand::rngs::StdRng, name: &str, keep: usize) -> String {
+        let mut chars: Vec<char> = name.chars().collect();
+        let alphabet: Vec<char> = if name.starts_with("GITSTATE_") {
+            "ABCDEFGHIJKLMNOPQRSTUVWXYZ_".chars().collect()
+        } else {
+            "abcdefghijklmnopqrstuvwxyz_".chars().collect()
+        };
+        let at = rng.random_range(keep..chars.len());
+        let letter = alphabet[rng.random_range(0..alphabet.len())];
+        match rng.random_range(0..4) {
+            0 => chars.insert(at, letter),
+            1 if chars.len() > keep + 1 => {
+                chars.remove(at);
+            }
+            2 if at + 1 < chars.len() => chars.swap(at, at + 1),
+            _ => chars[at] = letter,
+        }
+        chars.into_iter().collect()
+    }
+
+    /// Generated misspellings of every variable and file key, and empty values of every setting
+    /// in each layer: each is an error that names it (and a known name near it).
+    #[test]
+    fn misspelt_and_empty_settings_are_named() {
+        let seed = std::env::var("GITSTATE_SETTINGS_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(rand::random::<u64>);
+        println!("seed {seed} (GITSTATE_SETTINGS_SEED)");
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let known_key = |k: &str| SETTINGS.iter().any(|s| s.key() == k);
+        let mut cases = 0;
+        for _ in 0..4 {
+            for spec in SETTINGS {
+                let var = misspell(&mut rng, spec.var, "GITSTATE_".len());
+                if !SETTINGS.iter().any(|s| s.var == var)
+                    && !OTHER_VARIABLES.contains(&var.as_str())
+                {
+                    let e = check_environment([(var.clone(), "x".to_owned())], true)
+                        .expect_err(&var)
+                        .to_string();
+                    assert!(
+                        e.contains(&format!("unknown variable {var} (did you mean `GITSTATE_")),
+                        "{e}"
+                    );
+                    cases += 1;
+                }
+                let key = misspell(&mut rng, &spec.key(), 0);
+                if !known_key(&key) && !key.is_empty() {
+                    let text = format!("{key} = \"x\"\n");
+                    let e = Layered::build(|_| None, |_| None, Some((Path::new("g.toml"), &text)))
+                        .expect_err(&text)
+                        .to_string();
+                    assert!(
+                        e.contains(&format!("unknown key `{key}` (did you mean `")),
+                        "{e}"
+                    );
+                    cases += 1;
+                }
+                let blank = [" ", "", "\t"][rng.random_range(0..3)];
+                let e = check_environment([(spec.var.to_owned(), blank.to_owned())], false)
+                    .expect_err(spec.var)
+                    .to_string();
+                assert!(e.contains(&format!("{} is set but empty", spec.var)), "{e}");
+                let e = Layered::build(
+                    |_| None,
+                    |v| (v == spec.var).then(|| blank.to_owned()),
+                    None,
+                )
+                .expect_err(spec.var)
+                .to_string();
+                assert!(e.contains(spec.var), "{e}");
+                let e = Layered::build(
+                    |v| (v == spec.var).then(|| blank.to_owned()),
+                    |_| None,
+                    None,
+                )
+                .expect_err(spec.var)
+                .to_string();
+                assert!(e.contains(&format!("--{}", spec.flag())), "{e}");
+                let text = format!("{} = \"{blank}\"\n", spec.key());
+                let e = Layered::build(|_| None, |_| None, Some((Path::new("g.toml"), &text)))
+                    .expect_err(&text)
+                    .to_string();
+                assert!(e.contains(&format!("`{}` is empty", spec.key())), "{e}");
+                cases += 5;
+            }
+        }
+        println!("{cases} generated cases");
+        // A near miss names the setting it misses.
+        let e = check_environment([("GITSTATE_REPOSITRY".into(), "x".into())], true)
+            .expect_err("typo")
+            .to_string();
+        assert!(e.contains("did you mean `GITSTATE_REPOSITORY`"), "{e}");
+        check_environment([("GITSTATE_REF".into(), String::new())], true)
+            .expect("Lambda allows empties");
+        check_environment(
+            [
+                ("OTHER".into(), String::new()),
+                ("GITSTATE_URL".into(), "u".into()),
+            ],
+            false,
+        )
+        .expect("other names and GITSTATE_URL");
+        assert_eq!(
+            SETTINGS
+                .iter()
+                .find(|s| s.var == "GITSTATE_REF")
+                .and_then(Spec::default_value),
+            Some("main")
+        );
     }
 
     #[test]

@@ -17,9 +17,6 @@ fn pinned_log_targets() -> tracing_subscriber::filter::Targets {
 }
 
 pub fn init(command: &Command) -> anyhow::Result<()> {
-    use std::io::IsTerminal;
-    use tracing_subscriber::layer::SubscriberExt as _;
-    use tracing_subscriber::util::SubscriberInitExt as _;
     let settings = match command {
         Command::Serve { settings, .. }
         | Command::Run { settings, .. }
@@ -34,6 +31,14 @@ pub fn init(command: &Command) -> anyhow::Result<()> {
         Command::Run { .. } => "warn",
         _ => "info",
     };
+    init_with(format, default_level)
+}
+
+/// Logging in `format` (`text`, `json`; unset: text) at `default_level` unless `RUST_LOG` says.
+pub fn init_with(format: Option<String>, default_level: &str) -> anyhow::Result<()> {
+    use std::io::IsTerminal;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     let builder = tracing_subscriber::fmt()

@@ -6,6 +6,7 @@ mod commands;
 mod credential;
 mod logging;
 mod run;
+mod seed;
 mod server;
 mod settings;
 mod tables;
@@ -34,23 +35,46 @@ enum Command {
     /// to an embedded repository under ./.gitstate/, and the first run creates an administrator
     /// and prints its credentials once.
     Serve {
-        /// State name used in the printed backend block.
-        #[arg(long, default_value = "default.tfstate")]
-        state: String,
+        /// State name used in the printed backend block [default: the `state` setting, else
+        /// default.tfstate].
+        #[arg(long)]
+        state: Option<String>,
         #[command(flatten)]
         settings: SettingsArgs,
     },
     /// Run a program (terraform, tofu) against a backend on a free loopback port made for this
     /// run: it finds it through TF_HTTP_* variables. Exits with the program's exit code.
+    #[command(after_help = "Examples:\n  \
+        gitstate run --state network/prod.tfstate -- terraform plan\n  \
+        gitstate run --state network/prod.tfstate terraform apply -auto-approve\n  \
+        gitstate run -- tofu init     # the state from gitstate.toml's `state`")]
     Run {
-        /// The state's path in the repository, e.g. network/prod.tfstate.
+        /// The state's path in the repository, e.g. network/prod.tfstate [default: the `state`
+        /// setting].
         #[arg(long)]
-        state: String,
+        state: Option<String>,
+        /// Terraform's working directory, for a program the run cannot see into (a script,
+        /// make): its backend is checked there. Not needed for terraform, tofu, or env, sh -c,
+        /// timeout, nice, nohup and time in front of them.
+        #[arg(long, value_name = "DIR")]
+        workdir: Option<PathBuf>,
         #[command(flatten)]
         settings: SettingsArgs,
-        /// The program and its arguments, after `--`.
-        #[arg(last = true, required = true, value_name = "PROGRAM")]
+        /// The program and its arguments (after `--`, or from the first word that is not one of
+        /// these options).
+        #[arg(
+            trailing_var_arg = true,
+            allow_hyphen_values = true,
+            required = true,
+            value_name = "PROGRAM"
+        )]
         program: Vec<String>,
+    },
+    /// Stop the standalone server (terraform-backend-git's `stop`) listening on --address.
+    Stop {
+        /// Its address [default: 127.0.0.1:6061].
+        #[arg(long)]
+        address: Option<String>,
     },
     /// Print the effective settings and where each comes from (secrets redacted), then check them.
     Config {
@@ -151,16 +175,25 @@ enum AccessCommand {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if seed::detect(&args[1.min(args.len())..]) {
+        logging::init_with(std::env::var("GITSTATE_LOG_FORMAT").ok(), "warn")?;
+        return seed::main(args).await;
+    }
+    let cli = Cli::parse_from(args);
     logging::init(&cli.command)?;
+    // A misspelt GITSTATE_* variable or an empty one is an error before anything else runs.
+    gitstate_app::layers::check_environment(std::env::vars(), false)?;
     match cli.command {
-        Command::Serve { state, settings } => serve::serve(&state, &settings).await,
+        Command::Serve { state, settings } => serve::serve(state.as_deref(), &settings).await,
         Command::Config { settings } => settings::print(&settings),
         Command::Run {
             state,
+            workdir,
             settings,
             program,
-        } => serve::run(&state, &settings, &program).await,
+        } => serve::run(state.as_deref(), &settings, &program, workdir.as_deref()).await,
+        Command::Stop { address } => seed::stop_at(address.as_deref()),
         Command::User(UserCommand::Add { name, grants }) => users::user_add(&name, &grants),
         Command::HashPassword => users::hash_password(),
         Command::Access(AccessCommand::Check { file }) => users::access_check(&file),

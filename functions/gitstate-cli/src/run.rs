@@ -15,154 +15,9 @@ use gitstate_core::password::{generate_token, hash_secret};
 use gitstate_core::secret::Secret;
 use tokio::signal::unix::{SignalKind, signal};
 
-/// The file added next to a configuration without a backend block, for the length of one run.
-pub const TEMPORARY_BACKEND_FILE: &str = "gitstate_run_backend.tf";
-const TEMPORARY_BACKEND: &str = "# Added by `gitstate run` for the length of one run; removed afterwards.\n\
-                                 terraform {\n  backend \"http\" {}\n}\n";
+mod backend_check;
 
-/// What the configuration declares as its backend.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Declared {
-    None,
-    Http,
-    /// Another backend (`backend "s3"`, `cloud {}`), with the file that says so.
-    Other {
-        kind: String,
-        file: PathBuf,
-    },
-}
-
-/// The directory Terraform will read: `-chdir=DIR` before the subcommand, else the working one.
-pub fn config_dir(args: &[String]) -> PathBuf {
-    args.iter()
-        .skip(1)
-        .take_while(|a| a.starts_with('-'))
-        .find_map(|a| {
-            a.strip_prefix("-chdir=")
-                .or_else(|| a.strip_prefix("--chdir="))
-        })
-        .map_or_else(|| PathBuf::from("."), PathBuf::from)
-}
-
-/// The backend the `.tf` / `.tf.json` files of `dir` declare (comments skipped).
-pub fn declared_backend(dir: &Path) -> anyhow::Result<Declared> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .with_context(|| format!("reading {}", dir.display()))?
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| {
-            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-            name.ends_with(".tf") || name.ends_with(".tf.json")
-        })
-        .collect();
-    files.sort();
-    let mut found = Declared::None;
-    for file in files {
-        let text = std::fs::read_to_string(&file)
-            .with_context(|| format!("reading {}", file.display()))?;
-        let kinds = if file.extension().is_some_and(|e| e == "json") {
-            json_backends(&text)
-        } else {
-            hcl_backends(&text)
-        };
-        for kind in kinds {
-            if kind != "http" {
-                return Ok(Declared::Other { kind, file });
-            }
-            found = Declared::Http;
-        }
-    }
-    Ok(found)
-}
-
-/// `backend "<kind>"` and `cloud {` in HCL, outside comments and strings.
-fn hcl_backends(text: &str) -> Vec<String> {
-    let mut words: Vec<String> = Vec::new();
-    let mut chars = text.chars().peekable();
-    let mut word = String::new();
-    let flush = |word: &mut String, words: &mut Vec<String>| {
-        if !word.is_empty() {
-            words.push(std::mem::take(word));
-        }
-    };
-    while let Some(c) = chars.next() {
-        match c {
-            '#' => {
-                flush(&mut word, &mut words);
-                chars.by_ref().find(|c| *c == '\n');
-            }
-            '/' if chars.peek() == Some(&'/') => {
-                flush(&mut word, &mut words);
-                chars.by_ref().find(|c| *c == '\n');
-            }
-            '/' if chars.peek() == Some(&'*') => {
-                flush(&mut word, &mut words);
-                chars.next();
-                let mut last = ' ';
-                for c in chars.by_ref() {
-                    if last == '*' && c == '/' {
-                        break;
-                    }
-                    last = c;
-                }
-            }
-            '"' => {
-                flush(&mut word, &mut words);
-                let mut literal = String::from("\"");
-                let mut escaped = false;
-                for c in chars.by_ref() {
-                    if escaped {
-                        escaped = false;
-                    } else if c == '\\' {
-                        escaped = true;
-                    } else if c == '"' {
-                        break;
-                    }
-                    literal.push(c);
-                }
-                words.push(literal);
-            }
-            c if c.is_alphanumeric() || c == '_' || c == '-' => word.push(c),
-            c => {
-                flush(&mut word, &mut words);
-                if !c.is_whitespace() {
-                    words.push(c.to_string());
-                }
-            }
-        }
-    }
-    flush(&mut word, &mut words);
-    let mut kinds = Vec::new();
-    for pair in words.windows(2) {
-        match (pair[0].as_str(), pair[1].as_str()) {
-            ("backend", label) if label.starts_with('"') => kinds.push(label[1..].to_owned()),
-            ("cloud", "{") => kinds.push("cloud".to_owned()),
-            _ => {}
-        }
-    }
-    kinds
-}
-
-/// `{"terraform": {"backend": {"<kind>": …}}}` (or a list of terraform blocks).
-fn json_backends(text: &str) -> Vec<String> {
-    let Ok(value) = serde_json::from_str::<serde_json::Value>(text) else {
-        return Vec::new();
-    };
-    let blocks = match &value["terraform"] {
-        serde_json::Value::Array(items) => items.clone(),
-        other => vec![other.clone()],
-    };
-    let mut kinds = Vec::new();
-    for block in blocks {
-        if let Some(backends) = block["backend"].as_object() {
-            kinds.extend(backends.keys().cloned());
-        }
-        if !block["cloud"].is_null() {
-            kinds.push("cloud".to_owned());
-        }
-    }
-    kinds
-}
+pub use backend_check::{GENERATED as TEMPORARY_BACKEND, GENERATED_FILE as TEMPORARY_BACKEND_FILE};
 
 /// Removes the temporary backend file when dropped, if this run created it.
 struct TemporaryFile(Option<PathBuf>);
@@ -213,6 +68,7 @@ pub async fn run(
     listening: crate::server::Listening,
     state: &str,
     program: &[String],
+    workdir: Option<&Path>,
 ) -> anyhow::Result<ExitStatus> {
     let name = StateName::parse(state).context("--state")?;
     if program.is_empty() {
@@ -226,15 +82,13 @@ pub async fn run(
         terminate: signal(SignalKind::terminate())?,
         hangup: signal(SignalKind::hangup())?,
     };
-    let dir = config_dir(program);
-    let _temporary = match declared_backend(&dir)? {
-        Declared::None => Some(add_backend_file(&dir)?),
-        Declared::Http => None,
-        Declared::Other { kind, file } => bail!(
-            "{} declares backend {kind:?}: gitstate run serves the http backend only \
-             (remove that block, or declare `backend \"http\" {{}}`)",
-            file.display()
-        ),
+    // Terraform runs on this run's backend, or not at all.
+    let proof = backend_check::prove(program, workdir, &|name| std::env::var(name).ok())
+        .context("gitstate run: refusing to start the program")?;
+    let _temporary = if proof.add_file {
+        Some(add_backend_file(&proof.dir)?)
+    } else {
+        None
     };
     let (user, token) = run_credential(&mut settings).await?;
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
@@ -362,54 +216,4 @@ pub fn exit_code(status: ExitStatus) -> i32 {
         .code()
         .or_else(|| status.signal().map(|s| 128 + s))
         .unwrap_or(1)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn finds_backends_outside_comments_and_strings() {
-        for (text, kinds) in [
-            ("terraform {\n  backend \"s3\" {\n  }\n}\n", vec!["s3"]),
-            ("terraform {\n  backend \"http\" {}\n}\n", vec!["http"]),
-            ("terraform{backend\"local\"{}}", vec!["local"]),
-            (
-                "terraform {\n  cloud {\n organization = \"x\"\n }\n}\n",
-                vec!["cloud"],
-            ),
-            (
-                "# backend \"s3\" {}\n// backend \"gcs\" {}\n/* backend \"azurerm\" {} */\n",
-                vec![],
-            ),
-            ("locals { x = \"backend \\\"s3\\\" {}\" }\n", vec![]),
-            ("resource \"terraform_data\" \"backend\" {}\n", vec![]),
-            ("variable \"cloud\" {}\n", vec![]),
-        ] {
-            assert_eq!(hcl_backends(text), kinds, "{text}");
-        }
-        assert_eq!(
-            json_backends(r#"{"terraform": {"backend": {"s3": {}}}}"#),
-            ["s3"]
-        );
-        assert_eq!(
-            json_backends(r#"{"terraform": [{"required_version": ">= 1"}, {"cloud": {}}]}"#),
-            ["cloud"]
-        );
-        assert!(json_backends(r#"{"resource": {}}"#).is_empty());
-    }
-
-    #[test]
-    fn chdir_is_read_before_the_subcommand_only() {
-        let args = |a: &[&str]| a.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
-        assert_eq!(
-            config_dir(&args(&["terraform", "-chdir=infra", "plan"])),
-            PathBuf::from("infra")
-        );
-        assert_eq!(
-            config_dir(&args(&["terraform", "plan", "-chdir=infra"])),
-            PathBuf::from(".")
-        );
-        assert_eq!(config_dir(&args(&["tofu"])), PathBuf::from("."));
-    }
 }

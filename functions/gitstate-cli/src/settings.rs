@@ -6,21 +6,52 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Arg, ArgMatches, Args, FromArgMatches};
-use gitstate_app::layers::{Layered, Origin, SETTINGS, find_file};
+use gitstate_app::layers::seed::{Seed, find_hcl};
+use gitstate_app::layers::{Layered, Origin, SETTINGS, Spec, find_file};
 use gitstate_app::{Runtime, Settings};
 
 const CONFIG: &str = "config";
+
+/// Settings a command names with a flag of its own (`--state`), not through this group.
+const OWN_FLAGS: &[&str] = &["GITSTATE_STATE"];
+
+fn has_flag(spec: &Spec) -> bool {
+    !spec.secret && !OWN_FLAGS.contains(&spec.var)
+}
 
 #[derive(Debug, Clone, Default)]
 pub struct SettingsArgs {
     config: Option<PathBuf>,
     flags: Vec<(&'static str, String)>,
+    /// terraform-backend-git's command-line form was used: its defaults apply.
+    seed_interface: bool,
 }
 
 impl SettingsArgs {
-    /// Flags, then `GITSTATE_*` variables, then the file.
+    /// Settings given by terraform-backend-git's command-line form: its flags (as gitstate
+    /// variables) and `--config` (its HCL file, or a gitstate.toml).
+    pub fn seed(config: Option<PathBuf>, flags: Vec<(&'static str, String)>) -> Self {
+        Self {
+            config,
+            flags,
+            seed_interface: true,
+        }
+    }
+
+    /// `--config PATH`: a `.hcl` file is terraform-backend-git's, anything else a gitstate.toml.
+    fn config_files(&self) -> (Option<&std::path::Path>, Option<&std::path::Path>) {
+        match self.config.as_deref() {
+            Some(path) if path.extension().is_some_and(|e| e == "hcl") => (None, Some(path)),
+            other => (other, None),
+        }
+    }
+
+    /// Flags, then `GITSTATE_*` variables, then gitstate.toml; then terraform-backend-git's
+    /// variables, its `terraform-backend-git.hcl` and its defaults for what is still unset.
     pub fn layered(&self) -> anyhow::Result<Layered> {
-        let file = find_file(self.config.as_deref())?;
+        let (toml, hcl) = self.config_files();
+        let file = find_file(toml)?;
+        let hcl = find_hcl(hcl)?;
         let layered = Layered::build(
             |var| {
                 self.flags
@@ -31,7 +62,14 @@ impl SettingsArgs {
             |var| std::env::var(var).ok(),
             file.as_ref()
                 .map(|(path, text)| (path.as_path(), text.as_str())),
-        )?;
+        )?
+        .with_seed(&Seed {
+            env: &|var| std::env::var(var).ok(),
+            hcl: hcl
+                .as_ref()
+                .map(|(path, text)| (path.as_path(), text.as_str())),
+            interface: self.seed_interface,
+        })?;
         Ok(layered)
     }
 
@@ -55,7 +93,7 @@ impl FromArgMatches for SettingsArgs {
         if let Some(path) = matches.get_one::<PathBuf>(CONFIG) {
             self.config = Some(path.clone());
         }
-        for spec in SETTINGS.iter().filter(|s| !s.secret) {
+        for spec in SETTINGS.iter().filter(|s| has_flag(s)) {
             if let Some(value) = matches.get_one::<String>(spec.var) {
                 self.flags.retain(|(var, _)| *var != spec.var);
                 self.flags.push((spec.var, value.clone()));
@@ -73,11 +111,14 @@ impl Args for SettingsArgs {
                 .long("config")
                 .value_name("PATH")
                 .value_parser(clap::value_parser!(PathBuf))
-                .help("TOML settings file [default: ./gitstate.toml if present]"),
+                .help(
+                    "TOML settings file [default: ./gitstate.toml if present]; a .hcl file is \
+                     read as terraform-backend-git.hcl",
+                ),
         );
         SETTINGS
             .iter()
-            .filter(|s| !s.secret)
+            .filter(|s| has_flag(s))
             .fold(cmd, |cmd, spec| {
                 let arg = Arg::new(spec.var)
                     .long(spec.flag())
@@ -113,7 +154,9 @@ pub fn print(args: &SettingsArgs) -> anyhow::Result<()> {
                 other => other.to_string(),
             },
         );
-        let shown = shown.unwrap_or_else(|| "-".to_owned());
+        let shown = shown
+            .or_else(|| spec.default_value().map(str::to_owned))
+            .unwrap_or_else(|| "(unset)".to_owned());
         writeln!(out, "{:<24} {:<44} {from}", spec.key(), shown)?;
     }
     out.flush()?;

@@ -118,9 +118,14 @@ impl ApiError {
 fn service_status(error: &ServiceError) -> StatusCode {
     use ServiceError as S;
     match error {
-        S::Name(_) | S::Branch(_) | S::LockBody(_) | S::InvalidState(_) | S::BadSelector(_) => {
-            StatusCode::BAD_REQUEST
-        }
+        S::Name(_)
+        | S::Branch(_)
+        | S::LockBody(_)
+        | S::InvalidState(_)
+        | S::BadSelector(_)
+        | S::LockRequestToState(_) => StatusCode::BAD_REQUEST,
+        // What the repository holds is broken, not the request; the reason says what to fix.
+        S::NotAState(_) => StatusCode::INTERNAL_SERVER_ERROR,
         S::RepositoryNotAllowed(_) | S::RefNotAllowed(_) | S::Forbidden(_) => StatusCode::FORBIDDEN,
         S::Exists | S::Clash(_) => StatusCode::CONFLICT,
         S::NoSuchVersion(_) | S::NotFound | S::NoLock => StatusCode::NOT_FOUND,

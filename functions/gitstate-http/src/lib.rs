@@ -83,18 +83,28 @@ pub struct Limits {
     pub request_deadline: std::time::Duration,
 }
 
-/// Size of `body` inside Lambda's JSON response envelope: quotes and backslashes are escaped,
-/// control characters become `\uXXXX`, plus room for the status and headers.
+/// Room in Lambda's JSON envelope for the status and headers around the body.
+const ENVELOPE_OVERHEAD: usize = 2048;
+
+/// Size of `body` inside Lambda's JSON envelope (one estimate, used both for what a read answers
+/// and for what a write accepts): the body as a JSON string, escaped exactly as serde_json does
+/// (quotes, backslash and `\b \f \n \r \t` take 2 bytes, other control characters 6), plus
+/// [`ENVELOPE_OVERHEAD`].
 fn envelope_size(body: &[u8]) -> usize {
-    let escapes: usize = body
+    escaped_len(body) + ENVELOPE_OVERHEAD
+}
+
+/// Length of `body` (UTF-8) as a JSON string literal, quotes included.
+fn escaped_len(body: &[u8]) -> usize {
+    let escaped: usize = body
         .iter()
         .map(|b| match b {
-            b'"' | b'\\' => 1,
-            0..=0x1f => 5,
-            _ => 0,
+            b'"' | b'\\' | 0x08 | 0x0c | b'\n' | b'\r' | b'\t' => 2,
+            0..=0x1f => 6,
+            _ => 1,
         })
         .sum();
-    body.len() + escapes + 2048
+    escaped + 2
 }
 
 impl Limits {

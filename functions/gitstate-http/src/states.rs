@@ -3,7 +3,7 @@
 
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use gitstate_core::service::WriteRequest;
+use gitstate_core::service::{ServiceError, WriteRequest};
 use http::{Method, StatusCode};
 
 use crate::{ApiError, Call, json, locks, not_allowed};
@@ -28,12 +28,19 @@ pub(crate) async fn serve(
             Ok(json(StatusCode::OK, state))
         }
         "POST" | "PUT" => {
+            // What is accepted can be read back: the same estimate and 413 as the read.
+            app.limits.check_response(&body)?;
             app.backend
                 .put_state(WriteRequest::new(caller, at, name, body).lock_id(lock_id))
                 .await?;
             Ok(StatusCode::OK.into_response())
         }
         "DELETE" => {
+            // Terraform's DELETE of a state carries no body; one with a body (a LockInfo) is an
+            // unlock sent to the state's address.
+            if !body.is_empty() {
+                return Err(ServiceError::LockRequestToState("a DELETE with a body").into());
+            }
             app.backend.delete_state(caller, at, name, lock_id).await?;
             Ok(StatusCode::OK.into_response())
         }

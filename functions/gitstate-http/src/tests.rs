@@ -623,31 +623,106 @@ async fn bodies_are_checked_before_anything_changes() {
     assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
 }
 
-/// A state larger than a buffered Function URL can carry is a 413 that says how to read it.
+/// What is accepted can be read back: generated states around a buffered Function URL's limit,
+/// rich in what JSON escapes, are either written and then read (state and revision) byte for
+/// byte, or refused at the write with the 413 a read would give, saying how to read them.
 #[tokio::test]
-async fn responses_over_the_transport_limit_are_413() {
+async fn a_write_is_accepted_only_if_its_read_back_fits() {
+    let limit = 4096;
     let router = app_with(Limits {
-        max_response_bytes: Some(4096),
+        max_response_bytes: Some(limit),
         ..LIMITS
     });
     let uri = format!("/states/{STATE}");
-    let big =
-        serde_json::json!({"version": 4, "serial": 1, "lineage": "l", "pad": "\"".repeat(2000)});
+    let mut rng = rand::rngs::StdRng::seed_from_u64(2306);
+    let (mut accepted, mut refused) = (0, 0);
+    for serial in 1..=60u64 {
+        let pad: String = (0..rng.random_range(0..2200))
+            .map(|_| ['"', '\\', '\n', '\u{1}', 'a', '\t'][rng.random_range(0..6)])
+            .collect();
+        let state = serde_json::json!({"version": 4, "serial": serial, "lineage": "l", "pad": pad})
+            .to_string();
+        let wrote = call(&router, "POST", &uri, "wes", state.clone()).await;
+        let fits = serde_json::to_string(&state).expect("json").len() + ENVELOPE_OVERHEAD <= limit;
+        if wrote.status == StatusCode::OK {
+            assert!(fits, "accepted what cannot be read back");
+            accepted += 1;
+            let read = call(&router, "GET", &uri, "wes", "").await;
+            assert_eq!(read.status, StatusCode::OK, "{}", read.text());
+            assert_eq!(read.text(), state);
+            let at = call(
+                &router,
+                "GET",
+                &format!("/history/{STATE}?at={serial}"),
+                "wes",
+                "",
+            )
+            .await;
+            assert_eq!(at.status, StatusCode::OK, "{}", at.text());
+        } else {
+            assert!(!fits, "refused what fits: {}", wrote.text());
+            assert_eq!(wrote.status, StatusCode::PAYLOAD_TOO_LARGE);
+            assert!(wrote.text().contains("RESPONSE_STREAM"), "{}", wrote.text());
+            refused += 1;
+        }
+    }
+    assert!(
+        accepted > 5 && refused > 5,
+        "{accepted} accepted, {refused} refused"
+    );
+}
+
+/// The envelope estimate is serde_json's own escaping, byte for byte, on generated strings rich
+/// in what it escapes.
+#[test]
+fn the_envelope_estimate_is_serde_jsons_escaping() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(2307);
+    for _ in 0..5000 {
+        let text: String = (0..rng.random_range(0..64))
+            .map(|_| match rng.random_range(0..4) {
+                0 => char::from(rng.random_range(0u8..0x20)),
+                1 => ['"', '\\', '/', '\u{7f}', '\u{2028}'][rng.random_range(0..5)],
+                2 => rng.random::<char>(),
+                _ => rng.random_range('a'..='z'),
+            })
+            .collect();
+        let json = serde_json::to_string(&text).expect("serialises");
+        assert_eq!(escaped_len(text.as_bytes()), json.len(), "{text:?}");
+    }
+}
+
+/// A request meant for the lock never touches the state: a LockInfo written to the state's
+/// address (`lock_method = "POST"` with `lock_address` = the state's address) and a DELETE of the
+/// state with a body (`unlock_method = "DELETE"`) are 400 naming lock_address, and the state is
+/// what it was.
+#[tokio::test]
+async fn lock_requests_sent_to_a_state_are_refused() {
+    let router = app();
+    let uri = format!("/states/{STATE}");
+    let state = serde_json::json!({"version": 4, "serial": 1, "lineage": "l"}).to_string();
     assert_eq!(
-        call(&router, "POST", &uri, "wes", big.to_string())
+        call(&router, "POST", &uri, "ann", state.clone())
             .await
             .status,
         StatusCode::OK
     );
-    for uri in [uri, format!("/history/{STATE}?at=1")] {
-        let answer = call(&router, "GET", &uri, "wes", "").await;
-        assert_eq!(answer.status, StatusCode::PAYLOAD_TOO_LARGE, "{uri}");
-        assert!(
-            answer.text().contains("RESPONSE_STREAM"),
-            "{}",
+    let info = r#"{"ID":"abc","Operation":"OperationTypePlan","Info":"","Who":"x@y","Version":"1.11.4","Created":"2026-01-01T00:00:00Z","Path":""}"#;
+    for (method, body) in [
+        ("POST", info),
+        ("PUT", info),
+        ("DELETE", info),
+        ("DELETE", "{}"),
+    ] {
+        let answer = call(&router, method, &uri, "ann", body.to_owned()).await;
+        assert_eq!(
+            answer.status,
+            StatusCode::BAD_REQUEST,
+            "{method}: {}",
             answer.text()
         );
+        assert!(answer.text().contains("lock_address"), "{}", answer.text());
     }
+    assert_eq!(call(&router, "GET", &uri, "ann", "").await.text(), state);
 }
 
 /// A request still waiting at its deadline (here: for a body that never comes) is a 504 with

@@ -145,6 +145,9 @@ pub async fn open_age_identities(
 /// States sealed as sops binary mode under KMS keys and age recipients.
 pub struct SopsSealer<K> {
     envelope: Envelope<K>,
+    /// The passphrase when it is the only protection configured: writes then stay in
+    /// terraform-backend-git's aes mode (as that tool wrote them) instead of going out in clear.
+    passphrase_writes: Option<Zeroizing<String>>,
     /// The largest state a sealed payload may expand to (`GITSTATE_MAX_BODY_BYTES`).
     max_state_bytes: usize,
 }
@@ -155,11 +158,15 @@ impl<K: KeyService> SopsSealer<K> {
             .passphrase
             .as_ref()
             .map(|p| Zeroizing::new(p.expose().to_owned()));
+        let passphrase_writes = passphrase
+            .clone()
+            .filter(|_| settings.kms_key_ids.is_empty() && settings.age_recipients.is_empty());
         Self {
             envelope: Envelope::new(keys, settings.kms_key_ids.clone(), passphrase)
                 .with_previous(settings.previous_kms_key_ids.clone())
                 .with_offline(settings.age().into_iter().collect())
                 .with_threshold(settings.shamir_threshold),
+            passphrase_writes,
             max_state_bytes: DEFAULT_MAX_STATE_BYTES,
         }
     }
@@ -256,7 +263,7 @@ pub fn unpack(
 #[async_trait]
 impl<K: KeyService + 'static> Sealer for SopsSealer<K> {
     fn seals(&self) -> bool {
-        self.envelope.seals()
+        self.envelope.seals() || self.passphrase_writes.is_some()
     }
 
     fn is_sealed(&self, stored: &[u8]) -> bool {
@@ -269,6 +276,11 @@ impl<K: KeyService + 'static> Sealer for SopsSealer<K> {
         at: &Location,
         name: &StateName,
     ) -> Result<Bytes, SealError> {
+        if let Some(passphrase) = &self.passphrase_writes {
+            let sealed = gitstate_sops::seal_passphrase(passphrase, rand::random(), plaintext)
+                .map_err(seal_error)?;
+            return Ok(Bytes::from(sealed));
+        }
         let payload = pack(plaintext).map_err(seal_error)?;
         let sealed = self
             .envelope

@@ -8,8 +8,13 @@ use gitstate_core::ports::CommitMeta;
 use crate::settings::SettingsArgs;
 use crate::{credential, run, server};
 
-pub async fn serve(state: &str, args: &SettingsArgs) -> anyhow::Result<()> {
-    let (_, mut settings) = args.settings()?;
+pub async fn serve(state: Option<&str>, args: &SettingsArgs) -> anyhow::Result<()> {
+    let (layered, mut settings) = args.settings()?;
+    let state = state
+        .map(str::to_owned)
+        .or_else(|| layered.get("GITSTATE_STATE"))
+        .unwrap_or_else(|| "default.tfstate".to_owned());
+    let state = state.as_str();
     let listening = server::Listening::from_settings(&settings.server)?;
     credential::fill(&mut settings.git).await;
     let listen = settings.server.listen;
@@ -60,16 +65,30 @@ pub async fn serve(state: &str, args: &SettingsArgs) -> anyhow::Result<()> {
     server::serve_until(listener, app.router(), &listening, shutdown()).await
 }
 
-/// `gitstate run`: the program's exit code becomes ours.
-pub async fn run(state: &str, args: &SettingsArgs, program: &[String]) -> anyhow::Result<()> {
+/// `gitstate run`: the program's exit code becomes ours. The state is `--state`, else the
+/// `state` setting (gitstate.toml, terraform-backend-git's `git.state` or its variable).
+pub async fn run(
+    state: Option<&str>,
+    args: &SettingsArgs,
+    program: &[String],
+    workdir: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
     let (layered, mut settings) = args.settings()?;
+    let state = match state {
+        Some(state) => state.to_owned(),
+        None => layered.get("GITSTATE_STATE").context(
+            "no state: give --state, `state` in gitstate.toml, git.state in \
+             terraform-backend-git.hcl or TF_BACKEND_GIT_GIT_STATE",
+        )?,
+    };
+    let state = state.as_str();
     credential::fill(&mut settings.git).await;
     let listening = server::Listening {
         tls: None,
         access_log: layered.flag_on("GITSTATE_ACCESS_LOG")?,
         connections: settings.server.connections,
     };
-    let status = run::run(settings, listening, state, program).await?;
+    let status = run::run(settings, listening, state, program, workdir).await?;
     std::process::exit(run::exit_code(status));
 }
 

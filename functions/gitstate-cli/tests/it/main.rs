@@ -9,6 +9,7 @@ mod breakglass;
 mod hosts;
 mod processes;
 mod run;
+mod seed;
 mod serve;
 mod settings;
 mod ssh;

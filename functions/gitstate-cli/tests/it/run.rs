@@ -409,3 +409,280 @@ async fn git_credential_helper_supplies_the_login() {
         .expect("runs");
     assert!(!out.status.success());
 }
+
+/// One piece of a generated working directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Generated {
+    Absent,
+    Ours,
+    ForeignEmpty,
+    ForeignNoBackend,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Backend {
+    None,
+    Http,
+    HttpElsewhere,
+    Local,
+    LocalOverride,
+    LocalJson,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CliArgs {
+    None,
+    NoBackend,
+    BackendConfigAddress,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Launcher {
+    Direct,
+    Env,
+    ShC,
+    Timeout,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Case {
+    generated: Generated,
+    backend: Backend,
+    chdir: bool,
+    cli_args: CliArgs,
+    launcher: Launcher,
+    stale_data_dir: bool,
+}
+
+impl Case {
+    /// A sound case (the generated file absent or the run's own, no backend or an empty
+    /// http block), then 0, 1 or 2 faults injected, so that about a third reach gitstate and
+    /// each fault is seen alone and in pairs.
+    fn random(rng: &mut impl rand::Rng) -> Self {
+        let mut case = Self {
+            generated: if rng.random_bool(0.5) {
+                Generated::Absent
+            } else {
+                Generated::Ours
+            },
+            backend: Backend::None,
+            chdir: rng.random_bool(0.5),
+            cli_args: CliArgs::None,
+            launcher: [
+                Launcher::Direct,
+                Launcher::Env,
+                Launcher::ShC,
+                Launcher::Timeout,
+            ][rng.random_range(0..4)],
+            stale_data_dir: false,
+        };
+        if case.generated == Generated::Absent && rng.random_bool(0.5) {
+            case.backend = Backend::Http;
+        }
+        for _ in 0..[0, 0, 1, 1, 2][rng.random_range(0..5)] {
+            match rng.random_range(0..4) {
+                0 => {
+                    case.generated = [Generated::ForeignEmpty, Generated::ForeignNoBackend]
+                        [rng.random_range(0..2)];
+                }
+                1 => {
+                    case.backend = [
+                        Backend::HttpElsewhere,
+                        Backend::Local,
+                        Backend::LocalOverride,
+                        Backend::LocalJson,
+                    ][rng.random_range(0..4)];
+                }
+                2 => {
+                    case.cli_args =
+                        [CliArgs::NoBackend, CliArgs::BackendConfigAddress][rng.random_range(0..2)];
+                }
+                _ => case.stale_data_dir = true,
+            }
+        }
+        case
+    }
+
+    /// Whether the run must reach gitstate (else it must refuse, or Terraform fail).
+    fn sound(&self) -> bool {
+        matches!(self.generated, Generated::Absent | Generated::Ours)
+            && matches!(self.backend, Backend::None | Backend::Http)
+            && !(self.generated == Generated::Ours && self.backend == Backend::Http)
+            && self.cli_args == CliArgs::None
+            && !self.stale_data_dir
+    }
+
+    /// Lay the case out under `root`; the configuration's directory.
+    fn build(&self, root: &Path) -> PathBuf {
+        let dir = if self.chdir {
+            root.join("infra")
+        } else {
+            root.to_path_buf()
+        };
+        std::fs::create_dir_all(&dir).expect("dir");
+        write_config(&dir, 0, "generated");
+        let generated = match self.generated {
+            Generated::Absent => None,
+            Generated::Ours => Some(
+                "# Added by `gitstate run` for the length of one run; removed afterwards.\n\
+                 terraform {\n  backend \"http\" {}\n}\n",
+            ),
+            Generated::ForeignEmpty => Some("# kept by hand\n"),
+            Generated::ForeignNoBackend => {
+                Some("terraform {\n  required_version = \">= 1.0\"\n}\n")
+            }
+        };
+        if let Some(text) = generated {
+            std::fs::write(dir.join(TEMPORARY), text).expect("generated file");
+        }
+        let local = "terraform {\n  backend \"local\" {}\n}\n";
+        let (file, text) = match self.backend {
+            Backend::None => ("", ""),
+            Backend::Http => ("backend.tf", "terraform {\n  backend \"http\" {}\n}\n"),
+            Backend::HttpElsewhere => (
+                "backend.tf",
+                "terraform {\n  backend \"http\" {\n    address = \"http://127.0.0.1:9/x\"\n  }\n}\n",
+            ),
+            Backend::Local => ("backend.tf", local),
+            Backend::LocalOverride => ("backend_override.tf", local),
+            Backend::LocalJson => (
+                "backend.tf.json",
+                r#"{"terraform": {"backend": {"local": {}}}}"#,
+            ),
+        };
+        if !file.is_empty() {
+            std::fs::write(dir.join(file), text).expect("backend file");
+        }
+        if self.stale_data_dir {
+            std::fs::create_dir_all(dir.join(".terraform")).expect(".terraform");
+            std::fs::write(
+                dir.join(".terraform/terraform.tfstate"),
+                r#"{"version": 3, "serial": 1, "lineage": "x", "backend": {"type": "local", "config": {"path": null, "workspace_dir": null}, "hash": 1}}"#,
+            )
+            .expect("saved backend");
+        }
+        dir
+    }
+
+    /// The program line after `gitstate run … --`.
+    fn program(&self, client: &Path, args: &[&str]) -> Vec<String> {
+        let mut terraform = vec![client.to_str().expect("utf-8").to_owned()];
+        if self.chdir {
+            terraform.push("-chdir=infra".into());
+        }
+        terraform.extend(args.iter().map(|a| (*a).to_owned()));
+        match self.launcher {
+            Launcher::Direct => terraform,
+            Launcher::Env => [vec!["env".into(), "GENERATED_CASE=1".into()], terraform].concat(),
+            Launcher::Timeout => [vec!["timeout".into(), "300".into()], terraform].concat(),
+            Launcher::ShC => vec!["sh".into(), "-c".into(), terraform.join(" ")],
+        }
+    }
+}
+
+/// Working directories built from generated pieces (a file of the generated name that is or is
+/// not the run's, another backend in .tf, .tf.json or an override, -chdir, launchers,
+/// TF_CLI_ARGS_init skipping or redirecting the backend, a .terraform/ initialised elsewhere):
+/// every run either lands its state in the repository (and only there) or exits non-zero with
+/// nothing applied anywhere; exactly the sound ones land. Real terraform, and OpenTofu for a
+/// sample, on the real git http-backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generated_working_directories_reach_gitstate_or_nothing_runs() {
+    use rand::SeedableRng;
+    let seed = std::env::var("RUN_PROOF_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random::<u64>);
+    println!("seed {seed} (RUN_PROOF_SEED)");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let server = GitServer::start().await;
+    server.create_repo("cases");
+    let git_dir = server.repo_dir("cases");
+    // The issue's case first: a foreign file of the generated name without a backend block.
+    let mut cases = vec![Case {
+        generated: Generated::ForeignNoBackend,
+        backend: Backend::None,
+        chdir: false,
+        cli_args: CliArgs::None,
+        launcher: Launcher::Direct,
+        stale_data_dir: false,
+    }];
+    cases.extend((0..23).map(|_| Case::random(&mut rng)));
+    let (mut landed, mut refused) = (0, 0);
+    for (i, case) in cases.iter().enumerate() {
+        let client = if i % 5 == 4 { tofu() } else { terraform() };
+        let state = format!("case{i}.tfstate");
+        let root = tempfile::tempdir().expect("tempdir");
+        std::fs::write(root.path().join("empty.tfrc"), "").expect("cli config");
+        let dir = case.build(root.path());
+        let mut outcome = Vec::new();
+        for args in [
+            &["init", "-input=false"][..],
+            &["apply", "-auto-approve", "-input=false"],
+        ] {
+            let mut command = tokio::process::Command::new(crate::GITSTATE);
+            command
+                .args(["run", "--state", &state, "--"])
+                .args(case.program(&client, args))
+                .current_dir(root.path())
+                .env("TF_CLI_CONFIG_FILE", root.path().join("empty.tfrc"))
+                .env("CHECKPOINT_DISABLE", "1")
+                .env("TF_IN_AUTOMATION", "1")
+                .env("TF_INPUT", "0")
+                .env_remove("TF_HTTP_USERNAME")
+                .env_remove("TF_HTTP_PASSWORD")
+                .env_remove("TF_CLI_ARGS")
+                .envs(Repo::Served(&server, "cases").env())
+                .stdin(Stdio::null())
+                .kill_on_drop(true);
+            match case.cli_args {
+                CliArgs::None => command.env_remove("TF_CLI_ARGS_init"),
+                CliArgs::NoBackend => command.env("TF_CLI_ARGS_init", "-backend=false"),
+                CliArgs::BackendConfigAddress => command.env(
+                    "TF_CLI_ARGS_init",
+                    "-backend-config=address=http://127.0.0.1:9/x",
+                ),
+            };
+            let out = command.output().await.expect("gitstate run starts");
+            let text = String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr);
+            outcome.push((out.status.code(), text));
+            if !out.status.success() {
+                break;
+            }
+        }
+        let reached = outcome.len() == 2 && outcome.iter().all(|(code, _)| *code == Some(0));
+        let out = git_in(&git_dir, &["show", &format!("main:{state}")]);
+        let stored = out.status.success();
+        let local_state = dir.join("terraform.tfstate");
+        let local = std::fs::read_to_string(&local_state).unwrap_or_default();
+        let context = format!("case {i} {case:?} seed {seed}: {outcome:#?}");
+        assert!(
+            !local.contains("terraform_data"),
+            "applied to a local state: {context}"
+        );
+        if reached {
+            assert!(
+                stored,
+                "apply exited 0 but nothing reached the repository: {context}"
+            );
+            landed += 1;
+        } else {
+            assert!(
+                !stored,
+                "a failed run left a state in the repository: {context}"
+            );
+            refused += 1;
+        }
+        assert_eq!(reached, case.sound(), "{context}");
+        assert_eq!(
+            dir.join(TEMPORARY).exists(),
+            case.generated != Generated::Absent,
+            "the generated file was added or removed wrongly: {context}"
+        );
+    }
+    println!(
+        "{} generated cases: {landed} reached gitstate, {refused} refused",
+        cases.len()
+    );
+}

@@ -65,7 +65,10 @@ fn config_shows_each_layer_in_order_and_redacts() {
         ("file-bot".into(), "file gitstate.toml".into())
     );
     assert_eq!(row(&text, "max_body_bytes").0, "1000");
-    assert_eq!(row(&text, "cache_dir"), ("-".into(), "default".into()));
+    assert_eq!(
+        row(&text, "cache_dir"),
+        (".gitstate/cache".into(), "default".into())
+    );
     assert_eq!(row(&text, "git_token").0, "***");
     assert_eq!(row(&text, "passphrase").0, "***");
     assert_eq!(
@@ -190,4 +193,55 @@ fn user_add_entries_parse_for_every_name_shape() {
         let users: Vec<_> = policy.users().map(|u| u.name.clone()).collect();
         assert_eq!(users, [name]);
     }
+}
+
+/// Through the binary: a misspelt `GITSTATE_*` variable, an empty one, an empty flag and a
+/// misspelt flag stop every command at start, naming what was wrong and the name it misses.
+#[test]
+fn unknown_and_empty_input_stops_every_command() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for args in [
+        &["config"][..],
+        &["serve", "--listen", "127.0.0.1:0"][..],
+        &["list"][..],
+        &["run", "--state", "x.tfstate", "--", "true"][..],
+    ] {
+        for (env, needles) in [
+            (
+                ("GITSTATE_REPOSITRY", "x"),
+                &["unknown variable GITSTATE_REPOSITRY", "GITSTATE_REPOSITORY"][..],
+            ),
+            (("GITSTATE_REF", ""), &["GITSTATE_REF is set but empty"][..]),
+            (
+                ("GITSTATE_GIT_TOKEN", " "),
+                &["GITSTATE_GIT_TOKEN is set but empty"][..],
+            ),
+        ] {
+            let out = gitstate(dir.path(), args, &[env]);
+            let err = String::from_utf8_lossy(&out.stderr).into_owned();
+            assert!(!out.status.success(), "{args:?} {env:?}");
+            for needle in needles {
+                assert!(err.contains(needle), "{args:?} {env:?}: {err}");
+            }
+        }
+    }
+    let out = gitstate(dir.path(), &["config", "--ref="], &[]);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success());
+    assert!(err.contains("--ref is empty"), "{err}");
+    let out = gitstate(dir.path(), &["config", "--repositry", "x"], &[]);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success());
+    assert!(
+        err.contains("--repositry") && err.contains("--repository"),
+        "{err}"
+    );
+    // Every setting's effective value is shown, defaults included.
+    let out = gitstate(dir.path(), &["config"], &[]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(row(&text, "ref"), ("main".into(), "default".into()));
+    assert_eq!(
+        row(&text, "listen"),
+        ("127.0.0.1:8080".into(), "default".into())
+    );
 }

@@ -77,6 +77,18 @@ pub struct AccessOptions {
     pub hash_memory_kib: u32,
 }
 
+/// A client's address as a log line shows it: the address, or `unknown`.
+struct ClientAddress(Option<IpAddr>);
+
+impl std::fmt::Display for ClientAddress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(address) => address.fmt(f),
+            None => f.write_str("unknown"),
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum AuthError {
     /// No, malformed or wrong credentials; the same for unknown users and wrong passwords.
@@ -84,7 +96,10 @@ pub enum AuthError {
     Unauthenticated,
     /// Too many failures from this client address, or for this user name from it: refused
     /// without argon2.
-    #[error("too many failed logins from this address; retry after Retry-After seconds")]
+    #[error(
+        "too many failed logins from this address; retry after {} s (Retry-After)",
+        retry_after_secs(*retry_after)
+    )]
     Throttled { retry_after: Duration },
     /// The access file could not be read from the repository.
     #[error("the access policy could not be read")]
@@ -167,7 +182,7 @@ impl Access {
         let (user, secret) = match parse_basic(header) {
             Ok(credentials) => credentials,
             Err(why) => {
-                tracing::info!(client = ?client, "unauthenticated request: {why}");
+                tracing::info!(client = %ClientAddress(client), "unauthenticated request: {why}");
                 // No user named: no argon2, and only the address counts (a browser's first
                 // request, with no header at all, counts nothing).
                 if why != BasicError::Missing {
@@ -222,7 +237,7 @@ impl Access {
                 Ok(Caller::new(user, found.grants.clone()))
             }
             _ => {
-                tracing::warn!(user = %printable(&user), client = ?client, "authentication failed");
+                tracing::warn!(user = %printable(&user), client = %ClientAddress(client), "authentication failed");
                 self.failed(address, Some(pair));
                 Err(AuthError::Unauthenticated)
             }
@@ -253,7 +268,7 @@ impl Access {
             .blocked(address, pair)
         {
             Some(retry_after) => {
-                tracing::warn!(user = %printable(user), client = ?client, retry_after_ms = retry_after.as_millis() as u64, "refusing repeated failures");
+                tracing::warn!(user = %printable(user), client = %ClientAddress(client), retry_after_secs = retry_after_secs(retry_after), "refusing repeated failures");
                 Err(AuthError::Throttled { retry_after })
             }
             None => Ok(()),

@@ -502,3 +502,19 @@ async fn a_first_admin_with_a_dotted_name_can_log_in() {
         Some("gitstate")
     );
 }
+
+/// Issue 23's log wording: a throttled refusal says its wait in seconds (rounded up, as
+/// `Retry-After`), and a client address shows as the address, not `Some(…)`.
+#[test]
+fn throttled_reasons_and_addresses_read_well() {
+    let throttled = AuthError::Throttled {
+        retry_after: Duration::from_millis(2_500),
+    };
+    assert!(
+        throttled.to_string().contains("retry after 3 s"),
+        "{throttled}"
+    );
+    let address = IpAddr::from([192, 0, 2, 7]);
+    assert_eq!(super::ClientAddress(Some(address)).to_string(), "192.0.2.7");
+    assert_eq!(super::ClientAddress(None).to_string(), "unknown");
+}

@@ -43,6 +43,18 @@ pub enum ServiceError {
     LockBody(#[from] LockInfoError),
     #[error("state is not valid JSON: {0}")]
     InvalidState(String),
+    /// A lock request sent to a state's address: Terraform with `lock_address` (or
+    /// `unlock_address`) set to the state's address and `lock_method = "POST"` or
+    /// `unlock_method = "DELETE"`. Taken as a write, it would replace the state with the lock.
+    #[error(
+        "this request is meant for the lock ({0}): point lock_address and unlock_address at /locks/<name>, not at the state's address"
+    )]
+    LockRequestToState(&'static str),
+    /// The stored file is not a Terraform state (empty, or not a JSON object): never "no state".
+    #[error(
+        "the stored file is not a state ({0}): fix or remove it in the repository, or restore a good revision"
+    )]
+    NotAState(&'static str),
     #[error("repository {0:?} is not served by this backend (not on its allowlist)")]
     RepositoryNotAllowed(String),
     #[error(transparent)]

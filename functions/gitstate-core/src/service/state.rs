@@ -57,7 +57,9 @@ impl Backend {
             .read_state(at, name)
             .await?
             .ok_or(ServiceError::NotFound)?;
-        Ok(self.open(at, name, stored).await?.plaintext)
+        let state = self.open(at, name, stored).await?.plaintext;
+        check_stored(&state)?;
+        Ok(state)
     }
 
     /// Write a state, under the lock rule (`lock_id` must be the holder's) and the stale-serial
@@ -219,14 +221,42 @@ fn check_state(body: &[u8]) -> Result<Version, ServiceError> {
             "the top level must be an object".into(),
         ));
     }
-    serde_json::from_slice::<serde::de::IgnoredAny>(body)
-        .map_err(|e| ServiceError::InvalidState(e.to_string()))?;
+    let top: TopLevel =
+        serde_json::from_slice(body).map_err(|e| ServiceError::InvalidState(e.to_string()))?;
+    if top.id.is_some() && top.operation.is_some() {
+        return Err(ServiceError::LockRequestToState(
+            "a LockInfo was sent as the state",
+        ));
+    }
     if !nesting_within(body, MAX_STATE_DEPTH) {
         return Err(ServiceError::InvalidState(format!(
             "nesting deeper than {MAX_STATE_DEPTH} levels"
         )));
     }
     Ok(serde_json::from_slice(body).unwrap_or_default())
+}
+
+/// The top-level members of a body that tell a LockInfo (`ID`, `Operation`) from a state, read
+/// without building the document.
+#[derive(serde::Deserialize)]
+struct TopLevel {
+    #[serde(rename = "ID")]
+    id: Option<serde::de::IgnoredAny>,
+    #[serde(rename = "Operation")]
+    operation: Option<serde::de::IgnoredAny>,
+}
+
+/// A stored state must be a JSON object (checked at its ends; the write checked it whole): an
+/// empty file or other bytes are an error, never "no state".
+pub(crate) fn check_stored(state: &[u8]) -> Result<(), ServiceError> {
+    let text = state.trim_ascii();
+    if text.is_empty() {
+        return Err(ServiceError::NotAState("the file is empty"));
+    }
+    if text.first() != Some(&b'{') || text.last() != Some(&b'}') {
+        return Err(ServiceError::NotAState("the file is not a JSON object"));
+    }
+    Ok(())
 }
 
 /// What a write is for: the subject of its commit, and the rules it is held to.

@@ -68,7 +68,9 @@ fn seal_error(rng: &mut StdRng) -> SealError {
 
 fn service_error(rng: &mut StdRng) -> ServiceError {
     use ServiceError as S;
-    match rng.random_range(0..22) {
+    match rng.random_range(0..24) {
+        22 => S::LockRequestToState("a LockInfo was sent as the state"),
+        23 => S::NotAState("the file is empty"),
         0 => S::Name(NameError::BadCharacter(word(rng))),
         1 => S::Branch(NameError::Empty),
         2 => S::LockBody(LockInfoError::MissingId),
@@ -156,6 +158,8 @@ fn expected(error: &ApiError) -> (StatusCode, &'static str) {
             S::Branch(_) => (C::BAD_REQUEST, "branch"),
             S::LockBody(_) => (C::BAD_REQUEST, "lock body"),
             S::InvalidState(_) => (C::BAD_REQUEST, "invalid state"),
+            S::LockRequestToState(_) => (C::BAD_REQUEST, "lock request to state"),
+            S::NotAState(_) => (C::INTERNAL_SERVER_ERROR, "not a state"),
             S::RepositoryNotAllowed(_) => (C::FORBIDDEN, "repository"),
             S::RefNotAllowed(_) => (C::FORBIDDEN, "ref"),
             S::Clash(_) => (C::CONFLICT, "clash"),
@@ -211,7 +215,7 @@ fn expected(error: &ApiError) -> (StatusCode, &'static str) {
 }
 
 /// The arms of [`expected`].
-const ARMS: usize = 48;
+const ARMS: usize = 50;
 
 #[tokio::test]
 async fn every_error_variant_maps_to_its_status_body_and_headers() {
