@@ -503,3 +503,157 @@ async fn key_groups_with_a_threshold_both_ways_with_sops311() {
     }
     eprintln!("MEASURE key groups: {cases} generated states through sops 3.11");
 }
+
+/// A gpg key made in a keyring of its own: its fingerprint and armored public and secret keys.
+struct GpgKey {
+    home: tempfile::TempDir,
+    fp: String,
+    public: PathBuf,
+    secret: PathBuf,
+}
+
+fn gpg(home: &Path, args: &[&str]) -> Vec<u8> {
+    let out = std::process::Command::new("gpg")
+        .env("GNUPGHOME", home)
+        .args(["--batch", "--pinentry-mode", "loopback", "--passphrase", ""])
+        .args(args)
+        .output()
+        .expect("gpg runs (Debian package gnupg)");
+    assert!(
+        out.status.success(),
+        "gpg {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+fn gpg_key(uid: &str) -> GpgKey {
+    let home = tempfile::tempdir().expect("tempdir");
+    gpg(
+        home.path(),
+        &["--quick-gen-key", uid, "default", "default", "never"],
+    );
+    let listed =
+        String::from_utf8(gpg(home.path(), &["--with-colons", "--list-keys"])).expect("utf-8");
+    let fp = listed
+        .lines()
+        .find_map(|l| l.strip_prefix("fpr:"))
+        .map(|l| l.trim_matches(':').to_owned())
+        .expect("a fingerprint");
+    let public = home.path().join("public.asc");
+    std::fs::write(&public, gpg(home.path(), &["--armor", "--export", &fp])).expect("write");
+    let secret = home.path().join("secret.asc");
+    std::fs::write(
+        &secret,
+        gpg(home.path(), &["--armor", "--export-secret-keys", &fp]),
+    )
+    .expect("write");
+    GpgKey {
+        home,
+        fp,
+        public,
+        secret,
+    }
+}
+
+/// OpenPGP through rPGP: generated states sealed for a gpg-made key open with sops 3.11 (which
+/// runs gpg on that keyring) to exactly the state, copies at other paths are refused, and files
+/// sops 3.11 writes for the key (bound, and in a 2-of-2 group with age) read in gitstate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pgp_states_both_ways_with_sops311_and_gpg() {
+    let s = setup().await;
+    let key = gpg_key("gitstate test <pgp@example.invalid>");
+    let public = key.public.display().to_string();
+    let secret = key.secret.display().to_string();
+    let vars = [
+        ("GITSTATE_PGP_FINGERPRINTS", key.fp.as_str()),
+        ("GITSTATE_PGP_PUBLIC_KEYS_FILE", public.as_str()),
+        ("GITSTATE_PGP_SECRET_KEYS_FILE", secret.as_str()),
+    ];
+    let backend = s.backend(&vars).await;
+    let client = Client::new(&backend.url);
+    let gpg_env = vec![("GNUPGHOME", key.home.path().display().to_string())];
+    let cases = 6;
+    for seed in 400..400 + cases {
+        let state = generated_state(seed, true);
+        let name = format!("pgp/s{seed}.tfstate");
+        client.write(&name, &state).await.expect(200);
+        let doc = s.stored_json(&name);
+        assert_eq!(doc["sops"]["pgp"][0]["fp"], key.fp.as_str());
+        assert!(doc["gitstate_binding"].is_string());
+        let stored = s.stored(&name);
+        assert!(
+            break_glass(&stored, &gpg_env) == state.as_bytes(),
+            "seed {seed}: sops 3.11 gives another state"
+        );
+        assert!(client.get_state(&name).await.expect(200).body == state);
+        let copy = format!("pgp/copy{seed}.tfstate");
+        commit_file(&s.server, "infra", &copy, &stored);
+        assert_eq!(client.get_state(&copy).await.status, 500, "seed {seed}");
+    }
+    // sops 3.11's own file for the key, with gitstate's binding
+    let state = generated_state(420, true);
+    let group = format!("      - pgp:\n          - {:?}\n", key.fp);
+    let mut env = s.moto.env();
+    env.extend(gpg_env.clone());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = sops_config(dir.path(), &group, None);
+    let plain =
+        serde_json::json!({"data": state, "gitstate_binding": s.binding("pgp/by-sops.tfstate")});
+    let sealed = sops(
+        &[
+            "--config",
+            config.to_str().expect("utf-8"),
+            "encrypt",
+            "--input-type",
+            "json",
+            "--output-type",
+            "json",
+        ],
+        plain.to_string().as_bytes(),
+        &env,
+    );
+    commit_file(&s.server, "infra", "pgp/by-sops.tfstate", &sealed);
+    assert!(
+        client
+            .get_state("pgp/by-sops.tfstate")
+            .await
+            .expect(200)
+            .body
+            == state
+    );
+    // and a 2-of-2 of an OpenPGP group and an age group, written by sops, opens with both keys
+    let age = age_key(s.keys.path(), "a.txt");
+    let groups = format!("{group}{}", age_group(&[&age]));
+    let config = sops_config(dir.path(), &groups, Some(2));
+    let plain =
+        serde_json::json!({"data": state, "gitstate_binding": s.binding("pgp/groups.tfstate")});
+    let sealed = sops(
+        &[
+            "--config",
+            config.to_str().expect("utf-8"),
+            "encrypt",
+            "--input-type",
+            "json",
+            "--output-type",
+            "json",
+        ],
+        plain.to_string().as_bytes(),
+        &env,
+    );
+    commit_file(&s.server, "infra", "pgp/groups.tfstate", &sealed);
+    let age_file = age.file.display().to_string();
+    let mut both = vars.to_vec();
+    both.push(("GITSTATE_AGE_IDENTITY_FILE", age_file.as_str()));
+    let with_both = s.backend(&both).await;
+    assert!(
+        Client::new(&with_both.url)
+            .get_state("pgp/groups.tfstate")
+            .await
+            .expect(200)
+            .body
+            == state
+    );
+    assert!(client.get_state("pgp/groups.tfstate").await.status >= 500);
+    eprintln!("MEASURE OpenPGP: {cases} generated states through sops 3.11 and gpg");
+}

@@ -112,10 +112,30 @@ const DESCRIPTIONS: &[Described] = &[
         "GITSTATE_AGE_IDENTITY_KMS",
         "the age identities as base64 of a KMS ciphertext (context `{\"gitstate:purpose\":\"age-identity\"}`), decrypted at start",
     ),
+    describe(
+        "GITSTATE_PGP_FINGERPRINTS",
+        "OpenPGP primary-key fingerprints (40 hex digits, comma-separated) every write is sealed for, as sops's `pgp` entries; the location binding applies as for age (seed: `TF_BACKEND_HTTP_SOPS_PGP_FP`)",
+    ),
+    describe(
+        "GITSTATE_PGP_PREVIOUS_FINGERPRINTS",
+        "OpenPGP fingerprints that still open states sealed for them but seal nothing",
+    ),
+    describe(
+        "GITSTATE_PGP_PUBLIC_KEYS_FILE",
+        "armored public keys (`gpg --armor --export`) holding every key of `GITSTATE_PGP_FINGERPRINTS`",
+    ),
+    describe(
+        "GITSTATE_PGP_SECRET_KEYS",
+        "armored secret keys without a passphrase (`gpg --armor --export-secret-keys`) that open states; exclusive with `GITSTATE_PGP_SECRET_KEYS_FILE`",
+    ),
+    describe(
+        "GITSTATE_PGP_SECRET_KEYS_FILE",
+        "a file of such secret keys",
+    ),
     describe_default(
         "GITSTATE_SOPS_SHAMIR_THRESHOLD",
         "one group of every key",
-        "one sops key group per source (KMS, age), of which this many open a state (Shamir); 1 or unset: one group, any key opens (seed: `TF_BACKEND_HTTP_SOPS_SHAMIR_THRESHOLD`)",
+        "one sops key group per source (KMS, age, OpenPGP), of which this many open a state (Shamir); 1 or unset: one group, any key opens (seed: `TF_BACKEND_HTTP_SOPS_SHAMIR_THRESHOLD`)",
     ),
     describe(
         "GITSTATE_HISTORY_MAX_DEPTH",

@@ -116,6 +116,26 @@ pub const SETTINGS: &[Spec] = &[
         "age identities as a base64 KMS ciphertext",
     ),
     setting(
+        "GITSTATE_PGP_FINGERPRINTS",
+        "OpenPGP keys states are encrypted for",
+    ),
+    setting(
+        "GITSTATE_PGP_PREVIOUS_FINGERPRINTS",
+        "OpenPGP keys that may still open older states",
+    ),
+    setting(
+        "GITSTATE_PGP_PUBLIC_KEYS_FILE",
+        "armored OpenPGP public keys to encrypt for",
+    ),
+    secret(
+        "GITSTATE_PGP_SECRET_KEYS",
+        "armored OpenPGP secret keys that open states",
+    ),
+    setting(
+        "GITSTATE_PGP_SECRET_KEYS_FILE",
+        "a file of armored OpenPGP secret keys",
+    ),
+    setting(
         "GITSTATE_SOPS_SHAMIR_THRESHOLD",
         "key groups (one per source) needed to open [one group of every key]",
     ),

@@ -86,7 +86,7 @@ pub async fn build_with(mut settings: Settings, kms: Option<Arc<Kms>>) -> Result
         .await?;
         settings.access.bootstrap = Some((user, hash));
     }
-    gitstate_kms::open_age_identities(kms.as_deref(), &mut settings.encryption).await?;
+    gitstate_kms::open_private_keys(kms.as_deref(), &mut settings.encryption).await?;
     let (store, primary) = GitStore::new(&store_settings(&settings))?;
     assemble(&settings, Arc::new(store), primary, kms.filter(|_| seal))
 }

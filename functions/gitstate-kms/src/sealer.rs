@@ -9,7 +9,7 @@ use gitstate_core::ports::{Location, Opened, Protection, SealError, Sealer};
 use gitstate_core::secret::Secret;
 use gitstate_core::service::Encryption;
 use gitstate_sops::{
-    AgeKeys, Context, Envelope, Error, Format, KeyError, KeyService, KeySource, Offline,
+    AgeKeys, Context, Envelope, Error, Format, KeyError, KeyService, KeySource, Offline, PgpKeys,
 };
 use zeroize::Zeroizing;
 
@@ -61,6 +61,15 @@ pub struct EncryptionSettings {
     pub age_identity_kms: Option<Secret>,
     /// The identities, once opened.
     pub age_identities: Option<Arc<AgeKeys>>,
+    /// `GITSTATE_PGP_FINGERPRINTS` / `…_PREVIOUS_FINGERPRINTS`: OpenPGP keys, as age recipients.
+    pub pgp_fingerprints: Vec<String>,
+    pub previous_pgp_fingerprints: Vec<String>,
+    /// `GITSTATE_PGP_PUBLIC_KEYS_FILE`'s armored public keys (to seal for the fingerprints).
+    pub pgp_public_keys: Option<String>,
+    /// Armored secret keys that open (`GITSTATE_PGP_SECRET_KEYS` or `…_FILE`), and the variable.
+    pub pgp_secret_keys: Option<(&'static str, Secret)>,
+    /// The OpenPGP keys, once parsed.
+    pub pgp_keys: Option<Arc<PgpKeys>>,
     pub shamir_threshold: Option<usize>,
     pub enforced: bool,
     pub passphrase: Option<Secret>,
@@ -75,29 +84,42 @@ impl EncryptionSettings {
             || self.age_identity.is_some()
             || self.age_identity_kms.is_some()
             || self.age_identities.is_some()
+            || !self.pgp_fingerprints.is_empty()
+            || self.pgp_secret_keys.is_some()
+            || self.pgp_keys.is_some()
     }
 
-    /// The age source as configured: its recipients, and the identities that open.
-    pub fn age(&self) -> Option<Offline> {
-        if self.age_recipients.is_empty()
-            && self.previous_age_recipients.is_empty()
-            && self.age_identities.is_none()
+    /// The sources other than KMS as configured (age, then OpenPGP): their recipients, and the
+    /// private keys that open.
+    pub fn offline(&self) -> Vec<Offline> {
+        let mut out = Vec::new();
+        if !self.age_recipients.is_empty()
+            || !self.previous_age_recipients.is_empty()
+            || self.age_identities.is_some()
         {
-            return None;
+            let keys: Arc<dyn KeySource> = match &self.age_identities {
+                Some(keys) => keys.clone(),
+                None => Arc::new(AgeKeys::sealing_only()),
+            };
+            let mut previous = self.previous_age_recipients.clone();
+            if self.age_recipients.is_empty()
+                && let Some(held) = &self.age_identities
+            {
+                // identities with no recipient configured still open (a break-glass reader)
+                previous.extend(held.recipients());
+            }
+            // every recipient was checked when the settings were read
+            out.extend(Offline::new(keys, &self.age_recipients, &previous).ok());
         }
-        let keys: Arc<dyn KeySource> = match &self.age_identities {
-            Some(keys) => keys.clone(),
-            None => Arc::new(AgeKeys::sealing_only()),
-        };
-        // every recipient was checked when the settings were read
-        let mut previous = self.previous_age_recipients.clone();
-        if self.age_recipients.is_empty()
-            && let Some(held) = &self.age_identities
-        {
-            // identities with no recipient configured still open (a break-glass reader)
-            previous.extend(held.recipients());
+        if let Some(keys) = &self.pgp_keys {
+            let mut previous = self.previous_pgp_fingerprints.clone();
+            if self.pgp_fingerprints.is_empty() {
+                previous.extend(keys.fingerprints());
+            }
+            let keys: Arc<dyn KeySource> = keys.clone();
+            out.extend(Offline::new(keys, &self.pgp_fingerprints, &previous).ok());
         }
-        Offline::new(keys, &self.age_recipients, &previous).ok()
+        out
     }
 }
 
@@ -113,11 +135,14 @@ pub enum AgeIdentityError {
         var: &'static str,
         source: gitstate_sops::SourceError,
     },
+    #[error("GITSTATE_PGP_FINGERPRINTS: {0} has no public key in GITSTATE_PGP_PUBLIC_KEYS_FILE")]
+    NoPublicKey(String),
 }
 
 /// Parse the age identities given as text, or decrypt `GITSTATE_AGE_IDENTITY_KMS` with `kms`
-/// and parse them, once per process (as the git token). Errors name the variable, never a key.
-pub async fn open_age_identities(
+/// and parse them, once per process (as the git token); parse the OpenPGP keys. Errors name the
+/// variable, never a key.
+pub async fn open_private_keys(
     kms: Option<&Kms>,
     settings: &mut EncryptionSettings,
 ) -> Result<(), AgeIdentityError> {
@@ -138,6 +163,27 @@ pub async fn open_age_identities(
         let plaintext = kms.decrypt_base64(ciphertext.expose(), &context).await?;
         let text = String::from_utf8_lossy(&plaintext);
         settings.age_identities = Some(parse("GITSTATE_AGE_IDENTITY_KMS", &text)?);
+    }
+    let secret = settings.pgp_secret_keys.take();
+    if secret.is_some() || settings.pgp_public_keys.is_some() {
+        let (var, secret_text) = match &secret {
+            Some((var, text)) => (*var, text.expose()),
+            None => ("GITSTATE_PGP_PUBLIC_KEYS_FILE", ""),
+        };
+        let public = settings.pgp_public_keys.as_deref().unwrap_or_default();
+        let keys = PgpKeys::parse(public, secret_text).map_err(|source| {
+            let var = match source {
+                gitstate_sops::SourceError::PgpPublic => "GITSTATE_PGP_PUBLIC_KEYS_FILE",
+                _ => var,
+            };
+            AgeIdentityError::Identity { var, source }
+        })?;
+        for fp in &settings.pgp_fingerprints {
+            if !keys.has_public(fp) {
+                return Err(AgeIdentityError::NoPublicKey(fp.clone()));
+            }
+        }
+        settings.pgp_keys = Some(Arc::new(keys));
     }
     Ok(())
 }
@@ -164,7 +210,7 @@ impl<K: KeyService> SopsSealer<K> {
         Self {
             envelope: Envelope::new(keys, settings.kms_key_ids.clone(), passphrase)
                 .with_previous(settings.previous_kms_key_ids.clone())
-                .with_offline(settings.age().into_iter().collect())
+                .with_offline(settings.offline())
                 .with_threshold(settings.shamir_threshold),
             passphrase_writes,
             max_state_bytes: DEFAULT_MAX_STATE_BYTES,

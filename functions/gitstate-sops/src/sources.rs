@@ -1,5 +1,5 @@
-//! Master key sources other than AWS KMS: one small trait, one implementation per source. age
-//! is here; OpenPGP, GCP KMS and Vault transit would each be one more implementation (their
+//! Master key sources other than AWS KMS: one small trait, one implementation per source: age
+//! and OpenPGP here; GCP KMS and Vault transit would each be one more implementation (their
 //! entries are read and counted already, and never used).
 
 use std::str::FromStr;
@@ -18,6 +18,12 @@ pub enum SourceError {
     Identity(usize),
     #[error("no age identity in the given text")]
     NoIdentity,
+    #[error("{0:?} is not an OpenPGP fingerprint (40 or 64 hex digits)")]
+    Fingerprint(String),
+    #[error("the OpenPGP public keys do not parse (armored, as `gpg --armor --export` writes)")]
+    PgpPublic,
+    #[error("the OpenPGP secret keys do not parse (armored, without a passphrase)")]
+    PgpSecret,
 }
 
 /// A source of master keys that wraps a data key (or a key group's Shamir share) for a
@@ -162,5 +168,152 @@ impl KeySource for AgeKeys {
         age::decrypt(identity, enc.as_bytes())
             .map(Zeroizing::new)
             .map_err(|e| KeyError::Refused(e.to_string().into()))
+    }
+}
+
+/// OpenPGP keys (rPGP): public keys to seal for, by primary-key fingerprint as sops names them
+/// (40 upper-case hex digits), and the secret keys (without a passphrase) that open.
+pub struct PgpKeys {
+    public: Vec<pgp::composed::SignedPublicKey>,
+    secret: Vec<pgp::composed::SignedSecretKey>,
+}
+
+/// Names the fingerprints only: the secret keys are secrets.
+impl std::fmt::Debug for PgpKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use pgp::types::KeyDetails;
+        let fps = |keys: Vec<String>| keys;
+        f.debug_struct("PgpKeys")
+            .field(
+                "public",
+                &fps(self
+                    .public
+                    .iter()
+                    .map(|k| fingerprint(&k.fingerprint()))
+                    .collect()),
+            )
+            .field(
+                "secret",
+                &fps(self
+                    .secret
+                    .iter()
+                    .map(|k| fingerprint(&k.fingerprint()))
+                    .collect()),
+            )
+            .finish()
+    }
+}
+
+fn fingerprint(fp: &pgp::types::Fingerprint) -> String {
+    format!("{fp:X}")
+}
+
+impl PgpKeys {
+    /// Armored public keys (any number, as `gpg --armor --export` writes them) and armored secret
+    /// keys (`gpg --armor --export-secret-keys`), either may be empty.
+    pub fn parse(public: &str, secret: &str) -> Result<Self, SourceError> {
+        use pgp::composed::{Deserializable, SignedPublicKey, SignedSecretKey};
+        let mut keys = Self {
+            public: Vec::new(),
+            secret: Vec::new(),
+        };
+        if !public.trim().is_empty() {
+            let (many, _) =
+                SignedPublicKey::from_string_many(public).map_err(|_| SourceError::PgpPublic)?;
+            for key in many {
+                keys.public.push(key.map_err(|_| SourceError::PgpPublic)?);
+            }
+        }
+        if !secret.trim().is_empty() {
+            let (many, _) =
+                SignedSecretKey::from_string_many(secret).map_err(|_| SourceError::PgpSecret)?;
+            for key in many {
+                keys.secret.push(key.map_err(|_| SourceError::PgpSecret)?);
+            }
+        }
+        Ok(keys)
+    }
+
+    /// Whether a public key with this (primary) fingerprint is held.
+    pub fn has_public(&self, fp: &str) -> bool {
+        use pgp::types::KeyDetails;
+        self.public
+            .iter()
+            .any(|k| fingerprint(&k.fingerprint()) == fp)
+    }
+
+    /// The fingerprints of the secret keys held.
+    pub fn fingerprints(&self) -> Vec<String> {
+        use pgp::types::KeyDetails;
+        self.secret
+            .iter()
+            .map(|k| fingerprint(&k.fingerprint()))
+            .collect()
+    }
+}
+
+#[async_trait]
+impl KeySource for PgpKeys {
+    fn list(&self) -> &'static str {
+        "pgp"
+    }
+
+    fn recipient(&self, id: &str) -> Result<String, SourceError> {
+        let fp: String = id.chars().filter(|c| !c.is_whitespace()).collect();
+        if (fp.len() == 40 || fp.len() == 64) && fp.bytes().all(|b| b.is_ascii_hexdigit()) {
+            Ok(fp.to_ascii_uppercase())
+        } else {
+            Err(SourceError::Fingerprint(id.chars().take(80).collect()))
+        }
+    }
+
+    async fn wrap(&self, recipient: &str, secret: &[u8]) -> Result<String, KeyError> {
+        use pgp::composed::{ArmorOptions, MessageBuilder};
+        use pgp::crypto::sym::SymmetricKeyAlgorithm;
+        use pgp::types::KeyDetails;
+        let refused = |e: &dyn std::fmt::Display| KeyError::Refused(e.to_string().into());
+        let key = self
+            .public
+            .iter()
+            .find(|k| fingerprint(&k.fingerprint()) == recipient)
+            .ok_or_else(|| {
+                KeyError::Refused("no OpenPGP public key for this fingerprint".into())
+            })?;
+        let subkey = key
+            .public_subkeys
+            .iter()
+            .find(|s| s.algorithm().can_encrypt())
+            .ok_or_else(|| KeyError::Refused("the OpenPGP key has no encryption subkey".into()))?;
+        let mut rng = rand08::rngs::OsRng;
+        let mut builder = MessageBuilder::from_bytes("", secret.to_vec())
+            .seipd_v1(rng, SymmetricKeyAlgorithm::AES256);
+        builder
+            .encrypt_to_key(&mut rng, subkey)
+            .map_err(|e| refused(&e))?;
+        builder
+            .to_armored_string(rng, ArmorOptions::default())
+            .map_err(|e| refused(&e))
+    }
+
+    async fn unwrap(&self, recipient: &str, enc: &str) -> Result<Unwrapped, KeyError> {
+        use pgp::composed::Message;
+        use pgp::types::KeyDetails;
+        let refused = |e: &dyn std::fmt::Display| KeyError::Refused(e.to_string().into());
+        let key = self
+            .secret
+            .iter()
+            .find(|k| fingerprint(&k.fingerprint()) == recipient)
+            .ok_or_else(|| {
+                KeyError::Refused("no OpenPGP secret key for this fingerprint".into())
+            })?;
+        let (message, _) = Message::from_armor(enc.as_bytes()).map_err(|e| refused(&e))?;
+        let mut message = message.decrypt(&"".into(), key).map_err(|e| refused(&e))?;
+        if message.is_compressed() {
+            message = message.decompress().map_err(|e| refused(&e))?;
+        }
+        message
+            .as_data_vec()
+            .map(Zeroizing::new)
+            .map_err(|e| refused(&e))
     }
 }

@@ -11,12 +11,11 @@ pub use gitstate_kms::EncryptionSettings;
 use super::{ConfigError, Vars};
 
 pub(crate) fn read(vars: &Vars<'_>) -> Result<EncryptionSettings, ConfigError> {
-    if vars.get("TF_BACKEND_HTTP_SOPS_PGP_FP").is_some() {
-        return Err(ConfigError::Invalid {
-            var: "TF_BACKEND_HTTP_SOPS_PGP_FP",
-            reason: "OpenPGP keys are not supported: seal with KMS or age (GITSTATE_AGE_RECIPIENTS), and read the old states once with sops".into(),
-        });
-    }
+    let pgp_fingerprints = if vars.get("GITSTATE_PGP_FINGERPRINTS").is_some() {
+        fingerprints(vars, "GITSTATE_PGP_FINGERPRINTS")?
+    } else {
+        fingerprints(vars, "TF_BACKEND_HTTP_SOPS_PGP_FP")?
+    };
     let age_recipients = if vars.get("GITSTATE_AGE_RECIPIENTS").is_some() {
         recipients(vars, "GITSTATE_AGE_RECIPIENTS")?
     } else {
@@ -37,6 +36,30 @@ pub(crate) fn read(vars: &Vars<'_>) -> Result<EncryptionSettings, ConfigError> {
         age_identity: identity(vars)?,
         age_identity_kms: vars.get("GITSTATE_AGE_IDENTITY_KMS").map(Secret::new),
         age_identities: None,
+        previous_pgp_fingerprints: fingerprints(vars, "GITSTATE_PGP_PREVIOUS_FINGERPRINTS")?,
+        pgp_public_keys: match vars.get("GITSTATE_PGP_PUBLIC_KEYS_FILE") {
+            Some(path) => Some(read_file("GITSTATE_PGP_PUBLIC_KEYS_FILE", &path)?),
+            None => None,
+        },
+        pgp_secret_keys: match (
+            vars.get("GITSTATE_PGP_SECRET_KEYS"),
+            vars.get("GITSTATE_PGP_SECRET_KEYS_FILE"),
+        ) {
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::Invalid {
+                    var: "GITSTATE_PGP_SECRET_KEYS_FILE",
+                    reason: "GITSTATE_PGP_SECRET_KEYS is set too: choose one".into(),
+                });
+            }
+            (Some(text), None) => Some(("GITSTATE_PGP_SECRET_KEYS", Secret::new(text))),
+            (None, Some(path)) => Some((
+                "GITSTATE_PGP_SECRET_KEYS_FILE",
+                Secret::new(read_file("GITSTATE_PGP_SECRET_KEYS_FILE", &path)?),
+            )),
+            (None, None) => None,
+        },
+        pgp_fingerprints,
+        pgp_keys: None,
         shamir_threshold: shamir_threshold.map(|t| usize::try_from(t).unwrap_or(usize::MAX)),
         enforced: match vars.get("GITSTATE_ENCRYPTION").as_deref() {
             None | Some("optional") => false,
@@ -51,7 +74,14 @@ pub(crate) fn read(vars: &Vars<'_>) -> Result<EncryptionSettings, ConfigError> {
         passphrase: vars.get("GITSTATE_PASSPHRASE").map(Secret::new),
     };
     let sources = usize::from(!encryption.kms_key_ids.is_empty())
-        + usize::from(!encryption.age_recipients.is_empty());
+        + usize::from(!encryption.age_recipients.is_empty())
+        + usize::from(!encryption.pgp_fingerprints.is_empty());
+    if !encryption.pgp_fingerprints.is_empty() && encryption.pgp_public_keys.is_none() {
+        return Err(ConfigError::Invalid {
+            var: "GITSTATE_PGP_PUBLIC_KEYS_FILE",
+            reason: "needed to seal for GITSTATE_PGP_FINGERPRINTS (armored public keys)".into(),
+        });
+    }
     if encryption.enforced && sources == 0 {
         return Err(ConfigError::EnforcedWithoutKeys);
     }
@@ -64,7 +94,7 @@ pub(crate) fn read(vars: &Vars<'_>) -> Result<EncryptionSettings, ConfigError> {
         return Err(ConfigError::Invalid {
             var: "GITSTATE_SOPS_SHAMIR_THRESHOLD",
             reason: format!(
-                "{threshold} key groups cannot open a state sealed for {sources} (one group per source: KMS, age)"
+                "{threshold} key groups cannot open a state sealed for {sources} (one group per source: KMS, age, OpenPGP)"
             ),
         });
     }
@@ -139,5 +169,31 @@ fn identity(vars: &Vars<'_>) -> Result<Option<(&'static str, Secret)>, ConfigErr
             ),
         )),
         (None, None) => None,
+    })
+}
+
+/// A comma-separated list of OpenPGP fingerprints (spaces allowed, any case).
+fn fingerprints(vars: &Vars<'_>, var: &'static str) -> Result<Vec<String>, ConfigError> {
+    let pgp = gitstate_sops::PgpKeys::parse("", "").map_err(|e| ConfigError::Invalid {
+        var,
+        reason: e.to_string(),
+    })?;
+    let mut out: Vec<String> = Vec::new();
+    for fp in vars.list(var) {
+        let fp = pgp.recipient(&fp).map_err(|e| ConfigError::Invalid {
+            var,
+            reason: e.to_string(),
+        })?;
+        if !out.contains(&fp) {
+            out.push(fp);
+        }
+    }
+    Ok(out)
+}
+
+fn read_file(var: &'static str, path: &str) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path).map_err(|e| ConfigError::Invalid {
+        var,
+        reason: format!("cannot read {path:?}: {e}"),
     })
 }

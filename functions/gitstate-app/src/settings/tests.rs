@@ -344,6 +344,7 @@ fn secrets(s: &Settings) -> Vec<&gitstate_core::secret::Secret> {
     all.extend(s.access.bootstrap.as_ref().map(|(_, hash)| hash));
     all.extend(s.access.bootstrap_kms.as_ref().map(|(_, sealed)| sealed));
     all.extend(s.encryption.age_identity.as_ref().map(|(_, text)| text));
+    all.extend(s.encryption.pgp_secret_keys.as_ref().map(|(_, text)| text));
     all
 }
 
@@ -432,7 +433,7 @@ fn age_groups_and_the_seed_variables() {
         (
             vec![(
                 "TF_BACKEND_HTTP_SOPS_PGP_FP",
-                "FBC7B9E2A4F9289AC0C1D4843D16CEE4A27381B4",
+                "FBC7B9E2A4F9289AC0C1D4843D16CEE4A27381B",
             )],
             "TF_BACKEND_HTTP_SOPS_PGP_FP",
         ),

@@ -49,7 +49,7 @@ pub async fn decrypt(file: &Path, args: &SettingsArgs) -> anyhow::Result<()> {
     let (_, mut settings) = args.settings()?;
     let stored = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
     let kms = gitstate_kms::Kms::from_env().await;
-    gitstate_kms::open_age_identities(Some(&kms), &mut settings.encryption).await?;
+    gitstate_kms::open_private_keys(Some(&kms), &mut settings.encryption).await?;
     let sealer = gitstate_kms::SopsSealer::new(kms, &settings.encryption);
     let opened = sealer
         .envelope()
