@@ -172,6 +172,22 @@ const DESCRIPTIONS: &[Described] = &[
         "a request not done by then is answered 504; on Lambda the invocation's deadline less 2 s applies too",
     ),
     describe(
+        "GITSTATE_HEADER_TIMEOUT_SECS",
+        "`gitstate serve`: how long a connection may take to send a whole request head, from when it opens (after the TLS handshake) or goes idle after an answer (so also the keep-alive timeout); then it is closed",
+    ),
+    describe(
+        "GITSTATE_BODY_TIMEOUT_SECS",
+        "`gitstate serve`: the longest wait for the next piece of a request body; then 400",
+    ),
+    describe(
+        "GITSTATE_MAX_CONNECTIONS",
+        "`gitstate serve`: connections open at once (lowered to fit the open-file limit); more are answered 503 and closed",
+    ),
+    describe(
+        "GITSTATE_MAX_CONNECTIONS_PER_ADDRESS",
+        "`gitstate serve`: connections open at once from one client address (IPv6: its /64); more are answered 503 and closed",
+    ),
+    describe(
         "GITSTATE_COMMITTER_NAME",
         "commit committer name (the author is the authenticated user)",
     ),

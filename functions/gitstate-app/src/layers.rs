@@ -171,6 +171,22 @@ pub const SETTINGS: &[Spec] = &[
         "a request not done by then is a 504 [50]",
     ),
     setting(
+        "GITSTATE_HEADER_TIMEOUT_SECS",
+        "serve: time for a whole request head, also when idle [10]",
+    ),
+    setting(
+        "GITSTATE_BODY_TIMEOUT_SECS",
+        "serve: longest wait for the next piece of a body [20]",
+    ),
+    setting(
+        "GITSTATE_MAX_CONNECTIONS",
+        "serve: connections open at once [1024]",
+    ),
+    setting(
+        "GITSTATE_MAX_CONNECTIONS_PER_ADDRESS",
+        "serve: connections open at once from one address [64]",
+    ),
+    setting(
         "GITSTATE_COMMITTER_NAME",
         "commit committer name [gitstate]",
     ),

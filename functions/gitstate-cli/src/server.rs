@@ -1,16 +1,24 @@
 //! Serving the router on a bound listener until a shutdown signal: plain HTTP, or TLS (rustls)
 //! with optional client certificates; the listener rules; the access log.
+//!
+//! Connections are bounded so that slow or numerous clients cannot hold the server: hyper's
+//! header read timer closes a connection that has not sent a whole request head in time (just
+//! opened, or idle between requests); tower-http's body timeout ends a request whose body
+//! stalls; at most so many connections are open, in total and per client address, and one over
+//! either cap is answered 503 (plain) or closed (TLS) at once, never queued.
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use axum::extract::ConnectInfo;
 use base64::Engine;
-use gitstate_app::settings::ServerSettings;
+use gitstate_app::settings::{ConnectionSettings, ServerSettings};
+use gitstate_core::auth::AddressKey;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tower::ServiceExt;
@@ -19,11 +27,18 @@ use tower::ServiceExt;
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long connections still open at shutdown may finish their requests.
 const DRAIN: Duration = Duration::from_secs(10);
+/// Descriptors kept for everything but client connections (git, the cache, logs).
+const SPARE_DESCRIPTORS: u64 = 128;
+/// Connections over a cap being answered 503 at once; past this many they are closed unanswered.
+const REFUSALS_AT_ONCE: usize = 64;
+/// How long a connection over a cap may take to send the request head its 503 answers.
+const REFUSAL_HEADER_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The listener's TLS and exposure settings.
 pub struct Listening {
     pub tls: Option<Arc<rustls::ServerConfig>>,
     pub access_log: bool,
+    pub connections: ConnectionSettings,
 }
 
 impl Listening {
@@ -56,6 +71,7 @@ impl Listening {
         Ok(Self {
             tls,
             access_log: server.access_log,
+            connections: server.connections,
         })
     }
 
@@ -121,37 +137,16 @@ pub async fn serve_until(
     } else {
         app
     };
-    match &listening.tls {
-        None => axum::serve(
-            listener,
-            app.layer(axum::middleware::map_request(|request| async {
-                with_scheme(request, "http")
-            }))
-            .into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .with_graceful_shutdown(shutdown)
-        .await
-        .context("serving"),
-        Some(tls) => serve_tls(listener, app, tls.clone(), shutdown).await,
-    }
-}
-
-/// Mark the request with the scheme of the listener, replacing whatever the client claimed.
-fn with_scheme<B>(mut request: http::Request<B>, scheme: &'static str) -> http::Request<B> {
-    request.headers_mut().insert(
-        gitstate_http::SCHEME_HEADER,
-        http::HeaderValue::from_static(scheme),
-    );
-    request
-}
-
-async fn serve_tls(
-    listener: tokio::net::TcpListener,
-    app: axum::Router,
-    tls: Arc<rustls::ServerConfig>,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<()> {
-    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let limits = listening.connections;
+    let app = app.layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
+        limits.body_timeout,
+    ));
+    let scheme = listening.scheme();
+    let acceptor = listening.tls.clone().map(tokio_rustls::TlsAcceptor::from);
+    let gate = Arc::new(Gate::new(limits));
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(limits.header_timeout);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
@@ -167,28 +162,40 @@ async fn serve_tls(
             },
             () = &mut shutdown => break,
         };
-        let (acceptor, app, watcher) = (acceptor.clone(), app.clone(), graceful.watcher());
+        let Some(ticket) = gate.admit(peer.ip()) else {
+            refuse(tcp, peer, acceptor.is_some(), &gate);
+            continue;
+        };
+        let (acceptor, app, watcher, http) = (
+            acceptor.clone(),
+            app.clone(),
+            graceful.watcher(),
+            http.clone(),
+        );
         tokio::spawn(async move {
-            let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(stream)) => stream,
-                Ok(Err(e)) => {
-                    tracing::info!("TLS handshake with {peer} refused: {e}");
-                    return;
-                }
-                Err(_) => {
-                    tracing::info!("TLS handshake with {peer} timed out");
-                    return;
-                }
-            };
+            let _ticket = ticket;
             let service = hyper::service::service_fn(
                 move |mut request: hyper::Request<hyper::body::Incoming>| {
                     request.extensions_mut().insert(ConnectInfo(peer));
-                    app.clone().oneshot(with_scheme(request, "https"))
+                    app.clone().oneshot(with_scheme(request, scheme))
                 },
             );
-            let connection = hyper::server::conn::http1::Builder::new()
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
-            if let Err(e) = watcher.watch(connection).await {
+            let result = match acceptor {
+                None => {
+                    let connection =
+                        http.serve_connection(hyper_util::rt::TokioIo::new(tcp), service);
+                    watcher.watch(connection).await
+                }
+                Some(acceptor) => {
+                    let Some(stream) = handshake(&acceptor, tcp, peer).await else {
+                        return;
+                    };
+                    let connection =
+                        http.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+                    watcher.watch(connection).await
+                }
+            };
+            if let Err(e) = result {
                 tracing::debug!("connection from {peer}: {e}");
             }
         });
@@ -203,6 +210,137 @@ async fn serve_tls(
         );
     }
     Ok(())
+}
+
+/// Mark the request with the scheme of the listener, replacing whatever the client claimed.
+fn with_scheme<B>(mut request: http::Request<B>, scheme: &'static str) -> http::Request<B> {
+    request.headers_mut().insert(
+        gitstate_http::SCHEME_HEADER,
+        http::HeaderValue::from_static(scheme),
+    );
+    request
+}
+
+async fn handshake(
+    acceptor: &tokio_rustls::TlsAcceptor,
+    tcp: tokio::net::TcpStream,
+    peer: SocketAddr,
+) -> Option<tokio_rustls::server::TlsStream<tokio::net::TcpStream>> {
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+        Ok(Ok(stream)) => Some(stream),
+        Ok(Err(e)) => {
+            tracing::info!("TLS handshake with {peer} refused: {e}");
+            None
+        }
+        Err(_) => {
+            tracing::info!("TLS handshake with {peer} timed out");
+            None
+        }
+    }
+}
+
+/// A connection over a cap: on a plain listener, answered 503 with `Retry-After` and closed
+/// (while few such answers are under way); over TLS, or past those few, closed at once.
+fn refuse(tcp: tokio::net::TcpStream, peer: SocketAddr, tls: bool, gate: &Gate) {
+    tracing::warn!("too many connections: refusing {peer}");
+    let Some(permit) = (!tls)
+        .then(|| gate.refusals.clone().try_acquire_owned().ok())
+        .flatten()
+    else {
+        return;
+    };
+    tokio::spawn(async move {
+        let _permit = permit;
+        let service =
+            hyper::service::service_fn(|_: hyper::Request<hyper::body::Incoming>| async {
+                http::Response::builder()
+                    .status(http::StatusCode::SERVICE_UNAVAILABLE)
+                    .header(http::header::RETRY_AFTER, "1")
+                    .header(http::header::CONTENT_TYPE, "text/plain; charset=utf-8")
+                    .body(http_body_util::Full::new(bytes::Bytes::from_static(
+                        b"too many connections open; retry in a second\n",
+                    )))
+            });
+        let mut http = hyper::server::conn::http1::Builder::new();
+        http.timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(REFUSAL_HEADER_TIMEOUT)
+            .keep_alive(false);
+        let _ = http
+            .serve_connection(hyper_util::rt::TokioIo::new(tcp), service)
+            .await;
+    });
+}
+
+/// The caps on open connections, in total and per client address (IPv6: its /64).
+struct Gate {
+    total: Arc<tokio::sync::Semaphore>,
+    per_address: Arc<Mutex<HashMap<AddressKey, usize>>>,
+    max_per_address: usize,
+    refusals: Arc<tokio::sync::Semaphore>,
+}
+
+/// An admitted connection's place under the caps, given back when it closes.
+struct Ticket {
+    _total: tokio::sync::OwnedSemaphorePermit,
+    address: AddressKey,
+    per_address: Arc<Mutex<HashMap<AddressKey, usize>>>,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if let Ok(mut open) = self.per_address.lock()
+            && let Some(n) = open.get_mut(&self.address)
+        {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.address);
+            }
+        }
+    }
+}
+
+impl Gate {
+    fn new(limits: ConnectionSettings) -> Self {
+        let total = limits.max_connections.min(descriptor_room()).max(1);
+        if total < limits.max_connections {
+            tracing::info!(
+                "at most {total} connections at once: the open-file limit leaves no room for more"
+            );
+        }
+        Self {
+            total: Arc::new(tokio::sync::Semaphore::new(total)),
+            per_address: Arc::default(),
+            max_per_address: limits.max_per_address.max(1),
+            refusals: Arc::new(tokio::sync::Semaphore::new(REFUSALS_AT_ONCE)),
+        }
+    }
+
+    /// A place for a connection from `ip`, if neither cap is reached.
+    fn admit(&self, ip: IpAddr) -> Option<Ticket> {
+        let address = AddressKey::of(ip);
+        let mut open = self.per_address.lock().ok()?;
+        if open
+            .get(&address)
+            .is_some_and(|n| *n >= self.max_per_address)
+        {
+            return None;
+        }
+        let total = self.total.clone().try_acquire_owned().ok()?;
+        *open.entry(address).or_insert(0) += 1;
+        Some(Ticket {
+            _total: total,
+            address,
+            per_address: self.per_address.clone(),
+        })
+    }
+}
+
+/// How many client connections the open-file limit leaves room for.
+fn descriptor_room() -> usize {
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
+    limit.map_or(usize::MAX, |n| {
+        usize::try_from(n.saturating_sub(SPARE_DESCRIPTORS)).unwrap_or(usize::MAX)
+    })
 }
 
 /// One line per request: method, path (no query: it may name a repository URL), status, the

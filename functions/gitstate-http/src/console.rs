@@ -9,7 +9,8 @@
 //! - `GET /ui/style.css`.
 //!
 //! Pages never show attribute or output values: only addresses, types, names and serials. Every
-//! answer carries a strict Content-Security-Policy; no page needs JavaScript. This module routes
+//! answer carries a strict Content-Security-Policy (from [`crate::guard`], errors and redirects
+//! included); no page needs JavaScript. This module routes
 //! and guards the forms; [`pages`] renders.
 
 mod pages;
@@ -27,13 +28,10 @@ use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use sha2::Sha256;
 
 use crate::request::{Params, decode_path, read_body, state_name};
-use crate::{ApiError, App, MAX_QUERY_BYTES, SCHEME_HEADER, not_allowed};
+use crate::{ApiError, App, MAX_QUERY_BYTES, guard, not_allowed};
 
 /// Where the console lives.
 pub const PREFIX: &str = "/ui";
-
-const CSP: &str = "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; \
-                   frame-ancestors 'none'; base-uri 'none'";
 
 const STYLE: &str = include_str!("../templates/style.css");
 
@@ -94,39 +92,21 @@ fn style() -> Response {
         STYLE,
     )
         .into_response();
-    secure(response.headers_mut(), "private, max-age=3600");
+    response.headers_mut().insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("private, max-age=3600"),
+    );
     response
-}
-
-/// Headers every console answer carries.
-fn secure(headers: &mut HeaderMap, cache: &'static str) {
-    headers.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static(CSP),
-    );
-    headers.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
-    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
-    // Not `no-referrer`: under it a browser sends `Origin: null` even on same-origin posts.
-    headers.insert(
-        header::REFERRER_POLICY,
-        HeaderValue::from_static("same-origin"),
-    );
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static(cache));
 }
 
 fn html(page: &impl Template) -> Result<Response, ApiError> {
     let text = page.render().map_err(ApiError::Render)?;
-    let mut response = (
+    Ok((
         StatusCode::OK,
         [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
         text,
     )
-        .into_response();
-    secure(response.headers_mut(), "no-store");
-    Ok(response)
+        .into_response())
 }
 
 /// The form token of a caller: an HMAC of the user name keyed by the user's stored argon2 hash,
@@ -151,39 +131,11 @@ fn token_for(phc: &str, user: &str) -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(mac.finalize().into_bytes())
 }
 
-/// Refuse anything a browser marks as coming from another site, or that names no origin at all.
+/// Refuse anything but a post from the console's own pages: one a browser marks as coming from
+/// another site, the user's own action, or that names no origin at all.
 fn same_origin(headers: &HeaderMap) -> Result<(), ApiError> {
-    let text = |name: header::HeaderName| {
-        headers
-            .get(name)
-            .map(|v| v.to_str().map_err(|_| ApiError::CrossSite))
-            .transpose()
-    };
-    let site = text(header::HeaderName::from_static("sec-fetch-site"))?;
-    let (origin, host) = (text(header::ORIGIN)?, text(header::HOST)?);
-    tracing::debug!(?site, ?origin, ?host, "console form post");
-    if site.is_some_and(|site| site != "same-origin") {
-        return Err(ApiError::CrossSite);
-    }
-    // The scheme too: `http://host` is another origin than an https deployment's.
-    let scheme = match text(header::HeaderName::from_static(SCHEME_HEADER))? {
-        Some(proto) if proto.eq_ignore_ascii_case("https") => "https://",
-        _ => "http://",
-    };
-    match (origin, host) {
-        (Some(origin), Some(host)) => {
-            let origin_host = origin
-                .get(..scheme.len())
-                .filter(|s| s.eq_ignore_ascii_case(scheme))
-                .and_then(|_| origin.get(scheme.len()..));
-            if origin_host.is_some_and(|h| h.eq_ignore_ascii_case(host)) {
-                Ok(())
-            } else {
-                Err(ApiError::CrossSite)
-            }
-        }
-        // A browser that sends Sec-Fetch-Site: same-origin but no Origin is still same-origin.
-        (None, _) if site.is_some() => Ok(()),
+    match guard::site(headers) {
+        guard::Site::SameOrigin => Ok(()),
         _ => Err(ApiError::CrossSite),
     }
 }
@@ -244,9 +196,7 @@ async fn act(
         }
     };
     let location = format!("/ui/states/{name}?done={done}");
-    let mut response = (StatusCode::SEE_OTHER, [(header::LOCATION, location)]).into_response();
-    secure(response.headers_mut(), "no-store");
-    Ok(response)
+    Ok((StatusCode::SEE_OTHER, [(header::LOCATION, location)]).into_response())
 }
 
 #[cfg(test)]

@@ -42,7 +42,10 @@ pub enum ApiError {
     QueryTooLong,
     #[error("the request did not finish within {seconds:.1} s")]
     Deadline { seconds: f64 },
-    #[error("cross-site request refused: the console's forms are accepted from its own pages only")]
+    #[error(
+        "cross-site request refused: writes are accepted from this backend's own pages and from \
+         clients that are not browsers (Sec-Fetch-Site or Origin names another site)"
+    )]
     CrossSite,
     #[error("the form token is missing or wrong: reload the page and try again")]
     FormToken,

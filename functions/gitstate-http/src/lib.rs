@@ -18,11 +18,13 @@
 //! Every other request needs the Basic credentials of a user of the access policy.
 //!
 //! [`request`] reads what a request addresses and carries; [`error`] is the one place where
-//! errors become statuses; [`log`] logs each outcome in a layer around the router.
+//! errors become statuses; [`log`] logs each outcome in a layer around the router; [`guard`]'s
+//! layers refuse cross-site writes from browsers and put the security headers on every answer.
 
 mod backend_block;
 mod console;
 mod error;
+mod guard;
 mod history;
 mod list;
 mod locks;
@@ -134,6 +136,8 @@ pub fn router(backend: Arc<Backend>, access: Arc<Access>, limits: Limits) -> Rou
             access,
             limits,
         })
+        .layer(axum::middleware::from_fn(guard::cross_site_writes))
+        .layer(axum::middleware::from_fn(guard::security_headers))
         .layer(axum::middleware::from_fn(log::outcomes))
 }
 

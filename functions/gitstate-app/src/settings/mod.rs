@@ -16,7 +16,7 @@ pub use access::AccessSettings;
 pub use encryption::EncryptionSettings;
 pub use git::{GitAuth, GitSettings};
 pub use limits::{BUFFERED_RESPONSE_LIMIT, DEFAULT_MAX_BODY_BYTES, LimitSettings};
-pub use server::{ServerSettings, TlsFiles};
+pub use server::{ConnectionSettings, ServerSettings, TlsFiles};
 
 /// Where the process runs; it decides the defaults that differ.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -25,6 +25,37 @@ pub struct ServerSettings {
     /// `InvokeMode: RESPONSE_STREAM`, so the Lambda streams responses and states over 6 MB can
     /// be read. Without it they are refused with 413 rather than truncated.
     pub response_streaming: bool,
+    /// How `gitstate serve` treats connections.
+    pub connections: ConnectionSettings,
+}
+
+/// `gitstate serve`'s bounds on connections, so slow or numerous clients cannot hold them all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionSettings {
+    /// `GITSTATE_HEADER_TIMEOUT_SECS` (default 10): how long a connection may take to send a
+    /// whole request head, counted from when it is ready for one: just opened (after the TLS
+    /// handshake) or idle after an answer (the keep-alive timeout too).
+    pub header_timeout: Duration,
+    /// `GITSTATE_BODY_TIMEOUT_SECS` (default 20): the longest wait for the next piece of a
+    /// request body.
+    pub body_timeout: Duration,
+    /// `GITSTATE_MAX_CONNECTIONS` (default 1024, and never more than the open-file limit allows):
+    /// connections open at once; more are answered 503 and closed.
+    pub max_connections: usize,
+    /// `GITSTATE_MAX_CONNECTIONS_PER_ADDRESS` (default 64): connections open at once from one
+    /// client address (IPv6: one /64); more are answered 503 and closed.
+    pub max_per_address: usize,
+}
+
+impl Default for ConnectionSettings {
+    fn default() -> Self {
+        Self {
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(20),
+            max_connections: 1024,
+            max_per_address: 64,
+        }
+    }
 }
 
 /// Paths of the local server's TLS files, as given.
@@ -57,6 +88,34 @@ impl ServerSettings {
                 vars.number("GITSTATE_REQUEST_DEADLINE_SECS", 50)?,
             ),
             response_streaming: vars.flag("GITSTATE_RESPONSE_STREAMING")?,
+            connections: ConnectionSettings::read(vars)?,
+        })
+    }
+}
+
+impl ConnectionSettings {
+    fn read(vars: &Vars<'_>) -> Result<Self, ConfigError> {
+        let default = Self::default();
+        let count = |var, default: usize| -> Result<usize, ConfigError> {
+            let n = vars.number(var, default as u64)?;
+            usize::try_from(n).map_err(|_| ConfigError::Invalid {
+                var,
+                reason: format!("{n} is too large"),
+            })
+        };
+        Ok(Self {
+            header_timeout: Duration::from_secs(vars.number(
+                "GITSTATE_HEADER_TIMEOUT_SECS",
+                default.header_timeout.as_secs(),
+            )?),
+            body_timeout: Duration::from_secs(
+                vars.number("GITSTATE_BODY_TIMEOUT_SECS", default.body_timeout.as_secs())?,
+            ),
+            max_connections: count("GITSTATE_MAX_CONNECTIONS", default.max_connections)?,
+            max_per_address: count(
+                "GITSTATE_MAX_CONNECTIONS_PER_ADDRESS",
+                default.max_per_address,
+            )?,
         })
     }
 }

@@ -86,6 +86,7 @@ pub async fn run(
     let listening = server::Listening {
         tls: None,
         access_log: layered.flag_on("GITSTATE_ACCESS_LOG")?,
+        connections: settings.server.connections,
     };
     let status = run::run(settings, listening, state, program, workdir).await?;
     std::process::exit(run::exit_code(status));

@@ -382,3 +382,81 @@ fn a_20_mb_state_round_trips_through_the_server() {
     child.kill().expect("stop");
     let _ = child.wait();
 }
+
+/// Issue 24, connection hygiene on the binary: connections that send half a request head are
+/// closed after the header timeout (they hold nothing after it); one over the per-address cap is
+/// answered 503 with `Retry-After` at once, while another address is served; once the slow ones
+/// are gone the address is served again.
+#[test]
+fn slow_headers_are_closed_and_connections_over_the_cap_answered_503() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut child, address, _) = start_serve(
+        dir.path(),
+        &[
+            ("GITSTATE_HEADER_TIMEOUT_SECS", "1"),
+            ("GITSTATE_MAX_CONNECTIONS_PER_ADDRESS", "8"),
+        ],
+    );
+    let health = |stream: &mut TcpStream| -> String {
+        write!(
+            stream,
+            "GET /health HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+        )
+        .expect("send");
+        let mut answer = String::new();
+        let _ = stream.read_to_string(&mut answer);
+        answer
+    };
+    let mut slow: Vec<TcpStream> = (0..8)
+        .map(|_| {
+            let mut stream = TcpStream::connect(&address).expect("connect");
+            write!(stream, "GET /health HTTP/1.1\r\nHost: {address}\r\n").expect("half a head");
+            stream
+        })
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let over = health(&mut TcpStream::connect(&address).expect("connect"));
+    assert!(over.starts_with("HTTP/1.1 503"), "{over}");
+    assert!(
+        over.to_ascii_lowercase().contains("retry-after: 1"),
+        "{over}"
+    );
+    // Another address of 127/8 is not affected by the cap of 127.0.0.1.
+    let port: u16 = address
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("port");
+    let elsewhere = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(async {
+            let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+            socket
+                .bind("127.0.0.2:0".parse().expect("address"))
+                .expect("bind 127.0.0.2");
+            let stream = socket
+                .connect(([127, 0, 0, 1], port).into())
+                .await
+                .expect("connect");
+            stream.into_std().expect("std")
+        });
+    elsewhere.set_nonblocking(false).expect("blocking");
+    let answer = health(&mut { elsewhere });
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    // The slow connections are closed by the server (end of stream, perhaps after a 408).
+    for stream in &mut slow {
+        stream
+            .set_read_timeout(Some(std::time::Duration::from_secs(20)))
+            .expect("timeout");
+        let mut rest = Vec::new();
+        stream
+            .read_to_end(&mut rest)
+            .expect("the server closes a connection that never finished its head");
+    }
+    let answer = health(&mut TcpStream::connect(&address).expect("connect"));
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    child.kill().expect("kill");
+    let _ = child.wait();
+}

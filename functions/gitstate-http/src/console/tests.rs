@@ -1,4 +1,5 @@
 use super::*;
+use crate::SCHEME_HEADER;
 
 fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
     let mut map = HeaderMap::new();
