@@ -610,7 +610,7 @@ async fn a_flood_of_random_users_from_one_address_is_429_without_argon2_and_cach
             401 => failed += 1,
             other => panic!("unexpected {other}: {body}"),
         }
-        bodies.insert((status, body));
+        bodies.insert((status, without_digits(&body)));
     }
     let argon2_runs = verifier.calls.load(Ordering::SeqCst) - 1;
     println!(
@@ -632,7 +632,16 @@ async fn a_flood_of_random_users_from_one_address_is_429_without_argon2_and_cach
         .send_with_authorization("GET", "/states/a.tfstate", Some(&basic(READER.0, "wrong")))
         .await;
     assert_eq!(status, 429);
-    assert!(bodies.contains(&(429, body)));
+    assert!(
+        bodies.contains(&(429, without_digits(&body))),
+        "the known user's 429 reads as the random names' (but for the wait): {body}"
+    );
     assert_eq!(verifier.calls.load(Ordering::SeqCst), argon2_runs + 1);
     assert_no_secret_logged();
+}
+
+/// An answer's text with its numbers taken out: a 429 names its wait in seconds, which may differ
+/// by a second between two answers that are otherwise the same.
+fn without_digits(body: &str) -> String {
+    body.chars().filter(|c| !c.is_ascii_digit()).collect()
 }
