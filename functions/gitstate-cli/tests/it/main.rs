@@ -8,6 +8,7 @@ const GITSTATE: &str = env!("CARGO_BIN_EXE_gitstate");
 mod breakglass;
 mod hosts;
 mod processes;
+mod release;
 mod run;
 mod seed;
 mod serve;
