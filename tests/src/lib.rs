@@ -16,6 +16,7 @@ use http::{HeaderMap, Method, StatusCode, Uri};
 use http_body_util::BodyExt;
 use tokio::io::AsyncWriteExt;
 
+pub mod attack;
 mod client;
 pub mod faults;
 pub mod hosts;

@@ -5,9 +5,11 @@
 /// The `gitstate` binary under test, as cargo built it for this package.
 const GITSTATE: &str = env!("CARGO_BIN_EXE_gitstate");
 
+mod attack;
 mod breakglass;
 mod hosts;
 mod processes;
+mod release;
 mod run;
 mod seed;
 mod serve;
