@@ -22,8 +22,14 @@ pub enum SourceError {
     Fingerprint(String),
     #[error("the OpenPGP public keys do not parse (armored, as `gpg --armor --export` writes)")]
     PgpPublic,
-    #[error("the OpenPGP secret keys do not parse (armored, without a passphrase)")]
+    #[error(
+        "the OpenPGP secret keys do not parse (armored, as `gpg --armor --export-secret-keys` writes)"
+    )]
     PgpSecret,
+    #[error("the OpenPGP secret key {0} is protected by a passphrase: set GITSTATE_PGP_PASSPHRASE")]
+    PgpLocked(String),
+    #[error("the passphrase does not unlock the OpenPGP secret key {0}")]
+    PgpPassphrase(String),
 }
 
 /// A source of master keys that wraps a data key (or a key group's Shamir share) for a
@@ -172,7 +178,8 @@ impl KeySource for AgeKeys {
 }
 
 /// OpenPGP keys (rPGP): public keys to seal for, by primary-key fingerprint as sops names them
-/// (40 upper-case hex digits), and the secret keys (without a passphrase) that open.
+/// (40 upper-case hex digits), and the secret keys that open (unlocked once, when parsed, with
+/// the passphrase given for those protected by one).
 pub struct PgpKeys {
     public: Vec<pgp::composed::SignedPublicKey>,
     secret: Vec<pgp::composed::SignedSecretKey>,
@@ -210,25 +217,32 @@ fn fingerprint(fp: &pgp::types::Fingerprint) -> String {
 
 impl PgpKeys {
     /// Armored public keys (any number, as `gpg --armor --export` writes them) and armored secret
-    /// keys (`gpg --armor --export-secret-keys`), either may be empty.
-    pub fn parse(public: &str, secret: &str) -> Result<Self, SourceError> {
+    /// keys (`gpg --armor --export-secret-keys`), either may be empty. Secret keys protected by a
+    /// passphrase are unlocked here with `passphrase` (the same for all of them): a key it does
+    /// not unlock, or a protected key without one, is refused now rather than at the first read.
+    pub fn parse(
+        public: &str,
+        secret: &str,
+        passphrase: Option<&str>,
+    ) -> Result<Self, SourceError> {
         use pgp::composed::{Deserializable, SignedPublicKey, SignedSecretKey};
         let mut keys = Self {
             public: Vec::new(),
             secret: Vec::new(),
         };
-        if !public.trim().is_empty() {
+        for block in armor_blocks(public) {
             let (many, _) =
-                SignedPublicKey::from_string_many(public).map_err(|_| SourceError::PgpPublic)?;
+                SignedPublicKey::from_string_many(block).map_err(|_| SourceError::PgpPublic)?;
             for key in many {
                 keys.public.push(key.map_err(|_| SourceError::PgpPublic)?);
             }
         }
-        if !secret.trim().is_empty() {
+        for block in armor_blocks(secret) {
             let (many, _) =
-                SignedSecretKey::from_string_many(secret).map_err(|_| SourceError::PgpSecret)?;
+                SignedSecretKey::from_string_many(block).map_err(|_| SourceError::PgpSecret)?;
             for key in many {
-                keys.secret.push(key.map_err(|_| SourceError::PgpSecret)?);
+                let key = key.map_err(|_| SourceError::PgpSecret)?;
+                keys.secret.push(unlock(key, passphrase)?);
             }
         }
         Ok(keys)
@@ -250,6 +264,58 @@ impl PgpKeys {
             .map(|k| fingerprint(&k.fingerprint()))
             .collect()
     }
+}
+
+/// The armored blocks of a text (one `-----BEGIN PGP …` line each, as files that hold several
+/// exports one after another do); text before the first block is ignored.
+fn armor_blocks(text: &str) -> Vec<&str> {
+    let mut starts: Vec<usize> = text
+        .match_indices("-----BEGIN PGP ")
+        .map(|(at, _)| at)
+        .filter(|&at| at == 0 || text[..at].ends_with('\n'))
+        .collect();
+    if starts.is_empty() && !text.trim().is_empty() {
+        // not armored: the parser says so
+        starts.push(0);
+    }
+    let ends = starts.iter().skip(1).copied().chain([text.len()]);
+    starts.iter().zip(ends).map(|(&a, b)| &text[a..b]).collect()
+}
+
+/// The secret key with its decryption material unlocked: every subkey that can encrypt, or the
+/// primary key when none can (signing material, possibly a `gpg` stub after
+/// `--export-secret-subkeys`, is left as it is and never used).
+fn unlock(
+    mut key: pgp::composed::SignedSecretKey,
+    passphrase: Option<&str>,
+) -> Result<pgp::composed::SignedSecretKey, SourceError> {
+    use pgp::types::{KeyDetails, Password};
+    let fp = fingerprint(&key.fingerprint());
+    let password = passphrase.map(Password::from);
+    let unlock_one = |locked: bool,
+                      remove: &mut dyn FnMut(&Password) -> pgp::errors::Result<()>|
+     -> Result<(), SourceError> {
+        if !locked {
+            return Ok(());
+        }
+        let password = password
+            .as_ref()
+            .ok_or_else(|| SourceError::PgpLocked(fp.clone()))?;
+        remove(password).map_err(|_| SourceError::PgpPassphrase(fp.clone()))
+    };
+    let mut subkeys = 0;
+    for sub in &mut key.secret_subkeys {
+        if sub.key.algorithm().can_encrypt() {
+            subkeys += 1;
+            let locked = sub.key.secret_params().is_encrypted();
+            unlock_one(locked, &mut |p| sub.key.remove_password(p))?;
+        }
+    }
+    if subkeys == 0 {
+        let locked = key.primary_key.secret_params().is_encrypted();
+        unlock_one(locked, &mut |p| key.primary_key.remove_password(p))?;
+    }
+    Ok(key)
 }
 
 #[async_trait]
@@ -307,7 +373,10 @@ impl KeySource for PgpKeys {
                 KeyError::Refused("no OpenPGP secret key for this fingerprint".into())
             })?;
         let (message, _) = Message::from_armor(enc.as_bytes()).map_err(|e| refused(&e))?;
-        let mut message = message.decrypt(&"".into(), key).map_err(|e| refused(&e))?;
+        // unlocked when parsed
+        let mut message = message
+            .decrypt(&pgp::types::Password::empty(), key)
+            .map_err(|e| refused(&e))?;
         if message.is_compressed() {
             message = message.decompress().map_err(|e| refused(&e))?;
         }
