@@ -15,7 +15,8 @@ use gitstate_tests::{
     settings_for, sops311, stored_file,
 };
 
-use crate::sops_oracle::{break_glass, generated_state, kms_group, sops, sops_config};
+use crate::sops_oracle::generated_state;
+use gitstate_tests::sops::{break_glass, kms_group, sops, sops_encrypt_json};
 
 /// An age identity made by `age-keygen`: its file and its recipient.
 struct AgeKey {
@@ -107,19 +108,10 @@ impl Setup {
         groups: &str,
         threshold: Option<usize>,
     ) -> Vec<u8> {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let config = sops_config(dir.path(), groups, threshold);
         let plain = serde_json::json!({"data": state, "gitstate_binding": self.binding(name)});
-        sops(
-            &[
-                "--config",
-                config.to_str().expect("utf-8"),
-                "encrypt",
-                "--input-type",
-                "json",
-                "--output-type",
-                "json",
-            ],
+        sops_encrypt_json(
+            groups,
+            threshold,
             plain.to_string().as_bytes(),
             &self.moto.env(),
         )
@@ -635,23 +627,9 @@ async fn pgp_states_both_ways_with_sops311_and_gpg() {
     let group = format!("      - pgp:\n          - {:?}\n", key.fp);
     let mut env = s.moto.env();
     env.extend(gpg_env.clone());
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config = sops_config(dir.path(), &group, None);
     let plain =
         serde_json::json!({"data": state, "gitstate_binding": s.binding("pgp/by-sops.tfstate")});
-    let sealed = sops(
-        &[
-            "--config",
-            config.to_str().expect("utf-8"),
-            "encrypt",
-            "--input-type",
-            "json",
-            "--output-type",
-            "json",
-        ],
-        plain.to_string().as_bytes(),
-        &env,
-    );
+    let sealed = sops_encrypt_json(&group, None, plain.to_string().as_bytes(), &env);
     commit_file(&s.server, "infra", "pgp/by-sops.tfstate", &sealed);
     assert!(
         client
@@ -664,22 +642,9 @@ async fn pgp_states_both_ways_with_sops311_and_gpg() {
     // and a 2-of-2 of an OpenPGP group and an age group, written by sops, opens with both keys
     let age = age_key(s.keys.path(), "a.txt");
     let groups = format!("{group}{}", age_group(&[&age]));
-    let config = sops_config(dir.path(), &groups, Some(2));
     let plain =
         serde_json::json!({"data": state, "gitstate_binding": s.binding("pgp/groups.tfstate")});
-    let sealed = sops(
-        &[
-            "--config",
-            config.to_str().expect("utf-8"),
-            "encrypt",
-            "--input-type",
-            "json",
-            "--output-type",
-            "json",
-        ],
-        plain.to_string().as_bytes(),
-        &env,
-    );
+    let sealed = sops_encrypt_json(&groups, Some(2), plain.to_string().as_bytes(), &env);
     commit_file(&s.server, "infra", "pgp/groups.tfstate", &sealed);
     let age_file = age.file.display().to_string();
     let mut both = vars.to_vec();
