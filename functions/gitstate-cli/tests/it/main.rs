@@ -7,6 +7,7 @@ const GITSTATE: &str = env!("CARGO_BIN_EXE_gitstate");
 
 mod attack;
 mod breakglass;
+mod doctor;
 mod hosts;
 mod processes;
 mod release;
