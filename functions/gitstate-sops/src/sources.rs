@@ -1,6 +1,7 @@
-//! Master key sources other than AWS KMS: one small trait, one implementation per source: age
-//! and OpenPGP here; GCP KMS and Vault transit would each be one more implementation (their
-//! entries are read and counted already, and never used).
+//! Master key sources: one small trait, one implementation per source. AWS KMS ([`KmsKeys`], a
+//! thin adapter over the richer [`KeyService`]), age and OpenPGP here; GCP KMS and Vault transit
+//! would each be one more implementation (their entries are read and counted already, and never
+//! used).
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -8,7 +9,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use zeroize::Zeroizing;
 
-use crate::{KeyError, Unwrapped};
+use crate::{Context, KeyError, KeyService, Unwrapped, WrappedKey};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SourceError {
@@ -30,20 +31,95 @@ pub enum SourceError {
     PgpLocked(String),
     #[error("the passphrase does not unlock the OpenPGP secret key {0}")]
     PgpPassphrase(String),
+    #[error("{0}")]
+    KmsKey(String),
+}
+
+/// A secret wrapped by one master key: the name the file records the key by (a KMS key's ARN as
+/// KMS answers it, an age recipient, an OpenPGP fingerprint) and the entry's ciphertext (the KMS
+/// blob, which the file holds as base64; age and OpenPGP armored text).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WrappedSecret {
+    pub key: String,
+    pub enc: Vec<u8>,
 }
 
 /// A source of master keys that wraps a data key (or a key group's Shamir share) for a
-/// recipient and unwraps an entry with a private key it holds.
+/// recipient and unwraps an entry with a private key it holds (or, for a key service, asks it to).
 #[async_trait]
 pub trait KeySource: Send + Sync {
-    /// The list of a sops key group its entries live in (`age`, `pgp`, `gcp_kms`, `hc_vault`).
+    /// The list of a sops key group its entries live in (`kms`, `age`, `pgp`, `gcp_kms`,
+    /// `hc_vault`).
     fn list(&self) -> &'static str;
     /// The one spelling of a recipient the files carry; refuses what is not a recipient.
     fn recipient(&self, id: &str) -> Result<String, SourceError>;
-    /// The entry's `enc` text: `secret` wrapped for `recipient`.
-    async fn wrap(&self, recipient: &str, secret: &[u8]) -> Result<String, KeyError>;
-    /// Unwrap an entry naming `recipient` with a private key this source holds.
-    async fn unwrap(&self, recipient: &str, enc: &str) -> Result<Unwrapped, KeyError>;
+    /// Whether the ciphertext binds the context itself (KMS's encryption context): files sealed
+    /// through a source that does not carry the location as [`crate::BINDING`] instead.
+    fn binds_context(&self) -> bool {
+        false
+    }
+    /// `secret` wrapped for `recipient`, under `context` where the source binds one.
+    async fn wrap(
+        &self,
+        recipient: &str,
+        secret: &[u8],
+        context: &Context,
+    ) -> Result<WrappedSecret, KeyError>;
+    /// Unwrap an entry naming `recipient`, made under `context` where the source binds one.
+    async fn unwrap(
+        &self,
+        recipient: &str,
+        enc: &[u8],
+        context: &Context,
+    ) -> Result<Unwrapped, KeyError>;
+}
+
+/// AWS KMS as a [`KeySource`]: wrap and unwrap through a [`KeyService`], which also keeps what
+/// only KMS has (a fresh data key from the first key, resolving aliases to ARNs, the data-key
+/// cache); the envelope calls those directly.
+pub struct KmsKeys<'a, K: ?Sized>(pub &'a K);
+
+#[async_trait]
+impl<K: KeyService + ?Sized> KeySource for KmsKeys<'_, K> {
+    fn list(&self) -> &'static str {
+        "kms"
+    }
+
+    fn recipient(&self, id: &str) -> Result<String, SourceError> {
+        let id = id.trim();
+        crate::kms_key::KeyName::parse(id).map_err(|e| SourceError::KmsKey(e.to_string()))?;
+        Ok(id.to_owned())
+    }
+
+    fn binds_context(&self) -> bool {
+        true
+    }
+
+    async fn wrap(
+        &self,
+        recipient: &str,
+        secret: &[u8],
+        context: &Context,
+    ) -> Result<WrappedSecret, KeyError> {
+        let wrapped = self.0.wrap(recipient, secret, context).await?;
+        Ok(WrappedSecret {
+            key: wrapped.arn,
+            enc: wrapped.blob,
+        })
+    }
+
+    async fn unwrap(
+        &self,
+        recipient: &str,
+        enc: &[u8],
+        context: &Context,
+    ) -> Result<Unwrapped, KeyError> {
+        let wrapped = WrappedKey {
+            arn: recipient.to_owned(),
+            blob: enc.to_vec(),
+        };
+        self.0.unwrap(&wrapped, context).await
+    }
 }
 
 /// A configured source: its recipients that seal every write (current) and those that only
@@ -159,19 +235,34 @@ impl KeySource for AgeKeys {
             .map_err(|_| SourceError::Recipient(id.chars().take(80).collect()))
     }
 
-    async fn wrap(&self, recipient: &str, secret: &[u8]) -> Result<String, KeyError> {
+    async fn wrap(
+        &self,
+        recipient: &str,
+        secret: &[u8],
+        _: &Context,
+    ) -> Result<WrappedSecret, KeyError> {
         let to = age::x25519::Recipient::from_str(recipient)
             .map_err(|e| KeyError::Refused(e.to_string().into()))?;
-        age::encrypt_and_armor(&to, secret).map_err(|e| KeyError::Refused(e.to_string().into()))
+        let armored = age::encrypt_and_armor(&to, secret)
+            .map_err(|e| KeyError::Refused(e.to_string().into()))?;
+        Ok(WrappedSecret {
+            key: recipient.to_owned(),
+            enc: armored.into_bytes(),
+        })
     }
 
-    async fn unwrap(&self, recipient: &str, enc: &str) -> Result<Unwrapped, KeyError> {
+    async fn unwrap(
+        &self,
+        recipient: &str,
+        enc: &[u8],
+        _: &Context,
+    ) -> Result<Unwrapped, KeyError> {
         let identity = self
             .identities
             .iter()
             .find(|i| i.to_public().to_string() == recipient)
             .ok_or_else(|| KeyError::Refused("no age identity for this recipient".into()))?;
-        age::decrypt(identity, enc.as_bytes())
+        age::decrypt(identity, enc)
             .map(Zeroizing::new)
             .map_err(|e| KeyError::Refused(e.to_string().into()))
     }
@@ -333,7 +424,12 @@ impl KeySource for PgpKeys {
         }
     }
 
-    async fn wrap(&self, recipient: &str, secret: &[u8]) -> Result<String, KeyError> {
+    async fn wrap(
+        &self,
+        recipient: &str,
+        secret: &[u8],
+        _: &Context,
+    ) -> Result<WrappedSecret, KeyError> {
         use pgp::composed::{ArmorOptions, MessageBuilder};
         use pgp::crypto::sym::SymmetricKeyAlgorithm;
         use pgp::types::KeyDetails;
@@ -356,12 +452,21 @@ impl KeySource for PgpKeys {
         builder
             .encrypt_to_key(&mut rng, subkey)
             .map_err(|e| refused(&e))?;
-        builder
+        let armored = builder
             .to_armored_string(rng, ArmorOptions::default())
-            .map_err(|e| refused(&e))
+            .map_err(|e| refused(&e))?;
+        Ok(WrappedSecret {
+            key: recipient.to_owned(),
+            enc: armored.into_bytes(),
+        })
     }
 
-    async fn unwrap(&self, recipient: &str, enc: &str) -> Result<Unwrapped, KeyError> {
+    async fn unwrap(
+        &self,
+        recipient: &str,
+        enc: &[u8],
+        _: &Context,
+    ) -> Result<Unwrapped, KeyError> {
         use pgp::composed::Message;
         use pgp::types::KeyDetails;
         let refused = |e: &dyn std::fmt::Display| KeyError::Refused(e.to_string().into());
@@ -372,7 +477,7 @@ impl KeySource for PgpKeys {
             .ok_or_else(|| {
                 KeyError::Refused("no OpenPGP secret key for this fingerprint".into())
             })?;
-        let (message, _) = Message::from_armor(enc.as_bytes()).map_err(|e| refused(&e))?;
+        let (message, _) = Message::from_armor(enc).map_err(|e| refused(&e))?;
         // unlocked when parsed
         let mut message = message
             .decrypt(&pgp::types::Password::empty(), key)
@@ -384,5 +489,76 @@ impl KeySource for PgpKeys {
             .as_data_vec()
             .map(Zeroizing::new)
             .map_err(|e| refused(&e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Generated files of several armored blocks (with text before, blank lines between, CRLF
+    /// or not) split into exactly those blocks; a marker inside a line starts none.
+    #[test]
+    fn armor_blocks_split_concatenated_exports() {
+        let block = |kind: &str, body: &str, nl: &str| {
+            format!("-----BEGIN PGP {kind}-----{nl}{nl}{body}{nl}-----END PGP {kind}-----{nl}")
+        };
+        for n in 1..=4 {
+            for nl in ["\n", "\r\n"] {
+                for lead in ["", "comment line\n", "\n\n"] {
+                    let blocks: Vec<String> = (0..n)
+                        .map(|i| {
+                            block("PUBLIC KEY BLOCK", &format!("body{i} -----BEGIN PGP x"), nl)
+                        })
+                        .collect();
+                    let text = format!("{lead}{}", blocks.join(nl));
+                    let got = armor_blocks(&text);
+                    assert_eq!(got.len(), n, "{text:?}");
+                    for (i, part) in got.iter().enumerate() {
+                        assert!(part.starts_with("-----BEGIN PGP PUBLIC KEY BLOCK-----"));
+                        assert!(part.contains(&format!("body{i} ")), "{part:?}");
+                    }
+                }
+            }
+        }
+        assert!(armor_blocks("").is_empty() && armor_blocks(" \n").is_empty());
+        assert_eq!(armor_blocks("not armored"), ["not armored"]);
+    }
+
+    /// The KMS adapter names its list, binds the context, and spells a key as configured,
+    /// refusing what no KMS key name parses as.
+    #[test]
+    fn kms_adapter_recipients() {
+        struct NoKms;
+        #[async_trait]
+        impl KeyService for NoKms {
+            async fn generate(
+                &self,
+                _: &str,
+                _: &Context,
+            ) -> Result<(crate::DataKey, WrappedKey), KeyError> {
+                Err(KeyError::Refused("no".into()))
+            }
+            async fn wrap(&self, _: &str, _: &[u8], _: &Context) -> Result<WrappedKey, KeyError> {
+                Err(KeyError::Refused("no".into()))
+            }
+            async fn unwrap(&self, _: &WrappedKey, _: &Context) -> Result<Unwrapped, KeyError> {
+                Err(KeyError::Refused("no".into()))
+            }
+            async fn resolve(&self, _: &str) -> Result<String, KeyError> {
+                Err(KeyError::Refused("no".into()))
+            }
+        }
+        let kms = KmsKeys(&NoKms);
+        assert_eq!(kms.list(), "kms");
+        assert!(kms.binds_context());
+        assert!(!AgeKeys::sealing_only().binds_context());
+        let arn = "arn:aws:kms:eu-west-1:111122223333:key/1234abcd-12ab-34cd-56ef-1234567890ab";
+        assert_eq!(kms.recipient(&format!(" {arn} ")).as_deref(), Ok(arn));
+        assert_eq!(
+            kms.recipient("alias/tfstate").as_deref(),
+            Ok("alias/tfstate")
+        );
+        assert!(kms.recipient("arn:aws:kms:nowhere").is_err());
     }
 }
