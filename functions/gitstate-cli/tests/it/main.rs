@@ -7,8 +7,10 @@ const GITSTATE: &str = env!("CARGO_BIN_EXE_gitstate");
 
 mod attack;
 mod breakglass;
+mod doctor;
 mod hosts;
 mod processes;
+mod release;
 mod run;
 mod seed;
 mod serve;
