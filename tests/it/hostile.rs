@@ -1331,6 +1331,10 @@ async fn embedded_backend(dir: &std::path::Path, extra: &[(&str, &str)]) -> Test
             "GITSTATE_CACHE_DIR".to_owned(),
             dir.join("cache").display().to_string(),
         ),
+        (
+            gitstate_tests::UNLOCKED_WRITES.to_owned(),
+            "true".to_owned(),
+        ),
     ]);
     for (key, value) in extra {
         vars.insert((*key).to_owned(), (*value).to_owned());

@@ -421,3 +421,144 @@ async fn a_stored_file_that_is_not_a_state_fails_the_plan() {
     }
     eprintln!("not a state: {runs} terraform/tofu runs");
 }
+
+/// How a generated backend block leaves out the lock, or not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Locking {
+    /// No `lock_address` and no `unlock_address`: Terraform never locks.
+    NoAddresses,
+    /// Only `unlock_address`: still no lock taken.
+    UnlockOnly,
+    /// Both addresses, but `apply -lock=false`.
+    LockFalse,
+    /// Both addresses and a locked apply: the control.
+    Locked,
+}
+
+/// A backend block for `name` with the lock addresses `locking` gives it, and one resource whose
+/// input is `input` (a new input makes the apply write the state).
+fn locking_config(base: &str, name: &str, locking: Locking, input: &str) -> String {
+    let lock =
+        format!("    lock_address   = \"{base}/locks/{name}\"\n    lock_method    = \"POST\"\n");
+    let unlock =
+        format!("    unlock_address = \"{base}/locks/{name}\"\n    unlock_method  = \"DELETE\"\n");
+    let (lock, unlock) = match locking {
+        Locking::NoAddresses => (String::new(), String::new()),
+        Locking::UnlockOnly => (String::new(), unlock),
+        Locking::LockFalse | Locking::Locked => (lock, unlock),
+    };
+    format!(
+        r#"terraform {{
+  backend "http" {{
+    address        = "{base}/states/{name}"
+{lock}{unlock}    retry_max      = 0
+  }}
+}}
+
+resource "terraform_data" "item" {{
+  input = "{input}"
+}}
+"#
+    )
+}
+
+/// Writes without a lock are refused by default: generated backend blocks without
+/// `lock_address` (or with only `unlock_address`), and `apply -lock=false`, for terraform and
+/// OpenTofu, over a new or an existing state. Against a backend with the default settings the
+/// apply fails with 428 and the repository holds what it held (nothing written, no new state);
+/// against one with `GITSTATE_ALLOW_UNLOCKED_WRITES=true` it applies and the backend logs a
+/// warning naming the state. A locked apply (the control) works on both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_without_a_lock_are_refused_by_default() {
+    init_tracing();
+    gitstate_tests::capture_logs();
+    let server = GitServer::start().await;
+    let url = server.create_repo("infra");
+    let strict = TestBackend::start(&url, &[(gitstate_tests::UNLOCKED_WRITES, "false")]).await;
+    let lenient = TestBackend::start(&url, &[(gitstate_tests::UNLOCKED_WRITES, "true")]).await;
+    let reader = Client::new(&lenient.url);
+    let mut rng = StdRng::seed_from_u64(seed("unlocked writes"));
+    let clis = [
+        ("terraform", Cli::new(terraform_binary())),
+        ("tofu", Cli::new(tofu_binary())),
+    ];
+    let (mut runs, mut refused, mut allowed) = (0, 0, 0);
+    let (mut case, mut stored) = (0, 0);
+    for locking in [
+        Locking::NoAddresses,
+        Locking::UnlockOnly,
+        Locking::LockFalse,
+        Locking::Locked,
+    ] {
+        for allow in [false, true] {
+            for (label, cli) in &clis {
+                case += 1;
+                let name = format!("unlocked/{}-{case}.tfstate", word(&mut rng));
+                let existing = rng.random_bool(0.5);
+                if existing {
+                    let state = gitstate_tests::state_json(&word(&mut rng), 1);
+                    reader.apply(&name, "setup", &state).await;
+                }
+                let before = reader.get_state(&name).await;
+                let base = if allow { &lenient.url } else { &strict.url };
+                let work = tempfile::tempdir().expect("tempdir");
+                let dir = work.path();
+                let input = word(&mut rng);
+                std::fs::write(
+                    dir.join("main.tf"),
+                    locking_config(base, &name, locking, &input),
+                )
+                .expect("main.tf");
+                cli.ok(dir, &["init", "-no-color", "-input=false"]).await;
+                let mut args = vec!["apply", "-auto-approve", "-no-color", "-input=false"];
+                if locking == Locking::LockFalse {
+                    args.push("-lock=false");
+                }
+                let out = cli.run(dir, &args).await;
+                runs += 2;
+                if existing || allow || locking == Locking::Locked {
+                    stored += 1;
+                }
+                let text = transcript(&out);
+                let what = format!("{label} {locking:?} allow={allow} existing={existing} {name}");
+                let after = reader.get_state(&name).await;
+                if locking == Locking::Locked || allow {
+                    assert!(out.status.success(), "{what}:\n{text}");
+                    assert!(after.body.contains(&input), "{what}: {}", after.body);
+                    if locking != Locking::Locked {
+                        allowed += 1;
+                        let logs = gitstate_tests::captured_logs();
+                        assert!(
+                            logs.lines().any(|l| l.contains("WARN")
+                                && l.contains("unlocked write accepted")
+                                && l.contains(&name)),
+                            "{what}: no warning logged"
+                        );
+                    }
+                } else {
+                    refused += 1;
+                    assert!(!out.status.success(), "{what} must fail:\n{text}");
+                    assert!(text.contains("428"), "{what}:\n{text}");
+                    assert!(!text.contains("Apply complete"), "{what}:\n{text}");
+                    assert_eq!(
+                        (after.status, &after.body),
+                        (before.status, &before.body),
+                        "{what}: nothing written"
+                    );
+                    assert!(
+                        dir.join("errored.tfstate").exists(),
+                        "{what}: the state is kept in errored.tfstate"
+                    );
+                }
+            }
+        }
+    }
+    // The refused runs left no state of their own in the repository.
+    let listed = reader.send("GET", "/states", None).await.expect(200).json();
+    let states = listed.as_array().expect("a list").len();
+    eprintln!(
+        "unlocked writes: {case} generated cases, {runs} terraform/tofu runs, {refused} refused, \
+         {allowed} allowed with the setting, {states} states in the repository"
+    );
+    assert_eq!((refused, allowed, states), (6, 6, stored));
+}

@@ -88,6 +88,10 @@ pub const SETTINGS: &[Spec] = &[
         "GITSTATE_REQUIRE_ATOMIC",
         "refuse git hosts without atomic push [false]",
     ),
+    switch(
+        "GITSTATE_ALLOW_UNLOCKED_WRITES",
+        "accept writes that hold no lock, each with a warning [false]",
+    ),
     setting(
         "GITSTATE_ALLOWED_REFS",
         "further branches ?ref= may name (names or prefix/*)",

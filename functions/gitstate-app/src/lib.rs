@@ -115,7 +115,8 @@ fn assemble(
         allowed: settings.git.allowed_repositories.clone(),
     };
     let backend = Backend::new(store, repositories, settings.git.committer.clone())
-        .with_refs(settings.ref_policy()?);
+        .with_refs(settings.ref_policy()?)
+        .with_unlocked_writes(settings.git.allow_unlocked_writes);
     let backend = match kms {
         Some(kms) => backend.with_encryption(gitstate_kms::encryption_with(
             kms,

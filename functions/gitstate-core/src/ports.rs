@@ -76,6 +76,9 @@ pub enum Refusal {
     NotLocked { id: String },
     /// Same lineage, lower serial than what is stored.
     Stale { stored: u64, sent: u64 },
+    /// The write holds no lock (no lock ID, nobody holds the lock) and the deployment does not
+    /// allow unlocked writes.
+    Unlocked,
     /// Delete of a state that does not exist.
     NotFound,
     /// Create-only write of a file that already exists.

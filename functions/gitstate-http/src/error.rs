@@ -130,6 +130,8 @@ fn service_status(error: &ServiceError) -> StatusCode {
         S::Exists | S::Clash(_) => StatusCode::CONFLICT,
         S::NoSuchVersion(_) | S::NotFound | S::NoLock => StatusCode::NOT_FOUND,
         S::Locked(_) => StatusCode::LOCKED,
+        // The write must hold the lock: the reason names lock_address/unlock_address.
+        S::Unlocked => StatusCode::PRECONDITION_REQUIRED,
         S::LockMismatch(_) | S::NotLocked { .. } | S::Stale { .. } => StatusCode::CONFLICT,
         S::Store(StoreError::Unavailable(_) | StoreError::Contention { .. }) => {
             StatusCode::SERVICE_UNAVAILABLE

@@ -45,6 +45,10 @@ pub struct GitSettings {
     /// `GITSTATE_REQUIRE_ATOMIC` (default false): refuse remotes without atomic push instead of
     /// writing with the lock checked from the advertisement.
     pub require_atomic: bool,
+    /// `GITSTATE_ALLOW_UNLOCKED_WRITES` (default false): accept writes and deletes that hold no
+    /// lock (Terraform without `lock_address`, or `-lock=false`), each logged as a warning;
+    /// otherwise they are refused with 428.
+    pub allow_unlocked_writes: bool,
     /// `GITSTATE_COMMITTER_NAME` / `GITSTATE_COMMITTER_EMAIL`: who commits are written as.
     pub committer: Identity,
     /// `GITSTATE_CACHE_DIR`: bare cache repositories (default `/tmp/gitstate` or `./.gitstate/cache`).
@@ -87,6 +91,7 @@ impl GitSettings {
                 vars.get("GITSTATE_GIT_CA_PEM"),
             )?,
             require_atomic: vars.flag("GITSTATE_REQUIRE_ATOMIC")?,
+            allow_unlocked_writes: vars.flag("GITSTATE_ALLOW_UNLOCKED_WRITES")?,
             committer: Identity {
                 name: vars
                     .get("GITSTATE_COMMITTER_NAME")

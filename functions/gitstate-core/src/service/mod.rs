@@ -65,6 +65,11 @@ pub enum ServiceError {
     Locked(HeldLock),
     #[error("lock ID does not match the holder's {}", .0.info.id())]
     LockMismatch(HeldLock),
+    /// A write without a lock while nobody holds it, and unlocked writes are not allowed.
+    #[error(
+        "this write holds no lock: set lock_address and unlock_address (/locks/<name>) in the backend block and do not use -lock=false (an operator may allow unlocked writes with GITSTATE_ALLOW_UNLOCKED_WRITES=true)"
+    )]
+    Unlocked,
     #[error("lock {id} is not held: take the lock again before writing")]
     NotLocked { id: String },
     #[error(
@@ -102,6 +107,7 @@ impl From<Refusal> for ServiceError {
             Refusal::LockMismatch(held) => Self::LockMismatch(held),
             Refusal::NotLocked { id } => Self::NotLocked { id },
             Refusal::Stale { stored, sent } => Self::Stale { stored, sent },
+            Refusal::Unlocked => Self::Unlocked,
             Refusal::NotFound => Self::NotFound,
             Refusal::Exists => Self::Exists,
             Refusal::Unprotected { format } => Self::Unprotected { format },
@@ -173,6 +179,8 @@ pub struct Backend {
     refs: RefPolicy,
     committer: Identity,
     encryption: Option<Encryption>,
+    /// Let writes without a lock through (`GITSTATE_ALLOW_UNLOCKED_WRITES`), each with a warning.
+    unlocked_writes: bool,
     memo: overview::Memo,
 }
 
@@ -213,6 +221,7 @@ impl Backend {
             repositories,
             committer,
             encryption: None,
+            unlocked_writes: false,
             memo: overview::Memo::default(),
         }
     }
@@ -220,6 +229,13 @@ impl Backend {
     /// Let `?ref=` name the branches `refs` allows (by default only the configured branch).
     pub fn with_refs(mut self, refs: RefPolicy) -> Self {
         self.refs = refs;
+        self
+    }
+
+    /// Accept writes and deletes that hold no lock (by default they are refused with
+    /// [`ServiceError::Unlocked`]); each one is logged as a warning.
+    pub fn with_unlocked_writes(mut self, allow: bool) -> Self {
+        self.unlocked_writes = allow;
         self
     }
 

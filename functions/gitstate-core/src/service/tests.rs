@@ -20,7 +20,9 @@ fn backend() -> (Backend, Location, StateName) {
         name: "gitstate".into(),
         email: "gitstate@localhost".into(),
     };
-    let backend = Backend::new(Arc::new(MemoryStore::default()), repos, identity);
+    // Setup writes here hold no lock; the lock rule itself is `unlocked_writes_need_the_setting`.
+    let backend =
+        Backend::new(Arc::new(MemoryStore::default()), repos, identity).with_unlocked_writes(true);
     let at = backend.locate(None, None).expect("primary");
     (
         backend,
@@ -148,6 +150,54 @@ async fn write_rules() {
             .as_ref(),
         b"{\"encrypted_data\":\"x\"}"
     );
+}
+
+/// Without the setting, every write and delete that holds no lock is refused while nobody holds
+/// the lock (and changes nothing); with it, each goes through. A held lock refuses either way.
+#[tokio::test]
+async fn unlocked_writes_need_the_setting() {
+    for allowed in [false, true] {
+        for stored in [false, true] {
+            for delete in [false, true] {
+                for held in [false, true] {
+                    let (b, at, name) = backend();
+                    if stored {
+                        b.put_state(WriteRequest::new(&admin(), &at, &name, state("L", 1)))
+                            .await
+                            .expect("setup");
+                    }
+                    if held {
+                        b.lock(&admin(), &at, &name, lock_body("A"))
+                            .await
+                            .expect("lock");
+                    }
+                    let b = b.with_unlocked_writes(allowed);
+                    let before = b.get_state(&admin(), &at, &name).await.ok();
+                    let answer = if delete {
+                        b.delete_state(&admin(), &at, &name, None).await
+                    } else {
+                        b.put_state(WriteRequest::new(&admin(), &at, &name, state("L", 2)))
+                            .await
+                    };
+                    let case =
+                        format!("allowed={allowed} stored={stored} delete={delete} held={held}");
+                    match answer {
+                        Err(ServiceError::Locked(_)) => assert!(held, "{case}"),
+                        Err(ServiceError::Unlocked) => assert!(!held && !allowed, "{case}"),
+                        Err(ServiceError::NotFound) => {
+                            assert!(delete && !stored && allowed && !held, "{case}")
+                        }
+                        Ok(()) => assert!(allowed && !held, "{case}"),
+                        other => panic!("{case}: {other:?}"),
+                    }
+                    if !(allowed && !held) {
+                        let after = b.get_state(&admin(), &at, &name).await.ok();
+                        assert_eq!(before, after, "{case}: nothing changed");
+                    }
+                }
+            }
+        }
+    }
 }
 
 #[tokio::test]
@@ -745,6 +795,7 @@ async fn the_own_lock_is_always_released() {
     });
     let (b, at, name) = backend();
     let b = Backend::new(store.clone(), b.repositories.clone(), b.committer.clone())
+        .with_unlocked_writes(true)
         .with_encryption(Encryption {
             sealer: sealer.clone(),
             enforced: false,
@@ -852,7 +903,8 @@ async fn commits_carry_their_trailers() {
     use crate::trailers::{Trailers, WITHOUT_LOCK};
     let store = Arc::new(MemoryStore::default());
     let (b, at, name) = backend();
-    let b = Backend::new(store.clone(), b.repositories.clone(), b.committer.clone());
+    let b = Backend::new(store.clone(), b.repositories.clone(), b.committer.clone())
+        .with_unlocked_writes(true);
     let last = || Trailers::parse(&store.history().last().expect("a commit").message);
     b.put_state(WriteRequest::new(&writer("ann"), &at, &name, state("L", 1)))
         .await
@@ -918,6 +970,7 @@ async fn rekey_rewrites_under_its_own_lock() {
     });
     let (b, at, name) = backend();
     let b = Backend::new(store.clone(), b.repositories.clone(), b.committer.clone())
+        .with_unlocked_writes(true)
         .with_encryption(Encryption {
             sealer: sealer.clone(),
             enforced: false,

@@ -68,7 +68,8 @@ fn seal_error(rng: &mut StdRng) -> SealError {
 
 fn service_error(rng: &mut StdRng) -> ServiceError {
     use ServiceError as S;
-    match rng.random_range(0..24) {
+    match rng.random_range(0..25) {
+        24 => S::Unlocked,
         22 => S::LockRequestToState("a LockInfo was sent as the state"),
         23 => S::NotAState("the file is empty"),
         0 => S::Name(NameError::BadCharacter(word(rng))),
@@ -166,6 +167,7 @@ fn expected(error: &ApiError) -> (StatusCode, &'static str) {
             S::Locked(_) => (C::LOCKED, "locked"),
             S::LockMismatch(_) => (C::CONFLICT, "lock mismatch"),
             S::NotLocked { .. } => (C::CONFLICT, "not locked"),
+            S::Unlocked => (C::PRECONDITION_REQUIRED, "unlocked"),
             S::Stale { .. } => (C::CONFLICT, "stale"),
             S::NotFound => (C::NOT_FOUND, "not found"),
             S::NoLock => (C::NOT_FOUND, "no lock"),
@@ -215,7 +217,7 @@ fn expected(error: &ApiError) -> (StatusCode, &'static str) {
 }
 
 /// The arms of [`expected`].
-const ARMS: usize = 50;
+const ARMS: usize = 51;
 
 #[tokio::test]
 async fn every_error_variant_maps_to_its_status_body_and_headers() {
