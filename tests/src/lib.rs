@@ -606,7 +606,10 @@ pub async fn app(settings: &gitstate_app::Settings) -> axum::Router {
 pub fn memory_app(
     settings: &gitstate_app::Settings,
 ) -> (axum::Router, Arc<gitstate_core::testing::MemoryStore>) {
-    let store = Arc::new(gitstate_core::testing::MemoryStore::default());
+    // The test server's repositories start on `main`; the memory store names the same default.
+    let store = Arc::new(gitstate_core::testing::MemoryStore::with_default_branch(
+        "main",
+    ));
     let primary = settings
         .git
         .repository

@@ -858,8 +858,19 @@ async fn the_console_serves_pages_and_guards_its_forms() {
     assert_eq!(page.status, StatusCode::OK);
     let html = page.text();
     assert!(html.contains("L1") && html.contains("wes"), "{html}");
+    // A missing state's page: 404 to a browser, 400 to a client that is not (Terraform).
     let missing = call(&router, "GET", "/ui/states/none.tfstate", "ann", "").await;
-    assert_eq!(missing.status, StatusCode::NOT_FOUND);
+    assert_eq!(missing.status, StatusCode::BAD_REQUEST);
+    assert!(
+        missing.text().contains("/states/<name>"),
+        "{}",
+        missing.text()
+    );
+    let browser = http::Request::builder()
+        .uri("/ui/states/none.tfstate")
+        .header(header::ACCEPT, "text/html,application/xhtml+xml");
+    let page = send(&router, browser, Some("ann"), Body::empty()).await;
+    assert_eq!(page.status, StatusCode::NOT_FOUND);
     assert_eq!(
         call(&router, "GET", "/ui/elsewhere", "ann", "")
             .await

@@ -52,11 +52,12 @@ impl Backend {
         name: &StateName,
     ) -> Result<Bytes, ServiceError> {
         caller.require(Role::Read, name)?;
-        let stored = self
-            .store
-            .read_state(at, name)
-            .await?
-            .ok_or(ServiceError::NotFound)?;
+        let Some(stored) = self.store.read_state(at, name).await? else {
+            // "No state" only where the branch is there (or may be created).
+            self.require_branch(at).await?;
+            return Err(ServiceError::NotFound);
+        };
+        self.branch_seen(at);
         let state = self.open(at, name, stored).await?.plaintext;
         check_stored(&state)?;
         Ok(state)
@@ -92,6 +93,7 @@ impl Backend {
             lock_id,
             body,
         } = request;
+        self.require_branch(at).await?;
         let body = match &self.encryption {
             Some(e) if e.sealer.seals() => e.sealer.seal(&body, at, name).await?,
             _ => body,
@@ -195,6 +197,7 @@ impl Backend {
         lock_id: Option<&str>,
     ) -> Result<(), ServiceError> {
         caller.require(Role::Admin, name)?;
+        self.require_branch(at).await?;
         let base = self.meta(caller, String::new());
         let user = caller.user.clone();
         let unlocked = lock_id.is_none();

@@ -190,7 +190,7 @@ async fn unlocked_writes_need_the_setting() {
                         Ok(()) => assert!(allowed && !held, "{case}"),
                         other => panic!("{case}: {other:?}"),
                     }
-                    if !(allowed && !held) {
+                    if !allowed || held {
                         let after = b.get_state(&admin(), &at, &name).await.ok();
                         assert_eq!(before, after, "{case}: nothing changed");
                     }
@@ -198,6 +198,43 @@ async fn unlocked_writes_need_the_setting() {
             }
         }
     }
+}
+
+/// A branch is never created by accident: the first branch of an empty repository is, a second
+/// one only with the setting; a missing branch reads as an error naming the setting, never as
+/// "no state".
+#[tokio::test]
+async fn missing_branches_beside_others_are_refused() {
+    let (b, at, name) = backend();
+    let dev = Location {
+        branch: BranchName::parse("dev").expect("valid"),
+        ..at.clone()
+    };
+    assert!(matches!(
+        b.get_state(&admin(), &at, &name).await,
+        Err(ServiceError::NotFound)
+    ));
+    b.put_state(WriteRequest::new(&admin(), &at, &name, state("L", 1)))
+        .await
+        .expect("the empty repository's first branch");
+    let refused = |r: Result<_, ServiceError>| match r {
+        Err(ServiceError::NoBranch {
+            branch, setting, ..
+        }) => {
+            assert_eq!((branch.as_str(), setting), ("dev", "the address's ?ref="));
+        }
+        other => panic!("{other:?}"),
+    };
+    refused(b.get_state(&admin(), &dev, &name).await.map(|_| ()));
+    refused(
+        b.put_state(WriteRequest::new(&admin(), &dev, &name, state("L", 1)))
+            .await,
+    );
+    let b = b.with_branch_creation(true);
+    b.put_state(WriteRequest::new(&admin(), &dev, &name, state("L", 1)))
+        .await
+        .expect("created with the setting");
+    b.get_state(&admin(), &dev, &name).await.expect("there");
 }
 
 #[tokio::test]
@@ -470,6 +507,8 @@ async fn branches_that_clash_are_refused_generated() {
     let (mut clashes, mut created) = (0, 0);
     for _ in 0..400 {
         let (b, at, name) = backend();
+        // New branches beside existing ones are what this test makes.
+        let b = b.with_branch_creation(true);
         let existing = Location {
             branch: random_branch(),
             ..at.clone()
