@@ -15,7 +15,7 @@
 //! `encrypted` and `lambda` need moto (tests/tools/.venv), `lambda` cargo-lambda
 //! (tests/tools/deploy-venv), `applies` terraform on PATH. `GITSTATE_BENCH_BASELINE=<an older
 //! gitstate binary>` (named by `GITSTATE_BENCH_BASELINE_NAME`) adds that build as a side of the
-//! `applies` comparison.
+//! `applies`, `lambda-shape` and `hostile` comparisons.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -31,6 +31,8 @@ use gitstate_tests::{
 mod applies;
 #[path = "bench/encrypted.rs"]
 mod encrypted;
+#[path = "bench/hostile.rs"]
+mod hostile;
 #[path = "bench/lambda.rs"]
 mod lambda;
 #[path = "bench/lambda_shape.rs"]
@@ -1127,6 +1129,10 @@ async fn main() {
     }
     if want("applies") {
         applies::concurrent_applies(&mut out, &binary).await;
+        flush(&mut out);
+    }
+    if want("hostile") {
+        hostile::hostile(&mut out, &binary).await;
         flush(&mut out);
     }
     if want("lambda-shape") {

@@ -1093,3 +1093,263 @@ async fn console_through_function_url_events() {
     );
     f.admin.get_lock(PROD).await.expect(404);
 }
+
+/// One request as it reached the backend, and its answer.
+#[derive(Debug, Clone)]
+struct Arrived {
+    method: String,
+    path: String,
+    fetch_site: Option<String>,
+    origin: Option<String>,
+    authorization: bool,
+    status: u16,
+    body: String,
+}
+
+type Arrivals = std::sync::Arc<std::sync::Mutex<Vec<Arrived>>>;
+
+/// Record every request that reaches the router and its answer (outermost layer: it sees what
+/// the guard answers).
+async fn record(
+    axum::extract::State(seen): axum::extract::State<Arrivals>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let headers = request.headers();
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let mut arrived = Arrived {
+        method: request.method().to_string(),
+        path: request.uri().path().to_owned(),
+        fetch_site: header("sec-fetch-site"),
+        origin: header("origin"),
+        authorization: headers.contains_key("authorization"),
+        status: 0,
+        body: String::new(),
+    };
+    let response = next.run(request).await;
+    let (parts, body) = response.into_parts();
+    let bytes = axum::body::to_bytes(body, 1 << 20)
+        .await
+        .unwrap_or_default();
+    arrived.status = parts.status.as_u16();
+    arrived.body = String::from_utf8_lossy(&bytes).chars().take(300).collect();
+    seen.lock().expect("arrivals").push(arrived);
+    axum::response::Response::from_parts(parts, axum::body::Body::from(bytes))
+}
+
+/// The refs of the bare repository and the trees they point at.
+fn repository_snapshot(dir: &std::path::Path) -> String {
+    let refs = gitstate_tests::git(
+        &["for-each-ref", "--format=%(objectname) %(refname)"],
+        Some(dir),
+    );
+    let mut out = refs.clone();
+    for line in refs.lines() {
+        let (_, name) = line.split_once(' ').expect("ref line");
+        out.push_str(&gitstate_tests::git(
+            &["ls-tree", "-r", "--full-tree", name],
+            Some(dir),
+        ));
+    }
+    out
+}
+
+/// What a page of another site tries against the API, in the page: `fetch` with a typeless
+/// `Blob` body (no Content-Type, so no preflight) and the browser's credentials, with no-cors,
+/// an XHR, the non-simple methods, an explicit `Authorization` header, credentials in the URL.
+/// Each attempt's outcome as the page sees it.
+const CROSS_SITE_SCRIPT: &str = r#"
+const [base, withCredentials, name, state, lock, auth, done] = arguments;
+const out = [];
+const attempt = async (label, run) => {
+  try { const r = await run(); out.push({label, seen: r.type + ' ' + r.status}); }
+  catch (e) { out.push({label, seen: 'error ' + e}); }
+};
+const blob = (text) => new Blob([text]);
+(async () => {
+  await attempt('fetch POST state', () => fetch(`${base}/states/${name}`,
+    {method: 'POST', body: blob(state), credentials: 'include'}));
+  await attempt('fetch POST state no-cors', () => fetch(`${base}/states/${name}`,
+    {method: 'POST', body: blob(state), credentials: 'include', mode: 'no-cors'}));
+  await attempt('fetch POST lock', () => fetch(`${base}/locks/${name}`,
+    {method: 'POST', body: blob(lock), credentials: 'include', mode: 'no-cors'}));
+  await attempt('fetch DELETE state', () => fetch(`${base}/states/${name}`,
+    {method: 'DELETE', credentials: 'include'}));
+  await attempt('fetch DELETE lock', () => fetch(`${base}/locks/${name}`,
+    {method: 'DELETE', body: blob(lock), credentials: 'include'}));
+  await attempt('fetch LOCK', () => fetch(`${base}/states/${name}`,
+    {method: 'LOCK', body: blob(lock), credentials: 'include'}));
+  await attempt('fetch POST with Authorization', () => fetch(`${base}/states/${name}`,
+    {method: 'POST', body: blob(state), credentials: 'include', headers: {Authorization: auth}}));
+  await attempt('fetch POST, credentials in the URL', () => fetch(`${withCredentials}/states/${name}`,
+    {method: 'POST', body: blob(state), credentials: 'include', mode: 'no-cors'}));
+  await attempt('XHR POST with credentials', () => new Promise((resolve, reject) => {
+    const x = new XMLHttpRequest();
+    x.open('POST', `${base}/states/${name}`);
+    x.withCredentials = true;
+    x.onload = () => resolve({type: 'xhr', status: x.status});
+    x.onerror = () => reject(new Error('network error'));
+    x.send(blob(state));
+  }));
+  await attempt('XHR POST, user and password given', () => new Promise((resolve, reject) => {
+    const [user, password] = atob(auth.slice(6)).split(':');
+    const x = new XMLHttpRequest();
+    x.open('POST', `${base}/locks/${name}`, true, user, password);
+    x.withCredentials = true;
+    x.onload = () => resolve({type: 'xhr', status: x.status});
+    x.onerror = () => reject(new Error('network error'));
+    x.send(blob(lock));
+  }));
+  done(out);
+})();
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_of_other_sites_cannot_write_through_the_api_in_chromium() {
+    init_tracing();
+    let server = GitServer::start().await;
+    let url = server.create_repo("state");
+    let cache = tempfile::tempdir().expect("tempdir");
+    let settings = gitstate_tests::settings_for(&url, cache.path(), &[]);
+    let seen = Arrivals::default();
+    let app = gitstate_tests::app(&settings)
+        .await
+        .layer(axum::middleware::from_fn_with_state(seen.clone(), record));
+    let backend = TestBackend::serve(app, cache).await;
+    let base = backend.url.clone();
+    let admin = Client::new(&base);
+    let first = state(1, &[("null_resource", "a", None, "1")], &[]);
+    admin.write(PROD, &first).await.expect(200);
+    let repo = server.repo_dir("state");
+    let before = repository_snapshot(&repo);
+
+    // The pages of the attack: one on another site (127.0.0.2), one on the same site but another
+    // origin (another port of 127.0.0.1).
+    let evil = axum::Router::new().fallback(|| async {
+        axum::response::Html("<!doctype html><title>win a prize</title><p>hello")
+    });
+    let mut origins = Vec::new();
+    for host in ["127.0.0.2", "127.0.0.1"] {
+        let listener = tokio::net::TcpListener::bind((host, 0))
+            .await
+            .expect("bind an attacker's origin");
+        origins.push(format!(
+            "http://{}",
+            listener.local_addr().expect("address")
+        ));
+        let evil = evil.clone();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, evil).await;
+        });
+    }
+
+    let driver = Driver::start().await;
+    let browser = driver.browser(1000, 800).await;
+    // The administrator signs in to the console: the browser now holds the credentials.
+    browser
+        .go(&format!(
+            "{}/ui/",
+            with_credentials(&base, (TEST_USER, TEST_PASSWORD))
+        ))
+        .await;
+    assert_eq!(browser.text("h1").await, "States");
+    seen.lock().expect("arrivals").clear();
+
+    let authorization = format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!("{TEST_USER}:{TEST_PASSWORD}"))
+    );
+    let bad_state = state(99, &[("null_resource", "evil", None, "9")], &[]);
+    let lock = gitstate_tests::lock_info("from-another-site");
+    for origin in &origins {
+        browser.go(&format!("{origin}/")).await;
+        let outcomes = browser
+            .call(
+                reqwest::Method::POST,
+                "/execute/async",
+                Some(json!({"script": CROSS_SITE_SCRIPT, "args": [
+                    base,
+                    with_credentials(&base, (TEST_USER, TEST_PASSWORD)),
+                    PROD,
+                    bad_state,
+                    lock,
+                    authorization,
+                ]})),
+            )
+            .await;
+        eprintln!("from {origin}, as the page saw it: {outcomes}");
+        assert_eq!(outcomes.as_array().map(Vec::len), Some(10), "{outcomes}");
+    }
+    browser.close().await;
+
+    let arrived = seen.lock().expect("arrivals").clone();
+    for a in &arrived {
+        eprintln!(
+            "arrived: {} {} sec-fetch-site={:?} origin={:?} authorization={} -> {}",
+            a.method, a.path, a.fetch_site, a.origin, a.authorization, a.status
+        );
+    }
+    let writes: Vec<&Arrived> = arrived
+        .iter()
+        .filter(|a| !matches!(a.method.as_str(), "GET" | "HEAD" | "OPTIONS"))
+        .collect();
+    // The typeless-Blob POSTs (fetch with and without CORS, the lock, both XHRs) reach the
+    // server from both origins; the browser sends the rest only after a preflight that fails.
+    assert!(
+        writes.len() >= 2 * 5,
+        "the simple requests reached the backend: {writes:#?}"
+    );
+    for origin in &origins {
+        assert!(
+            writes
+                .iter()
+                .any(|a| a.origin.as_deref() == Some(origin.as_str())),
+            "nothing arrived from {origin}"
+        );
+    }
+    for a in &writes {
+        assert_eq!(a.status, 403, "a write from another origin: {a:#?}");
+        assert!(
+            a.body.contains("cross-site request refused"),
+            "the reason: {a:#?}"
+        );
+        assert!(
+            matches!(a.fetch_site.as_deref(), Some("cross-site" | "same-site")),
+            "{a:#?}"
+        );
+    }
+    // Nothing changed in the repository: no state written, no lock taken.
+    assert_eq!(repository_snapshot(&repo), before);
+    admin.get_lock(PROD).await.expect(404);
+    assert_eq!(admin.get_state(PROD).await.expect(200).state().serial, 1);
+
+    // Control: the same requests from a client that is not a browser (no Sec-Fetch-Site, no
+    // Origin), bodies without a Content-Type, with the administrator's credentials, pass.
+    let http = reqwest::Client::new();
+    let send = |method: &str, path: &str, body: &str| {
+        http.request(
+            reqwest::Method::from_bytes(method.as_bytes()).expect("method"),
+            format!("{base}{path}"),
+        )
+        .basic_auth(TEST_USER, Some(TEST_PASSWORD))
+        .body(body.to_owned())
+        .send()
+    };
+    let lock_path = format!("/locks/{PROD}");
+    let state_path = format!("/states/{PROD}?ID=from-another-site");
+    for (method, path, body) in [
+        ("POST", lock_path.as_str(), lock.as_str()),
+        ("POST", state_path.as_str(), bad_state.as_str()),
+        ("DELETE", lock_path.as_str(), lock.as_str()),
+    ] {
+        let answer = send(method, path, body).await.expect("answered");
+        assert_eq!(answer.status(), 200, "{method} {path}");
+    }
+    assert_eq!(admin.get_state(PROD).await.expect(200).state().serial, 99);
+    assert_ne!(repository_snapshot(&repo), before);
+}

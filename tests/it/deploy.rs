@@ -7,7 +7,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use base64::Engine as _;
-use gitstate_tests::{GIT_TOKEN, GIT_USER, GitServer, Moto, access_file, hash_of, init_tracing};
+use gitstate_tests::{
+    GIT_TOKEN, GIT_USER, GitServer, Moto, access_file, hash_of, init_tracing, seal_setting,
+};
 use http_body_util::BodyExt as _;
 use rand::{Rng as _, SeedableRng as _};
 use tower::ServiceExt as _;
@@ -209,25 +211,6 @@ fn team_name(rng: &mut rand::rngs::StdRng) -> String {
         .collect()
 }
 
-async fn seal(
-    kms: &gitstate_kms::Kms,
-    key: &str,
-    plaintext: &str,
-    context: &[(&str, &str)],
-) -> String {
-    let mut request = kms
-        .client()
-        .encrypt()
-        .key_id(key)
-        .plaintext(aws_sdk_kms::primitives::Blob::new(plaintext.as_bytes()));
-    for (k, v) in context {
-        request = request.encryption_context(*k, *v);
-    }
-    let out = request.send().await.expect("Encrypt");
-    base64::engine::general_purpose::STANDARD
-        .encode(out.ciphertext_blob.expect("blob").into_inner())
-}
-
 /// Generated pairs of teams sharing one key (the worst case: an organisation key): a git token
 /// or an admin hash sealed for team A starts team A's function, which then reaches the git host
 /// and logs the admin in, and stops team B's at start-up with an error naming the variable and
@@ -258,8 +241,8 @@ async fn a_setting_sealed_for_one_team_does_not_start_another_teams_function() {
                 break b;
             }
         };
-        let token = seal(&kms, &key, GIT_TOKEN, &[git_token, (team_key, &a)]).await;
-        let hash = seal(&kms, &key, &admin_hash, &[admin, (team_key, &a)]).await;
+        let token = seal_setting(&kms, &key, GIT_TOKEN, &[git_token, (team_key, &a)]).await;
+        let hash = seal_setting(&kms, &key, &admin_hash, &[admin, (team_key, &a)]).await;
         let sealed = |team: &str| {
             vec![
                 ("GITSTATE_TEAM", team.to_owned()),
@@ -285,7 +268,7 @@ async fn a_setting_sealed_for_one_team_does_not_start_another_teams_function() {
         );
 
         // Team B with its own token but team A's admin hash: refused too.
-        let own_token = seal(&kms, &key, GIT_TOKEN, &[git_token, (team_key, &b)]).await;
+        let own_token = seal_setting(&kms, &key, GIT_TOKEN, &[git_token, (team_key, &b)]).await;
         let mut mixed = sealed(&b);
         mixed[1].1 = own_token;
         let refused = gitstate_app::build_with(
@@ -326,7 +309,7 @@ async fn a_setting_sealed_for_one_team_does_not_start_another_teams_function() {
     }
 
     // The form before teams: no team in the context.
-    let untied = seal(&kms, &key, GIT_TOKEN, &[git_token]).await;
+    let untied = seal_setting(&kms, &key, GIT_TOKEN, &[git_token]).await;
     let settings = lambda_settings(
         &url,
         cache.path(),

@@ -9,10 +9,10 @@ use std::sync::Arc;
 use gitstate_core::StateName;
 use gitstate_core::access::Caller;
 use gitstate_core::service::Rekeyed;
-use gitstate_sops::{AgeKeys, Envelope, Error, Offline};
+use gitstate_sops::{AgeKeys, Envelope, Error, Offline, PgpKeys};
 use gitstate_tests::{
-    Client, GitServer, Moto, TestBackend, commit_file, encrypted_app, init_tracing, settings_for,
-    sops311, stored_file,
+    Client, GitServer, Moto, TestBackend, commit_file, encrypted_app, init_tracing, seal_setting,
+    settings_for, sops311, stored_file,
 };
 
 use crate::sops_oracle::{break_glass, generated_state, kms_group, sops, sops_config};
@@ -513,9 +513,15 @@ struct GpgKey {
 }
 
 fn gpg(home: &Path, args: &[&str]) -> Vec<u8> {
+    gpg_with(home, "", args)
+}
+
+/// gpg in batch mode, any passphrase it asks for given on the command line (loopback pinentry).
+fn gpg_with(home: &Path, passphrase: &str, args: &[&str]) -> Vec<u8> {
     let out = std::process::Command::new("gpg")
         .env("GNUPGHOME", home)
-        .args(["--batch", "--pinentry-mode", "loopback", "--passphrase", ""])
+        .args(["--batch", "--pinentry-mode", "loopback", "--passphrase"])
+        .arg(passphrase)
         .args(args)
         .output()
         .expect("gpg runs (Debian package gnupg)");
@@ -528,10 +534,18 @@ fn gpg(home: &Path, args: &[&str]) -> Vec<u8> {
 }
 
 fn gpg_key(uid: &str) -> GpgKey {
+    gpg_key_as(uid, "default", "", "--export-secret-keys")
+}
+
+/// A key of `algo` (`default`: RSA-3072 with gpg 2.2; `future-default`: Ed25519 with a
+/// Cv25519 subkey) protected by `passphrase` (none when empty), its secret side exported with
+/// `export` (`--export-secret-keys`, or `--export-secret-subkeys`: the primary key a stub).
+fn gpg_key_as(uid: &str, algo: &str, passphrase: &str, export: &str) -> GpgKey {
     let home = tempfile::tempdir().expect("tempdir");
-    gpg(
+    gpg_with(
         home.path(),
-        &["--quick-gen-key", uid, "default", "default", "never"],
+        passphrase,
+        &["--quick-gen-key", uid, algo, "default", "never"],
     );
     let listed =
         String::from_utf8(gpg(home.path(), &["--with-colons", "--list-keys"])).expect("utf-8");
@@ -545,7 +559,7 @@ fn gpg_key(uid: &str) -> GpgKey {
     let secret = home.path().join("secret.asc");
     std::fs::write(
         &secret,
-        gpg(home.path(), &["--armor", "--export-secret-keys", &fp]),
+        gpg_with(home.path(), passphrase, &["--armor", export, &fp]),
     )
     .expect("write");
     GpgKey {
@@ -553,6 +567,31 @@ fn gpg_key(uid: &str) -> GpgKey {
         fp,
         public,
         secret,
+    }
+}
+
+impl GpgKey {
+    /// The environment sops 3.11 decrypts with this key in: its keyring, and for a key with a
+    /// passphrase a gpg that is given it (`SOPS_GPG_EXEC`), as no one is there to type it.
+    fn sops_env(&self, passphrase: &str) -> Vec<(&'static str, String)> {
+        let mut env = vec![("GNUPGHOME", self.home.path().display().to_string())];
+        if !passphrase.is_empty() {
+            let file = self.home.path().join("passphrase");
+            std::fs::write(&file, passphrase).expect("write");
+            let exec = self.home.path().join("gpg-with-passphrase");
+            std::fs::write(
+                &exec,
+                format!(
+                    "#!/bin/sh\nexec gpg --pinentry-mode loopback --passphrase-file '{}' \"$@\"\n",
+                    file.display()
+                ),
+            )
+            .expect("write");
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(&exec, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+            env.push(("SOPS_GPG_EXEC", exec.display().to_string()));
+        }
+        env
     }
 }
 
@@ -656,4 +695,383 @@ async fn pgp_states_both_ways_with_sops311_and_gpg() {
     );
     assert!(client.get_state("pgp/groups.tfstate").await.status >= 500);
     eprintln!("MEASURE OpenPGP: {cases} generated states through sops 3.11 and gpg");
+}
+
+impl Setup {
+    /// Settings for this repository with `vars` (and no KMS-sealed setting opened yet).
+    fn settings(&self, cache: &Path, vars: &[(&str, &str)]) -> gitstate_app::Settings {
+        let mut vars = vars.to_vec();
+        vars.push(("GITSTATE_MAX_BODY_BYTES", "8000000"));
+        settings_for(&self.url, cache, &vars)
+    }
+
+    /// Why a deployment with `vars` does not start (the whole error chain), or `None` when it
+    /// does.
+    async fn refusal(&self, vars: &[(&str, &str)]) -> Option<String> {
+        let cache = tempfile::tempdir().expect("tempdir");
+        gitstate_app::build_with(
+            self.settings(cache.path(), vars),
+            Some(self.moto.kms().await),
+        )
+        .await
+        .err()
+        .map(|e| gitstate_core::report::chain(&e))
+    }
+}
+
+/// Passphrase-protected OpenPGP secret keys (made by `gpg --quick-gen-key` with a passphrase,
+/// exported armored): without the passphrase, or with a wrong one, the deployment does not
+/// start, and the error names the key and the variable, never the passphrase; with it (from
+/// `GITSTATE_PGP_PASSPHRASE_FILE` or `GITSTATE_PGP_PASSPHRASE`), generated states round-trip and
+/// open with sops 3.11 through gpg given the same passphrase.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pgp_secret_keys_with_a_passphrase() {
+    let s = setup().await;
+    let passphrase = "correct horse ✓ battery staple";
+    let key = gpg_key_as(
+        "locked <locked@example.invalid>",
+        "default",
+        passphrase,
+        "--export-secret-keys",
+    );
+    let armored = std::fs::read_to_string(&key.secret).expect("secret");
+    assert!(armored.starts_with("-----BEGIN PGP PRIVATE KEY BLOCK-----"));
+    let public = key.public.display().to_string();
+    let secret = key.secret.display().to_string();
+    let base = [
+        ("GITSTATE_PGP_FINGERPRINTS", key.fp.as_str()),
+        ("GITSTATE_PGP_PUBLIC_KEYS_FILE", public.as_str()),
+        ("GITSTATE_PGP_SECRET_KEYS_FILE", secret.as_str()),
+    ];
+    let message = s
+        .refusal(&base)
+        .await
+        .expect("a locked key without a passphrase");
+    assert!(
+        message.contains("GITSTATE_PGP_SECRET_KEYS_FILE")
+            && message.contains(&key.fp)
+            && message.contains("GITSTATE_PGP_PASSPHRASE"),
+        "{message}"
+    );
+    for wrong in [
+        "",
+        "correct horse ✓ battery stapl",
+        "Correct horse ✓ battery staple",
+    ] {
+        let mut vars = base.to_vec();
+        vars.push(("GITSTATE_PGP_PASSPHRASE", wrong));
+        let message = s.refusal(&vars).await.expect("a wrong passphrase");
+        assert!(
+            message.contains("GITSTATE_PGP_PASSPHRASE") && message.contains(&key.fp),
+            "{message}"
+        );
+        assert!(!message.contains("horse"), "{message}");
+    }
+    let file = s.keys.path().join("passphrase.txt");
+    std::fs::write(&file, format!("{passphrase}\nsecond line ignored\n")).expect("write");
+    let file = file.display().to_string();
+    let mut vars = base.to_vec();
+    vars.push(("GITSTATE_PGP_PASSPHRASE_FILE", file.as_str()));
+    let backend = s.backend(&vars).await;
+    let client = Client::new(&backend.url);
+    let env = key.sops_env(passphrase);
+    let cases = 4;
+    for seed in 500..500 + cases {
+        let state = generated_state(seed, true);
+        let name = format!("locked/s{seed}.tfstate");
+        client.write(&name, &state).await.expect(200);
+        assert_eq!(
+            s.stored_json(&name)["sops"]["pgp"][0]["fp"],
+            key.fp.as_str()
+        );
+        assert!(
+            break_glass(&s.stored(&name), &env) == state.as_bytes(),
+            "seed {seed}: sops 3.11 gives another state"
+        );
+        assert!(client.get_state(&name).await.expect(200).body == state);
+    }
+    // the same passphrase given in the variable opens what the first deployment wrote
+    let mut vars = base.to_vec();
+    vars.push(("GITSTATE_PGP_PASSPHRASE", passphrase));
+    let direct = s.backend(&vars).await;
+    let got = Client::new(&direct.url)
+        .get_state("locked/s500.tfstate")
+        .await
+        .expect(200);
+    assert!(got.body == generated_state(500, true));
+    eprintln!("MEASURE OpenPGP passphrase: {cases} generated states through sops 3.11 and gpg");
+}
+
+/// Private keys kept as KMS ciphertexts (`GITSTATE_AGE_IDENTITY_KMS`,
+/// `GITSTATE_PGP_SECRET_KEYS_KMS`, through moto), bound like the git token to their purpose and
+/// to the team: every combination of the context they were sealed under and the deployment's
+/// `GITSTATE_TEAM` starts the deployment exactly when the two agree, and a refusal names the
+/// variable and the context expected, never the key. Where it starts, states round-trip and open
+/// with sops 3.11. The OpenPGP key is an RSA-3072 key's decryption subkey
+/// (`--export-secret-subkeys`, the primary a gpg stub), which is what fits in a KMS ciphertext.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sealed_private_keys_open_only_for_their_purpose_and_team() {
+    let s = setup().await;
+    let arn = s.moto.create_key("settings").await;
+    let kms = s.moto.kms().await;
+    let age = age_key(s.keys.path(), "sealed-age.txt");
+    let age_text = std::fs::read_to_string(&age.file).expect("identity");
+    let pgp = gpg_key_as(
+        "sealed <sealed@example.invalid>",
+        "default",
+        "",
+        "--export-secret-subkeys",
+    );
+    let pgp_text = std::fs::read_to_string(&pgp.secret).expect("secret");
+    assert!(pgp_text.len() <= 4096, "{} bytes", pgp_text.len());
+    let public = pgp.public.display().to_string();
+    let team = gitstate_kms::TEAM_CONTEXT_KEY;
+    let age_purpose = gitstate_kms::AGE_IDENTITY_PURPOSE;
+    let pgp_purpose = gitstate_kms::PGP_SECRET_KEYS_PURPOSE;
+
+    struct Source<'a> {
+        var: &'static str,
+        purpose: (&'static str, &'static str),
+        other: (&'static str, &'static str),
+        plaintext: &'a str,
+        vars: Vec<(&'static str, &'a str)>,
+        env: Vec<(&'static str, String)>,
+        list: &'static str,
+    }
+    let sources = [
+        Source {
+            var: "GITSTATE_AGE_IDENTITY_KMS",
+            purpose: age_purpose,
+            other: pgp_purpose,
+            plaintext: &age_text,
+            vars: vec![("GITSTATE_AGE_RECIPIENTS", age.recipient.as_str())],
+            env: age_env(&age.file),
+            list: "age",
+        },
+        Source {
+            var: "GITSTATE_PGP_SECRET_KEYS_KMS",
+            purpose: pgp_purpose,
+            other: age_purpose,
+            plaintext: &pgp_text,
+            vars: vec![
+                ("GITSTATE_PGP_FINGERPRINTS", pgp.fp.as_str()),
+                ("GITSTATE_PGP_PUBLIC_KEYS_FILE", public.as_str()),
+            ],
+            env: pgp.sops_env(""),
+            list: "pgp",
+        },
+    ];
+    let (mut started, mut refused) = (0, 0);
+    for source in &sources {
+        // (sealed under purpose, sealed for team, deployment's team): starts?
+        let cases: [(bool, Option<&str>, Option<&str>, bool); 7] = [
+            (true, Some("blue"), Some("blue"), true),
+            (true, Some("blue"), Some("green"), false),
+            (true, Some("blue"), None, false),
+            (true, None, Some("blue"), false),
+            (true, None, None, true),
+            (false, Some("blue"), Some("blue"), false),
+            (false, None, None, false),
+        ];
+        for (at, (own_purpose, sealed_for, deployed, starts)) in cases.into_iter().enumerate() {
+            let mut context = vec![if own_purpose {
+                source.purpose
+            } else {
+                source.other
+            }];
+            context.extend(sealed_for.map(|t| (team, t)));
+            let ciphertext = seal_setting(&kms, &arn, source.plaintext, &context).await;
+            let mut vars = source.vars.clone();
+            vars.push((source.var, ciphertext.as_str()));
+            vars.extend(deployed.map(|t| ("GITSTATE_TEAM", t)));
+            let case = format!(
+                "{} case {at}: {context:?} under team {deployed:?}",
+                source.var
+            );
+            match s.refusal(&vars).await {
+                Some(message) => {
+                    assert!(!starts, "{case}: {message}");
+                    refused += 1;
+                    assert!(message.contains(source.var), "{case}: {message}");
+                    let expected = format!("{}={}", source.purpose.0, source.purpose.1);
+                    assert!(message.contains(&expected), "{case}: {message}");
+                    if let Some(t) = deployed {
+                        assert!(
+                            message.contains(&format!("{team}={t}")),
+                            "{case}: {message}"
+                        );
+                    }
+                    assert!(
+                        !message.contains("SECRET-KEY") && !message.contains("PRIVATE KEY"),
+                        "{case}: {message}"
+                    );
+                }
+                None => {
+                    assert!(starts, "{case}: started");
+                    started += 1;
+                    let backend = s.backend(&vars).await;
+                    let client = Client::new(&backend.url);
+                    let state = generated_state(600 + at as u64, true);
+                    let name = format!("sealed/{}-{at}.tfstate", source.list);
+                    client.write(&name, &state).await.expect(200);
+                    assert!(s.stored_json(&name)["sops"][source.list].is_array());
+                    assert!(client.get_state(&name).await.expect(200).body == state);
+                    assert!(
+                        break_glass(&s.stored(&name), &source.env) == state.as_bytes(),
+                        "{case}: sops 3.11 gives another state"
+                    );
+                }
+            }
+        }
+    }
+    assert_eq!((started, refused), (4, 10));
+    eprintln!(
+        "MEASURE sealed private keys: {started} started, {refused} refused (age and OpenPGP)"
+    );
+}
+
+/// OpenPGP rotation on its own: the old fingerprint as a previous one still reads in enforced
+/// mode, rekey rewrites each state for the new key alone (then it is current), and sops 3.11
+/// opens the result with the new key and not with the old. Pinning: a deployment holding both
+/// secret keys but configured with the new fingerprint only refuses a state still sealed for the
+/// old one, before trying any key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pgp_rotation_enforced_rekey_and_pinning() {
+    let s = setup().await;
+    let old = gpg_key_as(
+        "old <old@example.invalid>",
+        "future-default",
+        "",
+        "--export-secret-keys",
+    );
+    let new = gpg_key_as(
+        "new <new@example.invalid>",
+        "future-default",
+        "",
+        "--export-secret-keys",
+    );
+    let (old_public, old_secret) = (
+        old.public.display().to_string(),
+        old.secret.display().to_string(),
+    );
+    let first = s
+        .backend(&[
+            ("GITSTATE_PGP_FINGERPRINTS", old.fp.as_str()),
+            ("GITSTATE_PGP_PUBLIC_KEYS_FILE", old_public.as_str()),
+            ("GITSTATE_PGP_SECRET_KEYS_FILE", old_secret.as_str()),
+        ])
+        .await;
+    let cases = 3;
+    let names: Vec<String> = (0..cases).map(|i| format!("rot/p{i}.tfstate")).collect();
+    for (i, name) in names.iter().enumerate() {
+        Client::new(&first.url)
+            .write(name, &generated_state(700 + i as u64, true))
+            .await
+            .expect(200);
+    }
+    Client::new(&first.url)
+        .write("rot/left.tfstate", &generated_state(799, true))
+        .await
+        .expect(200);
+
+    // both secret keys in one file, as a key file after a rotation holds them
+    let both = s.keys.path().join("both.asc");
+    let text = std::fs::read_to_string(&old.secret).expect("old")
+        + &std::fs::read_to_string(&new.secret).expect("new");
+    std::fs::write(&both, text).expect("write");
+    let both = both.display().to_string();
+    let new_public = new.public.display().to_string();
+    let rotated_vars = [
+        ("GITSTATE_PGP_FINGERPRINTS", new.fp.as_str()),
+        ("GITSTATE_PGP_PREVIOUS_FINGERPRINTS", old.fp.as_str()),
+        ("GITSTATE_PGP_PUBLIC_KEYS_FILE", new_public.as_str()),
+        ("GITSTATE_PGP_SECRET_KEYS_FILE", both.as_str()),
+        ("GITSTATE_ENCRYPTION", "enforced"),
+    ];
+    let rotated = s.backend(&rotated_vars).await;
+    let client = Client::new(&rotated.url);
+    for (i, name) in names.iter().enumerate() {
+        let got = client.get_state(name).await.expect(200);
+        assert!(got.body == generated_state(700 + i as u64, true), "{name}");
+    }
+
+    let cache = tempfile::tempdir().expect("tempdir");
+    let backend = gitstate_app::build_with(
+        s.settings(cache.path(), &rotated_vars),
+        Some(s.moto.kms().await),
+    )
+    .await
+    .expect("backend")
+    .backend;
+    let at = backend.locate(None, None).expect("primary");
+    let caller = Caller::operator("rekey-test");
+    for (i, name) in names.iter().enumerate() {
+        let state = generated_state(700 + i as u64, true);
+        let parsed = StateName::parse(name).expect("name");
+        assert_eq!(
+            backend.rekey(&caller, &at, &parsed).await.expect("rekey"),
+            Rekeyed::Rewritten {
+                from: "sops binary mode"
+            },
+            "{name}"
+        );
+        assert_eq!(
+            backend.rekey(&caller, &at, &parsed).await.expect("again"),
+            Rekeyed::Current
+        );
+        let doc = s.stored_json(name);
+        let entries = doc["sops"]["pgp"].as_array().expect("pgp");
+        assert_eq!(entries.len(), 1, "{name}");
+        assert_eq!(entries[0]["fp"], new.fp.as_str());
+        let stored = s.stored(name);
+        assert!(
+            break_glass(&stored, &new.sops_env("")) == state.as_bytes(),
+            "{name}"
+        );
+        assert!(client.get_state(name).await.expect(200).body == state);
+        // and the old key alone no longer opens it, with sops 3.11 either
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("a.json");
+        std::fs::write(&file, &stored).expect("write");
+        let out = sops311()
+            .args(["decrypt", "--input-type", "json", "--output-type", "binary"])
+            .arg(&file)
+            .envs(old.sops_env(""))
+            .output()
+            .expect("sops runs");
+        assert!(!out.status.success(), "{name}: the old key still opens it");
+    }
+
+    // pinning: both secret keys held, only the new fingerprint configured
+    let pinned_vars = [
+        ("GITSTATE_PGP_FINGERPRINTS", new.fp.as_str()),
+        ("GITSTATE_PGP_PUBLIC_KEYS_FILE", new_public.as_str()),
+        ("GITSTATE_PGP_SECRET_KEYS_FILE", both.as_str()),
+    ];
+    let pinned = s.backend(&pinned_vars).await;
+    let refused = Client::new(&pinned.url).get_state("rot/left.tfstate").await;
+    assert!(refused.status >= 500, "{} {}", refused.status, refused.body);
+    let keys = PgpKeys::parse(
+        &std::fs::read_to_string(&new.public).expect("public"),
+        &std::fs::read_to_string(&both).expect("secret"),
+        None,
+    )
+    .expect("keys");
+    assert_eq!(keys.fingerprints(), [old.fp.clone(), new.fp.clone()]);
+    let pgp =
+        Offline::new(Arc::new(keys), std::slice::from_ref(&new.fp), &[]).expect("fingerprints");
+    let context =
+        gitstate_kms::context(&s.url, &StateName::parse("rot/left.tfstate").expect("name"));
+    let opened = Envelope::new(s.moto.kms().await, vec![], None)
+        .with_offline(vec![pgp])
+        .open(&s.stored("rot/left.tfstate"), Some(&context))
+        .await;
+    assert!(
+        matches!(opened, Err(Error::NoConfiguredKey { .. })),
+        "{opened:?}"
+    );
+    // the rotated deployment still reads it, in enforced mode, as a previous key
+    let got = client.get_state("rot/left.tfstate").await.expect(200);
+    assert!(got.body == generated_state(799, true));
+    eprintln!("MEASURE OpenPGP rotation: {cases} states rekeyed, 1 refused when pinned");
 }

@@ -588,3 +588,98 @@ async fn terraform_plans_the_drift_after_a_restore() {
         .await;
     assert_eq!(plan.status.code(), Some(0), "{}", transcript(&plan));
 }
+
+/// The documented pattern for workspaces (docs/terraform.md): one state per environment, its
+/// addresses in a `-backend-config` file, switched with `init -reconfigure`. Generated environment
+/// names, Terraform and OpenTofu taking turns: each environment's apply lands in its own state and
+/// leaves the others as they were, and `workspace new` fails (the http backend has none) without
+/// a request reaching the backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_state_per_environment_with_backend_config_files() {
+    use rand::{Rng, SeedableRng};
+    init_tracing();
+    let seed = std::env::var("GITSTATE_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random::<u64>);
+    println!("GITSTATE_TEST_SEED={seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut envs: Vec<String> = Vec::new();
+    while envs.len() < 4 {
+        let len = rng.random_range(2..12);
+        let name: String = (0..len)
+            .map(|i| {
+                let pool: &[u8] = if i == 0 {
+                    b"abcdefghijklmnopqrstuvwxyz"
+                } else {
+                    b"abcdefghijklmnopqrstuvwxyz0123456789-_"
+                };
+                char::from(pool[rng.random_range(0..pool.len())])
+            })
+            .collect();
+        if !envs.contains(&name) {
+            envs.push(name);
+        }
+    }
+
+    let server = GitServer::start().await;
+    let url = server.create_repo("infra");
+    let backend = TestBackend::start(&url, &[]).await;
+    let work = tempfile::tempdir().expect("tempdir");
+    let dir = work.path();
+    std::fs::write(
+        dir.join("main.tf"),
+        format!(
+            "terraform {{\n  backend \"http\" {{\n    lock_method   = \"POST\"\n    \
+             unlock_method = \"DELETE\"\n  }}\n}}\n{RESOURCES}"
+        ),
+    )
+    .expect("main.tf");
+    std::fs::create_dir(dir.join("envs")).expect("envs");
+    let base = &backend.url;
+    for env in &envs {
+        std::fs::write(
+            dir.join(format!("envs/{env}.backend.hcl")),
+            format!(
+                "address        = \"{base}/states/network/{env}.tfstate\"\n\
+                 lock_address   = \"{base}/locks/network/{env}.tfstate\"\n\
+                 unlock_address = \"{base}/locks/network/{env}.tfstate\"\n"
+            ),
+        )
+        .expect("backend config");
+    }
+    let clis = [Cli::new(terraform_binary()), Cli::new(tofu_binary())];
+    let mut rounds = std::collections::BTreeMap::new();
+    for step in 0..6u32 {
+        let env = &envs[rng.random_range(0..envs.len())];
+        let cli = &clis[step as usize % 2];
+        let config = format!("-backend-config=envs/{env}.backend.hcl");
+        cli.ok(dir, &["init", "-reconfigure", "-no-color", &config])
+            .await;
+        cli.apply(dir, step + 1).await;
+        rounds.insert(env.clone(), step + 1);
+        for (other, round) in &rounds {
+            let state = stored_state(&server, &format!("network/{other}.tfstate"));
+            assert_eq!(
+                state["outputs"]["items"]["value"]["alpha"],
+                format!("alpha-{round}"),
+                "{other} after an apply of {env}: {state}"
+            );
+        }
+    }
+    server.take_requests();
+    for cli in &clis {
+        let out = cli
+            .run(dir, &["workspace", "new", "dev", "-no-color"])
+            .await;
+        assert!(!out.status.success());
+        assert!(
+            transcript(&out).contains("workspaces not supported"),
+            "{}",
+            transcript(&out)
+        );
+    }
+    let seen: Vec<String> = server.take_requests().iter().map(|r| r.label()).collect();
+    assert!(seen.is_empty(), "no git request for a workspace: {seen:?}");
+    println!("{} environments, {} applies", rounds.len(), 6);
+}

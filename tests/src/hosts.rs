@@ -450,6 +450,14 @@ impl TestCa {
 }
 
 impl ServerIdentity {
+    /// The certificate chain and key as PEM files in `dir` (for `--tls-cert`/`--tls-key`).
+    pub fn write_to(&self, dir: &Path) -> (PathBuf, PathBuf) {
+        let (cert, key) = (dir.join("server.pem"), dir.join("server.key"));
+        std::fs::write(&cert, &self.cert).expect("certificate written");
+        std::fs::write(&key, &self.key).expect("key written");
+        (cert, key)
+    }
+
     fn server_config(&self) -> rustls::ServerConfig {
         use rustls::pki_types::pem::PemObject;
         let certs: Vec<_> = rustls::pki_types::CertificateDer::pem_slice_iter(&self.cert)

@@ -16,6 +16,7 @@ use http::{HeaderMap, Method, StatusCode, Uri};
 use http_body_util::BodyExt;
 use tokio::io::AsyncWriteExt;
 
+pub mod attack;
 mod client;
 pub mod faults;
 pub mod hosts;
@@ -855,6 +856,28 @@ impl Moto {
             .expect("CreateAlias");
         arn
     }
+}
+
+/// A setting kept as a KMS ciphertext (`GITSTATE_…_KMS`): `plaintext` encrypted under `key`
+/// with `context`, as base64 (what `aws kms encrypt` gives).
+pub async fn seal_setting(
+    kms: &gitstate_kms::Kms,
+    key: &str,
+    plaintext: &str,
+    context: &[(&str, &str)],
+) -> String {
+    use base64::Engine as _;
+    let mut request = kms
+        .client()
+        .encrypt()
+        .key_id(key)
+        .plaintext(aws_sdk_kms::primitives::Blob::new(plaintext.as_bytes()));
+    for (k, v) in context {
+        request = request.encryption_context(*k, *v);
+    }
+    let out = request.send().await.expect("Encrypt");
+    base64::engine::general_purpose::STANDARD
+        .encode(out.ciphertext_blob.expect("blob").into_inner())
 }
 
 /// The router for `settings`, encrypting with `kms` as `settings.encryption` says.

@@ -123,8 +123,11 @@ async fn spawn(
     let mut lines = BufReader::new(stdout).lines();
     let url = tokio::time::timeout(Duration::from_secs(30), async {
         while let Some(line) = lines.next_line().await.expect("read server stdout") {
-            if let Some((_, address)) = line.rsplit_once(" on http://") {
-                return format!("http://{}", address.trim());
+            // `http://…`, or `https://…` on a TLS listener.
+            if let Some((_, base)) = line.rsplit_once(" on ")
+                && base.starts_with("http")
+            {
+                return base.trim().to_owned();
             }
         }
         panic!(

@@ -118,7 +118,7 @@ const DESCRIPTIONS: &[Described] = &[
     ),
     describe(
         "GITSTATE_AGE_IDENTITY_KMS",
-        "the age identities as base64 of a KMS ciphertext (context `{\"gitstate:purpose\":\"age-identity\"}`), decrypted at start",
+        "the age identities as base64 of a KMS ciphertext (context `{\"gitstate:purpose\":\"age-identity\"}` plus the team), decrypted once at start",
     ),
     describe(
         "GITSTATE_PGP_FINGERPRINTS",
@@ -134,11 +134,23 @@ const DESCRIPTIONS: &[Described] = &[
     ),
     describe(
         "GITSTATE_PGP_SECRET_KEYS",
-        "armored secret keys without a passphrase (`gpg --armor --export-secret-keys`) that open states; exclusive with `GITSTATE_PGP_SECRET_KEYS_FILE`",
+        "armored secret keys (`gpg --armor --export-secret-keys`) that open states; exclusive with `GITSTATE_PGP_SECRET_KEYS_FILE` and `GITSTATE_PGP_SECRET_KEYS_KMS`",
     ),
     describe(
         "GITSTATE_PGP_SECRET_KEYS_FILE",
         "a file of such secret keys",
+    ),
+    describe(
+        "GITSTATE_PGP_SECRET_KEYS_KMS",
+        "the armored secret keys as base64 of a KMS ciphertext (context `{\"gitstate:purpose\":\"pgp-secret-keys\"}` plus the team), decrypted once at start; KMS encrypts at most 4096 bytes: enough for a Curve25519 key (gpg 2.2's `future-default`, the default from 2.3, 0.9 KB armored) or an RSA-3072 key's decryption subkey (`gpg --armor --export-secret-subkeys`, 3.7 KB), not for a whole RSA-3072 secret key (5 KB), which goes in `GITSTATE_PGP_SECRET_KEYS_FILE`",
+    ),
+    describe(
+        "GITSTATE_PGP_PASSPHRASE",
+        "unlocks the secret keys protected by a passphrase, once at start (a key it does not unlock, or a protected key without it, stops the start); exclusive with `GITSTATE_PGP_PASSPHRASE_FILE`",
+    ),
+    describe(
+        "GITSTATE_PGP_PASSPHRASE_FILE",
+        "a file whose first line is that passphrase (as `gpg --passphrase-file` reads it)",
     ),
     describe_default(
         "GITSTATE_SOPS_SHAMIR_THRESHOLD",

@@ -144,6 +144,18 @@ pub const SETTINGS: &[Spec] = &[
         "GITSTATE_PGP_SECRET_KEYS_FILE",
         "a file of armored OpenPGP secret keys",
     ),
+    secret(
+        "GITSTATE_PGP_SECRET_KEYS_KMS",
+        "armored OpenPGP secret keys as a base64 KMS ciphertext",
+    ),
+    secret(
+        "GITSTATE_PGP_PASSPHRASE",
+        "the passphrase of passphrase-protected OpenPGP secret keys",
+    ),
+    setting(
+        "GITSTATE_PGP_PASSPHRASE_FILE",
+        "a file whose first line is that passphrase",
+    ),
     setting(
         "GITSTATE_SOPS_SHAMIR_THRESHOLD",
         "key groups (one per source) needed to open [one group of every key]",

@@ -40,7 +40,7 @@ pub enum BuildError {
     #[error(transparent)]
     Sealed(#[from] gitstate_kms::SealedSettingError),
     #[error(transparent)]
-    AgeIdentity(#[from] gitstate_kms::AgeIdentityError),
+    PrivateKeys(#[from] gitstate_kms::PrivateKeyError),
     #[error("opening the git store")]
     Store(#[from] gitstate_git::Error),
     #[error(transparent)]
@@ -86,7 +86,8 @@ pub async fn build_with(mut settings: Settings, kms: Option<Arc<Kms>>) -> Result
         .await?;
         settings.access.bootstrap = Some((user, hash));
     }
-    gitstate_kms::open_private_keys(kms.as_deref(), &mut settings.encryption).await?;
+    gitstate_kms::open_private_keys(kms.as_deref(), team.as_deref(), &mut settings.encryption)
+        .await?;
     let (store, primary) = GitStore::new(&store_settings(&settings))?;
     assemble(&settings, Arc::new(store), primary, kms.filter(|_| seal))
 }

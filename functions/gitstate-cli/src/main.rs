@@ -4,6 +4,7 @@
 mod client;
 mod commands;
 mod credential;
+mod doctor;
 mod logging;
 mod run;
 mod seed;
@@ -80,6 +81,13 @@ enum Command {
     Config {
         #[command(flatten)]
         settings: SettingsArgs,
+    },
+    /// Run in a Terraform working directory: read its http backend's settings as Terraform
+    /// does, make Terraform's requests, and say for each what the backend answered, why, and
+    /// what to do. Exits non-zero when anything is wrong.
+    Doctor {
+        #[command(flatten)]
+        args: doctor::Args,
     },
     /// Users of the access file.
     #[command(subcommand)]
@@ -193,6 +201,7 @@ async fn main() -> anyhow::Result<()> {
             settings,
             program,
         } => serve::run(state.as_deref(), &settings, &program, workdir.as_deref()).await,
+        Command::Doctor { args } => doctor::doctor(&args).await,
         Command::Stop { address } => seed::stop_at(address.as_deref()),
         Command::User(UserCommand::Add { name, grants }) => users::user_add(&name, &grants),
         Command::HashPassword => users::hash_password(),

@@ -30,8 +30,9 @@ pub const SECRET_BEARING_LOG_TARGETS: [&str; 10] = [
 ];
 
 pub use sealer::{
-    AGE_IDENTITY_PURPOSE, AgeIdentityError, CONTEXT_REPOSITORY, CONTEXT_STATE, EncryptionSettings,
-    SopsSealer, context, encryption, encryption_with, open_private_keys, pack, seal_error, unpack,
+    AGE_IDENTITY_PURPOSE, CONTEXT_REPOSITORY, CONTEXT_STATE, EncryptionSettings,
+    PGP_SECRET_KEYS_PURPOSE, PrivateKeyError, SopsSealer, context, encryption, encryption_with,
+    open_private_keys, pack, seal_error, unpack,
 };
 
 use std::collections::HashMap;

@@ -57,7 +57,8 @@ pub struct EncryptionSettings {
     /// start (see [`open_age_identities`]).
     pub age_identity: Option<(&'static str, Secret)>,
     /// `GITSTATE_AGE_IDENTITY_KMS`: the identities as base64 of a KMS ciphertext (context
-    /// `gitstate:purpose` = `age-identity`), decrypted once at start.
+    /// `gitstate:purpose` = `age-identity`, plus `gitstate:team` when the deployment names its
+    /// team), decrypted once at start.
     pub age_identity_kms: Option<Secret>,
     /// The identities, once opened.
     pub age_identities: Option<Arc<AgeKeys>>,
@@ -68,6 +69,12 @@ pub struct EncryptionSettings {
     pub pgp_public_keys: Option<String>,
     /// Armored secret keys that open (`GITSTATE_PGP_SECRET_KEYS` or `…_FILE`), and the variable.
     pub pgp_secret_keys: Option<(&'static str, Secret)>,
+    /// `GITSTATE_PGP_SECRET_KEYS_KMS`: the armored secret keys as base64 of a KMS ciphertext
+    /// (context `gitstate:purpose` = `pgp-secret-keys`, plus the team), decrypted once at start.
+    pub pgp_secret_keys_kms: Option<Secret>,
+    /// `GITSTATE_PGP_PASSPHRASE` (or the first line of `…_FILE`): unlocks the secret keys that
+    /// are protected by one, once at start.
+    pub pgp_passphrase: Option<Secret>,
     /// The OpenPGP keys, once parsed.
     pub pgp_keys: Option<Arc<PgpKeys>>,
     pub shamir_threshold: Option<usize>,
@@ -86,7 +93,15 @@ impl EncryptionSettings {
             || self.age_identities.is_some()
             || !self.pgp_fingerprints.is_empty()
             || self.pgp_secret_keys.is_some()
+            || self.pgp_secret_keys_kms.is_some()
             || self.pgp_keys.is_some()
+    }
+
+    /// Whether some key seals writes: a KMS key, an age recipient or an OpenPGP fingerprint.
+    pub fn has_write_keys(&self) -> bool {
+        !self.kms_key_ids.is_empty()
+            || !self.age_recipients.is_empty()
+            || !self.pgp_fingerprints.is_empty()
     }
 
     /// The sources other than KMS as configured (age, then OpenPGP): their recipients, and the
@@ -123,15 +138,18 @@ impl EncryptionSettings {
     }
 }
 
-/// The context a KMS-encrypted age identity is bound to.
+/// The context a KMS-encrypted age identity is bound to (plus the team, see
+/// [`crate::TEAM_CONTEXT_KEY`]).
 pub const AGE_IDENTITY_PURPOSE: (&str, &str) = ("gitstate:purpose", "age-identity");
+/// The context KMS-encrypted OpenPGP secret keys are bound to (plus the team).
+pub const PGP_SECRET_KEYS_PURPOSE: (&str, &str) = ("gitstate:purpose", "pgp-secret-keys");
 
 #[derive(Debug, thiserror::Error)]
-pub enum AgeIdentityError {
-    #[error("GITSTATE_AGE_IDENTITY_KMS could not be decrypted")]
-    Decrypt(#[from] crate::SecretError),
+pub enum PrivateKeyError {
+    #[error(transparent)]
+    Sealed(#[from] crate::SealedSettingError),
     #[error("{var}: {source}")]
-    Identity {
+    Keys {
         var: &'static str,
         source: gitstate_sops::SourceError,
     },
@@ -139,48 +157,56 @@ pub enum AgeIdentityError {
     NoPublicKey(String),
 }
 
-/// Parse the age identities given as text, or decrypt `GITSTATE_AGE_IDENTITY_KMS` with `kms`
-/// and parse them, once per process (as the git token); parse the OpenPGP keys. Errors name the
-/// variable, never a key.
+/// Parse the age identities and the OpenPGP secret keys given as text, or decrypt their `…_KMS`
+/// settings with `kms` (under their purpose and `team`, as the git token) and parse them, once
+/// per process; unlock the OpenPGP keys with the passphrase. Errors name the variable, never a
+/// key.
 pub async fn open_private_keys(
     kms: Option<&Kms>,
+    team: Option<&str>,
     settings: &mut EncryptionSettings,
-) -> Result<(), AgeIdentityError> {
+) -> Result<(), PrivateKeyError> {
     let parse = |var: &'static str, text: &str| {
         AgeKeys::parse(text)
             .map(Arc::new)
-            .map_err(|source| AgeIdentityError::Identity { var, source })
+            .map_err(|source| PrivateKeyError::Keys { var, source })
     };
     if let Some((var, text)) = settings.age_identity.take() {
         settings.age_identities = Some(parse(var, text.expose())?);
     }
     if let (Some(kms), Some(ciphertext)) = (kms, settings.age_identity_kms.take()) {
-        let context: Context = [(
-            AGE_IDENTITY_PURPOSE.0.to_owned(),
-            AGE_IDENTITY_PURPOSE.1.to_owned(),
-        )]
-        .into();
-        let plaintext = kms.decrypt_base64(ciphertext.expose(), &context).await?;
-        let text = String::from_utf8_lossy(&plaintext);
-        settings.age_identities = Some(parse("GITSTATE_AGE_IDENTITY_KMS", &text)?);
+        let var = "GITSTATE_AGE_IDENTITY_KMS";
+        let text =
+            crate::decrypt_setting(kms, var, AGE_IDENTITY_PURPOSE, team, ciphertext.expose())
+                .await?;
+        settings.age_identities = Some(parse(var, text.expose())?);
     }
-    let secret = settings.pgp_secret_keys.take();
+    let mut secret = settings.pgp_secret_keys.take();
+    if let (Some(kms), Some(ciphertext)) = (kms, settings.pgp_secret_keys_kms.take()) {
+        let var = "GITSTATE_PGP_SECRET_KEYS_KMS";
+        let text =
+            crate::decrypt_setting(kms, var, PGP_SECRET_KEYS_PURPOSE, team, ciphertext.expose())
+                .await?;
+        secret = Some((var, text));
+    }
     if secret.is_some() || settings.pgp_public_keys.is_some() {
         let (var, secret_text) = match &secret {
             Some((var, text)) => (*var, text.expose()),
             None => ("GITSTATE_PGP_PUBLIC_KEYS_FILE", ""),
         };
         let public = settings.pgp_public_keys.as_deref().unwrap_or_default();
-        let keys = PgpKeys::parse(public, secret_text).map_err(|source| {
+        let passphrase = settings.pgp_passphrase.as_ref().map(|p| p.expose());
+        let keys = PgpKeys::parse(public, secret_text, passphrase).map_err(|source| {
             let var = match source {
                 gitstate_sops::SourceError::PgpPublic => "GITSTATE_PGP_PUBLIC_KEYS_FILE",
+                gitstate_sops::SourceError::PgpPassphrase(_) => "GITSTATE_PGP_PASSPHRASE",
                 _ => var,
             };
-            AgeIdentityError::Identity { var, source }
+            PrivateKeyError::Keys { var, source }
         })?;
         for fp in &settings.pgp_fingerprints {
             if !keys.has_public(fp) {
-                return Err(AgeIdentityError::NoPublicKey(fp.clone()));
+                return Err(PrivateKeyError::NoPublicKey(fp.clone()));
             }
         }
         settings.pgp_keys = Some(Arc::new(keys));
@@ -204,9 +230,7 @@ impl<K: KeyService> SopsSealer<K> {
             .passphrase
             .as_ref()
             .map(|p| Zeroizing::new(p.expose().to_owned()));
-        let passphrase_writes = passphrase
-            .clone()
-            .filter(|_| settings.kms_key_ids.is_empty() && settings.age_recipients.is_empty());
+        let passphrase_writes = passphrase.clone().filter(|_| !settings.has_write_keys());
         Self {
             envelope: Envelope::new(keys, settings.kms_key_ids.clone(), passphrase)
                 .with_previous(settings.previous_kms_key_ids.clone())

@@ -9,7 +9,9 @@ use std::time::SystemTime;
 use zeroize::Zeroizing;
 
 use crate::document::{Document, Seal, looks_like_sops};
-use crate::{Context, DataKey, Error, KeyService, Offline, Unwrapped, WrappedKey, passphrase};
+use crate::{
+    Context, DataKey, Error, KeyService, KeySource, KmsKeys, Offline, Unwrapped, passphrase,
+};
 
 /// How a stored state was found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -364,7 +366,11 @@ impl<K: KeyService> Envelope<K> {
         offline.sort_by_key(|(current, _, _)| !current);
         for (_, source, entry) in &offline {
             tried += 1;
-            match source.source.unwrap(&entry.id, &entry.enc).await {
+            match source
+                .source
+                .unwrap(&entry.id, entry.enc.as_bytes(), expected)
+                .await
+            {
                 Ok(secret) => {
                     return GroupKey::Opened {
                         secret,
@@ -412,11 +418,10 @@ impl<K: KeyService> Envelope<K> {
             tried += 1;
             kms_tried += 1;
             asked.push(&key.arn);
-            let wrapped = WrappedKey {
-                arn: key.arn.clone(),
-                blob: entry.enc.clone(),
-            };
-            match self.keys.unwrap(&wrapped, expected).await {
+            match KmsKeys(&self.keys)
+                .unwrap(&key.arn, &entry.enc, expected)
+                .await
+            {
                 Ok(secret) => {
                     return GroupKey::Opened {
                         secret,

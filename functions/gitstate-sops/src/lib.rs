@@ -31,7 +31,7 @@ pub use document::{
 };
 pub use envelope::{Envelope, Format, Opened, Protection};
 pub use passphrase::{open_passphrase, seal_passphrase};
-pub use sources::{AgeKeys, KeySource, Offline, PgpKeys, SourceError};
+pub use sources::{AgeKeys, KeySource, KmsKeys, Offline, PgpKeys, SourceError, WrappedSecret};
 
 /// A 256-bit data key, wiped from memory when dropped.
 pub type DataKey = Zeroizing<[u8; 32]>;

@@ -1,6 +1,7 @@
-//! Master key sources other than AWS KMS: one small trait, one implementation per source: age
-//! and OpenPGP here; GCP KMS and Vault transit would each be one more implementation (their
-//! entries are read and counted already, and never used).
+//! Master key sources: one small trait, one implementation per source. AWS KMS ([`KmsKeys`], a
+//! thin adapter over the richer [`KeyService`]), age and OpenPGP here; GCP KMS and Vault transit
+//! would each be one more implementation (their entries are read and counted already, and never
+//! used).
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -8,7 +9,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use zeroize::Zeroizing;
 
-use crate::{KeyError, Unwrapped};
+use crate::{Context, KeyError, KeyService, Unwrapped, WrappedKey};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SourceError {
@@ -22,22 +23,103 @@ pub enum SourceError {
     Fingerprint(String),
     #[error("the OpenPGP public keys do not parse (armored, as `gpg --armor --export` writes)")]
     PgpPublic,
-    #[error("the OpenPGP secret keys do not parse (armored, without a passphrase)")]
+    #[error(
+        "the OpenPGP secret keys do not parse (armored, as `gpg --armor --export-secret-keys` writes)"
+    )]
     PgpSecret,
+    #[error("the OpenPGP secret key {0} is protected by a passphrase: set GITSTATE_PGP_PASSPHRASE")]
+    PgpLocked(String),
+    #[error("the passphrase does not unlock the OpenPGP secret key {0}")]
+    PgpPassphrase(String),
+    #[error("{0}")]
+    KmsKey(String),
+}
+
+/// A secret wrapped by one master key: the name the file records the key by (a KMS key's ARN as
+/// KMS answers it, an age recipient, an OpenPGP fingerprint) and the entry's ciphertext (the KMS
+/// blob, which the file holds as base64; age and OpenPGP armored text).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WrappedSecret {
+    pub key: String,
+    pub enc: Vec<u8>,
 }
 
 /// A source of master keys that wraps a data key (or a key group's Shamir share) for a
-/// recipient and unwraps an entry with a private key it holds.
+/// recipient and unwraps an entry with a private key it holds (or, for a key service, asks it to).
 #[async_trait]
 pub trait KeySource: Send + Sync {
-    /// The list of a sops key group its entries live in (`age`, `pgp`, `gcp_kms`, `hc_vault`).
+    /// The list of a sops key group its entries live in (`kms`, `age`, `pgp`, `gcp_kms`,
+    /// `hc_vault`).
     fn list(&self) -> &'static str;
     /// The one spelling of a recipient the files carry; refuses what is not a recipient.
     fn recipient(&self, id: &str) -> Result<String, SourceError>;
-    /// The entry's `enc` text: `secret` wrapped for `recipient`.
-    async fn wrap(&self, recipient: &str, secret: &[u8]) -> Result<String, KeyError>;
-    /// Unwrap an entry naming `recipient` with a private key this source holds.
-    async fn unwrap(&self, recipient: &str, enc: &str) -> Result<Unwrapped, KeyError>;
+    /// Whether the ciphertext binds the context itself (KMS's encryption context): files sealed
+    /// through a source that does not carry the location as [`crate::BINDING`] instead.
+    fn binds_context(&self) -> bool {
+        false
+    }
+    /// `secret` wrapped for `recipient`, under `context` where the source binds one.
+    async fn wrap(
+        &self,
+        recipient: &str,
+        secret: &[u8],
+        context: &Context,
+    ) -> Result<WrappedSecret, KeyError>;
+    /// Unwrap an entry naming `recipient`, made under `context` where the source binds one.
+    async fn unwrap(
+        &self,
+        recipient: &str,
+        enc: &[u8],
+        context: &Context,
+    ) -> Result<Unwrapped, KeyError>;
+}
+
+/// AWS KMS as a [`KeySource`]: wrap and unwrap through a [`KeyService`], which also keeps what
+/// only KMS has (a fresh data key from the first key, resolving aliases to ARNs, the data-key
+/// cache); the envelope calls those directly.
+pub struct KmsKeys<'a, K: ?Sized>(pub &'a K);
+
+#[async_trait]
+impl<K: KeyService + ?Sized> KeySource for KmsKeys<'_, K> {
+    fn list(&self) -> &'static str {
+        "kms"
+    }
+
+    fn recipient(&self, id: &str) -> Result<String, SourceError> {
+        let id = id.trim();
+        crate::kms_key::KeyName::parse(id).map_err(|e| SourceError::KmsKey(e.to_string()))?;
+        Ok(id.to_owned())
+    }
+
+    fn binds_context(&self) -> bool {
+        true
+    }
+
+    async fn wrap(
+        &self,
+        recipient: &str,
+        secret: &[u8],
+        context: &Context,
+    ) -> Result<WrappedSecret, KeyError> {
+        let wrapped = self.0.wrap(recipient, secret, context).await?;
+        Ok(WrappedSecret {
+            key: wrapped.arn,
+            enc: wrapped.blob,
+        })
+    }
+
+    async fn unwrap(
+        &self,
+        recipient: &str,
+        enc: &[u8],
+        context: &Context,
+    ) -> Result<Unwrapped, KeyError> {
+        let wrapped = WrappedKey {
+            arn: recipient.to_owned(),
+            blob: enc.to_vec(),
+        };
+        self.0.unwrap(&wrapped, context).await
+    }
 }
 
 /// A configured source: its recipients that seal every write (current) and those that only
@@ -153,26 +235,42 @@ impl KeySource for AgeKeys {
             .map_err(|_| SourceError::Recipient(id.chars().take(80).collect()))
     }
 
-    async fn wrap(&self, recipient: &str, secret: &[u8]) -> Result<String, KeyError> {
+    async fn wrap(
+        &self,
+        recipient: &str,
+        secret: &[u8],
+        _: &Context,
+    ) -> Result<WrappedSecret, KeyError> {
         let to = age::x25519::Recipient::from_str(recipient)
             .map_err(|e| KeyError::Refused(e.to_string().into()))?;
-        age::encrypt_and_armor(&to, secret).map_err(|e| KeyError::Refused(e.to_string().into()))
+        let armored = age::encrypt_and_armor(&to, secret)
+            .map_err(|e| KeyError::Refused(e.to_string().into()))?;
+        Ok(WrappedSecret {
+            key: recipient.to_owned(),
+            enc: armored.into_bytes(),
+        })
     }
 
-    async fn unwrap(&self, recipient: &str, enc: &str) -> Result<Unwrapped, KeyError> {
+    async fn unwrap(
+        &self,
+        recipient: &str,
+        enc: &[u8],
+        _: &Context,
+    ) -> Result<Unwrapped, KeyError> {
         let identity = self
             .identities
             .iter()
             .find(|i| i.to_public().to_string() == recipient)
             .ok_or_else(|| KeyError::Refused("no age identity for this recipient".into()))?;
-        age::decrypt(identity, enc.as_bytes())
+        age::decrypt(identity, enc)
             .map(Zeroizing::new)
             .map_err(|e| KeyError::Refused(e.to_string().into()))
     }
 }
 
 /// OpenPGP keys (rPGP): public keys to seal for, by primary-key fingerprint as sops names them
-/// (40 upper-case hex digits), and the secret keys (without a passphrase) that open.
+/// (40 upper-case hex digits), and the secret keys that open (unlocked once, when parsed, with
+/// the passphrase given for those protected by one).
 pub struct PgpKeys {
     public: Vec<pgp::composed::SignedPublicKey>,
     secret: Vec<pgp::composed::SignedSecretKey>,
@@ -210,25 +308,32 @@ fn fingerprint(fp: &pgp::types::Fingerprint) -> String {
 
 impl PgpKeys {
     /// Armored public keys (any number, as `gpg --armor --export` writes them) and armored secret
-    /// keys (`gpg --armor --export-secret-keys`), either may be empty.
-    pub fn parse(public: &str, secret: &str) -> Result<Self, SourceError> {
+    /// keys (`gpg --armor --export-secret-keys`), either may be empty. Secret keys protected by a
+    /// passphrase are unlocked here with `passphrase` (the same for all of them): a key it does
+    /// not unlock, or a protected key without one, is refused now rather than at the first read.
+    pub fn parse(
+        public: &str,
+        secret: &str,
+        passphrase: Option<&str>,
+    ) -> Result<Self, SourceError> {
         use pgp::composed::{Deserializable, SignedPublicKey, SignedSecretKey};
         let mut keys = Self {
             public: Vec::new(),
             secret: Vec::new(),
         };
-        if !public.trim().is_empty() {
+        for block in armor_blocks(public) {
             let (many, _) =
-                SignedPublicKey::from_string_many(public).map_err(|_| SourceError::PgpPublic)?;
+                SignedPublicKey::from_string_many(block).map_err(|_| SourceError::PgpPublic)?;
             for key in many {
                 keys.public.push(key.map_err(|_| SourceError::PgpPublic)?);
             }
         }
-        if !secret.trim().is_empty() {
+        for block in armor_blocks(secret) {
             let (many, _) =
-                SignedSecretKey::from_string_many(secret).map_err(|_| SourceError::PgpSecret)?;
+                SignedSecretKey::from_string_many(block).map_err(|_| SourceError::PgpSecret)?;
             for key in many {
-                keys.secret.push(key.map_err(|_| SourceError::PgpSecret)?);
+                let key = key.map_err(|_| SourceError::PgpSecret)?;
+                keys.secret.push(unlock(key, passphrase)?);
             }
         }
         Ok(keys)
@@ -252,6 +357,58 @@ impl PgpKeys {
     }
 }
 
+/// The armored blocks of a text (one `-----BEGIN PGP …` line each, as files that hold several
+/// exports one after another do); text before the first block is ignored.
+fn armor_blocks(text: &str) -> Vec<&str> {
+    let mut starts: Vec<usize> = text
+        .match_indices("-----BEGIN PGP ")
+        .map(|(at, _)| at)
+        .filter(|&at| at == 0 || text[..at].ends_with('\n'))
+        .collect();
+    if starts.is_empty() && !text.trim().is_empty() {
+        // not armored: the parser says so
+        starts.push(0);
+    }
+    let ends = starts.iter().skip(1).copied().chain([text.len()]);
+    starts.iter().zip(ends).map(|(&a, b)| &text[a..b]).collect()
+}
+
+/// The secret key with its decryption material unlocked: every subkey that can encrypt, or the
+/// primary key when none can (signing material, possibly a `gpg` stub after
+/// `--export-secret-subkeys`, is left as it is and never used).
+fn unlock(
+    mut key: pgp::composed::SignedSecretKey,
+    passphrase: Option<&str>,
+) -> Result<pgp::composed::SignedSecretKey, SourceError> {
+    use pgp::types::{KeyDetails, Password};
+    let fp = fingerprint(&key.fingerprint());
+    let password = passphrase.map(Password::from);
+    let unlock_one = |locked: bool,
+                      remove: &mut dyn FnMut(&Password) -> pgp::errors::Result<()>|
+     -> Result<(), SourceError> {
+        if !locked {
+            return Ok(());
+        }
+        let password = password
+            .as_ref()
+            .ok_or_else(|| SourceError::PgpLocked(fp.clone()))?;
+        remove(password).map_err(|_| SourceError::PgpPassphrase(fp.clone()))
+    };
+    let mut subkeys = 0;
+    for sub in &mut key.secret_subkeys {
+        if sub.key.algorithm().can_encrypt() {
+            subkeys += 1;
+            let locked = sub.key.secret_params().is_encrypted();
+            unlock_one(locked, &mut |p| sub.key.remove_password(p))?;
+        }
+    }
+    if subkeys == 0 {
+        let locked = key.primary_key.secret_params().is_encrypted();
+        unlock_one(locked, &mut |p| key.primary_key.remove_password(p))?;
+    }
+    Ok(key)
+}
+
 #[async_trait]
 impl KeySource for PgpKeys {
     fn list(&self) -> &'static str {
@@ -267,7 +424,12 @@ impl KeySource for PgpKeys {
         }
     }
 
-    async fn wrap(&self, recipient: &str, secret: &[u8]) -> Result<String, KeyError> {
+    async fn wrap(
+        &self,
+        recipient: &str,
+        secret: &[u8],
+        _: &Context,
+    ) -> Result<WrappedSecret, KeyError> {
         use pgp::composed::{ArmorOptions, MessageBuilder};
         use pgp::crypto::sym::SymmetricKeyAlgorithm;
         use pgp::types::KeyDetails;
@@ -290,12 +452,21 @@ impl KeySource for PgpKeys {
         builder
             .encrypt_to_key(&mut rng, subkey)
             .map_err(|e| refused(&e))?;
-        builder
+        let armored = builder
             .to_armored_string(rng, ArmorOptions::default())
-            .map_err(|e| refused(&e))
+            .map_err(|e| refused(&e))?;
+        Ok(WrappedSecret {
+            key: recipient.to_owned(),
+            enc: armored.into_bytes(),
+        })
     }
 
-    async fn unwrap(&self, recipient: &str, enc: &str) -> Result<Unwrapped, KeyError> {
+    async fn unwrap(
+        &self,
+        recipient: &str,
+        enc: &[u8],
+        _: &Context,
+    ) -> Result<Unwrapped, KeyError> {
         use pgp::composed::Message;
         use pgp::types::KeyDetails;
         let refused = |e: &dyn std::fmt::Display| KeyError::Refused(e.to_string().into());
@@ -306,8 +477,11 @@ impl KeySource for PgpKeys {
             .ok_or_else(|| {
                 KeyError::Refused("no OpenPGP secret key for this fingerprint".into())
             })?;
-        let (message, _) = Message::from_armor(enc.as_bytes()).map_err(|e| refused(&e))?;
-        let mut message = message.decrypt(&"".into(), key).map_err(|e| refused(&e))?;
+        let (message, _) = Message::from_armor(enc).map_err(|e| refused(&e))?;
+        // unlocked when parsed
+        let mut message = message
+            .decrypt(&pgp::types::Password::empty(), key)
+            .map_err(|e| refused(&e))?;
         if message.is_compressed() {
             message = message.decompress().map_err(|e| refused(&e))?;
         }

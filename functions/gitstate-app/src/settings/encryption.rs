@@ -41,20 +41,26 @@ pub(crate) fn read(vars: &Vars<'_>) -> Result<EncryptionSettings, ConfigError> {
             Some(path) => Some(read_file("GITSTATE_PGP_PUBLIC_KEYS_FILE", &path)?),
             None => None,
         },
-        pgp_secret_keys: match (
-            vars.get("GITSTATE_PGP_SECRET_KEYS"),
-            vars.get("GITSTATE_PGP_SECRET_KEYS_FILE"),
+        pgp_secret_keys: pgp_secret_keys(vars)?,
+        pgp_secret_keys_kms: vars.get("GITSTATE_PGP_SECRET_KEYS_KMS").map(Secret::new),
+        pgp_passphrase: match (
+            vars.get("GITSTATE_PGP_PASSPHRASE"),
+            vars.get("GITSTATE_PGP_PASSPHRASE_FILE"),
         ) {
             (Some(_), Some(_)) => {
                 return Err(ConfigError::Invalid {
-                    var: "GITSTATE_PGP_SECRET_KEYS_FILE",
-                    reason: "GITSTATE_PGP_SECRET_KEYS is set too: choose one".into(),
+                    var: "GITSTATE_PGP_PASSPHRASE_FILE",
+                    reason: "GITSTATE_PGP_PASSPHRASE is set too: choose one".into(),
                 });
             }
-            (Some(text), None) => Some(("GITSTATE_PGP_SECRET_KEYS", Secret::new(text))),
-            (None, Some(path)) => Some((
-                "GITSTATE_PGP_SECRET_KEYS_FILE",
-                Secret::new(read_file("GITSTATE_PGP_SECRET_KEYS_FILE", &path)?),
+            (Some(text), None) => Some(Secret::new(text)),
+            // the first line, as `gpg --passphrase-file` reads it
+            (None, Some(path)) => Some(Secret::new(
+                read_file("GITSTATE_PGP_PASSPHRASE_FILE", &path)?
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned(),
             )),
             (None, None) => None,
         },
@@ -172,9 +178,42 @@ fn identity(vars: &Vars<'_>) -> Result<Option<(&'static str, Secret)>, ConfigErr
     })
 }
 
+/// The armored OpenPGP secret keys' text: `GITSTATE_PGP_SECRET_KEYS` or the file
+/// `GITSTATE_PGP_SECRET_KEYS_FILE` names; at most one of these two and
+/// `GITSTATE_PGP_SECRET_KEYS_KMS` (opened when the application is built).
+fn pgp_secret_keys(vars: &Vars<'_>) -> Result<Option<(&'static str, Secret)>, ConfigError> {
+    let set: Vec<&'static str> = [
+        "GITSTATE_PGP_SECRET_KEYS",
+        "GITSTATE_PGP_SECRET_KEYS_FILE",
+        "GITSTATE_PGP_SECRET_KEYS_KMS",
+    ]
+    .into_iter()
+    .filter(|v| vars.get(v).is_some())
+    .collect();
+    if set.len() > 1 {
+        return Err(ConfigError::Invalid {
+            var: set[1],
+            reason: format!("{} is set too: choose one", set[0]),
+        });
+    }
+    Ok(
+        match (
+            vars.get("GITSTATE_PGP_SECRET_KEYS"),
+            vars.get("GITSTATE_PGP_SECRET_KEYS_FILE"),
+        ) {
+            (Some(text), _) => Some(("GITSTATE_PGP_SECRET_KEYS", Secret::new(text))),
+            (None, Some(path)) => Some((
+                "GITSTATE_PGP_SECRET_KEYS_FILE",
+                Secret::new(read_file("GITSTATE_PGP_SECRET_KEYS_FILE", &path)?),
+            )),
+            (None, None) => None,
+        },
+    )
+}
+
 /// A comma-separated list of OpenPGP fingerprints (spaces allowed, any case).
 fn fingerprints(vars: &Vars<'_>, var: &'static str) -> Result<Vec<String>, ConfigError> {
-    let pgp = gitstate_sops::PgpKeys::parse("", "").map_err(|e| ConfigError::Invalid {
+    let pgp = gitstate_sops::PgpKeys::parse("", "", None).map_err(|e| ConfigError::Invalid {
         var,
         reason: e.to_string(),
     })?;

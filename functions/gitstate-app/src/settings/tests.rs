@@ -336,6 +336,8 @@ fn secrets(s: &Settings) -> Vec<&gitstate_core::secret::Secret> {
         &s.git.token_kms,
         &s.encryption.passphrase,
         &s.encryption.age_identity_kms,
+        &s.encryption.pgp_secret_keys_kms,
+        &s.encryption.pgp_passphrase,
         &s.access.text,
     ]
     .into_iter()

@@ -13,9 +13,9 @@ use crate::settings::SettingsArgs;
 
 pub async fn rekey(prefix: &str, args: &SettingsArgs) -> anyhow::Result<()> {
     let (_, settings) = args.settings()?;
-    if settings.encryption.kms_key_ids.is_empty() && settings.encryption.age_recipients.is_empty() {
+    if !settings.encryption.has_write_keys() {
         bail!(
-            "neither GITSTATE_KMS_KEY_IDS nor GITSTATE_AGE_RECIPIENTS names a key to re-encrypt under"
+            "none of GITSTATE_KMS_KEY_IDS, GITSTATE_AGE_RECIPIENTS and GITSTATE_PGP_FINGERPRINTS names a key to re-encrypt under"
         );
     }
     let backend = gitstate_app::build(settings)
@@ -49,7 +49,8 @@ pub async fn decrypt(file: &Path, args: &SettingsArgs) -> anyhow::Result<()> {
     let (_, mut settings) = args.settings()?;
     let stored = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
     let kms = gitstate_kms::Kms::from_env().await;
-    gitstate_kms::open_private_keys(Some(&kms), &mut settings.encryption).await?;
+    let team = settings.git.team.clone();
+    gitstate_kms::open_private_keys(Some(&kms), team.as_deref(), &mut settings.encryption).await?;
     let sealer = gitstate_kms::SopsSealer::new(kms, &settings.encryption);
     let opened = sealer
         .envelope()
@@ -68,10 +69,10 @@ pub async fn encrypt(
     state: Option<String>,
     args: &SettingsArgs,
 ) -> anyhow::Result<()> {
-    let (_, settings) = args.settings()?;
-    if settings.encryption.kms_key_ids.is_empty() && settings.encryption.age_recipients.is_empty() {
+    let (_, mut settings) = args.settings()?;
+    if !settings.encryption.has_write_keys() {
         bail!(
-            "neither GITSTATE_KMS_KEY_IDS nor GITSTATE_AGE_RECIPIENTS names a key to encrypt under"
+            "none of GITSTATE_KMS_KEY_IDS, GITSTATE_AGE_RECIPIENTS and GITSTATE_PGP_FINGERPRINTS names a key to encrypt under"
         );
     }
     let name = StateName::parse(&state.unwrap_or_else(|| file.display().to_string()))
@@ -81,6 +82,9 @@ pub async fn encrypt(
     };
     let plaintext = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
     let kms = gitstate_kms::Kms::from_env().await;
+    // the OpenPGP public keys are parsed with the private ones
+    let team = settings.git.team.clone();
+    gitstate_kms::open_private_keys(Some(&kms), team.as_deref(), &mut settings.encryption).await?;
     let sealer = gitstate_kms::SopsSealer::new(kms, &settings.encryption);
     std::str::from_utf8(&plaintext).context("the state is not UTF-8 text")?;
     let payload = gitstate_kms::pack(&plaintext).context("compressing")?;

@@ -5,9 +5,12 @@
 /// The `gitstate` binary under test, as cargo built it for this package.
 const GITSTATE: &str = env!("CARGO_BIN_EXE_gitstate");
 
+mod attack;
 mod breakglass;
+mod doctor;
 mod hosts;
 mod processes;
+mod release;
 mod run;
 mod seed;
 mod serve;

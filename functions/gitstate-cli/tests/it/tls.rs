@@ -87,12 +87,12 @@ fn leaf(dir: &Path, ca: &str, leaf: &str, extensions: &str) {
     );
 }
 
-struct Pki {
+pub(crate) struct Pki {
     dir: tempfile::TempDir,
 }
 
 impl Pki {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let d = dir.path();
         ca(d, "ca");
@@ -108,11 +108,11 @@ impl Pki {
         Self { dir }
     }
 
-    fn path(&self, file: &str) -> String {
+    pub(crate) fn path(&self, file: &str) -> String {
         self.dir.path().join(file).display().to_string()
     }
 
-    fn pem(&self, file: &str) -> String {
+    pub(crate) fn pem(&self, file: &str) -> String {
         std::fs::read_to_string(self.dir.path().join(file)).expect("pem")
     }
 }

@@ -1,6 +1,7 @@
 //! Writing a sops document: a data key from the master keys, every value encrypted, the MAC.
 
 use super::*;
+use crate::{KeySource, KmsKeys};
 
 /// The settings of one write.
 pub struct Seal<'a> {
@@ -79,8 +80,18 @@ impl Seal<'_> {
 
     async fn wrap<'m>(&self, member: Member<'m>, secret: &[u8]) -> Result<Wrap, Error> {
         Ok(match member {
-            Member::Kms(id) => Wrap::Kms(self.keys.wrap(id, secret, self.context).await?),
-            Member::Offline(source, id) => Wrap::Text(source.source.wrap(id, secret).await?),
+            Member::Kms(id) => {
+                let wrapped = KmsKeys(self.keys).wrap(id, secret, self.context).await?;
+                Wrap::Kms(WrappedKey {
+                    arn: wrapped.key,
+                    blob: wrapped.enc,
+                })
+            }
+            Member::Offline(source, id) => {
+                let wrapped = source.source.wrap(id, secret, self.context).await?;
+                // armored text
+                Wrap::Text(String::from_utf8(wrapped.enc).map_err(|_| Error::Crypto)?)
+            }
         })
     }
 
@@ -91,7 +102,7 @@ impl Seal<'_> {
         let bound = groups
             .iter()
             .flatten()
-            .any(|m| matches!(m, Member::Offline(..)));
+            .any(|m| matches!(m, Member::Offline(o, _) if !o.source.binds_context()));
         let mut out = Vec::with_capacity(groups.len());
         let key = if let [group] = groups.as_slice() {
             let mut entries = Vec::with_capacity(group.len());

@@ -1,0 +1,692 @@
+//! The `http` backend's settings as Terraform gathers them, and the checks that need no request.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use hcl_edit::Span;
+use reqwest::Url;
+
+use super::{Backend, Finding, Setting, hcl_attributes, literal, place};
+
+/// The http backend's settings: name, environment variable (none for the two Terraform reads
+/// from the configuration only), default.
+const ATTRIBUTES: &[(&str, Option<&str>, Option<&str>)] = &[
+    ("address", Some("TF_HTTP_ADDRESS"), None),
+    ("update_method", Some("TF_HTTP_UPDATE_METHOD"), Some("POST")),
+    ("lock_address", Some("TF_HTTP_LOCK_ADDRESS"), None),
+    ("lock_method", Some("TF_HTTP_LOCK_METHOD"), Some("LOCK")),
+    ("unlock_address", Some("TF_HTTP_UNLOCK_ADDRESS"), None),
+    (
+        "unlock_method",
+        Some("TF_HTTP_UNLOCK_METHOD"),
+        Some("UNLOCK"),
+    ),
+    ("username", Some("TF_HTTP_USERNAME"), None),
+    ("password", Some("TF_HTTP_PASSWORD"), None),
+    ("skip_cert_verification", None, None),
+    ("retry_max", Some("TF_HTTP_RETRY_MAX"), None),
+    ("retry_wait_min", Some("TF_HTTP_RETRY_WAIT_MIN"), None),
+    ("retry_wait_max", Some("TF_HTTP_RETRY_WAIT_MAX"), None),
+    (
+        "client_ca_certificate_pem",
+        Some("TF_HTTP_CLIENT_CA_CERTIFICATE_PEM"),
+        None,
+    ),
+    (
+        "client_certificate_pem",
+        Some("TF_HTTP_CLIENT_CERTIFICATE_PEM"),
+        None,
+    ),
+    (
+        "client_private_key_pem",
+        Some("TF_HTTP_CLIENT_PRIVATE_KEY_PEM"),
+        None,
+    ),
+    // OpenTofu only.
+    ("headers", None, None),
+];
+
+/// The files Terraform and OpenTofu read a configuration from.
+const SUFFIXES: &[&str] = &[".tf", ".tf.json", ".tofu", ".tofu.json"];
+
+/// `gitstate doctor`'s arguments: Terraform's own where they say the same thing.
+#[derive(clap::Args, Debug, Default)]
+pub struct Args {
+    /// Terraform's working directory, as `terraform -chdir=DIR` [default: .].
+    #[arg(long, value_name = "DIR")]
+    chdir: Option<PathBuf>,
+    /// As `terraform init -backend-config=…`: a file of settings or KEY=VALUE (repeatable).
+    /// Without it, what the last `terraform init` saved in .terraform/ counts.
+    #[arg(long = "backend-config", value_name = "FILE|KEY=VALUE")]
+    backend_config: Vec<String>,
+    /// Also take the lock at lock_address and release it at unlock_address, as `terraform plan`
+    /// does (a lock ref is written and removed in the repository).
+    #[arg(long)]
+    pub lock: bool,
+}
+
+impl Args {
+    pub fn dir(&self) -> PathBuf {
+        self.chdir.clone().unwrap_or_else(|| PathBuf::from("."))
+    }
+
+    #[cfg(test)]
+    pub fn for_tests(dir: &Path, backend_config: &[&str]) -> Self {
+        Self {
+            chdir: Some(dir.to_path_buf()),
+            backend_config: backend_config.iter().map(|s| (*s).to_owned()).collect(),
+            lock: false,
+        }
+    }
+}
+
+/// One backend (or `cloud`) block found in the configuration.
+struct Declaration {
+    at: String,
+    kind: String,
+    is_override: bool,
+    /// name, literal value (None: an expression), place.
+    attributes: Vec<(String, Option<String>, String)>,
+}
+
+/// The backend Terraform will use in `dir`, with every value and where it came from; findings
+/// about the configuration itself. `None` when it is not an `http` backend.
+pub fn read(
+    dir: &Path,
+    args: &Args,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> anyhow::Result<(Option<Backend>, Vec<Finding>)> {
+    let mut findings = Vec::new();
+    let declarations = declarations(dir)?;
+    let (main, overrides): (Vec<_>, Vec<_>) =
+        declarations.into_iter().partition(|d| !d.is_override);
+    if main.len() > 1 {
+        findings.push(
+            Finding::problem(
+                "duplicate-backend",
+                format!(
+                    "more than one backend block: {}",
+                    main.iter()
+                        .map(|d| d.at.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                "keep one backend \"http\" block".to_owned(),
+            )
+            .says("Duplicate backend configuration"),
+        );
+    }
+    // An override file's backend block replaces the main one.
+    let Some(block) = overrides.into_iter().last().or(main.into_iter().next()) else {
+        findings.push(
+            Finding::problem(
+                "no-backend",
+                format!(
+                    "no backend block in {}: Terraform keeps the state in a local \
+                     terraform.tfstate, not in gitstate",
+                    dir.display()
+                ),
+                "add the block `gitstate serve` prints (terraform { backend \"http\" { address \
+                 = …, lock_address = …, unlock_address = … } }), or run Terraform through \
+                 `gitstate run -- terraform …`"
+                    .to_owned(),
+            )
+            .says("nothing: plan and apply use the local state"),
+        );
+        return Ok((None, findings));
+    };
+    if block.kind != "http" {
+        findings.push(Finding::problem(
+            "other-backend",
+            format!(
+                "{} declares backend {:?}: the state is kept there, not in gitstate",
+                block.at, block.kind
+            ),
+            "replace it with backend \"http\" pointing at gitstate (the block `gitstate serve` \
+             prints), then `terraform init -migrate-state`"
+                .to_owned(),
+        ));
+        return Ok((None, findings));
+    }
+    let mut backend = Backend {
+        declared: block.at.clone(),
+        ..Backend::default()
+    };
+    for (key, value, at) in block.attributes {
+        match value {
+            Some(value) => set(&mut backend, &key, value, at, &mut findings),
+            None => findings.push(
+                Finding::problem(
+                    "not-literal",
+                    format!("{at}: `{key}` is an expression; a backend block takes literal values"),
+                    format!("write `{key}` as a quoted string, or pass it with -backend-config or TF_HTTP_*"),
+                )
+                .says("Variables not allowed"),
+            ),
+        }
+    }
+    for given in &args.backend_config {
+        match given.split_once('=') {
+            Some((key, value)) if !key.contains('/') && !key.contains('.') => set(
+                &mut backend,
+                key.trim(),
+                value.to_owned(),
+                format!("-backend-config {key}=…"),
+                &mut findings,
+            ),
+            _ => {
+                let path = dir.join(given);
+                let text = std::fs::read_to_string(&path)
+                    .with_context(|| format!("-backend-config {given}: cannot read it"))?;
+                for (key, value, at) in hcl_attributes(&path, &text)? {
+                    if let Some(value) = value {
+                        set(
+                            &mut backend,
+                            &key,
+                            value,
+                            format!("-backend-config {at}"),
+                            &mut findings,
+                        );
+                    }
+                }
+            }
+        }
+    }
+    saved(dir, env, args, &mut backend, &mut findings)?;
+    for (key, var, default) in ATTRIBUTES {
+        if backend.values.contains_key(*key) {
+            continue;
+        }
+        if let Some(value) = var.and_then(env) {
+            backend.values.insert(
+                (*key).to_owned(),
+                Setting {
+                    value,
+                    from: format!("env {}", var.unwrap_or_default()),
+                },
+            );
+        } else if let Some(default) = default {
+            backend.values.insert(
+                (*key).to_owned(),
+                Setting {
+                    value: (*default).to_owned(),
+                    from: "default".to_owned(),
+                },
+            );
+        }
+    }
+    Ok((Some(backend), findings))
+}
+
+fn set(backend: &mut Backend, key: &str, value: String, from: String, findings: &mut Vec<Finding>) {
+    if !ATTRIBUTES.iter().any(|(k, _, _)| *k == key) {
+        findings.push(
+            Finding::problem(
+                "unknown-setting",
+                format!("{from}: the http backend has no setting `{key}`"),
+                format!(
+                    "remove it or correct its name (the settings are {})",
+                    ATTRIBUTES
+                        .iter()
+                        .map(|(k, _, _)| *k)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            )
+            .says("Unsupported argument / Invalid backend configuration argument"),
+        );
+        return;
+    }
+    backend
+        .values
+        .insert(key.to_owned(), Setting { value, from });
+}
+
+/// What the last `terraform init` saved: the backend kind, and (without `--backend-config`) the
+/// values it was given then.
+fn saved(
+    dir: &Path,
+    env: &dyn Fn(&str) -> Option<String>,
+    args: &Args,
+    backend: &mut Backend,
+    findings: &mut Vec<Finding>,
+) -> anyhow::Result<()> {
+    let path = super::data_dir(dir, env).join("terraform.tfstate");
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            findings.push(Finding::note(
+                "not-initialised",
+                format!(
+                    "{} does not exist: `terraform init` has not run here",
+                    path.display()
+                ),
+            ));
+            return Ok(());
+        }
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    let saved: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))?;
+    let kind = saved["backend"]["type"].as_str().unwrap_or("local");
+    if kind != "http" {
+        findings.push(Finding::problem(
+            "reinit",
+            format!(
+                "{} says this directory was initialised for backend {kind:?}: Terraform stops \
+                 with \"Backend initialization required\"",
+                path.display()
+            ),
+            "terraform init -migrate-state (copies the state it holds) or terraform init \
+             -reconfigure"
+                .to_owned(),
+        ));
+        return Ok(());
+    }
+    if !args.backend_config.is_empty() {
+        return Ok(());
+    }
+    if let Some(config) = saved["backend"]["config"].as_object() {
+        for (key, value) in config {
+            let value = match value {
+                serde_json::Value::String(s) if !s.is_empty() => s.clone(),
+                serde_json::Value::Bool(b) => b.to_string(),
+                serde_json::Value::Number(n) => n.to_string(),
+                _ => continue,
+            };
+            if !backend.values.contains_key(key) && ATTRIBUTES.iter().any(|(k, _, _)| k == key) {
+                backend.values.insert(
+                    key.clone(),
+                    Setting {
+                        value,
+                        from: "saved by terraform init in .terraform/terraform.tfstate".to_owned(),
+                    },
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every backend and `cloud` block of the configuration in `dir`.
+fn declarations(dir: &Path) -> anyhow::Result<Vec<Declaration>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| {
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            SUFFIXES.iter().any(|s| name.ends_with(s)) && p.is_file()
+        })
+        .collect();
+    files.sort();
+    let mut found = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file)
+            .with_context(|| format!("reading {}", file.display()))?;
+        let name = file
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        let is_override = SUFFIXES
+            .iter()
+            .any(|s| name == &s[1..] || name.ends_with(&format!("_override{s}")));
+        if name.ends_with(".json") {
+            json_declarations(&file, &text, is_override, &mut found)?;
+        } else {
+            hcl_declarations(&file, &text, is_override, &mut found)?;
+        }
+    }
+    Ok(found)
+}
+
+fn hcl_declarations(
+    file: &Path,
+    text: &str,
+    is_override: bool,
+    found: &mut Vec<Declaration>,
+) -> anyhow::Result<()> {
+    let body = hcl_edit::parser::parse_body(text)
+        .map_err(|e| anyhow::anyhow!("{}: cannot parse ({e})", file.display()))?;
+    for terraform in body.get_blocks("terraform") {
+        for block in terraform.body.blocks() {
+            let kind = match block.ident.as_str() {
+                "backend" => block
+                    .labels
+                    .first()
+                    .map_or_else(String::new, |l| l.as_str().to_owned()),
+                "cloud" => "cloud".to_owned(),
+                _ => continue,
+            };
+            found.push(Declaration {
+                at: place(file, text, block.span()),
+                kind,
+                is_override,
+                attributes: block
+                    .body
+                    .attributes()
+                    .map(|a| {
+                        (
+                            a.key.as_str().to_owned(),
+                            literal(&a.value),
+                            place(file, text, a.span()),
+                        )
+                    })
+                    .collect(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// `{"terraform": {"backend": {"<kind>": {…}}}}`, blocks possibly as lists. JSON has no
+/// positions: the place is the line of the first mention.
+fn json_declarations(
+    file: &Path,
+    text: &str,
+    is_override: bool,
+    found: &mut Vec<Declaration>,
+) -> anyhow::Result<()> {
+    let value: serde_json::Value = serde_json::from_str(text)
+        .map_err(|e| anyhow::anyhow!("{}:{}: not valid JSON ({e})", file.display(), e.line()))?;
+    let list = |v: &serde_json::Value| match v {
+        serde_json::Value::Array(items) => items.clone(),
+        serde_json::Value::Null => Vec::new(),
+        other => vec![other.clone()],
+    };
+    let at = |needle: &str| {
+        let offset = text.find(&format!("\"{needle}\"")).unwrap_or(0);
+        place(file, text, Some(offset..offset))
+    };
+    for block in list(&value["terraform"]) {
+        for backends in list(&block["backend"]) {
+            let Some(map) = backends.as_object() else {
+                continue;
+            };
+            for (kind, bodies) in map {
+                let attributes = list(bodies)
+                    .iter()
+                    .filter_map(|b| b.as_object())
+                    .flat_map(|b| b.iter())
+                    .map(|(k, v)| {
+                        let value = match v {
+                            serde_json::Value::String(s) => Some(s.clone()),
+                            serde_json::Value::Bool(b) => Some(b.to_string()),
+                            serde_json::Value::Number(n) => Some(n.to_string()),
+                            _ => None,
+                        };
+                        (k.clone(), value, at(k))
+                    })
+                    .collect();
+                found.push(Declaration {
+                    at: at(kind),
+                    kind: kind.clone(),
+                    is_override,
+                    attributes,
+                });
+            }
+        }
+        if !block["cloud"].is_null() {
+            found.push(Declaration {
+                at: at("cloud"),
+                kind: "cloud".to_owned(),
+                is_override,
+                attributes: Vec::new(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// A value as printed: secrets and PEM blocks are not shown.
+pub fn shown(key: &str, value: &str) -> String {
+    match key {
+        "password" | "client_private_key_pem" => "(set)".to_owned(),
+        k if k.ends_with("_pem") => format!("(PEM, {} bytes)", value.len()),
+        _ => value.to_owned(),
+    }
+}
+
+/// The lock address gitstate serves for the state at `address`.
+pub fn lock_address_for(address: &Url) -> Option<Url> {
+    let mut lock = address.clone();
+    if let Some(name) = address.path().strip_prefix("/states/") {
+        lock.set_path(&format!("/locks/{name}"));
+        return Some(lock);
+    }
+    // The seed format locks at the state's own address with LOCK and UNLOCK.
+    (address.path() == "/").then_some(lock)
+}
+
+/// A guess at the address meant by a mistyped one: its origin, `/states/`, and the name (the
+/// path without a first word that is not part of it).
+pub fn guessed_address(address: &Url) -> String {
+    let origin = address.origin().ascii_serialization();
+    if let Some((_, state)) = address.query_pairs().find(|(k, _)| k == "state") {
+        return format!("{origin}/states/{state}");
+    }
+    let path = address.path().trim_start_matches('/');
+    let name = match path.split_once('/') {
+        Some((first, rest)) if !first.ends_with(".tfstate") && !rest.is_empty() => rest,
+        _ => path,
+    };
+    let name = if name.is_empty() || !name.contains('.') && !name.contains('/') {
+        "<name>.tfstate"
+    } else {
+        name
+    };
+    format!("{origin}/states/{name}")
+}
+
+/// The checks that need no request.
+pub fn check(backend: &Backend) -> Vec<Finding> {
+    let mut findings = Vec::new();
+    let Some(address) = backend.get("address") else {
+        findings.push(
+            Finding::problem(
+                "no-address",
+                "the backend has no address".to_owned(),
+                "set address = \"http://HOST:PORT/states/<name>.tfstate\" in the block, with \
+                 -backend-config or TF_HTTP_ADDRESS"
+                    .to_owned(),
+            )
+            .says("The argument \"address\" is required"),
+        );
+        return findings;
+    };
+    let address = match Url::parse(address) {
+        Ok(url) if matches!(url.scheme(), "http" | "https") => url,
+        _ => {
+            findings.push(
+                Finding::problem(
+                    "no-address",
+                    format!(
+                        "address {address:?} ({}) is not an http or https URL",
+                        backend.from("address")
+                    ),
+                    "write it as http://HOST:PORT/states/<name>.tfstate".to_owned(),
+                )
+                .says("address must be HTTP or HTTPS"),
+            );
+            return findings;
+        }
+    };
+    let path = address.path();
+    let named = path
+        .strip_prefix("/states/")
+        .is_some_and(|name| !name.is_empty());
+    if !named && path != "/" && !path.starts_with("/locks/") {
+        findings.push(
+            Finding::problem(
+                "wrong-path",
+                format!(
+                    "address {address} ({}) names no state: gitstate serves states at \
+                     /states/<name>",
+                    backend.from("address")
+                ),
+                format!("address = \"{}\"", guessed_address(&address)),
+            )
+            .says("Unexpected HTTP response code 400"),
+        );
+    }
+    if path.starts_with("/locks/") {
+        findings.push(
+            Finding::problem(
+                "wrong-path",
+                format!(
+                    "address ({}) is a lock's address: Terraform would read the lock as the state",
+                    backend.from("address")
+                ),
+                format!(
+                    "address = \"{}\"",
+                    address.as_str().replacen("/locks/", "/states/", 1)
+                ),
+            )
+            .says("nothing, or \"Unexpected HTTP response code 400\""),
+        );
+    }
+    let expected_lock = lock_address_for(&address);
+    let suggestion = expected_lock
+        .as_ref()
+        .map_or_else(|| "/locks/<name>".to_owned(), |l| l.as_str().to_owned());
+    let (lock_method, unlock_method) = (
+        backend.get("lock_method").unwrap_or("LOCK"),
+        backend.get("unlock_method").unwrap_or("UNLOCK"),
+    );
+    match (backend.get("lock_address"), backend.get("unlock_address")) {
+        (None, _) => findings.push(
+            Finding::problem(
+                "no-lock-address",
+                "lock_address is not set: Terraform writes the state without a lock. gitstate \
+                 refuses such writes (428 Precondition Required) unless the backend allows them \
+                 (GITSTATE_ALLOW_UNLOCKED_WRITES=true); then two runs can overwrite each other"
+                    .to_owned(),
+                format!(
+                    "lock_address = \"{suggestion}\", unlock_address = \"{suggestion}\", \
+                     lock_method = \"POST\", unlock_method = \"DELETE\" (in the block, or \
+                     TF_HTTP_LOCK_ADDRESS, TF_HTTP_UNLOCK_ADDRESS, TF_HTTP_LOCK_METHOD, \
+                     TF_HTTP_UNLOCK_METHOD)"
+                ),
+            )
+            .says("HTTP error: 428 (on apply)"),
+        ),
+        (Some(_), None) => findings.push(
+            Finding::problem(
+                "no-unlock-address",
+                "lock_address is set but unlock_address is not: Terraform takes the lock and \
+                 never releases it, and the next run finds the state locked (423)"
+                    .to_owned(),
+                format!("unlock_address = \"{suggestion}\", unlock_method = \"DELETE\""),
+            )
+            .says("Error acquiring the state lock (on the next run)"),
+        ),
+        (Some(lock), Some(unlock)) => {
+            let parsed = Url::parse(lock).ok();
+            if lock != unlock {
+                findings.push(Finding::problem(
+                    "lock-mismatch",
+                    format!(
+                        "unlock_address ({}) differs from lock_address ({}): the lock taken is \
+                         not the one released",
+                        backend.from("unlock_address"),
+                        backend.from("lock_address")
+                    ),
+                    format!("set both to \"{suggestion}\""),
+                ));
+            }
+            if parsed.as_ref() == Some(&address)
+                && (lock_method == "POST" || unlock_method == "DELETE")
+            {
+                findings.push(
+                    Finding::problem(
+                        "lock-at-state",
+                        format!(
+                            "lock_address is the state's address with lock_method {lock_method} \
+                             and unlock_method {unlock_method}: gitstate takes them for a state \
+                             write and a state delete, and refuses them (400)"
+                        ),
+                        format!(
+                            "lock_address = unlock_address = \"{}\" with POST and DELETE",
+                            address.as_str().replacen("/states/", "/locks/", 1)
+                        ),
+                    )
+                    .says("Unexpected HTTP response code 400 (Error acquiring the state lock)"),
+                );
+            } else if let (Some(parsed), Some(expected)) = (&parsed, &expected_lock)
+                && parsed != expected
+                && parsed != &address
+            {
+                findings.push(Finding::problem(
+                    "lock-other-state",
+                    format!(
+                        "lock_address {lock} ({}) is not the lock of the state at {address}: \
+                             the lock would guard another state, or no route (400)",
+                        backend.from("lock_address")
+                    ),
+                    format!("lock_address = unlock_address = \"{expected}\""),
+                ));
+            }
+        }
+    }
+    if backend.get("lock_address").is_some() {
+        if !matches!(lock_method, "POST" | "LOCK") {
+            findings.push(
+                Finding::problem(
+                    "bad-method",
+                    format!(
+                        "lock_method {lock_method} ({})",
+                        backend.from("lock_method")
+                    ),
+                    "lock_method = \"POST\" (or LOCK)".to_owned(),
+                )
+                .says("Unexpected HTTP response code 405"),
+            );
+        }
+        if !matches!(unlock_method, "DELETE" | "UNLOCK") {
+            findings.push(
+                Finding::problem(
+                    "bad-method",
+                    format!(
+                        "unlock_method {unlock_method} ({})",
+                        backend.from("unlock_method")
+                    ),
+                    "unlock_method = \"DELETE\" (or UNLOCK)".to_owned(),
+                )
+                .says("Unexpected HTTP response code 405"),
+            );
+        }
+    }
+    if let Some(update) = backend.get("update_method")
+        && !matches!(update, "POST" | "PUT")
+    {
+        findings.push(
+            Finding::problem(
+                "bad-method",
+                format!("update_method {update} ({})", backend.from("update_method")),
+                "update_method = \"POST\" (or PUT), or leave it unset".to_owned(),
+            )
+            .says("HTTP error: 405"),
+        );
+    }
+    if backend.get("password").is_some() && !backend.from("password").starts_with("env ") {
+        findings.push(Finding::note(
+            "password-in-config",
+            format!(
+                "the password comes from {}: Terraform saves it in .terraform/ and in plan files; \
+                 TF_HTTP_PASSWORD keeps it out of them",
+                backend.from("password")
+            ),
+        ));
+    }
+    if backend.get("client_certificate_pem").is_some()
+        != backend.get("client_private_key_pem").is_some()
+    {
+        findings.push(Finding::problem(
+            "tls",
+            "client_certificate_pem and client_private_key_pem go together".to_owned(),
+            "set both (TF_HTTP_CLIENT_CERTIFICATE_PEM, TF_HTTP_CLIENT_PRIVATE_KEY_PEM) or neither"
+                .to_owned(),
+        ));
+    }
+    findings
+}
