@@ -15,7 +15,8 @@ use gitstate_tests::{
     settings_for, sops311, stored_file,
 };
 
-use crate::sops_oracle::{break_glass, generated_state, kms_group, sops, sops_config};
+use crate::sops_oracle::generated_state;
+use gitstate_tests::sops::{break_glass, gpg_key, gpg_key_as, kms_group, sops, sops_encrypt_json};
 
 /// An age identity made by `age-keygen`: its file and its recipient.
 struct AgeKey {
@@ -107,19 +108,10 @@ impl Setup {
         groups: &str,
         threshold: Option<usize>,
     ) -> Vec<u8> {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let config = sops_config(dir.path(), groups, threshold);
         let plain = serde_json::json!({"data": state, "gitstate_binding": self.binding(name)});
-        sops(
-            &[
-                "--config",
-                config.to_str().expect("utf-8"),
-                "encrypt",
-                "--input-type",
-                "json",
-                "--output-type",
-                "json",
-            ],
+        sops_encrypt_json(
+            groups,
+            threshold,
             plain.to_string().as_bytes(),
             &self.moto.env(),
         )
@@ -504,97 +496,6 @@ async fn key_groups_with_a_threshold_both_ways_with_sops311() {
     eprintln!("MEASURE key groups: {cases} generated states through sops 3.11");
 }
 
-/// A gpg key made in a keyring of its own: its fingerprint and armored public and secret keys.
-struct GpgKey {
-    home: tempfile::TempDir,
-    fp: String,
-    public: PathBuf,
-    secret: PathBuf,
-}
-
-fn gpg(home: &Path, args: &[&str]) -> Vec<u8> {
-    gpg_with(home, "", args)
-}
-
-/// gpg in batch mode, any passphrase it asks for given on the command line (loopback pinentry).
-fn gpg_with(home: &Path, passphrase: &str, args: &[&str]) -> Vec<u8> {
-    let out = std::process::Command::new("gpg")
-        .env("GNUPGHOME", home)
-        .args(["--batch", "--pinentry-mode", "loopback", "--passphrase"])
-        .arg(passphrase)
-        .args(args)
-        .output()
-        .expect("gpg runs (Debian package gnupg)");
-    assert!(
-        out.status.success(),
-        "gpg {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out.stdout
-}
-
-fn gpg_key(uid: &str) -> GpgKey {
-    gpg_key_as(uid, "default", "", "--export-secret-keys")
-}
-
-/// A key of `algo` (`default`: RSA-3072 with gpg 2.2; `future-default`: Ed25519 with a
-/// Cv25519 subkey) protected by `passphrase` (none when empty), its secret side exported with
-/// `export` (`--export-secret-keys`, or `--export-secret-subkeys`: the primary key a stub).
-fn gpg_key_as(uid: &str, algo: &str, passphrase: &str, export: &str) -> GpgKey {
-    let home = tempfile::tempdir().expect("tempdir");
-    gpg_with(
-        home.path(),
-        passphrase,
-        &["--quick-gen-key", uid, algo, "default", "never"],
-    );
-    let listed =
-        String::from_utf8(gpg(home.path(), &["--with-colons", "--list-keys"])).expect("utf-8");
-    let fp = listed
-        .lines()
-        .find_map(|l| l.strip_prefix("fpr:"))
-        .map(|l| l.trim_matches(':').to_owned())
-        .expect("a fingerprint");
-    let public = home.path().join("public.asc");
-    std::fs::write(&public, gpg(home.path(), &["--armor", "--export", &fp])).expect("write");
-    let secret = home.path().join("secret.asc");
-    std::fs::write(
-        &secret,
-        gpg_with(home.path(), passphrase, &["--armor", export, &fp]),
-    )
-    .expect("write");
-    GpgKey {
-        home,
-        fp,
-        public,
-        secret,
-    }
-}
-
-impl GpgKey {
-    /// The environment sops 3.11 decrypts with this key in: its keyring, and for a key with a
-    /// passphrase a gpg that is given it (`SOPS_GPG_EXEC`), as no one is there to type it.
-    fn sops_env(&self, passphrase: &str) -> Vec<(&'static str, String)> {
-        let mut env = vec![("GNUPGHOME", self.home.path().display().to_string())];
-        if !passphrase.is_empty() {
-            let file = self.home.path().join("passphrase");
-            std::fs::write(&file, passphrase).expect("write");
-            let exec = self.home.path().join("gpg-with-passphrase");
-            std::fs::write(
-                &exec,
-                format!(
-                    "#!/bin/sh\nexec gpg --pinentry-mode loopback --passphrase-file '{}' \"$@\"\n",
-                    file.display()
-                ),
-            )
-            .expect("write");
-            use std::os::unix::fs::PermissionsExt as _;
-            std::fs::set_permissions(&exec, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-            env.push(("SOPS_GPG_EXEC", exec.display().to_string()));
-        }
-        env
-    }
-}
-
 /// OpenPGP through rPGP: generated states sealed for a gpg-made key open with sops 3.11 (which
 /// runs gpg on that keyring) to exactly the state, copies at other paths are refused, and files
 /// sops 3.11 writes for the key (bound, and in a 2-of-2 group with age) read in gitstate.
@@ -635,23 +536,9 @@ async fn pgp_states_both_ways_with_sops311_and_gpg() {
     let group = format!("      - pgp:\n          - {:?}\n", key.fp);
     let mut env = s.moto.env();
     env.extend(gpg_env.clone());
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config = sops_config(dir.path(), &group, None);
     let plain =
         serde_json::json!({"data": state, "gitstate_binding": s.binding("pgp/by-sops.tfstate")});
-    let sealed = sops(
-        &[
-            "--config",
-            config.to_str().expect("utf-8"),
-            "encrypt",
-            "--input-type",
-            "json",
-            "--output-type",
-            "json",
-        ],
-        plain.to_string().as_bytes(),
-        &env,
-    );
+    let sealed = sops_encrypt_json(&group, None, plain.to_string().as_bytes(), &env);
     commit_file(&s.server, "infra", "pgp/by-sops.tfstate", &sealed);
     assert!(
         client
@@ -664,22 +551,9 @@ async fn pgp_states_both_ways_with_sops311_and_gpg() {
     // and a 2-of-2 of an OpenPGP group and an age group, written by sops, opens with both keys
     let age = age_key(s.keys.path(), "a.txt");
     let groups = format!("{group}{}", age_group(&[&age]));
-    let config = sops_config(dir.path(), &groups, Some(2));
     let plain =
         serde_json::json!({"data": state, "gitstate_binding": s.binding("pgp/groups.tfstate")});
-    let sealed = sops(
-        &[
-            "--config",
-            config.to_str().expect("utf-8"),
-            "encrypt",
-            "--input-type",
-            "json",
-            "--output-type",
-            "json",
-        ],
-        plain.to_string().as_bytes(),
-        &env,
-    );
+    let sealed = sops_encrypt_json(&groups, Some(2), plain.to_string().as_bytes(), &env);
     commit_file(&s.server, "infra", "pgp/groups.tfstate", &sealed);
     let age_file = age.file.display().to_string();
     let mut both = vars.to_vec();

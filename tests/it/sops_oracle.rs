@@ -3,14 +3,10 @@
 //! exactly the state (through `gzip -d`), and every file it writes (binary and tree mode) reads
 //! through gitstate; KMS through moto.
 
-use std::io::Write;
-use std::path::Path;
-use std::process::{Command, Stdio};
-
-use gitstate_core::StateName;
+use gitstate_tests::sops::{break_glass, kms_group, sops, sops_config, sops_encrypt_json};
 use gitstate_tests::{
     Client, GitServer, Moto, TestBackend, commit_file, encrypted_app, init_tracing,
-    realistic_state, settings_for, sops311, stored_file,
+    realistic_state, settings_for, stored_file,
 };
 use rand::{Rng, SeedableRng};
 
@@ -55,74 +51,6 @@ pub fn generated_state(seed: u64, edges: bool) -> String {
         );
     }
     state
-}
-
-/// Run sops 3.11 with `args` on `input`; its stdout, or a panic with its stderr.
-pub fn sops(args: &[&str], input: &[u8], env: &[(&str, String)]) -> Vec<u8> {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let file = dir.path().join("input");
-    std::fs::write(&file, input).expect("write");
-    let out = sops311()
-        .args(args)
-        .arg(&file)
-        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-        .output()
-        .expect("sops runs");
-    assert!(
-        out.status.success(),
-        "sops {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out.stdout
-}
-
-/// `sops decrypt --input-type json --output-type binary FILE | gzip -dc -f`: docs/operating.md's
-/// break-glass pipe.
-pub fn break_glass(stored: &[u8], env: &[(&str, String)]) -> Vec<u8> {
-    let payload = sops(
-        &["decrypt", "--input-type", "json", "--output-type", "binary"],
-        stored,
-        env,
-    );
-    let mut gzip = Command::new("gzip")
-        .args(["-dc", "-f"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("gzip runs");
-    gzip.stdin
-        .take()
-        .expect("stdin")
-        .write_all(&payload)
-        .expect("gzip reads");
-    let out = gzip.wait_with_output().expect("gzip ends");
-    assert!(out.status.success(), "gzip -d failed");
-    out.stdout
-}
-
-/// A `.sops.yaml` with one creation rule of the given key groups (YAML text of the list) and
-/// threshold, written in `dir`.
-pub fn sops_config(dir: &Path, groups: &str, threshold: Option<usize>) -> std::path::PathBuf {
-    let path = dir.join(".sops.yaml");
-    let threshold = threshold
-        .map(|t| format!("    shamir_threshold: {t}\n"))
-        .unwrap_or_default();
-    std::fs::write(
-        &path,
-        format!("creation_rules:\n  - key_groups:\n{groups}{threshold}"),
-    )
-    .expect("write .sops.yaml");
-    path
-}
-
-/// The KMS key group of a `.sops.yaml` for `arn` under gitstate's context of a state.
-pub fn kms_group(arn: &str, url: &str, name: &str) -> String {
-    let context = gitstate_kms::context(url, &StateName::parse(name).expect("name"));
-    let context: String = context
-        .iter()
-        .map(|(k, v)| format!("              {k:?}: {v:?}\n"))
-        .collect();
-    format!("      - kms:\n          - arn: {arn:?}\n            context:\n{context}")
 }
 
 struct Setup {
@@ -226,21 +154,8 @@ async fn kms_tree_mode_files_of_sops311_read() {
     for seed in 100..100 + cases {
         let state = generated_state(seed, false);
         let name = format!("tree/t{seed}.tfstate");
-        let dir = tempfile::tempdir().expect("tempdir");
-        let config = sops_config(dir.path(), &kms_group(&s.arn, &s.url, &name), None);
-        let sealed = sops(
-            &[
-                "--config",
-                config.to_str().expect("utf-8"),
-                "encrypt",
-                "--input-type",
-                "json",
-                "--output-type",
-                "json",
-            ],
-            state.as_bytes(),
-            &env,
-        );
+        let group = kms_group(&s.arn, &s.url, &name);
+        let sealed = sops_encrypt_json(&group, None, state.as_bytes(), &env);
         assert!(String::from_utf8_lossy(&sealed).contains("type:float"));
         commit_file(&s.server, "infra", &name, &sealed);
         let got = client.get_state(&name).await.expect(200);

@@ -21,6 +21,7 @@ mod client;
 pub mod faults;
 pub mod hosts;
 pub mod process;
+pub mod sops;
 
 pub use client::{Answer, Client, History, Lock, TfState, Version};
 

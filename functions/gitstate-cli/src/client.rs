@@ -49,29 +49,62 @@ impl Remote {
         })
     }
 
-    async fn call(&self, method: reqwest::Method, path: &str) -> anyhow::Result<String> {
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        query: &[(&str, &str)],
+    ) -> anyhow::Result<Answer> {
         let response = self
             .http
             .request(method, format!("{}{path}", self.url))
+            .query(query)
             .basic_auth(&self.user, Some(&self.password))
             .send()
             .await
             .with_context(|| format!("reaching {}", self.url))?;
         let status = response.status();
+        let branch = response
+            .headers()
+            .get(gitstate_http::BRANCH_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         let body = response.text().await.context("reading the answer")?;
         if !status.is_success() {
             bail!("{status}: {}", body.trim());
         }
-        Ok(body)
+        Ok(Answer { body, branch })
     }
 
     /// The answer's text, as the backend sent it.
     pub async fn get(&self, path: &str) -> anyhow::Result<String> {
-        self.call(reqwest::Method::GET, path).await
+        Ok(self.call(reqwest::Method::GET, path, &[]).await?.body)
     }
 
-    pub async fn post(&self, path: &str) -> anyhow::Result<String> {
-        self.call(reqwest::Method::POST, path).await
+    /// A GET with query parameters, and the branch the backend says it read.
+    pub async fn get_on(&self, path: &str, query: &[(&str, &str)]) -> anyhow::Result<Answer> {
+        self.call(reqwest::Method::GET, path, query).await
+    }
+
+    /// A POST with query parameters, and the branch the backend says it wrote.
+    pub async fn post_on(&self, path: &str, query: &[(&str, &str)]) -> anyhow::Result<Answer> {
+        self.call(reqwest::Method::POST, path, query).await
+    }
+}
+
+/// A successful answer: its text, and the branch it came from when the backend says.
+pub struct Answer {
+    pub body: String,
+    pub branch: Option<String>,
+}
+
+impl Answer {
+    /// The branch as printed: the backend's word, else what was asked for, else its default.
+    pub fn branch(&self, asked: Option<&str>) -> String {
+        self.branch
+            .clone()
+            .or_else(|| asked.map(str::to_owned))
+            .unwrap_or_else(|| "the backend's default branch".to_owned())
     }
 }
 

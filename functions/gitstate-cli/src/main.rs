@@ -105,18 +105,27 @@ enum Command {
         page: usize,
         #[arg(long, default_value_t = 20)]
         per_page: usize,
+        /// The branch [default: the backend's].
+        #[arg(long = "ref", value_name = "BRANCH")]
+        branch: Option<String>,
         #[command(flatten)]
         remote: RemoteArgs,
     },
     /// One revision of a state: <name>@<serial or commit id>.
     Show {
         target: String,
+        /// The branch [default: the backend's].
+        #[arg(long = "ref", value_name = "BRANCH")]
+        branch: Option<String>,
         #[command(flatten)]
         remote: RemoteArgs,
     },
     /// Write a revision again as the newest, under the lock (admin): <name>@<serial or commit>.
     Restore {
         target: String,
+        /// The branch [default: the backend's].
+        #[arg(long = "ref", value_name = "BRANCH")]
+        branch: Option<String>,
         #[command(flatten)]
         remote: RemoteArgs,
     },
@@ -210,10 +219,19 @@ async fn main() -> anyhow::Result<()> {
             name,
             page,
             per_page,
+            branch,
             remote,
-        } => remote::history(&name, page, per_page, &remote).await,
-        Command::Show { target, remote } => remote::show(&target, &remote).await,
-        Command::Restore { target, remote } => remote::restore(&target, &remote).await,
+        } => remote::history(&name, page, per_page, branch.as_deref(), &remote).await,
+        Command::Show {
+            target,
+            branch,
+            remote,
+        } => remote::show(&target, branch.as_deref(), &remote).await,
+        Command::Restore {
+            target,
+            branch,
+            remote,
+        } => remote::restore(&target, branch.as_deref(), &remote).await,
         Command::List { filter, remote } => remote::list(filter.as_deref(), &remote).await,
         Command::Locks { older_than, remote } => remote::locks(&older_than, &remote).await,
         Command::Rekey { prefix, settings } => keys::rekey(&prefix, &settings).await,

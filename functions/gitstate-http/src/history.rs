@@ -11,13 +11,20 @@ use crate::{ApiError, Call, json, not_allowed, to_json};
 /// Versions on one page when `?per_page=` does not say.
 const PER_PAGE: usize = 20;
 
+/// The branch an answer of this route read or wrote, for clients to say which it was.
+pub const BRANCH_HEADER: &str = "gitstate-branch";
+
 pub(crate) async fn serve(call: Call<'_>, method: &Method) -> Result<Response, ApiError> {
-    match (method.as_str(), &call.query.at) {
+    let mut response = match (method.as_str(), &call.query.at) {
         ("GET", Some(selector)) => version(call, selector).await,
         ("GET", None) => page(call).await,
         ("POST", _) => restore(call).await,
         _ => Err(not_allowed(method, "GET, POST")),
+    }?;
+    if let Ok(value) = HeaderValue::from_str(&call.at.branch.to_string()) {
+        response.headers_mut().insert(BRANCH_HEADER, value);
     }
+    Ok(response)
 }
 
 /// One revision's state, its commit id in `gitstate-version`.

@@ -51,6 +51,7 @@ use http::{HeaderValue, Method, StatusCode, header};
 
 pub use backend_block::write_backend_block;
 pub use error::ApiError;
+pub use history::BRANCH_HEADER;
 pub use locks::{LOCK_AGE_HEADER, LOCK_CREATED_HEADER, LOCK_USER_HEADER};
 pub use request::MAX_QUERY_BYTES;
 

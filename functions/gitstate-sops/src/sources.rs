@@ -491,3 +491,74 @@ impl KeySource for PgpKeys {
             .map_err(|e| refused(&e))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Generated files of several armored blocks (with text before, blank lines between, CRLF
+    /// or not) split into exactly those blocks; a marker inside a line starts none.
+    #[test]
+    fn armor_blocks_split_concatenated_exports() {
+        let block = |kind: &str, body: &str, nl: &str| {
+            format!("-----BEGIN PGP {kind}-----{nl}{nl}{body}{nl}-----END PGP {kind}-----{nl}")
+        };
+        for n in 1..=4 {
+            for nl in ["\n", "\r\n"] {
+                for lead in ["", "comment line\n", "\n\n"] {
+                    let blocks: Vec<String> = (0..n)
+                        .map(|i| {
+                            block("PUBLIC KEY BLOCK", &format!("body{i} -----BEGIN PGP x"), nl)
+                        })
+                        .collect();
+                    let text = format!("{lead}{}", blocks.join(nl));
+                    let got = armor_blocks(&text);
+                    assert_eq!(got.len(), n, "{text:?}");
+                    for (i, part) in got.iter().enumerate() {
+                        assert!(part.starts_with("-----BEGIN PGP PUBLIC KEY BLOCK-----"));
+                        assert!(part.contains(&format!("body{i} ")), "{part:?}");
+                    }
+                }
+            }
+        }
+        assert!(armor_blocks("").is_empty() && armor_blocks(" \n").is_empty());
+        assert_eq!(armor_blocks("not armored"), ["not armored"]);
+    }
+
+    /// The KMS adapter names its list, binds the context, and spells a key as configured,
+    /// refusing what no KMS key name parses as.
+    #[test]
+    fn kms_adapter_recipients() {
+        struct NoKms;
+        #[async_trait]
+        impl KeyService for NoKms {
+            async fn generate(
+                &self,
+                _: &str,
+                _: &Context,
+            ) -> Result<(crate::DataKey, WrappedKey), KeyError> {
+                Err(KeyError::Refused("no".into()))
+            }
+            async fn wrap(&self, _: &str, _: &[u8], _: &Context) -> Result<WrappedKey, KeyError> {
+                Err(KeyError::Refused("no".into()))
+            }
+            async fn unwrap(&self, _: &WrappedKey, _: &Context) -> Result<Unwrapped, KeyError> {
+                Err(KeyError::Refused("no".into()))
+            }
+            async fn resolve(&self, _: &str) -> Result<String, KeyError> {
+                Err(KeyError::Refused("no".into()))
+            }
+        }
+        let kms = KmsKeys(&NoKms);
+        assert_eq!(kms.list(), "kms");
+        assert!(kms.binds_context());
+        assert!(!AgeKeys::sealing_only().binds_context());
+        let arn = "arn:aws:kms:eu-west-1:111122223333:key/1234abcd-12ab-34cd-56ef-1234567890ab";
+        assert_eq!(kms.recipient(&format!(" {arn} ")).as_deref(), Ok(arn));
+        assert_eq!(
+            kms.recipient("alias/tfstate").as_deref(),
+            Ok("alias/tfstate")
+        );
+        assert!(kms.recipient("arn:aws:kms:nowhere").is_err());
+    }
+}

@@ -43,27 +43,7 @@ pub(crate) fn read(vars: &Vars<'_>) -> Result<EncryptionSettings, ConfigError> {
         },
         pgp_secret_keys: pgp_secret_keys(vars)?,
         pgp_secret_keys_kms: vars.get("GITSTATE_PGP_SECRET_KEYS_KMS").map(Secret::new),
-        pgp_passphrase: match (
-            vars.get("GITSTATE_PGP_PASSPHRASE"),
-            vars.get("GITSTATE_PGP_PASSPHRASE_FILE"),
-        ) {
-            (Some(_), Some(_)) => {
-                return Err(ConfigError::Invalid {
-                    var: "GITSTATE_PGP_PASSPHRASE_FILE",
-                    reason: "GITSTATE_PGP_PASSPHRASE is set too: choose one".into(),
-                });
-            }
-            (Some(text), None) => Some(Secret::new(text)),
-            // the first line, as `gpg --passphrase-file` reads it
-            (None, Some(path)) => Some(Secret::new(
-                read_file("GITSTATE_PGP_PASSPHRASE_FILE", &path)?
-                    .lines()
-                    .next()
-                    .unwrap_or_default()
-                    .to_owned(),
-            )),
-            (None, None) => None,
-        },
+        pgp_passphrase: pgp_passphrase(vars)?,
         pgp_fingerprints,
         pgp_keys: None,
         shamir_threshold: shamir_threshold.map(|t| usize::try_from(t).unwrap_or(usize::MAX)),
@@ -144,22 +124,16 @@ fn recipients(vars: &Vars<'_>, var: &'static str) -> Result<Vec<String>, ConfigE
 /// names, else sops's own `SOPS_AGE_KEY` / `SOPS_AGE_KEY_FILE`; at most one of gitstate's three
 /// (with `GITSTATE_AGE_IDENTITY_KMS`). Parsed when the application is built.
 fn identity(vars: &Vars<'_>) -> Result<Option<(&'static str, Secret)>, ConfigError> {
-    let set: Vec<&'static str> = [
-        "GITSTATE_AGE_IDENTITY",
-        "GITSTATE_AGE_IDENTITY_FILE",
-        "GITSTATE_AGE_IDENTITY_KMS",
-    ]
-    .into_iter()
-    .filter(|v| vars.get(v).is_some())
-    .collect();
-    if set.len() > 1 {
-        return Err(ConfigError::Invalid {
-            var: set[1],
-            reason: format!("{} is set too: choose one", set[0]),
-        });
-    }
-    let (text_var, file_var) = match set.first() {
-        Some(&"GITSTATE_AGE_IDENTITY_KMS") => return Ok(None),
+    let set = at_most_one(
+        vars,
+        &[
+            "GITSTATE_AGE_IDENTITY",
+            "GITSTATE_AGE_IDENTITY_FILE",
+            "GITSTATE_AGE_IDENTITY_KMS",
+        ],
+    )?;
+    let (text_var, file_var) = match set {
+        Some("GITSTATE_AGE_IDENTITY_KMS") => return Ok(None),
         Some(_) => ("GITSTATE_AGE_IDENTITY", "GITSTATE_AGE_IDENTITY_FILE"),
         None => ("SOPS_AGE_KEY", "SOPS_AGE_KEY_FILE"),
     };
@@ -182,20 +156,14 @@ fn identity(vars: &Vars<'_>) -> Result<Option<(&'static str, Secret)>, ConfigErr
 /// `GITSTATE_PGP_SECRET_KEYS_FILE` names; at most one of these two and
 /// `GITSTATE_PGP_SECRET_KEYS_KMS` (opened when the application is built).
 fn pgp_secret_keys(vars: &Vars<'_>) -> Result<Option<(&'static str, Secret)>, ConfigError> {
-    let set: Vec<&'static str> = [
-        "GITSTATE_PGP_SECRET_KEYS",
-        "GITSTATE_PGP_SECRET_KEYS_FILE",
-        "GITSTATE_PGP_SECRET_KEYS_KMS",
-    ]
-    .into_iter()
-    .filter(|v| vars.get(v).is_some())
-    .collect();
-    if set.len() > 1 {
-        return Err(ConfigError::Invalid {
-            var: set[1],
-            reason: format!("{} is set too: choose one", set[0]),
-        });
-    }
+    at_most_one(
+        vars,
+        &[
+            "GITSTATE_PGP_SECRET_KEYS",
+            "GITSTATE_PGP_SECRET_KEYS_FILE",
+            "GITSTATE_PGP_SECRET_KEYS_KMS",
+        ],
+    )?;
     Ok(
         match (
             vars.get("GITSTATE_PGP_SECRET_KEYS"),
@@ -228,6 +196,44 @@ fn fingerprints(vars: &Vars<'_>, var: &'static str) -> Result<Vec<String>, Confi
         }
     }
     Ok(out)
+}
+
+/// `GITSTATE_PGP_PASSPHRASE`, or the first line of the file `GITSTATE_PGP_PASSPHRASE_FILE`
+/// names (as `gpg --passphrase-file` reads it); not both.
+fn pgp_passphrase(vars: &Vars<'_>) -> Result<Option<Secret>, ConfigError> {
+    const FILE: &str = "GITSTATE_PGP_PASSPHRASE_FILE";
+    Ok(
+        match at_most_one(vars, &["GITSTATE_PGP_PASSPHRASE", FILE])? {
+            Some(FILE) => {
+                let text = read_file(FILE, &vars.get(FILE).unwrap_or_default())?;
+                Some(Secret::new(
+                    text.lines().next().unwrap_or_default().to_owned(),
+                ))
+            }
+            Some(var) => vars.get(var).map(Secret::new),
+            None => None,
+        },
+    )
+}
+
+/// Which one of `choices` (ways to give the same secret) is set; an error naming the second
+/// when more than one is.
+fn at_most_one(
+    vars: &Vars<'_>,
+    choices: &[&'static str],
+) -> Result<Option<&'static str>, ConfigError> {
+    let set: Vec<&'static str> = choices
+        .iter()
+        .copied()
+        .filter(|v| vars.get(v).is_some())
+        .collect();
+    if let [first, second, ..] = set[..] {
+        return Err(ConfigError::Invalid {
+            var: second,
+            reason: format!("{first} is set too: choose one"),
+        });
+    }
+    Ok(set.first().copied())
 }
 
 fn read_file(var: &'static str, path: &str) -> Result<String, ConfigError> {

@@ -461,6 +461,31 @@ fn age_groups_and_the_seed_variables() {
             vec![("SOPS_AGE_KEY_FILE", "/nonexistent/keys.txt")],
             "SOPS_AGE_KEY_FILE",
         ),
+        (
+            vec![
+                ("GITSTATE_PGP_SECRET_KEYS", "x"),
+                ("GITSTATE_PGP_SECRET_KEYS_KMS", "eA=="),
+            ],
+            "GITSTATE_PGP_SECRET_KEYS_KMS",
+        ),
+        (
+            vec![
+                ("GITSTATE_PGP_SECRET_KEYS_FILE", "/nonexistent/secret.asc"),
+                ("GITSTATE_PGP_SECRET_KEYS_KMS", "eA=="),
+            ],
+            "GITSTATE_PGP_SECRET_KEYS_KMS",
+        ),
+        (
+            vec![
+                ("GITSTATE_PGP_PASSPHRASE", "x"),
+                ("GITSTATE_PGP_PASSPHRASE_FILE", "/nonexistent/p"),
+            ],
+            "GITSTATE_PGP_PASSPHRASE_FILE",
+        ),
+        (
+            vec![("GITSTATE_PGP_PASSPHRASE_FILE", "/nonexistent/p")],
+            "GITSTATE_PGP_PASSPHRASE_FILE",
+        ),
     ] {
         match settings(Runtime::Local, &vars) {
             Err(ConfigError::Invalid { var: got, reason }) => {

@@ -6,50 +6,71 @@ use gitstate_core::api::{HistoryAnswer, ListedLock, ListedState, Restored};
 use crate::client::{self, RemoteArgs};
 use crate::tables;
 
+/// `?ref=` when a branch is named.
+fn on(branch: Option<&str>) -> Vec<(&str, &str)> {
+    branch.map(|b| ("ref", b)).into_iter().collect()
+}
+
 pub async fn history(
     name: &str,
     page: usize,
     per_page: usize,
+    branch: Option<&str>,
     remote: &RemoteArgs,
 ) -> anyhow::Result<()> {
+    let (page, per_page) = (page.to_string(), per_page.to_string());
+    let mut query = on(branch);
+    query.extend([("page", page.as_str()), ("per_page", per_page.as_str())]);
     let answer = remote
         .remote()?
-        .get(&format!("/history/{name}?page={page}&per_page={per_page}"))
+        .get_on(&format!("/history/{name}"), &query)
         .await?;
     if remote.json {
-        println!("{answer}");
+        println!("{}", answer.body);
     } else {
+        println!("{name} on branch {}", answer.branch(branch));
         println!(
             "{}",
-            tables::history(&client::read::<HistoryAnswer>(&answer)?)
+            tables::history(&client::read::<HistoryAnswer>(&answer.body)?)
         );
     }
     Ok(())
 }
 
-/// One revision's state, always as the backend sent it.
-pub async fn show(target: &str, remote: &RemoteArgs) -> anyhow::Result<()> {
+/// One revision's state, always as the backend sent it (standard output); which one, and from
+/// which branch, on standard error.
+pub async fn show(target: &str, branch: Option<&str>, remote: &RemoteArgs) -> anyhow::Result<()> {
     let (name, selector) = client::split_target(target)?;
+    let mut query = on(branch);
+    query.push(("at", selector));
     let answer = remote
         .remote()?
-        .get(&format!("/history/{name}?at={selector}"))
+        .get_on(&format!("/history/{name}"), &query)
         .await?;
-    println!("{answer}");
+    eprintln!("{name}@{selector} on branch {}", answer.branch(branch));
+    println!("{}", answer.body);
     Ok(())
 }
 
-pub async fn restore(target: &str, remote: &RemoteArgs) -> anyhow::Result<()> {
+pub async fn restore(
+    target: &str,
+    branch: Option<&str>,
+    remote: &RemoteArgs,
+) -> anyhow::Result<()> {
     let (name, selector) = client::split_target(target)?;
+    let mut query = on(branch);
+    query.push(("restore", selector));
     let answer = remote
         .remote()?
-        .post(&format!("/history/{name}?restore={selector}"))
+        .post_on(&format!("/history/{name}"), &query)
         .await?;
     if remote.json {
-        println!("{answer}");
+        println!("{}", answer.body);
     } else {
-        let restored: Restored = client::read(&answer)?;
+        let restored: Restored = client::read(&answer.body)?;
         println!(
-            "restored {name} from {} as serial {}",
+            "restored {name} on branch {} from {} as serial {}",
+            answer.branch(branch),
             tables::printable(&restored.from),
             restored.serial
         );

@@ -109,7 +109,15 @@ async fn attacked(tls: bool) {
         plan.slow
     );
 
-    // The administrator, never seen before by this process, from 127.0.0.1 (no failures).
+    // A real terraform apply from 127.0.0.1 (no failures), started as the flood starts.
+    let flood_before = progress.flood_done.load(Ordering::Relaxed);
+    let work = tempfile::tempdir().expect("tempdir");
+    let (base, ca_pem) = (served.url.clone(), ca.as_ref().map(TestCa::pem));
+    let work_path = work.path().to_owned();
+    let terraform =
+        tokio::task::spawn_blocking(move || terraform_apply(&work_path, &base, ca_pem.as_deref()));
+
+    // Meanwhile the administrator, never seen before by this process, from the same address.
     let mut http = reqwest::Client::builder().timeout(Duration::from_secs(30));
     if let Some(ca) = &ca {
         http = http
@@ -133,15 +141,7 @@ async fn attacked(tls: bool) {
          {slow_at_login} slow heads open)"
     );
 
-    // A real terraform apply, from the same clean address, while the flood goes on.
-    let flood_before = progress.flood_done.load(Ordering::Relaxed);
-    let work = tempfile::tempdir().expect("tempdir");
-    let (base, ca_pem) = (served.url.clone(), ca.as_ref().map(TestCa::pem));
-    let work_path = work.path().to_owned();
-    let (applied, output) =
-        tokio::task::spawn_blocking(move || terraform_apply(&work_path, &base, ca_pem.as_deref()))
-            .await
-            .expect("terraform ran");
+    let (applied, output) = terraform.await.expect("terraform ran");
     let flood_during = progress.flood_done.load(Ordering::Relaxed) - flood_before;
     assert!(applied, "terraform apply under attack: {output}");
     assert!(flood_during > 0, "the flood went on while terraform ran");
@@ -195,7 +195,7 @@ async fn attacked(tls: bool) {
         report.guesses
     );
     assert!(
-        report.guesses.get(&429).copied().unwrap_or(0) >= plan.guesses / 4,
+        report.guesses.get(&429).copied().unwrap_or(0) >= plan.guess_addresses,
         "the guessing addresses are throttled: {:?}",
         report.guesses
     );
@@ -208,8 +208,7 @@ async fn attacked(tls: bool) {
         plan.slow_wait
     );
     assert!(
-        earliest >= HEADER_TIMEOUT - Duration::from_secs(1)
-            && latest <= HEADER_TIMEOUT + Duration::from_secs(10),
+        earliest >= HEADER_TIMEOUT / 2 && latest <= HEADER_TIMEOUT + Duration::from_secs(10),
         "slow heads closed between {earliest:?} and {latest:?}"
     );
     assert!(

@@ -6,6 +6,7 @@
 const GITSTATE: &str = env!("CARGO_BIN_EXE_gitstate");
 
 mod attack;
+mod branches;
 mod breakglass;
 mod doctor;
 mod hosts;

@@ -194,7 +194,12 @@ fn serve_prints_the_backend_block_and_serves_the_embedded_repository() {
     );
     let (ok, history, _) = cli(&["history", "default.tfstate"]);
     assert!(ok, "{history}");
-    let rows: Vec<&str> = history.lines().skip(1).collect();
+    assert_eq!(
+        history.lines().next(),
+        Some("default.tfstate on branch main"),
+        "{history}"
+    );
+    let rows: Vec<&str> = history.lines().skip(2).collect();
     assert_eq!(rows.len(), 2, "{history}");
     assert!(rows[0].contains(" 2  admin"), "{history}");
     let (ok, shown, _) = cli(&["show", "default.tfstate@1"]);
