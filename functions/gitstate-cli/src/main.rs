@@ -10,6 +10,7 @@ mod run;
 mod seed;
 mod server;
 mod settings;
+mod startup;
 mod tables;
 
 use std::path::PathBuf;
@@ -203,7 +204,7 @@ async fn main() -> anyhow::Result<()> {
     gitstate_app::layers::check_environment(std::env::vars(), false)?;
     match cli.command {
         Command::Serve { state, settings } => serve::serve(state.as_deref(), &settings).await,
-        Command::Config { settings } => settings::print(&settings),
+        Command::Config { settings } => settings::print(&settings).await,
         Command::Run {
             state,
             workdir,

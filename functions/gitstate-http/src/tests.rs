@@ -965,3 +965,74 @@ fn the_backend_block_names_the_routes() {
     assert!(text.contains(r#"unlock_method  = "DELETE""#));
     let _ = StateName::parse("team/app.tfstate").expect("the example is a valid name");
 }
+
+/// Every answer under `/ui` (pages, redirects, and each kind of error: a refused name echoed
+/// back, no or unknown credentials, no grant, cross-site, not found) and of the API carries the
+/// security headers: they come from one layer around the whole router.
+#[tokio::test]
+async fn every_answer_carries_the_security_headers() {
+    let router = app();
+    let names = [
+        STATE.to_owned(),
+        "other/x.tfstate".to_owned(),
+        "%2e%2e/%2e%2e/etc/passwd".to_owned(),
+        "a/%3Cscript%3Ealert(1)%3C/script%3E".to_owned(),
+        "x".repeat(300),
+        "team/.git/config".to_owned(),
+    ];
+    let targets = |name: &str| {
+        [
+            format!("/ui/states/{name}"),
+            format!("/ui/{name}"),
+            format!("/states/{name}"),
+            format!("/locks/{name}"),
+        ]
+    };
+    let mut statuses = std::collections::BTreeSet::new();
+    let mut answers = 0;
+    for name in &names {
+        for uri in targets(name)
+            .iter()
+            .map(String::as_str)
+            .chain(["/ui", "/ui/"])
+        {
+            for user in [None, Some("nobody"), Some("rita"), Some("wes")] {
+                for (method, origin) in [
+                    ("GET", None),
+                    ("POST", Some("http://evil.example")),
+                    ("POST", None),
+                ] {
+                    let mut request = http::Request::builder()
+                        .method(method)
+                        .uri(uri)
+                        .header(header::HOST, "127.0.0.1:8080");
+                    if let Some(origin) = origin {
+                        request = request.header(header::ORIGIN, origin);
+                    }
+                    let answer = send(&router, request, user, "").await;
+                    let context = format!("{method} {uri} as {user:?} from {origin:?}");
+                    assert!(
+                        answer
+                            .header("content-security-policy")
+                            .is_some_and(|v| v.contains("frame-ancestors 'none'")),
+                        "{context}: {:?}",
+                        answer.headers
+                    );
+                    assert_eq!(answer.header("x-frame-options"), Some("DENY"), "{context}");
+                    assert_eq!(
+                        answer.header("x-content-type-options"),
+                        Some("nosniff"),
+                        "{context}"
+                    );
+                    assert!(answer.header("referrer-policy").is_some(), "{context}");
+                    statuses.insert(answer.status.as_u16());
+                    answers += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(answers, names.len() * 6 * 4 * 3);
+    for status in [200, 308, 400, 401, 403, 404] {
+        assert!(statuses.contains(&status), "no {status} among {statuses:?}");
+    }
+}

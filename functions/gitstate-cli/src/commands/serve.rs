@@ -6,6 +6,7 @@ use anyhow::Context;
 use gitstate_core::ports::CommitMeta;
 
 use crate::settings::SettingsArgs;
+use crate::startup::{self, Found};
 use crate::{credential, run, server};
 
 pub async fn serve(state: Option<&str>, args: &SettingsArgs) -> anyhow::Result<()> {
@@ -24,6 +25,7 @@ pub async fn serve(state: Option<&str>, args: &SettingsArgs) -> anyhow::Result<(
         .clone()
         .unwrap_or_else(|| format!("{} (embedded)", settings.git.local_repository.display()));
     let embedded = settings.git.repository.is_none();
+    let branch = settings.git.branch.to_string();
     let app = gitstate_app::build(settings)
         .await
         .context("assembling the backend")?;
@@ -47,9 +49,23 @@ pub async fn serve(state: Option<&str>, args: &SettingsArgs) -> anyhow::Result<(
     } else {
         None
     };
+    // A hosted repository is read now: unreachable, or without users, is said before the
+    // first request rather than as every request's 401.
+    let found = if embedded {
+        None
+    } else {
+        Some(startup::users(&app, &storage).await)
+    };
+    let branch = startup::ref_status(&app, &branch).await;
     let mut out = std::io::stdout().lock();
     let base = format!("{}://{address}", listening.scheme());
     writeln!(out, "gitstate serving states from {storage} on {base}")?;
+    for found in found.iter().chain([&branch]) {
+        match found {
+            Found::Ok(what) => writeln!(out, "{what}")?,
+            Found::Warning(what) | Found::Problem(what) => writeln!(out, "\nWARNING: {what}\n")?,
+        }
+    }
     if let Some(token) = first_admin {
         writeln!(
             out,

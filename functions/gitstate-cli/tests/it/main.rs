@@ -17,4 +17,5 @@ mod seed;
 mod serve;
 mod settings;
 mod ssh;
+mod startup;
 mod tls;
