@@ -88,6 +88,14 @@ pub const SETTINGS: &[Spec] = &[
         "GITSTATE_REQUIRE_ATOMIC",
         "refuse git hosts without atomic push [false]",
     ),
+    switch(
+        "GITSTATE_ALLOW_UNLOCKED_WRITES",
+        "accept writes that hold no lock, each with a warning [false]",
+    ),
+    switch(
+        "GITSTATE_CREATE_REF",
+        "let the first write create a missing branch beside others [false]",
+    ),
     setting(
         "GITSTATE_ALLOWED_REFS",
         "further branches ?ref= may name (names or prefix/*)",
