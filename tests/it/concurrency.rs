@@ -201,6 +201,11 @@ async fn embedded_repository_locks_and_writes_concurrently() {
             "GITSTATE_CACHE_DIR".to_owned(),
             dir.path().join("cache").display().to_string(),
         ),
+        // The writers below write without a lock.
+        (
+            gitstate_tests::UNLOCKED_WRITES.to_owned(),
+            "true".to_owned(),
+        ),
         (
             "GITSTATE_ACCESS".to_owned(),
             gitstate_tests::access_file(&[(

@@ -785,6 +785,8 @@ async fn integrity_rules_refuse_and_leave_the_remote_byte_identical() {
         &[
             ("GITSTATE_ACCESS", access.as_str()),
             ("GITSTATE_ALLOWED_REFS", "env/*"),
+            // The allowlisted branches here are made by their first write.
+            ("GITSTATE_CREATE_REF", "true"),
         ],
     )
     .await;
@@ -1052,6 +1054,7 @@ async fn integrity_rules_hold_with_lock_refs_outside_the_branches() {
             ("GITSTATE_ACCESS", access.as_str()),
             ("GITSTATE_LOCK_REF_PREFIX", "refs/locks/"),
             ("GITSTATE_ALLOWED_REFS", "locks/*"),
+            ("GITSTATE_CREATE_REF", "true"),
         ],
     )
     .await;
@@ -1262,8 +1265,8 @@ async fn a_write_retry_costs_no_request_for_the_tree_check() {
             "GET refs/receive-pack",
             "POST receive-pack",
             "GET refs/receive-pack",
-            // what a fetch may ask for, once per process (not the tree check's doing)
-            "GET refs/upload-pack",
+            // (what a fetch may ask for, asked once per process, came with the branch check of
+            // the process's first write, before this one)
             "POST upload-pack",
             "POST receive-pack"
         ]
@@ -1307,6 +1310,8 @@ async fn lock_requests_with_the_tree_check() {
             "GET refs/receive-pack",
             "GET refs/upload-pack",
             "POST upload-pack",
+            "POST receive-pack",
+            // the repository's first LOCK also records the lock ref prefix, once
             "POST receive-pack"
         ]
     );
@@ -1330,6 +1335,10 @@ async fn embedded_backend(dir: &std::path::Path, extra: &[(&str, &str)]) -> Test
         (
             "GITSTATE_CACHE_DIR".to_owned(),
             dir.join("cache").display().to_string(),
+        ),
+        (
+            gitstate_tests::UNLOCKED_WRITES.to_owned(),
+            "true".to_owned(),
         ),
     ]);
     for (key, value) in extra {
@@ -1356,6 +1365,8 @@ async fn a_branch_that_clashes_with_an_existing_branch_is_409() {
     let extra = [
         ("GITSTATE_ACCESS", access.as_str()),
         ("GITSTATE_ALLOWED_REFS", "env/*"),
+        // The allowlisted branches here are made by their first write.
+        ("GITSTATE_CREATE_REF", "true"),
     ];
     let server = GitServer::start().await;
     let url = server.create_repo("branches");
@@ -1434,7 +1445,14 @@ async fn a_branch_clash_created_during_the_push_is_409_not_502() {
             backend: _backend,
             admin,
             dir,
-        } = seeded("race", &[("GITSTATE_ALLOWED_REFS", "env/*")]).await;
+        } = seeded(
+            "race",
+            &[
+                ("GITSTATE_ALLOWED_REFS", "env/*"),
+                ("GITSTATE_CREATE_REF", "true"),
+            ],
+        )
+        .await;
         race_next_push(
             &dir,
             &format!("git update-ref refs/heads/{racing} $(git rev-parse refs/heads/main)"),

@@ -421,3 +421,496 @@ async fn a_stored_file_that_is_not_a_state_fails_the_plan() {
     }
     eprintln!("not a state: {runs} terraform/tofu runs");
 }
+
+/// How a generated backend block leaves out the lock, or not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Locking {
+    /// No `lock_address` and no `unlock_address`: Terraform never locks.
+    NoAddresses,
+    /// Only `unlock_address`: still no lock taken.
+    UnlockOnly,
+    /// Both addresses, but `apply -lock=false`.
+    LockFalse,
+    /// Both addresses and a locked apply: the control.
+    Locked,
+}
+
+/// A backend block for `name` with the lock addresses `locking` gives it, and one resource whose
+/// input is `input` (a new input makes the apply write the state).
+fn locking_config(base: &str, name: &str, locking: Locking, input: &str) -> String {
+    let lock =
+        format!("    lock_address   = \"{base}/locks/{name}\"\n    lock_method    = \"POST\"\n");
+    let unlock =
+        format!("    unlock_address = \"{base}/locks/{name}\"\n    unlock_method  = \"DELETE\"\n");
+    let (lock, unlock) = match locking {
+        Locking::NoAddresses => (String::new(), String::new()),
+        Locking::UnlockOnly => (String::new(), unlock),
+        Locking::LockFalse | Locking::Locked => (lock, unlock),
+    };
+    format!(
+        r#"terraform {{
+  backend "http" {{
+    address        = "{base}/states/{name}"
+{lock}{unlock}    retry_max      = 0
+  }}
+}}
+
+resource "terraform_data" "item" {{
+  input = "{input}"
+}}
+"#
+    )
+}
+
+/// Writes without a lock are refused by default: generated backend blocks without
+/// `lock_address` (or with only `unlock_address`), and `apply -lock=false`, for terraform and
+/// OpenTofu, over a new or an existing state. Against a backend with the default settings the
+/// apply fails with 428 and the repository holds what it held (nothing written, no new state);
+/// against one with `GITSTATE_ALLOW_UNLOCKED_WRITES=true` it applies and the backend logs a
+/// warning naming the state. A locked apply (the control) works on both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_without_a_lock_are_refused_by_default() {
+    init_tracing();
+    gitstate_tests::capture_logs();
+    let server = GitServer::start().await;
+    let url = server.create_repo("infra");
+    let strict = TestBackend::start(&url, &[(gitstate_tests::UNLOCKED_WRITES, "false")]).await;
+    let lenient = TestBackend::start(&url, &[(gitstate_tests::UNLOCKED_WRITES, "true")]).await;
+    let reader = Client::new(&lenient.url);
+    let mut rng = StdRng::seed_from_u64(seed("unlocked writes"));
+    let clis = [
+        ("terraform", Cli::new(terraform_binary())),
+        ("tofu", Cli::new(tofu_binary())),
+    ];
+    let (mut runs, mut refused, mut allowed) = (0, 0, 0);
+    let (mut case, mut stored) = (0, 0);
+    for locking in [
+        Locking::NoAddresses,
+        Locking::UnlockOnly,
+        Locking::LockFalse,
+        Locking::Locked,
+    ] {
+        for allow in [false, true] {
+            for (label, cli) in &clis {
+                case += 1;
+                let name = format!("unlocked/{}-{case}.tfstate", word(&mut rng));
+                let existing = rng.random_bool(0.5);
+                if existing {
+                    let state = gitstate_tests::state_json(&word(&mut rng), 1);
+                    reader.apply(&name, "setup", &state).await;
+                }
+                let before = reader.get_state(&name).await;
+                let base = if allow { &lenient.url } else { &strict.url };
+                let work = tempfile::tempdir().expect("tempdir");
+                let dir = work.path();
+                let input = word(&mut rng);
+                std::fs::write(
+                    dir.join("main.tf"),
+                    locking_config(base, &name, locking, &input),
+                )
+                .expect("main.tf");
+                cli.ok(dir, &["init", "-no-color", "-input=false"]).await;
+                let mut args = vec!["apply", "-auto-approve", "-no-color", "-input=false"];
+                if locking == Locking::LockFalse {
+                    args.push("-lock=false");
+                }
+                let out = cli.run(dir, &args).await;
+                runs += 2;
+                if existing || allow || locking == Locking::Locked {
+                    stored += 1;
+                }
+                let text = transcript(&out);
+                let what = format!("{label} {locking:?} allow={allow} existing={existing} {name}");
+                let after = reader.get_state(&name).await;
+                if locking == Locking::Locked || allow {
+                    assert!(out.status.success(), "{what}:\n{text}");
+                    assert!(after.body.contains(&input), "{what}: {}", after.body);
+                    if locking != Locking::Locked {
+                        allowed += 1;
+                        let logs = gitstate_tests::captured_logs();
+                        assert!(
+                            logs.lines().any(|l| l.contains("WARN")
+                                && l.contains("unlocked write accepted")
+                                && l.contains(&name)),
+                            "{what}: no warning logged"
+                        );
+                    }
+                } else {
+                    refused += 1;
+                    assert!(!out.status.success(), "{what} must fail:\n{text}");
+                    assert!(text.contains("428"), "{what}:\n{text}");
+                    assert!(!text.contains("Apply complete"), "{what}:\n{text}");
+                    assert_eq!(
+                        (after.status, &after.body),
+                        (before.status, &before.body),
+                        "{what}: nothing written"
+                    );
+                    assert!(
+                        dir.join("errored.tfstate").exists(),
+                        "{what}: the state is kept in errored.tfstate"
+                    );
+                }
+            }
+        }
+    }
+    // The refused runs left no state of their own in the repository.
+    let listed = reader.send("GET", "/states", None).await.expect(200).json();
+    let states = listed.as_array().expect("a list").len();
+    eprintln!(
+        "unlocked writes: {case} generated cases, {runs} terraform/tofu runs, {refused} refused, \
+         {allowed} allowed with the setting, {states} states in the repository"
+    );
+    assert_eq!((refused, allowed, states), (6, 6, stored));
+}
+
+/// What a generated repository holds before a backend meets it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Shape {
+    /// A state Terraform wrote, on this branch, which `HEAD` names.
+    StatesOn(String),
+    /// Nothing at all.
+    Empty,
+    /// Only a lock ref of gitstate's (another state's lock).
+    OnlyLocks,
+}
+
+/// The branches of the bare repository `dir` (lock refs left out), sorted.
+fn branches(dir: &Path) -> Vec<String> {
+    let out = gitstate_tests::git(&["for-each-ref", "--format=%(refname)"], Some(dir));
+    let mut refs: Vec<String> = out
+        .lines()
+        .filter(|r| r.starts_with("refs/heads/") && !r.starts_with("refs/heads/locks/"))
+        .map(str::to_owned)
+        .collect();
+    refs.sort();
+    refs
+}
+
+/// A branch is never created by accident: generated repositories (a state on `master`, on a
+/// random branch name, an empty repository, one with only a lock ref) × the configured ref (the
+/// default `main`, the states' branch, a random missing name) × `GITSTATE_CREATE_REF`, with real
+/// terraform or OpenTofu. Where the configured branch is missing and the repository has others,
+/// `plan` fails (400, never "to add"), the reason names the default branch and `GITSTATE_REF`,
+/// and `apply` creates no branch; where it exists, the plan sees the state; in an empty
+/// repository (or with the setting) the first apply creates it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_branch_is_never_created_by_accident() {
+    init_tracing();
+    let server = GitServer::start().await;
+    let mut rng = StdRng::seed_from_u64(seed("missing branch"));
+    let clis = [
+        ("terraform", Cli::new(terraform_binary())),
+        ("tofu", Cli::new(tofu_binary())),
+    ];
+    let (mut cases, mut runs, mut refused, mut created) = (0, 0, 0, 0);
+    let shapes = [
+        Shape::StatesOn("master".into()),
+        Shape::StatesOn(format!("b-{}", word(&mut rng))),
+        Shape::Empty,
+        Shape::OnlyLocks,
+    ];
+    for shape in &shapes {
+        for configured in 0..3 {
+            cases += 1;
+            let repo = format!("shape{cases}");
+            let url = server.create_repo(&repo);
+            let dir = server.repo_dir(&repo);
+            let (label, cli) = &clis[rng.random_range(0..2)];
+            let create = rng.random_bool(0.3);
+            match shape {
+                Shape::StatesOn(branch) => {
+                    // Terraform writes the state on `branch` of the still empty repository.
+                    let setup = TestBackend::start(&url, &[("GITSTATE_REF", branch)]).await;
+                    let work = tempfile::tempdir().expect("tempdir");
+                    std::fs::write(
+                        work.path().join("main.tf"),
+                        format!(
+                            "{}{ONE_RESOURCE}",
+                            config(&setup.url, &format!("/states/{NAME}"))
+                        ),
+                    )
+                    .expect("main.tf");
+                    cli.ok(work.path(), &["init", "-no-color", "-input=false"])
+                        .await;
+                    cli.ok(work.path(), &["apply", "-auto-approve", "-no-color"])
+                        .await;
+                    runs += 2;
+                    gitstate_tests::git(
+                        &["symbolic-ref", "HEAD", &format!("refs/heads/{branch}")],
+                        Some(&dir),
+                    );
+                }
+                Shape::Empty => {}
+                Shape::OnlyLocks => {
+                    let setup = TestBackend::start(&url, &[]).await;
+                    Client::new(&setup.url)
+                        .lock("other.tfstate", "held")
+                        .await
+                        .expect(200);
+                }
+            }
+            let states_on = match shape {
+                Shape::StatesOn(branch) => Some(branch.clone()),
+                _ => None,
+            };
+            let branch = match configured {
+                0 => "main".to_owned(),
+                1 => states_on.clone().unwrap_or_else(|| "main".to_owned()),
+                _ => format!("m-{}", word(&mut rng)),
+            };
+            let exists = states_on.as_deref() == Some(branch.as_str());
+            let may_create = exists || states_on.is_none() || create;
+            let mut extra = vec![("GITSTATE_REF", branch.as_str())];
+            if create {
+                extra.push(("GITSTATE_CREATE_REF", "true"));
+            }
+            let backend = TestBackend::start(&url, &extra).await;
+            let before = branches(&dir);
+            let what =
+                format!("{label} {shape:?} GITSTATE_REF={branch} create={create} (seed above)");
+            let work = tempfile::tempdir().expect("tempdir");
+            std::fs::write(
+                work.path().join("main.tf"),
+                format!(
+                    "{}{ONE_RESOURCE}",
+                    config(&backend.url, &format!("/states/{NAME}"))
+                ),
+            )
+            .expect("main.tf");
+            let init = cli
+                .run(work.path(), &["init", "-no-color", "-input=false"])
+                .await;
+            let plan = cli
+                .run(work.path(), &["plan", "-no-color", "-input=false"])
+                .await;
+            let apply = cli
+                .run(
+                    work.path(),
+                    &["apply", "-auto-approve", "-no-color", "-input=false"],
+                )
+                .await;
+            runs += 3;
+            let text = format!("{}{}", transcript(&init), transcript(&plan));
+            let after = branches(&dir);
+            if may_create {
+                assert!(
+                    init.status.success() && plan.status.success(),
+                    "{what}:\n{text}"
+                );
+                assert!(apply.status.success(), "{what}:\n{}", transcript(&apply));
+                assert_eq!(
+                    text.contains("1 to add"),
+                    !exists,
+                    "{what}: a plan sees the state exactly where it is:\n{text}"
+                );
+                assert!(
+                    after.contains(&format!("refs/heads/{branch}")),
+                    "{what}: {after:?}"
+                );
+                if !exists {
+                    created += 1;
+                }
+            } else {
+                refused += 1;
+                assert!(
+                    !plan.status.success() || !init.status.success(),
+                    "{what}:\n{text}"
+                );
+                assert!(
+                    !text.contains("to add"),
+                    "{what} planned against no state:\n{text}"
+                );
+                assert!(text.contains("400"), "{what}:\n{text}");
+                assert!(!apply.status.success(), "{what}: {}", transcript(&apply));
+                assert_eq!(before, after, "{what}: no branch appears");
+                let answer = Client::new(&backend.url).get_state(NAME).await;
+                let default = states_on.clone().unwrap_or_default();
+                assert!(
+                    answer.status == 400
+                        && answer.body.contains("GITSTATE_REF")
+                        && answer.body.contains(&format!("{default:?}")),
+                    "{what}: {} {}",
+                    answer.status,
+                    answer.body
+                );
+            }
+        }
+    }
+    eprintln!(
+        "missing branch: {cases} generated repositories and settings, {runs} terraform/tofu runs, \
+         {refused} refused, {created} branches created where allowed"
+    );
+    assert!(refused > 0 && created > 0);
+}
+
+/// Every deployment on one repository speaks one protocol: generated pairs of lock ref prefixes
+/// (the default `refs/heads/locks/`, `refs/locks/`, random ones), two backends on one
+/// repository. The first to lock records its prefix (a ref under `refs/gitstate/protocol/`); the
+/// other, whose prefix differs, refuses every lock (412, the reason names both values) and
+/// creates no ref, so terraform or OpenTofu through it fails while through the first it applies.
+/// Backends with the same prefix both work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backends_with_other_lock_prefixes_refuse_to_write() {
+    init_tracing();
+    let server = GitServer::start().await;
+    let mut rng = StdRng::seed_from_u64(seed("protocol"));
+    let clis = [
+        ("terraform", Cli::new(terraform_binary())),
+        ("tofu", Cli::new(tofu_binary())),
+    ];
+    let (mut cases, mut runs, mut refused) = (0, 0, 0);
+    for round in 0..6 {
+        let mut prefix = || match rng.random_range(0..3) {
+            0 => "refs/heads/locks/".to_owned(),
+            1 => "refs/locks/".to_owned(),
+            _ => format!("refs/{}/", word(&mut rng)),
+        };
+        let (first, second) = (prefix(), prefix());
+        let same = first == second;
+        cases += 1;
+        let repo = format!("protocol{round}");
+        let url = server.create_repo(&repo);
+        let dir = server.repo_dir(&repo);
+        let a = TestBackend::start(&url, &[("GITSTATE_LOCK_REF_PREFIX", &first)]).await;
+        let b = TestBackend::start(&url, &[("GITSTATE_LOCK_REF_PREFIX", &second)]).await;
+        let (label, cli) = &clis[rng.random_range(0..2)];
+        // The first backend writes first, through Terraform: it records its prefix.
+        let apply = |base: String, input: String| async move {
+            let work = tempfile::tempdir().expect("tempdir");
+            std::fs::write(
+                work.path().join("main.tf"),
+                locking_config(&base, NAME, Locking::Locked, &input),
+            )
+            .expect("main.tf");
+            cli.ok(work.path(), &["init", "-no-color", "-input=false"])
+                .await;
+            cli.run(
+                work.path(),
+                &["apply", "-auto-approve", "-no-color", "-input=false"],
+            )
+            .await
+        };
+        let out = apply(a.url.clone(), word(&mut rng)).await;
+        runs += 2;
+        assert!(
+            out.status.success(),
+            "{label} through the first backend:\n{}",
+            transcript(&out)
+        );
+        let record = gitstate_core::protocol::lock_prefix_record(&first);
+        let shown = gitstate_tests::git(&["show", &format!("{record}:protocol.json")], Some(&dir));
+        assert!(shown.contains(&format!("{first:?}")), "{record}: {shown}");
+        let before = gitstate_tests::git(
+            &["for-each-ref", "--format=%(refname) %(objectname)"],
+            Some(&dir),
+        );
+        let what = format!("{label} first {first} second {second}");
+        let c = Client::new(&b.url);
+        let lock = c.lock(NAME, "second").await;
+        if lock.status == 200 {
+            c.unlock(NAME, "second").await.expect(200);
+        }
+        let out = apply(b.url.clone(), word(&mut rng)).await;
+        runs += 2;
+        if same {
+            assert_eq!(lock.status, 200, "{what}: {}", lock.body);
+            assert!(out.status.success(), "{what}:\n{}", transcript(&out));
+        } else {
+            refused += 1;
+            assert_eq!(lock.status, 412, "{what}: {}", lock.body);
+            assert!(
+                lock.body.contains(&format!("{first:?}"))
+                    && lock.body.contains(&format!("{second:?}"))
+                    && lock.body.contains("GITSTATE_LOCK_REF_PREFIX"),
+                "{what}: {}",
+                lock.body
+            );
+            let text = transcript(&out);
+            assert!(
+                !out.status.success() && text.contains("412"),
+                "{what}:\n{text}"
+            );
+            let after = gitstate_tests::git(
+                &["for-each-ref", "--format=%(refname) %(objectname)"],
+                Some(&dir),
+            );
+            assert_eq!(before, after, "{what}: nothing written, no lock ref made");
+        }
+    }
+    eprintln!(
+        "protocol: {cases} generated pairs of lock prefixes, {runs} terraform/tofu runs, \
+         {refused} second backends refused"
+    );
+}
+
+/// The console's page of a missing state never reads as "no state": generated missing names at
+/// `/ui/states/<name>`, where terraform and OpenTofu, pointed at them, fail (400, never "to
+/// add"), while a browser (`Accept: text/html`) still gets the page's 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_pages_of_missing_states_fail_terraform() {
+    init_tracing();
+    let server = GitServer::start().await;
+    let url = server.create_repo("infra");
+    let backend = TestBackend::start(&url, &[]).await;
+    let client = Client::new(&backend.url);
+    client
+        .apply(
+            "present.tfstate",
+            "setup",
+            &gitstate_tests::state_json("L", 1),
+        )
+        .await;
+    let mut rng = StdRng::seed_from_u64(seed("console 404"));
+    let clis = [
+        ("terraform", Cli::new(terraform_binary())),
+        ("tofu", Cli::new(tofu_binary())),
+    ];
+    let http = reqwest::Client::new();
+    let mut runs = 0;
+    for round in 0..4 {
+        let name = match rng.random_range(0..3) {
+            0 => format!("{}.tfstate", word(&mut rng)),
+            1 => format!("{}/{}.tfstate", word(&mut rng), word(&mut rng)),
+            _ => NAME.to_owned(),
+        };
+        let path = format!("/ui/states/{name}");
+        let api = client.send("GET", &path, None).await;
+        assert_eq!(api.status, 400, "{path}: {}", api.body);
+        assert!(api.body.contains("/states/<name>") && api.body.lines().count() == 1);
+        let page = http
+            .get(format!("{}{path}", backend.url))
+            .basic_auth(
+                gitstate_tests::TEST_USER,
+                Some(gitstate_tests::TEST_PASSWORD),
+            )
+            .header("Accept", "text/html,application/xhtml+xml")
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(page.status(), 404, "{path}: a browser gets the page's 404");
+        let (label, cli) = &clis[round % 2];
+        let work = tempfile::tempdir().expect("tempdir");
+        std::fs::write(
+            work.path().join("main.tf"),
+            format!("{}{ONE_RESOURCE}", config(&backend.url, &path)),
+        )
+        .expect("main.tf");
+        let init = cli
+            .run(work.path(), &["init", "-no-color", "-input=false"])
+            .await;
+        let plan = cli
+            .run(
+                work.path(),
+                &["plan", "-no-color", "-input=false", "-lock=false"],
+            )
+            .await;
+        runs += 2;
+        let text = format!("{}{}", transcript(&init), transcript(&plan));
+        assert!(
+            !init.status.success() || !plan.status.success(),
+            "{label} at {path} must fail:\n{text}"
+        );
+        assert!(!text.contains("to add"), "{label} at {path}:\n{text}");
+    }
+    eprintln!("console pages of missing states: 4 generated names, {runs} terraform/tofu runs");
+}

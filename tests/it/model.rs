@@ -204,6 +204,9 @@ impl Config {
             ("GITSTATE_ACCESS", access_file(&entries)),
             ("GITSTATE_REF", self.branch.to_owned()),
             ("GITSTATE_ALLOWED_REFS", ALLOWED_REFS.to_owned()),
+            // The model lets a write create its allowlisted branch (misconfigured.rs tests the
+            // default, which refuses that beside other branches).
+            ("GITSTATE_CREATE_REF", "true".to_owned()),
             ("GITSTATE_LOCK_REF_PREFIX", self.lock_prefix.to_owned()),
         ]
     }
@@ -1530,6 +1533,10 @@ fn invariants(
     for name in after.refs.keys() {
         let allowed = match name.strip_prefix(prefix) {
             Some(state) => valid_path(state),
+            // The record of the lock ref prefix, and only this backend's.
+            None if name.starts_with(gitstate_core::protocol::PROTOCOL_PREFIX) => {
+                *name == gitstate_core::protocol::lock_prefix_record(prefix)
+            }
             None => name
                 .strip_prefix("refs/heads/")
                 .is_some_and(|b| cfg.allowed_branch(b)),

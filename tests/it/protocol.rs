@@ -23,11 +23,16 @@ async fn full_cycle_counts_git_requests_and_leaves_an_audit_trail() {
     client.get_state(NAME).await.expect(404);
     assert_eq!(server.take_labels(), ["GET refs/upload-pack"]);
 
-    // LOCK: advertisement + create-only push = 2 requests.
+    // LOCK: advertisement + create-only push = 2 requests; the repository's first LOCK also
+    // records the lock ref prefix (one more push, once per repository).
     client.lock(NAME, "lock-1").await.expect(200);
     assert_eq!(
         server.take_labels(),
-        ["GET refs/receive-pack", "POST receive-pack"]
+        [
+            "GET refs/receive-pack",
+            "POST receive-pack",
+            "POST receive-pack"
+        ]
     );
     assert!(ls_remote(&server, "state").contains(&format!("refs/heads/locks/{NAME}")));
     server.take_requests(); // the git CLI's own requests

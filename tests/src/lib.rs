@@ -561,6 +561,11 @@ pub struct TestBackend {
 }
 
 /// Settings for a backend over `repository` with its own cache, plus `extra` variables.
+///
+/// Unlocked writes are allowed unless `extra` sets `GITSTATE_ALLOW_UNLOCKED_WRITES`: most tests
+/// write states without a lock to set up what they check. The deployed default (428 for a write
+/// that holds no lock) is what `misconfigured::writes_without_a_lock_are_refused_by_default` and
+/// the tests that pass `"false"` run against.
 pub fn settings_for(
     repository: &str,
     cache: &Path,
@@ -579,12 +584,16 @@ pub fn settings_for(
             access_file(&[(TEST_USER, TEST_PASSWORD, &["admin:*"])]),
         );
     }
+    vars.insert(UNLOCKED_WRITES.into(), "true".into());
     for (k, v) in extra {
         vars.insert((*k).into(), (*v).into());
     }
     gitstate_app::Settings::from_lookup(gitstate_app::Runtime::Local, |k| vars.get(k).cloned())
         .expect("valid test settings")
 }
+
+/// The setting that lets writes without a lock through (see [`settings_for`]).
+pub const UNLOCKED_WRITES: &str = "GITSTATE_ALLOW_UNLOCKED_WRITES";
 
 /// The router for `settings`, as every binary builds it.
 pub async fn app(settings: &gitstate_app::Settings) -> axum::Router {
@@ -599,7 +608,10 @@ pub async fn app(settings: &gitstate_app::Settings) -> axum::Router {
 pub fn memory_app(
     settings: &gitstate_app::Settings,
 ) -> (axum::Router, Arc<gitstate_core::testing::MemoryStore>) {
-    let store = Arc::new(gitstate_core::testing::MemoryStore::default());
+    // The test server's repositories start on `main`; the memory store names the same default.
+    let store = Arc::new(gitstate_core::testing::MemoryStore::with_default_branch(
+        "main",
+    ));
     let primary = settings
         .git
         .repository

@@ -85,6 +85,14 @@ const DESCRIPTIONS: &[Described] = &[
         "`true`: refuse hosts without atomic push (502 naming this setting) instead of [writing without it](#hosts-without-atomic-push)",
     ),
     describe(
+        "GITSTATE_ALLOW_UNLOCKED_WRITES",
+        "`true`: accept writes and deletes that hold no lock (a backend block without `lock_address`, `terraform -lock=false`), each logged as a warning; by default they are refused with 428 ([Terraform](terraform.md#writes-need-the-lock))",
+    ),
+    describe(
+        "GITSTATE_CREATE_REF",
+        "`true`: the first write to a branch that does not exist (`GITSTATE_REF`, or an allowlisted `?ref=`) creates it, even where the repository has other branches. By default only an empty repository's branch is created; elsewhere reads and writes of a missing branch are 400 naming the repository's default branch ([Terraform](terraform.md#a-branch-is-never-created-by-accident))",
+    ),
+    describe(
         "GITSTATE_ALLOWED_REFS",
         "further branches `?ref=` may name (comma-separated exact names or `prefix/*`); refs clashing with the lock refs or `GITSTATE_REF` are refused regardless",
     ),

@@ -116,7 +116,9 @@ fn assemble(
         allowed: settings.git.allowed_repositories.clone(),
     };
     let backend = Backend::new(store, repositories, settings.git.committer.clone())
-        .with_refs(settings.ref_policy()?);
+        .with_refs(settings.ref_policy()?)
+        .with_unlocked_writes(settings.git.allow_unlocked_writes)
+        .with_branch_creation(settings.git.create_ref);
     let backend = match kms {
         Some(kms) => backend.with_encryption(gitstate_kms::encryption_with(
             kms,

@@ -45,7 +45,6 @@ impl Listening {
     /// `--tls-cert`/`--tls-key`/`--tls-client-ca`, and the rule that a non-loopback address
     /// without TLS needs `--insecure-listen` (and gets a warning).
     pub fn from_settings(server: &ServerSettings) -> anyhow::Result<Self> {
-        let address = server.listen;
         let (cert, key) = (&server.tls.cert, &server.tls.key);
         let client_ca = &server.tls.client_ca;
         let tls = match (cert, key) {
@@ -56,17 +55,10 @@ impl Listening {
             (None, None) => None,
             _ => bail!("--tls-cert and --tls-key go together"),
         };
-        if tls.is_none() && !address.ip().is_loopback() {
-            if !server.insecure_listen {
-                bail!(
-                    "{address} is not a loopback address: without TLS, passwords would cross the \
-                     network in clear. Give --tls-cert and --tls-key, or --insecure-listen true"
-                );
-            }
-            tracing::warn!(
-                "listening on {address} without TLS (--insecure-listen): Basic credentials and \
-                 states cross the network in clear"
-            );
+        match crate::startup::listener(server) {
+            crate::startup::Found::Problem(problem) => bail!("{problem}"),
+            crate::startup::Found::Warning(warning) => tracing::warn!("{warning}"),
+            crate::startup::Found::Ok(_) => {}
         }
         Ok(Self {
             tls,
@@ -97,6 +89,12 @@ pub fn tls_config(
         Ok(certs)
     };
     let chain = read_certs(cert)?;
+    match crate::startup::certificate_dates(&chain, cert, std::time::SystemTime::now()) {
+        crate::startup::Found::Ok(_) => {}
+        crate::startup::Found::Warning(warning) | crate::startup::Found::Problem(warning) => {
+            tracing::warn!("{warning}");
+        }
+    }
     let key = PrivateKeyDer::from_pem_file(key)
         .with_context(|| format!("reading the private key from {}", key.display()))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());

@@ -7,8 +7,10 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Arg, ArgMatches, Args, FromArgMatches};
 use gitstate_app::layers::seed::{Seed, find_hcl};
-use gitstate_app::layers::{Layered, Origin, SETTINGS, Spec, find_file};
+use gitstate_app::layers::{Layered, Origin, SETTINGS, Spec, find_file, find_root};
 use gitstate_app::{Runtime, Settings};
+
+use crate::startup::Found;
 
 const CONFIG: &str = "config";
 
@@ -51,6 +53,7 @@ impl SettingsArgs {
     pub fn layered(&self) -> anyhow::Result<Layered> {
         let (toml, hcl) = self.config_files();
         let file = find_file(toml)?;
+        let root = std::env::current_dir().ok().and_then(|cwd| find_root(&cwd));
         let hcl = find_hcl(hcl)?;
         let layered = Layered::build(
             |var| {
@@ -69,7 +72,8 @@ impl SettingsArgs {
                 .as_ref()
                 .map(|(path, text)| (path.as_path(), text.as_str())),
             interface: self.seed_interface,
-        })?;
+        })?
+        .with_root(root.as_deref());
         Ok(layered)
     }
 
@@ -141,7 +145,7 @@ impl Args for SettingsArgs {
 
 /// `gitstate config`: every setting, its effective value (secrets redacted) and its origin; then
 /// whether the whole is valid.
-pub fn print(args: &SettingsArgs) -> anyhow::Result<()> {
+pub async fn print(args: &SettingsArgs) -> anyhow::Result<()> {
     let layered = args.layered()?;
     let mut out = std::io::stdout().lock();
     writeln!(out, "{:<24} {:<44} FROM", "SETTING", "VALUE")?;
@@ -161,8 +165,34 @@ pub fn print(args: &SettingsArgs) -> anyhow::Result<()> {
     }
     out.flush()?;
     drop(out);
-    layered
+    let mut settings = layered
         .settings(Runtime::Local)
         .context("the settings are invalid")?;
+    // What `serve` would find at start, said now.
+    let mut found = vec![crate::startup::listener(&settings.server)];
+    if let Some(cert) = &settings.server.tls.cert {
+        found.push(crate::startup::certificate_file(cert));
+    }
+    found.extend(crate::startup::store(&mut settings).await);
+    println!();
+    let mut problems = 0;
+    for finding in &found {
+        let (label, what) = match finding {
+            Found::Ok(what) => ("ok", what),
+            Found::Warning(what) => ("WARNING", what),
+            Found::Problem(what) => {
+                problems += 1;
+                ("PROBLEM", what)
+            }
+        };
+        println!("{label:<8} {}", what.replace('\n', "\n         "));
+    }
+    if problems > 0 {
+        anyhow::bail!(
+            "{problems} problem{} found",
+            if problems == 1 { "" } else { "s" }
+        );
+    }
+    println!("ok");
     Ok(())
 }

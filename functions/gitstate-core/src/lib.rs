@@ -10,6 +10,7 @@ mod lock;
 mod name;
 pub mod password;
 pub mod ports;
+pub mod protocol;
 pub mod refs;
 pub mod report;
 pub mod scope;

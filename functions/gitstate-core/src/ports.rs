@@ -76,6 +76,9 @@ pub enum Refusal {
     NotLocked { id: String },
     /// Same lineage, lower serial than what is stored.
     Stale { stored: u64, sent: u64 },
+    /// The write holds no lock (no lock ID, nobody holds the lock) and the deployment does not
+    /// allow unlocked writes.
+    Unlocked,
     /// Delete of a state that does not exist.
     NotFound,
     /// Create-only write of a file that already exists.
@@ -141,6 +144,21 @@ pub enum Protection {
     Partly,
     /// Sealed exactly as a write would seal it now.
     Current,
+}
+
+/// Whether a location's branch exists, and if not what its repository holds instead: a branch
+/// is created only in an empty repository or where the deployment says so
+/// (`GITSTATE_CREATE_REF`), never by the first write of a misconfigured backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BranchStatus {
+    Exists,
+    Missing {
+        /// The branch the remote's `HEAD` names (its default branch), when it says.
+        default: Option<String>,
+        /// The repository's other refs, gitstate's lock refs and `refs/gitstate/` left out
+        /// (none: an empty repository, where the first write may create the branch).
+        others: Vec<String>,
+    },
 }
 
 /// A stored state, opened.
@@ -209,6 +227,16 @@ pub enum StoreError {
     /// Other writers kept moving the branch; the client may retry.
     #[error("the branch kept moving after {attempts} attempts")]
     Contention { attempts: u32 },
+    /// This backend's `setting` differs from the value the repository records (another
+    /// deployment locks elsewhere): it refuses to lock, naming both.
+    #[error(
+        "this backend's {setting} is {ours:?}, but the repository records {recorded:?} (the deployment that locked first): set {setting}={recorded} here, or every backend on the repository would not see the others' locks"
+    )]
+    ProtocolMismatch {
+        setting: &'static str,
+        ours: String,
+        recorded: String,
+    },
     /// What is stored cannot be read back (a lock file without an ID, an unreadable object).
     #[error("stored data is unreadable: {0}")]
     Corrupt(String),
@@ -337,6 +365,19 @@ pub trait StateStore: Send + Sync + 'static {
             }
         }
         Ok(found)
+    }
+
+    /// Whether the branch of `at` exists, and if not, the repository's default branch and other
+    /// refs. The default says it exists (a store without branches).
+    async fn branch_status(&self, _at: &Location) -> Result<BranchStatus, StoreError> {
+        Ok(BranchStatus::Exists)
+    }
+
+    /// How this store's protocol settings (where locks live) stand against the repository's
+    /// record of them ([`crate::protocol`]), read without recording anything. The default: a
+    /// store without such settings agrees.
+    async fn protocol(&self, _at: &Location) -> Result<crate::protocol::Protocol, StoreError> {
+        Ok(crate::protocol::Protocol::Agrees)
     }
 
     /// A file of the backend's own configuration (e.g. the access file) at the branch tip.

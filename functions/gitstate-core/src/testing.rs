@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use crate::ports::{
-    Acquire, Change, CommitMeta, HeldLock, HistoryPage, Location, Refusal, Release, Revision,
-    StateStore, StoreError, WritePlan, Written, user_from_message,
+    Acquire, BranchStatus, Change, CommitMeta, HeldLock, HistoryPage, Location, Refusal, Release,
+    Revision, StateStore, StoreError, WritePlan, Written, user_from_message,
 };
 use crate::refs::{Clash, branch_clash, lock_clash, tree_clash};
 use crate::{LockInfo, StateName};
@@ -21,6 +21,8 @@ type LockKey = (String, StateName);
 #[derive(Default)]
 pub struct MemoryStore {
     inner: Mutex<Inner>,
+    /// The repository's default branch (a git remote's `HEAD`), named when a branch is missing.
+    head: Option<String>,
 }
 
 #[derive(Default)]
@@ -37,6 +39,14 @@ struct Inner {
 }
 
 impl MemoryStore {
+    /// A store whose repositories' `HEAD` names `branch`, as a git server's would.
+    pub fn with_default_branch(branch: &str) -> Self {
+        Self {
+            head: Some(branch.to_owned()),
+            ..Self::default()
+        }
+    }
+
     fn with<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> Result<T, StoreError> {
         let mut inner = self
             .inner
@@ -114,6 +124,31 @@ impl StateStore for MemoryStore {
 
     async fn clash(&self, at: &Location, name: &StateName) -> Result<Option<Clash>, StoreError> {
         self.with(|i| i.tree_clash(at, name))
+    }
+
+    async fn branch_status(&self, at: &Location) -> Result<BranchStatus, StoreError> {
+        self.with(|i| {
+            let mut branches: Vec<String> = i
+                .revisions
+                .keys()
+                .filter(|(l, _)| l.repository == at.repository)
+                .map(|(l, _)| l.branch.full_ref())
+                .collect();
+            branches.sort();
+            branches.dedup();
+            if branches.contains(&at.branch.full_ref()) {
+                BranchStatus::Exists
+            } else {
+                let default = self
+                    .head
+                    .clone()
+                    .filter(|head| branches.contains(&format!("refs/heads/{head}")));
+                BranchStatus::Missing {
+                    default,
+                    others: branches,
+                }
+            }
+        })
     }
 
     async fn read_lock(

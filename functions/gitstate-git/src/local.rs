@@ -45,6 +45,13 @@ impl LocalRefs {
         Ok(advert)
     }
 
+    /// The ref `HEAD` names (e.g. `refs/heads/main`), if it is symbolic.
+    pub fn head_target(&self) -> Option<String> {
+        let repo = self.repo.repo().ok()?;
+        let name = repo.head_name().ok()??;
+        Some(name.as_bstr().to_string())
+    }
+
     /// Every reference under `prefix` (e.g. `refs/heads/locks/`), as an advertisement.
     pub fn list_prefix(&self, prefix: &str) -> Result<Advert, Error> {
         let repo = self.repo.repo()?;

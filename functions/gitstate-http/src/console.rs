@@ -65,10 +65,15 @@ pub(crate) async fn serve(
     }
     let state = |prefix: &str| path.strip_prefix(prefix).map(state_name).transpose();
     if let Some(name) = state("/ui/states/")? {
-        return if get {
-            pages::state(app, caller, &name, &params).await
-        } else {
-            only("GET")
+        if !get {
+            return only("GET");
+        }
+        return match pages::state(app, caller, &name, &params).await {
+            // A 404 only where a person reads it: to Terraform it would mean "no state".
+            Err(error) if error.status() == StatusCode::NOT_FOUND && !browser(&parts.headers) => {
+                Err(ApiError::ConsoleNotFound)
+            }
+            answer => answer,
         };
     }
     for (prefix, action) in [
@@ -83,6 +88,16 @@ pub(crate) async fn serve(
         }
     }
     Err(ApiError::NoRoute)
+}
+
+/// Whether a request comes from a browser: it asks for HTML (Terraform, OpenTofu and other
+/// API clients send no `Accept: text/html`).
+fn browser(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("text/html"))
 }
 
 fn style() -> Response {

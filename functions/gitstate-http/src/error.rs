@@ -49,6 +49,12 @@ pub enum ApiError {
     CrossSite,
     #[error("the form token is missing or wrong: reload the page and try again")]
     FormToken,
+    /// A console page of a missing state asked for by a client that is not a browser (no
+    /// `Accept: text/html`): Terraform pointed at `/ui/states/<name>` must not read "no state".
+    #[error(
+        "no state by this name; /ui/states/ is the web console, for browsers: Terraform's address for a state is /states/<name>"
+    )]
+    ConsoleNotFound,
     #[error("not confirmed: tick the confirmation box")]
     Unconfirmed,
     #[error("a page could not be rendered")]
@@ -77,7 +83,7 @@ impl ApiError {
             Self::QueryTooLong => StatusCode::URI_TOO_LONG,
             Self::Deadline { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::CrossSite | Self::FormToken => StatusCode::FORBIDDEN,
-            Self::Unconfirmed => StatusCode::BAD_REQUEST,
+            Self::Unconfirmed | Self::ConsoleNotFound => StatusCode::BAD_REQUEST,
             Self::Render(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -92,9 +98,9 @@ impl ApiError {
             Self::Service(S::Store(StoreError::Remote(_))) => {
                 "the git remote refused or garbled the request; see the backend's log".to_owned()
             }
-            Self::Service(S::Store(incompatible @ StoreError::Incompatible(_))) => {
-                incompatible.to_string()
-            }
+            Self::Service(S::Store(
+                told @ (StoreError::Incompatible(_) | StoreError::ProtocolMismatch { .. }),
+            )) => told.to_string(),
             Self::Service(S::Store(_)) | Self::Render(_) => {
                 "internal error; see the backend's log".to_owned()
             }
@@ -128,13 +134,21 @@ fn service_status(error: &ServiceError) -> StatusCode {
         S::NotAState(_) => StatusCode::INTERNAL_SERVER_ERROR,
         S::RepositoryNotAllowed(_) | S::RefNotAllowed(_) | S::Forbidden(_) => StatusCode::FORBIDDEN,
         S::Exists | S::Clash(_) => StatusCode::CONFLICT,
+        // Never 404 (Terraform's "no state"), nor 409/423 (a lock conflict to Terraform): the
+        // reason names the default branch and the setting.
+        S::NoBranch { .. } => StatusCode::BAD_REQUEST,
         S::NoSuchVersion(_) | S::NotFound | S::NoLock => StatusCode::NOT_FOUND,
         S::Locked(_) => StatusCode::LOCKED,
+        // The write must hold the lock: the reason names lock_address/unlock_address.
+        S::Unlocked => StatusCode::PRECONDITION_REQUIRED,
         S::LockMismatch(_) | S::NotLocked { .. } | S::Stale { .. } => StatusCode::CONFLICT,
         S::Store(StoreError::Unavailable(_) | StoreError::Contention { .. }) => {
             StatusCode::SERVICE_UNAVAILABLE
         }
         S::Store(StoreError::Remote(_) | StoreError::Incompatible(_)) => StatusCode::BAD_GATEWAY,
+        // Another deployment's lock prefix is recorded: the reason names both values. Not 409
+        // or 423, which Terraform reads on a LOCK as a conflict with another holder.
+        S::Store(StoreError::ProtocolMismatch { .. }) => StatusCode::PRECONDITION_FAILED,
         S::Store(StoreError::Corrupt(_) | StoreError::Internal(_)) => {
             StatusCode::INTERNAL_SERVER_ERROR
         }

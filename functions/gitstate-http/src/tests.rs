@@ -89,7 +89,14 @@ const LIMITS: Limits = Limits {
     request_deadline: Duration::from_secs(10),
 };
 
+/// A backend that lets writes without a lock through: these tests write states to read, route
+/// and refuse them; the lock rule's answer is `writes_without_a_lock_are_428_naming_lock_address`.
 fn backend() -> Arc<Backend> {
+    Arc::new(strict_backend().with_unlocked_writes(true))
+}
+
+/// A backend as deployed by default: writes must hold the lock.
+fn strict_backend() -> Backend {
     let repositories = Repositories {
         primary: PRIMARY.into(),
         default_branch: BranchName::parse("main").expect("valid"),
@@ -99,11 +106,7 @@ fn backend() -> Arc<Backend> {
         name: "gitstate".into(),
         email: "gitstate@localhost".into(),
     };
-    Arc::new(Backend::new(
-        Arc::new(MemoryStore::default()),
-        repositories,
-        committer,
-    ))
+    Backend::new(Arc::new(MemoryStore::default()), repositories, committer)
 }
 
 fn app_with(limits: Limits) -> axum::Router {
@@ -725,6 +728,59 @@ async fn lock_requests_sent_to_a_state_are_refused() {
     assert_eq!(call(&router, "GET", &uri, "ann", "").await.text(), state);
 }
 
+/// By default a write (POST, PUT) or a DELETE that holds no lock is 428 with a one-line reason
+/// naming lock_address and unlock_address, and changes nothing; with the lock it goes through.
+#[tokio::test]
+async fn writes_without_a_lock_are_428_naming_lock_address() {
+    let router = router(Arc::new(strict_backend()), access(), LIMITS);
+    let uri = format!("/states/{STATE}");
+    let lock = format!("/locks/{STATE}");
+    for method in ["POST", "PUT"] {
+        let answer = call(&router, method, &uri, "ann", state_json(1)).await;
+        assert_eq!(answer.status, StatusCode::PRECONDITION_REQUIRED, "{method}");
+        let text = answer.text();
+        assert!(
+            text.contains("lock_address") && text.contains("unlock_address"),
+            "{text}"
+        );
+        assert!(
+            text.ends_with('\n') && text.lines().count() == 1,
+            "{text:?}"
+        );
+    }
+    assert_eq!(
+        call(&router, "GET", &uri, "ann", "").await.status,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        call(&router, "LOCK", &lock, "ann", lock_info("L"))
+            .await
+            .status,
+        StatusCode::OK
+    );
+    let written = call(
+        &router,
+        "POST",
+        &format!("{uri}?ID=L"),
+        "ann",
+        state_json(1),
+    )
+    .await;
+    assert_eq!(written.status, StatusCode::OK, "{}", written.text());
+    assert_eq!(
+        call(&router, "UNLOCK", &lock, "ann", lock_info("L"))
+            .await
+            .status,
+        StatusCode::OK
+    );
+    let delete = call(&router, "DELETE", &uri, "ann", "").await;
+    assert_eq!(delete.status, StatusCode::PRECONDITION_REQUIRED);
+    assert_eq!(
+        call(&router, "GET", &uri, "ann", "").await.json()["serial"],
+        1
+    );
+}
+
 /// A request still waiting at its deadline (here: for a body that never comes) is a 504 with
 /// Retry-After, by the transport's [`Deadline`] or by [`Limits::request_deadline`], whichever
 /// comes first; nothing is written.
@@ -802,8 +858,19 @@ async fn the_console_serves_pages_and_guards_its_forms() {
     assert_eq!(page.status, StatusCode::OK);
     let html = page.text();
     assert!(html.contains("L1") && html.contains("wes"), "{html}");
+    // A missing state's page: 404 to a browser, 400 to a client that is not (Terraform).
     let missing = call(&router, "GET", "/ui/states/none.tfstate", "ann", "").await;
-    assert_eq!(missing.status, StatusCode::NOT_FOUND);
+    assert_eq!(missing.status, StatusCode::BAD_REQUEST);
+    assert!(
+        missing.text().contains("/states/<name>"),
+        "{}",
+        missing.text()
+    );
+    let browser = http::Request::builder()
+        .uri("/ui/states/none.tfstate")
+        .header(header::ACCEPT, "text/html,application/xhtml+xml");
+    let page = send(&router, browser, Some("ann"), Body::empty()).await;
+    assert_eq!(page.status, StatusCode::NOT_FOUND);
     assert_eq!(
         call(&router, "GET", "/ui/elsewhere", "ann", "")
             .await

@@ -45,6 +45,15 @@ pub struct GitSettings {
     /// `GITSTATE_REQUIRE_ATOMIC` (default false): refuse remotes without atomic push instead of
     /// writing with the lock checked from the advertisement.
     pub require_atomic: bool,
+    /// `GITSTATE_ALLOW_UNLOCKED_WRITES` (default false): accept writes and deletes that hold no
+    /// lock (Terraform without `lock_address`, or `-lock=false`), each logged as a warning;
+    /// otherwise they are refused with 428.
+    pub allow_unlocked_writes: bool,
+    /// `GITSTATE_CREATE_REF` (default false): let the first write create a missing branch (the
+    /// configured one or an allowlisted `?ref=`) in a repository that has other branches;
+    /// otherwise requests to it are refused (400) naming the repository's default branch. An
+    /// empty repository's branch is always created.
+    pub create_ref: bool,
     /// `GITSTATE_COMMITTER_NAME` / `GITSTATE_COMMITTER_EMAIL`: who commits are written as.
     pub committer: Identity,
     /// `GITSTATE_CACHE_DIR`: bare cache repositories (default `/tmp/gitstate` or `./.gitstate/cache`).
@@ -87,6 +96,8 @@ impl GitSettings {
                 vars.get("GITSTATE_GIT_CA_PEM"),
             )?,
             require_atomic: vars.flag("GITSTATE_REQUIRE_ATOMIC")?,
+            allow_unlocked_writes: vars.flag("GITSTATE_ALLOW_UNLOCKED_WRITES")?,
+            create_ref: vars.flag("GITSTATE_CREATE_REF")?,
             committer: Identity {
                 name: vars
                     .get("GITSTATE_COMMITTER_NAME")
@@ -148,10 +159,11 @@ fn refs(vars: &Vars<'_>) -> Result<(BranchName, String, AllowedRefs), ConfigErro
     if !lock_ref_prefix.starts_with("refs/")
         || !lock_ref_prefix.ends_with('/')
         || lock_ref_prefix.contains("..")
+        || lock_ref_prefix.starts_with("refs/gitstate/")
     {
         return Err(ConfigError::Invalid {
             var: "GITSTATE_LOCK_REF_PREFIX",
-            reason: "must start with 'refs/' and end with '/', e.g. refs/locks/".into(),
+            reason: "must start with 'refs/' and end with '/', e.g. refs/locks/, and not lie under refs/gitstate/ (gitstate's own records)".into(),
         });
     }
     let allowed_refs = AllowedRefs::parse(&vars.get("GITSTATE_ALLOWED_REFS").unwrap_or_default())

@@ -17,4 +17,6 @@ mod seed;
 mod serve;
 mod settings;
 mod ssh;
+mod startup;
+mod store;
 mod tls;

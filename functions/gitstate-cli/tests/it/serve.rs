@@ -160,15 +160,36 @@ fn serve_prints_the_backend_block_and_serves_the_embedded_repository() {
         request(&address, &auth, "DELETE", "/locks/default.tfstate", lock).0,
         200
     );
+    // A write that holds no lock is refused (428) and changes nothing; under a lock it lands.
+    let unlocked = request(
+        &address,
+        &auth,
+        "POST",
+        "/states/default.tfstate",
+        r#"{"serial":2,"lineage":"l"}"#,
+    );
+    assert!(
+        unlocked.0 == 428 && unlocked.1.contains("lock_address"),
+        "{unlocked:?}"
+    );
+    let second = r#"{"ID":"cli-2","Who":"me@host","Operation":"OperationTypeApply"}"#;
+    assert_eq!(
+        request(&address, &auth, "POST", "/locks/default.tfstate", second).0,
+        200
+    );
     assert_eq!(
         request(
             &address,
             &auth,
             "POST",
-            "/states/default.tfstate",
+            "/states/default.tfstate?ID=cli-2",
             r#"{"serial":2,"lineage":"l"}"#
         )
         .0,
+        200
+    );
+    assert_eq!(
+        request(&address, &auth, "DELETE", "/locks/default.tfstate", second).0,
         200
     );
     let (ok, history, _) = cli(&["history", "default.tfstate"]);
@@ -344,8 +365,14 @@ fn peak_rss_kib(pid: u32) -> u64 {
 #[test]
 fn a_20_mb_state_round_trips_through_the_server() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (mut child, address, printed) =
-        start_serve(dir.path(), &[("GITSTATE_MAX_BODY_BYTES", "67108864")]);
+    let (mut child, address, printed) = start_serve(
+        dir.path(),
+        &[
+            ("GITSTATE_MAX_BODY_BYTES", "67108864"),
+            // The figure is the body's: the write need not be locked.
+            ("GITSTATE_ALLOW_UNLOCKED_WRITES", "true"),
+        ],
+    );
     let password = printed
         .lines()
         .find_map(|l| l.trim().strip_prefix("export TF_HTTP_PASSWORD="))

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use super::{Access, AccessSource};
 use crate::access::{ACCESS_PATH, AccessError, Grant, Role};
 use crate::password::{generate_token, hash_secret};
-use crate::ports::{CommitMeta, StoreError};
+use crate::ports::{BranchStatus, CommitMeta, StoreError};
 use crate::secret::Secret;
 use crate::trailers::Trailers;
 
@@ -29,6 +29,16 @@ impl Access {
             .await?;
         if existing.is_some() {
             return Ok(None);
+        }
+        // The file's commit would start the branch: never beside the repository's others.
+        if let BranchStatus::Missing { default, others } =
+            self.store.branch_status(&self.at).await?
+            && !others.is_empty()
+        {
+            return Err(FirstAdminError::NoBranch {
+                branch: self.at.branch.as_str().to_owned(),
+                default: default.unwrap_or_else(|| others.join(", ")),
+            });
         }
         crate::access::check_user_name(user)?;
         let token = generate_token();
@@ -62,6 +72,11 @@ pub enum FirstAdminError {
     Access(#[from] AccessError),
     #[error(transparent)]
     Hash(#[from] crate::password::HashError),
+    /// The branch is missing and the repository has others: its first commit would fork them.
+    #[error(
+        "branch {branch:?} does not exist in the repository, which has other branches ({default}): set GITSTATE_REF to the branch the states are on"
+    )]
+    NoBranch { branch: String, default: String },
 }
 
 /// What a new access file says first.

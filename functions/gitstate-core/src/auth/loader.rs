@@ -77,10 +77,7 @@ impl Access {
         .and_then(|p| self.complete(p));
         let policy = match parsed {
             Ok(policy) => {
-                tracing::info!(
-                    users = policy.users().count(),
-                    "access policy loaded from {ACCESS_PATH}"
-                );
+                self.log_loaded(&policy, file.is_some());
                 policy
             }
             Err(error) => {
@@ -106,6 +103,48 @@ impl Access {
             );
         }
         Ok((installed, dummy))
+    }
+
+    /// The "access policy loaded" line: how many users, and where each kind came from (the
+    /// access file or text, `GITSTATE_ADMIN_HASH`), or that there are none.
+    pub(super) fn log_loaded(&self, policy: &Policy, file_found: bool) {
+        let bootstrap = self
+            .options
+            .bootstrap
+            .as_ref()
+            .map(|(user, _)| user.as_str());
+        let users = policy.users().count();
+        let from_file = policy
+            .users()
+            .filter(|u| Some(u.name.as_str()) != bootstrap)
+            .count();
+        let file = match (&self.options.source, file_found) {
+            (AccessSource::Text(_), _) => "GITSTATE_ACCESS / GITSTATE_ACCESS_FILE".to_owned(),
+            (AccessSource::Repository, true) => format!("{ACCESS_PATH} in the repository"),
+            (AccessSource::Repository, false) => {
+                format!("{ACCESS_PATH} (not in the repository)")
+            }
+        };
+        let mut from = vec![format!("{from_file} from {file}")];
+        if let Some(user) = bootstrap {
+            from.push(format!("{user} from GITSTATE_ADMIN_HASH"));
+        }
+        tracing::info!(
+            users,
+            "access policy loaded: {}{}",
+            from.join(", "),
+            if users == 0 {
+                ": no users, nobody can log in"
+            } else {
+                ""
+            }
+        );
+    }
+
+    /// How many users the current policy has (read from the repository when it lives there):
+    /// `serve` says at start when there are none, `gitstate config` reports it.
+    pub async fn user_count(&self) -> Result<usize, AuthError> {
+        Ok(self.policy().await?.0.users().count())
     }
 }
 

@@ -164,6 +164,7 @@ impl Access {
         };
         if let AccessSource::Text(text) = &access.options.source {
             let policy = access.complete(Policy::parse(text)?)?;
+            access.log_loaded(&policy, true);
             access.install(None, policy);
         } else {
             // Fail early on a bad bootstrap hash.

@@ -452,6 +452,56 @@ async fn repository_policy_is_reloaded_and_first_admin_created_once() {
 
 /// `first.last` was written as the nested table `[users.first.last]` (a file that does not
 /// parse); the serialiser quotes it, and the first administrator logs in under that name.
+/// The first administrator's access file is never the first commit of a branch beside the
+/// repository's others (it would fork the states): refused, naming the branch.
+#[tokio::test]
+async fn no_first_admin_on_a_missing_branch_beside_others() {
+    use crate::ports::{StateStore, WritePlan};
+    let store = Arc::new(MemoryStore::default());
+    let elsewhere = Location {
+        branch: crate::BranchName::parse("master").expect("valid"),
+        ..location()
+    };
+    let meta = CommitMeta {
+        author_name: "gitstate".into(),
+        author_email: "gitstate@localhost".into(),
+        committer_name: "gitstate".into(),
+        committer_email: "gitstate@localhost".into(),
+        message: String::new(),
+    };
+    let plan: WritePlan = {
+        let meta = meta.clone();
+        Arc::new(move |_, _| Ok(meta.clone()))
+    };
+    store
+        .write_state(
+            &elsewhere,
+            &crate::StateName::parse("a.tfstate").expect("valid"),
+            crate::ports::Change::Put(Bytes::from_static(b"{}")),
+            plan,
+        )
+        .await
+        .expect("a state on master");
+    let access = Access::new(
+        store.clone(),
+        location(),
+        AccessOptions {
+            source: AccessSource::Repository,
+            bootstrap: None,
+            refresh: Duration::ZERO,
+            hash_memory_kib: crate::password::MAX_MEMORY_KIB,
+        },
+        Arc::new(Argon2id),
+    )
+    .expect("valid");
+    match access.create_first_admin("admin", meta).await {
+        Err(error @ FirstAdminError::NoBranch { .. }) => {
+            assert!(error.to_string().contains("GITSTATE_REF"), "{error}")
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
 #[tokio::test]
 async fn a_first_admin_with_a_dotted_name_can_log_in() {
     let store = Arc::new(MemoryStore::default());

@@ -13,8 +13,8 @@ use serde::Deserialize;
 
 use crate::access::{Caller, Denied, Role};
 use crate::ports::{
-    CommitMeta, HeldLock, Location, Opened, Protection, Refusal, SealError, Sealer, StateStore,
-    StoreError,
+    BranchStatus, CommitMeta, HeldLock, Location, Opened, Protection, Refusal, SealError, Sealer,
+    StateStore, StoreError,
 };
 use crate::refs::{Clash, RefPolicy, RefRefused};
 use crate::{BranchName, LockInfoError, NameError, StateName};
@@ -55,6 +55,18 @@ pub enum ServiceError {
         "the stored file is not a state ({0}): fix or remove it in the repository, or restore a good revision"
     )]
     NotAState(&'static str),
+    /// The branch a request resolves to does not exist, and the repository has other branches:
+    /// a write would start a new branch beside the states (reads would see none).
+    #[error(
+        "branch {branch:?} does not exist in the repository, which has other branches{}: set {setting} to the branch the states are on, or GITSTATE_CREATE_REF=true on the backend to create {branch:?} with the first write",
+        default.as_ref().map(|d| format!(" (its default branch is {d:?})")).unwrap_or_default()
+    )]
+    NoBranch {
+        branch: String,
+        default: Option<String>,
+        /// What chose the branch: `GITSTATE_REF` or the request's `?ref=`.
+        setting: &'static str,
+    },
     #[error("repository {0:?} is not served by this backend (not on its allowlist)")]
     RepositoryNotAllowed(String),
     #[error(transparent)]
@@ -65,6 +77,11 @@ pub enum ServiceError {
     Locked(HeldLock),
     #[error("lock ID does not match the holder's {}", .0.info.id())]
     LockMismatch(HeldLock),
+    /// A write without a lock while nobody holds it, and unlocked writes are not allowed.
+    #[error(
+        "this write holds no lock: set lock_address and unlock_address (/locks/<name>) in the backend block and do not use -lock=false (an operator may allow unlocked writes with GITSTATE_ALLOW_UNLOCKED_WRITES=true)"
+    )]
+    Unlocked,
     #[error("lock {id} is not held: take the lock again before writing")]
     NotLocked { id: String },
     #[error(
@@ -102,6 +119,7 @@ impl From<Refusal> for ServiceError {
             Refusal::LockMismatch(held) => Self::LockMismatch(held),
             Refusal::NotLocked { id } => Self::NotLocked { id },
             Refusal::Stale { stored, sent } => Self::Stale { stored, sent },
+            Refusal::Unlocked => Self::Unlocked,
             Refusal::NotFound => Self::NotFound,
             Refusal::Exists => Self::Exists,
             Refusal::Unprotected { format } => Self::Unprotected { format },
@@ -173,6 +191,14 @@ pub struct Backend {
     refs: RefPolicy,
     committer: Identity,
     encryption: Option<Encryption>,
+    /// Let writes without a lock through (`GITSTATE_ALLOW_UNLOCKED_WRITES`), each with a warning.
+    unlocked_writes: bool,
+    /// Let the first write create a missing branch in a repository that has others
+    /// (`GITSTATE_CREATE_REF`).
+    create_branches: bool,
+    /// Locations whose branch was seen to exist or allowed to be created (not looked for again:
+    /// a write costs no request for it).
+    branches: std::sync::Mutex<std::collections::HashSet<Location>>,
     memo: overview::Memo,
 }
 
@@ -213,6 +239,9 @@ impl Backend {
             repositories,
             committer,
             encryption: None,
+            unlocked_writes: false,
+            create_branches: false,
+            branches: std::sync::Mutex::default(),
             memo: overview::Memo::default(),
         }
     }
@@ -221,6 +250,72 @@ impl Backend {
     pub fn with_refs(mut self, refs: RefPolicy) -> Self {
         self.refs = refs;
         self
+    }
+
+    /// Accept writes and deletes that hold no lock (by default they are refused with
+    /// [`ServiceError::Unlocked`]); each one is logged as a warning.
+    pub fn with_unlocked_writes(mut self, allow: bool) -> Self {
+        self.unlocked_writes = allow;
+        self
+    }
+
+    /// Let the first write create a missing branch in a repository that has other branches (by
+    /// default only an empty repository's branch is created; otherwise [`ServiceError::NoBranch`]).
+    pub fn with_branch_creation(mut self, allow: bool) -> Self {
+        self.create_branches = allow;
+        self
+    }
+
+    /// Whether the branch of `at` exists, and if not what the repository holds (for start-up
+    /// checks: `serve`, `run` and `gitstate config` say what they found).
+    pub async fn branch_status(&self, at: &Location) -> Result<BranchStatus, ServiceError> {
+        Ok(self.store.branch_status(at).await?)
+    }
+
+    /// The rule that a branch is never created by accident: `Ok` when the branch of `at` exists,
+    /// when the repository is empty (nothing but gitstate's own refs), or when the deployment
+    /// allows creating branches; otherwise [`ServiceError::NoBranch`] naming the remote's default
+    /// branch and the setting that chose this one. A location passed once is not looked at again.
+    pub async fn require_branch(&self, at: &Location) -> Result<(), ServiceError> {
+        if self.branches.lock().is_ok_and(|known| known.contains(at)) {
+            return Ok(());
+        }
+        match self.store.branch_status(at).await? {
+            BranchStatus::Missing { default, others }
+                if !others.is_empty() && !self.create_branches =>
+            {
+                Err(ServiceError::NoBranch {
+                    branch: at.branch.as_str().to_owned(),
+                    default,
+                    setting: if at.branch == self.repositories.default_branch {
+                        "GITSTATE_REF"
+                    } else {
+                        "the address's ?ref="
+                    },
+                })
+            }
+            BranchStatus::Exists | BranchStatus::Missing { .. } => {
+                self.branch_seen(at);
+                Ok(())
+            }
+        }
+    }
+
+    /// Remember that the branch of `at` exists (or may be created): it is not looked for again.
+    fn branch_seen(&self, at: &Location) {
+        if let Ok(mut known) = self.branches.lock() {
+            known.insert(at.clone());
+        }
+    }
+
+    /// How this backend's settings stand against the protocol the repository of `at` records
+    /// (for start-up checks: `serve` and `run` refuse to start on
+    /// [`crate::protocol::Protocol::Differs`]). Locks check it themselves.
+    pub async fn protocol_status(
+        &self,
+        at: &Location,
+    ) -> Result<crate::protocol::Protocol, ServiceError> {
+        Ok(self.store.protocol(at).await?)
     }
 
     /// Seal every state written from now on and open every state read.

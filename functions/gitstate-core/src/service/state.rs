@@ -52,11 +52,12 @@ impl Backend {
         name: &StateName,
     ) -> Result<Bytes, ServiceError> {
         caller.require(Role::Read, name)?;
-        let stored = self
-            .store
-            .read_state(at, name)
-            .await?
-            .ok_or(ServiceError::NotFound)?;
+        let Some(stored) = self.store.read_state(at, name).await? else {
+            // "No state" only where the branch is there (or may be created).
+            self.require_branch(at).await?;
+            return Err(ServiceError::NotFound);
+        };
+        self.branch_seen(at);
         let state = self.open(at, name, stored).await?.plaintext;
         check_stored(&state)?;
         Ok(state)
@@ -68,7 +69,12 @@ impl Backend {
     pub async fn put_state(&self, request: WriteRequest<'_>) -> Result<(), ServiceError> {
         request.caller.require(Role::Write, request.name)?;
         let sent = check_state(&request.body)?;
-        self.write(request, sent, Verb::Write).await
+        let unlocked = request.lock_id.is_none();
+        self.write(request, sent, Verb::Write).await?;
+        if unlocked {
+            warn_unlocked("write");
+        }
+        Ok(())
     }
 
     /// Seal the body and write it, under the lock and stale-serial rules. The stored state the
@@ -87,6 +93,7 @@ impl Backend {
             lock_id,
             body,
         } = request;
+        self.require_branch(at).await?;
         let body = match &self.encryption {
             Some(e) if e.sealer.seals() => e.sealer.seal(&body, at, name).await?,
             _ => body,
@@ -136,6 +143,7 @@ impl Backend {
         let base = self.meta(caller, String::new());
         let user = caller.user.clone();
         let lock_id = lock_id.map(str::to_owned);
+        let unlocked = self.unlocked_writes;
         let serial = sent.serial.map(|s| format!(" (serial {s})"));
         let subject = format!("{} {name}{}", verb.as_str(), serial.unwrap_or_default());
         let restored_from = verb.restored_from();
@@ -145,7 +153,7 @@ impl Backend {
             None => (None, false),
         };
         Arc::new(move |lock: Option<&HeldLock>, stored: Option<&[u8]>| {
-            let holder = admit(lock, lock_id.as_deref(), &user)?;
+            let holder = admit(lock, lock_id.as_deref(), &user, unlocked)?;
             if let Some(stored) = stored {
                 let current = match &sealer {
                     Some(sealer) if sealer.is_sealed(stored) => known
@@ -189,11 +197,14 @@ impl Backend {
         lock_id: Option<&str>,
     ) -> Result<(), ServiceError> {
         caller.require(Role::Admin, name)?;
+        self.require_branch(at).await?;
         let base = self.meta(caller, String::new());
         let user = caller.user.clone();
+        let unlocked = lock_id.is_none();
         let (subject, lock_id) = (format!("delete {name}"), lock_id.map(str::to_owned));
+        let allowed = self.unlocked_writes;
         let plan = Arc::new(move |lock: Option<&HeldLock>, stored: Option<&[u8]>| {
-            let holder = admit(lock, lock_id.as_deref(), &user)?;
+            let holder = admit(lock, lock_id.as_deref(), &user, allowed)?;
             if stored.is_none() {
                 return Err(Refusal::NotFound);
             }
@@ -207,10 +218,23 @@ impl Backend {
             .write_state(at, name, Change::Delete, plan)
             .await?
         {
-            Written::Committed { .. } | Written::Unchanged => Ok(()),
+            Written::Committed { .. } | Written::Unchanged => {
+                if unlocked {
+                    warn_unlocked("delete");
+                }
+                Ok(())
+            }
             Written::Refused(refusal) => Err(refused(caller, refusal)),
         }
     }
+}
+
+/// The warning every write let through without a lock leaves (`GITSTATE_ALLOW_UNLOCKED_WRITES`);
+/// it is logged inside the request's span, which names the state and the user.
+fn warn_unlocked(what: &str) {
+    tracing::warn!(
+        "unlocked {what} accepted (GITSTATE_ALLOW_UNLOCKED_WRITES=true): nothing kept another writer out"
+    );
 }
 
 /// Check that a body is a JSON object without building a tree of the whole document (states
@@ -298,11 +322,12 @@ fn stale(stored: &Version, sent: &Version) -> Option<u64> {
 }
 
 /// The lock rule for writes: with an ID, it must be the holder's and the lock `user`'s own;
-/// without one, nobody may hold it.
+/// without one, nobody may hold it, and the deployment must allow `unlocked` writes.
 fn admit<'a>(
     lock: Option<&'a HeldLock>,
     id: Option<&str>,
     user: &str,
+    unlocked: bool,
 ) -> Result<Option<&'a HeldLock>, Refusal> {
     match (lock, id) {
         // The holder's ID from another user (administrators too: they force-unlock first).
@@ -313,7 +338,8 @@ fn admit<'a>(
         (Some(held), Some(_)) => Err(Refusal::LockMismatch(held.clone())),
         (None, Some(id)) => Err(Refusal::NotLocked { id: id.to_owned() }),
         (Some(held), None) => Err(Refusal::Locked(held.clone())),
-        (None, None) => Ok(None),
+        (None, None) if unlocked => Ok(None),
+        (None, None) => Err(Refusal::Unlocked),
     }
 }
 

@@ -20,7 +20,9 @@ fn backend() -> (Backend, Location, StateName) {
         name: "gitstate".into(),
         email: "gitstate@localhost".into(),
     };
-    let backend = Backend::new(Arc::new(MemoryStore::default()), repos, identity);
+    // Setup writes here hold no lock; the lock rule itself is `unlocked_writes_need_the_setting`.
+    let backend =
+        Backend::new(Arc::new(MemoryStore::default()), repos, identity).with_unlocked_writes(true);
     let at = backend.locate(None, None).expect("primary");
     (
         backend,
@@ -148,6 +150,91 @@ async fn write_rules() {
             .as_ref(),
         b"{\"encrypted_data\":\"x\"}"
     );
+}
+
+/// Without the setting, every write and delete that holds no lock is refused while nobody holds
+/// the lock (and changes nothing); with it, each goes through. A held lock refuses either way.
+#[tokio::test]
+async fn unlocked_writes_need_the_setting() {
+    for allowed in [false, true] {
+        for stored in [false, true] {
+            for delete in [false, true] {
+                for held in [false, true] {
+                    let (b, at, name) = backend();
+                    if stored {
+                        b.put_state(WriteRequest::new(&admin(), &at, &name, state("L", 1)))
+                            .await
+                            .expect("setup");
+                    }
+                    if held {
+                        b.lock(&admin(), &at, &name, lock_body("A"))
+                            .await
+                            .expect("lock");
+                    }
+                    let b = b.with_unlocked_writes(allowed);
+                    let before = b.get_state(&admin(), &at, &name).await.ok();
+                    let answer = if delete {
+                        b.delete_state(&admin(), &at, &name, None).await
+                    } else {
+                        b.put_state(WriteRequest::new(&admin(), &at, &name, state("L", 2)))
+                            .await
+                    };
+                    let case =
+                        format!("allowed={allowed} stored={stored} delete={delete} held={held}");
+                    match answer {
+                        Err(ServiceError::Locked(_)) => assert!(held, "{case}"),
+                        Err(ServiceError::Unlocked) => assert!(!held && !allowed, "{case}"),
+                        Err(ServiceError::NotFound) => {
+                            assert!(delete && !stored && allowed && !held, "{case}")
+                        }
+                        Ok(()) => assert!(allowed && !held, "{case}"),
+                        other => panic!("{case}: {other:?}"),
+                    }
+                    if !allowed || held {
+                        let after = b.get_state(&admin(), &at, &name).await.ok();
+                        assert_eq!(before, after, "{case}: nothing changed");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A branch is never created by accident: the first branch of an empty repository is, a second
+/// one only with the setting; a missing branch reads as an error naming the setting, never as
+/// "no state".
+#[tokio::test]
+async fn missing_branches_beside_others_are_refused() {
+    let (b, at, name) = backend();
+    let dev = Location {
+        branch: BranchName::parse("dev").expect("valid"),
+        ..at.clone()
+    };
+    assert!(matches!(
+        b.get_state(&admin(), &at, &name).await,
+        Err(ServiceError::NotFound)
+    ));
+    b.put_state(WriteRequest::new(&admin(), &at, &name, state("L", 1)))
+        .await
+        .expect("the empty repository's first branch");
+    let refused = |r: Result<_, ServiceError>| match r {
+        Err(ServiceError::NoBranch {
+            branch, setting, ..
+        }) => {
+            assert_eq!((branch.as_str(), setting), ("dev", "the address's ?ref="));
+        }
+        other => panic!("{other:?}"),
+    };
+    refused(b.get_state(&admin(), &dev, &name).await.map(|_| ()));
+    refused(
+        b.put_state(WriteRequest::new(&admin(), &dev, &name, state("L", 1)))
+            .await,
+    );
+    let b = b.with_branch_creation(true);
+    b.put_state(WriteRequest::new(&admin(), &dev, &name, state("L", 1)))
+        .await
+        .expect("created with the setting");
+    b.get_state(&admin(), &dev, &name).await.expect("there");
 }
 
 #[tokio::test]
@@ -420,6 +507,8 @@ async fn branches_that_clash_are_refused_generated() {
     let (mut clashes, mut created) = (0, 0);
     for _ in 0..400 {
         let (b, at, name) = backend();
+        // New branches beside existing ones are what this test makes.
+        let b = b.with_branch_creation(true);
         let existing = Location {
             branch: random_branch(),
             ..at.clone()
@@ -745,6 +834,7 @@ async fn the_own_lock_is_always_released() {
     });
     let (b, at, name) = backend();
     let b = Backend::new(store.clone(), b.repositories.clone(), b.committer.clone())
+        .with_unlocked_writes(true)
         .with_encryption(Encryption {
             sealer: sealer.clone(),
             enforced: false,
@@ -852,7 +942,8 @@ async fn commits_carry_their_trailers() {
     use crate::trailers::{Trailers, WITHOUT_LOCK};
     let store = Arc::new(MemoryStore::default());
     let (b, at, name) = backend();
-    let b = Backend::new(store.clone(), b.repositories.clone(), b.committer.clone());
+    let b = Backend::new(store.clone(), b.repositories.clone(), b.committer.clone())
+        .with_unlocked_writes(true);
     let last = || Trailers::parse(&store.history().last().expect("a commit").message);
     b.put_state(WriteRequest::new(&writer("ann"), &at, &name, state("L", 1)))
         .await
@@ -918,6 +1009,7 @@ async fn rekey_rewrites_under_its_own_lock() {
     });
     let (b, at, name) = backend();
     let b = Backend::new(store.clone(), b.repositories.clone(), b.committer.clone())
+        .with_unlocked_writes(true)
         .with_encryption(Encryption {
             sealer: sealer.clone(),
             enforced: false,

@@ -1,5 +1,7 @@
 //! Locks: create-only pushes of orphan commits to lock refs, conditional deletes, holders.
 
+use gitstate_core::protocol::{PROTOCOL_FILE, PROTOCOL_PREFIX, Protocol};
+
 use super::write::backoff;
 use super::*;
 
@@ -33,8 +35,79 @@ impl GitStore {
                 .refs_with_prefix(&self.options.lock_ref_prefix)
                 .await?;
             advert.refs.extend(others.refs);
+            let records = remote.refs_with_prefix(PROTOCOL_PREFIX).await?;
+            advert.refs.extend(records.refs);
         }
         Ok(advert)
+    }
+
+    /// The protocol rule of a LOCK, from the advertisement it decides on: a record of another
+    /// lock ref prefix refuses it ([`StoreError::ProtocolMismatch`]); `Ok(true)`: nothing is
+    /// recorded yet, the LOCK records this prefix once it holds the lock.
+    fn protocol_for_lock(&self, at: &Location, advert: &Advert) -> Result<bool, StoreError> {
+        let prefix = &self.options.lock_ref_prefix;
+        match gitstate_core::protocol::check(prefix, advert.refs.keys().map(String::as_str)) {
+            Protocol::Differs {
+                setting,
+                ours,
+                recorded,
+            } => Err(StoreError::ProtocolMismatch {
+                setting,
+                ours,
+                recorded,
+            }),
+            Protocol::Agrees => {
+                if let Ok(mut agreed) = self.protocol_agreed.lock() {
+                    agreed.insert(at.repository.clone());
+                }
+                Ok(false)
+            }
+            Protocol::Unrecorded => Ok(true),
+        }
+    }
+
+    /// Record this store's lock ref prefix in the repository: a create-only push of its record
+    /// ref, once per repository. A host that refuses the ref (some allow only branches and tags)
+    /// gets a warning; locking goes on as before.
+    async fn record_protocol(&self, remote: &Remote, at: &Location, meta: &CommitMeta) {
+        let prefix = &self.options.lock_ref_prefix;
+        let record = async {
+            let meta = CommitMeta {
+                message: format!(
+                    "record the lock ref prefix {prefix}
+"
+                ),
+                ..meta.clone()
+            };
+            let commit = remote
+                .commit(
+                    None,
+                    PROTOCOL_FILE.to_owned(),
+                    Some(Bytes::from(gitstate_core::protocol::record_file(prefix))),
+                    meta,
+                )
+                .await?;
+            let command = Command {
+                old: null(),
+                new: commit.id,
+                name: gitstate_core::protocol::lock_prefix_record(prefix),
+            };
+            let report = remote.push(vec![command.clone()], commit.objects).await?;
+            Ok::<bool, Error>(report.all_ok(&[command]))
+        };
+        match record.await {
+            Ok(true) => {
+                if let Ok(mut agreed) = self.protocol_agreed.lock() {
+                    agreed.insert(at.repository.clone());
+                }
+            }
+            // Another backend recorded first: the next LOCK compares with its record.
+            Ok(false) => {}
+            Err(error) => tracing::warn!(
+                error = %gitstate_core::report::chain(&error),
+                "the lock ref prefix could not be recorded in the repository"
+            ),
+        }
     }
 
     /// How `path` clashes with the tree of `tip` (fetched into the cache first).
@@ -113,7 +186,11 @@ impl GitStore {
     ) -> Result<Acquire, StoreError> {
         let remote = self.remote(at)?;
         let lock_ref = self.lock_ref(name);
-        if self.lock_at_floor(&remote, name, lock, meta).await? {
+        let agreed = self
+            .protocol_agreed
+            .lock()
+            .is_ok_and(|agreed| agreed.contains(&at.repository));
+        if agreed && self.lock_at_floor(&remote, name, lock, meta).await? {
             return Ok(Acquire::Acquired);
         }
         let mut refused = None;
@@ -127,6 +204,7 @@ impl GitStore {
             }
             let attempt_started = Instant::now();
             let advert = self.lock_advert(&remote, at, &lock_ref).await?;
+            let unrecorded = self.protocol_for_lock(at, &advert)?;
             if let Some(tip) = advert.tip(&lock_ref) {
                 return Ok(Acquire::Held(self.held(&remote, tip, name).await?));
             }
@@ -151,6 +229,9 @@ impl GitStore {
             let report = remote.push(vec![command.clone()], commit.objects).await?;
             if report.all_ok(&[command]) {
                 remote.remember_lock(&lock_ref, Some(commit.id));
+                if unrecorded {
+                    self.record_protocol(&remote, at, meta).await;
+                }
                 return Ok(Acquire::Acquired);
             }
             refused = Some(report);

@@ -28,8 +28,8 @@ use gix::ObjectId;
 use sha1::{Digest, Sha1};
 
 use gitstate_core::ports::{
-    Acquire, Change, CommitMeta, HeldLock, HistoryPage, Listing, Location, Refusal, Release,
-    Revision, StateStore, StoreError, WritePlan, Written, user_from_message,
+    Acquire, BranchStatus, Change, CommitMeta, HeldLock, HistoryPage, Listing, Location, Refusal,
+    Release, Revision, StateStore, StoreError, WritePlan, Written, user_from_message,
 };
 use gitstate_core::refs::{Clash, branch_clash, lock_clash};
 use gitstate_core::secret::Secret;
@@ -122,6 +122,9 @@ pub struct GitStore {
     /// The embedded repository, when no hosted one is configured: its identifier and refs.
     local: Option<(String, Arc<LocalRefs>, Arc<Cache>)>,
     remotes: Mutex<HashMap<(String, String), Arc<Remote>>>,
+    /// Repositories whose protocol record a LOCK of this process found agreeing (or pushed):
+    /// only then may a LOCK skip the advertisement (the protocol floor).
+    protocol_agreed: Mutex<std::collections::HashSet<String>>,
 }
 
 enum Transport {
@@ -198,6 +201,7 @@ impl GitStore {
                     options,
                     local: None,
                     remotes: Mutex::default(),
+                    protocol_agreed: Mutex::default(),
                 },
                 url.clone(),
             )),
@@ -212,6 +216,7 @@ impl GitStore {
                         options,
                         local: Some((id.clone(), refs, cache)),
                         remotes: Mutex::default(),
+                        protocol_agreed: Mutex::default(),
                     },
                     id,
                 ))
@@ -378,6 +383,24 @@ impl StateStore for GitStore {
 
     async fn list_locks(&self, at: &Location) -> Result<Vec<(StateName, HeldLock)>, StoreError> {
         self.all_locks(at).await
+    }
+
+    async fn branch_status(&self, at: &Location) -> Result<BranchStatus, StoreError> {
+        Ok(self.status_of_branch(at).await?)
+    }
+
+    async fn protocol(
+        &self,
+        at: &Location,
+    ) -> Result<gitstate_core::protocol::Protocol, StoreError> {
+        let remote = self.remote(at)?;
+        let advert = remote
+            .refs_with_prefix(gitstate_core::protocol::PROTOCOL_PREFIX)
+            .await?;
+        Ok(gitstate_core::protocol::check(
+            &self.options.lock_ref_prefix,
+            advert.refs.keys().map(String::as_str),
+        ))
     }
 
     async fn clash(&self, at: &Location, name: &StateName) -> Result<Option<Clash>, StoreError> {

@@ -113,6 +113,29 @@ impl GitStore {
         Ok(self.read_path_with(at, path.to_owned(), also).await?)
     }
 
+    /// Whether the branch exists; if not, the remote's default branch (its `HEAD`) and its other
+    /// refs, the lock refs and gitstate's own `refs/gitstate/` left out. Over HTTP this is the
+    /// upload-pack advertisement a read of the same request uses again.
+    pub(super) async fn status_of_branch(&self, at: &Location) -> Result<BranchStatus, Error> {
+        let remote = self.remote(at)?;
+        let branch = at.branch.full_ref();
+        let (advert, head) = remote.every_ref().await?;
+        if advert.tip(&branch).is_some() {
+            return Ok(BranchStatus::Exists);
+        }
+        let locks = self.options.lock_ref_prefix.as_str();
+        let mut others: Vec<String> = advert
+            .refs
+            .into_keys()
+            .filter(|r| r != "HEAD" && !r.starts_with(locks) && !r.starts_with("refs/gitstate/"))
+            .collect();
+        others.sort();
+        let default = head
+            .filter(|head| others.contains(head))
+            .map(|head| head.trim_start_matches("refs/heads/").to_owned());
+        Ok(BranchStatus::Missing { default, others })
+    }
+
     /// The advertised tip of the branch, fetched into the cache.
     pub(super) async fn branch_tip(
         &self,

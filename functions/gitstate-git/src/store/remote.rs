@@ -97,6 +97,30 @@ impl Remote {
         }
     }
 
+    /// Every ref, and the ref `HEAD` names: one upload-pack advertisement over HTTP (its
+    /// `symref=HEAD:` capability), the repository's refs and `HEAD` when embedded.
+    pub(super) async fn every_ref(&self) -> Result<(Advert, Option<String>), Error> {
+        match &self.transport {
+            Transport::Local(refs) => {
+                let refs = refs.clone();
+                blocking(move || Ok((refs.list_prefix("refs/")?, refs.head_target()))).await
+            }
+            Transport::Http(_) => {
+                // A read of this request just asked: its advertisement lists every ref.
+                let advert = match self.advert_in_scope() {
+                    Some(advert) => advert,
+                    None => self.refs(Service::UploadPack, Vec::new()).await?,
+                };
+                let head = advert
+                    .caps
+                    .iter()
+                    .find_map(|cap| cap.strip_prefix("symref=HEAD:"))
+                    .map(str::to_owned);
+                Ok((advert, head))
+            }
+        }
+    }
+
     /// Every ref under `prefix`: one ref advertisement over HTTP.
     pub(super) async fn refs_with_prefix(&self, prefix: &str) -> Result<Advert, Error> {
         match &self.transport {

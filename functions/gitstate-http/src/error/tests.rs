@@ -44,7 +44,12 @@ fn held(rng: &mut StdRng) -> HeldLock {
 }
 
 fn store_error(rng: &mut StdRng) -> StoreError {
-    match rng.random_range(0..6) {
+    match rng.random_range(0..7) {
+        6 => StoreError::ProtocolMismatch {
+            setting: "GITSTATE_LOCK_REF_PREFIX",
+            ours: word(rng),
+            recorded: word(rng),
+        },
         0 => StoreError::Unavailable(inner(rng)),
         1 => StoreError::Remote(inner(rng)),
         2 => StoreError::Incompatible(word(rng)),
@@ -68,7 +73,13 @@ fn seal_error(rng: &mut StdRng) -> SealError {
 
 fn service_error(rng: &mut StdRng) -> ServiceError {
     use ServiceError as S;
-    match rng.random_range(0..24) {
+    match rng.random_range(0..26) {
+        25 => S::NoBranch {
+            branch: word(rng),
+            default: rng.random_bool(0.5).then(|| word(rng)),
+            setting: "GITSTATE_REF",
+        },
+        24 => S::Unlocked,
         22 => S::LockRequestToState("a LockInfo was sent as the state"),
         23 => S::NotAState("the file is empty"),
         0 => S::Name(NameError::BadCharacter(word(rng))),
@@ -107,7 +118,8 @@ fn service_error(rng: &mut StdRng) -> ServiceError {
 
 /// Any error of the HTTP layer, with random contents.
 fn api_error(rng: &mut StdRng) -> ApiError {
-    match rng.random_range(0..21) {
+    match rng.random_range(0..22) {
+        21 => ApiError::ConsoleNotFound,
         0..=3 => ApiError::Service(service_error(rng)),
         4 => ApiError::Auth(match rng.random_range(0..3) {
             0 => AuthError::Unauthenticated,
@@ -166,6 +178,8 @@ fn expected(error: &ApiError) -> (StatusCode, &'static str) {
             S::Locked(_) => (C::LOCKED, "locked"),
             S::LockMismatch(_) => (C::CONFLICT, "lock mismatch"),
             S::NotLocked { .. } => (C::CONFLICT, "not locked"),
+            S::Unlocked => (C::PRECONDITION_REQUIRED, "unlocked"),
+            S::NoBranch { .. } => (C::BAD_REQUEST, "no branch"),
             S::Stale { .. } => (C::CONFLICT, "stale"),
             S::NotFound => (C::NOT_FOUND, "not found"),
             S::NoLock => (C::NOT_FOUND, "no lock"),
@@ -179,6 +193,7 @@ fn expected(error: &ApiError) -> (StatusCode, &'static str) {
                 StoreError::Incompatible(_) => (C::BAD_GATEWAY, "incompatible"),
                 StoreError::Contention { .. } => (C::SERVICE_UNAVAILABLE, "contention"),
                 StoreError::Corrupt(_) => (C::INTERNAL_SERVER_ERROR, "corrupt"),
+                StoreError::ProtocolMismatch { .. } => (C::PRECONDITION_FAILED, "protocol"),
                 StoreError::Internal(_) => (C::INTERNAL_SERVER_ERROR, "internal"),
             },
             S::Seal(seal) => match seal {
@@ -209,13 +224,14 @@ fn expected(error: &ApiError) -> (StatusCode, &'static str) {
         ApiError::CrossSite => (C::FORBIDDEN, "cross site"),
         ApiError::FormToken => (C::FORBIDDEN, "form token"),
         ApiError::Unconfirmed => (C::BAD_REQUEST, "unconfirmed"),
+        ApiError::ConsoleNotFound => (C::BAD_REQUEST, "console not found"),
         ApiError::Render(_) => (C::INTERNAL_SERVER_ERROR, "render"),
         ApiError::ResponseTooLarge { .. } => (C::PAYLOAD_TOO_LARGE, "response too large"),
     }
 }
 
 /// The arms of [`expected`].
-const ARMS: usize = 50;
+const ARMS: usize = 54;
 
 #[tokio::test]
 async fn every_error_variant_maps_to_its_status_body_and_headers() {

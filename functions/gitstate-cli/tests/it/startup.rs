@@ -1,0 +1,380 @@
+//! Start-up says what is wrong before the first request: `gitstate config` over generated
+//! combinations of listener, TLS certificate (valid, expired, not yet valid) and store (hosted
+//! with users, without users, unreachable; embedded present or absent) reports each problem and
+//! ends with "ok" only when all hold; the listener's fix parses; `serve` on a hosted repository
+//! without users says how to make the first administrator; the access policy line names where
+//! users came from.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use gitstate_tests::{GIT_TOKEN, GIT_USER, GitServer, access_file, hash_of};
+use rand::{Rng, SeedableRng};
+
+const PASSWORD: &str = "startup-Pa55word-for-the-suite";
+
+/// A self-signed certificate valid from `from` to `until` days from now, by Python's
+/// `cryptography` (OpenSSL 3.0's command line cannot date a certificate in the past).
+fn certificate(dir: &Path, name: &str, from: i64, until: i64) {
+    let script = format!(
+        r#"
+import datetime
+from cryptography import x509
+from cryptography.x509.oid import NameOID
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+key = ec.generate_private_key(ec.SECP256R1())
+name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+now = datetime.datetime.now(datetime.timezone.utc)
+cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+    .public_key(key.public_key()).serial_number(x509.random_serial_number())
+    .not_valid_before(now + datetime.timedelta(days={from}))
+    .not_valid_after(now + datetime.timedelta(days={until}))
+    .sign(key, hashes.SHA256()))
+open("{name}.pem", "wb").write(cert.public_bytes(serialization.Encoding.PEM))
+open("{name}.key", "wb").write(key.private_bytes(serialization.Encoding.PEM,
+    serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+"#
+    );
+    let out = Command::new(gitstate_tests::tool("python"))
+        .arg("-c")
+        .arg(script)
+        .current_dir(dir)
+        .output()
+        .expect("python runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Listen {
+    Loopback,
+    Exposed,
+    ExposedInsecure,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tls {
+    None,
+    Valid,
+    Expired,
+    NotYetValid,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Store {
+    HostedWithUsers,
+    HostedNoUsers,
+    Unreachable,
+    EmbeddedPresent,
+    EmbeddedAbsent,
+}
+
+fn gitstate(dir: &Path, args: &[&str], env: &[(&str, String)]) -> Output {
+    let mut command = Command::new(crate::GITSTATE);
+    command
+        .args(args)
+        .current_dir(dir)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", dir)
+        .env("RUST_LOG", "info")
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdin(Stdio::null());
+    command.output().expect("gitstate runs")
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_reports_every_start_up_problem_and_ok_when_all_hold() {
+    let seed = std::env::var("STARTUP_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random::<u64>);
+    eprintln!("STARTUP_TEST_SEED={seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let server = GitServer::start().await;
+    let repository = server.create_repo("startup");
+    let pki = tempfile::tempdir().expect("tempdir");
+    certificate(pki.path(), "valid", -1, 300);
+    certificate(pki.path(), "expired", -30, -1);
+    certificate(pki.path(), "future", 2, 300);
+    // The embedded store made once by `serve`'s first run is reused by the "present" cases.
+    let embedded = tempfile::tempdir().expect("tempdir");
+    {
+        use std::io::BufRead as _;
+        let port = gitstate_tests::free_port();
+        let mut child = Command::new(crate::GITSTATE)
+            .arg("serve")
+            .current_dir(embedded.path())
+            .env_remove("GITSTATE_REPOSITORY")
+            .env("GITSTATE_LISTEN", format!("127.0.0.1:{port}"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("serve");
+        // Its first run has made the administrator once it prints the password.
+        let stdout = child.stdout.take().expect("stdout");
+        let made = std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .any(|l| l.contains("TF_HTTP_PASSWORD="));
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(made, "serve made no administrator");
+    }
+    assert!(embedded.path().join(".gitstate/repo.git").exists());
+
+    let mut combinations = Vec::new();
+    for listen in [Listen::Loopback, Listen::Exposed, Listen::ExposedInsecure] {
+        for tls in [Tls::None, Tls::Valid, Tls::Expired, Tls::NotYetValid] {
+            for store in [
+                Store::HostedWithUsers,
+                Store::HostedNoUsers,
+                Store::Unreachable,
+                Store::EmbeddedPresent,
+                Store::EmbeddedAbsent,
+            ] {
+                combinations.push((listen, tls, store));
+            }
+        }
+    }
+    // Every store and every certificate once with a sound listener, then a random sample.
+    let mut cases: Vec<_> = combinations
+        .iter()
+        .copied()
+        .filter(|(l, t, _)| *l == Listen::Loopback && (*t == Tls::None || *t == Tls::Valid))
+        .collect();
+    cases.extend([
+        (Listen::Loopback, Tls::Expired, Store::HostedWithUsers),
+        (Listen::Loopback, Tls::NotYetValid, Store::HostedWithUsers),
+        (Listen::Exposed, Tls::None, Store::HostedWithUsers),
+        (Listen::ExposedInsecure, Tls::None, Store::HostedWithUsers),
+    ]);
+    for _ in 0..12 {
+        cases.push(combinations[rng.random_range(0..combinations.len())]);
+    }
+    let empty = tempfile::tempdir().expect("tempdir");
+    for (listen, tls, store) in &cases {
+        let mut env: Vec<(&str, String)> = vec![(
+            "GITSTATE_LISTEN",
+            match listen {
+                Listen::Loopback => "127.0.0.1:8080".to_owned(),
+                _ => "192.0.2.1:8080".to_owned(),
+            },
+        )];
+        if *listen == Listen::ExposedInsecure {
+            env.push(("GITSTATE_INSECURE_LISTEN", "true".into()));
+        }
+        let cert = match tls {
+            Tls::None => None,
+            Tls::Valid => Some("valid"),
+            Tls::Expired => Some("expired"),
+            Tls::NotYetValid => Some("future"),
+        };
+        if let Some(cert) = cert {
+            let path = |ext: &str| {
+                pki.path()
+                    .join(format!("{cert}.{ext}"))
+                    .display()
+                    .to_string()
+            };
+            env.push(("GITSTATE_TLS_CERT", path("pem")));
+            env.push(("GITSTATE_TLS_KEY", path("key")));
+        }
+        let dir = match store {
+            Store::EmbeddedPresent => embedded.path(),
+            _ => empty.path(),
+        };
+        match store {
+            Store::HostedWithUsers | Store::HostedNoUsers | Store::Unreachable => {
+                let url = if *store == Store::Unreachable {
+                    format!(
+                        "http://127.0.0.1:{}/startup.git",
+                        gitstate_tests::free_port()
+                    )
+                } else {
+                    repository.clone()
+                };
+                env.push(("GITSTATE_REPOSITORY", url));
+                env.push(("GITSTATE_GIT_USERNAME", GIT_USER.into()));
+                env.push(("GITSTATE_GIT_TOKEN", GIT_TOKEN.into()));
+                env.push(("GITSTATE_GIT_TIMEOUT_SECS", "3".into()));
+                if *store != Store::HostedNoUsers {
+                    env.push((
+                        "GITSTATE_ACCESS",
+                        access_file(&[("alice", PASSWORD, &["admin:*"])]),
+                    ));
+                }
+            }
+            _ => {}
+        }
+        let out = gitstate(dir, &["config"], &env);
+        let printed = text(&out);
+        let label = format!("{listen:?} {tls:?} {store:?} (seed {seed}):\n{printed}");
+        let mut problems = Vec::new();
+        let mut warnings = Vec::new();
+        match listen {
+            Listen::Exposed if cert.is_none() => problems.push("--insecure-listen (or"),
+            Listen::ExposedInsecure if cert.is_none() => warnings.push("without TLS"),
+            _ => {}
+        }
+        match tls {
+            Tls::Expired => warnings.push("expired on"),
+            Tls::NotYetValid => warnings.push("is not valid before"),
+            Tls::Valid => {}
+            Tls::None => {}
+        }
+        match store {
+            Store::HostedNoUsers => warnings.push("gitstate hash-password"),
+            Store::Unreachable => problems.push("the repository cannot be read"),
+            Store::EmbeddedAbsent => warnings.push("would create a new, empty one"),
+            Store::HostedWithUsers | Store::EmbeddedPresent => {}
+        }
+        // A finding: its first line's label, and its text up to the next finding.
+        let findings = |label: &str| -> Vec<String> {
+            printed
+                .split(&format!("\n{label}"))
+                .skip(1)
+                .map(|f| {
+                    f.split(['\n'])
+                        .take_while(|l| !l.is_empty())
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                })
+                .collect()
+        };
+        for problem in &problems {
+            assert!(
+                findings("PROBLEM").iter().any(|f| f.contains(problem)),
+                "{problem:?} not reported: {label}"
+            );
+        }
+        for warning in &warnings {
+            assert!(
+                findings("WARNING").iter().any(|f| f.contains(warning)),
+                "{warning:?} not reported: {label}"
+            );
+        }
+        assert_eq!(out.status.success(), problems.is_empty(), "{label}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout)
+                .trim_end()
+                .ends_with("\nok"),
+            problems.is_empty(),
+            "{label}"
+        );
+        if problems.is_empty() && warnings.is_empty() {
+            assert!(!printed.contains("WARNING"), "{label}");
+        }
+        assert!(
+            !empty.path().join(".gitstate/repo.git").exists(),
+            "config created a store: {label}"
+        );
+    }
+    eprintln!("startup: {} config cases", cases.len());
+}
+
+/// The fix the refusal of an exposed plain listener suggests is itself accepted.
+#[test]
+fn the_listeners_suggested_fix_parses() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let env = [("GITSTATE_LISTEN", "192.0.2.1:0".to_owned())];
+    let out = gitstate(dir.path(), &["serve"], &env);
+    let refused = text(&out);
+    assert!(!out.status.success(), "{refused}");
+    let fix = refused
+        .split("accept it with ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no fix in {refused}"));
+    let out = gitstate(dir.path(), &["serve", fix], &env);
+    let second = text(&out);
+    assert!(second.contains("binding 192.0.2.1:0"), "{fix}: {second}");
+    let mut env = env.to_vec();
+    env.push(("GITSTATE_INSECURE_LISTEN", "true".into()));
+    let out = gitstate(dir.path(), &["serve"], &env);
+    assert!(text(&out).contains("binding 192.0.2.1:0"), "{}", text(&out));
+}
+
+/// `serve` on a hosted repository: no users is said with the way out; the policy line names
+/// where the users came from.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_says_where_users_come_from_and_how_to_make_the_first() {
+    let server = GitServer::start().await;
+    let repository = server.create_repo("users");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hosted = vec![
+        ("GITSTATE_REPOSITORY", repository),
+        ("GITSTATE_GIT_USERNAME", GIT_USER.to_owned()),
+        ("GITSTATE_GIT_TOKEN", GIT_TOKEN.to_owned()),
+    ];
+    // Extra variables, and what serve must print with them.
+    type Case<'a> = (Vec<(&'a str, String)>, &'a [&'a str]);
+    let cases: Vec<Case> = vec![
+        (
+            vec![],
+            &["no users, nobody can log in", "gitstate hash-password"],
+        ),
+        (
+            vec![
+                ("GITSTATE_ADMIN_USER", "root".into()),
+                ("GITSTATE_ADMIN_HASH", hash_of(PASSWORD)),
+            ],
+            &["root from GITSTATE_ADMIN_HASH", "1 user"],
+        ),
+        (
+            vec![(
+                "GITSTATE_ACCESS",
+                access_file(&[
+                    ("alice", PASSWORD, &["admin:*"]),
+                    ("bob", PASSWORD, &["read:*"]),
+                ]),
+            )],
+            &["2 from GITSTATE_ACCESS / GITSTATE_ACCESS_FILE", "2 users"],
+        ),
+    ];
+    for (extra, expected) in cases {
+        let port = gitstate_tests::free_port();
+        let mut env = hosted.clone();
+        env.push(("GITSTATE_LISTEN", format!("127.0.0.1:{port}")));
+        env.extend(extra);
+        let log = dir.path().join("serve.log");
+        let mut child = Command::new(crate::GITSTATE)
+            .arg("serve")
+            .current_dir(dir.path())
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("RUST_LOG", "info")
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .stdout(std::fs::File::create(dir.path().join("serve.out")).expect("out"))
+            .stderr(std::fs::File::create(&log).expect("log"))
+            .spawn()
+            .expect("serve");
+        let mut printed = String::new();
+        for _ in 0..200 {
+            printed = std::fs::read_to_string(dir.path().join("serve.out")).unwrap_or_default()
+                + &std::fs::read_to_string(&log).unwrap_or_default();
+            if printed.contains("backend \"http\"") {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        for word in expected {
+            assert!(printed.contains(word), "{word:?} missing: {printed}");
+        }
+        assert!(!printed.contains(PASSWORD), "{printed}");
+    }
+}
