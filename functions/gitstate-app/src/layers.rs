@@ -357,6 +357,8 @@ pub enum Origin {
     SeedFile(PathBuf),
     /// terraform-backend-git's default, where its interface is used.
     SeedDefault,
+    /// The store found in this directory above the working directory ([`find_root`]).
+    Found(PathBuf),
 }
 
 impl fmt::Display for Origin {
@@ -368,6 +370,7 @@ impl fmt::Display for Origin {
             Self::SeedEnv(var) => write!(f, "env {var} (terraform-backend-git)"),
             Self::SeedFile(path) => write!(f, "file {} (terraform-backend-git)", path.display()),
             Self::SeedDefault => f.write_str("terraform-backend-git's default"),
+            Self::Found(root) => write!(f, "the store found in {}", root.display()),
         }
     }
 }
@@ -400,11 +403,39 @@ pub enum LayerError {
     Seed(String),
 }
 
-/// The file found for this run: `--config PATH` (must exist) or `./gitstate.toml` (if present).
+/// What marks the directory a store belongs to: its settings file, or its embedded repository.
+pub const CONFIG_FILE: &str = "gitstate.toml";
+pub const EMBEDDED_REPOSITORY: &str = ".gitstate/repo.git";
+
+/// The directory of the store a process started in `start` uses, found as git finds `.git`:
+/// `start` or its nearest parent holding `gitstate.toml` or `.gitstate/repo.git`. The same
+/// store from any subdirectory, and through Terraform's `-chdir`.
+pub fn find_root(start: &Path) -> Option<PathBuf> {
+    start
+        .ancestors()
+        .find(|dir| dir.join(CONFIG_FILE).is_file() || dir.join(EMBEDDED_REPOSITORY).is_dir())
+        .map(Path::to_path_buf)
+}
+
+/// The file found for this run: `--config PATH` (must exist), or the `gitstate.toml` of the
+/// [`find_root`] of the working directory (if there is one).
 pub fn find_file(explicit: Option<&Path>) -> Result<Option<(PathBuf, String)>, LayerError> {
+    let found = || {
+        let cwd = std::env::current_dir().ok()?;
+        let root = find_root(&cwd)?;
+        // Shown relative when it is the working directory's own, as before.
+        Some(if root == cwd {
+            PathBuf::from(CONFIG_FILE)
+        } else {
+            root.join(CONFIG_FILE)
+        })
+    };
     let (path, required) = match explicit {
         Some(path) => (path.to_path_buf(), true),
-        None => (PathBuf::from("gitstate.toml"), false),
+        None => match found() {
+            Some(path) => (path, false),
+            None => return Ok(None),
+        },
     };
     match std::fs::read_to_string(&path) {
         Ok(text) => Ok(Some((path, text))),
@@ -477,6 +508,35 @@ impl Layered {
 
     pub fn get(&self, var: &str) -> Option<String> {
         self.values.get(var).map(|(v, _)| v.clone())
+    }
+
+    /// The embedded repository of the store found above the working directory: set as the
+    /// `GITSTATE_LOCAL_REPOSITORY` when nothing else sets it and `root` is not the working
+    /// directory itself (where the default already points). A relative value from a file is
+    /// taken relative to that file's directory, so it names one place from anywhere.
+    pub fn with_root(mut self, root: Option<&Path>) -> Self {
+        const VAR: &str = "GITSTATE_LOCAL_REPOSITORY";
+        match self.values.get_mut(VAR) {
+            Some((value, Origin::File(file))) if Path::new(value.as_str()).is_relative() => {
+                if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
+                    *value = dir.join(value.as_str()).display().to_string();
+                }
+            }
+            Some(_) => {}
+            None => {
+                let cwd = std::env::current_dir().ok();
+                if let Some(root) = root.filter(|r| Some(*r) != cwd.as_deref()) {
+                    self.values.insert(
+                        VAR,
+                        (
+                            root.join(EMBEDDED_REPOSITORY).display().to_string(),
+                            Origin::Found(root.to_path_buf()),
+                        ),
+                    );
+                }
+            }
+        }
+        self
     }
 
     pub fn origin(&self, var: &str) -> Option<&Origin> {

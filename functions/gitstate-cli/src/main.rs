@@ -60,6 +60,10 @@ enum Command {
         /// timeout, nice, nohup and time in front of them.
         #[arg(long, value_name = "DIR")]
         workdir: Option<PathBuf>,
+        /// Start a new, empty embedded store when none is found here or above (otherwise
+        /// refused: Terraform would see no state).
+        #[arg(long)]
+        new_store: bool,
         #[command(flatten)]
         settings: SettingsArgs,
         /// The program and its arguments (after `--`, or from the first word that is not one of
@@ -208,9 +212,19 @@ async fn main() -> anyhow::Result<()> {
         Command::Run {
             state,
             workdir,
+            new_store,
             settings,
             program,
-        } => serve::run(state.as_deref(), &settings, &program, workdir.as_deref()).await,
+        } => {
+            serve::run(
+                state.as_deref(),
+                &settings,
+                &program,
+                workdir.as_deref(),
+                new_store,
+            )
+            .await
+        }
         Command::Doctor { args } => doctor::doctor(&args).await,
         Command::Stop { address } => seed::stop_at(address.as_deref()),
         Command::User(UserCommand::Add { name, grants }) => users::user_add(&name, &grants),

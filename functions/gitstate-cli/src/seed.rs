@@ -140,7 +140,7 @@ pub async fn main(args: Vec<OsString>) -> anyhow::Result<()> {
     if program.is_empty() {
         standalone(&settings).await
     } else {
-        crate::commands::serve::run(None, &settings, &program, None).await
+        crate::commands::serve::run(None, &settings, &program, None, false).await
     }
 }
 

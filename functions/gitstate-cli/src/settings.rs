@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Arg, ArgMatches, Args, FromArgMatches};
 use gitstate_app::layers::seed::{Seed, find_hcl};
-use gitstate_app::layers::{Layered, Origin, SETTINGS, Spec, find_file};
+use gitstate_app::layers::{Layered, Origin, SETTINGS, Spec, find_file, find_root};
 use gitstate_app::{Runtime, Settings};
 
 use crate::startup::Found;
@@ -53,6 +53,7 @@ impl SettingsArgs {
     pub fn layered(&self) -> anyhow::Result<Layered> {
         let (toml, hcl) = self.config_files();
         let file = find_file(toml)?;
+        let root = std::env::current_dir().ok().and_then(|cwd| find_root(&cwd));
         let hcl = find_hcl(hcl)?;
         let layered = Layered::build(
             |var| {
@@ -71,7 +72,8 @@ impl SettingsArgs {
                 .as_ref()
                 .map(|(path, text)| (path.as_path(), text.as_str())),
             interface: self.seed_interface,
-        })?;
+        })?
+        .with_root(root.as_deref());
         Ok(layered)
     }
 

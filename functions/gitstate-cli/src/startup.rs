@@ -189,6 +189,24 @@ pub async fn ref_status(_app: &gitstate_app::App, branch: &str) -> Found {
     Found::Ok(format!("states on branch {branch} (GITSTATE_REF)"))
 }
 
+/// Where a process would start a new, empty embedded store: `Some(message)` when the settings
+/// name no hosted repository and the embedded one does not exist (nor any above the working
+/// directory: [`gitstate_app::layers::find_root`] would have found it).
+pub fn new_store(settings: &gitstate_app::Settings) -> Option<String> {
+    if settings.git.repository.is_some() || settings.git.local_repository.exists() {
+        return None;
+    }
+    let cwd = std::env::current_dir().unwrap_or_default();
+    Some(format!(
+        "no gitstate store in {} or any directory above it (no gitstate.toml, no \
+         .gitstate/repo.git): a new, empty store would start at {}, and Terraform would see no \
+         state there. Run from the directory that holds your store (or below it), or name it \
+         with --repository or GITSTATE_LOCAL_REPOSITORY",
+        cwd.display(),
+        settings.git.local_repository.display()
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,7 +1,9 @@
 //! Secrets and their argon2id hashes: making tokens, hashing them, checking hashes.
 
-use argon2::password_hash::{PasswordHash, PasswordVerifier as _, SaltString};
-use argon2::{Algorithm, Argon2, Params, PasswordHasher as _, Version};
+use std::sync::Mutex;
+
+use argon2::password_hash::{Output, PasswordHash, Salt, SaltString};
+use argon2::{Algorithm, Argon2, Block, Params, PasswordHasher as _, Version};
 use base64::Engine as _;
 
 /// OWASP's minimum for argon2id: 19 MiB of memory, two passes, one lane.
@@ -41,10 +43,61 @@ pub trait PasswordVerifier: Send + Sync + 'static {
 pub struct Argon2id;
 
 impl PasswordVerifier for Argon2id {
+    /// As the argon2 crate's own `verify_password`, but in memory kept between checks
+    /// ([`with_blocks`]); the outputs are compared in constant time (`Output`'s equality).
     fn verify(&self, phc: &str, secret: &[u8]) -> bool {
-        PasswordHash::new(phc)
-            .is_ok_and(|hash| Argon2::default().verify_password(secret, &hash).is_ok())
+        let Ok(hash) = PasswordHash::new(phc) else {
+            return false;
+        };
+        let (Some(salt), Some(expected)) = (hash.salt, hash.hash) else {
+            return false;
+        };
+        let (Ok(algorithm), Ok(version), Ok(params)) = (
+            Algorithm::try_from(hash.algorithm),
+            hash.version
+                .map(Version::try_from)
+                .transpose()
+                .map(Option::unwrap_or_default),
+            Params::try_from(&hash),
+        ) else {
+            return false;
+        };
+        let mut salt_bytes = [0u8; Salt::MAX_LENGTH];
+        let Ok(salt) = salt.decode_b64(&mut salt_bytes) else {
+            return false;
+        };
+        let mut computed = vec![0u8; params.output_len().unwrap_or(Params::DEFAULT_OUTPUT_LEN)];
+        let argon2 = Argon2::new(algorithm, version, params.clone());
+        with_blocks(params.block_count(), |blocks| {
+            argon2.hash_password_into_with_memory(secret, salt, &mut computed, blocks)
+        })
+        .is_ok()
+            && Output::new(&computed).is_ok_and(|computed| computed == expected)
     }
+}
+
+/// argon2's working memory, kept between checks: one buffer per check running at the same time
+/// (the hashing slots bound how many), each as large as the largest hash it served. Allocating
+/// and freeing 19 MiB or more per check made the allocator keep every freed block resident
+/// (glibc raises its mmap threshold to the size of a freed mapping), so a flood of checks grew
+/// the process far past what the checks running at once need (BENCHMARKS.md, "Under attack").
+/// argon2 overwrites every block in its first pass, so a buffer needs no clearing between uses.
+static BLOCKS: Mutex<Vec<Vec<Block>>> = Mutex::new(Vec::new());
+
+fn with_blocks<T>(count: usize, hash: impl FnOnce(&mut [Block]) -> T) -> T {
+    let mut blocks = BLOCKS
+        .lock()
+        .ok()
+        .and_then(|mut pool| pool.pop())
+        .unwrap_or_default();
+    if blocks.len() < count {
+        blocks.resize(count, Block::default());
+    }
+    let out = hash(&mut blocks);
+    if let Ok(mut pool) = BLOCKS.lock() {
+        pool.push(blocks);
+    }
+    out
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -146,6 +199,53 @@ pub fn generate_token() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Generated hashes over every parameter a PHC string can carry (algorithm, version, memory,
+    /// passes, lanes, salt and output lengths), kept small to be quick: the verifier agrees with
+    /// the argon2 crate's own `verify_password` on the right secret, a wrong one and a hash with
+    /// one changed output byte, whatever buffer the previous check left.
+    #[test]
+    fn verification_agrees_with_the_argon2_crate_over_generated_hashes() {
+        use argon2::password_hash::PasswordVerifier as _;
+        use rand::{Rng as _, SeedableRng as _};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(24);
+        for case in 0..150 {
+            let algorithm = [Algorithm::Argon2id, Algorithm::Argon2i, Algorithm::Argon2d]
+                [rng.random_range(0..3)];
+            let version = [Version::V0x10, Version::V0x13][rng.random_range(0..2)];
+            let lanes = rng.random_range(1..=4);
+            let params = Params::new(
+                rng.random_range(8 * lanes..=256),
+                rng.random_range(1..=3),
+                lanes,
+                Some(rng.random_range(10..=64)),
+            )
+            .expect("params");
+            let salt: Vec<u8> = (0..rng.random_range(8..=48))
+                .map(|_| rng.random())
+                .collect();
+            let salt = SaltString::encode_b64(&salt).expect("salt");
+            let secret: Vec<u8> = (0..rng.random_range(1..=40))
+                .map(|_| rng.random())
+                .collect();
+            let phc = Argon2::new(algorithm, version, params)
+                .hash_password(&secret, &salt)
+                .expect("hash")
+                .to_string();
+            let mut wrong = secret.clone();
+            wrong[rng.random_range(0..secret.len())] ^= 1 << rng.random_range(0..8);
+            let mut tampered = phc.clone().into_bytes();
+            let at = tampered.len() - 1 - rng.random_range(0..8);
+            tampered[at] = if tampered[at] == b'A' { b'B' } else { b'A' };
+            let tampered = String::from_utf8(tampered).expect("ascii");
+            for (phc, secret) in [(&phc, &secret), (&phc, &wrong), (&tampered, &secret)] {
+                let oracle = PasswordHash::new(phc)
+                    .is_ok_and(|h| Argon2::default().verify_password(secret, &h).is_ok());
+                assert_eq!(Argon2id.verify(phc, secret), oracle, "case {case}: {phc}");
+            }
+            assert!(Argon2id.verify(&phc, &secret), "case {case}: {phc}");
+        }
+    }
 
     #[test]
     fn hash_then_verify() {

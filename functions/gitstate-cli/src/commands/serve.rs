@@ -25,6 +25,7 @@ pub async fn serve(state: Option<&str>, args: &SettingsArgs) -> anyhow::Result<(
         .clone()
         .unwrap_or_else(|| format!("{} (embedded)", settings.git.local_repository.display()));
     let embedded = settings.git.repository.is_none();
+    let new_store = startup::new_store(&settings);
     let branch = settings.git.branch.to_string();
     let app = gitstate_app::build(settings)
         .await
@@ -60,6 +61,10 @@ pub async fn serve(state: Option<&str>, args: &SettingsArgs) -> anyhow::Result<(
     let mut out = std::io::stdout().lock();
     let base = format!("{}://{address}", listening.scheme());
     writeln!(out, "gitstate serving states from {storage} on {base}")?;
+    if let Some(warning) = &new_store {
+        writeln!(out, "\nWARNING: {warning}; starting a new, empty one.\n")?;
+        tracing::warn!("{warning}; starting a new, empty one");
+    }
     for found in found.iter().chain([&branch]) {
         match found {
             Found::Ok(what) => writeln!(out, "{what}")?,
@@ -88,6 +93,7 @@ pub async fn run(
     args: &SettingsArgs,
     program: &[String],
     workdir: Option<&std::path::Path>,
+    new_store: bool,
 ) -> anyhow::Result<()> {
     let (layered, mut settings) = args.settings()?;
     let state = match state {
@@ -98,6 +104,12 @@ pub async fn run(
         )?,
     };
     let state = state.as_str();
+    if let Some(warning) = startup::new_store(&settings) {
+        if !new_store {
+            anyhow::bail!("gitstate run: {warning}. To start a new store here, pass --new-store");
+        }
+        eprintln!("gitstate run: {warning}; starting a new, empty one (--new-store)");
+    }
     credential::fill(&mut settings.git).await;
     let listening = server::Listening {
         tls: None,

@@ -18,4 +18,5 @@ mod serve;
 mod settings;
 mod ssh;
 mod startup;
+mod store;
 mod tls;

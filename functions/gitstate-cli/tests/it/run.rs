@@ -108,7 +108,7 @@ fn write_config(dir: &Path, sleep: u32, input: &str) {
 fn command(client: &Path, work: &Path, repo: &Repo, args: &[&str]) -> tokio::process::Command {
     let mut command = tokio::process::Command::new(crate::GITSTATE);
     command
-        .args(["run", "--state", STATE, "--"])
+        .args(["run", "--new-store", "--state", STATE, "--"])
         .arg(client)
         .args(args)
         .current_dir(work)
