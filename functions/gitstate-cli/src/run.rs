@@ -96,10 +96,22 @@ pub async fn run(
         .context("binding a loopback port")?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let scheme_base = format!("http://{}", listener.local_addr()?);
+    let branch = settings.git.branch.to_string();
     let app = gitstate_app::build(settings)
         .await
-        .context("assembling the backend")?
-        .router();
+        .context("assembling the backend")?;
+    // The branch and the protocol record are checked before the program starts: a run that
+    // would be refused on its first request does not start Terraform.
+    for found in crate::startup::ref_status(&app, &branch).await {
+        match found {
+            crate::startup::Found::Problem(problem) => {
+                bail!("gitstate run: refusing to start the program: {problem}")
+            }
+            crate::startup::Found::Warning(warning) => eprintln!("gitstate run: {warning}"),
+            crate::startup::Found::Ok(_) => {}
+        }
+    }
+    let app = app.router();
     let server = tokio::spawn(async move {
         crate::server::serve_until(listener, app, &listening, async {
             let _ = stopped.await;

@@ -175,7 +175,11 @@ pub async fn store(settings: &mut gitstate_app::Settings) -> Vec<Found> {
     crate::credential::fill(&mut settings.git).await;
     let branch = settings.git.branch.to_string();
     match gitstate_app::build(settings.clone()).await {
-        Ok(app) => vec![users(&app, &storage).await, ref_status(&app, &branch).await],
+        Ok(app) => {
+            let mut found = vec![users(&app, &storage).await];
+            found.extend(ref_status(&app, &branch).await);
+            found
+        }
         Err(e) => vec![Found::Problem(format!(
             "{storage}: the backend cannot be assembled: {}",
             gitstate_core::report::chain(&e)
@@ -183,10 +187,56 @@ pub async fn store(settings: &mut gitstate_app::Settings) -> Vec<Found> {
     }
 }
 
-/// What the configured branch holds. The store does not report branches yet (issue 23's
-/// server half adds that); until then this says which branch is used.
-pub async fn ref_status(_app: &gitstate_app::App, branch: &str) -> Found {
-    Found::Ok(format!("states on branch {branch} (GITSTATE_REF)"))
+/// What the configured branch holds, and whether this backend speaks the repository's recorded
+/// protocol: the branch exists; the repository is empty (the first write creates it); it is
+/// missing beside others (refused, naming the remote's default branch, unless
+/// GITSTATE_CREATE_REF allows it); the lock ref prefix differs from the recorded one.
+pub async fn ref_status(app: &gitstate_app::App, branch: &str) -> Vec<Found> {
+    use gitstate_core::ports::BranchStatus;
+    let at = match app.backend.locate(None, None) {
+        Ok(at) => at,
+        Err(e) => return vec![Found::Problem(gitstate_core::report::chain(&e))],
+    };
+    let mut found = vec![match app.backend.branch_status(&at).await {
+        Ok(BranchStatus::Exists) => Found::Ok(format!("branch {branch} exists (GITSTATE_REF)")),
+        Ok(BranchStatus::Missing { others, .. }) if others.is_empty() => Found::Ok(format!(
+            "branch {branch}: the repository is empty, the first write creates it"
+        )),
+        Ok(BranchStatus::Missing { others, .. }) => match app.backend.require_branch(&at).await {
+            Ok(()) => Found::Warning(format!(
+                "branch {branch} does not exist beside {}: the first write creates it \
+                 (GITSTATE_CREATE_REF=true)",
+                others.join(", ")
+            )),
+            Err(e) => Found::Problem(format!(
+                "{e}; every read and write is refused (400) until GITSTATE_REF names the branch \
+                 that holds the states"
+            )),
+        },
+        Err(e) => {
+            return vec![Found::Problem(format!(
+                "the repository cannot be read ({})",
+                gitstate_core::report::chain(&e)
+            ))];
+        }
+    }];
+    match app.backend.protocol_status(&at).await {
+        Ok(gitstate_core::protocol::Protocol::Differs {
+            setting,
+            ours,
+            recorded,
+        }) => found.push(Found::Problem(format!(
+            "{setting} is {ours:?} here but the repository records {recorded:?}: this backend \
+             would not see the other deployments' locks, so its locks are refused (412); use \
+             the recorded value"
+        ))),
+        Ok(_) => {}
+        Err(e) => found.push(Found::Warning(format!(
+            "the repository's protocol record cannot be read ({})",
+            gitstate_core::report::chain(&e)
+        ))),
+    }
+    found
 }
 
 /// Where a process would start a new, empty embedded store: `Some(message)` when the settings

@@ -65,7 +65,7 @@ pub async fn serve(state: Option<&str>, args: &SettingsArgs) -> anyhow::Result<(
         writeln!(out, "\nWARNING: {warning}; starting a new, empty one.\n")?;
         tracing::warn!("{warning}; starting a new, empty one");
     }
-    for found in found.iter().chain([&branch]) {
+    for found in found.iter().chain(&branch) {
         match found {
             Found::Ok(what) => writeln!(out, "{what}")?,
             Found::Warning(what) | Found::Problem(what) => writeln!(out, "\nWARNING: {what}\n")?,

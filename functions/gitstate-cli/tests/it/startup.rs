@@ -378,3 +378,148 @@ async fn serve_says_where_users_come_from_and_how_to_make_the_first() {
         assert!(!printed.contains(PASSWORD), "{printed}");
     }
 }
+
+/// The configured branch is checked at start: generated repositories (states on `master`, as
+/// terraform-backend-git keeps them, or empty) × GITSTATE_REF (master, main, a random missing
+/// name) × GITSTATE_CREATE_REF. `gitstate config` reports what it found, `gitstate run` refuses
+/// to start the program where every request would be refused, and `gitstate doctor` against a
+/// `serve` so configured names the missing branch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_configured_branch_is_checked_at_start() {
+    let seed = std::env::var("STARTUP_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random::<u64>);
+    eprintln!("STARTUP_TEST_SEED={seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let server = GitServer::start().await;
+    let master = server.create_repo("on-master");
+    gitstate_tests::commit_file(
+        &server,
+        "on-master",
+        "team/app.tfstate",
+        br#"{"version":4,"serial":3,"lineage":"l","outputs":{},"resources":[]}"#,
+    );
+    let bare = server.repo_dir("on-master");
+    gitstate_tests::git(&["branch", "-m", "main", "master"], Some(&bare));
+    gitstate_tests::git(&["symbolic-ref", "HEAD", "refs/heads/master"], Some(&bare));
+    let empty = server.create_repo("empty");
+    let work = tempfile::tempdir().expect("tempdir");
+    let missing = format!("feature-{}", rng.random_range(100..999));
+    let mut refused = 0;
+    for (repository, has_states) in [(&master, true), (&empty, false)] {
+        for branch in ["master", "main", missing.as_str()] {
+            let create = rng.random_bool(0.5);
+            let env: Vec<(&str, String)> = vec![
+                ("GITSTATE_REPOSITORY", repository.clone()),
+                ("GITSTATE_GIT_USERNAME", GIT_USER.into()),
+                ("GITSTATE_GIT_TOKEN", GIT_TOKEN.into()),
+                ("GITSTATE_REF", branch.into()),
+                ("GITSTATE_CREATE_REF", create.to_string()),
+                (
+                    "GITSTATE_ACCESS",
+                    access_file(&[("alice", PASSWORD, &["admin:*"])]),
+                ),
+            ];
+            let out = gitstate(work.path(), &["config"], &env);
+            let printed = text(&out);
+            let label =
+                format!("{repository} ref {branch} create {create} (seed {seed}): {printed}");
+            let exists = has_states && branch == "master";
+            let problem = has_states && !exists && !create;
+            if !has_states {
+                assert!(printed.contains("the repository is empty"), "{label}");
+            } else if exists {
+                assert!(printed.contains("branch master exists"), "{label}");
+            } else if create {
+                assert!(printed.contains("the first write creates it"), "{label}");
+            } else {
+                let line = printed
+                    .lines()
+                    .find(|l| l.starts_with("PROBLEM"))
+                    .unwrap_or_else(|| panic!("no problem reported: {label}"));
+                assert!(
+                    line.contains("\"master\"") && line.contains("GITSTATE_REF"),
+                    "{label}"
+                );
+            }
+            assert_eq!(out.status.success(), !problem, "{label}");
+            // run: the program starts only where requests would be served.
+            let out = gitstate(
+                work.path(),
+                &[
+                    "run",
+                    "--state",
+                    "team/app.tfstate",
+                    "--workdir",
+                    ".",
+                    "--",
+                    "true",
+                ],
+                &env,
+            );
+            assert_eq!(
+                out.status.success(),
+                !problem,
+                "run: {}\n{label}",
+                text(&out)
+            );
+            if problem {
+                assert!(
+                    text(&out).contains("refusing to start the program"),
+                    "{label}"
+                );
+                refused += 1;
+            }
+        }
+    }
+    assert!(refused >= 1, "seed {seed}");
+
+    // doctor against a serve on the wrong branch: the missing branch, named.
+    let port = gitstate_tests::free_port();
+    let mut child = tokio::process::Command::new(crate::GITSTATE)
+        .arg("serve")
+        .current_dir(work.path())
+        .env("GITSTATE_LISTEN", format!("127.0.0.1:{port}"))
+        .env("GITSTATE_REPOSITORY", &master)
+        .env("GITSTATE_GIT_USERNAME", GIT_USER)
+        .env("GITSTATE_GIT_TOKEN", GIT_TOKEN)
+        .env("GITSTATE_REF", "main")
+        .env(
+            "GITSTATE_ACCESS",
+            access_file(&[("alice", PASSWORD, &["admin:*"])]),
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("serve");
+    for _ in 0..200 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let base = format!("http://127.0.0.1:{port}");
+    std::fs::write(
+        dir.path().join("main.tf"),
+        gitstate_tests::terraform_backend_block(&base, "team/app.tfstate", ""),
+    )
+    .expect("main.tf");
+    let out = gitstate(
+        dir.path(),
+        &["doctor"],
+        &[
+            ("TF_HTTP_USERNAME", "alice".into()),
+            ("TF_HTTP_PASSWORD", PASSWORD.into()),
+        ],
+    );
+    let printed = text(&out);
+    assert!(!out.status.success(), "{printed}");
+    assert!(
+        printed.contains("PROBLEM [missing-branch]") && printed.contains("\"master\""),
+        "{printed}"
+    );
+    let _ = child.kill().await;
+}
