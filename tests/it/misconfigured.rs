@@ -746,8 +746,8 @@ async fn a_branch_is_never_created_by_accident() {
 /// Every deployment on one repository speaks one protocol: generated pairs of lock ref prefixes
 /// (the default `refs/heads/locks/`, `refs/locks/`, random ones), two backends on one
 /// repository. The first to lock records its prefix (a ref under `refs/gitstate/protocol/`); the
-/// other, whose prefix differs, refuses every lock (412, the reason names both values) and
-/// creates no ref, so terraform or OpenTofu through it fails while through the first it applies.
+/// other, whose prefix differs, refuses every lock and unlocked write (412, the reason names both
+/// values) and creates no ref, so terraform or OpenTofu through it fails while through the first it applies.
 /// Backends with the same prefix both work.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backends_with_other_lock_prefixes_refuse_to_write() {
@@ -825,6 +825,9 @@ async fn backends_with_other_lock_prefixes_refuse_to_write() {
                 "{what}: {}",
                 lock.body
             );
+            // A write without a lock (this backend allows them) is refused the same way.
+            let write = c.write(NAME, &gitstate_tests::state_json("L", 99)).await;
+            assert_eq!(write.status, 412, "{what}: {}", write.body);
             let text = transcript(&out);
             assert!(
                 !out.status.success() && text.contains("412"),

@@ -196,6 +196,8 @@ pub struct Backend {
     /// Let the first write create a missing branch in a repository that has others
     /// (`GITSTATE_CREATE_REF`).
     create_branches: bool,
+    /// Repositories whose protocol record was seen agreeing (checked before an unlocked write).
+    protocols: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Locations whose branch was seen to exist or allowed to be created (not looked for again:
     /// a write costs no request for it).
     branches: std::sync::Mutex<std::collections::HashSet<Location>>,
@@ -242,6 +244,7 @@ impl Backend {
             unlocked_writes: false,
             create_branches: false,
             branches: std::sync::Mutex::default(),
+            protocols: std::sync::Mutex::default(),
             memo: overview::Memo::default(),
         }
     }
@@ -316,6 +319,38 @@ impl Backend {
         at: &Location,
     ) -> Result<crate::protocol::Protocol, ServiceError> {
         Ok(self.store.protocol(at).await?)
+    }
+
+    /// Before a write without a lock (allowed by `GITSTATE_ALLOW_UNLOCKED_WRITES`): the lock
+    /// ref prefix the repository records is this backend's, as a LOCK would check. Once per
+    /// repository and process (one upload-pack advertisement, on this non-default path only).
+    async fn require_protocol(&self, at: &Location) -> Result<(), ServiceError> {
+        if self
+            .protocols
+            .lock()
+            .is_ok_and(|known| known.contains(&at.repository))
+        {
+            return Ok(());
+        }
+        match self.store.protocol(at).await? {
+            crate::protocol::Protocol::Differs {
+                setting,
+                ours,
+                recorded,
+            } => Err(StoreError::ProtocolMismatch {
+                setting,
+                ours,
+                recorded,
+            }
+            .into()),
+            // Unrecorded: the first LOCK records it; unlocked writes do not look again.
+            crate::protocol::Protocol::Agrees | crate::protocol::Protocol::Unrecorded => {
+                if let Ok(mut known) = self.protocols.lock() {
+                    known.insert(at.repository.clone());
+                }
+                Ok(())
+            }
+        }
     }
 
     /// Seal every state written from now on and open every state read.

@@ -94,6 +94,9 @@ impl Backend {
             body,
         } = request;
         self.require_branch(at).await?;
+        if lock_id.is_none() && self.unlocked_writes {
+            self.require_protocol(at).await?;
+        }
         let body = match &self.encryption {
             Some(e) if e.sealer.seals() => e.sealer.seal(&body, at, name).await?,
             _ => body,
@@ -198,6 +201,9 @@ impl Backend {
     ) -> Result<(), ServiceError> {
         caller.require(Role::Admin, name)?;
         self.require_branch(at).await?;
+        if lock_id.is_none() && self.unlocked_writes {
+            self.require_protocol(at).await?;
+        }
         let base = self.meta(caller, String::new());
         let user = caller.user.clone();
         let unlocked = lock_id.is_none();
