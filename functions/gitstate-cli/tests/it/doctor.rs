@@ -535,6 +535,17 @@ async fn every_generated_mistake_is_diagnosed_with_its_fix() {
                     );
                 }
             }
+            // Without a lock address the plan reads fine; the apply's unlocked write is 428.
+            if mistake == Mistake::NoLockAddress {
+                let out = command(&client, dir, &env)
+                    .args(["apply", "-auto-approve", "-input=false", "-no-color"])
+                    .output()
+                    .expect("terraform runs");
+                let applied = text(&out);
+                assert!(!out.status.success(), "{applied}\n{label}");
+                assert!(applied.contains("HTTP error: 428"), "{applied}\n{label}");
+                terraform_runs += 1;
+            }
         }
         // The lock was released wherever the doctor took it.
         if case.lock_probe && mistake.expected().is_none() {
