@@ -1,6 +1,8 @@
 """Resolve the SAM-transformed template.yaml under many parameter sets and assert what a team is
 promised: the cost cap and its off switch, the alarms, the log levels, retention and re-adoption,
-the key policy, the git token's context, the optional VPC and the ARN patterns.
+the key policy, the git token's context, the optional VPC and the ARN patterns; the age, OpenPGP and key-group
+parameters (each reaches the function's environment exactly when set, the sealed private keys
+open with the team key under their context, the documented set-up fits Lambda's 4 KB).
 
 cfn-lint cannot see through Fn::If, so this script evaluates the template the way CloudFormation
 would: parameter constraints, Rules, Conditions, Fn::If / Ref / Sub / Split / Join, AWS::NoValue.
@@ -44,6 +46,22 @@ CRYPTO_ACTIONS = [
     "kms:ReEncryptTo",
 ]
 KEY_EVENTS = {"DisableKey", "ScheduleKeyDeletion", "PutKeyPolicy"}
+# age, OpenPGP and key groups: each parameter and the variable it must set, exactly when not empty.
+SOPS_PARAMETERS = {
+    "AgeRecipients": "GITSTATE_AGE_RECIPIENTS",
+    "AgePreviousRecipients": "GITSTATE_AGE_PREVIOUS_RECIPIENTS",
+    "AgeIdentityCiphertext": "GITSTATE_AGE_IDENTITY_KMS",
+    "PgpFingerprints": "GITSTATE_PGP_FINGERPRINTS",
+    "PgpPreviousFingerprints": "GITSTATE_PGP_PREVIOUS_FINGERPRINTS",
+    "PgpPublicKeys": "GITSTATE_PGP_PUBLIC_KEYS",
+    "PgpSecretKeysCiphertext": "GITSTATE_PGP_SECRET_KEYS_KMS",
+    "SopsShamirThreshold": "GITSTATE_SOPS_SHAMIR_THRESHOLD",
+}
+# The sealed private keys and the purpose gitstate-kms decrypts each under (with the team).
+SEALED_PURPOSES = {"AgeIdentityCiphertext": "age-identity", "PgpSecretKeysCiphertext": "pgp-secret-keys"}
+BECH32 = "qpzry9x8gf2tvdw0s3jn54khce6mua7l"
+# Lambda refuses a function whose environment variables take more than 4 KB in all.
+LAMBDA_ENVIRONMENT_BYTES = 4096
 
 
 class Rejected(Exception):
@@ -247,6 +265,28 @@ def denied(policy, principal_arn, action):
     return False
 
 
+def context_allows(condition, context):
+    """Whether a KMS policy condition (the forms the template uses) lets a request with the
+    encryption context `context` through; other condition keys are checked elsewhere."""
+    if not condition:
+        return True
+    for operator, tests in condition.items():
+        for key, want in tests.items():
+            if operator == "ForAnyValue:StringLike" and key == "kms:EncryptionContextKeys":
+                if not any(fnmatch.fnmatchcase(k, w) for k in context for w in as_list(want)):
+                    return False
+            elif operator == "StringEquals" and key.startswith("kms:EncryptionContext:"):
+                if context.get(key.split(":", 2)[2]) not in as_list(want):
+                    return False
+            elif key != "aws:PrincipalArn":
+                raise Failure(f"context_allows: unexpected condition {operator} {key}")
+    return True
+
+
+def environment_bytes(env):
+    return sum(len(k.encode()) + len(str(v).encode()) for k, v in env.items())
+
+
 def assert_properties(r, given):
     """Every promise of the template, under the parameters `r` was resolved with."""
     p = r.params
@@ -372,6 +412,40 @@ def assert_properties(r, given):
         if name.endswith("Ciphertext"):
             check(spec.get("NoEcho") is True, f"{name} is NoEcho")
     check(env.get("GITSTATE_KMS_PREVIOUS_KEY_IDS", "") == p["PreviousKeyArns"], "previous keys in the environment")
+
+    # age, OpenPGP and key groups: each variable exactly when its parameter is set, as given;
+    # nothing (not even an empty variable) otherwise.
+    for param, var in SOPS_PARAMETERS.items():
+        if p[param]:
+            check(env.get(var) == p[param], f"{param} must reach {var}")
+        else:
+            check(var not in env, f"{var} must be absent while {param} is empty")
+    check(not any(v in env for v in ("GITSTATE_AGE_IDENTITY", "GITSTATE_PGP_SECRET_KEYS", "GITSTATE_PGP_PASSPHRASE")),
+          "no private key or passphrase in clear in the environment")
+    for param in SEALED_PURPOSES:
+        check(r.template["Parameters"][param].get("NoEcho") is True, f"{param} is NoEcho")
+    # The sealed private keys open with the team key under the context gitstate-kms uses
+    # (purpose and team): the role's policy and the key policy must both let it through, and
+    # the same blob under another purpose or without the team must not pass the token key's
+    # narrower grant.
+    for param, purpose in SEALED_PURPOSES.items():
+        context = {"gitstate:purpose": purpose, "gitstate:team": team}
+        check(grants(state_key, "kms:Decrypt") and context_allows(state_key.get("Condition"), context),
+              f"the role may decrypt {param} ({purpose}) with the key in use")
+        if own_key:
+            policy = r.props("StateKey")["KeyPolicy"]
+            allowing = [
+                st for st in policy["Statement"]
+                if st["Effect"] == "Allow" and grants(st, "kms:Decrypt")
+                and role_arn in as_list(st.get("Condition", {}).get("ArnEquals", {}).get("aws:PrincipalArn", []))
+                and context_allows(st.get("Condition"), context)
+            ]
+            check(allowing, f"the key policy lets the role decrypt {param} ({purpose})")
+            check(not denied(policy, role_arn, "kms:Decrypt"), "the role is not denied Decrypt")
+        if "git-token-key" in policies:
+            (token,) = policies["git-token-key"]
+            check(not context_allows(token["Condition"], context),
+                  f"the token key's grant must not open {param}: seal it under the team key")
     check(env["GITSTATE_RESPONSE_STREAMING"] == ("true" if p["InvokeMode"] == "RESPONSE_STREAM" else "false"),
           "streaming runtime exactly with a streaming URL")
     check(r.props("FunctionUrl")["InvokeMode"] == p["InvokeMode"], "URL invoke mode")
@@ -486,6 +560,59 @@ def arn_cases(rng):
     return cases
 
 
+def age_recipient(rng):
+    return "age1" + "".join(rng.choice(BECH32) for _ in range(58))
+
+
+def fingerprint(rng):
+    return "".join(rng.choice("0123456789ABCDEF" if rng.random() < 0.8 else "0123456789abcdef") for _ in range(40))
+
+
+def armored_public(rng):
+    """An armored public key's shape (as gpg --armor --export prints a Curve25519 key), with its
+    newlines kept or flattened to spaces as a one-line parameter has them."""
+    body = [
+        "".join(rng.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/") for _ in range(64))
+        for _ in range(9)
+    ]
+    lines = ["-----BEGIN PGP PUBLIC KEY BLOCK-----", ""] + body + ["=jDiZ", "-----END PGP PUBLIC KEY BLOCK-----"]
+    return " ".join(x for x in lines if x) if rng.random() < 0.5 else "\n".join(lines)
+
+
+def sops_cases(rng):
+    """Generated values of the age and OpenPGP list parameters: (parameter, value, accepted?)."""
+    cases = []
+    for _ in range(20):
+        for param in ("AgeRecipients", "AgePreviousRecipients"):
+            a, b = age_recipient(rng), age_recipient(rng)
+            cases += [
+                (param, a, True),
+                (param, f"{a},{b}", True),
+                (param, f"{a}, {b}", False),
+                (param, f"{a},", False),
+                (param, a[:-1], False),  # one character short
+                (param, a + "q", False),
+                (param, a.upper(), False),  # bech32 here is lowercase
+                (param, a[:10] + "b" + a[11:], False),  # b is not a bech32 character
+                (param, "AGE-SECRET-KEY-1" + a[4:].upper(), False),  # an identity, not a recipient
+            ]
+        for param in ("PgpFingerprints", "PgpPreviousFingerprints"):
+            f, g = fingerprint(rng), fingerprint(rng)
+            cases += [
+                (param, f, True),
+                (param, f"{f},{g}", True),
+                (param, f"{f}, {g}", False),
+                (param, f[:-1], False),
+                (param, f[:-8], False),  # a long key ID, not a fingerprint
+                (param, " ".join(f[i:i + 4] for i in range(0, 40, 4)), False),  # gpg's spaced display
+                (param, f[:5] + "G" + f[6:], False),
+                (param, "0x" + f, False),
+            ]
+    cases += [(param, "", True) for param in ("AgeRecipients", "AgePreviousRecipients", "PgpFingerprints", "PgpPreviousFingerprints")]
+    cases += [("SopsShamirThreshold", t, t in ("", "1")) for t in ("", "1", "2", "3", "0", "4", "-1", "1.0", " 1")]
+    return cases
+
+
 def random_parameters(rng):
     team = rng.choice(["platform", "payments", "a1", "data-eng", "x" * 40])
     key = f"arn:aws:kms:{REGION}:{ACCOUNT}:key/{rng.randrange(10**8):08d}-0000-4000-8000-000000000000"
@@ -520,6 +647,25 @@ def random_parameters(rng):
         p["InvokeMode"] = "BUFFERED" if choice() < 0.9 else "RESPONSE_STREAM"
     if vpc < 0.27 or 0.3 <= vpc < 0.33:
         p["VpcSecurityGroupIds"] = ",".join(f"sg-{rng.randrange(16**8):08x}" for _ in range(rng.randint(1, 2)))
+    # age, OpenPGP and key groups, each set or not, in sizes a team would use (Curve25519
+    # OpenPGP keys; ciphertexts as long as KMS makes them for such keys).
+    if choice() < 0.4:
+        p["AgeRecipients"] = ",".join(age_recipient(rng) for _ in range(rng.randint(1, 3)))
+    if choice() < 0.2:
+        p["AgePreviousRecipients"] = ",".join(age_recipient(rng) for _ in range(rng.randint(1, 2)))
+    if choice() < 0.3:
+        p["AgeIdentityCiphertext"] = "AQICAHj" + "C" * rng.randint(1, 400)
+    if choice() < 0.3:
+        p["PgpFingerprints"] = ",".join(fingerprint(rng) for _ in range(rng.randint(1, 2)))
+    if choice() < 0.2:
+        p["PgpPreviousFingerprints"] = fingerprint(rng)
+    if p.get("PgpFingerprints") or choice() < 0.1:
+        if choice() < 0.95:
+            p["PgpPublicKeys"] = armored_public(rng)
+    if choice() < 0.2:
+        p["PgpSecretKeysCiphertext"] = "AQICAHk" + "D" * rng.randint(1, 1300)
+    if choice() < 0.4:
+        p["SopsShamirThreshold"] = rng.choice(["1", "2", "2", "3"])
     if choice() < 0.5:
         p["AlarmTopicArn"] = f"arn:aws:sns:{REGION}:{ACCOUNT}:gitstate-alarms"
         p["AlarmRequestsPerHour"] = str(rng.randint(1, 100000))
@@ -535,6 +681,11 @@ def expected_rejection(p):
         return "VpcNeedsBoth"
     if p.get("VpcSubnetIds") and p.get("InvokeMode") == "RESPONSE_STREAM":
         return "NoStreamingInVpc"
+    if p.get("PgpFingerprints") and not p.get("PgpPublicKeys"):
+        return "PgpNeedsPublicKeys"
+    groups = 1 + bool(p.get("AgeRecipients")) + bool(p.get("PgpFingerprints"))
+    if p.get("SopsShamirThreshold") and int(p["SopsShamirThreshold"]) > groups:
+        return "ThresholdWithinSources"
     if p.get("AlarmTopicArn") and p.get("LogLevel") in ("ERROR", "FATAL"):
         return "FailedLoginsNeedWarn"
     return None
@@ -556,6 +707,25 @@ FIXED = [
         "Tracing": "Active",
         "VpcSubnetIds": "subnet-0123abcd,subnet-4567ef01",
         "VpcSecurityGroupIds": "sg-0123abcd",
+    },
+    # The issue's example: a KMS group for the Lambda and an age group kept offline (recipient
+    # only, no identity in the function), 2 of 2.
+    {
+        "AgeRecipients": "age14844zydulj93zglc7ye28fzm7f5g6v5s0ju9jarpwr0jyxvcuyeqeas4dz",
+        "SopsShamirThreshold": "1",
+    },
+    # Every age and OpenPGP parameter, three groups, a separate token key beside them.
+    {
+        "AgeRecipients": "age14844zydulj93zglc7ye28fzm7f5g6v5s0ju9jarpwr0jyxvcuyeqeas4dz",
+        "AgePreviousRecipients": "age1a9rwlah9xp9hmz3u9lk8czpvvxdq494r22hrsdy0e78q2e0hlf3su5pq8j",
+        "AgeIdentityCiphertext": "AQICAHjA",
+        "PgpFingerprints": "FE9CA9C410896ED88599552C927D9EE740F93843",
+        "PgpPreviousFingerprints": "0123456789abcdef0123456789abcdef01234567",
+        "PgpPublicKeys": "-----BEGIN PGP PUBLIC KEY BLOCK----- mDMEawYt3hYJKwYBBAHaRw8BAQdAdPYo =jDiZ -----END PGP PUBLIC KEY BLOCK-----",
+        "PgpSecretKeysCiphertext": "AQICAHkA",
+        "SopsShamirThreshold": "3",
+        "GitTokenCiphertext": "AQICAHhx",
+        "GitTokenKeyArn": f"arn:aws:kms:{REGION}:{ACCOUNT}:key/1234abcd-12ab-34cd-56ef-1234567890ab",
     },
     # Re-adopting a retained key, with alarms.
     {
@@ -616,11 +786,54 @@ def main():
         if accepted != ok:
             failures.append(f"{param}={value!r}: {'accepted' if accepted else 'refused'}, expected the opposite")
 
+    sops = sops_cases(rng)
+    for param, value, ok in sops:
+        given = dict(base, **{param: value})
+        if param == "PgpFingerprints":
+            given["PgpPublicKeys"] = armored_public(rng)
+        try:
+            Resolved(template, given)
+            accepted = True
+        except Rejected:
+            accepted = False
+        if accepted != ok:
+            failures.append(f"{param}={value!r}: {'accepted' if accepted else 'refused'}, expected the opposite")
+
+    # The documented Lambda set-up fits Lambda's 4 KB of environment: one age key and one
+    # Curve25519 OpenPGP key, both opened by the function, three groups, beside a git token and an
+    # admin hash, the longest team name and a real key ARN (KMS ciphertext = plaintext + at most
+    # 200 bytes, then base64). Previous recipients or fingerprints on top of all of it (while
+    # rotating) may not fit: docs/operating.md says so.
+    def sealed(plaintext_bytes):
+        return "A" * (4 * -(-(plaintext_bytes + 200) // 3))
+
+    full = dict(
+        base,
+        Repository="https://git.example.com/platform-engineering/terraform-states-production.git",
+        TeamName="x" * 40,
+        ExistingKeyArn=f"arn:aws:kms:{REGION}:{ACCOUNT}:key/0000abcd-12ab-34cd-56ef-1234567890ab",
+        GitUsername="gitstate-bot",
+        GitTokenCiphertext=sealed(40),
+        AdminHashCiphertext=sealed(100),
+        AgeRecipients=age_recipient(rng),
+        AgeIdentityCiphertext=sealed(75),
+        PgpFingerprints=fingerprint(rng),
+        PgpPublicKeys=armored_public(rng),
+        PgpSecretKeysCiphertext=sealed(760),
+        SopsShamirThreshold="3",
+    )
+    full_env = Resolved(template, full).props("Function")["Environment"]["Variables"]
+    full_bytes = environment_bytes(full_env)
+    if full_bytes > LAMBDA_ENVIRONMENT_BYTES:
+        failures.append(f"one age and one Curve25519 OpenPGP key opened by the function: {full_bytes} bytes of environment, "
+                        f"above Lambda's {LAMBDA_ENVIRONMENT_BYTES}")
+
     for failure in failures[:20]:
         print(f"check-template: {failure}", file=sys.stderr)
     print(
         f"check-template: {len(cases)} parameter sets ({counts['accepted']} accepted and checked, "
-        f"{counts['rejected']} refused by the rules), {len(arns)} ARN values, seed {args.seed}: "
+        f"{counts['rejected']} refused by the rules), {len(arns)} ARN values, {len(sops)} age/OpenPGP values, "
+        f"full age+OpenPGP environment {full_bytes}/{LAMBDA_ENVIRONMENT_BYTES} bytes, seed {args.seed}: "
         f"{len(failures)} failures"
     )
     sys.exit(1 if failures else 0)

@@ -129,8 +129,12 @@ const DESCRIPTIONS: &[Described] = &[
         "OpenPGP fingerprints that still open states sealed for them but seal nothing",
     ),
     describe(
+        "GITSTATE_PGP_PUBLIC_KEYS",
+        "armored public keys (`gpg --armor --export`) holding every key of `GITSTATE_PGP_FINGERPRINTS`, as text (on Lambda, where the function has no file of its own; template: `PgpPublicKeys`); exclusive with `GITSTATE_PGP_PUBLIC_KEYS_FILE`",
+    ),
+    describe(
         "GITSTATE_PGP_PUBLIC_KEYS_FILE",
-        "armored public keys (`gpg --armor --export`) holding every key of `GITSTATE_PGP_FINGERPRINTS`",
+        "a file of such public keys",
     ),
     describe(
         "GITSTATE_PGP_SECRET_KEYS",

@@ -133,6 +133,10 @@ pub const SETTINGS: &[Spec] = &[
         "OpenPGP keys that may still open older states",
     ),
     setting(
+        "GITSTATE_PGP_PUBLIC_KEYS",
+        "armored OpenPGP public keys to encrypt for, as text",
+    ),
+    setting(
         "GITSTATE_PGP_PUBLIC_KEYS_FILE",
         "armored OpenPGP public keys to encrypt for",
     ),

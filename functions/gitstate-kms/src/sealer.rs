@@ -65,7 +65,8 @@ pub struct EncryptionSettings {
     /// `GITSTATE_PGP_FINGERPRINTS` / `…_PREVIOUS_FINGERPRINTS`: OpenPGP keys, as age recipients.
     pub pgp_fingerprints: Vec<String>,
     pub previous_pgp_fingerprints: Vec<String>,
-    /// `GITSTATE_PGP_PUBLIC_KEYS_FILE`'s armored public keys (to seal for the fingerprints).
+    /// `GITSTATE_PGP_PUBLIC_KEYS`' (or `…_FILE`'s) armored public keys (to seal for the
+    /// fingerprints).
     pub pgp_public_keys: Option<String>,
     /// Armored secret keys that open (`GITSTATE_PGP_SECRET_KEYS` or `…_FILE`), and the variable.
     pub pgp_secret_keys: Option<(&'static str, Secret)>,
@@ -153,7 +154,7 @@ pub enum PrivateKeyError {
         var: &'static str,
         source: gitstate_sops::SourceError,
     },
-    #[error("GITSTATE_PGP_FINGERPRINTS: {0} has no public key in GITSTATE_PGP_PUBLIC_KEYS_FILE")]
+    #[error("GITSTATE_PGP_FINGERPRINTS: {0} has no public key in GITSTATE_PGP_PUBLIC_KEYS(_FILE)")]
     NoPublicKey(String),
 }
 
@@ -192,13 +193,13 @@ pub async fn open_private_keys(
     if secret.is_some() || settings.pgp_public_keys.is_some() {
         let (var, secret_text) = match &secret {
             Some((var, text)) => (*var, text.expose()),
-            None => ("GITSTATE_PGP_PUBLIC_KEYS_FILE", ""),
+            None => ("GITSTATE_PGP_PUBLIC_KEYS(_FILE)", ""),
         };
         let public = settings.pgp_public_keys.as_deref().unwrap_or_default();
         let passphrase = settings.pgp_passphrase.as_ref().map(|p| p.expose());
         let keys = PgpKeys::parse(public, secret_text, passphrase).map_err(|source| {
             let var = match source {
-                gitstate_sops::SourceError::PgpPublic => "GITSTATE_PGP_PUBLIC_KEYS_FILE",
+                gitstate_sops::SourceError::PgpPublic => "GITSTATE_PGP_PUBLIC_KEYS(_FILE)",
                 gitstate_sops::SourceError::PgpPassphrase(_) => "GITSTATE_PGP_PASSPHRASE",
                 _ => var,
             };

@@ -37,10 +37,7 @@ pub(crate) fn read(vars: &Vars<'_>) -> Result<EncryptionSettings, ConfigError> {
         age_identity_kms: vars.get("GITSTATE_AGE_IDENTITY_KMS").map(Secret::new),
         age_identities: None,
         previous_pgp_fingerprints: fingerprints(vars, "GITSTATE_PGP_PREVIOUS_FINGERPRINTS")?,
-        pgp_public_keys: match vars.get("GITSTATE_PGP_PUBLIC_KEYS_FILE") {
-            Some(path) => Some(read_file("GITSTATE_PGP_PUBLIC_KEYS_FILE", &path)?),
-            None => None,
-        },
+        pgp_public_keys: pgp_public_keys(vars)?,
         pgp_secret_keys: pgp_secret_keys(vars)?,
         pgp_secret_keys_kms: vars.get("GITSTATE_PGP_SECRET_KEYS_KMS").map(Secret::new),
         pgp_passphrase: pgp_passphrase(vars)?,
@@ -65,7 +62,7 @@ pub(crate) fn read(vars: &Vars<'_>) -> Result<EncryptionSettings, ConfigError> {
     if !encryption.pgp_fingerprints.is_empty() && encryption.pgp_public_keys.is_none() {
         return Err(ConfigError::Invalid {
             var: "GITSTATE_PGP_PUBLIC_KEYS_FILE",
-            reason: "needed to seal for GITSTATE_PGP_FINGERPRINTS (armored public keys)".into(),
+            reason: "needed (or GITSTATE_PGP_PUBLIC_KEYS) to seal for GITSTATE_PGP_FINGERPRINTS (armored public keys)".into(),
         });
     }
     if encryption.enforced && sources == 0 {
@@ -177,6 +174,50 @@ fn pgp_secret_keys(vars: &Vars<'_>) -> Result<Option<(&'static str, Secret)>, Co
             (None, None) => None,
         },
     )
+}
+
+/// The armored OpenPGP public keys: `GITSTATE_PGP_PUBLIC_KEYS` as text (a Lambda function has
+/// no file of its own) or the file `GITSTATE_PGP_PUBLIC_KEYS_FILE` names, never both.
+fn pgp_public_keys(vars: &Vars<'_>) -> Result<Option<String>, ConfigError> {
+    Ok(
+        match at_most_one(
+            vars,
+            &["GITSTATE_PGP_PUBLIC_KEYS", "GITSTATE_PGP_PUBLIC_KEYS_FILE"],
+        )? {
+            Some("GITSTATE_PGP_PUBLIC_KEYS") => vars
+                .get("GITSTATE_PGP_PUBLIC_KEYS")
+                .map(|t| unflatten_armor(&t)),
+            Some(var) => match vars.get(var) {
+                Some(path) => Some(read_file(var, &path)?),
+                None => None,
+            },
+            None => None,
+        },
+    )
+}
+
+/// Armored OpenPGP text whose newlines became spaces (a CloudFormation parameter given on one
+/// line) with its lines back: each `-----BEGIN …-----` line, the empty line the armor needs, the
+/// base64 lines and the checksum, the `-----END …-----` line. Text with newlines is unchanged.
+/// (A flattened armor header such as `Comment: …` cannot be told from the body: export without.)
+pub(crate) fn unflatten_armor(text: &str) -> String {
+    if text.trim().contains('\n') {
+        return text.to_owned();
+    }
+    let mut out = String::new();
+    for part in text.split("-----").map(str::trim).filter(|p| !p.is_empty()) {
+        if part.starts_with("BEGIN ") {
+            out.push_str(&format!("-----{part}-----\n\n"));
+        } else if part.starts_with("END ") {
+            out.push_str(&format!("-----{part}-----\n"));
+        } else {
+            for chunk in part.split_whitespace() {
+                out.push_str(chunk);
+                out.push('\n');
+            }
+        }
+    }
+    out
 }
 
 /// A comma-separated list of OpenPGP fingerprints (spaces allowed, any case).

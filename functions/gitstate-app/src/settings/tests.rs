@@ -504,3 +504,121 @@ fn age_groups_and_the_seed_variables() {
         Err(ConfigError::EnforcedWithoutKeys)
     ));
 }
+
+#[test]
+fn pgp_public_keys_as_text_or_a_file_never_both() {
+    const FP: &str = "0123456789ABCDEF0123456789ABCDEF01234567";
+    let armored =
+        "-----BEGIN PGP PUBLIC KEY BLOCK-----\n\nxjMEZ\n-----END PGP PUBLIC KEY BLOCK-----\n";
+    let dir = std::env::temp_dir().join(format!("gitstate-pgp-public-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let file = dir.join("public.asc");
+    std::fs::write(&file, armored).expect("write");
+    let file = file.to_str().expect("utf-8 path");
+    // the text variant (Lambda: no file of one's own) and the file variant read the same keys
+    for var in ["GITSTATE_PGP_PUBLIC_KEYS", "GITSTATE_PGP_PUBLIC_KEYS_FILE"] {
+        let value = if var.ends_with("_FILE") {
+            file
+        } else {
+            armored
+        };
+        let s = settings(
+            Runtime::Local,
+            &[("GITSTATE_PGP_FINGERPRINTS", FP), (var, value)],
+        )
+        .unwrap_or_else(|e| panic!("{var}: {e}"));
+        assert_eq!(s.encryption.pgp_fingerprints, [FP], "{var}");
+        assert_eq!(
+            s.encryption.pgp_public_keys.as_deref().map(str::trim),
+            Some(armored.trim()),
+            "{var}"
+        );
+    }
+    // both at once: an error naming the second, whatever order the values
+    match settings(
+        Runtime::Local,
+        &[
+            ("GITSTATE_PGP_PUBLIC_KEYS_FILE", file),
+            ("GITSTATE_PGP_PUBLIC_KEYS", armored),
+        ],
+    ) {
+        Err(ConfigError::Invalid { var, reason }) => {
+            assert_eq!(var, "GITSTATE_PGP_PUBLIC_KEYS_FILE");
+            assert!(
+                reason.contains("GITSTATE_PGP_PUBLIC_KEYS is set too"),
+                "{reason}"
+            );
+        }
+        other => panic!("both public key settings: {other:?}"),
+    }
+    // fingerprints with neither: refused, naming both ways to give the keys
+    match settings(Runtime::Local, &[("GITSTATE_PGP_FINGERPRINTS", FP)]) {
+        Err(ConfigError::Invalid { reason, .. }) => {
+            assert!(reason.contains("GITSTATE_PGP_PUBLIC_KEYS"), "{reason}");
+        }
+        other => panic!("fingerprints without public keys: {other:?}"),
+    }
+    // an empty text is unset, as for every setting
+    assert!(
+        settings(Runtime::Local, &[("GITSTATE_PGP_PUBLIC_KEYS", "  ")])
+            .expect("valid")
+            .encryption
+            .pgp_public_keys
+            .is_none()
+    );
+    std::fs::remove_dir_all(&dir).expect("clean up");
+}
+
+/// A Curve25519 public key made by `gpg --quick-gen-key … future-default` (gpg 2.2.40), exported
+/// with `gpg --armor --export`.
+const PGP_PUBLIC_FIXTURE: &str = "-----BEGIN PGP PUBLIC KEY BLOCK-----\n\
+\n\
+mDMEawYt3hYJKwYBBAHaRw8BAQdAdPYo1L0ldVdhSS6ZEv0DYELAw5clynyGYqDF\n\
+zVD1HNy0KmdpdHN0YXRlIGZpeHR1cmUgPGZpeHR1cmVAZXhhbXBsZS5pbnZhbGlk\n\
+PoiQBBMWCAA4FiEE/pypxBCJbtiFmVUskn2e50D5OEMFAmsGLd4CGwMFCwkIBwIG\n\
+FQoJCAsCBBYCAwECHgECF4AACgkQkn2e50D5OEM2gwD+N9giBNfLlDxZlBvfXnNq\n\
+2LANWES09zDbB+BgpL0Q2h4A/RIdrZEckfIkmrGe/bG1qhJrop92xoQY+MRBe5Ge\n\
+sBcJuDgEawYt3hIKKwYBBAGXVQEFAQEHQH2206xeJngi5n0wh/4J1NOfaMwCta0J\n\
+menaBou6blNnAwEIB4h4BBgWCAAgFiEE/pypxBCJbtiFmVUskn2e50D5OEMFAmsG\n\
+Ld4CGwwACgkQkn2e50D5OENs4wEAr4XGAPMTDDXvVAsrTgLEyVqwMPnLd0skZZHK\n\
+kgDWKocBANL9SZx63jhC6yhi27paVnP68QYVLoSdevQba6OL90YF\n\
+=jDiZ\n\
+-----END PGP PUBLIC KEY BLOCK-----\n\
+";
+const PGP_FIXTURE_FP: &str = "FE9CA9C410896ED88599552C927D9EE740F93843";
+
+#[test]
+fn pgp_public_keys_flattened_to_one_line_still_parse() {
+    // as the key is given (lines), flattened to spaces (a CloudFormation parameter on one line),
+    // with CRLF, and twice over (a file of two keys, one after the other)
+    let flat = PGP_PUBLIC_FIXTURE
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    let two = format!("{PGP_PUBLIC_FIXTURE}{PGP_PUBLIC_FIXTURE}");
+    for (what, text) in [
+        ("as exported", PGP_PUBLIC_FIXTURE.to_owned()),
+        ("flattened", flat.clone()),
+        ("flattened, padded", format!("  {flat}  ")),
+        ("crlf", PGP_PUBLIC_FIXTURE.replace('\n', "\r\n")),
+        ("two keys", two),
+    ] {
+        let s = settings(
+            Runtime::Local,
+            &[
+                ("GITSTATE_PGP_FINGERPRINTS", PGP_FIXTURE_FP),
+                ("GITSTATE_PGP_PUBLIC_KEYS", text.as_str()),
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let public = s.encryption.pgp_public_keys.expect("public keys");
+        let keys = gitstate_sops::PgpKeys::parse(&public, "", None)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(keys.has_public(PGP_FIXTURE_FP), "{what}");
+    }
+    // a body cut short still fails loudly when parsed, never as no key
+    let cut = PGP_PUBLIC_FIXTURE.replacen("mDMEaw", "", 1);
+    let flat_cut = cut.split_whitespace().collect::<Vec<_>>().join(" ");
+    let public = super::encryption::unflatten_armor(&flat_cut);
+    assert!(gitstate_sops::PgpKeys::parse(&public, "", None).is_err());
+}
