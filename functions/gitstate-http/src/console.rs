@@ -188,7 +188,9 @@ async fn act(
         return Err(ApiError::Unconfirmed);
     }
     let backend = &app.backend;
-    let at = backend.locate(None, None)?;
+    // A page shown for another branch (`?ref=`) sends it back with its form.
+    let branch = form.get("ref").filter(|b| !b.is_empty());
+    let at = backend.locate(None, branch)?;
     let done = match action {
         Action::Unlock => {
             // Release the very lock the page showed: if it changed meanwhile, 409.
@@ -210,7 +212,13 @@ async fn act(
             "restored"
         }
     };
-    let location = format!("/ui/states/{name}?done={done}");
+    let location = match branch {
+        Some(branch) => format!(
+            "/ui/states/{name}?done={done}&ref={}",
+            percent_encoding::utf8_percent_encode(branch, percent_encoding::NON_ALPHANUMERIC)
+        ),
+        None => format!("/ui/states/{name}?done={done}"),
+    };
     Ok((StatusCode::SEE_OTHER, [(header::LOCATION, location)]).into_response())
 }
 

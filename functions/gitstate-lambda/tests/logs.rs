@@ -108,6 +108,8 @@ async fn run_once(server: &GitServer, repository: &str, env: &[(&str, &str)]) ->
         .env("GITSTATE_GIT_USERNAME", GIT_USER)
         .env("GITSTATE_GIT_TOKEN", GIT_TOKEN)
         .env("GITSTATE_CACHE_DIR", cache.path())
+        // The event writes a state without a lock, as only a deployment that allows it may.
+        .env("GITSTATE_ALLOW_UNLOCKED_WRITES", "true")
         .env(
             "GITSTATE_ACCESS",
             access_file(&[(USER, PASSWORD, &["admin:*"])]),

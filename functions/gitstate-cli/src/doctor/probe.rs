@@ -36,6 +36,17 @@ pub async fn run(backend: &Backend, lock: bool) -> Vec<Finding> {
     let read = send(&client, backend, Method::GET, &address, None).await;
     let mut findings = vec![judge(Op::Read, "GET", &address, &read, backend)];
     let reached = matches!(read, Ok((status, _, _)) if matches!(status.as_u16(), 200 | 204 | 404));
+    if reached && let Some(branch) = branch(&client, backend, &address).await {
+        let chosen = if address.query_pairs().any(|(key, _)| key == "ref") {
+            "the address's ?ref="
+        } else {
+            "the backend's GITSTATE_REF; add ?ref=BRANCH to the address to choose another"
+        };
+        findings.push(Finding::note(
+            "branch",
+            format!("this state is read and written on branch {branch} ({chosen})"),
+        ));
+    }
     if !(lock && reached) {
         return findings;
     }
@@ -142,6 +153,27 @@ async fn send(
         .map(str::to_owned);
     let body = response.text().await?;
     Ok((status, retry_after, body))
+}
+
+/// The branch the backend serves this state from, as its history route names it
+/// (`gitstate-branch`); `None` for an address that is not `…/states/<name>` or an answer without it.
+async fn branch(client: &reqwest::Client, backend: &Backend, address: &Url) -> Option<String> {
+    let path = address.path();
+    let at = path.find("/states/")?;
+    let mut history = address.clone();
+    history.set_path(&format!(
+        "{}/history/{}",
+        &path[..at],
+        &path[at + "/states/".len()..]
+    ));
+    history.query_pairs_mut().append_pair("per_page", "1");
+    let mut request = client.get(history);
+    if let Some(user) = backend.get("username") {
+        request = request.basic_auth(user, backend.get("password"));
+    }
+    let response = request.send().await.ok()?;
+    let value = response.headers().get(gitstate_http::BRANCH_HEADER)?;
+    value.to_str().ok().map(str::to_owned)
 }
 
 /// A LockInfo as Terraform sends it, marked as the doctor's.

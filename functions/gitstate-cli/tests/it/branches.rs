@@ -189,6 +189,50 @@ async fn history_show_and_restore_name_their_branch() {
             checked += 1;
         }
     }
+    // The console's state pages: `?ref=` shows that branch's revisions, and the page says which.
+    for name in &names {
+        for asked in [None, Some("staging")] {
+            let branch = asked.unwrap_or("main");
+            let query = asked.map(|b| format!("?ref={b}")).unwrap_or_default();
+            let Some(expected) = serials.get(&(name.clone(), branch)) else {
+                continue;
+            };
+            let page = client
+                .send("GET", &format!("/ui/states/{name}{query}"), None)
+                .await
+                .expect(200)
+                .body;
+            assert!(
+                page.contains(&format!("on branch <code>{branch}</code>")),
+                "{name}{query} (seed {seed}): {page}"
+            );
+            for (b, list) in serials.iter().filter(|((n, _), _)| n == name) {
+                for serial in list {
+                    assert_eq!(
+                        page.contains(&format!(">Serial {serial}<")),
+                        b.1 == branch,
+                        "serial {serial} of {} on the {branch} page (seed {seed})",
+                        b.1
+                    );
+                }
+            }
+            assert!(!expected.is_empty());
+            let list = client
+                .send("GET", &format!("/ui/{query}"), None)
+                .await
+                .expect(200)
+                .body;
+            assert!(
+                list.contains(&format!("on branch <code>{branch}</code>")),
+                "{list}"
+            );
+            assert!(
+                list.contains(&format!("/ui/states/{name}{query}\"")),
+                "{list}"
+            );
+            checked += 2;
+        }
+    }
     // restore on staging: staging gets a new newest revision, main is untouched.
     let (name, first) = names
         .iter()

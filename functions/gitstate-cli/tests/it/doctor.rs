@@ -422,10 +422,14 @@ async fn every_generated_mistake_is_diagnosed_with_its_fix() {
     let alice = Client::with_credentials(&plain.base, Some(("alice", PASSWORD)));
     let mut diagnosed = 0;
     let mut terraform_runs = 0;
+    let mut branch_notes = 0;
     for (index, mistake) in mistakes.into_iter().enumerate() {
         let case = Case::new(&mut rng, mistake, index, &plain.base, &tls.base, &pki);
         // Half the states exist, so that "no state yet" and a stored state are both read.
-        if rng.random_bool(0.5) {
+        // The sound TLS case (drawn once every run) always has its state, so that the branch
+        // note is checked every run.
+        let stored = mistake == Mistake::SoundTls || rng.random_bool(0.5);
+        if stored {
             let id = format!("seed-{index}");
             alice.lock(&case.name, &id).await.expect(200);
             alice
@@ -468,6 +472,14 @@ async fn every_generated_mistake_is_diagnosed_with_its_fix() {
                 assert!(out.status.success(), "a sound directory fails: {label}");
                 assert!(printed.contains("\nok: Terraform reads"), "{label}");
                 assert!(!printed.contains("PROBLEM"), "{label}");
+                // It says which branch the state lives on, and what chose it.
+                if stored {
+                    assert!(
+                        printed.contains("[branch] this state is read and written on branch main"),
+                        "{label}"
+                    );
+                    branch_notes += 1;
+                }
                 if case.lock_probe {
                     assert!(printed.contains("[unlock]"), "{label}");
                 }
@@ -552,8 +564,13 @@ async fn every_generated_mistake_is_diagnosed_with_its_fix() {
             alice.get_lock(&case.name).await.expect(409);
         }
     }
+    assert!(
+        branch_notes > 0,
+        "no sound case with a stored state named its branch"
+    );
     eprintln!(
-        "doctor: {} cases, {diagnosed} mistakes diagnosed, {terraform_runs} terraform/tofu runs",
+        "doctor: {} cases, {diagnosed} mistakes diagnosed, {terraform_runs} terraform/tofu runs, \
+         {branch_notes} branch notes",
         first_of_each + 13
     );
 }

@@ -454,28 +454,7 @@ fn slow_headers_are_closed_and_connections_over_the_cap_answered_503() {
         "{over}"
     );
     // Another address of 127/8 is not affected by the cap of 127.0.0.1.
-    let port: u16 = address
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .expect("port");
-    let elsewhere = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime")
-        .block_on(async {
-            let socket = tokio::net::TcpSocket::new_v4().expect("socket");
-            socket
-                .bind("127.0.0.2:0".parse().expect("address"))
-                .expect("bind 127.0.0.2");
-            let stream = socket
-                .connect(([127, 0, 0, 1], port).into())
-                .await
-                .expect("connect");
-            stream.into_std().expect("std")
-        });
-    elsewhere.set_nonblocking(false).expect("blocking");
-    let answer = health(&mut { elsewhere });
+    let answer = health(&mut connect_from([127, 0, 0, 2], &address));
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     // The slow connections are closed by the server (end of stream, perhaps after a 408).
     for stream in &mut slow {
@@ -489,6 +468,208 @@ fn slow_headers_are_closed_and_connections_over_the_cap_answered_503() {
     }
     let answer = health(&mut TcpStream::connect(&address).expect("connect"));
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    child.kill().expect("kill");
+    let _ = child.wait();
+}
+
+/// A blocking connection to `address` from the loopback address `from` (any of 127/8).
+fn connect_from(from: [u8; 4], address: &str) -> TcpStream {
+    let to: std::net::SocketAddr = address.parse().expect("address");
+    let stream = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(async {
+            let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+            socket
+                .bind((from, 0).into())
+                .unwrap_or_else(|e| panic!("bind {from:?}: {e}"));
+            let stream = socket.connect(to).await.expect("connect");
+            stream.into_std().expect("std")
+        });
+    stream.set_nonblocking(false).expect("blocking");
+    stream
+}
+
+/// One whole answer (head and `Content-Length` body) read from a connection that stays open.
+fn read_one_answer(reader: &mut BufReader<&TcpStream>) -> String {
+    let mut head = String::new();
+    let mut length = 0;
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).expect("a line of the head");
+        assert!(!line.is_empty(), "closed inside the head: {head}");
+        if let Some((name, value)) = line.split_once(':')
+            && name.eq_ignore_ascii_case("content-length")
+        {
+            length = value.trim().parse().expect("content length");
+        }
+        head.push_str(&line);
+        if line == "\r\n" {
+            break;
+        }
+    }
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).expect("the body");
+    head + &String::from_utf8_lossy(&body)
+}
+
+/// Issue 24, the other limits of the binary's connections: a request whose body stalls is ended
+/// after the body timeout and writes nothing; a kept-alive connection left idle after a whole
+/// request is closed after the header timeout; connections from several addresses that reach
+/// the total cap make one more from yet another address wait for a 503, until they go.
+#[test]
+fn stalled_bodies_idle_connections_and_the_total_cap() {
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut child, address, printed) = start_serve(
+        dir.path(),
+        &[
+            ("GITSTATE_BODY_TIMEOUT_SECS", "1"),
+            ("GITSTATE_HEADER_TIMEOUT_SECS", "3"),
+            ("GITSTATE_MAX_CONNECTIONS", "4"),
+            ("GITSTATE_MAX_CONNECTIONS_PER_ADDRESS", "8"),
+            // A whole body would be written at once: only the stall keeps it out.
+            ("GITSTATE_ALLOW_UNLOCKED_WRITES", "true"),
+        ],
+    );
+    let password = printed
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("export TF_HTTP_PASSWORD="))
+        .expect("password")
+        .to_owned();
+    let auth = {
+        use base64::Engine as _;
+        format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(format!("admin:{password}"))
+        )
+    };
+    let repository = dir.path().join(".gitstate/repo.git");
+    let refs = || {
+        gitstate_tests::git(
+            &[
+                "--git-dir",
+                repository.to_str().expect("utf-8 path"),
+                "for-each-ref",
+            ],
+            None,
+        )
+    };
+    // The administrator's credential is verified once, so the stalled request below waits on
+    // its body, not on argon2.
+    assert_eq!(
+        request(&address, &auth, "GET", "/states/stalled.tfstate", "").0,
+        404
+    );
+    let before = refs();
+
+    // A body that stops half-way: ended after about the body timeout, answered 4xx or closed.
+    let state = r#"{"version":4,"serial":1,"lineage":"stalled","resources":[]}"#;
+    let mut stalled = TcpStream::connect(&address).expect("connect");
+    stalled
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    write!(
+        stalled,
+        "POST /states/stalled.tfstate HTTP/1.1\r\nHost: {address}\r\nAuthorization: {auth}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{}",
+        state.len(),
+        &state[..state.len() / 2]
+    )
+    .expect("half a body");
+    let sent = Instant::now();
+    let mut answer = String::new();
+    stalled
+        .read_to_string(&mut answer)
+        .expect("the server ends a stalled body within 10 s");
+    let waited = sent.elapsed();
+    assert!(
+        answer.is_empty() || answer.starts_with("HTTP/1.1 4"),
+        "{answer}"
+    );
+    assert!(
+        waited >= Duration::from_millis(900),
+        "ended after {waited:?}, before the body timeout: {answer}"
+    );
+    println!(
+        "stalled body ended after {waited:?}: {:?}",
+        answer.lines().next()
+    );
+    assert_eq!(refs(), before, "a stalled body changes nothing");
+    assert_eq!(
+        request(&address, &auth, "GET", "/states/stalled.tfstate", "").0,
+        404
+    );
+    // Control: the same request with its whole body is written.
+    assert_eq!(
+        request(&address, &auth, "POST", "/states/stalled.tfstate", state).0,
+        200
+    );
+    assert_ne!(refs(), before, "a whole body is written");
+
+    // A kept-alive connection: one whole request answered, then idle until the server closes it.
+    let idle = TcpStream::connect(&address).expect("connect");
+    idle.set_read_timeout(Some(Duration::from_secs(15)))
+        .expect("timeout");
+    write!(&idle, "GET /health HTTP/1.1\r\nHost: {address}\r\n\r\n").expect("send");
+    let mut reader = BufReader::new(&idle);
+    let first = read_one_answer(&mut reader);
+    let answered = Instant::now();
+    assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+    assert!(
+        !first.to_ascii_lowercase().contains("connection: close"),
+        "{first}"
+    );
+    let mut rest = Vec::new();
+    reader
+        .read_to_end(&mut rest)
+        .expect("the server closes an idle kept-alive connection within 15 s");
+    let idled = answered.elapsed();
+    assert!(
+        idled >= Duration::from_millis(2500),
+        "closed after {idled:?}, before the header timeout"
+    );
+    println!("idle kept-alive connection closed after {idled:?}");
+    drop(reader);
+    drop(idle);
+
+    // The total cap (4), reached by four addresses each far below its own cap (8).
+    let holders: Vec<TcpStream> = (1..=4)
+        .map(|i| connect_from([127, 0, 7, i], &address))
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut over = connect_from([127, 0, 8, 1], &address);
+    write!(
+        over,
+        "GET /health HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut answer = String::new();
+    let _ = over.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(
+        answer.to_ascii_lowercase().contains("retry-after: 1"),
+        "{answer}"
+    );
+    drop(holders);
+    // Once they go, a new connection from another address is served (the server may take a
+    // moment to see them close).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let served = loop {
+        let mut again = connect_from([127, 0, 8, 2], &address);
+        write!(
+            again,
+            "GET /health HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+        )
+        .expect("send");
+        let mut answer = String::new();
+        let _ = again.read_to_string(&mut answer);
+        if answer.starts_with("HTTP/1.1 200") || Instant::now() > deadline {
+            break answer;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(served.starts_with("HTTP/1.1 200"), "{served}");
     child.kill().expect("kill");
     let _ = child.wait();
 }

@@ -79,6 +79,9 @@ struct Row {
 #[template(path = "list.html")]
 struct ListPage {
     user: String,
+    /// The branch shown, and `?ref=<branch>` when the request named one (links keep it).
+    branch: String,
+    ref_query: String,
     filter: String,
     total: usize,
     rows: Vec<Row>,
@@ -89,7 +92,7 @@ pub(super) async fn list(
     caller: &Caller,
     params: &Params,
 ) -> Result<Response, ApiError> {
-    let at = app.backend.locate(None, None)?;
+    let at = app.backend.locate(None, params.get("ref"))?;
     let rows: Vec<StateRow> = app.backend.list_states(caller, &at).await?;
     let filter = params.get("q").unwrap_or_default().trim().to_owned();
     let needle = filter.to_lowercase();
@@ -116,6 +119,8 @@ pub(super) async fn list(
         .collect();
     html(&ListPage {
         user: caller.user.clone(),
+        branch: at.branch.to_string(),
+        ref_query: ref_query(params),
         filter,
         total,
         rows,
@@ -147,6 +152,10 @@ struct ResourceView {
 struct StatePageView {
     user: String,
     name: String,
+    /// The branch shown, and `ref=<branch>` when the request named one (links and forms keep it).
+    branch: String,
+    ref_param: Option<String>,
+    ref_query: String,
     notice: Option<&'static str>,
     admin: bool,
     token: String,
@@ -164,7 +173,7 @@ pub(super) async fn state(
     name: &StateName,
     params: &Params,
 ) -> Result<Response, ApiError> {
-    let at = app.backend.locate(None, None)?;
+    let at = app.backend.locate(None, params.get("ref"))?;
     let page = match params.get("page") {
         None => 0,
         Some(text) => text
@@ -213,6 +222,9 @@ pub(super) async fn state(
     html(&StatePageView {
         user: caller.user.clone(),
         name: name.to_string(),
+        branch: at.branch.to_string(),
+        ref_param: params.get("ref").map(|_| at.branch.to_string()),
+        ref_query: ref_query(params),
         notice,
         admin,
         // Only admins get a form, so only they need the token.
@@ -235,6 +247,16 @@ pub(super) async fn state(
                 })
                 .collect()
         }),
+    })
+}
+
+/// `?ref=<branch>` for the links of a page that was asked for a branch; empty otherwise.
+fn ref_query(params: &Params) -> String {
+    params.get("ref").map_or_else(String::new, |branch| {
+        format!(
+            "?ref={}",
+            percent_encoding::utf8_percent_encode(branch, percent_encoding::NON_ALPHANUMERIC)
+        )
     })
 }
 
