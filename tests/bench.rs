@@ -697,7 +697,7 @@ async fn argon2_cost(out: &mut String, binary: &Path) {
     }
     out.push_str(&format!(
         "## argon2id\n\n\
-         One verification in this process: {} ms. A request that needs it (`GET /locks/x`, 404, \
+         One verification in this process: {} ms. A request that needs it (`GET /locks/x`, 409, \
          one advertisement), first in a fresh process: p50 {} ms; the same request with the \
          credential remembered: p50 {} ms.\n\n",
         ms(direct),

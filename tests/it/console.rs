@@ -396,7 +396,7 @@ async fn console_actions_are_refused_unless_same_origin_admin_token_and_confirme
     // The same form, same origin, admin, token, confirmed: released.
     let (got, _) = post(admin, &unlock, same(), form(&token)).await;
     assert_eq!(got, 303);
-    f.admin.get_lock(PROD).await.expect(404);
+    f.admin.get_lock(PROD).await.expect(409);
 }
 
 /// The form token the console derives for `user` (as the server does: HMAC of the user name
@@ -846,7 +846,7 @@ async fn console_in_a_real_browser() {
     admin.wait_url("?done=unlocked").await;
     assert_eq!(admin.text(".notice").await, "The lock was released.");
     assert_eq!(admin.text("#lock-heading + p").await, "Not locked.");
-    f.admin.get_lock(PROD).await.expect(404);
+    f.admin.get_lock(PROD).await.expect(409);
 
     // --- Restore serial 1 through its form.
     admin
@@ -1091,7 +1091,7 @@ async fn console_through_function_url_events() {
         location.as_deref(),
         Some(format!("/ui/states/{PROD}?done=unlocked").as_str())
     );
-    f.admin.get_lock(PROD).await.expect(404);
+    f.admin.get_lock(PROD).await.expect(409);
 }
 
 /// One request as it reached the backend, and its answer.
@@ -1327,7 +1327,7 @@ async fn pages_of_other_sites_cannot_write_through_the_api_in_chromium() {
     }
     // Nothing changed in the repository: no state written, no lock taken.
     assert_eq!(repository_snapshot(&repo), before);
-    admin.get_lock(PROD).await.expect(404);
+    admin.get_lock(PROD).await.expect(409);
     assert_eq!(admin.get_state(PROD).await.expect(200).state().serial, 1);
 
     // Control: the same requests from a client that is not a browser (no Sec-Fetch-Site, no

@@ -375,7 +375,7 @@ async fn migration_enforcement_rotation_and_rekey() {
         assert!(answer.body.contains(SECRET));
     }
     // the lock was released, and other/ was left alone
-    rotated_client.get_lock("net/a.tfstate").await.expect(404);
+    rotated_client.get_lock("net/a.tfstate").await.expect(409);
     assert!(
         String::from_utf8(s.stored("other/c.tfstate"))
             .expect("utf-8")

@@ -277,7 +277,7 @@ async fn unlock_of_another_process_lock_reads_it_first() {
         assert_eq!(labels, [PUSH_ADVERT, PUSH], "filter {filter}");
         // (the advertisement lists the ref recording the lock ref prefix: 101 of them)
         assert_eq!(bytes, 468, "filter {filter}");
-        send(&client, "GET", &format!("/locks/{NAME}"), None, 404).await;
+        send(&client, "GET", &format!("/locks/{NAME}"), None, 409).await;
     }
 }
 

@@ -59,7 +59,7 @@ async fn history_lists_reads_and_restores_versions() {
     let commit = &versions[1].version;
     let by_commit = c.history(name, &format!("at={commit}")).await.expect(200);
     assert_eq!(by_commit.body, state_json("lin", 2));
-    c.history(name, "at=99").await.expect(404);
+    c.history(name, "at=99").await.expect(400);
     c.history(name, "at=zz").await.expect(400);
 
     // Restore is refused while someone else holds the lock, and changes nothing.
@@ -73,7 +73,7 @@ async fn history_lists_reads_and_restores_versions() {
     assert_eq!(json(&restored.body)["serial"], 4);
     let now = c.get_state(name).await.expect(200).state();
     assert_eq!((now.serial, now.lineage.as_str()), (4, "lin"));
-    c.get_lock(name).await.expect(404);
+    c.get_lock(name).await.expect(409);
     let bare = server.repo_dir("hist");
     let subjects = git(
         &[
@@ -399,7 +399,7 @@ async fn deep_history_and_unknown_ids_fetch_only_what_the_answer_needs() {
     server.take_labels();
     let (_, _, shallow_bytes) = cache_objects(backend.cache.path());
 
-    // An id no ref reaches: 404 after one advertisement and one small fetch, nothing deepened.
+    // An id no ref reaches: 400 (never 404) after one advertisement and one small fetch, nothing deepened.
     let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(2000);
     for _ in 0..3 {
         let unknown: String = (0..40)
@@ -407,7 +407,7 @@ async fn deep_history_and_unknown_ids_fetch_only_what_the_answer_needs() {
             .collect();
         c.history("s.tfstate", &format!("at={unknown}"))
             .await
-            .expect(404);
+            .expect(400);
         let labels = server.take_labels();
         assert!(
             labels.len() <= 2,
@@ -444,7 +444,7 @@ async fn deep_history_and_unknown_ids_fetch_only_what_the_answer_needs() {
         "no more than the answer needs: {distinct} objects"
     );
 
-    // A maximum depth: with GITSTATE_HISTORY_MAX_DEPTH=100, an id past it is 404 and the
+    // A maximum depth: with GITSTATE_HISTORY_MAX_DEPTH=100, an id past it is 400 and the
     // history lists no further, having fetched about 100 commits.
     let bounded = TestBackend::start(&url, &[("GITSTATE_HISTORY_MAX_DEPTH", "100")]).await;
     let b = Client::new(&bounded.url);
@@ -452,7 +452,7 @@ async fn deep_history_and_unknown_ids_fetch_only_what_the_answer_needs() {
     let old = &ids[10];
     b.history("s.tfstate", &format!("at={old}"))
         .await
-        .expect(404);
+        .expect(400);
     let page = json(
         &b.send("GET", "/history/s.tfstate?per_page=100&page=3", None)
             .await
@@ -460,7 +460,7 @@ async fn deep_history_and_unknown_ids_fetch_only_what_the_answer_needs() {
     );
     assert_eq!(page["versions"].as_array().map(Vec::len), Some(0));
     // Ids of the same shape that are no revision of the branch: a blob, a tree, a commit only
-    // another branch reaches. Each is 404, within the same bound.
+    // another branch reaches. Each is 400, within the same bound.
     let repo_dir = server.repo_dir("long");
     let blob = git(
         &["rev-parse", &format!("{}:s.tfstate", ids[1500])],
@@ -479,7 +479,7 @@ async fn deep_history_and_unknown_ids_fetch_only_what_the_answer_needs() {
         let answer = b
             .send("GET", &format!("/history/s.tfstate?at={other}"), None)
             .await;
-        assert_eq!(answer.status, 404, "{other}: {}", answer.body);
+        assert_eq!(answer.status, 400, "{other}: {}", answer.body);
     }
     let labels = server.take_labels();
     let (_, distinct, _) = cache_objects(bounded.cache.path());

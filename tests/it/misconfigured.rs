@@ -270,6 +270,117 @@ async fn misaddressed_requests_fail_and_terraform_fails_on_them() {
     );
 }
 
+/// gitstate's other GET addresses of a state, exactly as they are spelt, for states that exist
+/// and states that do not: the lock's address while nobody holds it (409), an unknown revision at
+/// `/history/<name>?at=` by serial or by commit id (400), `?at=` on a state's address (400); and,
+/// answered 200 with JSON that is not a state, the lock's address while it is held and the
+/// history's list. None answers 404 or 204 (Terraform's "no state"), the refusals are one line
+/// naming the state's address, and terraform and OpenTofu fail `init` on every one of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_and_history_addresses_are_never_no_state() {
+    init_tracing();
+    let server = GitServer::start().await;
+    let url = server.create_repo("infra");
+    let backend = TestBackend::start(&url, &[]).await;
+    let client = Client::new(&backend.url);
+    let mut rng = StdRng::seed_from_u64(seed("lock and history addresses"));
+    let hex = |rng: &mut StdRng| -> String {
+        (0..40)
+            .map(|_| char::from_digit(rng.random_range(0..16), 16).unwrap_or('0'))
+            .collect()
+    };
+    // (class, address, the status it must answer)
+    let mut cases: Vec<(&str, String, u16)> = Vec::new();
+    let (mut existing, mut missing) = (0, 0);
+    for i in 0..6 {
+        let name = format!("{}{i}/{}.tfstate", word(&mut rng), word(&mut rng));
+        let serials = if i % 2 == 0 {
+            rng.random_range(1..=3)
+        } else {
+            0
+        };
+        for serial in 1..=serials {
+            let state = gitstate_tests::state_json("gen", serial);
+            client.apply(&name, "setup", &state).await;
+        }
+        if serials > 0 {
+            existing += 1;
+            if rng.random_bool(0.5) {
+                client.lock(&name, "held").await.expect(200);
+                cases.push(("the lock's address, held", format!("/locks/{name}"), 200));
+            } else {
+                cases.push(("the lock's address, free", format!("/locks/{name}"), 409));
+            }
+            cases.push(("the history's list", format!("/history/{name}"), 200));
+        } else {
+            missing += 1;
+            cases.push(("the lock's address, free", format!("/locks/{name}"), 409));
+        }
+        let unknown = serials + rng.random_range(1..1000);
+        cases.push((
+            "an unknown serial at /history/",
+            format!("/history/{name}?at={unknown}"),
+            400,
+        ));
+        cases.push((
+            "an unknown commit at /history/",
+            format!("/history/{name}?at={}", hex(&mut rng)),
+            400,
+        ));
+        let at = if rng.random_bool(0.5) {
+            rng.random_range(1..=serials.max(1)).to_string()
+        } else {
+            hex(&mut rng)
+        };
+        cases.push(("?at= at /states/", format!("/states/{name}?at={at}"), 400));
+    }
+    for (class, address, status) in &cases {
+        let answer = client.send("GET", address, None).await;
+        assert_eq!(
+            answer.status, *status,
+            "{class}: GET {address}: {}",
+            answer.body
+        );
+        if *status != 200 {
+            let reason = answer.body.trim();
+            assert!(
+                !reason.is_empty() && !reason.contains('\n'),
+                "{class}: GET {address}: one line: {reason:?}"
+            );
+            if !address.starts_with("/states/") {
+                assert!(
+                    reason.contains("/states/<name>"),
+                    "{class}: GET {address}: names the state's address: {reason}"
+                );
+            }
+        }
+    }
+
+    let clis = [
+        ("terraform", Cli::new(terraform_binary())),
+        ("tofu", Cli::new(tofu_binary())),
+    ];
+    let mut runs = 0;
+    for (label, cli) in &clis {
+        for (class, address, status) in &cases {
+            let (ok, text) = init(cli, &backend.url, address).await;
+            runs += 1;
+            assert!(!ok, "{label} init must fail on {class} {address}:\n{text}");
+            if *status != 200 {
+                assert!(
+                    text.contains(&status.to_string()),
+                    "{label}: {class} {address}: the status is shown:\n{text}"
+                );
+            }
+        }
+    }
+    eprintln!(
+        "lock and history addresses: {} generated addresses of {existing} existing and {missing} \
+         missing states, {runs} terraform/tofu init runs",
+        cases.len()
+    );
+}
+
 const ONE_RESOURCE: &str = r#"
 resource "terraform_data" "item" {
   input = "x"
@@ -765,7 +876,15 @@ async fn backends_with_other_lock_prefixes_refuse_to_write() {
             1 => "refs/locks/".to_owned(),
             _ => format!("refs/{}/", word(&mut rng)),
         };
-        let (first, second) = (prefix(), prefix());
+        // Round 0 always differs and round 1 always agrees, so neither branch is left untested.
+        let first = prefix();
+        let second = match round {
+            0 => std::iter::repeat_with(&mut prefix)
+                .find(|p| *p != first)
+                .unwrap_or_default(),
+            1 => first.clone(),
+            _ => prefix(),
+        };
         let same = first == second;
         cases += 1;
         let repo = format!("protocol{round}");
@@ -843,6 +962,10 @@ async fn backends_with_other_lock_prefixes_refuse_to_write() {
     eprintln!(
         "protocol: {cases} generated pairs of lock prefixes, {runs} terraform/tofu runs, \
          {refused} second backends refused"
+    );
+    assert!(
+        refused > 0 && refused < cases,
+        "both outcomes were exercised"
     );
 }
 

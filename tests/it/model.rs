@@ -746,7 +746,7 @@ impl Model {
                         Some(cfg.users[h.user].name.clone()),
                     ));
                 }
-                None => p.refuse(404, "not locked"),
+                None => p.refuse(409, "not locked"),
             },
             Op::Lock { id } => match held {
                 Some(h) if h.id == *id && h.user == step.user => {
@@ -863,7 +863,7 @@ impl Model {
             }
             Op::At { serial } => match tree.revision(name, *serial) {
                 Some(bytes) => p.answer = Some(Expected::Bytes(bytes.clone(), None)),
-                None => p.refuse(404, format!("no revision with serial {serial}")),
+                None => p.refuse(400, format!("no revision with serial {serial}")),
             },
             Op::ListLocks => {
                 p.answer = Some(Expected::Locks(
@@ -883,7 +883,7 @@ impl Model {
             Op::Restore { serial } => {
                 let revision = tree.revision(name, *serial);
                 let Some(old) = revision else {
-                    p.refuse(404, format!("no revision with serial {serial}"));
+                    p.refuse(400, format!("no revision with serial {serial}"));
                     if let Some(c) = tree_clash {
                         p.tolerate(409, format!("state {c} is in the way"));
                     }

@@ -180,7 +180,7 @@ async fn lock_and_write_rules_over_git() {
         200,
         "Terraform's force-unlock"
     );
-    c.get_lock(NAME).await.expect(404);
+    c.get_lock(NAME).await.expect(409);
     // Unlocking what is not locked.
     c.unlock(NAME, "A").await.expect(200);
 

@@ -191,6 +191,8 @@ async fn wait_for_lock(client: &Client, name: &str) -> String {
             let info: serde_json::Value = serde_json::from_str(&answer.body).expect("lock info");
             return info["ID"].as_str().expect("ID").to_owned();
         }
+        // Not held yet: 409 (never the 404 Terraform would read as "no state").
+        assert_eq!(answer.status, 409, "GET /locks/{name}: {}", answer.body);
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     panic!("the first run never took the lock");
@@ -298,7 +300,7 @@ async fn full_flow(cli: Cli, label: &str, mode: PushMode) {
     assert!(!blocked.status.success());
     cli.ok(&dir, &["force-unlock", "-force", "crashed-run-0001"])
         .await;
-    client.get_lock(NAME).await.expect(404);
+    client.get_lock(NAME).await.expect(409);
 
     // destroy writes a state without resources.
     cli.ok(
@@ -522,7 +524,7 @@ async fn terraform_respects_each_users_grants() {
             .send("GET", &format!("/locks/{NAME}"), None)
             .await
             .status,
-        404,
+        409,
         "the admin released it"
     );
 

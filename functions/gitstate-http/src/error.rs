@@ -137,7 +137,12 @@ fn service_status(error: &ServiceError) -> StatusCode {
         // Never 404 (Terraform's "no state"), nor 409/423 (a lock conflict to Terraform): the
         // reason names the default branch and the setting.
         S::NoBranch { .. } => StatusCode::BAD_REQUEST,
-        S::NoSuchVersion(_) | S::NotFound | S::NoLock => StatusCode::NOT_FOUND,
+        // Only a valid, absent state is 404 (Terraform's "no state"). An unknown revision is a
+        // bad selector; "no lock held" answers only GET /locks/<name> (an UNLOCK of a lock nobody
+        // holds is 200), so 409 there never reads as a LOCK conflict.
+        S::NotFound => StatusCode::NOT_FOUND,
+        S::NoSuchVersion(_) => StatusCode::BAD_REQUEST,
+        S::NoLock => StatusCode::CONFLICT,
         S::Locked(_) => StatusCode::LOCKED,
         // The write must hold the lock: the reason names lock_address/unlock_address.
         S::Unlocked => StatusCode::PRECONDITION_REQUIRED,

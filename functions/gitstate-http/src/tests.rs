@@ -333,7 +333,7 @@ async fn the_lock_route_takes_shows_and_releases() {
     let uri = format!("/locks/{STATE}");
     assert_eq!(
         call(&router, "GET", &uri, "rita", "").await.status,
-        StatusCode::NOT_FOUND
+        StatusCode::CONFLICT
     );
     for (take, release) in [("POST", "DELETE"), ("LOCK", "UNLOCK"), ("POST", "UNLOCK")] {
         let taken = call(&router, take, &uri, "wes", lock_info("L9")).await;
@@ -358,7 +358,7 @@ async fn the_lock_route_takes_shows_and_releases() {
         assert_eq!(released.status, StatusCode::OK, "{release}");
         assert_eq!(
             call(&router, "GET", &uri, "rita", "").await.status,
-            StatusCode::NOT_FOUND
+            StatusCode::CONFLICT
         );
     }
     let bad = call(&router, "POST", &uri, "wes", "{\"no\": \"id\"}").await;
@@ -406,7 +406,7 @@ async fn history_pages_versions_and_restores() {
     let by_serial = call(&router, "GET", &format!("{history}?at=2"), "rita", "").await;
     assert_eq!(by_serial.json()["serial"], 2);
     for (query, status) in [
-        ("?at=99", StatusCode::NOT_FOUND),
+        ("?at=99", StatusCode::BAD_REQUEST),
         ("?at=nope", StatusCode::BAD_REQUEST),
         ("?page=x", StatusCode::BAD_REQUEST),
         ("?per_page=-1", StatusCode::BAD_REQUEST),
@@ -950,7 +950,7 @@ async fn the_console_serves_pages_and_guards_its_forms() {
         Some(format!("/ui/states/{STATE}?done=unlocked").as_str())
     );
     let held = call(&router, "GET", &format!("/locks/{STATE}"), "rita", "").await;
-    assert_eq!(held.status, StatusCode::NOT_FOUND, "released");
+    assert_eq!(held.status, StatusCode::CONFLICT, "released");
 }
 
 /// The HCL block points Terraform at this router's routes and lock methods.

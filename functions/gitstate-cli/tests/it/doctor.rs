@@ -561,7 +561,7 @@ async fn every_generated_mistake_is_diagnosed_with_its_fix() {
         }
         // The lock was released wherever the doctor took it.
         if case.lock_probe && mistake.expected().is_none() {
-            alice.get_lock(&case.name).await.expect(404);
+            alice.get_lock(&case.name).await.expect(409);
         }
     }
     assert!(

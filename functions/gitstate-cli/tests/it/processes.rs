@@ -69,7 +69,7 @@ async fn processes_race_for_one_lock(mode: PushMode, rounds: usize) {
     let name = "shared/race.tfstate";
     // Warm every process (connection, argon2, cache) so the race is about the lock alone.
     for client in &clients {
-        client.get_lock(name).await.expect(404);
+        client.get_lock(name).await.expect(409);
     }
     let mut violations = Vec::new();
     for round in 0..rounds {
@@ -352,7 +352,7 @@ async fn kill_dash_nine_at_random_points_leaves_a_sound_repository() {
     let survivor = Client::new(&procs[3].url);
     for p in &procs {
         let warm = Client::new(&p.url);
-        warm.get_lock("warm-up.tfstate").await.expect(404);
+        warm.get_lock("warm-up.tfstate").await.expect(409);
     }
     let names = ["a.tfstate", "env/b.tfstate", "env/deep/c.tfstate"];
     let mut serials = [0u64; 3];
@@ -408,7 +408,7 @@ async fn kill_dash_nine_at_random_points_leaves_a_sound_repository() {
         let took_effect = match op {
             Op::Lock => lock.status == 200 && lock.body.contains(&format!(r#""ID":"{id}""#)),
             Op::Write => current.status == 200 && serial_of(&current.body) == sent_serial,
-            Op::Unlock => lock.status == 404,
+            Op::Unlock => lock.status == 409,
         };
         let entry = landed.entry(format!("{op:?}")).or_default();
         *entry = (entry.0 + 1, entry.1 + usize::from(took_effect));
@@ -437,10 +437,10 @@ async fn kill_dash_nine_at_random_points_leaves_a_sound_repository() {
                 .await;
             assert_eq!(force.status, 200, "force-unlock: {}", force.body);
         } else {
-            assert_eq!(lock.status, 404, "trial {trial}: {}", lock.body);
+            assert_eq!(lock.status, 409, "trial {trial}: {}", lock.body);
         }
         let again = survivor.send("GET", &format!("/locks/{name}"), None).await;
-        assert_eq!(again.status, 404, "trial {trial}: lock still there");
+        assert_eq!(again.status, 409, "trial {trial}: lock still there");
         // Whatever serial landed, the next write must be above it.
         let got = survivor.send("GET", &format!("/states/{name}"), None).await;
         if got.status == 200 {
@@ -449,7 +449,7 @@ async fn kill_dash_nine_at_random_points_leaves_a_sound_repository() {
         procs[victim].restart().await;
         // Pay argon2 now, so the next kill lands in the git work, not in authentication.
         let warm = Client::new(&procs[victim].url);
-        warm.get_lock("warm-up.tfstate").await.expect(404);
+        warm.get_lock("warm-up.tfstate").await.expect(409);
     }
     eprintln!(
         "crashes (seed {seed}): {trials} trials, {killed_midway} killed mid-request, {completed} \

@@ -90,11 +90,18 @@ pub enum ServiceError {
     Stale { stored: u64, sent: u64 },
     #[error("no state stored under this name")]
     NotFound,
-    #[error("no lock held on this state")]
+    /// `GET /locks/<name>` while nobody holds the lock. Never 404: Terraform pointed at the lock's
+    /// address would read "no state" and plan against an empty one.
+    #[error(
+        "no lock held on this state; this is the lock's address: Terraform's address for the state is /states/<name>"
+    )]
     NoLock,
     #[error("already exists")]
     Exists,
-    #[error("no such revision of this state: {0}")]
+    /// An unknown `?at=`/`?restore=` revision: not "no state" either.
+    #[error(
+        "no such revision of this state: {0}; /history/<name> lists the revisions: Terraform's address for the state is /states/<name>"
+    )]
     NoSuchVersion(String),
     #[error("{0:?} is neither a commit id (40 hex digits) nor a serial")]
     BadSelector(String),

@@ -182,9 +182,9 @@ fn expected(error: &ApiError) -> (StatusCode, &'static str) {
             S::NoBranch { .. } => (C::BAD_REQUEST, "no branch"),
             S::Stale { .. } => (C::CONFLICT, "stale"),
             S::NotFound => (C::NOT_FOUND, "not found"),
-            S::NoLock => (C::NOT_FOUND, "no lock"),
+            S::NoLock => (C::CONFLICT, "no lock"),
             S::Exists => (C::CONFLICT, "exists"),
-            S::NoSuchVersion(_) => (C::NOT_FOUND, "no such version"),
+            S::NoSuchVersion(_) => (C::BAD_REQUEST, "no such version"),
             S::BadSelector(_) => (C::BAD_REQUEST, "selector"),
             S::Forbidden(_) => (C::FORBIDDEN, "forbidden"),
             S::Store(store) => match store {
@@ -243,6 +243,12 @@ async fn every_error_variant_maps_to_its_status_body_and_headers() {
         reached.insert(arm);
         let shown = format!("{error:?}");
         assert_eq!(error.status(), status, "{shown}");
+        // Terraform reads 404 and 204 on GET as "no state": only an absent state answers so.
+        assert_eq!(
+            matches!(status, StatusCode::NOT_FOUND | StatusCode::NO_CONTENT),
+            matches!(error, ApiError::Service(ServiceError::NotFound)),
+            "{shown}"
+        );
         let lock_body = match &error {
             ApiError::Service(ServiceError::Locked(h) | ServiceError::LockMismatch(h)) => {
                 Some(h.info.as_bytes().clone())
