@@ -20,3 +20,4 @@ mod ssh;
 mod startup;
 mod store;
 mod tls;
+mod users;

@@ -362,6 +362,22 @@ impl StateStore for GitStore {
         self.create_file(at, path, content, meta).await
     }
 
+    async fn replace_config(
+        &self,
+        at: &Location,
+        path: &str,
+        expected: Option<Bytes>,
+        content: Bytes,
+        meta: &CommitMeta,
+    ) -> Result<bool, StoreError> {
+        let plan = gitstate_core::ports::replace_plan(expected, meta.clone());
+        Ok(!matches!(
+            self.write_loop(at, path, None, Change::Put(content), plan)
+                .await?,
+            Written::Refused(_)
+        ))
+    }
+
     async fn history(
         &self,
         at: &Location,
