@@ -3,7 +3,28 @@
 use gitstate_core::protocol::{PROTOCOL_FILE, PROTOCOL_PREFIX, Protocol};
 
 use super::write::backoff;
-use super::*;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use gix::ObjectId;
+
+use gitstate_core::ports::{
+    Acquire, CommitMeta, HeldLock, Location, Release, StoreError, user_from_message,
+};
+use gitstate_core::refs::{Clash, branch_clash, lock_clash};
+use gitstate_core::{BranchName, LockInfo, StateName};
+
+use super::remote::Remote;
+use super::{GitStore, blocking, null};
+use crate::Error;
+use crate::cache::NewCommit;
+use crate::protocol::{Advert, Service};
+use crate::smart::Command;
+use crate::sync::lock;
+
+/// How often a LOCK looks again after its tree check raced a write or its push was refused
+/// without a holder or a clashing lock to show for it.
+const MAX_LOCK_ATTEMPTS: u32 = 10;
 
 impl GitStore {
     pub(super) fn lock_ref(&self, name: &StateName) -> String {
@@ -57,9 +78,7 @@ impl GitStore {
                 recorded,
             }),
             Protocol::Agrees => {
-                if let Ok(mut agreed) = self.protocol_agreed.lock() {
-                    agreed.insert(at.repository.clone());
-                }
+                lock(&self.protocol_agreed).insert(at.repository.clone());
                 Ok(false)
             }
             Protocol::Unrecorded => Ok(true),
@@ -97,9 +116,7 @@ impl GitStore {
         };
         match record.await {
             Ok(true) => {
-                if let Ok(mut agreed) = self.protocol_agreed.lock() {
-                    agreed.insert(at.repository.clone());
-                }
+                lock(&self.protocol_agreed).insert(at.repository.clone());
             }
             // Another backend recorded first: the next LOCK compares with its record.
             Ok(false) => {}
@@ -131,7 +148,7 @@ impl GitStore {
         remote.held(tip, name).await
     }
 
-    pub(super) async fn all_locks(
+    pub(super) async fn list_locks(
         &self,
         at: &Location,
     ) -> Result<Vec<(StateName, HeldLock)>, StoreError> {
@@ -159,7 +176,7 @@ impl GitStore {
         Ok(locks)
     }
 
-    pub(super) async fn lock_of(
+    pub(super) async fn read_lock(
         &self,
         at: &Location,
         name: &StateName,
@@ -177,7 +194,7 @@ impl GitStore {
         }
     }
 
-    pub(super) async fn take_lock(
+    pub(super) async fn acquire_lock(
         &self,
         at: &Location,
         name: &StateName,
@@ -186,10 +203,7 @@ impl GitStore {
     ) -> Result<Acquire, StoreError> {
         let remote = self.remote(at)?;
         let lock_ref = self.lock_ref(name);
-        let agreed = self
-            .protocol_agreed
-            .lock()
-            .is_ok_and(|agreed| agreed.contains(&at.repository));
+        let agreed = crate::sync::lock(&self.protocol_agreed).contains(&at.repository);
         if agreed && self.lock_at_floor(&remote, name, lock, meta).await? {
             return Ok(Acquire::Acquired);
         }
@@ -249,7 +263,7 @@ impl GitStore {
         }
     }
 
-    pub(super) async fn drop_lock(
+    pub(super) async fn release_lock(
         &self,
         at: &Location,
         name: &StateName,

@@ -1,6 +1,61 @@
 //! One remote (repository and branch) and its cache: ref advertisements, fetches, pushes.
 
-use super::*;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use gix::ObjectId;
+
+use gitstate_core::ports::{CommitMeta, HistoryPage};
+
+use super::write::Batcher;
+use super::{WriteMode, blocking};
+use crate::Error;
+use crate::cache::{Cache, NewCommit};
+use crate::local::LocalRefs;
+use crate::pack;
+use crate::protocol::{Advert, Service};
+use crate::smart::{Blobs, Command, PushReport, SmartHttp};
+use crate::sync::lock;
+
+pub(super) enum Transport {
+    Local(Arc<LocalRefs>),
+    Http(SmartHttp),
+}
+
+/// One (repository, branch): its cache and how to reach it.
+pub(super) struct Remote {
+    pub(super) cache: Arc<Cache>,
+    pub(super) transport: Transport,
+    /// The newest branch tip this process has in its cache (what a fetch says it has), and when
+    /// it was last seen on the remote.
+    pub(super) known_tip: Mutex<Option<(ObjectId, Instant)>>,
+    /// Receive-pack capabilities, once advertised.
+    pub(super) push_caps: Mutex<Option<Advert>>,
+    /// The last full ref advertisement over HTTP, and when it was asked for.
+    pub(super) last_advert: Mutex<Option<(Advert, Instant)>>,
+    /// When this process last began a push.
+    pub(super) last_push: Mutex<Option<Instant>>,
+    /// History pages already walked, by (tip, path, skip, limit): a commit's history never
+    /// changes, so a warm state page does not walk it again.
+    pub(super) histories: Mutex<HashMap<(ObjectId, String, usize, usize), HistoryPage>>,
+    /// Files whose last change lies deeper than `GITSTATE_HISTORY_MAX_DEPTH`, by (branch, path,
+    /// blob id): while the file holds that blob, a list does not walk the history for it again.
+    pub(super) deep_changes: Mutex<std::collections::HashSet<(String, String, ObjectId)>>,
+    /// `GITSTATE_REQUIRE_ATOMIC`: a receive-pack advertisement without `atomic` is an error.
+    pub(super) require_atomic: bool,
+    pub(super) fetching: tokio::sync::Mutex<()>,
+    /// The remote offers `filter` but would not send blobs by id: fetch commits whole.
+    pub(super) whole_fetches: std::sync::atomic::AtomicBool,
+    /// Lock commits this process pushed, by lock ref (see the `floor` module).
+    pub(super) made_locks: Mutex<HashMap<String, ObjectId>>,
+    /// The remote refused a push without a fresh advertisement: always advertise first.
+    pub(super) no_floor: std::sync::atomic::AtomicBool,
+    /// Writes waiting to be pushed together (see the `write` module).
+    pub(super) batcher: Batcher,
+}
 
 impl Remote {
     pub(super) fn is_cache(&self) -> bool {
@@ -18,18 +73,12 @@ impl Remote {
                 // before a push of ours began is not kept (it may not show that push).
                 let asked = Instant::now();
                 let advert = http.advertise(service).await?;
-                let pushed_since = self
-                    .last_push
-                    .lock()
-                    .ok()
-                    .and_then(|pushed| *pushed)
-                    .is_some_and(|pushed| pushed >= asked);
-                if !pushed_since
-                    && let Ok(mut last) = self.last_advert.lock()
-                    && last.as_ref().is_none_or(|(_, kept)| *kept <= asked)
-                {
+                let pushed_since = lock(&self.last_push).is_some_and(|pushed| pushed >= asked);
+                let mut last = lock(&self.last_advert);
+                if !pushed_since && last.as_ref().is_none_or(|(_, kept)| *kept <= asked) {
                     *last = Some((advert.clone(), asked));
                 }
+                drop(last);
                 if service == Service::ReceivePack {
                     if self.require_atomic && WriteMode::of(&advert) != WriteMode::Atomic {
                         return Err(Error::AtomicRequired);
@@ -38,10 +87,7 @@ impl Remote {
                         caps: advert.caps.clone(),
                         ..Advert::default()
                     };
-                    *self
-                        .push_caps
-                        .lock()
-                        .map_err(|_| Error::Corrupt("poisoned".into()))? = Some(caps);
+                    *lock(&self.push_caps) = Some(caps);
                 }
                 Ok(advert)
             }
@@ -52,16 +98,14 @@ impl Remote {
     /// `gitstate_core::scope`): it reflects every write that finished before the request.
     pub(super) fn advert_in_scope(&self) -> Option<Advert> {
         let scope = gitstate_core::scope::Scope::current()?;
-        let last = self.last_advert.lock().ok()?;
+        let last = lock(&self.last_advert);
         last.as_ref()
             .filter(|(_, when)| *when >= scope.began)
             .map(|(advert, _)| advert.clone())
     }
 
     pub(super) fn saw_tip(&self, tip: ObjectId) {
-        if let Ok(mut known) = self.known_tip.lock() {
-            *known = Some((tip, Instant::now()));
-        }
+        *lock(&self.known_tip) = Some((tip, Instant::now()));
     }
 
     /// The branch and every ref under `prefix`: one ref advertisement over HTTP, none when one
@@ -83,11 +127,8 @@ impl Remote {
                 .await
             }
             Transport::Http(_) => {
-                let recent = self
-                    .last_advert
-                    .lock()
-                    .ok()
-                    .and_then(|last| last.clone())
+                let recent = lock(&self.last_advert)
+                    .clone()
                     .filter(|(_, when)| when.elapsed() < fresh);
                 match recent {
                     Some((advert, _)) => Ok(advert),
@@ -168,7 +209,7 @@ impl Remote {
 
     /// The branch tip, if this process saw it on the remote less than `within` ago.
     pub(super) fn recent_tip(&self, within: Duration) -> Option<ObjectId> {
-        let known = *self.known_tip.lock().ok()?;
+        let known = *lock(&self.known_tip);
         known
             .filter(|(_, seen)| seen.elapsed() < within)
             .map(|(tip, _)| tip)
@@ -275,10 +316,7 @@ impl Remote {
         if missing.is_empty() {
             return Ok(());
         }
-        let known = *self
-            .known_tip
-            .lock()
-            .map_err(|_| Error::Corrupt("poisoned".into()))?;
+        let known = *lock(&self.known_tip);
         let haves: Vec<ObjectId> = match known {
             Some((tip, _)) if self.cache.has(tip)? => vec![tip],
             _ => Vec::new(),
@@ -355,9 +393,7 @@ impl Remote {
 
     pub(super) async fn rebuild(&self) -> Result<(), Error> {
         let _no_fetch_meanwhile = self.fetching.lock().await;
-        if let Ok(mut known) = self.known_tip.lock() {
-            *known = None;
-        }
+        *lock(&self.known_tip) = None;
         let cache = self.cache.clone();
         blocking(move || cache.rebuild()).await
     }
@@ -379,23 +415,15 @@ impl Remote {
         objects: Vec<ObjectId>,
     ) -> Result<PushReport, Error> {
         // What was advertised before a push of ours is out of date.
-        if let Ok(mut pushed) = self.last_push.lock() {
-            *pushed = Some(Instant::now());
-        }
-        if let Ok(mut last) = self.last_advert.lock() {
-            *last = None;
-        }
+        *lock(&self.last_push) = Some(Instant::now());
+        *lock(&self.last_advert) = None;
         match &self.transport {
             Transport::Local(refs) => {
                 let refs = refs.clone();
                 blocking(move || refs.push(&commands)).await
             }
             Transport::Http(http) => {
-                let known = self
-                    .push_caps
-                    .lock()
-                    .map_err(|_| Error::Corrupt("poisoned".into()))?
-                    .clone();
+                let known = lock(&self.push_caps).clone();
                 let caps = match known {
                     Some(caps) => caps,
                     None => self.refs(Service::ReceivePack, Vec::new()).await?,
