@@ -7,7 +7,6 @@
 //! refused push makes the caller run the normal path (advertise, re-read, retry). A remote that
 //! answers such a push with an error rather than a report is not pushed to at the floor again.
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use gix::ObjectId;
@@ -28,10 +27,7 @@ impl Remote {
     /// The receive-pack capabilities, if this process may push to the remote without a fresh
     /// advertisement (over HTTP, capabilities known, the floor not refused).
     pub(super) fn floor_caps(&self) -> Option<Advert> {
-        if !self.is_cache() || self.no_floor.load(Ordering::Relaxed) {
-            return None;
-        }
-        lock(&self.push_caps).clone()
+        self.transport.floor_caps()
     }
 
     /// The branch tip this process last saw, if its cache holds it.
@@ -73,8 +69,7 @@ impl Remote {
             Ok(report) => Ok(Some(report)),
             Err(error @ (Error::Status { .. } | Error::Protocol(_))) => {
                 tracing::warn!(error = %gitstate_core::report::chain(&error), "the remote refused a push without a fresh advertisement; advertising first from now on");
-                self.no_floor.store(true, Ordering::Relaxed);
-                *lock(&self.push_caps) = None;
+                self.transport.refuse_floor();
                 Ok(None)
             }
             Err(error) => Err(error),

@@ -50,14 +50,9 @@ impl GitStore {
     ) -> Result<Advert, Error> {
         let names = vec![lock_ref.to_owned(), at.branch.full_ref()];
         let mut advert = remote.refs(Service::ReceivePack, names).await?;
-        if !remote.is_cache() {
-            // The embedded repository lists only the refs asked for.
-            let others = remote
-                .refs_with_prefix(&self.options.lock_ref_prefix)
-                .await?;
-            advert.refs.extend(others.refs);
-            let records = remote.refs_with_prefix(PROTOCOL_PREFIX).await?;
-            advert.refs.extend(records.refs);
+        for prefix in [self.options.lock_ref_prefix.as_str(), PROTOCOL_PREFIX] {
+            let beside = remote.transport.refs_beside(&advert, prefix).await?;
+            advert.refs.extend(beside.refs);
         }
         Ok(advert)
     }
@@ -310,19 +305,16 @@ fn unreadable_lock(tip: ObjectId) -> Result<LockInfo, Error> {
 }
 
 impl Remote {
-    /// The existing branch in the way of creating `branch`: from `advert` over HTTP (a ref
-    /// advertisement lists every ref), from the refs under `refs/heads/` in the embedded
-    /// repository (whose advertisement lists only the refs asked for).
+    /// The existing branch in the way of creating `branch`, among the refs of `advert` and
+    /// the branches beside it (see [`super::transport::Transport::refs_beside`]).
     pub(super) async fn branch_clash(
         &self,
         advert: &Advert,
         branch: &BranchName,
     ) -> Result<Option<Clash>, Error> {
-        if self.is_cache() {
-            return Ok(branch_clash(advert.refs.keys().map(String::as_str), branch));
-        }
-        let heads = self.refs_with_prefix("refs/heads/").await?;
-        Ok(branch_clash(heads.refs.keys().map(String::as_str), branch))
+        let heads = self.transport.refs_beside(advert, "refs/heads/").await?;
+        let refs = advert.refs.keys().chain(heads.refs.keys());
+        Ok(branch_clash(refs.map(String::as_str), branch))
     }
 
     /// A new orphan commit holding `name`'s lock file, and the create-only push of it to

@@ -10,9 +10,11 @@
 
 mod floor;
 mod history;
+mod hosted;
 mod lock;
 mod read;
 mod remote;
+mod transport;
 mod write;
 
 use std::collections::{HashMap, HashSet};
@@ -39,7 +41,9 @@ use crate::local::LocalRefs;
 use crate::settings::{GitAuth, GitSettings};
 use crate::smart::{Advert, Connection, SmartHttp};
 use crate::sync::lock;
-use remote::{Remote, Transport};
+use hosted::Hosted;
+use remote::Remote;
+use transport::{Embedded, Transport};
 
 /// What the store needs to know, taken from [`GitSettings`].
 #[derive(Debug, Clone)]
@@ -178,9 +182,9 @@ impl GitStore {
         if let Some(remote) = remotes.get(&key) {
             return Ok(remote.clone());
         }
-        let (cache, transport) = match &self.local {
+        let (cache, transport): (Arc<Cache>, Box<dyn Transport>) = match &self.local {
             Some((id, refs, cache)) if *id == at.repository => {
-                (cache.clone(), Transport::Local(refs.clone()))
+                (cache.clone(), Box::new(Embedded(refs.clone())))
             }
             _ => {
                 let http = SmartHttp::new(
@@ -196,26 +200,15 @@ impl GitStore {
                 .with_max_response_bytes(self.options.max_response_bytes);
                 (
                     Arc::new(open_cache(&self.cache_path(at))?),
-                    Transport::Http(http),
+                    Box::new(Hosted::new(http, self.options.require_atomic)),
                 )
             }
         };
-        let remote = Arc::new(Remote {
+        let remote = Arc::new(Remote::new(
             cache,
             transport,
-            known_tip: Mutex::new(None),
-            push_caps: Mutex::new(None),
-            last_advert: Mutex::new(None),
-            last_push: Mutex::new(None),
-            histories: Mutex::default(),
-            deep_changes: Mutex::default(),
-            require_atomic: self.options.require_atomic,
-            fetching: tokio::sync::Mutex::new(()),
-            whole_fetches: std::sync::atomic::AtomicBool::new(false),
-            made_locks: Mutex::default(),
-            no_floor: std::sync::atomic::AtomicBool::new(false),
-            batcher: write::Batcher::new(self.options.writes_per_push),
-        });
+            write::Batcher::new(self.options.writes_per_push),
+        ));
         remotes.insert(key, remote.clone());
         Ok(remote)
     }
