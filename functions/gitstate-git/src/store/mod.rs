@@ -303,7 +303,7 @@ impl StateStore for GitStore {
     ) -> Result<bool, StoreError> {
         let plan = gitstate_core::ports::replace_plan(expected, meta.clone());
         Ok(!matches!(
-            self.write_loop(at, path, None, Change::Put(content), plan)
+            self.write_file(at, path, None, Change::Put(content), plan)
                 .await?,
             Written::Refused(_)
         ))
