@@ -10,6 +10,7 @@ mod branches;
 mod breakglass;
 mod doctor;
 mod hosts;
+mod many_writers;
 mod processes;
 mod release;
 mod run;
