@@ -261,8 +261,9 @@ pub const SETTINGS: &[Spec] = &[
     switch("GITSTATE_ACCESS_LOG", "one log line per request [false]"),
 ];
 
-/// `GITSTATE_*` variables gitstate reads that are not settings: the remote commands' backend URL.
-pub const OTHER_VARIABLES: &[&str] = &["GITSTATE_URL"];
+/// `GITSTATE_*` variables gitstate reads that are not settings: the remote commands' backend URL,
+/// and the origin of an ssh command gitstate made from terraform-backend-git's variables.
+pub const OTHER_VARIABLES: &[&str] = &["GITSTATE_URL", seed::ssh::SEED_SSH_ORIGIN];
 
 /// The known name nearest to `name` (edit distance, ignoring case and `-`/`_`), among the
 /// variables when `name` looks like one (`GITSTATE_…`), else among the file keys.
