@@ -11,6 +11,7 @@ mod breakglass;
 mod doctor;
 mod hosts;
 mod processes;
+mod remote;
 mod release;
 mod run;
 mod seed;
