@@ -57,7 +57,10 @@ fn backend_url(layered: &Layered) -> (String, String) {
             .replacen("[::]:", "[::1]:", 1);
         return (
             format!("{scheme}://{listen}"),
-            format!("{}, as `gitstate serve` listens", from("GITSTATE_LISTEN", "listen")),
+            format!(
+                "{}, as `gitstate serve` listens",
+                from("GITSTATE_LISTEN", "listen")
+            ),
         );
     }
     (DEFAULT_URL.to_owned(), "the default".to_owned())

@@ -49,7 +49,9 @@ fn every_help_has_examples_and_the_flags_of_its_settings_alone() {
             .unwrap_or_else(|| panic!("gitstate {path:?} --help has no Examples section:\n{help}"))
             .1;
         assert!(
-            examples.lines().any(|l| l.trim_start().contains("gitstate")),
+            examples
+                .lines()
+                .any(|l| l.trim_start().contains("gitstate")),
             "{path:?}: the examples show no gitstate command: {examples}"
         );
         let cmd = command_at(&root, path);
@@ -59,9 +61,8 @@ fn every_help_has_examples_and_the_flags_of_its_settings_alone() {
             .find(|(command, _)| *command == name && path.len() == 1)
             .map_or(0, |(_, mask)| *mask);
         for spec in SETTINGS {
-            let used = !spec.secret
-                && spec.var != "GITSTATE_STATE"
-                && uses::has(mask, spec.concern());
+            let used =
+                !spec.secret && spec.var != "GITSTATE_STATE" && uses::has(mask, spec.concern());
             let arg = cmd.get_arguments().find(|a| a.get_id() == spec.var);
             let shown = help.contains(&format!("(env {})", spec.var));
             assert_eq!(
@@ -88,7 +89,12 @@ fn every_help_has_examples_and_the_flags_of_its_settings_alone() {
     }
     // What the issue saw, said once more by hand.
     let encrypt = help_of(&["encrypt".to_owned()]);
-    for flag in ["--listen", "--tls-cert", "--access-file", "--max-connections"] {
+    for flag in [
+        "--listen",
+        "--tls-cert",
+        "--access-file",
+        "--max-connections",
+    ] {
         assert!(!encrypt.contains(flag), "encrypt offers {flag}");
     }
     assert!(help_of(&["serve".to_owned()]).contains("--tls-cert"));

@@ -116,8 +116,11 @@ enum Command {
         args: doctor::Args,
     },
     /// Users of the access file.
-    #[command(subcommand, after_help = "Examples:\n  \
-        gitstate user add alice --grant write:network/ --grant read:* >> access.toml")]
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  \
+        gitstate user add alice --grant write:network/ --grant read:* >> access.toml"
+    )]
     User(UserCommand),
     /// Hash a secret read from standard input (argon2id), for an access file or
     /// GITSTATE_ADMIN_HASH.
@@ -126,8 +129,11 @@ enum Command {
         export GITSTATE_ADMIN_HASH=\"$(gitstate hash-password < secret.txt)\"")]
     HashPassword,
     /// Access files.
-    #[command(subcommand, after_help = "Examples:\n  \
-        gitstate access check access.toml")]
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  \
+        gitstate access check access.toml"
+    )]
     Access(AccessCommand),
     /// Revisions of a state, newest first, from a running backend.
     #[command(after_help = "Examples:\n  \

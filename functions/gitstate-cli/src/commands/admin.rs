@@ -21,10 +21,7 @@ pub async fn unlock(
     let path = format!("/locks/{name}");
     let (status, held) = remote.send(Method::GET, &path, &query, None).await?;
     if status == StatusCode::CONFLICT {
-        println!(
-            "no lock held on {name} on branch {}",
-            held.branch(branch)
-        );
+        println!("no lock held on {name} on branch {}", held.branch(branch));
         return Ok(());
     }
     if !status.is_success() {
@@ -130,7 +127,10 @@ async fn delete(
         .send(Method::DELETE, &format!("/states/{name}"), &query, None)
         .await?;
     if status == StatusCode::NOT_FOUND {
-        bail!("no state {name} to remove on branch {}", answer.branch(None));
+        bail!(
+            "no state {name} to remove on branch {}",
+            answer.branch(None)
+        );
     }
     if !status.is_success() {
         bail!("{status}: {}", answer.body.trim());

@@ -54,9 +54,7 @@ pub async fn show(target: &str, branch: Option<&str>, remote: &RemoteArgs) -> an
     };
     let mut query = on(branch);
     query.push(("at", selector));
-    let answer = remote
-        .get_on(&format!("/history/{name}"), &query)
-        .await?;
+    let answer = remote.get_on(&format!("/history/{name}"), &query).await?;
     eprintln!("{name}@{selector} on branch {}", answer.branch(branch));
     println!("{}", answer.body);
     Ok(())
@@ -70,9 +68,7 @@ async fn newest_version(
 ) -> anyhow::Result<String> {
     let mut query = on(branch);
     query.extend([("page", "0"), ("per_page", "1")]);
-    let answer = remote
-        .get_on(&format!("/history/{name}"), &query)
-        .await?;
+    let answer = remote.get_on(&format!("/history/{name}"), &query).await?;
     let history: HistoryAnswer = client::read(&answer.body)?;
     match history.versions.first() {
         None => anyhow::bail!(

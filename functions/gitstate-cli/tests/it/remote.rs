@@ -17,6 +17,9 @@ const USERS: [(&str, &str, &[&str]); 3] = [
     ("ria", "ria-Pa55word-remote-suite", &["read:*"]),
 ];
 
+/// Variables for one run of the CLI.
+type Env<'a> = Vec<(&'a str, &'a str)>;
+
 fn password(user: &str) -> &'static str {
     USERS
         .iter()
@@ -131,7 +134,7 @@ async fn remote_commands_find_the_backend_and_act_without_terraform() {
     let other_toml = elsewhere.path().join("remote.toml");
     std::fs::write(&other_toml, format!("url = {base:?}\n")).expect("toml");
     let serve_toml = work.path().join("gitstate.toml");
-    let ways: Vec<(&Path, Vec<String>, Vec<(&str, &str)>)> = vec![
+    let ways: Vec<(&Path, Vec<String>, Env)> = vec![
         (work.path(), vec![], vec![]),
         (
             elsewhere.path(),
@@ -144,7 +147,11 @@ async fn remote_commands_find_the_backend_and_act_without_terraform() {
             vec![],
         ),
         (elsewhere.path(), vec!["--url".into(), base.clone()], vec![]),
-        (elsewhere.path(), vec![], vec![("GITSTATE_URL", base.as_str())]),
+        (
+            elsewhere.path(),
+            vec![],
+            vec![("GITSTATE_URL", base.as_str())],
+        ),
     ];
     for (dir, extra, env) in &ways {
         let mut args = vec!["list"];
@@ -163,9 +170,13 @@ async fn remote_commands_find_the_backend_and_act_without_terraform() {
     std::fs::write(&dead_toml, format!("url = {dead:?}\n")).expect("toml");
     let listen_toml = elsewhere.path().join("listen.toml");
     std::fs::write(&listen_toml, format!("listen = \"0.0.0.0:{port}\"\n")).expect("toml");
-    let dead_ways: Vec<(Vec<String>, Vec<(&str, &str)>, String)> = vec![
+    let dead_ways: Vec<(Vec<String>, Env, String)> = vec![
         (vec!["--url".into(), dead.clone()], vec![], "--url".into()),
-        (vec![], vec![("GITSTATE_URL", dead.as_str())], "GITSTATE_URL".into()),
+        (
+            vec![],
+            vec![("GITSTATE_URL", dead.as_str())],
+            "GITSTATE_URL".into(),
+        ),
         (
             vec!["--config".into(), dead_toml.display().to_string()],
             vec![],
@@ -190,7 +201,13 @@ async fn remote_commands_find_the_backend_and_act_without_terraform() {
             let error = fails(cli(elsewhere.path(), "ria", &args, env));
             let lines: Vec<&str> = error.lines().filter(|l| !l.trim().is_empty()).collect();
             assert_eq!(lines.len(), 1, "{args:?}: not one line: {error}");
-            for part in [dead.as_str(), origin.as_str(), "GITSTATE_URL", "--url", "gitstate.toml"] {
+            for part in [
+                dead.as_str(),
+                origin.as_str(),
+                "GITSTATE_URL",
+                "--url",
+                "gitstate.toml",
+            ] {
                 assert!(error.contains(part), "{args:?}: {part:?} missing: {error}");
             }
             assert!(
@@ -217,7 +234,12 @@ async fn remote_commands_find_the_backend_and_act_without_terraform() {
         let id = format!("held-{round}-{}", rng.random::<u32>());
         writer.lock(name, &id).await.expect(200);
         // A wrong ID, or a writer forcing someone's lock, releases nothing.
-        fails(cli(work.path(), "alice", &["unlock", name, "--id", "not-it"], &[]));
+        fails(cli(
+            work.path(),
+            "alice",
+            &["unlock", name, "--id", "not-it"],
+            &[],
+        ));
         fails(cli(work.path(), "ria", &["unlock", name], &[]));
         assert_eq!(admin.get_lock(name).await.expect(200).lock().id, id);
         let args: Vec<&str> = if round % 2 == 0 {
@@ -246,7 +268,10 @@ async fn remote_commands_find_the_backend_and_act_without_terraform() {
     }
     assert_eq!(admin.get_state(name).await.expect(200).body, before);
     let said = ok(cli(work.path(), "alice", &["remove", name, "--yes"], &[]));
-    assert!(said.contains("git history") && said.contains("restore"), "{said}");
+    assert!(
+        said.contains("git history") && said.contains("restore"),
+        "{said}"
+    );
     admin.get_state(name).await.expect(404);
     admin.get_lock(name).await.expect(409);
     let error = fails(cli(work.path(), "ria", &["show", name], &[]));
