@@ -55,10 +55,10 @@ fn every_help_has_examples_and_the_flags_of_its_settings_alone() {
             "{path:?}: the examples show no gitstate command: {examples}"
         );
         let cmd = command_at(&root, path);
-        let name = path.last().map_or("", String::as_str);
+        let name = path.join(" ");
         let mask = uses::BY_COMMAND
             .iter()
-            .find(|(command, _)| *command == name && path.len() == 1)
+            .find(|(command, _)| *command == name)
             .map_or(0, |(_, mask)| *mask);
         for spec in SETTINGS {
             let used =
@@ -113,7 +113,8 @@ fn every_command_with_settings_flags_has_its_mask() {
     for path in &all {
         let cmd = command_at(&root, path);
         let has_config = cmd.get_arguments().any(|a| a.get_id() == "config");
-        let listed = path.len() == 1 && uses::BY_COMMAND.iter().any(|(c, _)| *c == path[0]);
+        let name = path.join(" ");
+        let listed = uses::BY_COMMAND.iter().any(|(c, _)| *c == name);
         // The seed's `git` grammar has a --config of its own and no settings flags.
         if has_config && !listed {
             assert!(
@@ -125,7 +126,10 @@ fn every_command_with_settings_flags_has_its_mask() {
     }
     for (command, _) in uses::BY_COMMAND {
         assert!(
-            root.find_subcommand(command).is_some(),
+            command
+                .split(' ')
+                .try_fold(&root, |cmd, word| cmd.find_subcommand(word))
+                .is_some(),
             "uses::BY_COMMAND names {command}, not a command"
         );
     }

@@ -137,8 +137,10 @@ pub mod uses {
     pub const ENCRYPT: u16 = mask(&[Repository, Team, Keys, Opening, Logging]);
     pub const DECRYPT: u16 = mask(&[Team, Opening, Logging]);
     pub const REMOTE: u16 = mask(&[Remote]);
+    /// A commit to the repository's access file.
+    pub const USER_ADD: u16 = mask(&[Repository, Git, Team, Logging]);
 
-    /// Every command with settings, by its name: what its flags must be (a test checks the help).
+    /// Every command with settings, by its words after `gitstate`: what its flags must be (a test checks the help).
     #[cfg(test)]
     pub const BY_COMMAND: &[(&str, u16)] = &[
         ("serve", SERVE),
@@ -154,6 +156,7 @@ pub mod uses {
         ("locks", REMOTE),
         ("unlock", REMOTE),
         ("remove", REMOTE),
+        ("user add", USER_ADD),
     ];
 }
 
