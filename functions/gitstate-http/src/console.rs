@@ -2,8 +2,9 @@
 //! authentication as the API. One handler per resource:
 //!
 //! - `GET /ui/`: the states the caller may read (`?q=` filters by name);
-//! - `GET /ui/states/<name>[?page=N]`: versions newest first with what each changed, the current
-//!   resources, the lock;
+//! - `GET /ui/states/<name>[?page=N][&view=compact]`: versions newest first with what each
+//!   changed (or one row a version with counts), the current resources, the lock, the backend
+//!   block;
 //! - `POST /ui/unlock/<name>`, `POST /ui/restore/<name>`: admin actions, same-origin only, with
 //!   the form token and a confirmation;
 //! - `GET /ui/style.css`.
@@ -11,9 +12,11 @@
 //! Pages never show attribute or output values: only addresses, types, names and serials. Every
 //! answer carries a strict Content-Security-Policy (from [`crate::guard`], errors and redirects
 //! included); no page needs JavaScript. This module routes
-//! and guards the forms; [`pages`] renders.
+//! and guards the forms; [`pages`] and [`state_page`] render.
 
+mod error_page;
 mod pages;
+mod state_page;
 
 use askama::Template;
 use axum::body::Body;
@@ -29,6 +32,8 @@ use sha2::Sha256;
 
 use crate::request::{Params, decode_path, read_body, state_name};
 use crate::{ApiError, App, MAX_QUERY_BYTES, guard, not_allowed};
+
+pub(crate) use error_page::for_browsers as error_pages;
 
 /// Where the console lives.
 pub const PREFIX: &str = "/ui";
@@ -68,7 +73,7 @@ pub(crate) async fn serve(
         if !get {
             return only("GET");
         }
-        return match pages::state(app, caller, &name, &params).await {
+        return match state_page::state(app, caller, &parts.headers, &name, &params).await {
             // A 404 only where a person reads it: to Terraform it would mean "no state".
             Err(error) if error.status() == StatusCode::NOT_FOUND && !browser(&parts.headers) => {
                 Err(ApiError::ConsoleNotFound)
@@ -87,12 +92,15 @@ pub(crate) async fn serve(
             return act(app, caller, &parts.headers, body, &name, action).await;
         }
     }
+    if browser(&parts.headers) {
+        return Err(ApiError::NoPage);
+    }
     Err(ApiError::NoRoute)
 }
 
 /// Whether a request comes from a browser: it asks for HTML (Terraform, OpenTofu and other
 /// API clients send no `Accept: text/html`).
-fn browser(headers: &HeaderMap) -> bool {
+pub(crate) fn browser(headers: &HeaderMap) -> bool {
     headers
         .get_all(header::ACCEPT)
         .iter()
@@ -222,5 +230,7 @@ async fn act(
     Ok((StatusCode::SEE_OTHER, [(header::LOCATION, location)]).into_response())
 }
 
+#[cfg(test)]
+mod page_tests;
 #[cfg(test)]
 mod tests;
