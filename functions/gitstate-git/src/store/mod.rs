@@ -294,6 +294,22 @@ impl StateStore for GitStore {
         GitStore::create_config(self, at, path, content, meta).await
     }
 
+    async fn replace_config(
+        &self,
+        at: &Location,
+        path: &str,
+        expected: Option<Bytes>,
+        content: Bytes,
+        meta: &CommitMeta,
+    ) -> Result<bool, StoreError> {
+        let plan = gitstate_core::ports::replace_plan(expected, meta.clone());
+        Ok(!matches!(
+            self.write_file(at, path, None, Change::Put(content), plan)
+                .await?,
+            Written::Refused(_)
+        ))
+    }
+
     async fn history(
         &self,
         at: &Location,
