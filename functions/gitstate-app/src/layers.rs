@@ -463,6 +463,9 @@ pub struct Layered {
     /// terraform-backend-git's Basic-auth password, hashed into `GITSTATE_ADMIN_HASH` when the
     /// settings are read.
     seed_password: Option<gitstate_core::secret::Secret>,
+    /// terraform-backend-git's sops variables ([`seed::SEED_SOPS_VARIABLES`]) as set, read by
+    /// the encryption settings under their own names.
+    seed_sops: BTreeMap<&'static str, String>,
 }
 
 impl fmt::Debug for Layered {
@@ -515,6 +518,7 @@ impl Layered {
         Ok(Self {
             values,
             seed_password: None,
+            seed_sops: BTreeMap::new(),
         })
     }
 
@@ -581,7 +585,7 @@ impl Layered {
         };
         Settings::from_lookup(runtime, |var| match (var, &seed_hash) {
             ("GITSTATE_ADMIN_HASH", Some(hash)) => Some(hash.clone()),
-            _ => self.get(var),
+            _ => self.get(var).or_else(|| self.seed_sops.get(var).cloned()),
         })
     }
 

@@ -81,6 +81,11 @@ pub struct EncryptionSettings {
     pub shamir_threshold: Option<usize>,
     pub enforced: bool,
     pub passphrase: Option<Secret>,
+    /// A fixed encryption context for states instead of their location's
+    /// (terraform-backend-git's `TF_BACKEND_HTTP_SOPS_AWS_KMS_CONTEXT`, empty when it names
+    /// none): states are sealed under it, and opened under it or under their location's. It
+    /// binds a state to nothing but that context, as that tool's states were.
+    pub fixed_context: Option<Context>,
 }
 
 impl EncryptionSettings {
@@ -223,6 +228,8 @@ pub struct SopsSealer<K> {
     passphrase_writes: Option<Zeroizing<String>>,
     /// The largest state a sealed payload may expand to (`GITSTATE_MAX_BODY_BYTES`).
     max_state_bytes: usize,
+    /// [`EncryptionSettings::fixed_context`].
+    fixed_context: Option<Context>,
 }
 
 impl<K: KeyService> SopsSealer<K> {
@@ -239,6 +246,36 @@ impl<K: KeyService> SopsSealer<K> {
                 .with_threshold(settings.shamir_threshold),
             passphrase_writes,
             max_state_bytes: DEFAULT_MAX_STATE_BYTES,
+            fixed_context: settings.fixed_context.clone(),
+        }
+    }
+
+    /// The context states at `at` are sealed under: the fixed one, else the location's.
+    fn sealing_context(&self, at: &Location, name: &StateName) -> Context {
+        self.fixed_context
+            .clone()
+            .unwrap_or_else(|| context(&at.repository, name))
+    }
+
+    /// `stored` opened under the fixed context, else under the location's (a state gitstate
+    /// wrote before the fixed context was set); the first failure is the one reported.
+    async fn open_sealed(
+        &self,
+        stored: &[u8],
+        at: &Location,
+        name: &StateName,
+    ) -> Result<gitstate_sops::Opened, Error> {
+        let located = context(&at.repository, name);
+        let Some(fixed) = self.fixed_context.as_ref().filter(|f| **f != located) else {
+            return self.envelope.open(stored, Some(&located)).await;
+        };
+        match self.envelope.open(stored, Some(fixed)).await {
+            Ok(opened) => Ok(opened),
+            Err(first) => self
+                .envelope
+                .open(stored, Some(&located))
+                .await
+                .map_err(|_| first),
         }
     }
 
@@ -355,7 +392,7 @@ impl<K: KeyService + 'static> Sealer for SopsSealer<K> {
         let payload = pack(plaintext).map_err(seal_error)?;
         let sealed = self
             .envelope
-            .seal(&payload, &context(&at.repository, name))
+            .seal(&payload, &self.sealing_context(at, name))
             .await
             .map_err(seal_error)?;
         Ok(Bytes::from(sealed))
@@ -368,8 +405,7 @@ impl<K: KeyService + 'static> Sealer for SopsSealer<K> {
         name: &StateName,
     ) -> Result<Opened, SealError> {
         let opened = self
-            .envelope
-            .open(&stored, Some(&context(&at.repository, name)))
+            .open_sealed(&stored, at, name)
             .await
             .and_then(|opened| unpack(opened, self.max_state_bytes))
             .map_err(seal_error)?;

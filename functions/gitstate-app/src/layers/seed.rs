@@ -41,6 +41,17 @@ pub const SEED_VARIABLES: &[(&str, &str)] = &[
     ),
 ];
 
+/// The seed's sops variables, read by the encryption settings under these names (where
+/// gitstate's own names for the same thing are unset): OpenPGP fingerprints, age recipients,
+/// the Shamir threshold, and the KMS keys with their encryption context.
+pub const SEED_SOPS_VARIABLES: &[&str] = &[
+    "TF_BACKEND_HTTP_SOPS_PGP_FP",
+    "TF_BACKEND_HTTP_SOPS_AGE_RECIPIENTS",
+    "TF_BACKEND_HTTP_SOPS_SHAMIR_THRESHOLD",
+    "TF_BACKEND_HTTP_SOPS_AWS_KMS_ARNS",
+    "TF_BACKEND_HTTP_SOPS_AWS_KMS_CONTEXT",
+];
+
 /// The seed's Basic-auth password: hashed (argon2id) into the bootstrap administrator
 /// (`GITSTATE_ADMIN_HASH`), whose name is `TF_BACKEND_GIT_HTTP_USERNAME`.
 pub const SEED_PASSWORD: &str = "TF_BACKEND_GIT_HTTP_PASSWORD";
@@ -157,6 +168,11 @@ impl Layered {
                 "GITSTATE_ADMIN_HASH",
                 (String::new(), Origin::SeedEnv(SEED_PASSWORD)),
             );
+        }
+        for name in SEED_SOPS_VARIABLES {
+            if let Some(value) = present((seed.env)(name)) {
+                self.seed_sops.insert(name, value);
+            }
         }
         let seed_repository = matches!(
             self.origin("GITSTATE_REPOSITORY"),

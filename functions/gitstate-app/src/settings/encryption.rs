@@ -28,8 +28,18 @@ pub(crate) fn read(vars: &Vars<'_>) -> Result<EncryptionSettings, ConfigError> {
         }
         None => None,
     };
+    // terraform-backend-git's KMS keys, under the context its variables name (none: empty), as
+    // it sealed its states; gitstate's own keys keep the location-bound context.
+    let (kms_key_ids, fixed_context) = if vars.get("GITSTATE_KMS_KEY_IDS").is_some() {
+        (key_list(vars, "GITSTATE_KMS_KEY_IDS")?, None)
+    } else {
+        let keys = key_list(vars, SEED_KMS_ARNS)?;
+        let context = (!keys.is_empty()).then(|| seed_context(vars)).transpose()?;
+        (keys, context)
+    };
     let encryption = EncryptionSettings {
-        kms_key_ids: key_list(vars, "GITSTATE_KMS_KEY_IDS")?,
+        kms_key_ids,
+        fixed_context,
         previous_kms_key_ids: key_list(vars, "GITSTATE_KMS_PREVIOUS_KEY_IDS")?,
         age_recipients,
         previous_age_recipients: recipients(vars, "GITSTATE_AGE_PREVIOUS_RECIPIENTS")?,
@@ -82,6 +92,37 @@ pub(crate) fn read(vars: &Vars<'_>) -> Result<EncryptionSettings, ConfigError> {
         });
     }
     Ok(encryption)
+}
+
+/// terraform-backend-git's KMS keys for sops.
+const SEED_KMS_ARNS: &str = "TF_BACKEND_HTTP_SOPS_AWS_KMS_ARNS";
+/// terraform-backend-git's KMS encryption context: `key=value` pairs, comma-separated.
+const SEED_KMS_CONTEXT: &str = "TF_BACKEND_HTTP_SOPS_AWS_KMS_CONTEXT";
+
+/// [`SEED_KMS_CONTEXT`] as a context (empty when unset); a pair without `=` or with an empty
+/// key, or a key given twice, is refused.
+fn seed_context(vars: &Vars<'_>) -> Result<gitstate_sops::Context, ConfigError> {
+    let mut context = gitstate_sops::Context::new();
+    for pair in vars.list(SEED_KMS_CONTEXT) {
+        let bad = |reason: &str| ConfigError::Invalid {
+            var: SEED_KMS_CONTEXT,
+            reason: format!("{pair:?}: {reason}"),
+        };
+        let (key, value) = pair
+            .split_once('=')
+            .ok_or_else(|| bad("write each pair as key=value"))?;
+        let key = key.trim();
+        if key.is_empty() {
+            return Err(bad("the key is empty"));
+        }
+        if context
+            .insert(key.to_owned(), value.trim().to_owned())
+            .is_some()
+        {
+            return Err(bad("the key is given twice"));
+        }
+    }
+    Ok(context)
 }
 
 /// A comma-separated list of KMS keys, each a strictly parsed ARN or a bare alias or key ID.

@@ -622,3 +622,59 @@ fn pgp_public_keys_flattened_to_one_line_still_parse() {
     let public = super::encryption::unflatten_armor(&flat_cut);
     assert!(gitstate_sops::PgpKeys::parse(&public, "", None).is_err());
 }
+
+/// terraform-backend-git's KMS keys and context: generated contexts (any number of pairs,
+/// values with spaces, `=` and unicode) read back exactly as the fixed context of states;
+/// gitstate's own keys win and keep the location's context; malformed pairs are refused.
+#[test]
+fn the_seeds_kms_keys_and_context() {
+    use rand::{Rng, SeedableRng};
+    let arn = "arn:aws:kms:eu-west-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab";
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x5e1d);
+    let alphabet: Vec<char> = "abZ09_-:/. =é".chars().collect();
+    for _ in 0..200 {
+        let mut want = std::collections::BTreeMap::new();
+        for i in 0..rng.random_range(0..5) {
+            let value: String = (0..rng.random_range(0..8))
+                .map(|_| alphabet[rng.random_range(0..alphabet.len())])
+                .collect();
+            want.insert(format!("k{i}"), value.trim().to_owned());
+        }
+        let text: Vec<String> = want.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let text = text.join(",");
+        let s = settings(
+            Runtime::Local,
+            &[
+                ("TF_BACKEND_HTTP_SOPS_AWS_KMS_ARNS", arn),
+                ("TF_BACKEND_HTTP_SOPS_AWS_KMS_CONTEXT", &text),
+            ],
+        )
+        .expect("valid");
+        assert_eq!(s.encryption.kms_key_ids, [arn]);
+        assert_eq!(s.encryption.fixed_context, Some(want), "{text:?}");
+    }
+    let own = settings(
+        Runtime::Local,
+        &[
+            ("TF_BACKEND_HTTP_SOPS_AWS_KMS_ARNS", arn),
+            ("TF_BACKEND_HTTP_SOPS_AWS_KMS_CONTEXT", "a=b"),
+            ("GITSTATE_KMS_KEY_IDS", "alias/own"),
+        ],
+    )
+    .expect("valid");
+    assert_eq!(own.encryption.kms_key_ids, ["alias/own"]);
+    assert_eq!(own.encryption.fixed_context, None);
+    for bad in ["novalue", "=v", "a=1,a=2"] {
+        let refused = settings(
+            Runtime::Local,
+            &[
+                ("TF_BACKEND_HTTP_SOPS_AWS_KMS_ARNS", arn),
+                ("TF_BACKEND_HTTP_SOPS_AWS_KMS_CONTEXT", bad),
+            ],
+        );
+        assert!(
+            matches!(&refused, Err(e) if e.to_string().contains("TF_BACKEND_HTTP_SOPS_AWS_KMS_CONTEXT")),
+            "{bad}"
+        );
+    }
+}

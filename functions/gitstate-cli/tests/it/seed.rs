@@ -607,3 +607,114 @@ async fn standalone_mode_with_the_seeds_environment_and_aes_states() {
     assert_ne!(code, 0, "nothing left to stop: {out}");
     assert!(out.contains("no standalone server"), "{out}");
 }
+
+/// Replace `path` on `master` of the server's repository `name` with `content`, as a git user
+/// would (clone, commit, push).
+fn commit_file(server: &GitServer, name: &str, path: &str, content: &[u8]) {
+    let work = tempfile::tempdir().expect("tempdir");
+    let dir = work.path();
+    git(
+        &[
+            "clone",
+            "-q",
+            "--branch",
+            "master",
+            &server.url_with_credentials(name),
+            ".",
+        ],
+        Some(dir),
+    );
+    let file = dir.join(path);
+    std::fs::create_dir_all(file.parent().expect("a folder")).expect("folders");
+    std::fs::write(&file, content).expect("write");
+    git(&["add", path], Some(dir));
+    let commit = [
+        "-c",
+        "user.name=seed",
+        "-c",
+        "user.email=s@s",
+        "commit",
+        "-q",
+        "-m",
+        "seed",
+    ];
+    git(&commit, Some(dir));
+    git(&["push", "-q", "origin", "master"], Some(dir));
+}
+
+/// A sops state as the seed writes it with `TF_BACKEND_HTTP_ENCRYPTION_PROVIDER=sops`: a KMS
+/// key of `TF_BACKEND_HTTP_SOPS_AWS_KMS_ARNS` under the encryption context of
+/// `TF_BACKEND_HTTP_SOPS_AWS_KMS_CONTEXT`, JSON tree mode (made here by the stock sops 3.11 with
+/// that key and context, moto as KMS). Through the wrapper with the seed's variables, terraform
+/// reads it in place (a plan without changes), writes the next state under the same key and
+/// context (sops 3.11 opens it: serial 2), and reads that again; the same variables naming
+/// another context fail loudly instead of planning against no state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sops_states_the_seed_wrote_are_read_under_its_kms_context() {
+    let server = GitServer::start().await;
+    let url = seed_repo(&server, "sops");
+    let git_dir = server.repo_dir("sops");
+    let moto = gitstate_tests::Moto::start().await;
+    let arn = moto.create_key("seed-sops").await;
+    let tf = terraform();
+    let tf = tf.to_str().expect("utf-8");
+    let work = workdir(0, "one");
+    let dir = work.path();
+    let wrapper = |args: &[&str], env: &[(&str, String)]| {
+        let mut all = vec!["git", "--repository", url.as_str(), "--state", STATE, tf];
+        all.extend_from_slice(args);
+        gitstate(dir, &all, env)
+    };
+    let plain_env = seed_git_env();
+    for args in [&["init", "-input=false"][..], &["apply", "-auto-approve"]] {
+        let (code, out) = output(wrapper(args, &plain_env)).await;
+        assert_eq!(code, 0, "{args:?}: {out}");
+    }
+    let plain = stored(&git_dir, "master", STATE).expect("the plain state");
+    let groups = format!(
+        "      - kms:\n          - arn: {arn:?}\n            context:\n              \
+         team: \"infra\"\n              env: \"prod\"\n"
+    );
+    let sealed = gitstate_tests::sops::sops_encrypt_json(&groups, None, &plain, &moto.env());
+    assert!(!String::from_utf8_lossy(&sealed).contains("terraform_data"));
+    commit_file(&server, "sops", STATE, &sealed);
+
+    let sops_env = |context: &str| {
+        let mut env = seed_git_env();
+        env.extend(moto.env());
+        env.extend([
+            ("TF_BACKEND_HTTP_ENCRYPTION_PROVIDER", "sops".to_owned()),
+            ("TF_BACKEND_HTTP_SOPS_AWS_KMS_ARNS", arn.clone()),
+            ("TF_BACKEND_HTTP_SOPS_AWS_KMS_CONTEXT", context.to_owned()),
+        ]);
+        env
+    };
+    let seed = sops_env("team=infra,env=prod");
+    let (code, out) = output(wrapper(&["plan", "-detailed-exitcode"], &seed)).await;
+    assert_eq!(code, 0, "the seed's sops state read in place: {out}");
+
+    write_config(dir, 0, "two");
+    let (code, out) = output(wrapper(&["apply", "-auto-approve"], &seed)).await;
+    assert_eq!(code, 0, "apply over the seed's sops state: {out}");
+    let written = stored(&git_dir, "master", STATE).expect("written");
+    let doc: serde_json::Value = serde_json::from_slice(&written).expect("a sops file");
+    let kms = &doc["sops"]["kms"][0];
+    assert_eq!(kms["arn"], arn.as_str());
+    assert_eq!(
+        kms["context"],
+        serde_json::json!({"team": "infra", "env": "prod"}),
+        "written under the seed's context"
+    );
+    let opened = gitstate_tests::sops::break_glass(&written, &moto.env());
+    assert_eq!(serial(&opened), 2);
+    let (code, out) = output(wrapper(&["plan", "-detailed-exitcode"], &seed)).await;
+    assert_eq!(code, 0, "read back under the seed's context: {out}");
+
+    let other = sops_env("team=infra,env=dev");
+    let (code, out) = output(wrapper(&["plan", "-detailed-exitcode"], &other)).await;
+    assert_eq!(
+        code, 1,
+        "another context fails, never a plan from nothing: {out}"
+    );
+    assert_eq!(stored(&git_dir, "master", STATE), Some(written));
+}
