@@ -1,10 +1,12 @@
 //! The web console at `/ui/`: server-rendered pages over the same backend and Basic
 //! authentication as the API. One handler per resource:
 //!
-//! - `GET /ui/`: the states the caller may read (`?q=` filters by name);
+//! - `GET /ui/`: the states the caller may read (`?q=` filters by name); a browser's `GET /`
+//!   leads there ([`front_door`]);
 //! - `GET /ui/states/<name>[?page=N][&view=compact]`: versions newest first with what each
 //!   changed (or one row a version with counts), the current resources, the lock, the backend
 //!   block;
+//! - `GET /ui/download/<name>?at=<version|serial>`: one version's state, as a file to save;
 //! - `POST /ui/unlock/<name>`, `POST /ui/restore/<name>`: admin actions, same-origin only, with
 //!   the form token and a confirmation;
 //! - `GET /ui/style.css`.
@@ -14,12 +16,15 @@
 //! included); no page needs JavaScript. This module routes
 //! and guards the forms; [`pages`] and [`state_page`] render.
 
+mod download;
 mod error_page;
 mod pages;
 mod state_page;
 
 use askama::Template;
 use axum::body::Body;
+use axum::extract::Request;
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use gitstate_core::StateName;
@@ -81,6 +86,12 @@ pub(crate) async fn serve(
             answer => answer,
         };
     }
+    if let Some(name) = state("/ui/download/")? {
+        if !get {
+            return only("GET");
+        }
+        return download::version(app, caller, &name, &params).await;
+    }
     for (prefix, action) in [
         ("/ui/unlock/", Action::Unlock),
         ("/ui/restore/", Action::Restore),
@@ -96,6 +107,23 @@ pub(crate) async fn serve(
         return Err(ApiError::NoPage);
     }
     Err(ApiError::NoRoute)
+}
+
+/// `GET /` (no query) from a browser: to the console, before credentials are asked for. Every
+/// other client keeps the router's answer, a 400 naming the routes: Terraform pointed at `/`
+/// must read neither a state nor "no state", and is never sent to an HTML page it would follow.
+pub(crate) async fn front_door(request: Request, next: Next) -> Response {
+    let uri = request.uri();
+    let bare = uri.path() == "/" && uri.query().is_none_or(str::is_empty);
+    let get = matches!(*request.method(), Method::GET | Method::HEAD);
+    if bare && get && browser(request.headers()) {
+        return (
+            StatusCode::SEE_OTHER,
+            [(header::LOCATION, "/ui/"), (header::VARY, "Accept")],
+        )
+            .into_response();
+    }
+    next.run(request).await
 }
 
 /// Whether a request comes from a browser: it asks for HTML (Terraform, OpenTofu and other
