@@ -10,8 +10,9 @@ use gitstate_core::refs::{
     AllowedRefs, RefPolicy, branch_clash, clashes_with_lock_prefix, paths_clash,
 };
 use gitstate_core::{BranchName, StateName};
-use gitstate_git::pkt;
-use gitstate_git::smart::{Advert, PushReport, Service};
+use gitstate_git::protocol::pkt;
+use gitstate_git::protocol::{Advert, Service};
+use gitstate_git::smart::PushReport;
 
 /// State and branch names: an accepted name is a safe relative path and a valid ref component.
 pub fn state_name(data: &[u8]) {

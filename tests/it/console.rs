@@ -907,6 +907,231 @@ async fn console_in_a_real_browser() {
     reader.close().await;
 }
 
+/// Write `states` to `name`, each under a lock naming the operation beside it, as Terraform does.
+async fn write_with_operations(client: &Client, name: &str, states: &[(&str, String)]) {
+    for (i, (operation, body)) in states.iter().enumerate() {
+        let info = json!({"ID": format!("op-{i}"), "Operation": operation, "Who": "ci@runner"})
+            .to_string();
+        let lock = format!("/locks/{name}");
+        client.send("POST", &lock, Some(&info)).await.expect(200);
+        client
+            .write_locked(name, &format!("op-{i}"), body)
+            .await
+            .expect(200);
+        client.send("DELETE", &lock, Some(&info)).await.expect(200);
+    }
+}
+
+/// Seconds an age as the console words it says (`3h5m`); the test fails on anything else.
+fn age_seconds(text: &str) -> u64 {
+    let (mut total, mut number) = (0, String::new());
+    for c in text.chars() {
+        match c {
+            '0'..='9' => number.push(c),
+            'd' | 'h' | 'm' | 's' => {
+                let unit = match c {
+                    'd' => 86_400,
+                    'h' => 3600,
+                    'm' => 60,
+                    _ => 1,
+                };
+                total += number.parse::<u64>().expect("a number before a unit") * unit;
+                number.clear();
+            }
+            _ => panic!("{text:?} is not an age"),
+        }
+    }
+    assert!(number.is_empty() && !text.is_empty(), "{text:?}");
+    total
+}
+
+/// What issue 25 added to the console, as a browser shows it: operations in words, one
+/// wording for lock ages, the backend block selected by a click, the compact view's counts, a
+/// restore naming its source, and styled 403/404 pages with a way back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_words_views_and_error_pages_in_a_real_browser() {
+    let f = fixture().await;
+    let ops = "net/ops.tfstate";
+    let one = |serial| state(serial, &[("null_resource", "x", None, "1")], &[]);
+    write_with_operations(
+        &f.admin,
+        ops,
+        &[
+            ("migration destination state", one(1)),
+            ("OperationTypeApply", one(2)),
+            ("state-push", one(3)),
+        ],
+    )
+    .await;
+    let driver = Driver::start().await;
+    let base = f.backend.url.clone();
+    let admin = driver.browser(1200, 900).await;
+    admin
+        .go(&format!(
+            "{}/ui/",
+            with_credentials(&base, (TEST_USER, TEST_PASSWORD))
+        ))
+        .await;
+    let rows = admin.texts("table.states tbody tr").await;
+    let ops_row = rows.iter().find(|r| r.starts_with(ops)).expect("the row");
+    assert!(ops_row.contains("state push"), "{ops_row}");
+    let prod_row = rows.iter().find(|r| r.starts_with(PROD)).expect("the row");
+    assert!(
+        prod_row.contains("held for") && prod_row.contains("apply"),
+        "{prod_row}"
+    );
+    let list_age = age_seconds(&admin.text("table.states .age").await);
+    assert!(!admin.source().await.contains(">OperationType"));
+
+    // --- One state's versions: the operations in words, as cards and as rows.
+    admin.go(&format!("{base}/ui/states/{ops}")).await;
+    assert_eq!(
+        admin.texts("ol.versions .operation").await,
+        ["state push", "apply", "migration"]
+    );
+    admin.click("#view-compact").await;
+    admin.wait_url("view=compact").await;
+    assert_eq!(
+        admin
+            .texts("table.compact tbody td[data-label=Operation]")
+            .await,
+        ["state push", "apply", "migration"]
+    );
+
+    // --- The locked state: the same age wording as the list, the backend block.
+    admin.go(&format!("{base}/ui/states/{PROD}")).await;
+    assert_eq!(admin.text("dl.facts dd[title]").await, "apply");
+    let page_age = age_seconds(&admin.text("dl.facts .age").await);
+    assert!(
+        page_age >= list_age && page_age < list_age + 60,
+        "{list_age} then {page_age}"
+    );
+    let block = admin.text("#backend-block").await;
+    let expected = format!(
+        "terraform {{\n  backend \"http\" {{\n    address        = \"{base}/states/{PROD}\"\n    lock_address   = \"{base}/locks/{PROD}\"\n    unlock_address = \"{base}/locks/{PROD}\"\n    lock_method    = \"POST\"\n    unlock_method  = \"DELETE\"\n  }}\n}}"
+    );
+    assert_eq!(block, expected);
+    admin.click("#backend-block").await;
+    let selected = admin
+        .call(
+            reqwest::Method::POST,
+            "/execute/sync",
+            Some(json!({"script": "return window.getSelection().toString()", "args": []})),
+        )
+        .await;
+    assert_eq!(
+        selected.as_str().map(str::trim),
+        Some(expected.as_str()),
+        "one click selects it all"
+    );
+
+    // --- Compact: one row a version with what it added, changed and removed.
+    admin.click("#view-compact").await;
+    admin.wait_url("view=compact").await;
+    assert_eq!(admin.texts("table.compact tbody th").await, ["3", "2", "1"]);
+    for (class, counts) in [
+        ("added-count", ["0", "1", "2"]),
+        ("changed-count", ["0", "1", "0"]),
+        ("removed-count", ["1", "0", "0"]),
+    ] {
+        assert_eq!(
+            admin.texts(&format!("table.compact td.{class}")).await,
+            counts,
+            "{class}"
+        );
+    }
+    assert_no_values(&admin.source().await);
+    admin
+        .call(
+            reqwest::Method::POST,
+            "/window/rect",
+            Some(json!({"width": 1200, "height": 1500})),
+        )
+        .await;
+    admin.screenshot("console-compact.png").await;
+
+    // --- A restore names the version it wrote again, in both views.
+    f.admin.unlock(PROD, "lock-1").await.expect(200);
+    let restored = f
+        .admin
+        .send("POST", &format!("/history/{PROD}?restore=1"), None)
+        .await
+        .expect(200)
+        .json();
+    let from = restored["from"].as_str().expect("from").to_owned();
+    admin
+        .go(&format!("{base}/ui/states/{PROD}?view=compact"))
+        .await;
+    assert_eq!(
+        admin
+            .text("table.compact tbody tr:first-child td[data-label=Operation]")
+            .await,
+        "restore of serial 1"
+    );
+    admin.click("#view-cards").await;
+    admin
+        .wait_url(&format!("/ui/states/{PROD}?page=0&per_page=20"))
+        .await;
+    let card = admin.text("ol.versions > li:first-child .restored").await;
+    assert_eq!(
+        card,
+        format!("Restored from serial 1, version {}.", &from[..10])
+    );
+    admin
+        .click("ol.versions > li:first-child .restored a")
+        .await;
+    admin.wait_url(&format!("#v-{from}")).await;
+
+    // --- A missing state and a missing page: styled, with a way back.
+    admin
+        .call(
+            reqwest::Method::POST,
+            "/window/rect",
+            Some(json!({"width": 1000, "height": 600})),
+        )
+        .await;
+    for path in ["/ui/nowhere", "/ui/states/net/missing.tfstate"] {
+        admin.go(&format!("{base}{path}")).await;
+        assert_eq!(admin.text("h1").await, "Not found", "{path}");
+        assert_eq!(admin.text(".error-page .status").await, "Error 404");
+        let colour = admin
+            .call(
+                reqwest::Method::GET,
+                &format!(
+                    "/element/{}/css/background-color",
+                    admin.find("header.top").await
+                ),
+                None,
+            )
+            .await;
+        assert_eq!(colour, "rgba(36, 41, 47, 1)", "style.css applied on {path}");
+    }
+    admin.screenshot("console-not-found.png").await;
+    admin.click("#back").await;
+    admin.wait_url("/ui/").await;
+    assert_eq!(admin.text("h1").await, "States");
+    admin.close().await;
+
+    // --- A state outside the reader's grant: 403, styled, the reason, a way back.
+    let reader = driver.browser(1200, 900).await;
+    reader
+        .go(&format!(
+            "{}/ui/states/app/web.tfstate",
+            with_credentials(&base, READER)
+        ))
+        .await;
+    assert_eq!(reader.text("h1").await, "Not allowed");
+    assert_eq!(reader.text(".error-page .status").await, "Error 403");
+    assert!(
+        reader.text("#reason").await.contains("reader"),
+        "names the user"
+    );
+    reader.click("#back").await;
+    reader.wait_url("/ui/").await;
+    assert_eq!(reader.texts("table.states tbody th").await.len(), 4);
+    reader.close().await;
+}
+
 /// A list by a fresh backend (cold cache): the backend, the git requests it made, the list.
 async fn cold_list(
     server: &GitServer,

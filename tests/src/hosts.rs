@@ -282,7 +282,7 @@ fn record_capabilities(strip: &Strip, path: &str, body: &[u8]) {
     } else {
         return;
     };
-    let Ok(Some(line)) = gitstate_git::pkt::Reader::new(body).next_line() else {
+    let Ok(Some(line)) = gitstate_git::protocol::pkt::Reader::new(body).next_line() else {
         return;
     };
     let line = String::from_utf8_lossy(line).into_owned();
@@ -299,7 +299,7 @@ fn record_capabilities(strip: &Strip, path: &str, body: &[u8]) {
 
 /// The advertisement with `caps` removed from its capability list (the first ref line).
 fn strip_advertisement(body: &[u8], caps: &[String]) -> Vec<u8> {
-    use gitstate_git::pkt::{Frame, Reader, flush, write};
+    use gitstate_git::protocol::pkt::{Frame, Reader, flush, write};
     let mut reader = Reader::new(body);
     let mut out = Vec::new();
     let mut first_ref = true;

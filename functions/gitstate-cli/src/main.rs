@@ -179,13 +179,29 @@ enum Command {
 
 #[derive(Subcommand)]
 enum UserCommand {
-    /// Make a user with a fresh random token: the access file entry goes to standard output, the
-    /// token (shown once) to standard error.
+    /// Add a user to .gitstate/access.toml in the repository (the embedded one found here or
+    /// above, or --repository) in one commit: a name already there is refused, and a change
+    /// committed meanwhile is kept. The password is hashed with argon2id and never shown: a
+    /// fresh random token (printed once to standard error), or --password-stdin.
+    #[command(after_help = "Examples:\n  \
+        gitstate user add ci-net --grant write:network/ --grant read:*\n  \
+        read -rs PW; printf %s \"$PW\" | gitstate user add ann --grant admin:* --password-stdin\n  \
+        gitstate user add ci --grant write:app/ --repository https://git.example.com/infra/state.git\n  \
+        gitstate user add ci --grant read:* --print    # print an entry for an access file")]
     Add {
         name: String,
         /// role:prefix, e.g. write:network/ or read:* (repeatable).
         #[arg(long = "grant", required = true)]
         grants: Vec<String>,
+        /// Read the user's password from standard input (never from the command line) instead
+        /// of generating a token.
+        #[arg(long)]
+        password_stdin: bool,
+        /// Commit nothing: print the access file entry to standard output.
+        #[arg(long)]
+        print: bool,
+        #[command(flatten)]
+        settings: SettingsArgs,
     },
 }
 
@@ -227,7 +243,22 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Doctor { args } => doctor::doctor(&args).await,
         Command::Stop { address } => seed::stop_at(address.as_deref()),
-        Command::User(UserCommand::Add { name, grants }) => users::user_add(&name, &grants),
+        Command::User(UserCommand::Add {
+            name,
+            grants,
+            password_stdin,
+            print,
+            settings,
+        }) => {
+            users::user_add(&users::AddUser {
+                name: &name,
+                grants: &grants,
+                password_stdin,
+                print,
+                settings: &settings,
+            })
+            .await
+        }
         Command::HashPassword => users::hash_password(),
         Command::Access(AccessCommand::Check { file }) => users::access_check(&file),
         Command::History {

@@ -172,30 +172,7 @@ pub async fn serve_until(
         );
         tokio::spawn(async move {
             let _ticket = ticket;
-            let service = hyper::service::service_fn(
-                move |mut request: hyper::Request<hyper::body::Incoming>| {
-                    request.extensions_mut().insert(ConnectInfo(peer));
-                    app.clone().oneshot(with_scheme(request, scheme))
-                },
-            );
-            let result = match acceptor {
-                None => {
-                    let connection =
-                        http.serve_connection(hyper_util::rt::TokioIo::new(tcp), service);
-                    watcher.watch(connection).await
-                }
-                Some(acceptor) => {
-                    let Some(stream) = handshake(&acceptor, tcp, peer).await else {
-                        return;
-                    };
-                    let connection =
-                        http.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
-                    watcher.watch(connection).await
-                }
-            };
-            if let Err(e) = result {
-                tracing::debug!("connection from {peer}: {e}");
-            }
+            connection(tcp, peer, acceptor, app, watcher, http, scheme).await;
         });
     }
     if tokio::time::timeout(DRAIN, graceful.shutdown())
@@ -208,6 +185,39 @@ pub async fn serve_until(
         );
     }
     Ok(())
+}
+
+/// One admitted connection, served until it closes or the server drains.
+async fn connection(
+    tcp: tokio::net::TcpStream,
+    peer: SocketAddr,
+    acceptor: Option<tokio_rustls::TlsAcceptor>,
+    app: axum::Router,
+    watcher: hyper_util::server::graceful::Watcher,
+    http: hyper::server::conn::http1::Builder,
+    scheme: &'static str,
+) {
+    let service =
+        hyper::service::service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
+            request.extensions_mut().insert(ConnectInfo(peer));
+            app.clone().oneshot(with_scheme(request, scheme))
+        });
+    let result = match acceptor {
+        None => {
+            let connection = http.serve_connection(hyper_util::rt::TokioIo::new(tcp), service);
+            watcher.watch(connection).await
+        }
+        Some(acceptor) => {
+            let Some(stream) = handshake(&acceptor, tcp, peer).await else {
+                return;
+            };
+            let connection = http.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            watcher.watch(connection).await
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!("connection from {peer}: {e}");
+    }
 }
 
 /// Mark the request with the scheme of the listener, replacing whatever the client claimed.

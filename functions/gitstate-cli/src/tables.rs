@@ -47,14 +47,14 @@ pub fn format_time(seconds: i64) -> String {
     )
 }
 
-/// Age in a short human form.
+/// Age as the console words it too: `45s`, `12m`, `3h5m`, `2d4h`.
 pub fn format_age(seconds: i64) -> String {
-    match seconds {
-        s if s < 120 => format!("{s}s"),
-        s if s < 7200 => format!("{}m", s / 60),
-        s if s < 172_800 => format!("{}h", s / 3600),
-        s => format!("{}d", s / 86400),
-    }
+    gitstate_core::wording::age(seconds)
+}
+
+/// An operation as the console words it too (`apply`, `migration`, `restore`…), printable.
+fn operation(raw: &str) -> String {
+    printable(&gitstate_core::wording::operation(raw))
 }
 
 fn or_dash<T: ToString>(value: Option<T>) -> String {
@@ -92,7 +92,7 @@ pub fn history(answer: &HistoryAnswer) -> String {
         let operation = if v.deleted {
             "deleted".to_owned()
         } else {
-            printable(&v.operation)
+            operation(&v.operation)
         };
         table.add_row(vec![
             short,
@@ -131,7 +131,10 @@ pub fn states(states: &[ListedState], filter: &str) -> Option<String> {
             or_dash(state.serial),
             state.updated.map_or_else(|| "-".into(), format_time),
             or_dash(state.author.as_ref()),
-            or_dash(state.operation.as_ref()),
+            state
+                .operation
+                .as_deref()
+                .map_or_else(|| "-".into(), operation),
             lock,
         ]);
     }
@@ -155,7 +158,7 @@ pub fn locks(locks: &[ListedLock], stale_after: i64) -> Option<String> {
             lock.age_seconds.map_or_else(|| "-".into(), format_age),
             or_dash(lock.user.as_ref()),
             printable(&lock.who),
-            printable(&lock.operation),
+            operation(&lock.operation),
             format!(
                 "{}{}",
                 printable(&lock.id),

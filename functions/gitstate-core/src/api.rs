@@ -47,6 +47,9 @@ pub struct VersionInfo {
     pub serial: Option<u64>,
     pub lineage: Option<String>,
     pub deleted: bool,
+    /// The revision a restore wrote again (absent from servers older than this field).
+    #[serde(default)]
+    pub restored_from: Option<String>,
 }
 
 /// One page of `GET /history/<state>`, newest first.

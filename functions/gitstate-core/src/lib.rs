@@ -19,6 +19,7 @@ pub mod service;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;
 pub mod trailers;
+pub mod wording;
 
 pub use lock::{LockInfo, LockInfoError, UnlockRequest};
 pub use name::{BranchName, MAX_NAME_BYTES, NameError, StateName};

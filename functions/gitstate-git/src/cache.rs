@@ -9,7 +9,7 @@ use gix::ObjectId;
 use gix::objs::Kind;
 use gix::objs::tree::EntryKind;
 
-use crate::Error;
+use crate::{Error, sync};
 use gitstate_core::ports::{CommitMeta, HistoryPage, Revision};
 use gitstate_core::refs::Clash;
 
@@ -90,10 +90,7 @@ impl Cache {
     /// Throw the cache away and start empty: used when it was found corrupt.
     pub fn rebuild(&self) -> Result<(), Error> {
         tracing::warn!(dir = %self.dir.display(), "rebuilding the git cache");
-        let mut guard = self
-            .repo
-            .write()
-            .map_err(|_| Error::Corrupt("cache lock poisoned".into()))?;
+        let mut guard = sync::write(&self.repo);
         let trash = self
             .dir
             .with_extension(format!("trash-{}", rand::random::<u32>()));
@@ -108,19 +105,12 @@ impl Cache {
     /// without relying on the object database noticing on its own.
     pub fn reload(&self) -> Result<(), Error> {
         let fresh = gix::open_opts(&self.dir, open_options())?.into_sync();
-        *self
-            .repo
-            .write()
-            .map_err(|_| Error::Corrupt("cache lock poisoned".into()))? = fresh;
+        *sync::write(&self.repo) = fresh;
         Ok(())
     }
 
     pub fn repo(&self) -> Result<gix::Repository, Error> {
-        let guard = self
-            .repo
-            .read()
-            .map_err(|_| Error::Corrupt("cache lock poisoned".into()))?;
-        Ok(guard.to_thread_local())
+        Ok(sync::read(&self.repo).to_thread_local())
     }
 
     pub fn git_dir(&self) -> &Path {

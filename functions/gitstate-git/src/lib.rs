@@ -5,11 +5,12 @@ mod cache;
 mod index;
 mod local;
 mod pack;
-pub mod pkt;
+pub mod protocol;
 mod settings;
 pub mod smart;
 pub mod ssh;
 mod store;
+mod sync;
 
 pub use settings::{GitAuth, GitSettings};
 pub use store::{GitStore, StoreOptions, WriteMode};
@@ -50,6 +51,13 @@ pub enum Error {
 }
 
 impl Error {
+    /// An answer over the size limit, over HTTP or SSH (a 502 with this reason).
+    pub(crate) fn too_large(what: &str, limit: u64) -> Self {
+        Self::Remote(format!(
+            "the remote's {what} is larger than {limit} bytes (GITSTATE_GIT_MAX_RESPONSE_BYTES)"
+        ))
+    }
+
     /// Failures worth one more try from a fresh look at the remote: a refused fetch of a tip that
     /// just moved, or a remote answering 5xx.
     pub fn is_transient(&self) -> bool {

@@ -12,6 +12,7 @@ use gitstate_core::refs::paths_clash;
 use crate::Error;
 use crate::cache::Cache;
 use crate::smart::{Advert, Command, PushReport};
+use crate::sync::lock;
 
 pub struct LocalRefs {
     repo: Arc<Cache>,
@@ -91,10 +92,7 @@ impl LocalRefs {
 
     /// Apply `commands` in one transaction: all succeed, or none does and each is reported `ng`.
     pub fn push(&self, commands: &[Command]) -> Result<PushReport, Error> {
-        let _serial = self
-            .serial
-            .lock()
-            .map_err(|_| Error::Corrupt("local ref lock poisoned".into()))?;
+        let _serial = lock(&self.serial);
         let repo = self.repo.repo()?;
         let edits = commands
             .iter()

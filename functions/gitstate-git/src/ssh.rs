@@ -10,8 +10,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
 use crate::Error;
-use crate::pkt;
-use crate::smart::Service;
+use crate::protocol::{Service, pkt};
 
 /// How the smart client reaches a remote other than over HTTP: the advertisement (as smart HTTP
 /// returns it, service announcement included) and one request/response exchange, each refused
@@ -194,7 +193,7 @@ impl Ssh {
                 .await?;
             if rest.len() as u64 > limit {
                 // The child is killed when dropped.
-                return Err(crate::smart::too_large(
+                return Err(Error::too_large(
                     &format!("{} response", service.name()),
                     limit,
                 ));
@@ -244,7 +243,7 @@ async fn read_advertisement(
             _ => {
                 let start = out.len();
                 if (start + len - 4) as u64 > limit {
-                    return Err(crate::smart::too_large("ref advertisement", limit));
+                    return Err(Error::too_large("ref advertisement", limit));
                 }
                 out.resize(start + len - 4, 0);
                 stdout.read_exact(&mut out[start..]).await?;

@@ -201,10 +201,14 @@ fn version_and_restore_answers_round_trip_through_json_byte_for_byte() {
             serial: rng.random_bool(0.8).then(|| rng.random()),
             lineage: rng.random_bool(0.8).then(|| odd_text(&mut rng)),
             deleted: rng.random(),
+            restored_from: rng
+                .random_bool(0.3)
+                .then(|| format!("{:040x}", rng.random::<u128>())),
         };
         let wire = serde_json::to_vec(&version).expect("serialises");
         let read: VersionInfo = round_trip(&wire);
         assert_eq!(read.version, version.version);
+        assert_eq!(read.restored_from, version.restored_from);
         let restored = gitstate_core::service::Restored {
             from: version.version.clone(),
             serial: rng.random(),

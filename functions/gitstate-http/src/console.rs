@@ -2,8 +2,9 @@
 //! authentication as the API. One handler per resource:
 //!
 //! - `GET /ui/`: the states the caller may read (`?q=` filters by name);
-//! - `GET /ui/states/<name>[?page=N]`: versions newest first with what each changed, the current
-//!   resources, the lock;
+//! - `GET /ui/states/<name>[?page=N][&view=compact]`: versions newest first with what each
+//!   changed (or one row a version with counts), the current resources, the lock, the backend
+//!   block;
 //! - `POST /ui/unlock/<name>`, `POST /ui/restore/<name>`: admin actions, same-origin only, with
 //!   the form token and a confirmation;
 //! - `GET /ui/style.css`.
@@ -11,9 +12,11 @@
 //! Pages never show attribute or output values: only addresses, types, names and serials. Every
 //! answer carries a strict Content-Security-Policy (from [`crate::guard`], errors and redirects
 //! included); no page needs JavaScript. This module routes (its part of the router's table)
-//! and guards the forms; [`pages`] renders.
+//! and guards the forms; [`pages`] and [`state_page`] render.
 
+mod error_page;
 mod pages;
+mod state_page;
 
 use askama::Template;
 use axum::Router;
@@ -32,20 +35,23 @@ use crate::call::Authenticated;
 use crate::request::{Params, Target, named, route};
 use crate::{ApiError, App, MAX_QUERY_BYTES, guard, not_allowed};
 
+pub(crate) use error_page::for_browsers as error_pages;
+
 /// Where the console lives.
 pub const PREFIX: &str = route::CONSOLE;
 
 const STYLE: &str = include_str!("../templates/style.css");
 
 /// The console's routes, each needing the caller's credentials; a path under `/ui/` that is
-/// none of them falls to the router's 400. A route named by the rest of the path is added with
+/// none of them is [`no_page`]. A route named by the rest of the path is added with
 /// [`named`] and its prefix listed in [`route::CONSOLE_NAMED`].
 pub(crate) fn routes() -> Router<App> {
     let [states, unlocks, restores] = route::CONSOLE_NAMED;
     let table = Router::new()
         .route(PREFIX, any(redirect))
         .route("/ui/", any(list))
-        .route("/ui/style.css", any(style_sheet));
+        .route("/ui/style.css", any(style_sheet))
+        .route("/ui/{*rest}", any(no_page));
     let table = named(table, states, any(state));
     let table = named(table, unlocks, any(unlock));
     named(table, restores, any(restore))
@@ -90,7 +96,7 @@ async fn state(
     if !get(&method) {
         return Err(not_allowed(&method, "GET"));
     }
-    match pages::state(&app, &caller, name, target.params()).await {
+    match state_page::state(&app, &caller, &headers, name, target.params()).await {
         // A 404 only where a person reads it: to Terraform it would mean "no state".
         Err(error) if error.status() == StatusCode::NOT_FOUND && !browser(&headers) => {
             Err(ApiError::ConsoleNotFound)
@@ -117,9 +123,18 @@ async fn restore(
     act(&app, &caller, target, request, Action::Restore).await
 }
 
+/// Any other path under `/ui/`: a page that is not there for a browser, no route for others.
+async fn no_page(_: Authenticated, _: Target, headers: HeaderMap) -> ApiError {
+    if browser(&headers) {
+        ApiError::NoPage
+    } else {
+        ApiError::NoRoute
+    }
+}
+
 /// Whether a request comes from a browser: it asks for HTML (Terraform, OpenTofu and other
 /// API clients send no `Accept: text/html`).
-fn browser(headers: &HeaderMap) -> bool {
+pub(crate) fn browser(headers: &HeaderMap) -> bool {
     headers
         .get_all(header::ACCEPT)
         .iter()
@@ -255,5 +270,7 @@ async fn act(
     Ok((StatusCode::SEE_OTHER, [(header::LOCATION, location)]).into_response())
 }
 
+#[cfg(test)]
+mod page_tests;
 #[cfg(test)]
 mod tests;

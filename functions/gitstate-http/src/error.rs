@@ -55,6 +55,12 @@ pub enum ApiError {
         "no state by this name; /ui/states/ is the web console, for browsers: Terraform's address for a state is /states/<name>"
     )]
     ConsoleNotFound,
+    /// A console address that names no page, asked for by a browser (other clients get
+    /// [`Self::NoRoute`]).
+    #[error(
+        "no page here: the console shows the states at /ui/ and each state at /ui/states/<name>"
+    )]
+    NoPage,
     #[error("not confirmed: tick the confirmation box")]
     Unconfirmed,
     #[error("a page could not be rendered")]
@@ -84,6 +90,7 @@ impl ApiError {
             Self::Deadline { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::CrossSite | Self::FormToken => StatusCode::FORBIDDEN,
             Self::Unconfirmed | Self::ConsoleNotFound => StatusCode::BAD_REQUEST,
+            Self::NoPage => StatusCode::NOT_FOUND,
             Self::Render(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }

@@ -113,7 +113,7 @@ fn app_with(limits: Limits) -> axum::Router {
     router(backend(), access(), limits)
 }
 
-fn app() -> axum::Router {
+pub(crate) fn app() -> axum::Router {
     app_with(LIMITS)
 }
 
@@ -169,7 +169,7 @@ pub(crate) async fn send(
     }
 }
 
-async fn call(
+pub(crate) async fn call(
     router: &axum::Router,
     method: &str,
     uri: &str,

@@ -70,6 +70,23 @@ pub struct Opened {
     pub refused: usize,
 }
 
+impl Opened {
+    /// Bytes that no key sealed (plaintext, or the passphrase mode), as read.
+    fn unsealed(plaintext: Vec<u8>, format: Format) -> Self {
+        Self {
+            plaintext: Zeroizing::new(plaintext),
+            format,
+            arns: Vec::new(),
+            key: None,
+            openers: Vec::new(),
+            groups: Vec::new(),
+            threshold: 0,
+            bound: false,
+            refused: 0,
+        }
+    }
+}
+
 /// A configured key, resolved: the key ARN it is called by, and every ARN a file's entry may
 /// name it with (the key ARN, and the alias ARN when configured by alias).
 #[derive(Debug, Clone)]
@@ -173,68 +190,10 @@ impl<K: KeyService> Envelope<K> {
     /// Without it (break-glass), the file's own entries decide, as `sops -d` does.
     pub async fn open(&self, stored: &[u8], expected: Option<&Context>) -> Result<Opened, Error> {
         if looks_like_sops(stored) {
-            let document = Document::parse(stored)?;
-            let (key, openers, refused, via_kms) = match expected {
-                Some(expected) => self.configured_key(&document, expected).await?,
-                None => {
-                    let (key, id) = document.data_key_from(&self.keys, &self.offline).await?;
-                    (key, vec![id], 0, false)
-                }
-            };
-            let plain = document.decrypt(&key)?;
-            if let Some(expected) = expected {
-                match &plain.binding {
-                    Some(found) if found != expected => {
-                        return Err(Error::ContextMismatch {
-                            found: found.clone(),
-                            expected: expected.clone(),
-                        });
-                    }
-                    None if !via_kms => return Err(Error::Unbound),
-                    _ => {}
-                }
-            }
-            let threshold = if document.groups.len() > 1 {
-                document.needed()
-            } else {
-                0
-            };
-            return Ok(Opened {
-                plaintext: plain.bytes,
-                format: if plain.binary {
-                    Format::SopsBinary
-                } else {
-                    Format::SopsTree
-                },
-                arns: document
-                    .groups
-                    .iter()
-                    .flat_map(|g| g.kms.iter().map(|e| e.arn.clone()))
-                    .collect(),
-                key: openers.first().cloned(),
-                openers,
-                groups: document
-                    .groups
-                    .iter()
-                    .map(|g| g.ids().map(str::to_owned).collect())
-                    .collect(),
-                threshold,
-                bound: plain.binding.is_some(),
-                refused,
-            });
+            return self.open_sops(stored, expected).await;
         }
         if serde_json::from_slice::<serde::de::IgnoredAny>(stored).is_ok() {
-            return Ok(Opened {
-                plaintext: Zeroizing::new(stored.to_vec()),
-                format: Format::Plain,
-                arns: Vec::new(),
-                key: None,
-                openers: Vec::new(),
-                groups: Vec::new(),
-                threshold: 0,
-                bound: false,
-                refused: 0,
-            });
+            return Ok(Opened::unsealed(stored.to_vec(), Format::Plain));
         }
         let Some(passphrase) = &self.passphrase else {
             return Err(Error::Unrecognised(
@@ -242,16 +201,59 @@ impl<K: KeyService> Envelope<K> {
             ));
         };
         let plaintext = passphrase::open_passphrase(passphrase, stored)?;
+        Ok(Opened::unsealed(plaintext, Format::Passphrase))
+    }
+
+    /// [`Self::open`] for a sops document.
+    async fn open_sops(&self, stored: &[u8], expected: Option<&Context>) -> Result<Opened, Error> {
+        let document = Document::parse(stored)?;
+        let (key, openers, refused, via_kms) = match expected {
+            Some(expected) => self.configured_key(&document, expected).await?,
+            None => {
+                let (key, id) = document.data_key_from(&self.keys, &self.offline).await?;
+                (key, vec![id], 0, false)
+            }
+        };
+        let plain = document.decrypt(&key)?;
+        if let Some(expected) = expected {
+            match &plain.binding {
+                Some(found) if found != expected => {
+                    return Err(Error::ContextMismatch {
+                        found: found.clone(),
+                        expected: expected.clone(),
+                    });
+                }
+                None if !via_kms => return Err(Error::Unbound),
+                _ => {}
+            }
+        }
+        let threshold = if document.groups.len() > 1 {
+            document.needed()
+        } else {
+            0
+        };
         Ok(Opened {
-            plaintext: Zeroizing::new(plaintext),
-            format: Format::Passphrase,
-            arns: Vec::new(),
-            key: None,
-            openers: Vec::new(),
-            groups: Vec::new(),
-            threshold: 0,
-            bound: false,
-            refused: 0,
+            plaintext: plain.bytes,
+            format: if plain.binary {
+                Format::SopsBinary
+            } else {
+                Format::SopsTree
+            },
+            arns: document
+                .groups
+                .iter()
+                .flat_map(|g| g.kms.iter().map(|e| e.arn.clone()))
+                .collect(),
+            key: openers.first().cloned(),
+            openers,
+            groups: document
+                .groups
+                .iter()
+                .map(|g| g.ids().map(str::to_owned).collect())
+                .collect(),
+            threshold,
+            bound: plain.binding.is_some(),
+            refused,
         })
     }
 
@@ -351,19 +353,7 @@ impl<K: KeyService> Envelope<K> {
     ) -> GroupKey {
         let (mut refused, mut tried, mut last) = (0, 0, None);
         // other sources first: no network, and pinned to the configured recipients
-        let mut offline: Vec<(bool, &Offline, &crate::Entry)> = Vec::new();
-        for entry in &group.entries {
-            for source in self
-                .offline
-                .iter()
-                .filter(|o| o.source.list() == entry.list)
-            {
-                if let Some(current) = source.names(&entry.id) {
-                    offline.push((current, source, entry));
-                }
-            }
-        }
-        offline.sort_by_key(|(current, _, _)| !current);
+        let offline = self.offline_entries(group);
         for (_, source, entry) in &offline {
             tried += 1;
             match source
@@ -385,16 +375,10 @@ impl<K: KeyService> Envelope<K> {
                 }
             }
         }
-        let mut candidates: Vec<(&Configured, &crate::KmsEntry)> = Vec::new();
-        for entry in &group.kms {
-            if let Some(key) = configured.iter().find(|c| c.names.contains(&entry.arn)) {
-                candidates.push((key, entry));
-            }
-        }
+        let candidates = kms_entries(group, configured);
         if candidates.is_empty() && offline.is_empty() {
             return GroupKey::NotNamed;
         }
-        candidates.sort_by_key(|(key, _)| !key.current);
         // Entries naming a configured key under another context are never tried, but they keep
         // the file from being judged current, wherever they stand.
         let mismatched = candidates
@@ -437,6 +421,27 @@ impl<K: KeyService> Envelope<K> {
             (Some(mismatch), None) => mismatch,
             (_, last) => Error::NoKey { tried, last },
         })
+    }
+
+    /// A group's entries of other sources that a configured recipient opens, current ones first.
+    fn offline_entries<'a>(
+        &'a self,
+        group: &'a crate::KeyGroup,
+    ) -> Vec<(bool, &'a Offline, &'a crate::Entry)> {
+        let mut found = Vec::new();
+        for entry in &group.entries {
+            for source in self
+                .offline
+                .iter()
+                .filter(|o| o.source.list() == entry.list)
+            {
+                if let Some(current) = source.names(&entry.id) {
+                    found.push((current, source, entry));
+                }
+            }
+        }
+        found.sort_by_key(|(current, _, _)| !current);
+        found
     }
 
     async fn configured(&self) -> Result<&[Configured], Error> {
@@ -555,4 +560,23 @@ impl<K: KeyService> Envelope<K> {
             },
         )
     }
+}
+
+/// A group's KMS entries that name a configured key, with that key, current keys first.
+fn kms_entries<'a>(
+    group: &'a crate::KeyGroup,
+    configured: &'a [Configured],
+) -> Vec<(&'a Configured, &'a crate::KmsEntry)> {
+    let mut found: Vec<(&Configured, &crate::KmsEntry)> = group
+        .kms
+        .iter()
+        .filter_map(|entry| {
+            configured
+                .iter()
+                .find(|c| c.names.contains(&entry.arn))
+                .map(|key| (key, entry))
+        })
+        .collect();
+    found.sort_by_key(|(key, _)| !key.current);
+    found
 }

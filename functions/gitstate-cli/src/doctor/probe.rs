@@ -47,9 +47,15 @@ pub async fn run(backend: &Backend, lock: bool) -> Vec<Finding> {
             format!("this state is read and written on branch {branch} ({chosen})"),
         ));
     }
-    if !(lock && reached) {
-        return findings;
+    if lock && reached {
+        findings.extend(lock_and_release(&client, backend).await);
     }
+    findings
+}
+
+/// The lock (with a LockInfo of the doctor's own) and, when taken, its release.
+async fn lock_and_release(client: &reqwest::Client, backend: &Backend) -> Vec<Finding> {
+    let mut findings = Vec::new();
     let (Some(lock_address), Some(unlock_address)) = (
         backend.get("lock_address").and_then(|a| Url::parse(a).ok()),
         backend
@@ -67,7 +73,7 @@ pub async fn run(backend: &Backend, lock: bool) -> Vec<Finding> {
     );
     let info = lock_info();
     let taken = send(
-        &client,
+        client,
         backend,
         lock_method.clone(),
         &lock_address,
@@ -83,7 +89,7 @@ pub async fn run(backend: &Backend, lock: bool) -> Vec<Finding> {
     ));
     if matches!(taken, Ok((StatusCode::OK, _, _))) {
         let released = send(
-            &client,
+            client,
             backend,
             unlock_method.clone(),
             &unlock_address,
@@ -221,27 +227,12 @@ fn judge(op: Op, method: &str, url: &Url, answer: &Answer, backend: &Backend) ->
     let code = status.as_u16();
     let why = reason(body);
     let answered = format!("{what} answered {code}");
-    let user = backend.get("username");
     match (op, code) {
         (Op::Read, 200) if body.trim().is_empty() => Finding::note(
             "no-state",
             format!("{answered} with an empty body: Terraform reads it as \"no state yet\""),
         ),
-        (Op::Read, 200) => {
-            let serial = serde_json::from_str::<serde_json::Value>(body)
-                .ok()
-                .and_then(|v| v["serial"].as_u64());
-            match serial {
-                Some(serial) => {
-                    Finding::ok("read", format!("{answered}: a state, serial {serial}"))
-                }
-                None => Finding::problem(
-                    "not-a-state",
-                    format!("{answered}, but the body is not a Terraform state: is this gitstate?"),
-                    "point address at gitstate's /states/<name>".to_owned(),
-                ),
-            }
-        }
+        (Op::Read, 200) => read_state(&answered, body),
         (Op::Read, 204 | 404) => Finding::note(
             "no-state",
             format!(
@@ -252,68 +243,112 @@ fn judge(op: Op, method: &str, url: &Url, answer: &Answer, backend: &Backend) ->
         ),
         (Op::Lock, 200) => Finding::ok("lock", format!("{answered}: lock taken")),
         (Op::Unlock, 200) => Finding::ok("unlock", format!("{answered}: lock released")),
-        (Op::Lock, 409 | 423) => {
-            let holder: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
-            let field = |k: &str| holder[k].as_str().unwrap_or("?").to_owned();
-            Finding::problem(
-                "locked",
-                format!(
-                    "{answered}: the state is locked by {} since {} (lock ID {}, {})",
-                    field("Who"),
-                    field("Created"),
-                    field("ID"),
-                    field("Operation")
-                ),
-                format!(
-                    "wait for that run to finish; if none holds it any more: terraform \
-                     force-unlock {} (`gitstate locks` lists every lock and its age)",
-                    field("ID")
-                ),
-            )
-            .says("Error acquiring the state lock")
-        }
-        (_, 401) => Finding::problem(
-            "credentials",
-            format!("{answered}: {why}"),
-            match user {
-                None => "no username is set: set TF_HTTP_USERNAME and TF_HTTP_PASSWORD to a \
-                         gitstate user's name and token"
-                    .to_owned(),
-                Some(user) => format!(
-                    "the user {user:?} ({}) or its password ({}) is wrong; gitstate does not say \
-                     which. Check them (username/password, or TF_HTTP_USERNAME and \
-                     TF_HTTP_PASSWORD); an administrator can issue a new token with `gitstate \
-                     user add`",
-                    backend.from("username"),
-                    backend.from("password"),
-                ),
-            },
-        )
-        .says("HTTP remote state endpoint requires auth"),
-        (_, 403) => match grant(&why) {
-            Some((user, role, state)) => Finding::problem(
-                "grant",
-                format!("{answered}: {why}"),
-                format!(
-                    "an administrator gives {user} the {role} grant: `{role}:{state}` (or a \
-                     prefix of it, e.g. `{role}:{}`) in its `grants` in the access file",
-                    state
-                        .rsplit_once('/')
-                        .map_or_else(|| "*".to_owned(), |(dir, _)| format!("{dir}/"))
-                ),
-            )
-            .says("HTTP remote state endpoint invalid auth"),
-            None => Finding::problem(
-                "forbidden",
-                format!("{answered}: {why}"),
-                "use the repository and branch the backend serves, or add them to its allowlist \
-                 (GITSTATE_ALLOWED_REPOSITORIES, GITSTATE_ALLOWED_REFS)"
-                    .to_owned(),
-            )
-            .says("HTTP remote state endpoint invalid auth"),
+        (Op::Lock, 409 | 423) => locked(&answered, body),
+        (_, 401) => credentials(&answered, &why, backend),
+        (_, 403) => forbidden(&answered, &why),
+        _ => refused(op, url, *status, retry_after.as_deref(), &answered, &why),
+    }
+}
+
+/// A 200 to the read: a state, or something else at that address.
+fn read_state(answered: &str, body: &str) -> Finding {
+    let serial = serde_json::from_str::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v["serial"].as_u64());
+    match serial {
+        Some(serial) => Finding::ok("read", format!("{answered}: a state, serial {serial}")),
+        None => Finding::problem(
+            "not-a-state",
+            format!("{answered}, but the body is not a Terraform state: is this gitstate?"),
+            "point address at gitstate's /states/<name>".to_owned(),
+        ),
+    }
+}
+
+/// The lock is held: by whom, and how to free it.
+fn locked(answered: &str, body: &str) -> Finding {
+    let holder: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+    let field = |k: &str| holder[k].as_str().unwrap_or("?").to_owned();
+    Finding::problem(
+        "locked",
+        format!(
+            "{answered}: the state is locked by {} since {} (lock ID {}, {})",
+            field("Who"),
+            field("Created"),
+            field("ID"),
+            field("Operation")
+        ),
+        format!(
+            "wait for that run to finish; if none holds it any more: terraform \
+             force-unlock {} (`gitstate locks` lists every lock and its age)",
+            field("ID")
+        ),
+    )
+    .says("Error acquiring the state lock")
+}
+
+/// 401: the name or the password is wrong (never which).
+fn credentials(answered: &str, why: &str, backend: &Backend) -> Finding {
+    let user = backend.get("username");
+    Finding::problem(
+        "credentials",
+        format!("{answered}: {why}"),
+        match user {
+            None => "no username is set: set TF_HTTP_USERNAME and TF_HTTP_PASSWORD to a \
+                 gitstate user's name and token"
+                .to_owned(),
+            Some(user) => format!(
+                "the user {user:?} ({}) or its password ({}) is wrong; gitstate does not say \
+             which. Check them (username/password, or TF_HTTP_USERNAME and \
+             TF_HTTP_PASSWORD); an administrator can issue a new token with `gitstate \
+             user add`",
+                backend.from("username"),
+                backend.from("password"),
+            ),
         },
+    )
+    .says("HTTP remote state endpoint requires auth")
+}
+
+/// 403: a grant missing, or a repository or branch the backend does not serve.
+fn forbidden(answered: &str, why: &str) -> Finding {
+    match grant(why) {
+        Some((user, role, state)) => Finding::problem(
+            "grant",
+            format!("{answered}: {why}"),
+            format!(
+                "an administrator gives {user} the {role} grant: `{role}:{state}` (or a \
+             prefix of it, e.g. `{role}:{}`) in its `grants` in the access file",
+                state
+                    .rsplit_once('/')
+                    .map_or_else(|| "*".to_owned(), |(dir, _)| format!("{dir}/"))
+            ),
+        )
+        .says("HTTP remote state endpoint invalid auth"),
+        None => Finding::problem(
+            "forbidden",
+            format!("{answered}: {why}"),
+            "use the repository and branch the backend serves, or add them to its allowlist \
+         (GITSTATE_ALLOWED_REPOSITORIES, GITSTATE_ALLOWED_REFS)"
+                .to_owned(),
+        )
+        .says("HTTP remote state endpoint invalid auth"),
+    }
+}
+
+/// Every other refusal or failure, by status.
+fn refused(
+    op: Op,
+    url: &Url,
+    status: StatusCode,
+    retry_after: Option<&str>,
+    answered: &str,
+    why: &str,
+) -> Finding {
+    let code = status.as_u16();
+    match (op, code) {
         (_, 429) => {
-            let wait = retry_after.clone().unwrap_or_else(|| "a few".to_owned());
+            let wait = retry_after.unwrap_or("a few");
             Finding::problem(
                 "throttled",
                 format!("{answered}: {why}"),

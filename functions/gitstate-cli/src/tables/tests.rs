@@ -48,9 +48,10 @@ fn times_and_ages() {
     assert_eq!(format_time(951_782_400), "2000-02-29 00:00:00Z");
     assert_eq!(format_time(-1), "1969-12-31 23:59:59Z");
     assert_eq!(format_time(i64::MAX), "-");
-    assert_eq!(format_age(7300), "2h");
-    assert_eq!(format_age(119), "119s");
-    assert_eq!(format_age(7199), "119m");
+    // The console's wording (gitstate_core::wording::age), tested there.
+    assert_eq!(format_age(7300), "2h1m");
+    assert_eq!(format_age(119), "1m");
+    assert_eq!(format_age(7199), "1h59m");
     assert_eq!(format_age(172_800), "2d");
 }
 
@@ -93,6 +94,7 @@ fn printed_tables_carry_no_terminal_controls() {
                     serial: rng.random_bool(0.8).then(|| rng.random()),
                     lineage: None,
                     deleted: rng.random(),
+                    restored_from: None,
                 })
                 .collect(),
             next_page: None,
@@ -169,6 +171,7 @@ fn columns_line_up_under_their_headers() {
             serial: Some(2),
             lineage: None,
             deleted: false,
+            restored_from: None,
         }],
         next_page: Some(1),
     };
@@ -177,7 +180,7 @@ fn columns_line_up_under_their_headers() {
         printed.contains("0123456789ab  1970-01-01 00:00:00Z"),
         "{printed}"
     );
-    assert!(printed.contains(" 2  admin"), "{printed}");
+    assert!(printed.contains(" 2  admin   apply"), "{printed}");
     assert!(printed.ends_with("\n(more: --page 1)"), "{printed}");
 }
 
@@ -203,6 +206,11 @@ fn stale_locks_are_flagged_and_counted() {
             .filter(|l| l.age_seconds.is_some_and(|a| a >= stale_after))
             .count();
         assert_eq!(printed.matches("STALE").count(), stale, "{printed}");
+        assert!(!printed.contains("OperationType"), "{printed}");
+        for lock in &held {
+            let age = format_age(lock.age_seconds.expect("set"));
+            assert!(printed.contains(&format!("{age}  ci")), "{printed}");
+        }
         assert_eq!(
             printed.contains(&format!("{stale} lock(s) older than")),
             stale > 0,

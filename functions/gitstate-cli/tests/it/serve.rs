@@ -275,6 +275,7 @@ fn user_tools_make_entries_the_backend_accepts() {
         .args([
             "user",
             "add",
+            "--print",
             "ci-net",
             "--grant",
             "write:network/",

@@ -80,6 +80,7 @@ impl Backend {
                 serial,
                 lineage,
                 deleted: revision.deleted,
+                restored_from: trailers.restored_from,
             });
         }
         Ok((versions, found.more))

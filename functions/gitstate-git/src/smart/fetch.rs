@@ -4,8 +4,11 @@
 use gix::ObjectId;
 use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderValue};
 
-use super::{AGENT, Service, SmartHttp};
-use crate::{Error, pkt};
+use super::SmartHttp;
+use crate::Error;
+use crate::protocol::pkt;
+use crate::protocol::{AGENT, Service};
+use crate::sync::lock;
 
 /// What a fetch asks for: of the capabilities it can use, those the upload-pack advertisement
 /// offered; none when this process has not seen one (the caller makes sure that only happens
@@ -40,7 +43,7 @@ impl SmartHttp {
     /// Without one a fetch asks for nothing optional: no `shallow`, so the whole history of
     /// each want comes, which is only right for orphan commits (locks).
     pub fn knows_fetch_capabilities(&self) -> bool {
-        self.upload_caps.lock().is_ok_and(|caps| caps.is_some())
+        lock(&self.upload_caps).is_some()
     }
 
     /// Whether fetches can leave blobs out and fetch them later by id: the upload-pack
@@ -48,10 +51,9 @@ impl SmartHttp {
     /// protocol v2, which this client speaks over HTTP only).
     pub fn offers_filter(&self) -> bool {
         self.wire.is_none()
-            && self.upload_caps.lock().is_ok_and(|caps| {
-                caps.as_ref()
-                    .is_some_and(|c| c.iter().any(|c| c == "filter"))
-            })
+            && lock(&self.upload_caps)
+                .as_ref()
+                .is_some_and(|c| c.iter().any(|c| c == "filter"))
     }
 
     /// `POST git-upload-pack`: the objects of `wants` at depth 1, given we have `haves` (as shallow
@@ -112,13 +114,7 @@ impl SmartHttp {
         depth: u32,
         blobs: Blobs,
     ) -> Result<Vec<u8>, Error> {
-        let caps = fetch_capabilities(
-            self.upload_caps
-                .lock()
-                .map_err(|_| Error::Corrupt("poisoned".into()))?
-                .as_deref(),
-            blobs == Blobs::None,
-        );
+        let caps = fetch_capabilities(lock(&self.upload_caps).as_deref(), blobs == Blobs::None);
         // Without `shallow` the host cannot cut history: the whole of it comes.
         let can_cut = caps.contains(&"shallow");
         let mut body = Vec::new();

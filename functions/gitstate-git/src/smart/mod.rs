@@ -4,7 +4,6 @@
 //! Decisions are taken from `ok`/`ng` in the report-status and from advertised tips, never from
 //! the text of a message, which differs between hosts.
 
-mod advert;
 mod fetch;
 mod push;
 
@@ -18,8 +17,9 @@ use base64::Engine;
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue, LOCATION};
 
 use crate::Error;
+use crate::sync::lock;
 
-const AGENT: &str = concat!("agent=gitstate/", env!("CARGO_PKG_VERSION"));
+use crate::protocol::AGENT;
 /// Redirects followed for the first ref advertisement (all within the repository's origin).
 const MAX_REDIRECTS: usize = 5;
 /// The most a remote may send in one answer unless configured otherwise.
@@ -34,22 +34,7 @@ pub fn same_origin(a: &str, b: &str) -> bool {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Service {
-    UploadPack,
-    ReceivePack,
-}
-
-impl Service {
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Self::UploadPack => "git-upload-pack",
-            Self::ReceivePack => "git-receive-pack",
-        }
-    }
-}
-
-pub use advert::Advert;
+pub use crate::protocol::{Advert, Service};
 pub use fetch::Blobs;
 pub use push::{Command, PushReport, push_capabilities};
 
@@ -115,13 +100,6 @@ fn tls_error<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a rus
         };
     }
     None
-}
-
-/// An answer over the size limit, over HTTP or SSH (a 502 with this reason).
-pub(crate) fn too_large(what: &str, limit: u64) -> Error {
-    Error::Remote(format!(
-        "the remote's {what} is larger than {limit} bytes (GITSTATE_GIT_MAX_RESPONSE_BYTES)"
-    ))
 }
 
 /// A remote repository reached over smart HTTP(S), or over SSH ([`crate::ssh`]).
@@ -228,7 +206,7 @@ impl SmartHttp {
         what: &'static str,
     ) -> Result<Vec<u8>, Error> {
         let limit = self.max_response_bytes;
-        let too_large = || too_large(what, limit);
+        let too_large = || Error::too_large(what, limit);
         if response.content_length().is_some_and(|n| n > limit) {
             return Err(too_large());
         }
@@ -244,10 +222,8 @@ impl SmartHttp {
 
     /// The repository's URL, or where its first advertisement was redirected to.
     fn base(&self) -> String {
-        self.redirected
-            .lock()
-            .ok()
-            .and_then(|r| r.clone())
+        lock(&self.redirected)
+            .clone()
             .unwrap_or_else(|| self.url.clone())
     }
 
@@ -295,9 +271,7 @@ impl SmartHttp {
                     ))
                 })?;
             tracing::info!(to = %next.path(), "following the remote's redirect of the first ref advertisement");
-            if let Ok(mut redirected) = self.redirected.lock() {
-                *redirected = Some(base);
-            }
+            *lock(&self.redirected) = Some(base);
             url = next.into();
         }
         Err(Error::Remote(format!(
@@ -339,10 +313,8 @@ impl SmartHttp {
             None => self.advertisement_body(service).await?,
         };
         let advert = Advert::parse(&body, service)?;
-        if service == Service::UploadPack
-            && let Ok(mut known) = self.upload_caps.lock()
-        {
-            *known = Some(advert.caps.clone());
+        if service == Service::UploadPack {
+            *lock(&self.upload_caps) = Some(advert.caps.clone());
         }
         Ok(advert)
     }

@@ -3,8 +3,10 @@
 use gix::ObjectId;
 use reqwest::header::{ACCEPT, CONTENT_TYPE};
 
-use super::{AGENT, Advert, Service, SmartHttp};
-use crate::{Error, pkt};
+use super::SmartHttp;
+use crate::Error;
+use crate::protocol::pkt;
+use crate::protocol::{AGENT, Advert, Service};
 
 /// One ref update of a push. A zero `old` creates; a zero `new` deletes.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,6 +1,6 @@
 use super::fetch::fetch_capabilities;
 use super::*;
-use crate::pkt;
+use crate::protocol::pkt;
 use gix::ObjectId;
 
 fn advert_body(lines: &[&[u8]]) -> Vec<u8> {

@@ -7,16 +7,27 @@
 //! refused push makes the caller run the normal path (advertise, re-read, retry). A remote that
 //! answers such a push with an error rather than a report is not pushed to at the floor again.
 
-use super::*;
+use std::time::Duration;
+
+use gix::ObjectId;
+
+use gitstate_core::ports::{CommitMeta, HeldLock, Location};
+use gitstate_core::{LockInfo, StateName};
+
+use super::remote::Remote;
+use super::{GitStore, blocking};
+use crate::Error;
+use crate::smart::{Advert, Command, PushReport};
+use crate::sync::lock;
+
+/// Lock commits a process remembers having made.
+const MAX_REMEMBERED_LOCKS: usize = 4096;
 
 impl Remote {
     /// The receive-pack capabilities, if this process may push to the remote without a fresh
     /// advertisement (over HTTP, capabilities known, the floor not refused).
     pub(super) fn floor_caps(&self) -> Option<Advert> {
-        if !self.is_cache() || self.no_floor.load(Ordering::Relaxed) {
-            return None;
-        }
-        self.push_caps.lock().ok()?.clone()
+        self.transport.floor_caps()
     }
 
     /// The branch tip this process last saw, if its cache holds it.
@@ -29,21 +40,20 @@ impl Remote {
 
     /// The lock commit this process made at `lock_ref`, if it made one and has not seen it go.
     pub(super) fn made_lock(&self, lock_ref: &str) -> Option<ObjectId> {
-        self.made_locks.lock().ok()?.get(lock_ref).copied()
+        lock(&self.made_locks).get(lock_ref).copied()
     }
 
     pub(super) fn remember_lock(&self, lock_ref: &str, commit: Option<ObjectId>) {
-        if let Ok(mut made) = self.made_locks.lock() {
-            match commit {
-                Some(commit) => {
-                    if made.len() >= MAX_REMEMBERED_LOCKS {
-                        made.clear();
-                    }
-                    made.insert(lock_ref.to_owned(), commit);
+        let mut made = lock(&self.made_locks);
+        match commit {
+            Some(commit) => {
+                if made.len() >= MAX_REMEMBERED_LOCKS {
+                    made.clear();
                 }
-                None => {
-                    made.remove(lock_ref);
-                }
+                made.insert(lock_ref.to_owned(), commit);
+            }
+            None => {
+                made.remove(lock_ref);
             }
         }
     }
@@ -59,10 +69,7 @@ impl Remote {
             Ok(report) => Ok(Some(report)),
             Err(error @ (Error::Status { .. } | Error::Protocol(_))) => {
                 tracing::warn!(error = %gitstate_core::report::chain(&error), "the remote refused a push without a fresh advertisement; advertising first from now on");
-                self.no_floor.store(true, Ordering::Relaxed);
-                if let Ok(mut caps) = self.push_caps.lock() {
-                    *caps = None;
-                }
+                self.transport.refuse_floor();
                 Ok(None)
             }
             Err(error) => Err(error),
@@ -108,7 +115,7 @@ impl GitStore {
     }
 
     /// The lock this process made for `name`, read from its cache without asking the remote.
-    pub(super) async fn known_lock_of(
+    pub(super) async fn known_lock(
         &self,
         at: &Location,
         name: &StateName,

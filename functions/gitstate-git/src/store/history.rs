@@ -1,10 +1,31 @@
 //! History: the last change of each file, a state's revisions page by page, one revision, and
 //! deepening the shallow cache as far as they need.
 
-use super::*;
+use std::collections::HashMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+use gix::ObjectId;
+
+use gitstate_core::StateName;
+use gitstate_core::ports::{HistoryPage, Location, Revision, StoreError};
+
+use super::remote::Remote;
+use super::{GitStore, blocking, null};
+use crate::Error;
+use crate::cache::{Chain, Latest, Walk};
+use crate::sync::lock;
+
+/// History is fetched this many commits deep at first, then four times deeper each time a page
+/// needs more, up to [`super::StoreOptions::max_history_depth`].
+const FIRST_HISTORY_DEPTH: u32 = 64;
+/// History pages a process keeps (each at most 100 revisions).
+const MAX_REMEMBERED_HISTORIES: usize = 256;
+/// Most files remembered as last changed beyond the deepest fetch.
+const MAX_DEEP_CHANGES: usize = 65_536;
 
 impl GitStore {
-    pub(super) async fn find_last_changes(
+    pub(super) async fn last_changes(
         &self,
         at: &Location,
         names: &[StateName],
@@ -22,10 +43,7 @@ impl GitStore {
         // Files already known to have changed last beyond the deepest fetch are not looked for.
         let deep = |path: &String| {
             blobs.get(path).is_some_and(|blob| {
-                remote
-                    .deep_changes
-                    .lock()
-                    .is_ok_and(|deep| deep.contains(&(branch.clone(), path.clone(), *blob)))
+                lock(&remote.deep_changes).contains(&(branch.clone(), path.clone(), *blob))
             })
         };
         let paths: Vec<String> = names
@@ -58,16 +76,16 @@ impl GitStore {
                             max,
                             "last changes looked up as far as GITSTATE_HISTORY_MAX_DEPTH"
                         );
-                        if let Ok(mut deep) = remote.deep_changes.lock() {
-                            if deep.len() >= MAX_DEEP_CHANGES {
-                                deep.clear();
-                            }
-                            for path in paths.iter().filter(|p| !found.contains_key(*p)) {
-                                if let Some(blob) = blobs.get(path) {
-                                    deep.insert((branch.clone(), path.clone(), *blob));
-                                }
+                        let mut deep = lock(&remote.deep_changes);
+                        if deep.len() >= MAX_DEEP_CHANGES {
+                            deep.clear();
+                        }
+                        for path in paths.iter().filter(|p| !found.contains_key(*p)) {
+                            if let Some(blob) = blobs.get(path) {
+                                deep.insert((branch.clone(), path.clone(), *blob));
                             }
                         }
+                        drop(deep);
                         return Ok(answer(found));
                     }
                     depth = deepen_past(&remote, tip, walked, depth, max).await?;
@@ -79,7 +97,7 @@ impl GitStore {
         }
     }
 
-    pub(super) async fn history_page(
+    pub(super) async fn history(
         &self,
         at: &Location,
         name: &StateName,
@@ -91,12 +109,8 @@ impl GitStore {
             return Ok(HistoryPage::default());
         };
         let key = (tip, name.to_string(), skip, limit);
-        if let Some(page) = remote
-            .histories
-            .lock()
-            .ok()
-            .and_then(|h| h.get(&key).cloned())
-        {
+        let known = lock(&remote.histories).get(&key).cloned();
+        if let Some(page) = known {
             return Ok(page);
         }
         let max = self.options.max_history_depth;
@@ -105,12 +119,12 @@ impl GitStore {
             let (cache, path) = (remote.cache.clone(), name.to_string());
             match blocking(move || cache.history(tip, &path, skip, limit)).await? {
                 Walk::Done(page) => {
-                    if let Ok(mut histories) = remote.histories.lock() {
-                        if histories.len() >= MAX_REMEMBERED_HISTORIES {
-                            histories.clear();
-                        }
-                        histories.insert(key, page.clone());
+                    let mut histories = lock(&remote.histories);
+                    if histories.len() >= MAX_REMEMBERED_HISTORIES {
+                        histories.clear();
                     }
+                    histories.insert(key, page.clone());
+                    drop(histories);
                     return Ok(page);
                 }
                 Walk::Shallow { walked, partial } if remote.is_cache() => {
@@ -129,7 +143,7 @@ impl GitStore {
         }
     }
 
-    pub(super) async fn revision(
+    pub(super) async fn read_version(
         &self,
         at: &Location,
         name: &StateName,

@@ -3,7 +3,28 @@
 use gitstate_core::protocol::{PROTOCOL_FILE, PROTOCOL_PREFIX, Protocol};
 
 use super::write::backoff;
-use super::*;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use gix::ObjectId;
+
+use gitstate_core::ports::{
+    Acquire, CommitMeta, HeldLock, Location, Release, StoreError, user_from_message,
+};
+use gitstate_core::refs::{Clash, branch_clash, lock_clash};
+use gitstate_core::{BranchName, LockInfo, StateName};
+
+use super::remote::Remote;
+use super::{GitStore, blocking, null};
+use crate::Error;
+use crate::cache::NewCommit;
+use crate::protocol::{Advert, Service};
+use crate::smart::Command;
+use crate::sync::lock;
+
+/// How often a LOCK looks again after its tree check raced a write or its push was refused
+/// without a holder or a clashing lock to show for it.
+const MAX_LOCK_ATTEMPTS: u32 = 10;
 
 impl GitStore {
     pub(super) fn lock_ref(&self, name: &StateName) -> String {
@@ -29,14 +50,9 @@ impl GitStore {
     ) -> Result<Advert, Error> {
         let names = vec![lock_ref.to_owned(), at.branch.full_ref()];
         let mut advert = remote.refs(Service::ReceivePack, names).await?;
-        if !remote.is_cache() {
-            // The embedded repository lists only the refs asked for.
-            let others = remote
-                .refs_with_prefix(&self.options.lock_ref_prefix)
-                .await?;
-            advert.refs.extend(others.refs);
-            let records = remote.refs_with_prefix(PROTOCOL_PREFIX).await?;
-            advert.refs.extend(records.refs);
+        for prefix in [self.options.lock_ref_prefix.as_str(), PROTOCOL_PREFIX] {
+            let beside = remote.transport.refs_beside(&advert, prefix).await?;
+            advert.refs.extend(beside.refs);
         }
         Ok(advert)
     }
@@ -57,9 +73,7 @@ impl GitStore {
                 recorded,
             }),
             Protocol::Agrees => {
-                if let Ok(mut agreed) = self.protocol_agreed.lock() {
-                    agreed.insert(at.repository.clone());
-                }
+                lock(&self.protocol_agreed).insert(at.repository.clone());
                 Ok(false)
             }
             Protocol::Unrecorded => Ok(true),
@@ -97,9 +111,7 @@ impl GitStore {
         };
         match record.await {
             Ok(true) => {
-                if let Ok(mut agreed) = self.protocol_agreed.lock() {
-                    agreed.insert(at.repository.clone());
-                }
+                lock(&self.protocol_agreed).insert(at.repository.clone());
             }
             // Another backend recorded first: the next LOCK compares with its record.
             Ok(false) => {}
@@ -131,7 +143,7 @@ impl GitStore {
         remote.held(tip, name).await
     }
 
-    pub(super) async fn all_locks(
+    pub(super) async fn list_locks(
         &self,
         at: &Location,
     ) -> Result<Vec<(StateName, HeldLock)>, StoreError> {
@@ -159,7 +171,7 @@ impl GitStore {
         Ok(locks)
     }
 
-    pub(super) async fn lock_of(
+    pub(super) async fn read_lock(
         &self,
         at: &Location,
         name: &StateName,
@@ -177,7 +189,7 @@ impl GitStore {
         }
     }
 
-    pub(super) async fn take_lock(
+    pub(super) async fn acquire_lock(
         &self,
         at: &Location,
         name: &StateName,
@@ -186,10 +198,7 @@ impl GitStore {
     ) -> Result<Acquire, StoreError> {
         let remote = self.remote(at)?;
         let lock_ref = self.lock_ref(name);
-        let agreed = self
-            .protocol_agreed
-            .lock()
-            .is_ok_and(|agreed| agreed.contains(&at.repository));
+        let agreed = crate::sync::lock(&self.protocol_agreed).contains(&at.repository);
         if agreed && self.lock_at_floor(&remote, name, lock, meta).await? {
             return Ok(Acquire::Acquired);
         }
@@ -249,7 +258,7 @@ impl GitStore {
         }
     }
 
-    pub(super) async fn drop_lock(
+    pub(super) async fn release_lock(
         &self,
         at: &Location,
         name: &StateName,
@@ -296,19 +305,16 @@ fn unreadable_lock(tip: ObjectId) -> Result<LockInfo, Error> {
 }
 
 impl Remote {
-    /// The existing branch in the way of creating `branch`: from `advert` over HTTP (a ref
-    /// advertisement lists every ref), from the refs under `refs/heads/` in the embedded
-    /// repository (whose advertisement lists only the refs asked for).
+    /// The existing branch in the way of creating `branch`, among the refs of `advert` and
+    /// the branches beside it (see [`super::transport::Transport::refs_beside`]).
     pub(super) async fn branch_clash(
         &self,
         advert: &Advert,
         branch: &BranchName,
     ) -> Result<Option<Clash>, Error> {
-        if self.is_cache() {
-            return Ok(branch_clash(advert.refs.keys().map(String::as_str), branch));
-        }
-        let heads = self.refs_with_prefix("refs/heads/").await?;
-        Ok(branch_clash(heads.refs.keys().map(String::as_str), branch))
+        let heads = self.transport.refs_beside(advert, "refs/heads/").await?;
+        let refs = advert.refs.keys().chain(heads.refs.keys());
+        Ok(branch_clash(refs.map(String::as_str), branch))
     }
 
     /// A new orphan commit holding `name`'s lock file, and the create-only push of it to

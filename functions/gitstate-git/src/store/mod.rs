@@ -8,19 +8,19 @@
 //!   A remote without `atomic` gets the compare-and-swap of the branch alone, the lock having
 //!   been checked in the same advertisement that gave the tip (see [`WriteMode`]).
 
-mod batch;
 mod floor;
 mod history;
+mod hosted;
 mod lock;
 mod read;
 mod remote;
+mod transport;
 mod write;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -28,42 +28,22 @@ use gix::ObjectId;
 use sha1::{Digest, Sha1};
 
 use gitstate_core::ports::{
-    Acquire, BranchStatus, Change, CommitMeta, HeldLock, HistoryPage, Listing, Location, Refusal,
-    Release, Revision, StateStore, StoreError, WritePlan, Written, user_from_message,
+    Acquire, BranchStatus, Change, CommitMeta, HeldLock, HistoryPage, Listing, Location, Release,
+    Revision, StateStore, StoreError, WritePlan, Written,
 };
-use gitstate_core::refs::{Clash, branch_clash, lock_clash};
+use gitstate_core::refs::Clash;
 use gitstate_core::secret::Secret;
-use gitstate_core::{BranchName, LockInfo, StateName};
+use gitstate_core::{LockInfo, StateName};
 
 use crate::Error;
-use crate::cache::{Cache, Chain, Latest, NewCommit, Walk};
+use crate::cache::Cache;
 use crate::local::LocalRefs;
-use crate::pack;
 use crate::settings::{GitAuth, GitSettings};
-use crate::smart::{Advert, Blobs, Command, Connection, PushReport, Service, SmartHttp};
-
-/// History is fetched this many commits deep at first, then four times deeper each time a page
-/// needs more, up to [`StoreOptions::max_history_depth`].
-const FIRST_HISTORY_DEPTH: u32 = 64;
-
-/// How often a LOCK looks again after its tree check raced a write or its push was refused
-/// without a holder or a clashing lock to show for it.
-const MAX_LOCK_ATTEMPTS: u32 = 10;
-/// A list of states trusts a ref advertisement this recent (in a cold process: the one the
-/// access check just made) instead of asking again.
-const LIST_REFS_FRESH: Duration = Duration::from_secs(1);
-
-/// History pages a process keeps (each at most 100 revisions).
-const MAX_REMEMBERED_HISTORIES: usize = 256;
-/// Lock commits a process remembers having made.
-const MAX_REMEMBERED_LOCKS: usize = 4096;
-/// Most files remembered as last changed beyond the deepest fetch.
-const MAX_DEEP_CHANGES: usize = 65_536;
-
-/// How often a write is rebuilt on a moved branch before giving up with a retryable 503.
-const MAX_WRITE_ATTEMPTS: u32 = 40;
-/// How long a write may keep retrying, well under a Lambda timeout.
-const WRITE_DEADLINE: Duration = Duration::from_secs(20);
+use crate::smart::{Advert, Connection, SmartHttp};
+use crate::sync::lock;
+use hosted::Hosted;
+use remote::Remote;
+use transport::{Embedded, Transport};
 
 /// What the store needs to know, taken from [`GitSettings`].
 #[derive(Debug, Clone)]
@@ -124,53 +104,16 @@ pub struct GitStore {
     remotes: Mutex<HashMap<(String, String), Arc<Remote>>>,
     /// Repositories whose protocol record a LOCK of this process found agreeing (or pushed):
     /// only then may a LOCK skip the advertisement (the protocol floor).
-    protocol_agreed: Mutex<std::collections::HashSet<String>>,
+    protocol_agreed: Mutex<HashSet<String>>,
 }
 
-enum Transport {
-    Local(Arc<LocalRefs>),
-    Http(SmartHttp),
-}
-
-/// One (repository, branch): its cache and how to reach it.
-struct Remote {
-    cache: Arc<Cache>,
-    transport: Transport,
-    /// The newest branch tip this process has in its cache (what a fetch says it has), and when
-    /// it was last seen on the remote.
-    known_tip: Mutex<Option<(ObjectId, Instant)>>,
-    /// Receive-pack capabilities, once advertised.
-    push_caps: Mutex<Option<Advert>>,
-    /// The last full ref advertisement over HTTP, and when it was asked for.
-    last_advert: Mutex<Option<(Advert, Instant)>>,
-    /// When this process last began a push.
-    last_push: Mutex<Option<Instant>>,
-    /// History pages already walked, by (tip, path, skip, limit): a commit's history never
-    /// changes, so a warm state page does not walk it again.
-    histories: Mutex<HashMap<(ObjectId, String, usize, usize), HistoryPage>>,
-    /// Files whose last change lies deeper than `GITSTATE_HISTORY_MAX_DEPTH`, by (branch, path,
-    /// blob id): while the file holds that blob, a list does not walk the history for it again.
-    deep_changes: Mutex<std::collections::HashSet<(String, String, ObjectId)>>,
-    /// `GITSTATE_REQUIRE_ATOMIC`: a receive-pack advertisement without `atomic` is an error.
-    require_atomic: bool,
-    fetching: tokio::sync::Mutex<()>,
-    /// The remote offers `filter` but would not send blobs by id: fetch commits whole.
-    whole_fetches: std::sync::atomic::AtomicBool,
-    /// Lock commits this process pushed, by lock ref (see the `floor` module).
-    made_locks: Mutex<HashMap<String, ObjectId>>,
-    /// The remote refused a push without a fresh advertisement: always advertise first.
-    no_floor: std::sync::atomic::AtomicBool,
-    /// Writes waiting to be pushed together (see the `batch` module).
-    batcher: batch::Batcher,
-}
-
-async fn blocking<T: Send + 'static>(
+pub(super) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, Error> + Send + 'static,
 ) -> Result<T, Error> {
     tokio::task::spawn_blocking(f).await?
 }
 
-fn null() -> ObjectId {
+pub(super) fn null() -> ObjectId {
     ObjectId::null(gix::hash::Kind::Sha1)
 }
 
@@ -235,16 +178,13 @@ impl GitStore {
 
     fn remote(&self, at: &Location) -> Result<Arc<Remote>, Error> {
         let key = (at.repository.clone(), at.branch.as_str().to_owned());
-        let mut remotes = self
-            .remotes
-            .lock()
-            .map_err(|_| Error::Corrupt("remote table poisoned".into()))?;
+        let mut remotes = lock(&self.remotes);
         if let Some(remote) = remotes.get(&key) {
             return Ok(remote.clone());
         }
-        let (cache, transport) = match &self.local {
+        let (cache, transport): (Arc<Cache>, Box<dyn Transport>) = match &self.local {
             Some((id, refs, cache)) if *id == at.repository => {
-                (cache.clone(), Transport::Local(refs.clone()))
+                (cache.clone(), Box::new(Embedded(refs.clone())))
             }
             _ => {
                 let http = SmartHttp::new(
@@ -260,26 +200,15 @@ impl GitStore {
                 .with_max_response_bytes(self.options.max_response_bytes);
                 (
                     Arc::new(open_cache(&self.cache_path(at))?),
-                    Transport::Http(http),
+                    Box::new(Hosted::new(http, self.options.require_atomic)),
                 )
             }
         };
-        let remote = Arc::new(Remote {
+        let remote = Arc::new(Remote::new(
             cache,
             transport,
-            known_tip: Mutex::new(None),
-            push_caps: Mutex::new(None),
-            last_advert: Mutex::new(None),
-            last_push: Mutex::new(None),
-            histories: Mutex::default(),
-            deep_changes: Mutex::default(),
-            require_atomic: self.options.require_atomic,
-            fetching: tokio::sync::Mutex::new(()),
-            whole_fetches: std::sync::atomic::AtomicBool::new(false),
-            made_locks: Mutex::default(),
-            no_floor: std::sync::atomic::AtomicBool::new(false),
-            batcher: batch::Batcher::new(self.options.writes_per_push),
-        });
+            write::Batcher::new(self.options.writes_per_push),
+        ));
         remotes.insert(key, remote.clone());
         Ok(remote)
     }
@@ -317,6 +246,8 @@ fn open_cache(dir: &Path) -> Result<Cache, Error> {
     }
 }
 
+/// Each operation's body is the inherent method of the same name (which `GitStore::name` calls),
+/// in the module of its kind: `read`, `history`, `lock`, `floor`, `write`.
 #[async_trait]
 impl StateStore for GitStore {
     async fn read_state(
@@ -328,11 +259,11 @@ impl StateStore for GitStore {
     }
 
     async fn list_states(&self, at: &Location, prefix: &str) -> Result<Vec<StateName>, StoreError> {
-        self.states_under(at, prefix).await
+        GitStore::list_states(self, at, prefix).await
     }
 
     async fn listing(&self, at: &Location) -> Result<Listing, StoreError> {
-        self.list_with_locks(at).await
+        GitStore::listing(self, at).await
     }
 
     async fn last_changes(
@@ -340,7 +271,7 @@ impl StateStore for GitStore {
         at: &Location,
         names: &[StateName],
     ) -> Result<Vec<(StateName, Revision)>, StoreError> {
-        self.find_last_changes(at, names).await
+        GitStore::last_changes(self, at, names).await
     }
 
     async fn read_config(
@@ -349,7 +280,7 @@ impl StateStore for GitStore {
         path: &str,
         fresh_within: Duration,
     ) -> Result<Option<Bytes>, StoreError> {
-        self.config_file(at, path, fresh_within).await
+        GitStore::read_config(self, at, path, fresh_within).await
     }
 
     async fn create_config(
@@ -359,7 +290,23 @@ impl StateStore for GitStore {
         content: Bytes,
         meta: &CommitMeta,
     ) -> Result<bool, StoreError> {
-        self.create_file(at, path, content, meta).await
+        GitStore::create_config(self, at, path, content, meta).await
+    }
+
+    async fn replace_config(
+        &self,
+        at: &Location,
+        path: &str,
+        expected: Option<Bytes>,
+        content: Bytes,
+        meta: &CommitMeta,
+    ) -> Result<bool, StoreError> {
+        let plan = gitstate_core::ports::replace_plan(expected, meta.clone());
+        Ok(!matches!(
+            self.write_file(at, path, None, Change::Put(content), plan)
+                .await?,
+            Written::Refused(_)
+        ))
     }
 
     async fn history(
@@ -369,7 +316,7 @@ impl StateStore for GitStore {
         skip: usize,
         limit: usize,
     ) -> Result<HistoryPage, StoreError> {
-        self.history_page(at, name, skip, limit).await
+        GitStore::history(self, at, name, skip, limit).await
     }
 
     async fn read_version(
@@ -378,15 +325,15 @@ impl StateStore for GitStore {
         name: &StateName,
         version: &str,
     ) -> Result<Option<Bytes>, StoreError> {
-        self.revision(at, name, version).await
+        GitStore::read_version(self, at, name, version).await
     }
 
     async fn list_locks(&self, at: &Location) -> Result<Vec<(StateName, HeldLock)>, StoreError> {
-        self.all_locks(at).await
+        GitStore::list_locks(self, at).await
     }
 
     async fn branch_status(&self, at: &Location) -> Result<BranchStatus, StoreError> {
-        Ok(self.status_of_branch(at).await?)
+        Ok(GitStore::branch_status(self, at).await?)
     }
 
     async fn protocol(
@@ -416,7 +363,7 @@ impl StateStore for GitStore {
         at: &Location,
         name: &StateName,
     ) -> Result<Option<HeldLock>, StoreError> {
-        self.lock_of(at, name).await
+        GitStore::read_lock(self, at, name).await
     }
 
     async fn acquire_lock(
@@ -426,7 +373,7 @@ impl StateStore for GitStore {
         lock: &LockInfo,
         meta: &CommitMeta,
     ) -> Result<Acquire, StoreError> {
-        self.take_lock(at, name, lock, meta).await
+        GitStore::acquire_lock(self, at, name, lock, meta).await
     }
 
     async fn known_lock(
@@ -434,7 +381,7 @@ impl StateStore for GitStore {
         at: &Location,
         name: &StateName,
     ) -> Result<Option<HeldLock>, StoreError> {
-        Ok(self.known_lock_of(at, name).await?)
+        Ok(GitStore::known_lock(self, at, name).await?)
     }
 
     async fn release_lock(
@@ -443,7 +390,7 @@ impl StateStore for GitStore {
         name: &StateName,
         held: &HeldLock,
     ) -> Result<Release, StoreError> {
-        self.drop_lock(at, name, held).await
+        GitStore::release_lock(self, at, name, held).await
     }
 
     async fn write_state(
@@ -453,7 +400,7 @@ impl StateStore for GitStore {
         change: Change,
         plan: WritePlan,
     ) -> Result<Written, StoreError> {
-        self.write_loop(at, name.as_str(), Some(name), change, plan)
+        self.write_file(at, name.as_str(), Some(name), change, plan)
             .await
     }
 }

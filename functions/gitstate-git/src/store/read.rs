@@ -1,10 +1,25 @@
 //! Reads at the branch tip: a state, the states under a prefix, the list with its locks, a
 //! configuration file.
 
-use super::*;
+use std::time::Duration;
+
+use bytes::Bytes;
+use gix::ObjectId;
+
+use gitstate_core::StateName;
+use gitstate_core::ports::{BranchStatus, Listing, Location, StoreError};
+
+use super::remote::Remote;
+use super::{GitStore, blocking};
+use crate::Error;
+use crate::protocol::Service;
+
+/// A list of states trusts a ref advertisement this recent (in a cold process: the one the
+/// access check just made) instead of asking again.
+const LIST_REFS_FRESH: Duration = Duration::from_secs(1);
 
 impl GitStore {
-    pub(super) async fn states_under(
+    pub(super) async fn list_states(
         &self,
         at: &Location,
         prefix: &str,
@@ -27,7 +42,7 @@ impl GitStore {
             .collect())
     }
 
-    pub(super) async fn list_with_locks(&self, at: &Location) -> Result<Listing, StoreError> {
+    pub(super) async fn listing(&self, at: &Location) -> Result<Listing, StoreError> {
         let remote = self.remote(at)?;
         let branch = at.branch.full_ref();
         let prefix = self.options.lock_ref_prefix.as_str();
@@ -96,7 +111,7 @@ impl GitStore {
         })
     }
 
-    pub(super) async fn config_file(
+    pub(super) async fn read_config(
         &self,
         at: &Location,
         path: &str,
@@ -116,7 +131,7 @@ impl GitStore {
     /// Whether the branch exists; if not, the remote's default branch (its `HEAD`) and its other
     /// refs, the lock refs and gitstate's own `refs/gitstate/` left out. Over HTTP this is the
     /// upload-pack advertisement a read of the same request uses again.
-    pub(super) async fn status_of_branch(&self, at: &Location) -> Result<BranchStatus, Error> {
+    pub(super) async fn branch_status(&self, at: &Location) -> Result<BranchStatus, Error> {
         let remote = self.remote(at)?;
         let branch = at.branch.full_ref();
         let (advert, head) = remote.every_ref().await?;

@@ -118,7 +118,8 @@ fn service_error(rng: &mut StdRng) -> ServiceError {
 
 /// Any error of the HTTP layer, with random contents.
 fn api_error(rng: &mut StdRng) -> ApiError {
-    match rng.random_range(0..22) {
+    match rng.random_range(0..23) {
+        22 => ApiError::NoPage,
         21 => ApiError::ConsoleNotFound,
         0..=3 => ApiError::Service(service_error(rng)),
         4 => ApiError::Auth(match rng.random_range(0..3) {
@@ -225,13 +226,14 @@ fn expected(error: &ApiError) -> (StatusCode, &'static str) {
         ApiError::FormToken => (C::FORBIDDEN, "form token"),
         ApiError::Unconfirmed => (C::BAD_REQUEST, "unconfirmed"),
         ApiError::ConsoleNotFound => (C::BAD_REQUEST, "console not found"),
+        ApiError::NoPage => (C::NOT_FOUND, "no page"),
         ApiError::Render(_) => (C::INTERNAL_SERVER_ERROR, "render"),
         ApiError::ResponseTooLarge { .. } => (C::PAYLOAD_TOO_LARGE, "response too large"),
     }
 }
 
 /// The arms of [`expected`].
-const ARMS: usize = 54;
+const ARMS: usize = 55;
 
 #[tokio::test]
 async fn every_error_variant_maps_to_its_status_body_and_headers() {
@@ -243,10 +245,14 @@ async fn every_error_variant_maps_to_its_status_body_and_headers() {
         reached.insert(arm);
         let shown = format!("{error:?}");
         assert_eq!(error.status(), status, "{shown}");
-        // Terraform reads 404 and 204 on GET as "no state": only an absent state answers so.
+        // Terraform reads 404 and 204 on GET as "no state": only an absent state answers so,
+        // and a console address a browser asked for (Terraform never sends Accept: text/html).
         assert_eq!(
             matches!(status, StatusCode::NOT_FOUND | StatusCode::NO_CONTENT),
-            matches!(error, ApiError::Service(ServiceError::NotFound)),
+            matches!(
+                error,
+                ApiError::Service(ServiceError::NotFound) | ApiError::NoPage
+            ),
             "{shown}"
         );
         let lock_body = match &error {

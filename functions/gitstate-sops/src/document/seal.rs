@@ -1,7 +1,18 @@
 //! Writing a sops document: a data key from the master keys, every value encrypted, the MAC.
 
-use super::*;
-use crate::{KeySource, KmsKeys};
+use std::time::SystemTime;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use sha2::{Digest, Sha512};
+use zeroize::Zeroizing;
+
+use super::open::{canonical_plain, number_text, upper_hex};
+use super::{BINDING, SOPS_VERSION};
+use crate::tree::Value;
+use crate::{
+    Context, DataKey, Error, KeyService, KeySource, KmsKeys, Offline, WrappedKey, cipher, time,
+};
 
 /// The settings of one write.
 pub struct Seal<'a> {

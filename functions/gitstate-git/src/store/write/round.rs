@@ -1,29 +1,22 @@
-//! Writes: commits on the advertised tip, pushed with compare-and-swap; the rounds that
-//! [`super::batch`] runs.
+//! One round of a batch of writes: where it starts (the protocol floor or a fresh
+//! advertisement), each write's check and plan, the chain of commits on the tip, and its push
+//! with compare-and-swap.
 
-use super::batch::Job;
-use super::*;
+use std::sync::Arc;
 
-impl GitStore {
-    pub(super) async fn create_file(
-        &self,
-        at: &Location,
-        path: &str,
-        content: Bytes,
-        meta: &CommitMeta,
-    ) -> Result<bool, StoreError> {
-        let meta = meta.clone();
-        let plan: WritePlan = Arc::new(move |_, stored| match stored {
-            Some(_) => Err(Refusal::Exists),
-            None => Ok(meta.clone()),
-        });
-        Ok(matches!(
-            self.write_loop(at, path, None, Change::Put(content), plan)
-                .await?,
-            Written::Committed { .. }
-        ))
-    }
-}
+use bytes::Bytes;
+use gix::ObjectId;
+
+use gitstate_core::StateName;
+use gitstate_core::ports::{Change, CommitMeta, Location, Refusal, Written};
+
+use super::queue::Job;
+use crate::Error;
+use crate::cache::NewCommit;
+use crate::protocol::{Advert, Service};
+use crate::smart::Command;
+use crate::store::remote::Remote;
+use crate::store::{WriteMode, blocking, null};
 
 /// What the rounds of one branch's writes need, owned, so that they run in a task of their own.
 pub(super) struct Writer {
@@ -68,23 +61,65 @@ impl Writer {
     /// plan against the tip, one commit per write that changes something, chained on the tip,
     /// and one push of the chain. One verdict per job, in order.
     pub(super) async fn write_round(&self, round: Round<'_>) -> Result<Outcome, Error> {
-        let (remote, at) = (&*self.remote, &self.at);
         let jobs = round.jobs;
         let lock_refs: Vec<Option<String>> = jobs
             .iter()
             .map(|job| job.lock.as_ref().map(|name| self.lock_ref(name)))
             .collect();
         let start = self.start(&lock_refs, round.floor).await?;
+        self.fetch_for(&round, &start).await?;
         let tip = start.tip;
-        // At the floor only a push rests on what this process remembers: a refusal or an
-        // "unchanged" is decided again from the remote.
-        let decided = |written| {
-            if start.advert.is_none() {
-                Verdict::MissedFloor
-            } else {
-                Verdict::Done(written)
-            }
+        // A new branch git cannot create next to an existing one (`env/a/b` while `env/a`
+        // exists): refuse it now rather than push. A clashing branch created by someone else
+        // after this look makes the push fail, and the next round refuses it here.
+        if tip.is_none()
+            && let Some(advert) = &start.advert
+            && let Some(clash) = self.remote.branch_clash(advert, &self.at.branch).await?
+        {
+            return Ok(Outcome::decided(
+                jobs.iter()
+                    .map(|_| Verdict::Done(Written::Refused(Refusal::Clash(clash.clone()))))
+                    .collect(),
+            ));
+        }
+        let (mut verdicts, chain) = self.plan_all(jobs, &start).await?;
+        let Some(head) = chain.head.filter(|_| !chain.commits.is_empty()) else {
+            return Ok(Outcome::decided(verdicts));
         };
+        let commit_count = chain.commits.len();
+        let commands = self.commands(&start, head, &verdicts, lock_refs);
+        let landed = push_chain(&self.remote, &start, head, commands, chain.objects).await?;
+        let mut commits = chain.commits.into_iter();
+        for verdict in &mut verdicts {
+            if matches!(verdict, Verdict::Lost) {
+                match (&landed, commits.next()) {
+                    (Landed::Yes, Some(commit)) => {
+                        *verdict = Verdict::Done(Written::Committed {
+                            version: commit.to_string(),
+                        });
+                    }
+                    (Landed::MissedFloor, _) => *verdict = Verdict::MissedFloor,
+                    _ => {}
+                }
+            }
+        }
+        let lost = match landed {
+            Landed::Lost(reason) => Some(Lost {
+                on: tip,
+                commits: commit_count,
+                reason,
+            }),
+            Landed::Yes | Landed::MissedFloor => None,
+        };
+        Ok(Outcome { verdicts, lost })
+    }
+
+    /// Bring into the cache what the round reads: the tip's trees (and, right after a lost race,
+    /// what changed since), the writers' lock commits, the blobs of the written states and of
+    /// the index.
+    async fn fetch_for(&self, round: &Round<'_>, start: &Start) -> Result<(), Error> {
+        let remote = &*self.remote;
+        let tip = start.tip;
         let wants: Vec<ObjectId> = tip
             .into_iter()
             .chain(start.lock_tips.iter().flatten().copied())
@@ -105,31 +140,29 @@ impl Writer {
         }
         if let Some(tip) = tip {
             // The states and the index the commits update, in one fetch if missing.
-            let paths = jobs
+            let paths = round
+                .jobs
                 .iter()
                 .map(|job| job.path.clone())
                 .chain(std::iter::once(gitstate_core::index::INDEX_PATH.to_owned()))
                 .collect();
             remote.want_blobs(tip, paths).await?;
         }
-        // A new branch git cannot create next to an existing one (`env/a/b` while `env/a`
-        // exists): refuse it now rather than push. A clashing branch created by someone else
-        // after this look makes the push fail, and the next round refuses it here.
-        if tip.is_none()
-            && let Some(advert) = &start.advert
-            && let Some(clash) = remote.branch_clash(advert, &at.branch).await?
-        {
-            return Ok(Outcome::decided(
-                jobs.iter()
-                    .map(|_| Verdict::Done(Written::Refused(Refusal::Clash(clash.clone()))))
-                    .collect(),
-            ));
-        }
+        Ok(())
+    }
+
+    /// Each write's verdict against the round's start, and the chain of commits of those that
+    /// change something (their verdict [`Verdict::Lost`] until the push lands).
+    async fn plan_all(&self, jobs: &[Job], start: &Start) -> Result<(Vec<Verdict>, Chain), Error> {
+        let remote = &*self.remote;
         let mut verdicts = Vec::with_capacity(jobs.len());
-        let mut chain = Chain::on(tip);
+        let mut chain = Chain::on(start.tip);
         for (job, lock_tip) in jobs.iter().zip(&start.lock_tips) {
-            let verdict = match plan_one(remote, tip, job, *lock_tip).await? {
-                Planned::Decided(written) => decided(written),
+            let verdict = match plan_one(remote, start.tip, job, *lock_tip).await? {
+                // At the floor only a push rests on what this process remembers: a refusal or
+                // an "unchanged" is decided again from the remote.
+                Planned::Decided(_) if start.advert.is_none() => Verdict::MissedFloor,
+                Planned::Decided(written) => Verdict::Done(written),
                 Planned::Commit(content, meta) => {
                     let commit = remote
                         .commit(chain.head, job.path.clone(), content, meta)
@@ -140,14 +173,22 @@ impl Writer {
             };
             verdicts.push(verdict);
         }
-        let Some(head) = chain.head.filter(|_| !chain.commits.is_empty()) else {
-            return Ok(Outcome::decided(verdicts));
-        };
-        let commit_count = chain.commits.len();
+        Ok((verdicts, chain))
+    }
+
+    /// The push of a round: the branch from its tip to `head`, and, when the remote pushes
+    /// atomically, every lock ref a write rests on, unchanged.
+    fn commands(
+        &self,
+        start: &Start,
+        head: ObjectId,
+        verdicts: &[Verdict],
+        lock_refs: Vec<Option<String>>,
+    ) -> Vec<Command> {
         let mut commands = vec![Command {
-            old: tip.unwrap_or_else(null),
+            old: start.tip.unwrap_or_else(null),
             new: head,
-            name: at.branch.full_ref(),
+            name: self.at.branch.full_ref(),
         }];
         if start.mode == WriteMode::Atomic {
             for ((verdict, lock_tip), lock_ref) in
@@ -165,33 +206,7 @@ impl Writer {
                 }
             }
         }
-        let landed = push_chain(remote, &start, head, commands, chain.objects).await?;
-        let mut commits = chain.commits.into_iter();
-        for verdict in &mut verdicts {
-            if matches!(verdict, Verdict::Lost) {
-                let commit = commits.next();
-                match (&landed, commit) {
-                    (Landed::Yes, Some(commit)) => {
-                        *verdict = Verdict::Done(Written::Committed {
-                            version: commit.to_string(),
-                        });
-                    }
-                    (Landed::MissedFloor, _) => *verdict = Verdict::MissedFloor,
-                    _ => {}
-                }
-            }
-        }
-        Ok(Outcome {
-            verdicts,
-            lost: match landed {
-                Landed::Lost(reason) => Some(Lost {
-                    on: tip,
-                    commits: commit_count,
-                    reason,
-                }),
-                Landed::Yes | Landed::MissedFloor => None,
-            },
-        })
+        commands
     }
 }
 
@@ -391,16 +406,4 @@ async fn push_chain(
         .find_map(|(name, status)| status.as_ref().err().map(|why| format!("{name}: {why}")))
         .unwrap_or_else(|| "no report for the branch".into());
     Ok(Landed::Lost(reason))
-}
-
-/// How long to wait before write attempt `attempt` (2, 3, …) after one that took `last`: full
-/// jitter over a window that starts at half an attempt's duration and doubles with each loss.
-/// Scaling with the attempt (rather than a fixed 10 ms base) spreads contenders by about the time
-/// a winner needs from advertisement to push, whatever the remote's round trip (BENCHMARKS.md
-/// compares it with the fixed 10 ms base it replaced).
-pub(super) fn backoff(attempt: u32, last: Duration) -> Duration {
-    let base = (last / 2).clamp(Duration::from_millis(10), Duration::from_millis(250));
-    let window = base.saturating_mul(1 << attempt.saturating_sub(2).min(5));
-    let millis = u64::try_from(window.as_millis()).unwrap_or(u64::MAX).max(1);
-    Duration::from_millis(rand::random_range(0..millis))
 }

@@ -4,7 +4,8 @@ use gix::ObjectId;
 use std::collections::HashMap;
 
 use super::Service;
-use crate::{Error, pkt};
+use super::pkt;
+use crate::Error;
 
 /// Ref tips and capabilities, as a server advertises them (or the local repository reports them).
 #[derive(Debug, Clone, Default)]

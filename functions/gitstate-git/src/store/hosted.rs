@@ -1,0 +1,320 @@
+//! A hosted repository over smart HTTP(S) or SSH: advertisements (the last one kept for the
+//! request that asked), fetches into the cache (one at a time), pushes with the capabilities
+//! advertised.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use gix::ObjectId;
+
+use super::transport::{Fetch, KnownTip, Transport};
+use super::{WriteMode, blocking};
+use crate::Error;
+use crate::cache::Cache;
+use crate::pack;
+use crate::protocol::{Advert, Service};
+use crate::smart::{Blobs, Command, PushReport, SmartHttp};
+use crate::sync::lock;
+
+pub(super) struct Hosted {
+    http: SmartHttp,
+    /// `GITSTATE_REQUIRE_ATOMIC`: a receive-pack advertisement without `atomic` is an error.
+    require_atomic: bool,
+    /// Receive-pack capabilities, once advertised.
+    push_caps: Mutex<Option<Advert>>,
+    /// The last full ref advertisement, and when it was asked for.
+    last_advert: Mutex<Option<(Advert, Instant)>>,
+    /// When this process last began a push.
+    last_push: Mutex<Option<Instant>>,
+    /// Held by each fetch into the cache, and by a rebuild of it.
+    fetching: tokio::sync::Mutex<()>,
+    /// The remote offers `filter` but would not send blobs by id: fetch commits whole.
+    whole_fetches: AtomicBool,
+    /// The remote refused a push without a fresh advertisement: always advertise first.
+    no_floor: AtomicBool,
+}
+
+impl Hosted {
+    pub(super) fn new(http: SmartHttp, require_atomic: bool) -> Self {
+        Self {
+            http,
+            require_atomic,
+            push_caps: Mutex::new(None),
+            last_advert: Mutex::new(None),
+            last_push: Mutex::new(None),
+            fetching: tokio::sync::Mutex::new(()),
+            whole_fetches: AtomicBool::new(false),
+            no_floor: AtomicBool::new(false),
+        }
+    }
+
+    /// What fetches of branch commits bring: their trees only when the remote can send blobs by id
+    /// later (and has not refused to), else everything.
+    fn blobs(&self) -> Blobs {
+        if self.http.offers_filter() && !self.whole_fetches.load(Ordering::Relaxed) {
+            Blobs::None
+        } else {
+            Blobs::All
+        }
+    }
+}
+
+/// Index a received pack into the cache.
+async fn index(cache: &Arc<Cache>, pack: Vec<u8>) -> Result<(), Error> {
+    let cache = cache.clone();
+    blocking(move || {
+        pack::index_into(cache.git_dir(), &pack)?;
+        cache.reload()
+    })
+    .await
+}
+
+/// Of `ids`, those `cache` lacks.
+pub(super) async fn missing(
+    cache: &Arc<Cache>,
+    ids: Vec<ObjectId>,
+) -> Result<Vec<ObjectId>, Error> {
+    let cache = cache.clone();
+    blocking(move || {
+        let repo = cache.repo()?;
+        Ok(ids.into_iter().filter(|id| !repo.has_object(id)).collect())
+    })
+    .await
+}
+
+#[async_trait]
+impl Transport for Hosted {
+    fn fetches(&self) -> bool {
+        true
+    }
+
+    async fn refs(&self, service: Service, _: Vec<String>) -> Result<Advert, Error> {
+        // Stamped when asked, not when answered: it reflects no later write. One asked before a
+        // push of ours began is not kept (it may not show that push).
+        let asked = Instant::now();
+        let advert = self.http.advertise(service).await?;
+        let pushed_since = lock(&self.last_push).is_some_and(|pushed| pushed >= asked);
+        let mut last = lock(&self.last_advert);
+        if !pushed_since && last.as_ref().is_none_or(|(_, kept)| *kept <= asked) {
+            *last = Some((advert.clone(), asked));
+        }
+        drop(last);
+        if service == Service::ReceivePack {
+            if self.require_atomic && WriteMode::of(&advert) != WriteMode::Atomic {
+                return Err(Error::AtomicRequired);
+            }
+            let caps = Advert {
+                caps: advert.caps.clone(),
+                ..Advert::default()
+            };
+            *lock(&self.push_caps) = Some(caps);
+        }
+        Ok(advert)
+    }
+
+    /// See `gitstate_core::scope`: an advertisement made since the request began reflects every
+    /// write that finished before the request.
+    fn advert_in_scope(&self) -> Option<Advert> {
+        let scope = gitstate_core::scope::Scope::current()?;
+        let last = lock(&self.last_advert);
+        last.as_ref()
+            .filter(|(_, when)| *when >= scope.began)
+            .map(|(advert, _)| advert.clone())
+    }
+
+    async fn branch_and_prefix(&self, _: &str, _: &str, fresh: Duration) -> Result<Advert, Error> {
+        let recent = lock(&self.last_advert)
+            .clone()
+            .filter(|(_, when)| when.elapsed() < fresh);
+        match recent {
+            Some((advert, _)) => Ok(advert),
+            None => self.refs(Service::UploadPack, Vec::new()).await,
+        }
+    }
+
+    /// One upload-pack advertisement (its `symref=HEAD:` capability names `HEAD`'s ref).
+    async fn every_ref(&self) -> Result<(Advert, Option<String>), Error> {
+        // A read of this request just asked: its advertisement lists every ref.
+        let advert = match self.advert_in_scope() {
+            Some(advert) => advert,
+            None => self.refs(Service::UploadPack, Vec::new()).await?,
+        };
+        let head = advert
+            .caps
+            .iter()
+            .find_map(|cap| cap.strip_prefix("symref=HEAD:"))
+            .map(str::to_owned);
+        Ok((advert, head))
+    }
+
+    async fn refs_with_prefix(&self, prefix: &str) -> Result<Advert, Error> {
+        let mut advert = self.http.advertise(Service::UploadPack).await?;
+        advert.refs.retain(|name, _| name.starts_with(prefix));
+        Ok(advert)
+    }
+
+    /// An advertisement lists every ref: there is nothing beside it.
+    async fn refs_beside(&self, _: &Advert, _: &str) -> Result<Advert, Error> {
+        Ok(Advert::default())
+    }
+
+    async fn ensure(
+        &self,
+        cache: &Arc<Cache>,
+        known_tip: &KnownTip,
+        wants: Vec<ObjectId>,
+        how: Fetch,
+    ) -> Result<(), Error> {
+        let missing_now = missing(cache, wants).await?;
+        if missing_now.is_empty() {
+            return Ok(());
+        }
+        let _one_fetch_at_a_time = self.fetching.lock().await;
+        let wanted = missing(cache, missing_now).await?;
+        if wanted.is_empty() {
+            return Ok(());
+        }
+        let known = *lock(known_tip);
+        let haves: Vec<ObjectId> = match known {
+            Some((tip, _)) if cache.has(tip)? => vec![tip],
+            _ => Vec::new(),
+        };
+        if how != Fetch::Orphans && !self.http.knows_fetch_capabilities() {
+            self.http.advertise(Service::UploadPack).await?;
+        }
+        let blobs = match how {
+            Fetch::Orphans => Blobs::All,
+            Fetch::Changes if !haves.is_empty() => Blobs::All,
+            Fetch::Branch | Fetch::Changes => self.blobs(),
+        };
+        let pack = self.http.fetch(&wanted, &haves, blobs).await?;
+        index(cache, pack).await?;
+        if !missing(cache, wanted).await?.is_empty() {
+            return Err(Error::Remote(
+                "the fetch did not deliver the requested commits".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Those the cache lacks come in one request. A remote that will not send blobs by id gets
+    /// the commit fetched whole instead, and from then on every fetch brings blobs.
+    async fn want_blobs(
+        &self,
+        cache: &Arc<Cache>,
+        commit: ObjectId,
+        paths: Vec<String>,
+    ) -> Result<(), Error> {
+        let reader = cache.clone();
+        let lacking = blocking(move || reader.lacking_blobs(commit, &paths)).await?;
+        if lacking.is_empty() {
+            return Ok(());
+        }
+        let _one_fetch_at_a_time = self.fetching.lock().await;
+        let lacking = missing(cache, lacking).await?;
+        if lacking.is_empty() {
+            return Ok(());
+        }
+        match self.http.fetch_blobs(&lacking).await {
+            Ok(pack) => index(cache, pack).await?,
+            // A remote that cannot be reached now cannot be reached for the whole commit either.
+            Err(error @ Error::Http(_)) => return Err(error),
+            Err(error) => {
+                let pack = self.http.fetch(&[commit], &[], Blobs::All).await?;
+                index(cache, pack).await?;
+                tracing::warn!(error = %gitstate_core::report::chain(&error), "the remote does not send blobs by id; fetching whole commits from now on");
+                self.whole_fetches.store(true, Ordering::Relaxed);
+            }
+        }
+        if !missing(cache, lacking).await?.is_empty() {
+            return Err(Error::Remote(
+                "the fetch did not deliver the requested blobs".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The cache's `boundary` is declared shallow, so only the commits past it are sent.
+    async fn deepen(
+        &self,
+        cache: &Arc<Cache>,
+        tip: ObjectId,
+        boundary: ObjectId,
+        depth: u32,
+    ) -> Result<(), Error> {
+        let _one_fetch_at_a_time = self.fetching.lock().await;
+        tracing::debug!(depth, "deepening the cache's history");
+        let pack = self
+            .http
+            .fetch_deeper(tip, &[boundary], depth, self.blobs())
+            .await?;
+        index(cache, pack).await
+    }
+
+    /// Refused by the remote when no ref reaches `commit`; what `tip`'s tree shares with it is
+    /// not sent.
+    async fn fetch_one(
+        &self,
+        cache: &Arc<Cache>,
+        commit: ObjectId,
+        tip: ObjectId,
+    ) -> Result<(), Error> {
+        let _one_fetch_at_a_time = self.fetching.lock().await;
+        let pack = self.http.fetch(&[commit], &[tip], self.blobs()).await?;
+        index(cache, pack).await
+    }
+
+    async fn rebuild(&self, cache: &Arc<Cache>, known_tip: &KnownTip) -> Result<(), Error> {
+        let _no_fetch_meanwhile = self.fetching.lock().await;
+        *lock(known_tip) = None;
+        let cache = cache.clone();
+        blocking(move || cache.rebuild()).await
+    }
+
+    async fn push(
+        &self,
+        cache: &Arc<Cache>,
+        commands: Vec<Command>,
+        objects: Vec<ObjectId>,
+    ) -> Result<PushReport, Error> {
+        // What was advertised before a push of ours is out of date.
+        *lock(&self.last_push) = Some(Instant::now());
+        *lock(&self.last_advert) = None;
+        let known = lock(&self.push_caps).clone();
+        let caps = match known {
+            Some(caps) => caps,
+            None => self.refs(Service::ReceivePack, Vec::new()).await?,
+        };
+        let pack = if commands.iter().all(|c| c.new.is_null()) {
+            None
+        } else {
+            let cache = cache.clone();
+            Some(
+                blocking(move || {
+                    let objects = objects
+                        .into_iter()
+                        .map(|id| cache.object(id))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    pack::write(&objects)
+                })
+                .await?,
+            )
+        };
+        self.http.push(&caps, &commands, pack).await
+    }
+
+    /// Capabilities known and the floor not refused.
+    fn floor_caps(&self) -> Option<Advert> {
+        if self.no_floor.load(Ordering::Relaxed) {
+            return None;
+        }
+        lock(&self.push_caps).clone()
+    }
+
+    fn refuse_floor(&self) {
+        self.no_floor.store(true, Ordering::Relaxed);
+        *lock(&self.push_caps) = None;
+    }
+}

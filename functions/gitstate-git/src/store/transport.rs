@@ -1,0 +1,210 @@
+//! How a [`super::remote::Remote`] reaches its repository: one trait, so the store decides
+//! nothing by asking which kind of repository it has. [`Embedded`] is the local bare
+//! repository, whose refs are changed by ref transactions and whose objects are already there;
+//! [`super::hosted::Hosted`] is a hosted repository over smart HTTP(S) or SSH, whose objects
+//! are fetched into a cache.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use gix::ObjectId;
+
+use super::blocking;
+use crate::Error;
+use crate::cache::Cache;
+use crate::local::LocalRefs;
+use crate::protocol::{Advert, Service};
+use crate::smart::{Command, PushReport};
+
+/// The tip this process last saw on the remote, and when (what a fetch says it has).
+pub(super) type KnownTip = Mutex<Option<(ObjectId, Instant)>>;
+
+/// What a fetch of commits the cache lacks brings along.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Fetch {
+    /// Branch commits: trees, and blobs unless the remote sends them by id later.
+    Branch,
+    /// Lock commits (no parents): everything, without asking for the capabilities first.
+    Orphans,
+    /// Branch commits a little past a tip the cache has: everything that changed since.
+    Changes,
+}
+
+#[async_trait]
+pub(super) trait Transport: Send + Sync {
+    /// Whether objects reach `cache` by fetches (a hosted repository): its history may be
+    /// shallow (and deepened), and a cache that fails to read is rebuilt.
+    fn fetches(&self) -> bool;
+
+    /// The refs `names` at least (an advertisement lists every ref), with the capabilities a
+    /// push of `service` has.
+    async fn refs(&self, service: Service, names: Vec<String>) -> Result<Advert, Error>;
+
+    /// The last full advertisement, if it came after the request being served began.
+    fn advert_in_scope(&self) -> Option<Advert>;
+
+    /// The branch and every ref under `prefix`, from an advertisement less than `fresh` old
+    /// when there is one.
+    async fn branch_and_prefix(
+        &self,
+        branch: &str,
+        prefix: &str,
+        fresh: Duration,
+    ) -> Result<Advert, Error>;
+
+    /// Every ref, and the ref `HEAD` names.
+    async fn every_ref(&self) -> Result<(Advert, Option<String>), Error>;
+
+    /// Every ref under `prefix`.
+    async fn refs_with_prefix(&self, prefix: &str) -> Result<Advert, Error>;
+
+    /// Every ref under `prefix` besides those of `advert`, which [`Self::refs`] gave: nothing
+    /// more when an advertisement lists every ref, the refs asked for when it lists only the
+    /// names given.
+    async fn refs_beside(&self, advert: &Advert, prefix: &str) -> Result<Advert, Error>;
+
+    /// Make `cache` hold `wants`, fetched as `how` says.
+    async fn ensure(
+        &self,
+        cache: &Arc<Cache>,
+        known_tip: &KnownTip,
+        wants: Vec<ObjectId>,
+        how: Fetch,
+    ) -> Result<(), Error>;
+
+    /// Make `cache` hold the blobs at `paths` in `commit` (whose trees it has).
+    async fn want_blobs(
+        &self,
+        cache: &Arc<Cache>,
+        commit: ObjectId,
+        paths: Vec<String>,
+    ) -> Result<(), Error>;
+
+    /// Fetch the history behind `tip`, `depth` commits deep, past `boundary`.
+    async fn deepen(
+        &self,
+        cache: &Arc<Cache>,
+        tip: ObjectId,
+        boundary: ObjectId,
+        depth: u32,
+    ) -> Result<(), Error>;
+
+    /// Fetch `commit` alone, given `cache` has `tip`.
+    async fn fetch_one(
+        &self,
+        cache: &Arc<Cache>,
+        commit: ObjectId,
+        tip: ObjectId,
+    ) -> Result<(), Error>;
+
+    /// Throw `cache` away and start empty, no fetch running meanwhile.
+    async fn rebuild(&self, cache: &Arc<Cache>, known_tip: &KnownTip) -> Result<(), Error>;
+
+    /// Apply `commands`, sending `objects` from `cache` if the repository needs them.
+    async fn push(
+        &self,
+        cache: &Arc<Cache>,
+        commands: Vec<Command>,
+        objects: Vec<ObjectId>,
+    ) -> Result<PushReport, Error>;
+
+    /// The receive-pack capabilities, if a push may go without a fresh advertisement (the
+    /// protocol floor, see the `floor` module).
+    fn floor_caps(&self) -> Option<Advert>;
+
+    /// The remote answered a push at the floor with an error: advertise first from now on.
+    fn refuse_floor(&self);
+}
+
+/// The embedded repository: the cache is the repository, so nothing is fetched; refs change
+/// by ref transactions with a push's create-only and compare-and-swap semantics.
+pub(super) struct Embedded(pub(super) Arc<LocalRefs>);
+
+#[async_trait]
+impl Transport for Embedded {
+    fn fetches(&self) -> bool {
+        false
+    }
+
+    async fn refs(&self, _: Service, names: Vec<String>) -> Result<Advert, Error> {
+        let refs = self.0.clone();
+        blocking(move || refs.list(&names)).await
+    }
+
+    fn advert_in_scope(&self) -> Option<Advert> {
+        None
+    }
+
+    async fn branch_and_prefix(
+        &self,
+        branch: &str,
+        prefix: &str,
+        _: Duration,
+    ) -> Result<Advert, Error> {
+        let (refs, branch, prefix) = (self.0.clone(), branch.to_owned(), prefix.to_owned());
+        blocking(move || {
+            let mut advert = refs.list_prefix(&prefix)?;
+            advert.refs.extend(refs.list(&[branch])?.refs);
+            Ok(advert)
+        })
+        .await
+    }
+
+    async fn every_ref(&self) -> Result<(Advert, Option<String>), Error> {
+        let refs = self.0.clone();
+        blocking(move || Ok((refs.list_prefix("refs/")?, refs.head_target()))).await
+    }
+
+    async fn refs_with_prefix(&self, prefix: &str) -> Result<Advert, Error> {
+        let (refs, prefix) = (self.0.clone(), prefix.to_owned());
+        blocking(move || refs.list_prefix(&prefix)).await
+    }
+
+    /// The repository lists only the refs asked for: those under `prefix` are listed now.
+    async fn refs_beside(&self, _: &Advert, prefix: &str) -> Result<Advert, Error> {
+        self.refs_with_prefix(prefix).await
+    }
+
+    async fn ensure(
+        &self,
+        _: &Arc<Cache>,
+        _: &KnownTip,
+        _: Vec<ObjectId>,
+        _: Fetch,
+    ) -> Result<(), Error> {
+        Ok(())
+    }
+
+    async fn want_blobs(&self, _: &Arc<Cache>, _: ObjectId, _: Vec<String>) -> Result<(), Error> {
+        Ok(())
+    }
+
+    async fn deepen(&self, _: &Arc<Cache>, _: ObjectId, _: ObjectId, _: u32) -> Result<(), Error> {
+        Ok(())
+    }
+
+    async fn fetch_one(&self, _: &Arc<Cache>, _: ObjectId, _: ObjectId) -> Result<(), Error> {
+        Ok(())
+    }
+
+    async fn rebuild(&self, _: &Arc<Cache>, _: &KnownTip) -> Result<(), Error> {
+        Ok(())
+    }
+
+    async fn push(
+        &self,
+        _: &Arc<Cache>,
+        commands: Vec<Command>,
+        _: Vec<ObjectId>,
+    ) -> Result<PushReport, Error> {
+        let refs = self.0.clone();
+        blocking(move || refs.push(&commands)).await
+    }
+
+    fn floor_caps(&self) -> Option<Advert> {
+        None
+    }
+
+    fn refuse_floor(&self) {}
+}

@@ -1,0 +1,90 @@
+//! Group commit: writes to one branch that wait at the same time leave in one push.
+//!
+//! Every write is a compare-and-swap of the branch, so many writers of one branch land one push
+//! at a time. Within one process, writes queue up per branch, and one task (started by the write
+//! that found nobody pushing) pushes them until the queue is empty: each round takes the waiting
+//! writes that do not touch the same or an overlapping path, builds one commit per write, each on
+//! the one before (a chain on the tip, so every state's history keeps its own author, message
+//! and trailers), and pushes the chain in one request. Under a lock, the push also asserts every
+//! writer's lock ref unchanged (atomically), so a write whose lock was broken meanwhile makes the
+//! whole push lose, and the next round refuses it alone. A lone write is a round of one: the same
+//! requests as without batching.
+//!
+//! Callers only wait for their answer: a caller that goes away (a dropped request) takes nothing
+//! with it, and its write is dropped if it has not left yet; a round all of whose callers went
+//! away is dropped where it stands. A push refused twice on the same tip
+//! (not a race: a hook or a size limit refusing one of the writes), or a round that fails for
+//! good, is retried one write at a time, so one write cannot fail the others.
+//!
+//! - [`queue`]: the waiting writes of a branch, and which of them go together;
+//! - [`lead`]: the task that pushes rounds until the queue is empty, and what a round's end
+//!   means for its writes and the next round ([`lead::Standing`]);
+//! - [`round`]: one round, from where it starts to its push.
+
+mod lead;
+mod queue;
+mod round;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use gitstate_core::StateName;
+use gitstate_core::ports::{Change, CommitMeta, Location, Refusal, StoreError, WritePlan, Written};
+
+use crate::store::GitStore;
+
+pub(super) use lead::backoff;
+pub(super) use queue::Batcher;
+use queue::Job;
+use round::Writer;
+
+impl GitStore {
+    pub(super) async fn create_config(
+        &self,
+        at: &Location,
+        path: &str,
+        content: Bytes,
+        meta: &CommitMeta,
+    ) -> Result<bool, StoreError> {
+        let meta = meta.clone();
+        let plan: WritePlan = Arc::new(move |_, stored| match stored {
+            Some(_) => Err(Refusal::Exists),
+            None => Ok(meta.clone()),
+        });
+        Ok(matches!(
+            self.write_file(at, path, None, Change::Put(content), plan)
+                .await?,
+            Written::Committed { .. }
+        ))
+    }
+
+    /// The one write of [`GitStore::write_state`] and [`GitStore::create_config`]: `path`,
+    /// guarded by the lock of `lock` when given, queued with the branch's other
+    /// waiting writes and pushed with them (see the module doc), retried on a moved branch.
+    pub(super) async fn write_file(
+        &self,
+        at: &Location,
+        path: &str,
+        lock: Option<&StateName>,
+        change: Change,
+        plan: WritePlan,
+    ) -> Result<Written, StoreError> {
+        let remote = self.remote(at)?;
+        let (job, answer) = Job::new(path, lock, change, plan);
+        remote.batcher.push(job);
+        if remote.batcher.claim() {
+            let writer = Writer {
+                remote: remote.clone(),
+                at: at.clone(),
+                lock_ref_prefix: self.options.lock_ref_prefix.clone(),
+            };
+            tokio::spawn(writer.lead());
+        }
+        answer.await.unwrap_or_else(|_| {
+            Err(StoreError::Internal(
+                "the write task ended unanswered".into(),
+            ))
+        })
+    }
+}

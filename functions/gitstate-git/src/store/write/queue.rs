@@ -1,0 +1,223 @@
+//! The writes of one branch waiting to be pushed: callers queue them, the pushing task takes
+//! them in batches of writes that do not overlap.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+
+use gitstate_core::StateName;
+use gitstate_core::ports::{Change, StoreError, WritePlan, Written};
+
+use crate::sync::lock;
+
+/// How often a write is rebuilt on a moved branch before giving up with a retryable 503.
+const MAX_WRITE_ATTEMPTS: u32 = 40;
+/// How long a write may keep retrying, well under a Lambda timeout.
+const WRITE_DEADLINE: Duration = Duration::from_secs(20);
+/// Most bytes of new content in one push (a first write always goes, however large).
+const MAX_BATCH_BYTES: usize = 16 << 20;
+
+/// What a caller waits for.
+pub(super) type Reply = Result<Written, StoreError>;
+
+/// One queued write and how far it got.
+pub(super) struct Job {
+    pub(super) path: String,
+    /// The lock the write is made under, if any.
+    pub(super) lock: Option<StateName>,
+    pub(super) change: Change,
+    pub(super) plan: WritePlan,
+    /// May still be tried at the protocol floor (nothing refused there yet).
+    pub(super) floor: bool,
+    pub(super) attempts: u32,
+    started: Instant,
+    /// The last transient failure, the answer if the write runs out of attempts.
+    pub(super) last_error: Option<StoreError>,
+    reply: oneshot::Sender<Reply>,
+}
+
+impl Job {
+    /// A write of `change` at `path`, and where its caller waits for the answer.
+    pub(super) fn new(
+        path: &str,
+        lock: Option<&StateName>,
+        change: Change,
+        plan: WritePlan,
+    ) -> (Self, oneshot::Receiver<Reply>) {
+        let (reply, answer) = oneshot::channel();
+        let job = Self {
+            path: path.to_owned(),
+            lock: lock.cloned(),
+            change,
+            plan,
+            floor: true,
+            attempts: 0,
+            started: Instant::now(),
+            last_error: None,
+            reply,
+        };
+        (job, answer)
+    }
+
+    /// The caller went away (its request was dropped).
+    pub(super) fn abandoned(&self) -> bool {
+        self.reply.is_closed()
+    }
+
+    fn bytes(&self) -> usize {
+        match &self.change {
+            Change::Put(bytes) => bytes.len(),
+            Change::Delete => 0,
+        }
+    }
+
+    pub(super) fn answer(self, reply: Reply) {
+        // A caller that went away does not need its answer.
+        let _ = self.reply.send(reply);
+    }
+
+    /// Out of attempts or time: the last transient failure, or contention.
+    pub(super) fn exhausted(&self) -> bool {
+        self.attempts >= MAX_WRITE_ATTEMPTS || self.started.elapsed() > WRITE_DEADLINE
+    }
+
+    pub(super) fn give_up(mut self) {
+        let reply = match self.last_error.take() {
+            Some(error) => Err(error),
+            None => Err(StoreError::Contention {
+                attempts: self.attempts,
+            }),
+        };
+        self.answer(reply);
+    }
+}
+
+/// The writes of one branch waiting to be pushed, and whether a task is pushing them.
+pub(in crate::store) struct Batcher {
+    queue: Mutex<VecDeque<Job>>,
+    leading: AtomicBool,
+    /// Most writes in one push.
+    pub(super) most: usize,
+}
+
+impl Batcher {
+    pub(in crate::store) fn new(most: usize) -> Self {
+        Self {
+            queue: Mutex::default(),
+            leading: AtomicBool::new(false),
+            most: most.max(1),
+        }
+    }
+
+    /// Queue `job`.
+    pub(super) fn push(&self, job: Job) {
+        lock(&self.queue).push_back(job);
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        lock(&self.queue).is_empty()
+    }
+
+    /// Become the task that pushes; `false` if one already is.
+    pub(super) fn claim(&self) -> bool {
+        !self.leading.swap(true, Ordering::SeqCst)
+    }
+
+    /// Stop being the task that pushes.
+    pub(super) fn release(&self) {
+        self.leading.store(false, Ordering::SeqCst);
+    }
+
+    /// The pushing task failed: drop every waiting write (its caller gets an error) and let go.
+    pub(super) fn abandon(&self) {
+        lock(&self.queue).clear();
+        self.release();
+    }
+
+    /// Writes back to the front of the queue, in their order.
+    pub(super) fn hand_back(&self, jobs: Vec<Job>) {
+        let mut queue = lock(&self.queue);
+        for job in jobs.into_iter().rev() {
+            queue.push_front(job);
+        }
+    }
+
+    /// Move queued writes into `batch` while they fit (at most `most`): distinct,
+    /// non-overlapping paths (so each write's tree check and read are the same on the tip as on
+    /// the chain before it).
+    pub(super) fn top_up(&self, batch: &mut Vec<Job>, most: usize) {
+        let mut queue = lock(&self.queue);
+        // A caller that went away (a dropped request) gets no write pushed for it.
+        queue.retain(|job| !job.abandoned());
+        let mut bytes: usize = batch.iter().map(Job::bytes).sum();
+        let mut kept = VecDeque::with_capacity(queue.len());
+        while let Some(job) = queue.pop_front() {
+            let fits = batch.len() < most
+                && (batch.is_empty() || bytes.saturating_add(job.bytes()) <= MAX_BATCH_BYTES)
+                && !batch.iter().any(|other| overlaps(&other.path, &job.path));
+            if fits {
+                bytes = bytes.saturating_add(job.bytes());
+                batch.push(job);
+            } else {
+                kept.push_back(job);
+            }
+        }
+        *queue = kept;
+    }
+}
+
+/// The same file, or one inside the other's folder.
+fn overlaps(a: &str, b: &str) -> bool {
+    let inside = |long: &str, short: &str| {
+        long.strip_prefix(short)
+            .is_some_and(|rest| rest.starts_with('/'))
+    };
+    a == b || inside(a, b) || inside(b, a)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::overlaps;
+
+    /// Generated pairs of paths over segments that are string prefixes of one another (`a`,
+    /// `ab`, `a.b`): two overlap exactly when one's segments begin the other's, never because one
+    /// string merely begins the other.
+    #[test]
+    fn overlap_is_a_prefix_of_segments_never_of_strings() {
+        use rand::{Rng, SeedableRng};
+        const SEGMENTS: [&str; 5] = ["a", "ab", "a.b", "b", "a.tfstate"];
+        let mut rng = rand::rngs::StdRng::seed_from_u64(15);
+        let path = |rng: &mut rand::rngs::StdRng| {
+            (0..rng.random_range(1..=3))
+                .map(|_| SEGMENTS[rng.random_range(0..SEGMENTS.len())])
+                .collect::<Vec<_>>()
+        };
+        let (mut seen_overlap, mut seen_string_prefix) = (0, 0);
+        for _ in 0..5_000 {
+            let (a, b) = (path(&mut rng), path(&mut rng));
+            let (sa, sb) = (a.join("/"), b.join("/"));
+            let expected = a.starts_with(&b) || b.starts_with(&a);
+            assert_eq!(overlaps(&sa, &sb), expected, "{sa} and {sb}");
+            seen_overlap += usize::from(expected);
+            seen_string_prefix +=
+                usize::from(!expected && (sa.starts_with(&sb) || sb.starts_with(&sa)));
+        }
+        assert!(
+            seen_overlap > 100 && seen_string_prefix > 100,
+            "{seen_overlap} {seen_string_prefix}"
+        );
+    }
+
+    #[test]
+    fn overlapping_paths_are_the_same_file_or_one_inside_the_other() {
+        assert!(overlaps("a", "a"));
+        assert!(overlaps("net/a", "net"));
+        assert!(overlaps("net", "net/a/b"));
+        assert!(!overlaps("net", "network/a"));
+        assert!(!overlaps("net/a", "net/b"));
+        assert!(!overlaps("a.tfstate", "a"));
+    }
+}
