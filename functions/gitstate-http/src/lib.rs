@@ -158,13 +158,24 @@ pub fn router(backend: Arc<Backend>, access: Arc<Access>, limits: Limits) -> Rou
             call::within_deadline,
         ))
         .with_state(app);
-    // The path is decoded before the table routes it, so around it.
+    // The path is decoded before the table routes it, so around it; served as a handler (not a
+    // fallback service) so that axum sets `Content-Length` and empties `HEAD` answers after
+    // the layers around it (an error page changes the body), as it does for any route.
     let decoded = tower::Layer::layer(
         &axum::middleware::from_fn(request::decode_path_layer),
         routes,
     );
+    let decoded = move |request: axum::extract::Request| {
+        let routes = decoded.clone();
+        async move {
+            match tower::ServiceExt::oneshot(routes, request).await {
+                Ok(response) => response,
+                Err(never) => match never {},
+            }
+        }
+    };
     Router::new()
-        .fallback_service(decoded)
+        .fallback(decoded)
         .layer(axum::middleware::from_fn(guard::cross_site_writes))
         .layer(axum::middleware::from_fn(console::error_pages))
         .layer(axum::middleware::from_fn(guard::security_headers))
