@@ -13,6 +13,7 @@ mod hosts;
 mod many_writers;
 mod processes;
 mod release;
+mod remote;
 mod run;
 mod seed;
 mod serve;
