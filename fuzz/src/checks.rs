@@ -11,8 +11,7 @@ use gitstate_core::refs::{
 };
 use gitstate_core::{BranchName, StateName};
 use gitstate_git::protocol::pkt;
-use gitstate_git::protocol::{Advert, Service};
-use gitstate_git::smart::PushReport;
+use gitstate_git::protocol::{Advert, PushReport, Service};
 
 /// State and branch names: an accepted name is a safe relative path and a valid ref component.
 pub fn state_name(data: &[u8]) {

@@ -274,16 +274,16 @@ const DESCRIPTIONS: &[Described] = &[
         "`json`: one JSON object per log line",
     ),
     describe("GITSTATE_ACCESS_LOG", "one log line per request"),
+    describe_default(
+        "GITSTATE_URL",
+        "`http://127.0.0.1:8080`, or `http://` + `listen` when that is set",
+        "the backend the remote commands (`history`, `show`, `restore`, `list`, `locks`, `unlock`, `remove`) talk to",
+    ),
 ];
 
 /// Variables gitstate honours that are not settings ([`layers::OTHER_VARIABLES`], which must all
 /// be here, and those of other tools): (name, default, meaning).
 const OTHER_VARIABLES: &[(&str, &str, &str)] = &[
-    (
-        "GITSTATE_URL",
-        "`http://127.0.0.1:8080`",
-        "the backend the remote commands (`history`, `show`, `restore`, `list`, `locks`) talk to; also `--url`",
-    ),
     (
         "HTTPS_PROXY",
         "none",

@@ -9,7 +9,10 @@ use std::path::{Path, PathBuf};
 
 use crate::settings::{ConfigError, Runtime, Settings};
 
+pub mod concerns;
 pub mod seed;
+
+pub use concerns::Concern;
 
 /// One setting: its variable, whether its value is a secret, and its help line.
 #[derive(Debug, Clone, Copy)]
@@ -259,10 +262,14 @@ pub const SETTINGS: &[Spec] = &[
     ),
     setting("GITSTATE_LOG_FORMAT", "text or json [text]"),
     switch("GITSTATE_ACCESS_LOG", "one log line per request [false]"),
+    setting(
+        "GITSTATE_URL",
+        "the backend the remote commands talk to [http://127.0.0.1:8080]",
+    ),
 ];
 
-/// `GITSTATE_*` variables gitstate reads that are not settings: the remote commands' backend URL.
-pub const OTHER_VARIABLES: &[&str] = &["GITSTATE_URL"];
+/// `GITSTATE_*` variables gitstate reads that are not settings.
+pub const OTHER_VARIABLES: &[&str] = &[];
 
 /// The known name nearest to `name` (edit distance, ignoring case and `-`/`_`), among the
 /// variables when `name` looks like one (`GITSTATE_…`), else among the file keys.

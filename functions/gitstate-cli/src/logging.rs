@@ -17,14 +17,15 @@ fn pinned_log_targets() -> tracing_subscriber::filter::Targets {
 }
 
 pub fn init(command: &Command) -> anyhow::Result<()> {
-    let settings = match command {
-        Command::Serve { settings, .. }
-        | Command::Run { settings, .. }
-        | Command::Rekey { settings, .. }
-        | Command::Decrypt { settings, .. }
-        | Command::Encrypt { settings, .. } => settings.layered().ok(),
+    let settings: Option<&crate::settings::SettingsArgs> = match command {
+        Command::Serve { settings, .. } => Some(settings),
+        Command::Run { settings, .. } => Some(settings),
+        Command::Rekey { settings, .. } => Some(settings),
+        Command::Decrypt { settings, .. } => Some(settings),
+        Command::Encrypt { settings, .. } => Some(settings),
         _ => None,
     };
+    let settings = settings.and_then(|s| s.layered().ok());
     let format = settings.and_then(|s| s.get("GITSTATE_LOG_FORMAT"));
     // Under `run` the program's output is what matters: the backend only reports problems.
     let default_level = match command {

@@ -1,5 +1,6 @@
 //! The settings flags of the commands that read settings: one `--<key>` per non-secret entry of
-//! [`gitstate_app::layers::SETTINGS`], plus `--config PATH`.
+//! [`gitstate_app::layers::SETTINGS`] whose concern the command reads ([`uses`]), under that
+//! concern's heading, plus `--config PATH`.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -7,7 +8,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Arg, ArgMatches, Args, FromArgMatches};
 use gitstate_app::layers::seed::{Seed, find_hcl};
-use gitstate_app::layers::{Layered, Origin, SETTINGS, Spec, find_file, find_root};
+use gitstate_app::layers::{Concern, Layered, Origin, SETTINGS, Spec, find_file, find_root};
 use gitstate_app::{Runtime, Settings};
 
 use crate::startup::Found;
@@ -86,7 +87,98 @@ impl SettingsArgs {
     }
 }
 
-impl FromArgMatches for SettingsArgs {
+/// Which concerns' flags a command offers: a mask of [`Concern`] bits, the type parameter of
+/// [`SettingsFor`].
+pub mod uses {
+    use gitstate_app::layers::Concern::{
+        self, Access, Connections, Git, Keys, Listener, Logging, Opening, Remote, Repository,
+        Requests, Team,
+    };
+
+    pub const fn mask(concerns: &[Concern]) -> u16 {
+        let (mut mask, mut i) = (0, 0);
+        while i < concerns.len() {
+            mask |= 1 << concerns[i] as u16;
+            i += 1;
+        }
+        mask
+    }
+
+    pub const fn has(mask: u16, concern: Concern) -> bool {
+        mask & (1 << concern as u16) != 0
+    }
+
+    pub const SERVE: u16 = mask(&[
+        Repository,
+        Git,
+        Team,
+        Requests,
+        Access,
+        Listener,
+        Connections,
+        Keys,
+        Opening,
+        Logging,
+    ]);
+    /// `run` serves on a loopback port of its own, for its own user.
+    pub const RUN: u16 = mask(&[
+        Repository,
+        Git,
+        Team,
+        Requests,
+        Connections,
+        Keys,
+        Opening,
+        Logging,
+    ]);
+    pub const CONFIG: u16 = mask(&Concern::ALL);
+    pub const REKEY: u16 = mask(&[Repository, Git, Team, Keys, Opening, Logging]);
+    /// The repository binds the encrypted state to its place.
+    pub const ENCRYPT: u16 = mask(&[Repository, Team, Keys, Opening, Logging]);
+    pub const DECRYPT: u16 = mask(&[Team, Opening, Logging]);
+    pub const REMOTE: u16 = mask(&[Remote]);
+    /// A commit to the repository's access file.
+    pub const USER_ADD: u16 = mask(&[Repository, Git, Team, Logging]);
+
+    /// Every command with settings, by its words after `gitstate`: what its flags must be (a test checks the help).
+    #[cfg(test)]
+    pub const BY_COMMAND: &[(&str, u16)] = &[
+        ("serve", SERVE),
+        ("run", RUN),
+        ("config", CONFIG),
+        ("rekey", REKEY),
+        ("encrypt", ENCRYPT),
+        ("decrypt", DECRYPT),
+        ("history", REMOTE),
+        ("show", REMOTE),
+        ("restore", REMOTE),
+        ("list", REMOTE),
+        ("locks", REMOTE),
+        ("unlock", REMOTE),
+        ("remove", REMOTE),
+        ("user add", USER_ADD),
+    ];
+}
+
+/// The settings flags of a command whose concerns are `USES` ([`uses`]), and `--config`.
+#[derive(Debug, Clone, Default)]
+pub struct SettingsFor<const USES: u16>(pub SettingsArgs);
+
+impl<const USES: u16> std::ops::Deref for SettingsFor<USES> {
+    type Target = SettingsArgs;
+
+    fn deref(&self) -> &SettingsArgs {
+        &self.0
+    }
+}
+
+fn offered(uses: u16) -> impl Iterator<Item = &'static Spec> {
+    SETTINGS
+        .iter()
+        .filter(move |s| has_flag(s) && uses::has(uses, s.concern()))
+}
+
+impl<const USES: u16> FromArgMatches for SettingsFor<USES> {
     fn from_arg_matches(matches: &ArgMatches) -> Result<Self, clap::Error> {
         let mut args = Self::default();
         args.update_from_arg_matches(matches)?;
@@ -95,47 +187,52 @@ impl FromArgMatches for SettingsArgs {
 
     fn update_from_arg_matches(&mut self, matches: &ArgMatches) -> Result<(), clap::Error> {
         if let Some(path) = matches.get_one::<PathBuf>(CONFIG) {
-            self.config = Some(path.clone());
+            self.0.config = Some(path.clone());
         }
-        for spec in SETTINGS.iter().filter(|s| has_flag(s)) {
+        for spec in offered(USES) {
             if let Some(value) = matches.get_one::<String>(spec.var) {
-                self.flags.retain(|(var, _)| *var != spec.var);
-                self.flags.push((spec.var, value.clone()));
+                self.0.flags.retain(|(var, _)| *var != spec.var);
+                self.0.flags.push((spec.var, value.clone()));
             }
         }
         Ok(())
     }
 }
 
-impl Args for SettingsArgs {
+impl<const USES: u16> Args for SettingsFor<USES> {
     fn augment_args(cmd: clap::Command) -> clap::Command {
-        let cmd = cmd.next_help_heading("Settings (flag, then GITSTATE_* variable, then file)");
-        let cmd = cmd.arg(
+        let cmd = cmd.next_help_heading("Settings").arg(
             Arg::new(CONFIG)
                 .long("config")
                 .value_name("PATH")
                 .value_parser(clap::value_parser!(PathBuf))
                 .help(
                     "TOML settings file [default: ./gitstate.toml if present]; a .hcl file is \
-                     read as terraform-backend-git.hcl",
+                     read as terraform-backend-git.hcl. A flag wins over its GITSTATE_* \
+                     variable, which wins over the file",
                 ),
         );
-        SETTINGS
-            .iter()
-            .filter(|s| has_flag(s))
-            .fold(cmd, |cmd, spec| {
-                let arg = Arg::new(spec.var)
-                    .long(spec.flag())
-                    .help(format!("{} (env {})", spec.help, spec.var));
-                cmd.arg(if spec.switch {
-                    arg.value_name("BOOL")
-                        .num_args(0..=1)
-                        .require_equals(true)
-                        .default_missing_value("true")
-                } else {
-                    arg.value_name("VALUE")
+        // One heading per concern, in a fixed order; what follows the group is back under
+        // the command's own heading.
+        let cmd = Concern::ALL.iter().fold(cmd, |cmd, concern| {
+            let cmd = cmd.next_help_heading(concern.heading());
+            offered(USES)
+                .filter(|spec| spec.concern() == *concern)
+                .fold(cmd, |cmd, spec| {
+                    let arg = Arg::new(spec.var)
+                        .long(spec.flag())
+                        .help(format!("{} (env {})", spec.help, spec.var));
+                    cmd.arg(if spec.switch {
+                        arg.value_name("BOOL")
+                            .num_args(0..=1)
+                            .require_equals(true)
+                            .default_missing_value("true")
+                    } else {
+                        arg.value_name("VALUE")
+                    })
                 })
-            })
+        });
+        cmd.next_help_heading(None::<&str>)
     }
 
     fn augment_args_for_update(cmd: clap::Command) -> clap::Command {

@@ -119,8 +119,9 @@ pub const FIRST_ADMIN: &str = "No users: every request will be refused (401). Cr
      administrator:\n  \
      gitstate hash-password                      # type a password; prints its hash\n  \
      GITSTATE_ADMIN_USER=admin GITSTATE_ADMIN_HASH='<the hash>' gitstate serve …\n\
-     then add users to .gitstate/access.toml on the state branch (`gitstate user add NAME \
-     --grant write:prefix/` prints an entry), or keep them in GITSTATE_ACCESS_FILE.";
+     then add users with `gitstate user add NAME --grant write:prefix/ --repository URL` (it \
+     commits them to .gitstate/access.toml on the state branch), or keep them in \
+     GITSTATE_ACCESS_FILE.";
 
 /// The repository and its users, once the backend is assembled.
 pub async fn users(app: &gitstate_app::App, storage: &str) -> Found {

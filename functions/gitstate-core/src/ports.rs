@@ -399,4 +399,37 @@ pub trait StateStore: Send + Sync + 'static {
         content: Bytes,
         meta: &CommitMeta,
     ) -> Result<bool, StoreError>;
+
+    /// Commit `content` as a configuration file if, and only if, the file still holds exactly
+    /// `expected` (`None`: does not exist), so a change made since it was read is never lost.
+    /// Returns whether it was written (`false`: the file changed meanwhile; read it again).
+    /// The default can only create: a store that can change a configuration file says how.
+    async fn replace_config(
+        &self,
+        at: &Location,
+        path: &str,
+        expected: Option<Bytes>,
+        content: Bytes,
+        meta: &CommitMeta,
+    ) -> Result<bool, StoreError> {
+        match expected {
+            None => self.create_config(at, path, content, meta).await,
+            Some(_) => Err(StoreError::Incompatible(format!(
+                "this store cannot change {path} once it exists"
+            ))),
+        }
+    }
+}
+
+/// The plan of a compare-and-swap of a configuration file: accept the write only while the
+/// stored file is exactly `expected` (`None`: absent); otherwise refuse it as
+/// [`Refusal::Exists`] (the file is not the one the change was made to).
+pub fn replace_plan(expected: Option<Bytes>, meta: CommitMeta) -> WritePlan {
+    Arc::new(move |_, stored| {
+        if stored == expected.as_deref() {
+            Ok(meta.clone())
+        } else {
+            Err(Refusal::Exists)
+        }
+    })
 }

@@ -291,6 +291,24 @@ impl StateStore for MemoryStore {
         })
     }
 
+    async fn replace_config(
+        &self,
+        _at: &Location,
+        path: &str,
+        expected: Option<Bytes>,
+        content: Bytes,
+        meta: &CommitMeta,
+    ) -> Result<bool, StoreError> {
+        self.with(|i| {
+            if i.configs.get(path) != expected.as_ref() {
+                return false;
+            }
+            i.configs.insert(path.to_owned(), content);
+            i.log.push(meta.clone());
+            true
+        })
+    }
+
     async fn history(
         &self,
         at: &Location,

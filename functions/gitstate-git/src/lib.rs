@@ -1,5 +1,9 @@
 //! The git store: states and locks kept in a git repository with the branch-lock protocol, over
-//! smart HTTP(S) to a hosted repository or directly on an embedded local one.
+//! smart HTTP(S) or SSH to a hosted repository or directly on an embedded local one.
+//!
+//! Layers, each using only those below it: [`transport`] (the wire: HTTP or SSH) →
+//! [`protocol`] (pkt-lines, advertisements, fetch, push) → the repository (`cache`, `pack`,
+//! `index`, `local`) → `store` ([`GitStore`]).
 
 mod cache;
 mod index;
@@ -7,10 +11,9 @@ mod local;
 mod pack;
 pub mod protocol;
 mod settings;
-pub mod smart;
-pub mod ssh;
 mod store;
 mod sync;
+pub mod transport;
 
 pub use settings::{GitAuth, GitSettings};
 pub use store::{GitStore, StoreOptions, WriteMode};

@@ -11,7 +11,7 @@ use gitstate_core::refs::paths_clash;
 
 use crate::Error;
 use crate::cache::Cache;
-use crate::smart::{Advert, Command, PushReport};
+use crate::protocol::{Advert, Command, PushReport};
 use crate::sync::lock;
 
 pub struct LocalRefs {

@@ -1,5 +1,6 @@
 //! One module a group of commands; `main` parses the command line and calls into them.
 
+pub mod admin;
 pub mod keys;
 pub mod remote;
 pub mod serve;

@@ -3,11 +3,13 @@
 
 use gitstate_core::api::{HistoryAnswer, ListedLock, ListedState, Restored};
 
-use crate::client::{self, RemoteArgs};
+use anyhow::Context;
+
+use crate::client::{self, Remote, RemoteArgs};
 use crate::tables;
 
 /// `?ref=` when a branch is named.
-fn on(branch: Option<&str>) -> Vec<(&str, &str)> {
+pub fn on(branch: Option<&str>) -> Vec<(&str, &str)> {
     branch.map(|b| ("ref", b)).into_iter().collect()
 }
 
@@ -38,18 +40,49 @@ pub async fn history(
 }
 
 /// One revision's state, always as the backend sent it (standard output); which one, and from
-/// which branch, on standard error.
+/// which branch, on standard error. Without `@`, the newest revision.
 pub async fn show(target: &str, branch: Option<&str>, remote: &RemoteArgs) -> anyhow::Result<()> {
-    let (name, selector) = client::split_target(target)?;
+    let (name, selector) = client::split_target(target);
+    let remote = remote.remote()?;
+    let newest;
+    let selector = match selector {
+        Some(selector) => selector,
+        None => {
+            newest = newest_version(&remote, name, branch).await?;
+            newest.as_str()
+        }
+    };
     let mut query = on(branch);
     query.push(("at", selector));
-    let answer = remote
-        .remote()?
-        .get_on(&format!("/history/{name}"), &query)
-        .await?;
+    let answer = remote.get_on(&format!("/history/{name}"), &query).await?;
     eprintln!("{name}@{selector} on branch {}", answer.branch(branch));
     println!("{}", answer.body);
     Ok(())
+}
+
+/// The newest revision of `name`: it must hold the state (a removal is said as such).
+async fn newest_version(
+    remote: &Remote,
+    name: &str,
+    branch: Option<&str>,
+) -> anyhow::Result<String> {
+    let mut query = on(branch);
+    query.extend([("page", "0"), ("per_page", "1")]);
+    let answer = remote.get_on(&format!("/history/{name}"), &query).await?;
+    let history: HistoryAnswer = client::read(&answer.body)?;
+    match history.versions.first() {
+        None => anyhow::bail!(
+            "{name} has no revisions on branch {}",
+            answer.branch(branch)
+        ),
+        Some(newest) if newest.deleted => anyhow::bail!(
+            "{name} was removed by {} (revision {}); `gitstate history {name}` lists the \
+             revisions before, `gitstate restore {name}@<revision>` brings one back",
+            tables::printable(&newest.author),
+            newest.version
+        ),
+        Some(newest) => Ok(newest.version.clone()),
+    }
 }
 
 pub async fn restore(
@@ -57,7 +90,10 @@ pub async fn restore(
     branch: Option<&str>,
     remote: &RemoteArgs,
 ) -> anyhow::Result<()> {
-    let (name, selector) = client::split_target(target)?;
+    let (name, selector) = client::split_target(target);
+    let selector = selector.with_context(|| {
+        format!("name the revision to restore: {name}@<serial or commit id> (`gitstate history {name}` lists them)")
+    })?;
     let mut query = on(branch);
     query.push(("restore", selector));
     let answer = remote

@@ -209,12 +209,14 @@ fn serve_prints_the_backend_block_and_serves_the_embedded_repository() {
     );
     let (ok, restored, _) = cli(&["restore", "default.tfstate@1"]);
     assert!(ok && restored.contains("as serial 3"), "{restored}");
-    let (ok, _, refused) = cli(&["show", "default.tfstate"]);
-    assert!(!ok && refused.contains("<state>@<serial"), "{refused}");
+    // Without `@`: the newest revision, the one Terraform reads.
+    let (ok, newest, _) = cli(&["show", "default.tfstate"]);
+    assert!(ok, "{newest}");
     assert_eq!(
         request(&address, &auth, "GET", "/states/default.tfstate", "").1,
         r#"{"lineage":"l","serial":3}"#
     );
+    assert_eq!(newest.trim(), r#"{"lineage":"l","serial":3}"#);
     // The list, from the index the writes kept, as a table and as JSON.
     let (ok, listed, _) = cli(&["list"]);
     let row = listed.lines().nth(1).unwrap_or_default();
@@ -275,6 +277,7 @@ fn user_tools_make_entries_the_backend_accepts() {
         .args([
             "user",
             "add",
+            "--print",
             "ci-net",
             "--grant",
             "write:network/",

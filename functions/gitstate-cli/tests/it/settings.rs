@@ -175,6 +175,7 @@ fn user_add_entries_parse_for_every_name_shape() {
             &[
                 "user",
                 "add",
+                "--print",
                 name,
                 "--grant",
                 "write:network/",

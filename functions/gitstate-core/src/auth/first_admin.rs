@@ -80,9 +80,9 @@ pub enum FirstAdminError {
 }
 
 /// What a new access file says first.
-const HEADER: &str = "\
+pub(super) const HEADER: &str = "\
 # gitstate access file: users, argon2id hashes, grants (read, write, admin on a path prefix).
-# Add users with `gitstate user add <name> --grant write:<prefix>/`.
+# Add users with `gitstate user add <name> --grant write:<prefix>/` (it commits here).
 
 ";
 

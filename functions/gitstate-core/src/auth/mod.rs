@@ -30,12 +30,14 @@ use crate::password::PasswordVerifier;
 use crate::ports::{Location, StateStore, StoreError};
 use crate::secret::Secret;
 
+mod add_user;
 mod basic;
 mod first_admin;
 mod loader;
 mod throttle;
 mod verified;
 
+pub use add_user::{AddUserError, with_user};
 pub use basic::{BasicError, MAX_AUTHORIZATION_BYTES, parse_basic};
 pub use first_admin::FirstAdminError;
 use loader::Loaded;

@@ -803,6 +803,18 @@ impl StateStore for FlakyStore {
     ) -> Result<bool, StoreError> {
         self.inner.create_config(at, path, content, meta).await
     }
+    async fn replace_config(
+        &self,
+        at: &Location,
+        path: &str,
+        expected: Option<Bytes>,
+        content: Bytes,
+        meta: &CommitMeta,
+    ) -> Result<bool, StoreError> {
+        self.inner
+            .replace_config(at, path, expected, content, meta)
+            .await
+    }
 }
 
 /// How an operation under gitstate's own lock ends.

@@ -25,24 +25,14 @@ impl Advert {
             .any(|c| c == cap || c.split('=').next() == Some(cap))
     }
 
-    /// Parse the body of `GET info/refs?service=…` (after the service announcement).
+    /// Parse the body of `GET info/refs?service=…` (the service announcement, then the refs).
     pub fn parse(body: &[u8], service: Service) -> Result<Self, Error> {
+        Self::parse_refs(strip_announcement(body, service)?)
+    }
+
+    /// Parse the refs and capabilities of an advertisement, up to the flush that ends them.
+    pub fn parse_refs(body: &[u8]) -> Result<Self, Error> {
         let mut reader = pkt::Reader::new(body);
-        let first = reader
-            .next_line()?
-            .ok_or_else(|| Error::Protocol("empty ref advertisement".into()))?;
-        let announced = format!("# service={}", service.name());
-        if first != announced.as_bytes() {
-            return Err(Error::Protocol(
-                "the server did not announce the service (not a smart HTTP server?)".into(),
-            ));
-        }
-        // A flush ends the announcement.
-        if reader.next_frame()? != Some(pkt::Frame::Flush) {
-            return Err(Error::Protocol(
-                "no flush after the service announcement".into(),
-            ));
-        }
         let mut advert = Advert::default();
         let mut first_ref = true;
         while let Some(line) = reader.next_line()? {
@@ -72,4 +62,26 @@ impl Advert {
         }
         Ok(advert)
     }
+}
+
+/// What follows the service announcement smart HTTP puts before the refs (`# service=…`, then a
+/// flush), which is checked.
+pub fn strip_announcement(body: &[u8], service: Service) -> Result<&[u8], Error> {
+    let mut reader = pkt::Reader::new(body);
+    let first = reader
+        .next_line()?
+        .ok_or_else(|| Error::Protocol("empty ref advertisement".into()))?;
+    let announced = format!("# service={}", service.name());
+    if first != announced.as_bytes() {
+        return Err(Error::Protocol(
+            "the server did not announce the service (not a smart HTTP server?)".into(),
+        ));
+    }
+    // A flush ends the announcement.
+    if reader.next_frame()? != Some(pkt::Frame::Flush) {
+        return Err(Error::Protocol(
+            "no flush after the service announcement".into(),
+        ));
+    }
+    Ok(reader.rest())
 }

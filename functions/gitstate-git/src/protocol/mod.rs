@@ -1,25 +1,21 @@
 //! The git protocol (v0/v1 stateless, and v2's `fetch` for blobs by id), independent of the wire
-//! it travels on: pkt-lines, ref advertisements, fetch and push requests and their answers.
+//! it travels on ([`crate::transport`]): pkt-lines, ref advertisements, fetch and push requests
+//! and their answers, and [`SmartClient`], which sends them.
 
-mod advert;
+pub mod advert;
+mod client;
+pub mod fetch;
 pub mod pkt;
+pub mod push;
 
+pub use crate::transport::Service;
 pub use advert::Advert;
+pub use client::{DEFAULT_MAX_RESPONSE_BYTES, SmartClient};
+pub use fetch::Blobs;
+pub use push::{Command, PushReport, push_capabilities};
 
 /// What this client calls itself in capability lists (`agent=…`).
 pub(crate) const AGENT: &str = concat!("agent=gitstate/", env!("CARGO_PKG_VERSION"));
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Service {
-    UploadPack,
-    ReceivePack,
-}
-
-impl Service {
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Self::UploadPack => "git-upload-pack",
-            Self::ReceivePack => "git-receive-pack",
-        }
-    }
-}
+#[cfg(test)]
+mod tests;

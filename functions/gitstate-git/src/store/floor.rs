@@ -17,7 +17,7 @@ use gitstate_core::{LockInfo, StateName};
 use super::remote::Remote;
 use super::{GitStore, blocking};
 use crate::Error;
-use crate::smart::{Advert, Command, PushReport};
+use crate::protocol::{Advert, Command, PushReport};
 use crate::sync::lock;
 
 /// Lock commits a process remembers having made.

@@ -15,11 +15,11 @@ use crate::Error;
 use crate::cache::Cache;
 use crate::pack;
 use crate::protocol::{Advert, Service};
-use crate::smart::{Blobs, Command, PushReport, SmartHttp};
+use crate::protocol::{Blobs, Command, PushReport, SmartClient};
 use crate::sync::lock;
 
 pub(super) struct Hosted {
-    http: SmartHttp,
+    http: SmartClient,
     /// `GITSTATE_REQUIRE_ATOMIC`: a receive-pack advertisement without `atomic` is an error.
     require_atomic: bool,
     /// Receive-pack capabilities, once advertised.
@@ -37,7 +37,7 @@ pub(super) struct Hosted {
 }
 
 impl Hosted {
-    pub(super) fn new(http: SmartHttp, require_atomic: bool) -> Self {
+    pub(super) fn new(http: SmartClient, require_atomic: bool) -> Self {
         Self {
             http,
             require_atomic,

@@ -18,8 +18,8 @@ use super::remote::Remote;
 use super::{GitStore, blocking, null};
 use crate::Error;
 use crate::cache::NewCommit;
+use crate::protocol::Command;
 use crate::protocol::{Advert, Service};
-use crate::smart::Command;
 use crate::sync::lock;
 
 /// How often a LOCK looks again after its tree check raced a write or its push was refused

@@ -38,9 +38,10 @@ use gitstate_core::{LockInfo, StateName};
 use crate::Error;
 use crate::cache::Cache;
 use crate::local::LocalRefs;
+use crate::protocol::{Advert, SmartClient};
 use crate::settings::{GitAuth, GitSettings};
-use crate::smart::{Advert, Connection, SmartHttp};
 use crate::sync::lock;
+use crate::transport::Connection;
 use hosted::Hosted;
 use remote::Remote;
 use transport::{Embedded, Transport};
@@ -129,7 +130,7 @@ impl GitStore {
             primary: settings.repository.clone(),
             auth: settings.auth,
             roots: match &settings.ca_pem {
-                Some(pem) => crate::smart::private_roots(pem)?,
+                Some(pem) => crate::transport::private_roots(pem)?,
                 None => Vec::new(),
             },
             require_atomic: settings.require_atomic,
@@ -171,7 +172,7 @@ impl GitStore {
     /// repository on another host, port or scheme gets no credentials.
     fn token_for(&self, repository: &str) -> Option<&str> {
         let primary = self.options.primary.as_deref()?;
-        crate::smart::same_origin(primary, repository)
+        crate::transport::same_origin(primary, repository)
             .then(|| self.options.token.as_ref().map(Secret::expose))
             .flatten()
     }
@@ -187,7 +188,7 @@ impl GitStore {
                 (cache.clone(), Box::new(Embedded(refs.clone())))
             }
             _ => {
-                let http = SmartHttp::new(
+                let http = SmartClient::new(
                     &at.repository,
                     &Connection {
                         username: self.options.username.as_deref(),
@@ -291,6 +292,22 @@ impl StateStore for GitStore {
         meta: &CommitMeta,
     ) -> Result<bool, StoreError> {
         GitStore::create_config(self, at, path, content, meta).await
+    }
+
+    async fn replace_config(
+        &self,
+        at: &Location,
+        path: &str,
+        expected: Option<Bytes>,
+        content: Bytes,
+        meta: &CommitMeta,
+    ) -> Result<bool, StoreError> {
+        let plan = gitstate_core::ports::replace_plan(expected, meta.clone());
+        Ok(!matches!(
+            self.write_file(at, path, None, Change::Put(content), plan)
+                .await?,
+            Written::Refused(_)
+        ))
     }
 
     async fn history(

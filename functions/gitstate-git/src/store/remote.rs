@@ -16,7 +16,7 @@ use super::write::Batcher;
 use crate::Error;
 use crate::cache::{Cache, NewCommit};
 use crate::protocol::{Advert, Service};
-use crate::smart::{Command, PushReport};
+use crate::protocol::{Command, PushReport};
 use crate::sync::lock;
 
 /// One (repository, branch): its cache and how to reach it.

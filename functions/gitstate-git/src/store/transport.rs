@@ -15,7 +15,7 @@ use crate::Error;
 use crate::cache::Cache;
 use crate::local::LocalRefs;
 use crate::protocol::{Advert, Service};
-use crate::smart::{Command, PushReport};
+use crate::protocol::{Command, PushReport};
 
 /// The tip this process last saw on the remote, and when (what a fetch says it has).
 pub(super) type KnownTip = Mutex<Option<(ObjectId, Instant)>>;

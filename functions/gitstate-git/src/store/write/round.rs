@@ -13,8 +13,8 @@ use gitstate_core::ports::{Change, CommitMeta, Location, Refusal, Written};
 use super::queue::Job;
 use crate::Error;
 use crate::cache::NewCommit;
+use crate::protocol::Command;
 use crate::protocol::{Advert, Service};
-use crate::smart::Command;
 use crate::store::remote::Remote;
 use crate::store::{WriteMode, blocking, null};
 

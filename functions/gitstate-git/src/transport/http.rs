@@ -1,29 +1,24 @@
-//! A smart-HTTP git client (protocol v0/v1, stateless RPC): ref advertisement, shallow fetch and
-//! push (send-pack), written for this store's few operations.
-//!
-//! Decisions are taken from `ok`/`ng` in the report-status and from advertised tips, never from
-//! the text of a message, which differs between hosts.
-
-mod fetch;
-mod push;
+//! Smart HTTP(S) (stateless RPC): `GET info/refs?service=…` for the advertisement, one `POST`
+//! per request; credentials only to the repository's origin, redirects only for the first
+//! advertisement and only within that origin.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use crate::settings::GitAuth;
 use base64::Engine;
+use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue, LOCATION};
 
-use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue, LOCATION};
-
+use super::{Service, Wire};
 use crate::Error;
+use crate::protocol::advert::strip_announcement;
+use crate::settings::GitAuth;
 use crate::sync::lock;
 
-use crate::protocol::AGENT;
+/// What this client calls itself to the host.
+const USER_AGENT: &str = concat!("gitstate/", env!("CARGO_PKG_VERSION"));
 /// Redirects followed for the first ref advertisement (all within the repository's origin).
 const MAX_REDIRECTS: usize = 5;
-/// The most a remote may send in one answer unless configured otherwise.
-pub const DEFAULT_MAX_RESPONSE_BYTES: u64 = 128 << 20;
 
 /// Whether `a` and `b` are URLs of the same origin: scheme, host and port (a scheme's default port
 /// counts as given), so https and http of one host are two origins.
@@ -33,10 +28,6 @@ pub fn same_origin(a: &str, b: &str) -> bool {
         _ => false,
     }
 }
-
-pub use crate::protocol::{Advert, Service};
-pub use fetch::Blobs;
-pub use push::{Command, PushReport, push_capabilities};
 
 /// The `Authorization` header for `token`: Basic with `username` (default `gitstate`, which
 /// hosts that ignore the name accept) or Bearer. Marked sensitive, so it is never logged.
@@ -102,8 +93,8 @@ fn tls_error<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a rus
     None
 }
 
-/// A remote repository reached over smart HTTP(S), or over SSH ([`crate::ssh`]).
-pub struct SmartHttp {
+/// A repository reached over smart HTTP(S).
+pub struct Http {
     client: reqwest::Client,
     url: String,
     authorization: Option<HeaderValue>,
@@ -111,15 +102,9 @@ pub struct SmartHttp {
     redirected: Mutex<Option<String>>,
     /// Whether a ref advertisement was asked for yet: only the first may be redirected.
     advertised: AtomicBool,
-    /// The most one answer may hold; more is refused while it arrives.
-    max_response_bytes: u64,
-    /// Set for SSH remotes: the same requests and parsers, another wire.
-    wire: Option<Box<dyn crate::ssh::Wire>>,
-    /// Upload-pack capabilities, from the last upload-pack advertisement.
-    upload_caps: Mutex<Option<Vec<String>>>,
 }
 
-/// How [`SmartHttp`] reaches and authenticates to the host, beyond the URL.
+/// How [`Http`] reaches and authenticates to the host, beyond the URL.
 #[derive(Debug, Clone, Default)]
 pub struct Connection<'a> {
     pub username: Option<&'a str>,
@@ -130,23 +115,10 @@ pub struct Connection<'a> {
     pub timeout: Duration,
 }
 
-impl SmartHttp {
+impl Http {
     /// The token is sent pre-emptively (Basic or Bearer); never over plain http to anything but
-    /// the loopback interface. `HTTPS_PROXY`/`HTTP_PROXY`/`NO_PROXY` are honoured. SSH remotes
-    /// (`ssh://…`, `user@host:path`) go through the system `ssh` instead.
+    /// the loopback interface. `HTTPS_PROXY`/`HTTP_PROXY`/`NO_PROXY` are honoured.
     pub fn new(url: &str, connection: &Connection<'_>) -> Result<Self, Error> {
-        if crate::ssh::is_ssh(url) {
-            return Ok(Self {
-                client: reqwest::Client::builder().build().map_err(Error::Http)?,
-                url: url.to_owned(),
-                authorization: None,
-                redirected: Mutex::new(None),
-                advertised: AtomicBool::new(false),
-                max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
-                wire: Some(Box::new(crate::ssh::Ssh::parse(url, connection.timeout)?)),
-                upload_caps: Mutex::new(None),
-            });
-        }
         let parsed =
             reqwest::Url::parse(url).map_err(|e| Error::Config(format!("repository URL: {e}")))?;
         let authorization = match connection.token {
@@ -169,7 +141,7 @@ impl SmartHttp {
             .redirect(reqwest::redirect::Policy::none())
             .timeout(timeout)
             .connect_timeout(timeout.min(Duration::from_secs(5)))
-            .user_agent(AGENT.trim_start_matches("agent="));
+            .user_agent(USER_AGENT);
         for root in connection.roots {
             builder = builder.add_root_certificate(root.clone());
         }
@@ -180,22 +152,7 @@ impl SmartHttp {
             authorization,
             redirected: Mutex::new(None),
             advertised: AtomicBool::new(false),
-            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
-            wire: None,
-            upload_caps: Mutex::new(None),
         })
-    }
-
-    /// Refuse answers larger than `bytes` (`GITSTATE_GIT_MAX_RESPONSE_BYTES`).
-    #[must_use]
-    pub fn with_max_response_bytes(mut self, bytes: u64) -> Self {
-        self.max_response_bytes = bytes;
-        self
-    }
-
-    /// The most one answer may hold, over whichever wire.
-    pub(crate) fn max_response_bytes(&self) -> u64 {
-        self.max_response_bytes
     }
 
     /// The body of `response`, refused once it passes the size limit (by its declared length at
@@ -204,8 +161,8 @@ impl SmartHttp {
         &self,
         mut response: reqwest::Response,
         what: &'static str,
+        limit: u64,
     ) -> Result<Vec<u8>, Error> {
-        let limit = self.max_response_bytes;
         let too_large = || Error::too_large(what, limit);
         if response.content_length().is_some_and(|n| n > limit) {
             return Err(too_large());
@@ -290,6 +247,7 @@ impl SmartHttp {
         &self,
         request: reqwest::RequestBuilder,
         what: &'static str,
+        limit: u64,
     ) -> Result<Vec<u8>, Error> {
         let response = self
             .with_auth(request)
@@ -303,24 +261,11 @@ impl SmartHttp {
                 what,
             });
         }
-        self.read_capped(response, what).await
-    }
-
-    /// `GET info/refs?service=…`: one request.
-    pub async fn advertise(&self, service: Service) -> Result<Advert, Error> {
-        let body = match &self.wire {
-            Some(wire) => wire.advertise(service, self.max_response_bytes()).await?,
-            None => self.advertisement_body(service).await?,
-        };
-        let advert = Advert::parse(&body, service)?;
-        if service == Service::UploadPack {
-            *lock(&self.upload_caps) = Some(advert.caps.clone());
-        }
-        Ok(advert)
+        self.read_capped(response, what, limit).await
     }
 
     /// The body of `GET info/refs?service=…`, checked to be a smart-HTTP advertisement.
-    async fn advertisement_body(&self, service: Service) -> Result<Vec<u8>, Error> {
+    async fn advertisement_body(&self, service: Service, limit: u64) -> Result<Vec<u8>, Error> {
         let response = self.advertisement_response(service).await?;
         let status = response.status();
         if !status.is_success() {
@@ -340,7 +285,59 @@ impl SmartHttp {
                 "ref advertisement has content type {content_type:?}, not {expected}"
             )));
         }
-        self.read_capped(response, "ref advertisement").await
+        self.read_capped(response, "ref advertisement", limit).await
+    }
+
+    /// `POST <service>` with `body`; `v2` asks for protocol v2.
+    async fn post(
+        &self,
+        service: Service,
+        body: Vec<u8>,
+        v2: bool,
+        what: &'static str,
+        limit: u64,
+    ) -> Result<Vec<u8>, Error> {
+        let name = service.name();
+        let mut request = self
+            .client
+            .post(format!("{}/{name}", self.base()))
+            .header(CONTENT_TYPE, format!("application/x-{name}-request"))
+            .header(ACCEPT, format!("application/x-{name}-result"));
+        if v2 {
+            request = request.header("Git-Protocol", HeaderValue::from_static("version=2"));
+        }
+        self.send(request.body(body), what, limit).await
+    }
+}
+
+#[async_trait::async_trait]
+impl Wire for Http {
+    /// One request; the service announcement smart HTTP puts first is checked and dropped.
+    async fn advertise(&self, service: Service, limit: u64) -> Result<Vec<u8>, Error> {
+        let body = self.advertisement_body(service, limit).await?;
+        Ok(strip_announcement(&body, service)?.to_vec())
+    }
+
+    async fn exchange(
+        &self,
+        service: Service,
+        request: Vec<u8>,
+        limit: u64,
+    ) -> Result<Vec<u8>, Error> {
+        let what = match service {
+            Service::UploadPack => "fetch",
+            Service::ReceivePack => "push",
+        };
+        self.post(service, request, false, what, limit).await
+    }
+
+    fn carries_v2(&self) -> bool {
+        true
+    }
+
+    async fn exchange_v2(&self, request: Vec<u8>, limit: u64) -> Result<Vec<u8>, Error> {
+        self.post(Service::UploadPack, request, true, "fetch of blobs", limit)
+            .await
     }
 }
 

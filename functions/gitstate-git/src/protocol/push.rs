@@ -1,12 +1,9 @@
 //! Push (send-pack): ref update commands, the capabilities they need, the report-status.
 
 use gix::ObjectId;
-use reqwest::header::{ACCEPT, CONTENT_TYPE};
 
-use super::SmartHttp;
+use super::{AGENT, Advert, pkt};
 use crate::Error;
-use crate::protocol::pkt;
-use crate::protocol::{AGENT, Advert, Service};
 
 /// One ref update of a push. A zero `old` creates; a zero `new` deletes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,51 +100,31 @@ pub fn push_capabilities(caps: &Advert, commands: &[Command]) -> Result<Vec<&'st
     Ok(wanted)
 }
 
-impl SmartHttp {
-    /// `POST git-receive-pack` with `commands` and `pack`. `caps` are the receive-pack
-    /// capabilities advertised earlier. One request.
-    pub async fn push(
-        &self,
-        caps: &Advert,
-        commands: &[Command],
-        pack: Option<Vec<u8>>,
-    ) -> Result<PushReport, Error> {
-        let wanted = push_capabilities(caps, commands)?;
-        let sideband = wanted.contains(&"side-band-64k");
-        let mut body = Vec::new();
-        for (i, c) in commands.iter().enumerate() {
-            let mut line = format!("{} {} {}", c.old, c.new, c.name).into_bytes();
-            if i == 0 {
-                line.push(0);
-                line.extend_from_slice(wanted.join(" ").as_bytes());
-            }
-            line.push(b'\n');
-            pkt::write(&mut body, &line);
+/// The body of a push: one line per command (the first with `caps`), a flush, the pack.
+pub(crate) fn request(caps: &[&str], commands: &[Command], pack: Option<Vec<u8>>) -> Vec<u8> {
+    let mut body = Vec::new();
+    for (i, c) in commands.iter().enumerate() {
+        let mut line = format!("{} {} {}", c.old, c.new, c.name).into_bytes();
+        if i == 0 {
+            line.push(0);
+            line.extend_from_slice(caps.join(" ").as_bytes());
         }
-        pkt::flush(&mut body);
-        if let Some(pack) = pack {
-            body.extend_from_slice(&pack);
-        }
-        let response = match &self.wire {
-            Some(wire) => {
-                wire.exchange(Service::ReceivePack, body, self.max_response_bytes())
-                    .await?
-            }
-            None => {
-                let request = self
-                    .client
-                    .post(format!("{}/git-receive-pack", self.base()))
-                    .header(CONTENT_TYPE, "application/x-git-receive-pack-request")
-                    .header(ACCEPT, "application/x-git-receive-pack-result")
-                    .body(body);
-                self.send(request, "push").await?
-            }
-        };
-        if sideband {
-            let data = pkt::demux(&mut pkt::Reader::new(&response), None)?;
-            PushReport::parse(&data)
-        } else {
-            PushReport::parse(&response)
-        }
+        line.push(b'\n');
+        pkt::write(&mut body, &line);
+    }
+    pkt::flush(&mut body);
+    if let Some(pack) = pack {
+        body.extend_from_slice(&pack);
+    }
+    body
+}
+
+/// The report-status of a push's `response`, out of side-band channel 1 when `sideband`.
+pub(crate) fn report(response: &[u8], sideband: bool) -> Result<PushReport, Error> {
+    if sideband {
+        let data = pkt::demux(&mut pkt::Reader::new(response), None)?;
+        PushReport::parse(&data)
+    } else {
+        PushReport::parse(response)
     }
 }

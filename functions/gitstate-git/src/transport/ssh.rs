@@ -1,7 +1,7 @@
 //! The git protocol (v0) over the system `ssh`, for `ssh://user@host[:port]/path` and
 //! `user@host:path` remotes: each operation is one `ssh host git-upload-pack|git-receive-pack
-//! 'path'`, read and written as the smart-HTTP client's stateless requests, so the same
-//! request bodies, parsers and guarantees (create-only lock, compare-and-swap, `atomic`) apply.
+//! 'path'`, carrying the same stateless requests as smart HTTP, so the same request bodies,
+//! parsers and guarantees (create-only lock, compare-and-swap, `atomic`) apply.
 //! `GIT_SSH_COMMAND` (a shell command) or `GIT_SSH` (a program) replace `ssh`, as for git.
 
 use std::process::Stdio;
@@ -9,22 +9,8 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
+use super::{Service, Wire};
 use crate::Error;
-use crate::protocol::{Service, pkt};
-
-/// How the smart client reaches a remote other than over HTTP: the advertisement (as smart HTTP
-/// returns it, service announcement included) and one request/response exchange, each refused
-/// once it passes `limit` bytes (`GITSTATE_GIT_MAX_RESPONSE_BYTES`).
-#[async_trait::async_trait]
-pub trait Wire: Send + Sync {
-    async fn advertise(&self, service: Service, limit: u64) -> Result<Vec<u8>, Error>;
-    async fn exchange(
-        &self,
-        service: Service,
-        request: Vec<u8>,
-        limit: u64,
-    ) -> Result<Vec<u8>, Error>;
-}
 
 /// The most of ssh's stderr kept (for the error message); the rest is read and dropped.
 const MAX_STDERR_BYTES: u64 = 64 * 1024;
@@ -256,14 +242,7 @@ async fn read_advertisement(
 impl Wire for Ssh {
     async fn advertise(&self, service: Service, limit: u64) -> Result<Vec<u8>, Error> {
         let (advert, _) = self.session(service, None, limit).await?;
-        let mut body = Vec::new();
-        pkt::write(
-            &mut body,
-            format!("# service={}\n", service.name()).as_bytes(),
-        );
-        pkt::flush(&mut body);
-        body.extend_from_slice(&advert);
-        Ok(body)
+        Ok(advert)
     }
 
     async fn exchange(
@@ -358,6 +337,34 @@ mod tests {
         ));
         ssh.shell = Some(script);
         ssh
+    }
+
+    /// Over SSH the advertisement is the refs as the server sends them, with no smart-HTTP
+    /// service announcement before them: what the protocol parses is what came.
+    #[tokio::test]
+    async fn the_advertisement_is_the_refs_as_sent() {
+        let oid = "1111111111111111111111111111111111111111";
+        let line = format!("{oid} refs/heads/main\\0report-status atomic\\n");
+        let mut ssh =
+            Ssh::parse("ssh://git@127.0.0.1/r.git", Duration::from_secs(20)).expect("valid");
+        // `printf` expands the escapes; the length counts the 4 header bytes and the expanded
+        // NUL and LF.
+        let length =
+            4 + oid.len() + " refs/heads/main".len() + 1 + "report-status atomic".len() + 1;
+        ssh.shell = Some(format!(
+            "printf '%04x' {length}; printf '{line}'; printf 0000; cat >/dev/null; true"
+        ));
+        let body = ssh
+            .advertise(Service::ReceivePack, 1 << 20)
+            .await
+            .expect("advertised");
+        let advert = crate::protocol::Advert::parse_refs(&body).expect("refs");
+        assert_eq!(
+            advert.tip("refs/heads/main").map(|id| id.to_string()),
+            Some(oid.to_owned())
+        );
+        assert!(advert.has_cap("atomic") && advert.has_cap("report-status"));
+        assert!(!body.starts_with(b"001e# service="), "no announcement");
     }
 
     const REASON: &str = "bytes (GITSTATE_GIT_MAX_RESPONSE_BYTES)";
