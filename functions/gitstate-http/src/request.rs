@@ -200,6 +200,8 @@ pub(crate) struct Target {
 impl Target {
     /// Read the target of a request, by the route it matched.
     pub fn parse(parts: &Parts) -> Result<Self, ApiError> {
+        #[cfg(test)]
+        PARSES.with(|count| count.set(count.get() + 1));
         let route = parts
             .extensions
             .get::<MatchedPath>()
@@ -283,6 +285,12 @@ impl Target {
             .extensions
             .insert(Parsed(Arc::new(Mutex::new(Some(parsed)))));
     }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// How many times [`Target::parse`] ran on this thread (the router's tests count them).
+    pub(crate) static PARSES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 /// A target parsed before the handler's extractors ran, taken by the [`Target`] extractor once
