@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use anyhow::bail;
 use hcl_edit::Span;
-use hcl_edit::expr::Expression;
-use hcl_edit::template::Element;
+
+use crate::backend_blocks::{line_of, literal};
 
 mod config;
 mod probe;
@@ -139,50 +139,6 @@ pub async fn doctor(args: &Args) -> anyhow::Result<()> {
         std::process::exit(1);
     }
     Ok(())
-}
-
-/// The 1-based line of byte `offset`.
-fn line_of(text: &str, offset: usize) -> usize {
-    text.get(..offset)
-        .map_or(1, |head| head.matches('\n').count() + 1)
-}
-
-/// The value of a literal HCL expression (a backend block takes no variables).
-fn literal(expr: &Expression) -> Option<String> {
-    match expr {
-        Expression::String(s) => Some(s.value().clone()),
-        Expression::Bool(b) => Some(b.value().to_string()),
-        Expression::Number(n) => Some(n.value().to_string()),
-        Expression::StringTemplate(t) => literal_template(t.iter(), None),
-        Expression::HeredocTemplate(h) => literal_template(h.template.iter(), h.indent()),
-        _ => None,
-    }
-}
-
-fn literal_template<'a>(
-    elements: impl Iterator<Item = &'a Element>,
-    indent: Option<usize>,
-) -> Option<String> {
-    let mut text = String::new();
-    for element in elements {
-        match element {
-            Element::Literal(l) => text.push_str(l.value()),
-            _ => return None,
-        }
-    }
-    Some(match indent {
-        None => text,
-        Some(n) => text
-            .split_inclusive('\n')
-            .map(|line| {
-                let cut = line
-                    .char_indices()
-                    .take_while(|(i, c)| *i < n && (*c == ' ' || *c == '\t'))
-                    .count();
-                &line[cut..]
-            })
-            .collect(),
-    })
 }
 
 /// Where an attribute of a parsed block is: `file:line`.

@@ -1,6 +1,7 @@
 //! `gitstate`: the local server and administration commands. It parses the command line and
 //! hands each command to its module; the work is in the library crates.
 
+mod backend_blocks;
 mod client;
 mod commands;
 mod credential;

@@ -3,10 +3,10 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use hcl_edit::Span;
 use reqwest::Url;
 
-use super::{Backend, Finding, Setting, hcl_attributes, literal, place};
+use super::{Backend, Finding, Setting, hcl_attributes};
+use crate::backend_blocks;
 
 /// The http backend's settings: name, environment variable (none for the two Terraform reads
 /// from the configuration only), default.
@@ -45,9 +45,6 @@ const ATTRIBUTES: &[(&str, Option<&str>, Option<&str>)] = &[
     // OpenTofu only.
     ("headers", None, None),
 ];
-
-/// The files Terraform and OpenTofu read a configuration from.
-const SUFFIXES: &[&str] = &[".tf", ".tf.json", ".tofu", ".tofu.json"];
 
 /// `gitstate doctor`'s arguments: Terraform's own where they say the same thing.
 #[derive(clap::Args, Debug, Default)]
@@ -310,132 +307,24 @@ fn saved(
 
 /// Every backend and `cloud` block of the configuration in `dir`.
 fn declarations(dir: &Path) -> anyhow::Result<Vec<Declaration>> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .with_context(|| format!("reading {}", dir.display()))?
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| {
-            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-            SUFFIXES.iter().any(|s| name.ends_with(s)) && p.is_file()
-        })
-        .collect();
-    files.sort();
     let mut found = Vec::new();
-    for file in files {
+    for file in backend_blocks::configuration_files(dir)? {
         let text = std::fs::read_to_string(&file)
             .with_context(|| format!("reading {}", file.display()))?;
-        let name = file
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or_default();
-        let is_override = SUFFIXES
-            .iter()
-            .any(|s| name == &s[1..] || name.ends_with(&format!("_override{s}")));
-        if name.ends_with(".json") {
-            json_declarations(&file, &text, is_override, &mut found)?;
-        } else {
-            hcl_declarations(&file, &text, is_override, &mut found)?;
+        for block in backend_blocks::blocks(&file, &text)? {
+            found.push(Declaration {
+                at: block.place(),
+                attributes: block
+                    .attributes
+                    .iter()
+                    .map(|a| (a.key.clone(), a.value.clone(), block.place_of(a)))
+                    .collect(),
+                kind: block.kind,
+                is_override: block.is_override,
+            });
         }
     }
     Ok(found)
-}
-
-fn hcl_declarations(
-    file: &Path,
-    text: &str,
-    is_override: bool,
-    found: &mut Vec<Declaration>,
-) -> anyhow::Result<()> {
-    let body = hcl_edit::parser::parse_body(text)
-        .map_err(|e| anyhow::anyhow!("{}: cannot parse ({e})", file.display()))?;
-    for terraform in body.get_blocks("terraform") {
-        for block in terraform.body.blocks() {
-            let kind = match block.ident.as_str() {
-                "backend" => block
-                    .labels
-                    .first()
-                    .map_or_else(String::new, |l| l.as_str().to_owned()),
-                "cloud" => "cloud".to_owned(),
-                _ => continue,
-            };
-            found.push(Declaration {
-                at: place(file, text, block.span()),
-                kind,
-                is_override,
-                attributes: block
-                    .body
-                    .attributes()
-                    .map(|a| {
-                        (
-                            a.key.as_str().to_owned(),
-                            literal(&a.value),
-                            place(file, text, a.span()),
-                        )
-                    })
-                    .collect(),
-            });
-        }
-    }
-    Ok(())
-}
-
-/// `{"terraform": {"backend": {"<kind>": {…}}}}`, blocks possibly as lists. JSON has no
-/// positions: the place is the line of the first mention.
-fn json_declarations(
-    file: &Path,
-    text: &str,
-    is_override: bool,
-    found: &mut Vec<Declaration>,
-) -> anyhow::Result<()> {
-    let value: serde_json::Value = serde_json::from_str(text)
-        .map_err(|e| anyhow::anyhow!("{}:{}: not valid JSON ({e})", file.display(), e.line()))?;
-    let list = |v: &serde_json::Value| match v {
-        serde_json::Value::Array(items) => items.clone(),
-        serde_json::Value::Null => Vec::new(),
-        other => vec![other.clone()],
-    };
-    let at = |needle: &str| {
-        let offset = text.find(&format!("\"{needle}\"")).unwrap_or(0);
-        place(file, text, Some(offset..offset))
-    };
-    for block in list(&value["terraform"]) {
-        for backends in list(&block["backend"]) {
-            let Some(map) = backends.as_object() else {
-                continue;
-            };
-            for (kind, bodies) in map {
-                let attributes = list(bodies)
-                    .iter()
-                    .filter_map(|b| b.as_object())
-                    .flat_map(|b| b.iter())
-                    .map(|(k, v)| {
-                        let value = match v {
-                            serde_json::Value::String(s) => Some(s.clone()),
-                            serde_json::Value::Bool(b) => Some(b.to_string()),
-                            serde_json::Value::Number(n) => Some(n.to_string()),
-                            _ => None,
-                        };
-                        (k.clone(), value, at(k))
-                    })
-                    .collect();
-                found.push(Declaration {
-                    at: at(kind),
-                    kind: kind.clone(),
-                    is_override,
-                    attributes,
-                });
-            }
-        }
-        if !block["cloud"].is_null() {
-            found.push(Declaration {
-                at: at("cloud"),
-                kind: "cloud".to_owned(),
-                is_override,
-                attributes: Vec::new(),
-            });
-        }
-    }
-    Ok(())
 }
 
 /// A value as printed: secrets and PEM blocks are not shown.

@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use hcl_edit::Span;
 
+use crate::backend_blocks::{self, line_of};
+
 /// The file added next to a configuration without a backend block, for the length of one run.
 pub const GENERATED_FILE: &str = "gitstate_run_backend.tf";
 /// Its text, byte for byte: a file of that name with anything else was not written by a run.
@@ -390,33 +392,12 @@ fn check_data_dir(data_dir: &Path, reinit: bool) -> anyhow::Result<()> {
     )
 }
 
-/// One backend declaration: where, which kind, and the run-owned keys it sets (with lines).
-struct Declaration {
-    file: PathBuf,
-    line: usize,
-    kind: String,
-    keys: Vec<(String, usize)>,
-}
-
 /// Whether the configuration of `dir` declares its own `backend "http"` (which the run then
 /// uses); any other backend, a block that sets what the run sets, or a foreign file of the
 /// generated name is refused.
 fn declares_http(dir: &Path) -> anyhow::Result<bool> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .with_context(|| format!("reading {}", dir.display()))?
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| {
-            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-            [".tf", ".tf.json", ".tofu", ".tofu.json"]
-                .iter()
-                .any(|s| name.ends_with(s))
-                && p.is_file()
-        })
-        .collect();
-    files.sort();
     let mut http = false;
-    for file in files {
+    for file in backend_blocks::configuration_files(dir)? {
         let text = std::fs::read_to_string(&file)
             .with_context(|| format!("reading {}", file.display()))?;
         if file.file_name().and_then(|n| n.to_str()) == Some(GENERATED_FILE) {
@@ -429,131 +410,39 @@ fn declares_http(dir: &Path) -> anyhow::Result<bool> {
                 file.display()
             );
         }
-        let declarations = if file.extension().is_some_and(|e| e == "json") {
-            json_backends(&file, &text)?
-        } else {
-            hcl_backends(&file, &text)?
-        };
-        for d in declarations {
-            if d.kind != "http" {
+        let blocks = backend_blocks::blocks(&file, &text).map_err(|e| {
+            anyhow::anyhow!("{e}; gitstate run cannot tell which backend it declares")
+        })?;
+        for block in blocks {
+            if block.kind != "http" {
                 bail!(
                     "{}:{}: {} declares backend {:?}: Terraform would keep its state there, not \
                      in gitstate (gitstate run serves the http backend only). Remove that block, \
                      or run Terraform without gitstate run",
-                    d.file.display(),
-                    d.line,
-                    d.file.display(),
-                    d.kind
+                    block.file.display(),
+                    block.line,
+                    block.file.display(),
+                    block.kind
                 );
             }
-            if let Some((key, line)) = d.keys.first() {
+            if let Some(a) = block
+                .attributes
+                .iter()
+                .find(|a| RUN_KEYS.contains(&a.key.as_str()))
+            {
                 bail!(
-                    "{}:{line}: the backend \"http\" block sets `{key}`: Terraform would use \
-                     it instead of this run's backend. Remove it (gitstate run sets the \
-                     address and credentials through TF_HTTP_*)",
-                    d.file.display()
+                    "{}:{}: the backend \"http\" block sets `{}`: Terraform would use it \
+                     instead of this run's backend. Remove it (gitstate run sets the address \
+                     and credentials through TF_HTTP_*)",
+                    block.file.display(),
+                    a.line,
+                    a.key
                 );
             }
             http = true;
         }
     }
     Ok(http)
-}
-
-/// The 1-based line of byte `offset`.
-fn line_of(text: &str, offset: usize) -> usize {
-    text.get(..offset)
-        .map_or(1, |head| head.matches('\n').count() + 1)
-}
-
-fn hcl_backends(file: &Path, text: &str) -> anyhow::Result<Vec<Declaration>> {
-    let body = hcl_edit::parser::parse_body(text).map_err(|e| {
-        anyhow::anyhow!(
-            "{}: cannot parse ({e}); gitstate run cannot tell which backend it declares",
-            file.display()
-        )
-    })?;
-    let mut found = Vec::new();
-    for terraform in body.get_blocks("terraform") {
-        for block in terraform.body.blocks() {
-            let kind = match block.ident.as_str() {
-                "backend" => block
-                    .labels
-                    .first()
-                    .map_or_else(String::new, |l| l.as_str().to_owned()),
-                "cloud" => "cloud".to_owned(),
-                _ => continue,
-            };
-            let keys = block
-                .body
-                .attributes()
-                .filter(|a| RUN_KEYS.contains(&a.key.as_str()))
-                .map(|a| {
-                    (
-                        a.key.as_str().to_owned(),
-                        line_of(text, a.span().map_or(0, |s| s.start)),
-                    )
-                })
-                .collect();
-            found.push(Declaration {
-                file: file.to_path_buf(),
-                line: line_of(text, block.span().map_or(0, |s| s.start)),
-                kind,
-                keys,
-            });
-        }
-    }
-    Ok(found)
-}
-
-/// `{"terraform": {"backend": {"<kind>": {…}}}}`, the blocks possibly as lists. JSON carries no
-/// positions: the line is that of the first mention of the name.
-fn json_backends(file: &Path, text: &str) -> anyhow::Result<Vec<Declaration>> {
-    let value: serde_json::Value = serde_json::from_str(text).map_err(|e| {
-        anyhow::anyhow!(
-            "{}:{}: not valid JSON ({e}); gitstate run cannot tell which backend it declares",
-            file.display(),
-            e.line()
-        )
-    })?;
-    let list = |v: &serde_json::Value| match v {
-        serde_json::Value::Array(items) => items.clone(),
-        serde_json::Value::Null => Vec::new(),
-        other => vec![other.clone()],
-    };
-    let line = |needle: &str| line_of(text, text.find(&format!("\"{needle}\"")).unwrap_or(0));
-    let mut found = Vec::new();
-    for block in list(&value["terraform"]) {
-        for backends in list(&block["backend"]) {
-            let Some(map) = backends.as_object() else {
-                continue;
-            };
-            for (kind, bodies) in map {
-                let keys = list(bodies)
-                    .iter()
-                    .filter_map(|b| b.as_object())
-                    .flat_map(|b| b.keys())
-                    .filter(|k| RUN_KEYS.contains(&k.as_str()))
-                    .map(|k| (k.clone(), line(k)))
-                    .collect();
-                found.push(Declaration {
-                    file: file.to_path_buf(),
-                    line: line(kind),
-                    kind: kind.clone(),
-                    keys,
-                });
-            }
-        }
-        if !block["cloud"].is_null() {
-            found.push(Declaration {
-                file: file.to_path_buf(),
-                line: line("cloud"),
-                kind: "cloud".to_owned(),
-                keys: Vec::new(),
-            });
-        }
-    }
-    Ok(found)
 }
 
 #[cfg(test)]
