@@ -324,7 +324,12 @@ async fn main() -> anyhow::Result<()> {
     logging::init(&cli.command)?;
     // A misspelt GITSTATE_* variable or an empty one is an error before anything else runs.
     gitstate_app::layers::check_environment(std::env::vars(), false)?;
-    match cli.command {
+    dispatch(cli.command).await
+}
+
+/// Each command to its module.
+async fn dispatch(command: Command) -> anyhow::Result<()> {
+    match command {
         Command::Serve { state, settings } => serve::serve(state.as_deref(), &settings).await,
         Command::Config { settings } => settings::print(&settings).await,
         Command::Run {

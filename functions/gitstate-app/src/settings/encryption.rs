@@ -28,15 +28,7 @@ pub(crate) fn read(vars: &Vars<'_>) -> Result<EncryptionSettings, ConfigError> {
         }
         None => None,
     };
-    // terraform-backend-git's KMS keys, under the context its variables name (none: empty), as
-    // it sealed its states; gitstate's own keys keep the location-bound context.
-    let (kms_key_ids, fixed_context) = if vars.get("GITSTATE_KMS_KEY_IDS").is_some() {
-        (key_list(vars, "GITSTATE_KMS_KEY_IDS")?, None)
-    } else {
-        let keys = key_list(vars, SEED_KMS_ARNS)?;
-        let context = (!keys.is_empty()).then(|| seed_context(vars)).transpose()?;
-        (keys, context)
-    };
+    let (kms_key_ids, fixed_context) = kms_keys(vars)?;
     let encryption = EncryptionSettings {
         kms_key_ids,
         fixed_context,
@@ -98,6 +90,20 @@ pub(crate) fn read(vars: &Vars<'_>) -> Result<EncryptionSettings, ConfigError> {
 const SEED_KMS_ARNS: &str = "TF_BACKEND_HTTP_SOPS_AWS_KMS_ARNS";
 /// terraform-backend-git's KMS encryption context: `key=value` pairs, comma-separated.
 const SEED_KMS_CONTEXT: &str = "TF_BACKEND_HTTP_SOPS_AWS_KMS_CONTEXT";
+
+/// The KMS keys states are sealed under, and the fixed context they are sealed under, if any:
+/// gitstate's own keys keep the location-bound context; terraform-backend-git's come with the
+/// context its variables name (none: empty), as it sealed its states.
+type KmsKeys = (Vec<String>, Option<gitstate_sops::Context>);
+
+fn kms_keys(vars: &Vars<'_>) -> Result<KmsKeys, ConfigError> {
+    if vars.get("GITSTATE_KMS_KEY_IDS").is_some() {
+        return Ok((key_list(vars, "GITSTATE_KMS_KEY_IDS")?, None));
+    }
+    let keys = key_list(vars, SEED_KMS_ARNS)?;
+    let context = (!keys.is_empty()).then(|| seed_context(vars)).transpose()?;
+    Ok((keys, context))
+}
 
 /// [`SEED_KMS_CONTEXT`] as a context (empty when unset); a pair without `=` or with an empty
 /// key, or a key given twice, is refused.
