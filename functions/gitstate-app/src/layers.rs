@@ -268,8 +268,9 @@ pub const SETTINGS: &[Spec] = &[
     ),
 ];
 
-/// `GITSTATE_*` variables gitstate reads that are not settings.
-pub const OTHER_VARIABLES: &[&str] = &[];
+/// `GITSTATE_*` variables gitstate reads that are not settings: the origin of an ssh command
+/// gitstate made from terraform-backend-git's variables.
+pub const OTHER_VARIABLES: &[&str] = &[seed::ssh::SEED_SSH_ORIGIN];
 
 /// The known name nearest to `name` (edit distance, ignoring case and `-`/`_`), among the
 /// variables when `name` looks like one (`GITSTATE_…`), else among the file keys.

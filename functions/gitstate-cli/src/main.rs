@@ -10,6 +10,7 @@ mod help_tests;
 mod logging;
 mod run;
 mod seed;
+mod seed_ssh;
 mod server;
 mod settings;
 mod startup;
@@ -308,6 +309,11 @@ enum AccessCommand {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    // terraform-backend-git's SSH_PRIVATE_KEY / StrictHostKeyChecking: this command line runs
+    // again with the ssh command they make.
+    if let Some(code) = seed_ssh::rerun().await? {
+        std::process::exit(code);
+    }
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if seed::detect(&args[1.min(args.len())..]) {
         logging::init_with(std::env::var("GITSTATE_LOG_FORMAT").ok(), "warn")?;

@@ -260,6 +260,9 @@ pub async fn print(args: &SettingsArgs) -> anyhow::Result<()> {
             .unwrap_or_else(|| "(unset)".to_owned());
         writeln!(out, "{:<24} {:<44} {from}", spec.key(), shown)?;
     }
+    if let Some((shown, from)) = crate::seed_ssh::report() {
+        writeln!(out, "{:<24} {:<44} {from}", "GIT_SSH_COMMAND", shown)?;
+    }
     out.flush()?;
     drop(out);
     let mut settings = layered

@@ -2,14 +2,11 @@
 //! smart HTTP(S) or SSH to a hosted repository or directly on an embedded local one.
 //!
 //! Layers, each using only those below it: [`transport`] (the wire: HTTP or SSH) →
-//! [`protocol`] (pkt-lines, advertisements, fetch, push) → the repository (`cache`, `pack`,
-//! `index`, `local`) → `store` ([`GitStore`]).
+//! [`protocol`] (pkt-lines, advertisements, fetch, push) → the repository (`repository`: the cache, packs,
+//! the state index, the embedded repository's refs) → `store` ([`GitStore`]).
 
-mod cache;
-mod index;
-mod local;
-mod pack;
 pub mod protocol;
+mod repository;
 mod settings;
 mod store;
 mod sync;

@@ -11,7 +11,7 @@
 //!
 //! Pages never show attribute or output values: only addresses, types, names and serials. Every
 //! answer carries a strict Content-Security-Policy (from [`crate::guard`], errors and redirects
-//! included); no page needs JavaScript. This module routes
+//! included); no page needs JavaScript. This module routes (its part of the router's table)
 //! and guards the forms; [`pages`] and [`state_page`] render.
 
 mod error_page;
@@ -19,83 +19,117 @@ mod pages;
 mod state_page;
 
 use askama::Template;
-use axum::body::Body;
+use axum::Router;
+use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
+use axum::routing::any;
 use bytes::Bytes;
-use gitstate_core::StateName;
 use gitstate_core::access::Caller;
 use gitstate_core::service::Selector;
 use hmac::{Hmac, Mac};
-use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use sha2::Sha256;
 
-use crate::request::{Params, decode_path, read_body, state_name};
+use crate::body::read_body;
+use crate::call::Authenticated;
+use crate::request::{Params, Target, named, route};
 use crate::{ApiError, App, MAX_QUERY_BYTES, guard, not_allowed};
 
 pub(crate) use error_page::for_browsers as error_pages;
 
 /// Where the console lives.
-pub const PREFIX: &str = "/ui";
+pub const PREFIX: &str = route::CONSOLE;
 
 const STYLE: &str = include_str!("../templates/style.css");
 
-/// Whether `path` is the console's.
-pub(crate) fn addresses(path: &str) -> bool {
-    path == PREFIX || path.starts_with("/ui/")
+/// The console's routes, each needing the caller's credentials; a path under `/ui/` that is
+/// none of them is [`no_page`]. A route named by the rest of the path is added with
+/// [`named`] and its prefix listed in [`route::CONSOLE_NAMED`].
+pub(crate) fn routes() -> Router<App> {
+    let [states, unlocks, restores] = route::CONSOLE_NAMED;
+    let table = Router::new()
+        .route(PREFIX, any(redirect))
+        .route("/ui/", any(list))
+        .route("/ui/style.css", any(style_sheet))
+        .route("/ui/{*rest}", any(no_page));
+    let table = named(table, states, any(state));
+    let table = named(table, unlocks, any(unlock));
+    named(table, restores, any(restore))
 }
 
-/// The console's answer to one request by an authenticated caller.
-pub(crate) async fn serve(
-    app: &App,
-    caller: &Caller,
-    parts: &Parts,
-    body: Body,
+fn get(method: &Method) -> bool {
+    *method == Method::GET || *method == Method::HEAD
+}
+
+/// `/ui`: to `/ui/`.
+async fn redirect(_: Authenticated, _: Target) -> Response {
+    (StatusCode::PERMANENT_REDIRECT, [(header::LOCATION, "/ui/")]).into_response()
+}
+
+async fn list(
+    State(app): State<App>,
+    Authenticated(caller): Authenticated,
+    target: Target,
+    method: Method,
 ) -> Result<Response, ApiError> {
-    let (method, uri) = (&parts.method, &parts.uri);
-    let params = Params::of_query(uri)?;
-    let path = decode_path(uri.path())?;
-    let get = *method == Method::GET || *method == Method::HEAD;
-    let only = |allowed: &'static str| Err(not_allowed(method, allowed));
-    match path.as_str() {
-        PREFIX => {
-            return Ok(
-                (StatusCode::PERMANENT_REDIRECT, [(header::LOCATION, "/ui/")]).into_response(),
-            );
+    if !get(&method) {
+        return Err(not_allowed(&method, "GET"));
+    }
+    pages::list(&app, &caller, target.params()).await
+}
+
+async fn style_sheet(_: Authenticated, _: Target, method: Method) -> Result<Response, ApiError> {
+    if !get(&method) {
+        return Err(not_allowed(&method, "GET"));
+    }
+    Ok(style())
+}
+
+async fn state(
+    State(app): State<App>,
+    Authenticated(caller): Authenticated,
+    target: Target,
+    method: Method,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let name = target.name.as_ref().ok_or(ApiError::NoRoute)?;
+    if !get(&method) {
+        return Err(not_allowed(&method, "GET"));
+    }
+    match state_page::state(&app, &caller, &headers, name, target.params()).await {
+        // A 404 only where a person reads it: to Terraform it would mean "no state".
+        Err(error) if error.status() == StatusCode::NOT_FOUND && !browser(&headers) => {
+            Err(ApiError::ConsoleNotFound)
         }
-        "/ui/" if get => return pages::list(app, caller, &params).await,
-        "/ui/style.css" if get => return Ok(style()),
-        "/ui/" | "/ui/style.css" => return only("GET"),
-        _ => {}
+        answer => answer,
     }
-    let state = |prefix: &str| path.strip_prefix(prefix).map(state_name).transpose();
-    if let Some(name) = state("/ui/states/")? {
-        if !get {
-            return only("GET");
-        }
-        return match state_page::state(app, caller, &parts.headers, &name, &params).await {
-            // A 404 only where a person reads it: to Terraform it would mean "no state".
-            Err(error) if error.status() == StatusCode::NOT_FOUND && !browser(&parts.headers) => {
-                Err(ApiError::ConsoleNotFound)
-            }
-            answer => answer,
-        };
+}
+
+async fn unlock(
+    State(app): State<App>,
+    Authenticated(caller): Authenticated,
+    target: Target,
+    request: Request,
+) -> Result<Response, ApiError> {
+    act(&app, &caller, target, request, Action::Unlock).await
+}
+
+async fn restore(
+    State(app): State<App>,
+    Authenticated(caller): Authenticated,
+    target: Target,
+    request: Request,
+) -> Result<Response, ApiError> {
+    act(&app, &caller, target, request, Action::Restore).await
+}
+
+/// Any other path under `/ui/`: a page that is not there for a browser, no route for others.
+async fn no_page(_: Authenticated, _: Target, headers: HeaderMap) -> ApiError {
+    if browser(&headers) {
+        ApiError::NoPage
+    } else {
+        ApiError::NoRoute
     }
-    for (prefix, action) in [
-        ("/ui/unlock/", Action::Unlock),
-        ("/ui/restore/", Action::Restore),
-    ] {
-        if let Some(name) = state(prefix)? {
-            if *method != Method::POST {
-                return only("POST");
-            }
-            return act(app, caller, &parts.headers, body, &name, action).await;
-        }
-    }
-    if browser(&parts.headers) {
-        return Err(ApiError::NoPage);
-    }
-    Err(ApiError::NoRoute)
 }
 
 /// Whether a request comes from a browser: it asks for HTML (Terraform, OpenTofu and other
@@ -169,14 +203,20 @@ enum Action {
     Restore,
 }
 
+/// An admin's form, posted from a console page.
 async fn act(
     app: &App,
     caller: &Caller,
-    headers: &HeaderMap,
-    body: Body,
-    name: &StateName,
+    target: Target,
+    request: Request,
     action: Action,
 ) -> Result<Response, ApiError> {
+    let name = target.name.as_ref().ok_or(ApiError::NoRoute)?;
+    if *request.method() != Method::POST {
+        return Err(not_allowed(request.method(), "POST"));
+    }
+    let (parts, body) = request.into_parts();
+    let headers = &parts.headers;
     same_origin(headers)?;
     let body: Bytes = read_body(headers, body, MAX_QUERY_BYTES).await?;
     let form = Params::parse(&body)?;

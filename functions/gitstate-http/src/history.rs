@@ -4,9 +4,10 @@
 use axum::response::Response;
 use gitstate_core::api::HistoryAnswer;
 use gitstate_core::service::Selector;
-use http::{HeaderValue, Method, StatusCode};
+use http::{HeaderValue, StatusCode};
 
-use crate::{ApiError, Call, json, not_allowed, to_json};
+use crate::call::Call;
+use crate::{ApiError, json, not_allowed, to_json};
 
 /// Versions on one page when `?per_page=` does not say.
 const PER_PAGE: usize = 20;
@@ -14,12 +15,12 @@ const PER_PAGE: usize = 20;
 /// The branch an answer of this route read or wrote, for clients to say which it was.
 pub const BRANCH_HEADER: &str = "gitstate-branch";
 
-pub(crate) async fn serve(call: Call<'_>, method: &Method) -> Result<Response, ApiError> {
-    let mut response = match (method.as_str(), &call.query.at) {
-        ("GET", Some(selector)) => version(call, selector).await,
-        ("GET", None) => page(call).await,
-        ("POST", _) => restore(call).await,
-        _ => Err(not_allowed(method, "GET, POST")),
+pub(crate) async fn serve(call: Call) -> Result<Response, ApiError> {
+    let mut response = match (call.method.as_str(), call.target.param("at")) {
+        ("GET", Some(selector)) => version(&call, selector).await,
+        ("GET", None) => page(&call).await,
+        ("POST", _) => restore(&call).await,
+        _ => Err(not_allowed(&call.method, "GET, POST")),
     }?;
     if let Ok(value) = HeaderValue::from_str(&call.at.branch.to_string()) {
         response.headers_mut().insert(BRANCH_HEADER, value);
@@ -28,7 +29,7 @@ pub(crate) async fn serve(call: Call<'_>, method: &Method) -> Result<Response, A
 }
 
 /// One revision's state, its commit id in `gitstate-version`.
-async fn version(call: Call<'_>, selector: &str) -> Result<Response, ApiError> {
+async fn version(call: &Call, selector: &str) -> Result<Response, ApiError> {
     let Call {
         app,
         caller,
@@ -46,22 +47,23 @@ async fn version(call: Call<'_>, selector: &str) -> Result<Response, ApiError> {
     Ok(response)
 }
 
-async fn page(call: Call<'_>) -> Result<Response, ApiError> {
+async fn page(call: &Call) -> Result<Response, ApiError> {
     let Call {
         app,
         caller,
         at,
         name,
-        query,
+        target,
+        ..
     } = call;
-    let number = |text: &Option<String>, default: usize| match text {
+    let number = |text: Option<&str>, default: usize| match text {
         None => Ok(default),
         Some(t) => t
             .parse::<usize>()
             .map_err(|_| ApiError::Query(format!("{t:?} is not a page number"))),
     };
-    let page = number(&query.page, 0)?;
-    let per_page = number(&query.per_page, PER_PAGE)?;
+    let page = number(target.param("page"), 0)?;
+    let per_page = number(target.param("per_page"), PER_PAGE)?;
     let (versions, more) = app
         .backend
         .history(caller, at, name, page, per_page)
@@ -76,17 +78,17 @@ async fn page(call: Call<'_>) -> Result<Response, ApiError> {
 }
 
 /// Write the selected revision again as the newest (admin only).
-async fn restore(call: Call<'_>) -> Result<Response, ApiError> {
+async fn restore(call: &Call) -> Result<Response, ApiError> {
     let Call {
         app,
         caller,
         at,
         name,
-        query,
+        target,
+        ..
     } = call;
-    let selector = query
-        .restore
-        .as_deref()
+    let selector = target
+        .param("restore")
         .ok_or_else(|| ApiError::Query("restore needs ?restore=<commit id or serial>".into()))?;
     let restored = app
         .backend

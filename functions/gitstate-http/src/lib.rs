@@ -1,27 +1,37 @@
-//! The one HTTP router, served by Lambda, the local server and the tests alike.
+//! The one HTTP router, served by Lambda, the local server and the tests alike: a route table
+//! ([`router`]), one module per resource.
 //!
-//! Routes (`<name>` is the state's path in the repository), one module per resource:
-//! - `GET|POST|PUT|DELETE|LOCK|UNLOCK /states/<name>`: read, write, remove, lock, unlock
+//! Routes (`<name>` is the state's path in the repository):
+//! - `/states/{*name}`: `GET|POST|PUT|DELETE|LOCK|UNLOCK`: read, write, remove, lock, unlock
 //!   ([`states`]);
-//! - `GET /locks/<name>` (current lock), `POST|LOCK /locks/<name>`, `DELETE|UNLOCK /locks/<name>`
-//!   ([`locks`]);
-//! - `/?type=git&repository=<url>&ref=<branch>&state=<name>`: the seed tool's address format;
-//! - `GET /history/<name>[?page=&per_page=]` (revisions, newest first), `GET
-//!   /history/<name>?at=<commit|serial>` (one revision's state), `POST
-//!   /history/<name>?restore=<commit|serial>` (admin: write it again on top) ([`history`]);
-//! - `GET /states`: every state the caller may read, with its last change and lock; `GET
-//!   /locks`: every lock the caller may read ([`list`]);
-//! - `/ui/…`: the web console ([`console`]);
-//! - `GET /health` (the only route without authentication).
+//! - `/locks/{*name}`: `GET` (current lock), `POST|LOCK`, `DELETE|UNLOCK` ([`locks`]);
+//! - `/?type=git&repository=<url>&ref=<branch>&state=<name>`: the seed tool's address format,
+//!   served as `/states/<name>`;
+//! - `/history/{*name}`: `GET [?page=&per_page=]` (revisions, newest first), `GET ?at=<commit|serial>`
+//!   (one revision's state), `POST ?restore=<commit|serial>` (admin: write it again on top)
+//!   ([`history`]);
+//! - `/states`: `GET` every state the caller may read, with its last change and lock; `/locks`:
+//!   `GET` every lock the caller may read ([`list`]);
+//! - `/ui`, `/ui/…`: the web console, its own routes ([`console`]);
+//! - `/health`: `GET` (the only route without authentication);
+//! - anything else: 400 (never 404, which Terraform reads as "no state").
 //!
 //! Every route takes `?ref=` to address another branch; writes take Terraform's `?ID=`.
-//! Every other request needs the Basic credentials of a user of the access policy.
+//! Methods are matched by the handlers (Terraform's `LOCK` and `UNLOCK` are not standard), each
+//! answering 405 with `Allow` to the others. Every other request needs the Basic credentials of a
+//! user of the access policy.
 //!
-//! [`request`] reads what a request addresses and carries; [`error`] is the one place where
-//! errors become statuses; [`log`] logs each outcome in a layer around the router; [`guard`]'s
-//! layers refuse cross-site writes from browsers and put the security headers on every answer.
+//! A request passes, outside in: [`log`]'s layer, which logs each outcome; [`guard`]'s layers,
+//! which refuse cross-site writes from browsers and put the security headers on every answer;
+//! [`request::decode_path_layer`], which decodes the path once before routing; the route table;
+//! [`call::within_deadline`] (a 504 at the deadline); [`call::scoped`], which reads the request's
+//! [`request::Target`] once and runs the rest in its scope; then the handler, whose extractors
+//! authenticate ([`call::Authenticated`]) before the target's faults are told. [`error`] is the
+//! one place where errors become statuses; [`body`] reads what a request carries.
 
 mod backend_block;
+mod body;
+mod call;
 mod console;
 mod error;
 mod guard;
@@ -32,22 +42,17 @@ mod log;
 mod request;
 mod states;
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::body::Body;
-use axum::extract::{ConnectInfo, Request, State};
 use axum::response::{IntoResponse, Response};
+use axum::routing::any;
 use bytes::Bytes;
-use gitstate_core::StateName;
-use gitstate_core::access::Caller;
 use gitstate_core::auth::Access;
-use gitstate_core::ports::{Location, StoreError};
-use gitstate_core::scope::Scope;
+use gitstate_core::ports::StoreError;
 use gitstate_core::service::{Backend, ServiceError};
-use http::request::Parts;
-use http::{HeaderValue, Method, StatusCode, header};
+use http::{Method, StatusCode, header};
 
 pub use backend_block::write_backend_block;
 pub use error::ApiError;
@@ -55,7 +60,8 @@ pub use history::BRANCH_HEADER;
 pub use locks::{LOCK_AGE_HEADER, LOCK_CREATED_HEADER, LOCK_USER_HEADER};
 pub use request::MAX_QUERY_BYTES;
 
-use request::{Addressed, Resource};
+use call::Authenticated;
+use request::{Target, named, route};
 
 /// The client's address, set by whatever serves the router when it knows it (Lambda: the
 /// Function URL's source IP). The local server provides `ConnectInfo` instead.
@@ -130,13 +136,46 @@ struct App {
 
 /// Build the router over a backend and its access policy.
 pub fn router(backend: Arc<Backend>, access: Arc<Access>, limits: Limits) -> Router {
-    Router::new()
-        .fallback(handle)
-        .with_state(App {
-            backend,
-            access,
+    let app = App {
+        backend,
+        access,
+        limits,
+    };
+    let table = Router::new();
+    let table = named(table, route::STATE, any(states::serve));
+    let table = named(table, route::LOCK, any(locks::serve));
+    let table = named(table, route::HISTORY, any(history::serve));
+    let routes = table
+        .route(route::SEED, any(states::serve))
+        .route(route::STATES, any(list::states))
+        .route(route::LOCKS, any(list::locks))
+        .route(route::HEALTH, any(health))
+        .merge(console::routes())
+        .fallback(no_route)
+        .layer(axum::middleware::from_fn(call::scoped))
+        .layer(axum::middleware::from_fn_with_state(
             limits,
-        })
+            call::within_deadline,
+        ))
+        .with_state(app);
+    // The path is decoded before the table routes it, so around it; served as a handler (not a
+    // fallback service) so that axum sets `Content-Length` and empties `HEAD` answers after
+    // the layers around it (an error page changes the body), as it does for any route.
+    let decoded = tower::Layer::layer(
+        &axum::middleware::from_fn(request::decode_path_layer),
+        routes,
+    );
+    let decoded = move |request: axum::extract::Request| {
+        let routes = decoded.clone();
+        async move {
+            match tower::ServiceExt::oneshot(routes, request).await {
+                Ok(response) => response,
+                Err(never) => match never {},
+            }
+        }
+    };
+    Router::new()
+        .fallback(decoded)
         .layer(axum::middleware::from_fn(guard::cross_site_writes))
         .layer(axum::middleware::from_fn(console::error_pages))
         .layer(axum::middleware::from_fn(guard::security_headers))
@@ -166,133 +205,18 @@ fn not_allowed(method: &Method, allowed: &'static str) -> ApiError {
     }
 }
 
-/// Every request: within its deadline, or a 504.
-async fn handle(State(app): State<App>, request: Request) -> Response {
-    let (parts, body) = request.into_parts();
-    let started = tokio::time::Instant::now();
-    let mut due = started + app.limits.request_deadline;
-    if let Some(Deadline(at)) = parts.extensions.get::<Deadline>() {
-        due = due.min(tokio::time::Instant::from_std(*at));
-    }
-    // Every operation is safe to cut short: a push lands whole or not at all, and a retried LOCK
-    // with the same ID, write of the same bytes or UNLOCK of a released lock succeeds.
-    match tokio::time::timeout_at(due, dispatch(&app, &parts, body)).await {
-        Ok(Ok(response)) => response,
-        Ok(Err(error)) => error.into_response(),
-        Err(_) => ApiError::Deadline {
-            seconds: due.duration_since(started).as_secs_f64(),
-        }
-        .into_response(),
-    }
-}
-
-fn client_address(parts: &Parts) -> Option<IpAddr> {
-    parts
-        .extensions
-        .get::<ClientAddr>()
-        .map(|c| c.0)
-        .or_else(|| {
-            parts
-                .extensions
-                .get::<ConnectInfo<SocketAddr>>()
-                .map(|c| c.0.ip())
-        })
-}
-
-/// [`route`] within the request's [`Scope`]: when it began, and the state it reads when it is a
-/// `GET` of a state at the configured location with credentials (its blob may then come with the
-/// access file's, see `gitstate_core::scope`).
-async fn dispatch(app: &App, parts: &Parts, body: Body) -> Result<Response, ApiError> {
-    let reads = match request::parse_target(&parts.uri) {
-        Ok(Addressed {
-            resource: Resource::State(name),
-            repository: None,
-            branch: None,
-            ..
-        }) if parts.method == Method::GET && parts.headers.contains_key(header::AUTHORIZATION) => {
-            Some(name)
-        }
-        _ => None,
-    };
-    let scope = Scope {
-        began: std::time::Instant::now(),
-        reads,
-    };
-    scope.run(route(app, parts, body)).await
-}
-
-/// Authenticate, then hand the request to the handler of the resource it addresses.
-async fn route(app: &App, parts: &Parts, body: Body) -> Result<Response, ApiError> {
-    let (method, uri, headers) = (&parts.method, &parts.uri, &parts.headers);
-    if uri.path() == "/health" {
-        // Read like any address, so that a malformed query is refused here too.
-        request::parse_target(uri)?;
-        return health(method);
-    }
-    let authorization = headers
-        .get(header::AUTHORIZATION)
-        .map(HeaderValue::as_bytes);
-    let caller = app
-        .access
-        .authenticate(authorization, client_address(parts))
-        .await?;
-    if console::addresses(uri.path()) {
-        return console::serve(app, &caller, parts, body).await;
-    }
-    let Addressed {
-        resource,
-        repository,
-        branch,
-        query,
-    } = request::parse_target(uri)?;
-    let locate = || app.backend.locate(repository.as_deref(), branch.as_deref());
-    let (name, handler) = match resource {
-        Resource::StateList => return list::states(app, &caller, method, locate).await,
-        Resource::LockList => return list::locks(app, &caller, method, locate).await,
-        // `/health` spelt with percent-escapes: still the health check, now authenticated.
-        Resource::Health => return health(method),
-        Resource::State(name) => (name, Handler::State),
-        Resource::Lock(name) => (name, Handler::Lock),
-        Resource::History(name) => (name, Handler::History),
-    };
-    let at = locate()?;
-    let body = request::write_body(method, headers, body, app.limits.max_body_bytes).await?;
-    let call = Call {
-        app,
-        caller: &caller,
-        at: &at,
-        name: &name,
-        query: &query,
-    };
-    match handler {
-        Handler::State => states::serve(call, method, body).await,
-        Handler::Lock => locks::serve(call, method, body).await,
-        Handler::History => history::serve(call, method).await,
-    }
-}
-
-/// A request to a resource of one state, authenticated and located.
-#[derive(Clone, Copy)]
-struct Call<'a> {
-    app: &'a App,
-    caller: &'a Caller,
-    at: &'a Location,
-    name: &'a StateName,
-    query: &'a request::Query,
-}
-
-/// The handlers of the resources that address one state.
-enum Handler {
-    State,
-    Lock,
-    History,
-}
-
-fn health(method: &Method) -> Result<Response, ApiError> {
-    match *method {
+/// `/health`: no credentials needed, but a well-formed address.
+async fn health(_: Target, method: Method) -> Result<Response, ApiError> {
+    match method {
         Method::GET | Method::HEAD => Ok((StatusCode::OK, "ok\n").into_response()),
-        _ => Err(not_allowed(method, "GET")),
+        _ => Err(not_allowed(&method, "GET")),
     }
+}
+
+/// Any path the table does not know, once the caller is authenticated: 400, with the reason the
+/// [`Target`] extractor gives (a bad query or path first, else [`ApiError::NoRoute`]).
+async fn no_route(_: Authenticated, _: Target) -> ApiError {
+    ApiError::NoRoute
 }
 
 #[cfg(test)]

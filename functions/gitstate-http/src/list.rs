@@ -1,14 +1,15 @@
 //! `GET /states` (every state the caller may read, with its last change and lock) and `GET
 //! /locks` (every lock the caller may read). The method is checked before the location.
 
+use axum::extract::State;
 use axum::response::Response;
 use gitstate_core::StateName;
-use gitstate_core::access::Caller;
 use gitstate_core::api::{ListedLock, ListedState};
-use gitstate_core::ports::{HeldLock, Location};
-use gitstate_core::service::ServiceError;
+use gitstate_core::ports::HeldLock;
 use http::{Method, StatusCode};
 
+use crate::call::Authenticated;
+use crate::request::Target;
 use crate::{ApiError, App, json, not_allowed, now_seconds, to_json};
 
 fn listed_lock(name: &StateName, held: &HeldLock, now: i64) -> ListedLock {
@@ -24,16 +25,16 @@ fn listed_lock(name: &StateName, held: &HeldLock, now: i64) -> ListedLock {
 }
 
 pub(crate) async fn states(
-    app: &App,
-    caller: &Caller,
-    method: &Method,
-    locate: impl FnOnce() -> Result<Location, ServiceError>,
+    State(app): State<App>,
+    Authenticated(caller): Authenticated,
+    target: Target,
+    method: Method,
 ) -> Result<Response, ApiError> {
-    if *method != Method::GET && *method != Method::HEAD {
-        return Err(not_allowed(method, "GET"));
+    if method != Method::GET && method != Method::HEAD {
+        return Err(not_allowed(&method, "GET"));
     }
-    let at = &locate()?;
-    let rows = app.backend.list_states(caller, at).await?;
+    let at = &app.backend.locate(target.repository(), target.branch())?;
+    let rows = app.backend.list_states(&caller, at).await?;
     let now = now_seconds();
     let listed: Vec<ListedState> = rows
         .iter()
@@ -57,16 +58,16 @@ pub(crate) async fn states(
 }
 
 pub(crate) async fn locks(
-    app: &App,
-    caller: &Caller,
-    method: &Method,
-    locate: impl FnOnce() -> Result<Location, ServiceError>,
+    State(app): State<App>,
+    Authenticated(caller): Authenticated,
+    target: Target,
+    method: Method,
 ) -> Result<Response, ApiError> {
-    if *method != Method::GET {
-        return Err(not_allowed(method, "GET"));
+    if method != Method::GET {
+        return Err(not_allowed(&method, "GET"));
     }
-    let at = &locate()?;
-    let locks = app.backend.list_locks(caller, at).await?;
+    let at = &app.backend.locate(target.repository(), target.branch())?;
+    let locks = app.backend.list_locks(&caller, at).await?;
     let now = now_seconds();
     let listed: Vec<ListedLock> = locks
         .iter()

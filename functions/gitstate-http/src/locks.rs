@@ -2,31 +2,27 @@
 //! (`DELETE` or `UNLOCK`).
 
 use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
-use http::{HeaderValue, Method, StatusCode};
+use http::{HeaderValue, StatusCode};
 
-use crate::{ApiError, Call, json, not_allowed, now_seconds};
+use crate::call::Call;
+use crate::{ApiError, json, not_allowed, now_seconds};
 
 /// Headers of `GET /locks/<name>` that describe the lock beyond Terraform's LockInfo.
 pub const LOCK_USER_HEADER: &str = "gitstate-lock-user";
 pub const LOCK_CREATED_HEADER: &str = "gitstate-lock-created";
 pub const LOCK_AGE_HEADER: &str = "gitstate-lock-age";
 
-pub(crate) async fn serve(
-    call: Call<'_>,
-    method: &Method,
-    body: Bytes,
-) -> Result<Response, ApiError> {
-    match method.as_str() {
-        "GET" => current(call).await,
-        "POST" | "LOCK" => lock(call, body).await,
-        "DELETE" | "UNLOCK" => unlock(call, body).await,
-        _ => Err(not_allowed(method, "GET, POST, DELETE, LOCK, UNLOCK")),
+pub(crate) async fn serve(call: Call) -> Result<Response, ApiError> {
+    match call.method.as_str() {
+        "GET" => current(&call).await,
+        "POST" | "LOCK" => lock(&call).await,
+        "DELETE" | "UNLOCK" => unlock(&call).await,
+        _ => Err(not_allowed(&call.method, "GET, POST, DELETE, LOCK, UNLOCK")),
     }
 }
 
 /// Take the lock described by the LockInfo in `body`.
-pub(crate) async fn lock(call: Call<'_>, body: Bytes) -> Result<Response, ApiError> {
+pub(crate) async fn lock(call: &Call) -> Result<Response, ApiError> {
     let Call {
         app,
         caller,
@@ -34,12 +30,14 @@ pub(crate) async fn lock(call: Call<'_>, body: Bytes) -> Result<Response, ApiErr
         name,
         ..
     } = call;
-    app.backend.lock(caller, at, name, body).await?;
+    app.backend
+        .lock(caller, at, name, call.body.clone())
+        .await?;
     Ok(StatusCode::OK.into_response())
 }
 
 /// Release the lock whose ID `body` names (or any, for an admin's force-unlock).
-pub(crate) async fn unlock(call: Call<'_>, body: Bytes) -> Result<Response, ApiError> {
+pub(crate) async fn unlock(call: &Call) -> Result<Response, ApiError> {
     let Call {
         app,
         caller,
@@ -47,12 +45,12 @@ pub(crate) async fn unlock(call: Call<'_>, body: Bytes) -> Result<Response, ApiE
         name,
         ..
     } = call;
-    app.backend.unlock(caller, at, name, &body).await?;
+    app.backend.unlock(caller, at, name, &call.body).await?;
     Ok(StatusCode::OK.into_response())
 }
 
 /// The holder's LockInfo, with who took it and when in headers.
-async fn current(call: Call<'_>) -> Result<Response, ApiError> {
+async fn current(call: &Call) -> Result<Response, ApiError> {
     let Call {
         app,
         caller,

@@ -2,25 +2,23 @@
 //! state; `LOCK` and `UNLOCK` go to [`crate::locks`].
 
 use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
 use gitstate_core::service::{ServiceError, WriteRequest};
-use http::{Method, StatusCode};
+use http::StatusCode;
 
-use crate::{ApiError, Call, json, locks, not_allowed};
+use crate::call::Call;
+use crate::{ApiError, json, locks, not_allowed};
 
-pub(crate) async fn serve(
-    call: Call<'_>,
-    method: &Method,
-    body: Bytes,
-) -> Result<Response, ApiError> {
+pub(crate) async fn serve(call: Call) -> Result<Response, ApiError> {
     let Call {
-        app,
-        caller,
-        at,
-        name,
-        query,
+        ref app,
+        ref caller,
+        ref at,
+        ref name,
+        ref target,
+        ref method,
+        ref body,
     } = call;
-    let lock_id = query.lock_id.as_deref();
+    let lock_id = target.param("ID");
     match method.as_str() {
         "GET" => {
             let state = app.backend.get_state(caller, at, name).await?;
@@ -29,9 +27,9 @@ pub(crate) async fn serve(
         }
         "POST" | "PUT" => {
             // What is accepted can be read back: the same estimate and 413 as the read.
-            app.limits.check_response(&body)?;
+            app.limits.check_response(body)?;
             app.backend
-                .put_state(WriteRequest::new(caller, at, name, body).lock_id(lock_id))
+                .put_state(WriteRequest::new(caller, at, name, body.clone()).lock_id(lock_id))
                 .await?;
             Ok(StatusCode::OK.into_response())
         }
@@ -44,8 +42,8 @@ pub(crate) async fn serve(
             app.backend.delete_state(caller, at, name, lock_id).await?;
             Ok(StatusCode::OK.into_response())
         }
-        "LOCK" => locks::lock(call, body).await,
-        "UNLOCK" => locks::unlock(call, body).await,
+        "LOCK" => locks::lock(&call).await,
+        "UNLOCK" => locks::unlock(&call).await,
         _ => Err(not_allowed(method, "GET, POST, PUT, DELETE, LOCK, UNLOCK")),
     }
 }

@@ -516,6 +516,138 @@ async fn methods_a_route_does_not_take_are_405_with_allow() {
     assert_eq!(listed.json(), serde_json::json!([]), "nothing was written");
 }
 
+/// Generated addresses of every route, with random characters of the path (route words
+/// included) percent-encoded: each answers exactly as its plain spelling does (status, headers,
+/// body), since the path is decoded once before the table routes it; the answers carry
+/// `Content-Length`, and an empty name is refused as a name, not as an unknown route.
+#[tokio::test]
+async fn encoded_addresses_answer_as_their_plain_spelling() {
+    let router = app();
+    call(
+        &router,
+        "POST",
+        &format!("/states/{STATE}"),
+        "ann",
+        state_json(1),
+    )
+    .await;
+    let plain = [
+        format!("/states/{STATE}"),
+        format!("/locks/{STATE}"),
+        format!("/history/{STATE}"),
+        format!("/history/{STATE}?at=1"),
+        "/states".to_owned(),
+        "/locks?ref=main".to_owned(),
+        "/states/x?a=1&a=2".to_owned(),
+        "/states/.git/x".to_owned(),
+        "/nowhere/x".to_owned(),
+        format!("/ui/states/{STATE}"),
+        "/ui/".to_owned(),
+        "/ui/nothing".to_owned(),
+        "/health".to_owned(),
+    ];
+    let mut rng = rand::rngs::StdRng::seed_from_u64(26);
+    let mut sent = 0;
+    for _ in 0..300 {
+        let address = &plain[rng.random_range(0..plain.len())];
+        let (path, query) = address.split_once('?').unwrap_or((address, ""));
+        let mut encoded = String::new();
+        for (i, c) in path.char_indices() {
+            // The leading `/` stays: a path begins with it.
+            if i > 0 && rng.random_bool(0.3) {
+                encoded.push_str(&format!("%{:02X}", c as u32));
+            } else {
+                encoded.push(c);
+            }
+        }
+        if !query.is_empty() {
+            encoded = format!("{encoded}?{query}");
+        }
+        let method = ["GET", "LOCK", "PATCH"][rng.random_range(0..3)];
+        let user = ["ann", "rita"][rng.random_range(0..2)];
+        let html = rng.random_bool(0.3);
+        let request = |uri: &str| {
+            let request = http::Request::builder()
+                .method(Method::from_bytes(method.as_bytes()).expect("method"))
+                .uri(uri);
+            if html {
+                request.header(header::ACCEPT, "text/html")
+            } else {
+                request
+            }
+        };
+        let want = send(&router, request(address), Some(user), "").await;
+        let got = send(&router, request(&encoded), Some(user), "").await;
+        let what = format!("{method} {encoded} as {user}");
+        assert_eq!(got.status, want.status, "{what}: {}", got.text());
+        assert_eq!(got.text(), want.text(), "{what}");
+        for (name, value) in &want.headers {
+            if name != "gitstate-lock-age" {
+                assert_eq!(got.headers.get(name), Some(value), "{what}: {name}");
+            }
+        }
+        assert!(got.header("content-length").is_some(), "{what}");
+        sent += 1;
+    }
+    assert_eq!(sent, 300);
+    for prefix in [
+        "/states/",
+        "/locks/",
+        "/history/",
+        "/ui/states/",
+        "/ui/unlock/",
+    ] {
+        let answer = call(&router, "GET", prefix, "ann", "").await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{prefix}");
+        assert!(
+            answer.text().contains("name is empty"),
+            "{prefix}: {}",
+            answer.text()
+        );
+    }
+}
+
+/// Every request's target is parsed once, whatever it addresses and however it ends: served,
+/// refused for its name or query after authentication, unauthenticated, or past no route.
+#[tokio::test(flavor = "current_thread")]
+async fn the_target_is_parsed_once_per_request() {
+    let router = app();
+    let parses = || crate::request::PARSES.with(std::cell::Cell::get);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+    let paths = [
+        format!("/states/{STATE}"),
+        format!("/locks/{STATE}"),
+        format!("/history/{STATE}?page=x"),
+        "/states/..".to_owned(),
+        "/states/a%zz".to_owned(),
+        "/states".to_owned(),
+        "/locks?x=1".to_owned(),
+        "/health".to_owned(),
+        "/?type=git".to_owned(),
+        "/nowhere".to_owned(),
+        "/ui/".to_owned(),
+        format!("/ui/states/{STATE}"),
+        "/ui/unlock/x".to_owned(),
+    ];
+    for _ in 0..200 {
+        let path = &paths[rng.random_range(0..paths.len())];
+        let method = ["GET", "POST", "LOCK", "DELETE"][rng.random_range(0..4)];
+        let user = [None, Some("ann"), Some("rita")][rng.random_range(0..3)];
+        let request = http::Request::builder()
+            .method(Method::from_bytes(method.as_bytes()).expect("method"))
+            .uri(path.as_str());
+        let before = parses();
+        let answer = send(&router, request, user, lock_info("L1")).await;
+        assert_eq!(
+            parses() - before,
+            1,
+            "{method} {path} as {user:?}: {} {}",
+            answer.status,
+            answer.text()
+        );
+    }
+}
+
 #[tokio::test]
 async fn unknown_paths_and_bad_names_are_refused() {
     let router = app();

@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 
 use super::{LayerError, Layered, Origin, SETTINGS};
 
+pub mod ssh;
+
 /// The seed's configuration file, read from the working directory (or `--config PATH.hcl`).
 pub const HCL_FILE: &str = "terraform-backend-git.hcl";
 

@@ -267,3 +267,118 @@ async fn processes_race_for_one_lock_over_ssh() {
         assert_eq!(unlock.status, 200, "{}", unlock.body);
     }
 }
+
+/// terraform-backend-git's SSH variables as its users set them, with no `GIT_SSH_COMMAND`:
+/// `SSH_PRIVATE_KEY` as the key's text (with line breaks, or flattened to `\n` as a CI secret
+/// may carry it) or as a path, and `StrictHostKeyChecking=no` for a host never seen. Terraform
+/// under `gitstate run` works over `ssh://`; `gitstate config` names the variables and never
+/// shows the key; the key file is gone once the run ends; with `StrictHostKeyChecking=yes` the
+/// unknown host stops the run, loudly.
+#[test]
+fn the_seeds_ssh_private_key_and_host_key_checking() {
+    let sshd = Sshd::start();
+    let repo = sshd.bare_repo("seed");
+    let url = format!(
+        "ssh://{}@127.0.0.1:{}{}",
+        Sshd::user(),
+        sshd.port,
+        repo.display()
+    );
+    let key_path = sshd.dir.path().join("client_key");
+    let key_text = std::fs::read_to_string(&key_path).expect("key");
+    let body = key_text.lines().nth(1).expect("a key line").to_owned();
+    let flat = key_text.trim_end().replace('\n', "\\n");
+    let work = tempfile::tempdir().expect("tempdir");
+    let temp = tempfile::tempdir().expect("tempdir for key files");
+    std::fs::write(work.path().join("empty.tfrc"), "").expect("tfrc");
+    std::fs::write(
+        work.path().join("main.tf"),
+        "resource \"terraform_data\" \"x\" {\n  input = \"seed ssh\"\n}\n",
+    )
+    .expect("main.tf");
+    let gitstate = |env: &[(&str, &str)], args: &[&str]| -> (bool, String) {
+        let out = Command::new(crate::GITSTATE)
+            .args(args)
+            .current_dir(work.path())
+            .env_remove("GIT_SSH_COMMAND")
+            .env_remove("GIT_SSH")
+            .env_remove("SSH_AUTH_SOCK")
+            .env("TMPDIR", temp.path())
+            .env("TF_CLI_CONFIG_FILE", work.path().join("empty.tfrc"))
+            .env("CHECKPOINT_DISABLE", "1")
+            .env("TF_IN_AUTOMATION", "1")
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .output()
+            .expect("gitstate");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.success(), text)
+    };
+    let run = [
+        "run",
+        "--repository",
+        &url,
+        "--state",
+        "ssh/app.tfstate",
+        "--",
+        "terraform",
+    ];
+    let with = |extra: &[&'static str]| -> Vec<&str> {
+        run.iter().copied().chain(extra.iter().copied()).collect()
+    };
+    let key_path_text = key_path.display().to_string();
+    let no = ("StrictHostKeyChecking", "no");
+    for (env, args) in [
+        (
+            [("SSH_PRIVATE_KEY", key_text.as_str()), no],
+            with(&["init", "-input=false"]),
+        ),
+        (
+            [("SSH_PRIVATE_KEY", flat.as_str()), no],
+            with(&["apply", "-auto-approve", "-input=false"]),
+        ),
+        (
+            [("SSH_PRIVATE_KEY", key_path_text.as_str()), no],
+            with(&["plan", "-input=false", "-detailed-exitcode"]),
+        ),
+    ] {
+        let (ok, out) = gitstate(&env, &args);
+        assert!(ok, "{args:?}: {out}");
+        assert!(!out.contains(&body), "the key was shown: {out}");
+    }
+    assert_eq!(serial(&repo), 1);
+    let left: Vec<_> = std::fs::read_dir(temp.path())
+        .expect("temp")
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(left.is_empty(), "key files left behind: {left:?}");
+
+    let (ok, out) = gitstate(
+        &[("SSH_PRIVATE_KEY", key_text.as_str()), no],
+        &["config", "--repository", &url],
+    );
+    assert!(ok, "{out}");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("GIT_SSH_COMMAND"))
+        .unwrap_or_else(|| panic!("no ssh line: {out}"));
+    assert!(
+        line.contains("env SSH_PRIVATE_KEY, StrictHostKeyChecking (terraform-backend-git)")
+            && line.contains("StrictHostKeyChecking=no"),
+        "{line}"
+    );
+    assert!(!out.contains(&body), "config showed the key: {out}");
+
+    let (ok, out) = gitstate(
+        &[
+            ("SSH_PRIVATE_KEY", key_text.as_str()),
+            ("StrictHostKeyChecking", "yes"),
+        ],
+        &with(&["plan", "-input=false"]),
+    );
+    assert!(!ok, "an unknown host key must stop the run: {out}");
+    assert!(out.contains("Host key verification failed"), "{out}");
+    assert!(!out.contains(&body), "the key was shown: {out}");
+}

@@ -13,7 +13,7 @@ use gitstate_core::ports::{HistoryPage, Location, Revision, StoreError};
 use super::remote::Remote;
 use super::{GitStore, blocking, null};
 use crate::Error;
-use crate::cache::{Chain, Latest, Walk};
+use crate::repository::{Chain, Latest, Walk};
 use crate::sync::lock;
 
 /// History is fetched this many commits deep at first, then four times deeper each time a page
@@ -66,7 +66,7 @@ impl GitStore {
             let (cache, wanted) = (remote.cache.clone(), paths.clone());
             match blocking(move || cache.last_changes(tip, &wanted)).await? {
                 Latest::Done(found) => return Ok(answer(found)),
-                Latest::Shallow { walked, found } if remote.is_cache() => {
+                Latest::Shallow { walked, found } if remote.fetches() => {
                     let walked = u32::try_from(walked).unwrap_or(u32::MAX);
                     if walked >= max {
                         // As deep as this deployment fetches: files changed only before that
@@ -127,7 +127,7 @@ impl GitStore {
                     drop(histories);
                     return Ok(page);
                 }
-                Walk::Shallow { walked, partial } if remote.is_cache() => {
+                Walk::Shallow { walked, partial } if remote.fetches() => {
                     let walked = u32::try_from(walked).unwrap_or(u32::MAX);
                     if walked >= max {
                         // As deep as this deployment fetches: the page ends here.
@@ -192,7 +192,7 @@ impl GitStore {
         let Some(tip) = self.branch_tip(remote, at).await? else {
             return Ok(false);
         };
-        if remote.is_cache() && !remote.cache.has(commit)? {
+        if remote.fetches() && !remote.cache.has(commit)? {
             match remote.fetch_one(commit, tip).await {
                 Ok(()) => {}
                 Err(Error::Remote(why)) => {
@@ -215,7 +215,7 @@ impl GitStore {
                 Chain::Absent => return Ok(false),
                 Chain::Shallow { boundary, walked } => {
                     let walked = u32::try_from(walked).unwrap_or(u32::MAX);
-                    if !remote.is_cache() || walked >= max {
+                    if !remote.fetches() || walked >= max {
                         return Ok(false);
                     }
                     depth = depth.max(walked.saturating_mul(2)).min(max);

@@ -12,10 +12,10 @@ use gix::ObjectId;
 use super::transport::{Fetch, KnownTip, Transport};
 use super::{WriteMode, blocking};
 use crate::Error;
-use crate::cache::Cache;
-use crate::pack;
 use crate::protocol::{Advert, Service};
 use crate::protocol::{Blobs, Command, PushReport, SmartClient};
+use crate::repository::Cache;
+use crate::repository::pack;
 use crate::sync::lock;
 
 pub(super) struct Hosted {

@@ -17,9 +17,9 @@ use gitstate_core::{BranchName, LockInfo, StateName};
 use super::remote::Remote;
 use super::{GitStore, blocking, null};
 use crate::Error;
-use crate::cache::NewCommit;
 use crate::protocol::Command;
 use crate::protocol::{Advert, Service};
+use crate::repository::NewCommit;
 use crate::sync::lock;
 
 /// How often a LOCK looks again after its tree check raced a write or its push was refused

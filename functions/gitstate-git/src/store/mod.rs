@@ -36,9 +36,9 @@ use gitstate_core::secret::Secret;
 use gitstate_core::{LockInfo, StateName};
 
 use crate::Error;
-use crate::cache::Cache;
-use crate::local::LocalRefs;
 use crate::protocol::{Advert, SmartClient};
+use crate::repository::Cache;
+use crate::repository::local::LocalRefs;
 use crate::settings::{GitAuth, GitSettings};
 use crate::sync::lock;
 use crate::transport::Connection;
@@ -302,12 +302,7 @@ impl StateStore for GitStore {
         content: Bytes,
         meta: &CommitMeta,
     ) -> Result<bool, StoreError> {
-        let plan = gitstate_core::ports::replace_plan(expected, meta.clone());
-        Ok(!matches!(
-            self.write_file(at, path, None, Change::Put(content), plan)
-                .await?,
-            Written::Refused(_)
-        ))
+        GitStore::replace_config(self, at, path, expected, content, meta).await
     }
 
     async fn history(

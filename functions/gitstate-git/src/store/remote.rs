@@ -14,9 +14,9 @@ use super::blocking;
 use super::transport::{Fetch, KnownTip, Transport};
 use super::write::Batcher;
 use crate::Error;
-use crate::cache::{Cache, NewCommit};
 use crate::protocol::{Advert, Service};
 use crate::protocol::{Command, PushReport};
+use crate::repository::{Cache, NewCommit};
 use crate::sync::lock;
 
 /// One (repository, branch): its cache and how to reach it.
@@ -52,7 +52,7 @@ impl Remote {
     }
 
     /// Whether objects come by fetches into a cache (see [`Transport::fetches`]).
-    pub(super) fn is_cache(&self) -> bool {
+    pub(super) fn fetches(&self) -> bool {
         self.transport.fetches()
     }
 
@@ -188,7 +188,7 @@ impl Remote {
             Ok(found) => Ok(found),
             // A cache that cannot be read (not a remote that cannot be reached) starts over.
             Err(error)
-                if self.is_cache()
+                if self.fetches()
                     && !matches!(
                         error,
                         Error::Http(_) | Error::Status { .. } | Error::Certificate { .. }

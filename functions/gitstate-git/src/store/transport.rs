@@ -12,10 +12,10 @@ use gix::ObjectId;
 
 use super::blocking;
 use crate::Error;
-use crate::cache::Cache;
-use crate::local::LocalRefs;
 use crate::protocol::{Advert, Service};
 use crate::protocol::{Command, PushReport};
+use crate::repository::Cache;
+use crate::repository::local::LocalRefs;
 
 /// The tip this process last saw on the remote, and when (what a fetch says it has).
 pub(super) type KnownTip = Mutex<Option<(ObjectId, Instant)>>;

@@ -59,6 +59,22 @@ impl GitStore {
         ))
     }
 
+    pub(super) async fn replace_config(
+        &self,
+        at: &Location,
+        path: &str,
+        expected: Option<Bytes>,
+        content: Bytes,
+        meta: &CommitMeta,
+    ) -> Result<bool, StoreError> {
+        let plan = gitstate_core::ports::replace_plan(expected, meta.clone());
+        Ok(!matches!(
+            self.write_file(at, path, None, Change::Put(content), plan)
+                .await?,
+            Written::Refused(_)
+        ))
+    }
+
     /// The one write of [`GitStore::write_state`] and [`GitStore::create_config`]: `path`,
     /// guarded by the lock of `lock` when given, queued with the branch's other
     /// waiting writes and pushed with them (see the module doc), retried on a moved branch.

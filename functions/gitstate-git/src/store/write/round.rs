@@ -12,9 +12,9 @@ use gitstate_core::ports::{Change, CommitMeta, Location, Refusal, Written};
 
 use super::queue::Job;
 use crate::Error;
-use crate::cache::NewCommit;
 use crate::protocol::Command;
 use crate::protocol::{Advert, Service};
+use crate::repository::NewCommit;
 use crate::store::remote::Remote;
 use crate::store::{WriteMode, blocking, null};
 

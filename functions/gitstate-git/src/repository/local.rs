@@ -9,8 +9,8 @@ use gix::refs::transaction::{Change, LogChange, PreviousValue, RefEdit, RefLog};
 
 use gitstate_core::refs::paths_clash;
 
+use super::Cache;
 use crate::Error;
-use crate::cache::Cache;
 use crate::protocol::{Advert, Command, PushReport};
 use crate::sync::lock;
 

@@ -1,0 +1,219 @@
+//! Walks of the first-parent history in the cache: where a commit stands on a tip's chain, a
+//! path's revisions page by page, the newest change of several paths at once, and how a path
+//! clashes with a tree. Each stops at a shallow boundary and says so.
+
+use std::collections::{HashMap, HashSet};
+
+use gix::ObjectId;
+
+use gitstate_core::ports::{HistoryPage, Revision};
+use gitstate_core::refs::Clash;
+
+use super::Cache;
+use super::trees::{changed_paths, first_file};
+use crate::Error;
+
+/// How far a walk of the history got.
+pub enum Walk {
+    Done(HistoryPage),
+    /// The walk reached a commit whose parent is not in the cache (a shallow boundary) after
+    /// `walked` commits; fetch deeper and walk again.
+    Shallow {
+        walked: usize,
+        /// What the walk found before the boundary.
+        partial: HistoryPage,
+    },
+}
+
+/// Where a commit stands on the first-parent chain of a tip, as far as the cache knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Chain {
+    Found,
+    /// The chain is complete and the commit is not on it.
+    Absent,
+    /// The chain reaches `boundary`, whose parent the cache lacks, after `walked` commits.
+    Shallow {
+        boundary: ObjectId,
+        walked: usize,
+    },
+}
+
+/// How far a search for the newest revisions of several paths got.
+pub enum Latest {
+    Done(HashMap<String, Revision>),
+    /// The walk reached a shallow boundary after `walked` commits with paths still unresolved;
+    /// `found` holds the paths it resolved before.
+    Shallow {
+        walked: usize,
+        found: HashMap<String, Revision>,
+    },
+}
+
+impl Cache {
+    /// Whether `commit` is on the first-parent chain from `tip`, walking no further than the cache.
+    pub fn find_on_chain(&self, tip: ObjectId, commit: ObjectId) -> Result<Chain, Error> {
+        let repo = self.repo()?;
+        let mut at = tip;
+        let mut walked = 0usize;
+        loop {
+            if at == commit {
+                return Ok(Chain::Found);
+            }
+            walked += 1;
+            match repo.find_commit(at)?.parent_ids().next() {
+                Some(parent) if !repo.has_object(parent) => {
+                    return Ok(Chain::Shallow {
+                        boundary: at,
+                        walked,
+                    });
+                }
+                Some(parent) => at = parent.detach(),
+                None => return Ok(Chain::Absent),
+            }
+        }
+    }
+
+    /// Walk the first-parent chain from `tip` and list the commits that changed `path`.
+    pub fn history(
+        &self,
+        tip: ObjectId,
+        path: &str,
+        skip: usize,
+        limit: usize,
+    ) -> Result<Walk, Error> {
+        let repo = self.repo()?;
+        let mut page = HistoryPage::default();
+        let mut seen = 0usize;
+        let mut walked = 0usize;
+        let mut commit = tip;
+        let mut blob = Self::blob_id(&repo, commit, path)?;
+        loop {
+            walked += 1;
+            let parent = repo
+                .find_commit(commit)?
+                .parent_ids()
+                .next()
+                .map(|p| p.detach());
+            let parent_blob = match parent {
+                Some(parent) if !repo.has_object(parent) => {
+                    return Ok(Walk::Shallow {
+                        walked,
+                        partial: page,
+                    });
+                }
+                Some(parent) => Self::blob_id(&repo, parent, path)?,
+                None => None,
+            };
+            if parent_blob != blob {
+                if seen >= skip {
+                    if page.revisions.len() == limit {
+                        page.more = true;
+                        return Ok(Walk::Done(page));
+                    }
+                    let found = repo.find_commit(commit)?;
+                    let decoded = found.decode()?;
+                    page.revisions.push(Revision {
+                        version: commit.to_string(),
+                        time: decoded.committer()?.seconds(),
+                        author: decoded.author()?.name.to_string(),
+                        message: decoded.message.to_string(),
+                        deleted: blob.is_none(),
+                    });
+                }
+                seen += 1;
+            }
+            match parent {
+                Some(parent) => {
+                    commit = parent;
+                    blob = parent_blob;
+                }
+                None => return Ok(Walk::Done(page)),
+            }
+        }
+    }
+
+    /// How `path` clashes with the tree of `commit`: a proper prefix of it is a file, or it is a
+    /// folder (then the first file inside it is named). Only the trees along `path` are read.
+    pub fn path_clash(&self, commit: ObjectId, path: &str) -> Result<Option<Clash>, Error> {
+        let repo = self.repo()?;
+        let mut tree = repo.find_commit(commit)?.tree_id()?.detach();
+        let mut walked = String::new();
+        let mut segments = path.split('/').peekable();
+        while let Some(segment) = segments.next() {
+            let Some((is_tree, oid)) = repo
+                .find_tree(tree)?
+                .find_entry(segment)
+                .map(|e| (e.mode().is_tree(), e.object_id()))
+            else {
+                return Ok(None);
+            };
+            walked.push_str(segment);
+            let last = segments.peek().is_none();
+            match (is_tree, last) {
+                (true, false) => tree = oid,
+                (true, true) => {
+                    return Ok(first_file(&repo, oid, &walked)?.map(Clash::Folder));
+                }
+                (false, false) => return Ok(Some(Clash::BelowState(walked))),
+                (false, true) => return Ok(None),
+            }
+            walked.push('/');
+        }
+        Ok(None)
+    }
+
+    /// The newest commit on the first-parent chain from `tip` that changed each of `paths`: one
+    /// walk for all of them, descending only into subtrees that differ.
+    pub fn last_changes(&self, tip: ObjectId, paths: &[String]) -> Result<Latest, Error> {
+        let repo = self.repo()?;
+        let mut wanted: HashSet<&str> = paths.iter().map(String::as_str).collect();
+        let mut found = HashMap::new();
+        let mut commit = tip;
+        let mut walked = 0usize;
+        while !wanted.is_empty() {
+            walked += 1;
+            let decoded_commit = repo.find_commit(commit)?;
+            let tree = decoded_commit.tree_id()?.detach();
+            let parent = decoded_commit.parent_ids().next().map(|p| p.detach());
+            let parent_tree = match parent {
+                Some(parent) if !repo.has_object(parent) => {
+                    return Ok(Latest::Shallow { walked, found });
+                }
+                Some(parent) => Some(repo.find_commit(parent)?.tree_id()?.detach()),
+                None => None,
+            };
+            let mut changed = Vec::new();
+            changed_paths(&repo, Some(tree), parent_tree, "", &mut changed)?;
+            let hits: Vec<String> = changed
+                .into_iter()
+                .filter(|p| wanted.contains(p.as_str()))
+                .collect();
+            if !hits.is_empty() {
+                let decoded = decoded_commit.decode()?;
+                let revision = Revision {
+                    version: commit.to_string(),
+                    time: decoded.committer()?.seconds(),
+                    author: decoded.author()?.name.to_string(),
+                    message: decoded.message.to_string(),
+                    deleted: false,
+                };
+                for path in hits {
+                    wanted.remove(path.as_str());
+                    let blob = Self::blob_id(&repo, commit, &path)?;
+                    found.insert(
+                        path,
+                        Revision {
+                            deleted: blob.is_none(),
+                            ..revision.clone()
+                        },
+                    );
+                }
+            }
+            match parent {
+                Some(parent) => commit = parent,
+                None => break,
+            }
+        }
+        Ok(Latest::Done(found))
+    }
+}
