@@ -435,6 +435,8 @@ struct Driver {
 struct Browser<'a> {
     driver: &'a Driver,
     session: String,
+    /// Where the browser saves downloads, without asking.
+    downloads: std::path::PathBuf,
     _profile: tempfile::TempDir,
 }
 
@@ -522,7 +524,13 @@ impl Driver {
             format!("--window-size={width},{height}"),
             format!("--user-data-dir={}", profile.path().display()),
         ];
-        let mut options = json!({"binary": "/usr/bin/chromium", "args": args});
+        let downloads = profile.path().join("downloads");
+        std::fs::create_dir_all(&downloads).expect("downloads/");
+        let prefs = json!({
+            "download.default_directory": downloads.display().to_string(),
+            "download.prompt_for_download": false,
+        });
+        let mut options = json!({"binary": "/usr/bin/chromium", "args": args, "prefs": prefs});
         if width < 500 {
             // A window cannot be narrower than 500 px: emulate a phone's screen instead.
             options["mobileEmulation"] =
@@ -538,6 +546,7 @@ impl Driver {
         Browser {
             driver: self,
             session: session["sessionId"].as_str().expect("a session").to_owned(),
+            downloads,
             _profile: profile,
         }
     }
@@ -676,6 +685,26 @@ impl Browser<'_> {
         let docs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs");
         std::fs::create_dir_all(&docs).expect("docs/");
         std::fs::write(docs.join(file), bytes).expect("screenshot written");
+    }
+
+    /// The name and content of the one file downloaded, once it is complete.
+    async fn downloaded(&self) -> (String, String) {
+        for _ in 0..200 {
+            let files: Vec<_> = std::fs::read_dir(&self.downloads)
+                .expect("downloads/")
+                .filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect();
+            // Chromium writes `<name>.crdownload` until the file is whole.
+            if let [name] = files.as_slice()
+                && !name.ends_with(".crdownload")
+            {
+                let text = std::fs::read_to_string(self.downloads.join(name)).expect("file");
+                return (name.clone(), text);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("nothing was downloaded to {}", self.downloads.display());
     }
 
     async fn close(self) {
@@ -1050,6 +1079,38 @@ async fn console_words_views_and_error_pages_in_a_real_browser() {
         .await;
     admin.screenshot("console-compact.png").await;
 
+    // --- Each version downloads as a file: the history's read of it, named for people.
+    let newest = f
+        .admin
+        .send("GET", &format!("/history/{PROD}"), None)
+        .await
+        .expect(200)
+        .json()["versions"][0]["version"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    admin
+        .click("table.compact tbody tr:first-child a.download")
+        .await;
+    let (file, content) = admin.downloaded().await;
+    assert_eq!(file, "prod-serial-3.tfstate");
+    let via_history = f
+        .admin
+        .send("GET", &format!("/history/{PROD}?at={newest}"), None)
+        .await
+        .expect(200);
+    assert_eq!(content, via_history.body);
+    assert_eq!(
+        serde_json::from_str::<Value>(&content).expect("JSON")["serial"],
+        3
+    );
+    // Read like any read: a reader outside the grant is refused.
+    let outsider = Client::with_credentials(&base, Some(OUTSIDER));
+    outsider
+        .send("GET", &format!("/ui/download/{PROD}?at={newest}"), None)
+        .await
+        .expect(403);
+
     // --- A restore names the version it wrote again, in both views.
     f.admin.unlock(PROD, "lock-1").await.expect(200);
     let restored = f
@@ -1081,6 +1142,11 @@ async fn console_words_views_and_error_pages_in_a_real_browser() {
         .click("ol.versions > li:first-child .restored a")
         .await;
     admin.wait_url(&format!("#v-{from}")).await;
+
+    // --- The root leads to the console.
+    admin.go(&format!("{base}/")).await;
+    admin.wait_url("/ui/").await;
+    assert_eq!(admin.text("h1").await, "States");
 
     // --- A missing state and a missing page: styled, with a way back.
     admin
@@ -1579,4 +1645,136 @@ async fn pages_of_other_sites_cannot_write_through_the_api_in_chromium() {
     }
     assert_eq!(admin.get_state(PROD).await.expect(200).state().serial, 99);
     assert_ne!(repository_snapshot(&repo), before);
+}
+
+/// Terraform and OpenTofu pointed at the backend's root (`address = "<base>/"`) fail `init` on
+/// a 400, never reading a state or "no state", while a browser at `/` is led to the console.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_root_is_never_a_state_to_terraform() {
+    use crate::terraform::{Cli, terraform_binary, tofu_binary, transcript};
+    let f = fixture().await;
+    let base = &f.backend.url;
+    for (label, cli) in [
+        ("terraform", Cli::new(terraform_binary())),
+        ("tofu", Cli::new(tofu_binary())),
+    ] {
+        let work = tempfile::tempdir().expect("tempdir");
+        let config = format!(
+            "terraform {{\n  backend \"http\" {{\n    address  = \"{base}/\"\n    username = \"{TEST_USER}\"\n    password = \"{TEST_PASSWORD}\"\n    retry_max = 0\n  }}\n}}\n"
+        );
+        std::fs::write(work.path().join("main.tf"), config).expect("main.tf");
+        let init = cli
+            .run(work.path(), &["init", "-no-color", "-input=false"])
+            .await;
+        let text = transcript(&init);
+        assert!(!init.status.success(), "{label} must fail at /:\n{text}");
+        assert!(
+            text.contains("400"),
+            "{label}: the status is shown:\n{text}"
+        );
+    }
+    let answer = f.admin.send("GET", "/", None).await;
+    assert_eq!(answer.status, 400, "{}", answer.body);
+    assert!(answer.headers.get("location").is_none());
+}
+
+/// What terraform and OpenTofu record, run for real: every command that writes a state under a
+/// lock (apply, taint, untaint, state mv, state rm, state push, import, init -migrate-state)
+/// leaves an operation the console and the CLI word as the command a person typed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operations_terraform_records_read_as_its_commands() {
+    use crate::terraform::{Cli, terraform_binary, tofu_binary, transcript};
+    init_tracing();
+    let server = GitServer::start().await;
+    let url = server.create_repo("state");
+    let backend = TestBackend::start(&url, &[]).await;
+    let admin = Client::new(&backend.url);
+    let resources = "resource \"terraform_data\" \"a\" {\n  input = \"a\"\n}\nresource \"terraform_data\" \"b\" {\n  input = \"b\"\n}\n";
+    for (label, cli) in [
+        ("terraform", Cli::new(terraform_binary())),
+        ("tofu", Cli::new(tofu_binary())),
+    ] {
+        let name = format!("ops/{label}.tfstate");
+        let work = tempfile::tempdir().expect("tempdir");
+        let dir = work.path();
+        // Created locally first, then migrated: `init -migrate-state`.
+        std::fs::write(dir.join("main.tf"), resources).expect("main.tf");
+        let run = |args: &'static [&'static str]| {
+            let cli = &cli;
+            async move {
+                let out = cli.run(dir, args).await;
+                assert!(
+                    out.status.success(),
+                    "{label} {args:?}:\n{}",
+                    transcript(&out)
+                );
+                out
+            }
+        };
+        run(&["init", "-no-color"]).await;
+        run(&["apply", "-auto-approve", "-no-color"]).await;
+        let block = gitstate_tests::terraform_backend_block(&backend.url, &name, "");
+        std::fs::write(dir.join("backend.tf"), block).expect("backend.tf");
+        run(&["init", "-migrate-state", "-force-copy", "-no-color"]).await;
+        run(&[
+            "apply",
+            "-auto-approve",
+            "-no-color",
+            "-replace=terraform_data.a",
+        ])
+        .await;
+        run(&["taint", "-no-color", "terraform_data.a"]).await;
+        run(&["untaint", "-no-color", "terraform_data.a"]).await;
+        run(&[
+            "state",
+            "mv",
+            "-no-color",
+            "terraform_data.b",
+            "terraform_data.c",
+        ])
+        .await;
+        run(&["state", "rm", "-no-color", "terraform_data.c"]).await;
+        // terraform_data takes any ID to import.
+        run(&[
+            "import",
+            "-no-color",
+            "terraform_data.b",
+            "00000000-0000-0000-0000-000000000001",
+        ])
+        .await;
+        let pulled = run(&["state", "pull"]).await;
+        let mut state: Value = serde_json::from_slice(&pulled.stdout).expect("state JSON");
+        state["serial"] = json!(state["serial"].as_u64().expect("serial") + 1);
+        std::fs::write(dir.join("pushed.tfstate"), state.to_string()).expect("write");
+        run(&["state", "push", "-no-color", "pushed.tfstate"]).await;
+
+        let history = admin
+            .send("GET", &format!("/history/{name}?per_page=100"), None)
+            .await
+            .expect(200)
+            .json();
+        let recorded: Vec<String> = history["versions"]
+            .as_array()
+            .expect("versions")
+            .iter()
+            .rev()
+            .map(|v| v["operation"].as_str().expect("operation").to_owned())
+            .collect();
+        let shown: Vec<String> = recorded
+            .iter()
+            .map(|op| gitstate_core::wording::operation(op))
+            .collect();
+        let expected = [
+            "migration",
+            "apply",
+            "taint",
+            "untaint",
+            "state mv",
+            "state rm",
+            "import",
+            "state push",
+        ];
+        assert_eq!(shown, expected, "{label} recorded {recorded:?}");
+        eprintln!("{label}: {recorded:?} read as {shown:?}");
+    }
 }

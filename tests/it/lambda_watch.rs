@@ -13,9 +13,18 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use base64::Engine;
+use gitstate_tests::counting::{Requests, count_warm_applies};
 use gitstate_tests::{GIT_TOKEN, GIT_USER, GitServer, access_file, git, init_tracing};
 
 const FUNCTION: &str = "gitstate-lambda";
+
+/// Git requests per apply through a warm container today, as bounds (the floor is
+/// [`gitstate_tests::counting::FLOOR`]): the same as `gitstate serve`, whose assembly it shares.
+const LAMBDA: Requests = Requests {
+    create: 4,
+    update: 4,
+    no_op: 3,
+};
 
 fn workspace_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -301,6 +310,15 @@ async fn the_lambda_binary_answers_every_event_and_terraform_under_cargo_lambda_
         None,
     );
     assert!(!refs.contains("locks/"), "no lock left behind: {refs}");
+
+    // Git requests per apply when Terraform's requests reach the warm container (issue 27).
+    let client = gitstate_tests::Client::with_credentials(
+        &watch.base_url(),
+        Some(("terraform", "example-password")),
+    );
+    for apply in count_warm_applies(&server, &client, "Lambda", "counted/app.tfstate").await {
+        apply.assert_within("Lambda", &LAMBDA);
+    }
 }
 
 /// `infra/smoke/run <url> <run id>`: terraform init + apply of infra/smoke against `url`.

@@ -18,6 +18,7 @@ use tokio::io::AsyncWriteExt;
 
 pub mod attack;
 mod client;
+pub mod counting;
 pub mod faults;
 pub mod hosts;
 pub mod process;

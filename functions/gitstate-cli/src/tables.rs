@@ -89,10 +89,15 @@ pub fn history(answer: &HistoryAnswer) -> String {
     for v in &answer.versions {
         let version = printable(&v.version);
         let short: String = version.chars().take(12).collect();
-        let operation = if v.deleted {
-            "deleted".to_owned()
-        } else {
-            operation(&v.operation)
+        let operation = match (&v.restored_from, v.deleted) {
+            (_, true) => "deleted".to_owned(),
+            // As the console words it: which version a restore wrote again.
+            (Some(from), false) => format!(
+                "{} of {}",
+                operation(&v.operation),
+                printable(&from.chars().take(12).collect::<String>())
+            ),
+            (None, false) => operation(&v.operation),
         };
         table.add_row(vec![
             short,

@@ -1,10 +1,12 @@
 //! The web console at `/ui/`: server-rendered pages over the same backend and Basic
 //! authentication as the API. One handler per resource:
 //!
-//! - `GET /ui/`: the states the caller may read (`?q=` filters by name);
+//! - `GET /ui/`: the states the caller may read (`?q=` filters by name); a browser's `GET /`
+//!   leads there ([`front_door`]);
 //! - `GET /ui/states/<name>[?page=N][&view=compact]`: versions newest first with what each
 //!   changed (or one row a version with counts), the current resources, the lock, the backend
 //!   block;
+//! - `GET /ui/download/<name>?at=<version|serial>`: one version's state, as a file to save;
 //! - `POST /ui/unlock/<name>`, `POST /ui/restore/<name>`: admin actions, same-origin only, with
 //!   the form token and a confirmation;
 //! - `GET /ui/style.css`.
@@ -14,6 +16,7 @@
 //! included); no page needs JavaScript. This module routes (its part of the router's table)
 //! and guards the forms; [`pages`] and [`state_page`] render.
 
+mod download;
 mod error_page;
 mod pages;
 mod state_page;
@@ -21,6 +24,7 @@ mod state_page;
 use askama::Template;
 use axum::Router;
 use axum::extract::{Request, State};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use bytes::Bytes;
@@ -46,13 +50,14 @@ const STYLE: &str = include_str!("../templates/style.css");
 /// none of them is [`no_page`]. A route named by the rest of the path is added with
 /// [`named`] and its prefix listed in [`route::CONSOLE_NAMED`].
 pub(crate) fn routes() -> Router<App> {
-    let [states, unlocks, restores] = route::CONSOLE_NAMED;
+    let [states, downloads, unlocks, restores] = route::CONSOLE_NAMED;
     let table = Router::new()
         .route(PREFIX, any(redirect))
         .route("/ui/", any(list))
         .route("/ui/style.css", any(style_sheet))
         .route("/ui/{*rest}", any(no_page));
     let table = named(table, states, any(state));
+    let table = named(table, downloads, any(download));
     let table = named(table, unlocks, any(unlock));
     named(table, restores, any(restore))
 }
@@ -105,6 +110,20 @@ async fn state(
     }
 }
 
+/// One version's state as a file to save.
+async fn download(
+    State(app): State<App>,
+    Authenticated(caller): Authenticated,
+    target: Target,
+    method: Method,
+) -> Result<Response, ApiError> {
+    let name = target.name.as_ref().ok_or(ApiError::NoRoute)?;
+    if !get(&method) {
+        return Err(not_allowed(&method, "GET"));
+    }
+    download::version(&app, &caller, name, target.params()).await
+}
+
 async fn unlock(
     State(app): State<App>,
     Authenticated(caller): Authenticated,
@@ -130,6 +149,23 @@ async fn no_page(_: Authenticated, _: Target, headers: HeaderMap) -> ApiError {
     } else {
         ApiError::NoRoute
     }
+}
+
+/// `GET /` (no query) from a browser: to the console, before credentials are asked for. Every
+/// other client keeps the router's answer, a 400 naming the routes: Terraform pointed at `/`
+/// must read neither a state nor "no state", and is never sent to an HTML page it would follow.
+pub(crate) async fn front_door(request: Request, next: Next) -> Response {
+    let uri = request.uri();
+    let bare = uri.path() == "/" && uri.query().is_none_or(str::is_empty);
+    let get = matches!(*request.method(), Method::GET | Method::HEAD);
+    if bare && get && browser(request.headers()) {
+        return (
+            StatusCode::SEE_OTHER,
+            [(header::LOCATION, "/ui/"), (header::VARY, "Accept")],
+        )
+            .into_response();
+    }
+    next.run(request).await
 }
 
 /// Whether a request comes from a browser: it asks for HTML (Terraform, OpenTofu and other

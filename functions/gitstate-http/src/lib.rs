@@ -178,6 +178,7 @@ pub fn router(backend: Arc<Backend>, access: Arc<Access>, limits: Limits) -> Rou
         .fallback(decoded)
         .layer(axum::middleware::from_fn(guard::cross_site_writes))
         .layer(axum::middleware::from_fn(console::error_pages))
+        .layer(axum::middleware::from_fn(console::front_door))
         .layer(axum::middleware::from_fn(guard::security_headers))
         .layer(axum::middleware::from_fn(log::outcomes))
 }

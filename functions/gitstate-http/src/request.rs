@@ -36,9 +36,14 @@ pub(crate) mod route {
     pub const SEED: &str = "/";
     /// Where the console lives; every route under it is the console's.
     pub const CONSOLE: &str = "/ui";
-    /// The console's routes named by the rest of the path: a state's page, its unlock and
-    /// restore forms.
-    pub const CONSOLE_NAMED: [&str; 3] = ["/ui/states/", "/ui/unlock/", "/ui/restore/"];
+    /// The console's routes named by the rest of the path: a state's page, its versions'
+    /// downloads, its unlock and restore forms.
+    pub const CONSOLE_NAMED: [&str; 4] = [
+        "/ui/states/",
+        "/ui/download/",
+        "/ui/unlock/",
+        "/ui/restore/",
+    ];
 }
 
 /// How a route spells "the rest of the path names the state".

@@ -94,7 +94,7 @@ fn printed_tables_carry_no_terminal_controls() {
                     serial: rng.random_bool(0.8).then(|| rng.random()),
                     lineage: None,
                     deleted: rng.random(),
-                    restored_from: None,
+                    restored_from: rng.random_bool(0.3).then(|| raw(&mut rng)),
                 })
                 .collect(),
             next_page: None,
@@ -175,6 +175,14 @@ fn columns_line_up_under_their_headers() {
         }],
         next_page: Some(1),
     };
+    let mut restore = page.clone();
+    restore.versions[0].operation = "OperationTypeRestore".into();
+    restore.versions[0].restored_from = Some("fedcba9876543210fedcba9876543210fedcba98".into());
+    assert!(
+        history(&restore).contains("admin   restore of fedcba987654"),
+        "{}",
+        history(&restore)
+    );
     let printed = history(&page);
     assert!(
         printed.contains("0123456789ab  1970-01-01 00:00:00Z"),

@@ -18,6 +18,7 @@ mod run;
 mod seed;
 mod serve;
 mod settings;
+mod shapes;
 mod ssh;
 mod startup;
 mod store;

@@ -446,3 +446,234 @@ async fn browsers_get_error_pages_and_other_clients_their_answers() {
     assert_eq!(state.status, StatusCode::OK);
     assert!(text(&state).starts_with('{'));
 }
+
+/// A download is the history's `?at=` read as an attachment: the same bytes and version for
+/// every version of generated histories, by commit id or serial, on the default branch or a
+/// named one; refused like any read (no grant, an unknown version, no `?at=`).
+#[tokio::test]
+async fn downloads_are_the_history_read_as_a_file() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(2504);
+    let router = app();
+    for round in 0..6 {
+        let name = format!("team/d{round}.tfstate");
+        let mut resources = BTreeMap::new();
+        for serial in 1..=rng.random_range(1..6_u64) {
+            resources.insert(format!("r{}", rng.random_range(0..20)), rng.random());
+            write_as(
+                &router,
+                &name,
+                "OperationTypeApply",
+                &state(serial, &resources),
+            )
+            .await;
+        }
+        let page = page(&router, &format!("/ui/states/{name}?view=compact")).await;
+        let history = call(&router, "GET", &format!("/history/{name}"), "rita", "").await;
+        let listed: serde_json::Value = serde_json::from_slice(&history.body).expect("JSON");
+        for v in listed["versions"].as_array().expect("versions") {
+            let id = v["version"].as_str().expect("id");
+            let serial = v["serial"].as_u64().expect("serial");
+            let href = format!("/ui/download/{name}?at={id}");
+            assert!(
+                page.contains(&format!("href=\"{href}\" download>")),
+                "{page}"
+            );
+            let via_history = call(
+                &router,
+                "GET",
+                &format!("/history/{name}?at={serial}"),
+                "rita",
+                "",
+            )
+            .await;
+            // The in-memory store's version IDs are small numbers, which `?at=` reads as
+            // serials: a commit ID is selected only where it is one (the browser test).
+            let mut selectors = vec![serial.to_string()];
+            if id.len() == 40 {
+                selectors.push(id.to_owned());
+            }
+            let branch = ["", "&ref=main"][rng.random_range(0..2)];
+            for selector in selectors {
+                let uri = format!("/ui/download/{name}?at={selector}{branch}");
+                let file = call(&router, "GET", &uri, "rita", "").await;
+                assert_eq!(file.status, StatusCode::OK, "{uri}: {}", text(&file));
+                assert_eq!(file.body, via_history.body, "{uri}");
+                let stem = format!("d{round}-serial-{serial}.tfstate");
+                assert_eq!(
+                    file.headers
+                        .get(header::CONTENT_DISPOSITION)
+                        .and_then(|v| v.to_str().ok()),
+                    Some(format!("attachment; filename=\"{stem}\"").as_str())
+                );
+                assert_eq!(
+                    file.headers
+                        .get(header::CONTENT_TYPE)
+                        .and_then(|v| v.to_str().ok()),
+                    Some("application/json")
+                );
+                assert_eq!(
+                    file.headers
+                        .get("gitstate-version")
+                        .and_then(|v| v.to_str().ok()),
+                    Some(id)
+                );
+            }
+        }
+    }
+    write_as(
+        &router,
+        "other/secret.tfstate",
+        "OperationTypeApply",
+        &state(1, &BTreeMap::new()),
+    )
+    .await;
+    for (uri, user, status) in [
+        (
+            "/ui/download/other/secret.tfstate?at=1",
+            "wes",
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            "/ui/download/team/d0.tfstate?at=99",
+            "rita",
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "/ui/download/team/d0.tfstate?at=nope",
+            "rita",
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "/ui/download/team/d0.tfstate",
+            "rita",
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "/ui/download/team/missing.tfstate?at=1",
+            "rita",
+            StatusCode::BAD_REQUEST,
+        ),
+        ("/ui/download/../x?at=1", "rita", StatusCode::BAD_REQUEST),
+    ] {
+        let answer = call(&router, "GET", uri, user, "").await;
+        assert_eq!(answer.status, status, "{uri}: {}", text(&answer));
+        assert!(
+            answer.headers.get(header::CONTENT_DISPOSITION).is_none(),
+            "{uri}"
+        );
+    }
+    let post = call(
+        &router,
+        "POST",
+        "/ui/download/team/d0.tfstate?at=1",
+        "ann",
+        "",
+    )
+    .await;
+    assert_eq!(post.status, StatusCode::METHOD_NOT_ALLOWED);
+}
+
+#[test]
+fn download_names_come_from_the_state_and_the_version() {
+    use gitstate_core::StateName;
+    let name = |text: &str| StateName::parse(text).expect("valid");
+    let id = "0123456789abcdef0123456789abcdef01234567";
+    assert_eq!(
+        super::download::file_name(&name("net/prod.tfstate"), id, Some(7)),
+        "prod-serial-7.tfstate"
+    );
+    assert_eq!(
+        super::download::file_name(&name("a/b/c.json"), id, None),
+        "c.json-0123456789.tfstate"
+    );
+    let mut rng = rand::rngs::StdRng::seed_from_u64(2505);
+    let alphabet: Vec<char> = ('a'..='z')
+        .chain('0'..='9')
+        .chain(['.', '_', '-'])
+        .collect();
+    for _ in 0..2000 {
+        let segments: Vec<String> = (0..rng.random_range(1..4))
+            .map(|_| {
+                let mut s: String = (0..rng.random_range(1..12))
+                    .map(|_| alphabet[rng.random_range(0..alphabet.len())])
+                    .collect();
+                s.insert(0, 'x');
+                s
+            })
+            .collect();
+        let Ok(parsed) = StateName::parse(&segments.join("/")) else {
+            continue;
+        };
+        let serial = rng.random_bool(0.7).then(|| rng.random::<u64>());
+        let file = super::download::file_name(&parsed, id, serial);
+        assert!(file.ends_with(".tfstate") && !file.contains('/'), "{file}");
+        assert!(
+            file.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c)),
+            "{file}: needs no quoting"
+        );
+        assert!(http::HeaderValue::from_str(&format!("attachment; filename=\"{file}\"")).is_ok());
+    }
+}
+
+/// `/` leads a browser to the console (before any credentials); any other client, and any
+/// other method or address spelt with `/`, keeps its answer: never a redirect, never a state.
+#[tokio::test]
+async fn the_root_leads_browsers_to_the_console_only() {
+    let router = app();
+    for user in [None, Some("rita")] {
+        for method in ["GET", "HEAD"] {
+            let request = as_browser("/").method(method);
+            let answer = send(&router, request, user, Body::empty()).await;
+            assert_eq!(answer.status, StatusCode::SEE_OTHER, "{method} {user:?}");
+            assert_eq!(
+                answer
+                    .headers
+                    .get(header::LOCATION)
+                    .and_then(|v| v.to_str().ok()),
+                Some("/ui/")
+            );
+            assert!(answer.headers.contains_key(header::CONTENT_SECURITY_POLICY));
+        }
+        // Terraform, OpenTofu, curl: no Accept, or JSON, or anything.
+        for accept in [None, Some("application/json"), Some("*/*")] {
+            let mut request = http::Request::builder().uri("/");
+            if let Some(accept) = accept {
+                request = request.header(header::ACCEPT, accept);
+            }
+            let answer = send(&router, request, user, Body::empty()).await;
+            let expected = match user {
+                None => StatusCode::UNAUTHORIZED,
+                Some(_) => StatusCode::BAD_REQUEST,
+            };
+            assert_eq!(
+                answer.status,
+                expected,
+                "{accept:?} {user:?}: {}",
+                text(&answer)
+            );
+            assert!(answer.headers.get(header::LOCATION).is_none());
+        }
+    }
+    // The seed's address format at `/` is the state, for a browser too.
+    write_as(
+        &router,
+        "seed/s.tfstate",
+        "OperationTypeApply",
+        &state(3, &BTreeMap::new()),
+    )
+    .await;
+    let seed =
+        "/?type=git&repository=https://git.example/org/state.git&ref=main&state=seed/s.tfstate";
+    let answer = send(&router, as_browser(seed), Some("rita"), Body::empty()).await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", text(&answer));
+    assert!(text(&answer).contains("\"serial\":3"));
+    let post = send(
+        &router,
+        as_browser("/").method("POST"),
+        Some("ann"),
+        Body::empty(),
+    )
+    .await;
+    assert_ne!(post.status, StatusCode::SEE_OTHER);
+}

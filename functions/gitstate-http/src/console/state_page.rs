@@ -111,13 +111,15 @@ impl StatePageView {
         if compact {
             query.push_str("&view=compact");
         }
-        if let Some(branch) = &self.ref_param {
-            query.push_str(&format!(
-                "&ref={}",
-                utf8_percent_encode(branch, NON_ALPHANUMERIC)
-            ));
-        }
+        query.push_str(&self.ref_suffix());
         query
+    }
+
+    /// `&ref=<branch>` when the page shows a branch it was asked for; empty otherwise.
+    fn ref_suffix(&self) -> String {
+        self.ref_param.as_ref().map_or_else(String::new, |branch| {
+            format!("&ref={}", utf8_percent_encode(branch, NON_ALPHANUMERIC))
+        })
     }
 }
 
