@@ -293,7 +293,7 @@ const OTHER_VARIABLES: &[(&str, &str, &str)] = &[
     (
         "GITSTATE_SEED_SSH",
         "none",
-        "set by gitstate, not by you: on the process it runs again with a `GIT_SSH_COMMAND` made from terraform-backend-git's `SSH_PRIVATE_KEY` and `StrictHostKeyChecking`, which of them it came from (`gitstate config` shows it)",
+        "set by gitstate itself, never by hand: on the process it runs with an ssh command made from terraform-backend-git's `SSH_PRIVATE_KEY` and `StrictHostKeyChecking`, which of them it came from (for `gitstate config`); not passed on to the program `gitstate run` starts",
     ),
     (
         "RUST_LOG",

@@ -5,6 +5,9 @@
 //! within a round each process serves one request at most, so no two writes ever meet in one
 //! process's group commit) to the machine's `git http-backend`.
 //!
+//! Now and then a process is replaced between rounds (stopped, started again on its cache or
+//! on an empty one), as Lambda replaces containers: its next request reads cold.
+//!
 //! A round runs its requests at once. Each touches its own family of names (names that are a
 //! folder of one another share a family), so the model predicts every answer exactly, except in
 //! the two races a round may hold on purpose: two LOCKs of one name, and a force-unlock during
@@ -420,7 +423,7 @@ fn judge_unlock_race(
 struct World {
     server: GitServer,
     clients: Vec<Arc<Client>>,
-    _procs: Vec<ServeProcess>,
+    procs: Vec<ServeProcess>,
     _root: tempfile::TempDir,
 }
 
@@ -443,9 +446,21 @@ impl World {
         Self {
             server,
             clients,
-            _procs: procs,
+            procs,
             _root: root,
         }
+    }
+
+    /// A container replaced between rounds: process `i` stops and starts again, on its cache or
+    /// (when `cold`) on an empty one, so its next request reads cold.
+    async fn replace(&mut self, i: usize, cold: bool) {
+        let process = &mut self.procs[i];
+        process.kill9().await;
+        if cold {
+            std::fs::remove_dir_all(&process.cache).expect("remove the cache");
+        }
+        process.restart().await;
+        self.clients[i] = Arc::new(Client::new(&process.url));
     }
 
     fn repo(&self) -> std::path::PathBuf {
@@ -729,7 +744,7 @@ async fn final_checks(world: &World, model: &Model) -> Result<(), String> {
 }
 
 async fn run(seed: u64, steps: usize, mode: PushMode) -> Result<Model, String> {
-    let world = World::start(mode).await;
+    let mut world = World::start(mode).await;
     let mut rng = StdRng::seed_from_u64(seed);
     let mut model = Model::default();
     let mut actors = vec![Actor::Idle; ACTORS];
@@ -762,6 +777,14 @@ async fn run(seed: u64, steps: usize, mode: PushMode) -> Result<Model, String> {
         let unsure = settle_round(&mut model, &mut actors, &round, &answers)
             .map_err(|e| format!("{e}\nrounds:\n{}", log.join("\n")))?;
         settle_unsure(&world, &mut model, unsure).await;
+        if rng.random_bool(0.02) {
+            let (i, cold) = (rng.random_range(0..PROCESSES), rng.random_bool(0.5));
+            world.replace(i, cold).await;
+            *model
+                .seen
+                .entry(format!("process replaced, cold {cold}"))
+                .or_default() += 1;
+        }
         if rng.random_bool(0.05) {
             fold(&world, &mut rng).await;
         }
