@@ -285,11 +285,6 @@ const DESCRIPTIONS: &[Described] = &[
 /// be here, and those of other tools): (name, default, meaning).
 const OTHER_VARIABLES: &[(&str, &str, &str)] = &[
     (
-        "GITSTATE_SEED_SSH",
-        "none",
-        "set by gitstate itself on the process it runs again with the ssh command made from terraform-backend-git's `SSH_PRIVATE_KEY` / `StrictHostKeyChecking`: which of them it came from (no secret), for `gitstate config`; not for users to set",
-    ),
-    (
         "HTTPS_PROXY",
         "none",
         "proxy for git requests (`HTTP_PROXY` and `ALL_PROXY` too), see [Proxies](#git-hosts)",
