@@ -18,11 +18,16 @@ type Key = (Location, StateName);
 /// Locks are per repository, as the git store's lock refs are: not per branch.
 type LockKey = (String, StateName);
 
+/// Makes the id of the n-th revision (from 1).
+pub type VersionIds = std::sync::Arc<dyn Fn(u64) -> String + Send + Sync>;
+
 #[derive(Default)]
 pub struct MemoryStore {
     inner: Mutex<Inner>,
     /// The repository's default branch (a git remote's `HEAD`), named when a branch is missing.
     head: Option<String>,
+    /// Revision ids; unset, the counter in decimal.
+    ids: Option<VersionIds>,
 }
 
 #[derive(Default)]
@@ -45,6 +50,20 @@ impl MemoryStore {
             head: Some(branch.to_owned()),
             ..Self::default()
         }
+    }
+
+    /// A store whose n-th revision has the id `ids(n)` (commit-like ids for prefix tests).
+    pub fn with_version_ids(ids: VersionIds) -> Self {
+        Self {
+            ids: Some(ids),
+            ..Self::default()
+        }
+    }
+
+    fn version_id(&self, n: u64) -> String {
+        self.ids
+            .as_ref()
+            .map_or_else(|| n.to_string(), |ids| ids(n))
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> Result<T, StoreError> {
@@ -237,8 +256,9 @@ impl StateStore for MemoryStore {
                 }
             };
             i.counter += 1;
+            let version = self.version_id(i.counter);
             let revision = Revision {
-                version: i.counter.to_string(),
+                version: version.clone(),
                 time: i64::try_from(i.counter).unwrap_or(i64::MAX),
                 author: meta.author_name.clone(),
                 message: meta.message.clone(),
@@ -246,9 +266,7 @@ impl StateStore for MemoryStore {
             };
             i.revisions.entry(k).or_default().push((revision, content));
             i.log.push(meta);
-            Written::Committed {
-                version: i.counter.to_string(),
-            }
+            Written::Committed { version }
         })
     }
 

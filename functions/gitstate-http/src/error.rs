@@ -136,6 +136,7 @@ fn service_status(error: &ServiceError) -> StatusCode {
         | S::LockBody(_)
         | S::InvalidState(_)
         | S::BadSelector(_)
+        | S::AmbiguousVersion { .. }
         | S::LockRequestToState(_) => StatusCode::BAD_REQUEST,
         // What the repository holds is broken, not the request; the reason says what to fix.
         S::NotAState(_) => StatusCode::INTERNAL_SERVER_ERROR,

@@ -122,7 +122,7 @@ async fn remote_commands_find_the_backend_and_act_without_terraform() {
     // States with a few revisions each.
     let names: Vec<String> = (0..3).map(|i| format!("team/s{i}.tfstate")).collect();
     for name in &names {
-        for serial in 1..=rng.random_range(1..4u64) {
+        for serial in 1..=rng.random_range(2..7u64) {
             let id = format!("w-{}", rng.random::<u32>());
             admin.apply(name, &id, &state_json("l", serial)).await;
         }
@@ -223,6 +223,87 @@ async fn remote_commands_find_the_backend_and_act_without_terraform() {
         let current = admin.get_state(name).await.expect(200).body;
         assert_eq!(shown.trim_end(), current.trim_end(), "{name}");
     }
+
+    // Version ids: the 12 digits `history` prints, and any prefix of 7 to 40 digits of the
+    // whole ids, name their revision in `show`, `?at=` and `?restore=`; fewer than 7 and
+    // unknown ones are a 400 that says so.
+    let mut prefixes = 0;
+    for name in &names {
+        let printed = ok(cli(work.path(), "ria", &["history", name], &[]));
+        let versions = admin
+            .history(name, "per_page=100")
+            .await
+            .expect(200)
+            .history()
+            .versions;
+        let short: Vec<&str> = printed
+            .lines()
+            .skip(2)
+            .filter_map(|l| l.split_whitespace().next())
+            .collect();
+        assert_eq!(short.len(), versions.len(), "{printed}");
+        for (id, version) in short.iter().zip(&versions) {
+            assert_eq!(id.len(), 12, "{printed}");
+            assert!(version.version.starts_with(id), "{printed}");
+            let long = &version.version[..rng.random_range(7..=40)];
+            let at = admin
+                .history(name, &format!("at={}", version.version))
+                .await
+                .expect(200)
+                .body;
+            for prefix in [*id, long] {
+                let shown = ok(cli(
+                    work.path(),
+                    "ria",
+                    &["show", &format!("{name}@{prefix}")],
+                    &[],
+                ));
+                assert_eq!(shown.trim_end(), at.trim_end(), "{name}@{prefix}");
+                let by_api = admin
+                    .history(name, &format!("at={prefix}"))
+                    .await
+                    .expect(200)
+                    .body;
+                assert_eq!(by_api, at, "?at={prefix}");
+                prefixes += 1;
+            }
+            let short = &version.version[..rng.random_range(1..7)];
+            let refused = admin.history(name, &format!("at={short}")).await;
+            // Six digits or fewer that are all decimal are a serial; hex letters are refused.
+            if short.bytes().any(|b| b.is_ascii_alphabetic()) {
+                let refused = refused.expect(400);
+                assert!(refused.body.contains("7 or more"), "{}", refused.body);
+            }
+        }
+        let absent = "fffffff0000000";
+        if !versions.iter().any(|v| v.version.starts_with(absent)) {
+            let refused = admin
+                .history(name, &format!("at={absent}"))
+                .await
+                .expect(400);
+            assert!(refused.body.contains(absent), "{}", refused.body);
+            let error = fails(cli(
+                work.path(),
+                "ria",
+                &["show", &format!("{name}@{absent}")],
+                &[],
+            ));
+            assert!(error.contains("400") && error.contains(absent), "{error}");
+        }
+    }
+    // A restore by a history prefix.
+    let name = names[2].as_str();
+    let versions = admin.history(name, "").await.expect(200).history().versions;
+    let oldest = versions.last().expect("a revision");
+    let id12 = &oldest.version[..12];
+    let said = ok(cli(
+        work.path(),
+        "alice",
+        &["restore", &format!("{name}@{id12}")],
+        &[],
+    ));
+    assert!(said.contains(&oldest.version), "{said}");
+    eprintln!("{prefixes} version prefixes read back");
 
     // unlock: a holder's lock, released by the administrator without a Terraform directory.
     let name = names[0].as_str();

@@ -8,23 +8,65 @@ use crate::access::{Caller, Role};
 use crate::ports::Location;
 use crate::trailers::{Trailers, operation_of};
 
-/// Which revision of a state a request means: a commit id, or a Terraform serial.
+/// Which revision of a state a request means: a commit id (whole, or any unique prefix of
+/// [`MIN_PREFIX`] hex digits or more, as `git` abbreviates them), or a Terraform serial.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Selector {
+    /// A whole commit id: read as it is.
     Version(String),
+    /// The start of a commit id: the one revision of the state it begins.
+    Prefix(String),
     Serial(u64),
+    /// Decimal digits that can be both (7 to 19 of them): whichever one revision they name.
+    SerialOrPrefix(u64, String),
 }
+
+/// The fewest hex digits a commit id may be given by (`git`'s default abbreviation).
+pub const MIN_PREFIX: usize = 7;
+
+/// The hex digits of a whole commit id.
+const FULL_ID: usize = 40;
 
 impl Selector {
     pub fn parse(text: &str) -> Result<Self, ServiceError> {
-        let is_hex = text.len() == 40 && text.bytes().all(|b| b.is_ascii_hexdigit());
-        if is_hex {
-            return Ok(Self::Version(text.to_ascii_lowercase()));
+        let bad = || ServiceError::BadSelector(text.chars().take(64).collect());
+        let decimal = !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit());
+        let hex = !text.is_empty() && text.bytes().all(|b| b.is_ascii_hexdigit());
+        let serial = || text.parse::<u64>().ok().filter(|_| text.len() < 20);
+        match text.len() {
+            FULL_ID if hex => Ok(Self::Version(text.to_ascii_lowercase())),
+            n if decimal && n < MIN_PREFIX => serial().map(Self::Serial).ok_or_else(bad),
+            n if decimal && n < FULL_ID => Ok(match serial() {
+                Some(serial) => Self::SerialOrPrefix(serial, text.to_owned()),
+                None => Self::Prefix(text.to_owned()),
+            }),
+            n if hex && (MIN_PREFIX..FULL_ID).contains(&n) => {
+                Ok(Self::Prefix(text.to_ascii_lowercase()))
+            }
+            _ => Err(bad()),
         }
-        match text.parse::<u64>() {
-            Ok(serial) if text.len() < 20 => Ok(Self::Serial(serial)),
-            _ => Err(ServiceError::BadSelector(text.chars().take(64).collect())),
-        }
+    }
+}
+
+/// The one id of `ids` that starts with `prefix`: none is `Ok(None)`, several an error naming
+/// the prefix and how many.
+pub fn match_prefix<'a>(
+    prefix: &str,
+    ids: impl IntoIterator<Item = &'a str>,
+) -> Result<Option<&'a str>, ServiceError> {
+    let mut found: Vec<&str> = ids
+        .into_iter()
+        .filter(|id| id.starts_with(prefix))
+        .collect();
+    found.sort_unstable();
+    found.dedup();
+    match found.as_slice() {
+        [] => Ok(None),
+        [one] => Ok(Some(one)),
+        many => Err(ServiceError::AmbiguousVersion {
+            prefix: prefix.to_owned(),
+            count: many.len(),
+        }),
     }
 }
 
@@ -86,17 +128,47 @@ impl Backend {
         Ok((versions, found.more))
     }
 
-    /// Resolve a selector to a revision id: serials are looked up in the history.
+    /// Resolve a selector to a revision id: serials and prefixes are looked up in the history.
     async fn resolve(
         &self,
         at: &Location,
         name: &StateName,
         selector: &Selector,
     ) -> Result<String, ServiceError> {
-        let serial = match selector {
+        let (serial, prefix) = match selector {
             Selector::Version(version) => return Ok(version.clone()),
-            Selector::Serial(serial) => *serial,
+            Selector::Serial(serial) => (Some(*serial), None),
+            Selector::Prefix(prefix) => (None, Some(prefix.as_str())),
+            Selector::SerialOrPrefix(serial, prefix) => (Some(*serial), Some(prefix.as_str())),
         };
+        let by_prefix = match prefix {
+            Some(prefix) => self.by_prefix(at, name, prefix).await?,
+            None => None,
+        };
+        let by_serial = match serial {
+            Some(serial) => self.by_serial(at, name, serial).await?,
+            None => None,
+        };
+        match (by_prefix, by_serial) {
+            (Some(a), Some(b)) if a != b => Err(ServiceError::AmbiguousVersion {
+                prefix: prefix.unwrap_or_default().to_owned(),
+                count: 2,
+            }),
+            (Some(found), _) | (None, Some(found)) => Ok(found),
+            (None, None) => Err(ServiceError::NoSuchVersion(match (prefix, serial) {
+                (Some(prefix), _) => prefix.to_owned(),
+                (None, serial) => format!("serial {}", serial.unwrap_or_default()),
+            })),
+        }
+    }
+
+    /// The newest revision holding `serial`.
+    async fn by_serial(
+        &self,
+        at: &Location,
+        name: &StateName,
+        serial: u64,
+    ) -> Result<Option<String>, ServiceError> {
         let operator = Caller::operator("history");
         for page in 0.. {
             let (versions, more) = self.history(&operator, at, name, page, MAX_PAGE).await?;
@@ -104,13 +176,41 @@ impl Backend {
                 .iter()
                 .find(|v| v.serial == Some(serial) && !v.deleted)
             {
-                return Ok(found.version.clone());
+                return Ok(Some(found.version.clone()));
             }
             if !more {
                 break;
             }
         }
-        Err(ServiceError::NoSuchVersion(format!("serial {serial}")))
+        Ok(None)
+    }
+
+    /// The one revision of the state whose id starts with `prefix`: the whole history (as deep
+    /// as the store reads it) is walked, since a second match anywhere makes it ambiguous.
+    async fn by_prefix(
+        &self,
+        at: &Location,
+        name: &StateName,
+        prefix: &str,
+    ) -> Result<Option<String>, ServiceError> {
+        let mut matches = Vec::new();
+        for page in 0usize.. {
+            let found = self
+                .store
+                .history(at, name, page.saturating_mul(MAX_PAGE), MAX_PAGE)
+                .await?;
+            matches.extend(
+                found
+                    .revisions
+                    .into_iter()
+                    .map(|r| r.version)
+                    .filter(|v| v.starts_with(prefix)),
+            );
+            if !found.more {
+                break;
+            }
+        }
+        Ok(match_prefix(prefix, matches.iter().map(String::as_str))?.map(str::to_owned))
     }
 
     /// The state as one revision left it (read grant).

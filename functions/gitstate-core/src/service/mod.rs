@@ -26,7 +26,7 @@ mod rekey;
 mod restore;
 mod state;
 
-pub use history::{MAX_PAGE, Selector, VersionInfo};
+pub use history::{MAX_PAGE, MIN_PREFIX, Selector, VersionInfo, match_prefix};
 pub use overview::{CurrentResource, StatePage, StateRow, VersionChanges};
 pub use rekey::Rekeyed;
 pub use restore::Restored;
@@ -103,8 +103,15 @@ pub enum ServiceError {
         "no such revision of this state: {0}; /history/<name> lists the revisions: Terraform's address for the state is /states/<name>"
     )]
     NoSuchVersion(String),
-    #[error("{0:?} is neither a commit id (40 hex digits) nor a serial")]
+    #[error(
+        "{0:?} is neither a serial nor a commit id (all of its 40 hex digits, or the first 7 or more)"
+    )]
     BadSelector(String),
+    /// A commit-id prefix (or a number that is also a serial) naming several revisions.
+    #[error(
+        "{prefix:?} is the start of {count} revisions of this state: give more of the commit id"
+    )]
+    AmbiguousVersion { prefix: String, count: usize },
     #[error(transparent)]
     Forbidden(#[from] Denied),
     #[error(transparent)]
@@ -451,5 +458,7 @@ impl Backend {
     }
 }
 
+#[cfg(test)]
+mod prefix_tests;
 #[cfg(test)]
 mod tests;

@@ -103,7 +103,11 @@ fn service_error(rng: &mut StdRng) -> ServiceError {
         12 => S::NoLock,
         13 => S::Exists,
         14 => S::NoSuchVersion(word(rng)),
-        15 => S::BadSelector(word(rng)),
+        15 if rng.random() => S::BadSelector(word(rng)),
+        15 => S::AmbiguousVersion {
+            prefix: word(rng),
+            count: rng.random_range(2..9),
+        },
         16 => S::Forbidden(Denied {
             user: word(rng),
             role: [Role::Read, Role::Write, Role::Admin][rng.random_range(0..3)],
@@ -187,6 +191,7 @@ fn expected(error: &ApiError) -> (StatusCode, &'static str) {
             S::Exists => (C::CONFLICT, "exists"),
             S::NoSuchVersion(_) => (C::BAD_REQUEST, "no such version"),
             S::BadSelector(_) => (C::BAD_REQUEST, "selector"),
+            S::AmbiguousVersion { .. } => (C::BAD_REQUEST, "ambiguous version"),
             S::Forbidden(_) => (C::FORBIDDEN, "forbidden"),
             S::Store(store) => match store {
                 StoreError::Unavailable(_) => (C::SERVICE_UNAVAILABLE, "store unavailable"),
@@ -233,7 +238,7 @@ fn expected(error: &ApiError) -> (StatusCode, &'static str) {
 }
 
 /// The arms of [`expected`].
-const ARMS: usize = 55;
+const ARMS: usize = 56;
 
 #[tokio::test]
 async fn every_error_variant_maps_to_its_status_body_and_headers() {
