@@ -1677,3 +1677,104 @@ async fn the_root_is_never_a_state_to_terraform() {
     assert_eq!(answer.status, 400, "{}", answer.body);
     assert!(answer.headers.get("location").is_none());
 }
+
+/// What terraform and OpenTofu record, run for real: every command that writes a state under a
+/// lock (apply, taint, untaint, state mv, state rm, state push, import, init -migrate-state)
+/// leaves an operation the console and the CLI word as the command a person typed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operations_terraform_records_read_as_its_commands() {
+    use crate::terraform::{Cli, terraform_binary, tofu_binary, transcript};
+    init_tracing();
+    let server = GitServer::start().await;
+    let url = server.create_repo("state");
+    let backend = TestBackend::start(&url, &[]).await;
+    let admin = Client::new(&backend.url);
+    let resources = "resource \"terraform_data\" \"a\" {\n  input = \"a\"\n}\nresource \"terraform_data\" \"b\" {\n  input = \"b\"\n}\n";
+    for (label, cli) in [
+        ("terraform", Cli::new(terraform_binary())),
+        ("tofu", Cli::new(tofu_binary())),
+    ] {
+        let name = format!("ops/{label}.tfstate");
+        let work = tempfile::tempdir().expect("tempdir");
+        let dir = work.path();
+        // Created locally first, then migrated: `init -migrate-state`.
+        std::fs::write(dir.join("main.tf"), resources).expect("main.tf");
+        let run = |args: &'static [&'static str]| {
+            let cli = &cli;
+            async move {
+                let out = cli.run(dir, args).await;
+                assert!(
+                    out.status.success(),
+                    "{label} {args:?}:\n{}",
+                    transcript(&out)
+                );
+                out
+            }
+        };
+        run(&["init", "-no-color"]).await;
+        run(&["apply", "-auto-approve", "-no-color"]).await;
+        let block = gitstate_tests::terraform_backend_block(&backend.url, &name, "");
+        std::fs::write(dir.join("backend.tf"), block).expect("backend.tf");
+        run(&["init", "-migrate-state", "-force-copy", "-no-color"]).await;
+        run(&[
+            "apply",
+            "-auto-approve",
+            "-no-color",
+            "-replace=terraform_data.a",
+        ])
+        .await;
+        run(&["taint", "-no-color", "terraform_data.a"]).await;
+        run(&["untaint", "-no-color", "terraform_data.a"]).await;
+        run(&[
+            "state",
+            "mv",
+            "-no-color",
+            "terraform_data.b",
+            "terraform_data.c",
+        ])
+        .await;
+        run(&["state", "rm", "-no-color", "terraform_data.c"]).await;
+        // terraform_data takes any ID to import.
+        run(&[
+            "import",
+            "-no-color",
+            "terraform_data.b",
+            "00000000-0000-0000-0000-000000000001",
+        ])
+        .await;
+        let pulled = run(&["state", "pull"]).await;
+        let mut state: Value = serde_json::from_slice(&pulled.stdout).expect("state JSON");
+        state["serial"] = json!(state["serial"].as_u64().expect("serial") + 1);
+        std::fs::write(dir.join("pushed.tfstate"), state.to_string()).expect("write");
+        run(&["state", "push", "-no-color", "pushed.tfstate"]).await;
+
+        let history = admin
+            .send("GET", &format!("/history/{name}?per_page=100"), None)
+            .await
+            .expect(200)
+            .json();
+        let recorded: Vec<String> = history["versions"]
+            .as_array()
+            .expect("versions")
+            .iter()
+            .rev()
+            .map(|v| v["operation"].as_str().expect("operation").to_owned())
+            .collect();
+        let shown: Vec<String> = recorded
+            .iter()
+            .map(|op| gitstate_core::wording::operation(op))
+            .collect();
+        let expected = [
+            "migration",
+            "apply",
+            "taint",
+            "untaint",
+            "state mv",
+            "state rm",
+            "import",
+            "state push",
+        ];
+        assert_eq!(shown, expected, "{label} recorded {recorded:?}");
+        eprintln!("{label}: {recorded:?} read as {shown:?}");
+    }
+}

@@ -8,7 +8,8 @@ const KNOWN: [(&str, &str); 20] = [
     ("OperationTypeApply", "apply"),
     ("OperationTypePlan", "plan"),
     ("OperationTypeRefresh", "refresh"),
-    // `terraform import` (and `console`) run an operation that names no type.
+    // `terraform import` (and `console`, which writes nothing) run an operation that names no
+    // type; tests/it/console.rs records what terraform and OpenTofu send for each command.
     ("OperationTypeInvalid", "import"),
     ("state-push", "state push"),
     ("state-mv", "state mv"),

@@ -2,8 +2,8 @@
 //! smart HTTP(S) or SSH to a hosted repository or directly on an embedded local one.
 //!
 //! Layers, each using only those below it: [`transport`] (the wire: HTTP or SSH) →
-//! [`protocol`] (pkt-lines, advertisements, fetch, push) → the repository (`repository`: the cache, packs,
-//! the state index, the embedded repository's refs) → `store` ([`GitStore`]).
+//! [`protocol`] (pkt-lines, advertisements, fetch, push) → the repository (`repository`: the
+//! cache, packs, the state index, the embedded repository's refs) → `store` ([`GitStore`]).
 
 pub mod protocol;
 mod repository;
@@ -38,6 +38,8 @@ pub enum Error {
     Remote(String),
     #[error("configuration: {0}")]
     Config(String),
+    #[error("configuration: {0}")]
+    Connect(transport::ConnectError),
     #[error("local git repository")]
     Git(#[from] gix::Error),
     #[error("received pack is invalid")]
@@ -65,6 +67,17 @@ impl Error {
             Self::Remote(_) => true,
             Self::Status { status, .. } => *status >= 500 || *status == 429,
             _ => false,
+        }
+    }
+}
+
+impl From<transport::ConnectError> for Error {
+    /// A client that could not be built stays what it was before there was a `ConnectError`:
+    /// an HTTP failure.
+    fn from(error: transport::ConnectError) -> Self {
+        match error {
+            transport::ConnectError::Client(e) => Self::Http(e),
+            other => Self::Connect(other),
         }
     }
 }
@@ -133,7 +146,11 @@ impl Class {
             | Error::Certificate { .. } => Self::Remote,
             Error::AtomicRequired => Self::Incompatible,
             Error::Corrupt(_) => Self::Corrupt,
-            Error::Config(_) | Error::Git(_) | Error::Io(_) | Error::Join(_) => Self::Internal,
+            Error::Config(_)
+            | Error::Connect(_)
+            | Error::Git(_)
+            | Error::Io(_)
+            | Error::Join(_) => Self::Internal,
         }
     }
 }

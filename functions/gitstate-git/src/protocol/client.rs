@@ -13,7 +13,7 @@ use super::fetch::{self, Blobs, fetch_capabilities, pack_of};
 use super::push::{self, Command, PushReport, push_capabilities};
 use crate::Error;
 use crate::sync::lock;
-use crate::transport::{Connection, Service, Wire};
+use crate::transport::{ConnectError, Connection, Service, Wire};
 
 /// The most a remote may send in one answer unless configured otherwise.
 pub const DEFAULT_MAX_RESPONSE_BYTES: u64 = 128 << 20;
@@ -30,7 +30,7 @@ pub struct SmartClient {
 impl SmartClient {
     /// The client of `url`: over SSH for `ssh://…` and `user@host:path`, else smart HTTP(S)
     /// (see [`crate::transport::connect`]).
-    pub fn new(url: &str, connection: &Connection<'_>) -> Result<Self, Error> {
+    pub fn new(url: &str, connection: &Connection<'_>) -> Result<Self, ConnectError> {
         Ok(Self {
             wire: crate::transport::connect(url, connection)?,
             max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,

@@ -9,7 +9,7 @@ use std::time::Duration;
 use base64::Engine;
 use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue, LOCATION};
 
-use super::{Service, Wire};
+use super::{ConnectError, Service, Wire};
 use crate::Error;
 use crate::protocol::advert::strip_announcement;
 use crate::settings::GitAuth;
@@ -31,7 +31,11 @@ pub fn same_origin(a: &str, b: &str) -> bool {
 
 /// The `Authorization` header for `token`: Basic with `username` (default `gitstate`, which
 /// hosts that ignore the name accept) or Bearer. Marked sensitive, so it is never logged.
-fn authorization(auth: GitAuth, username: Option<&str>, token: &str) -> Result<HeaderValue, Error> {
+fn authorization(
+    auth: GitAuth,
+    username: Option<&str>,
+    token: &str,
+) -> Result<HeaderValue, ConnectError> {
     let text = match auth {
         GitAuth::Basic => format!(
             "Basic {}",
@@ -40,22 +44,18 @@ fn authorization(auth: GitAuth, username: Option<&str>, token: &str) -> Result<H
         ),
         GitAuth::Bearer => format!("Bearer {token}"),
     };
-    let mut value = HeaderValue::try_from(text).map_err(|_| {
-        Error::Config("git credentials contain characters a header cannot carry".into())
-    })?;
+    let mut value = HeaderValue::try_from(text).map_err(|_| ConnectError::HeaderCredentials)?;
     value.set_sensitive(true);
     Ok(value)
 }
 
 /// The certificates of a PEM bundle (`GITSTATE_GIT_CA_FILE` / `GITSTATE_GIT_CA_PEM`), trusted in
 /// addition to the system roots.
-pub fn private_roots(pem: &str) -> Result<Vec<reqwest::Certificate>, Error> {
-    let roots = reqwest::Certificate::from_pem_bundle(pem.as_bytes())
-        .map_err(|e| Error::Config(format!("GITSTATE_GIT_CA_FILE/GITSTATE_GIT_CA_PEM: {e}")))?;
+pub fn private_roots(pem: &str) -> Result<Vec<reqwest::Certificate>, ConnectError> {
+    let roots =
+        reqwest::Certificate::from_pem_bundle(pem.as_bytes()).map_err(ConnectError::CaBundle)?;
     if roots.is_empty() {
-        return Err(Error::Config(
-            "GITSTATE_GIT_CA_FILE/GITSTATE_GIT_CA_PEM: no certificate in the PEM text".into(),
-        ));
+        return Err(ConnectError::NoCertificate);
     }
     Ok(roots)
 }
@@ -118,18 +118,15 @@ pub struct Connection<'a> {
 impl Http {
     /// The token is sent pre-emptively (Basic or Bearer); never over plain http to anything but
     /// the loopback interface. `HTTPS_PROXY`/`HTTP_PROXY`/`NO_PROXY` are honoured.
-    pub fn new(url: &str, connection: &Connection<'_>) -> Result<Self, Error> {
-        let parsed =
-            reqwest::Url::parse(url).map_err(|e| Error::Config(format!("repository URL: {e}")))?;
+    pub fn new(url: &str, connection: &Connection<'_>) -> Result<Self, ConnectError> {
+        let parsed = reqwest::Url::parse(url).map_err(ConnectError::Url)?;
         let authorization = match connection.token {
             None => None,
             Some(token) => {
                 let loopback =
                     matches!(parsed.host_str(), Some("127.0.0.1" | "localhost" | "[::1]"));
                 if parsed.scheme() != "https" && !loopback {
-                    return Err(Error::Config(
-                        "refusing to send git credentials over plain http; use https://".into(),
-                    ));
+                    return Err(ConnectError::CredentialsOverHttp);
                 }
                 Some(authorization(connection.auth, connection.username, token)?)
             }
@@ -145,7 +142,7 @@ impl Http {
         for root in connection.roots {
             builder = builder.add_root_certificate(root.clone());
         }
-        let client = builder.build().map_err(Error::Http)?;
+        let client = builder.build().map_err(ConnectError::Client)?;
         Ok(Self {
             client,
             url: url.trim_end_matches('/').to_owned(),

@@ -53,10 +53,97 @@ pub trait Wire: Send + Sync {
     }
 }
 
+/// Why no wire to a repository could be made: its URL or the credentials and certificates to
+/// reach it. Each is the operator's to fix (a 500 naming the setting), never a remote's answer.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("repository URL: {0}")]
+    Url(<reqwest::Url as std::str::FromStr>::Err),
+    #[error("ssh repository {url:?}: {why}")]
+    SshUrl { url: String, why: &'static str },
+    #[error("refusing to send git credentials over plain http; use https://")]
+    CredentialsOverHttp,
+    #[error("git credentials contain characters a header cannot carry")]
+    HeaderCredentials,
+    #[error("GITSTATE_GIT_CA_FILE/GITSTATE_GIT_CA_PEM: {0}")]
+    CaBundle(reqwest::Error),
+    #[error("GITSTATE_GIT_CA_FILE/GITSTATE_GIT_CA_PEM: no certificate in the PEM text")]
+    NoCertificate,
+    /// The HTTP client could not be built (its TLS backend, say).
+    #[error("git HTTP request failed")]
+    Client(#[source] reqwest::Error),
+}
+
 /// The wire to `url`: SSH for `ssh://…` and `user@host:path`, smart HTTP(S) otherwise.
-pub fn connect(url: &str, connection: &Connection<'_>) -> Result<Box<dyn Wire>, Error> {
+pub fn connect(url: &str, connection: &Connection<'_>) -> Result<Box<dyn Wire>, ConnectError> {
     if ssh::is_ssh(url) {
         return Ok(Box::new(Ssh::parse(url, connection.timeout)?));
     }
     Ok(Box::new(Http::new(url, connection)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use gitstate_core::ports::StoreError;
+
+    use super::{Connection, connect, private_roots};
+    use crate::{Error, GitAuth};
+
+    /// Every way a wire cannot be made reads as it did before connecting had its own error
+    /// (`configuration: …`), and is the operator's to fix: an internal error (500), never the
+    /// remote's (502).
+    #[test]
+    fn connect_errors_read_as_configuration_and_are_internal() {
+        let none = Connection::default();
+        let with = |token| Connection {
+            token: Some(token),
+            timeout: Duration::from_secs(1),
+            ..Connection::default()
+        };
+        let cases = [
+            (
+                connect("not a url", &none).err(),
+                "repository URL: relative URL without a base",
+            ),
+            (
+                connect("http://h.example/r.git", &with("t")).err(),
+                "refusing to send git credentials over plain http; use https://",
+            ),
+            (
+                connect(
+                    "https://h.example/r.git",
+                    &Connection {
+                        auth: GitAuth::Bearer,
+                        ..with("a\nb")
+                    },
+                )
+                .err(),
+                "git credentials contain characters a header cannot carry",
+            ),
+            (
+                connect("ssh://-oProxyCommand=x/r", &none).err(),
+                "ssh repository \"ssh://-oProxyCommand=x/r\": the host is not a host name",
+            ),
+            (
+                connect("ssh://h:port/r", &none).err(),
+                "ssh repository \"ssh://h:port/r\": the port is not a number",
+            ),
+            (
+                private_roots("no pem here").err(),
+                "GITSTATE_GIT_CA_FILE/GITSTATE_GIT_CA_PEM: no certificate in the PEM text",
+            ),
+        ];
+        for (error, text) in cases {
+            let error = Error::from(error.expect(text));
+            assert_eq!(error.to_string(), format!("configuration: {text}"));
+            assert!(
+                matches!(StoreError::from(error), StoreError::Internal(_)),
+                "{text}"
+            );
+        }
+        assert!(connect("https://h.example/r.git", &with("t")).is_ok());
+        assert!(connect("git@h.example:o/r.git", &none).is_ok());
+    }
 }

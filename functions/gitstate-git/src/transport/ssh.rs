@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
-use super::{Service, Wire};
+use super::{ConnectError, Service, Wire};
 use crate::Error;
 
 /// The most of ssh's stderr kept (for the error message); the rest is read and dropped.
@@ -42,8 +42,11 @@ pub struct Ssh {
 }
 
 impl Ssh {
-    pub fn parse(url: &str, timeout: Duration) -> Result<Self, Error> {
-        let bad = |why: &str| Error::Config(format!("ssh repository {url:?}: {why}"));
+    pub fn parse(url: &str, timeout: Duration) -> Result<Self, ConnectError> {
+        let bad = |why: &'static str| ConnectError::SshUrl {
+            url: url.to_owned(),
+            why,
+        };
         let (host, port, path) = if let Some(rest) = url
             .strip_prefix("ssh://")
             .or_else(|| url.strip_prefix("git+ssh://"))
