@@ -690,12 +690,14 @@ impl Browser<'_> {
     /// The name and content of the one file downloaded, once it is complete.
     async fn downloaded(&self) -> (String, String) {
         for _ in 0..200 {
+            // Chromium writes a hidden temporary file, then `<name>.crdownload`, and renames
+            // that to `<name>` once the file is whole.
             let files: Vec<_> = std::fs::read_dir(&self.downloads)
                 .expect("downloads/")
                 .filter_map(Result::ok)
                 .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|name| !name.starts_with('.'))
                 .collect();
-            // Chromium writes `<name>.crdownload` until the file is whole.
             if let [name] = files.as_slice()
                 && !name.ends_with(".crdownload")
             {

@@ -291,6 +291,11 @@ const OTHER_VARIABLES: &[(&str, &str, &str)] = &[
     ),
     ("NO_PROXY", "none", "hosts that bypass the proxy"),
     (
+        "GITSTATE_SEED_SSH",
+        "none",
+        "set by gitstate itself, never by hand: on the process it runs with an ssh command made from terraform-backend-git's `SSH_PRIVATE_KEY` and `StrictHostKeyChecking`, which of them it came from (for `gitstate config`); not passed on to the program `gitstate run` starts",
+    ),
+    (
         "RUST_LOG",
         "`info`",
         "log level (`AWS_LAMBDA_LOG_LEVEL` on Lambda). On Lambda the runtime's own targets (`lambda_runtime`, `lambda_runtime_api_client`, `lambda_http`) stay at INFO whatever is set: `lambda_runtime` prints the raw event, Authorization header and state included, at TRACE. On Lambda and in the CLI the AWS SDK and HTTP crates (`aws_smithy_runtime*`, `aws_sigv4`, `aws_config`, `aws_sdk_kms`, `hyper*`, `h2`, `reqwest`, `rustls`) stay at INFO too: their TRACE holds whole requests (a KMS `Encrypt` carries a plaintext data key)",

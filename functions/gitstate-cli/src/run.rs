@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use gitstate_app::Settings;
+use gitstate_app::layers::seed::ssh::SEED_SSH_ORIGIN;
 use gitstate_app::settings::AccessSettings;
 use gitstate_core::StateName;
 use gitstate_core::access::check_user_name;
@@ -194,6 +195,14 @@ async fn run_program(
         .env("TF_HTTP_UNLOCK_METHOD", "DELETE")
         .env("TF_HTTP_USERNAME", user)
         .env("TF_HTTP_PASSWORD", token);
+    if std::env::var_os(SEED_SSH_ORIGIN).is_some() {
+        // This process was started again with an ssh command made from the seed's variables
+        // (seed_ssh.rs): it is gitstate's own, with a key file that goes when gitstate does.
+        // Terraform's own git fetches (modules) keep the user's ssh settings.
+        command
+            .env_remove("GIT_SSH_COMMAND")
+            .env_remove(SEED_SSH_ORIGIN);
+    }
     // At a terminal, Ctrl-C reaches the whole foreground group, the program included: forwarding
     // it too would be a second interrupt (Terraform then exits at once, lock held). Elsewhere the
     // program gets its own group and every signal from this process, exactly once.

@@ -348,6 +348,38 @@ fn the_seeds_ssh_private_key_and_host_key_checking() {
         assert!(!out.contains(&body), "the key was shown: {out}");
     }
     assert_eq!(serial(&repo), 1);
+    // The ssh command made from the seed's variables is gitstate's own: the wrapped program
+    // (and Terraform's own git fetches of modules) sees the user's ssh settings, not the key.
+    let (ok, out) = gitstate(
+        &[("SSH_PRIVATE_KEY", key_text.as_str()), no],
+        &[
+            "run",
+            "--repository",
+            &url,
+            "--state",
+            "ssh/app.tfstate",
+            "--workdir",
+            ".",
+            "--",
+            "printenv",
+        ],
+    );
+    // The output is the environment, a token included: only names are printed.
+    let names: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(n, _)| n)
+        .collect();
+    assert!(
+        ok && names.contains(&"TF_HTTP_ADDRESS"),
+        "printenv did not run: {names:?}"
+    );
+    for leaked in ["GIT_SSH_COMMAND", "GITSTATE_SEED_SSH", "SSH_PRIVATE_KEY"] {
+        assert!(
+            !names.contains(&leaked),
+            "{leaked} reached the wrapped program"
+        );
+    }
     let left: Vec<_> = std::fs::read_dir(temp.path())
         .expect("temp")
         .flatten()
