@@ -324,11 +324,20 @@ async fn main() -> anyhow::Result<()> {
     logging::init(&cli.command)?;
     // A misspelt GITSTATE_* variable or an empty one is an error before anything else runs.
     gitstate_app::layers::check_environment(std::env::vars(), false)?;
-    dispatch(cli.command).await
+    match cli.command {
+        remote @ (Command::History { .. }
+        | Command::Show { .. }
+        | Command::Restore { .. }
+        | Command::List { .. }
+        | Command::Locks { .. }
+        | Command::Unlock { .. }
+        | Command::Remove { .. }) => remote_command(remote).await,
+        local => local_command(local).await,
+    }
 }
 
-/// Each command to its module.
-async fn dispatch(command: Command) -> anyhow::Result<()> {
+/// The commands that act here, with the deployment's settings.
+async fn local_command(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Serve { state, settings } => serve::serve(state.as_deref(), &settings).await,
         Command::Config { settings } => settings::print(&settings).await,
@@ -368,6 +377,20 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
         }
         Command::HashPassword => users::hash_password(),
         Command::Access(AccessCommand::Check { file }) => users::access_check(&file),
+        Command::Rekey { prefix, settings } => keys::rekey(&prefix, &settings).await,
+        Command::Decrypt { file, settings } => keys::decrypt(&file, &settings).await,
+        Command::Encrypt {
+            file,
+            state,
+            settings,
+        } => keys::encrypt(&file, state, &settings).await,
+        _ => anyhow::bail!("internal: a remote command reached the local dispatch"),
+    }
+}
+
+/// The commands that act through a running backend.
+async fn remote_command(command: Command) -> anyhow::Result<()> {
+    match command {
         Command::History {
             name,
             page,
@@ -399,12 +422,6 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
             branch,
             remote,
         } => admin::remove(&name, yes, branch.as_deref(), &remote).await,
-        Command::Rekey { prefix, settings } => keys::rekey(&prefix, &settings).await,
-        Command::Decrypt { file, settings } => keys::decrypt(&file, &settings).await,
-        Command::Encrypt {
-            file,
-            state,
-            settings,
-        } => keys::encrypt(&file, state, &settings).await,
+        _ => anyhow::bail!("internal: a local command reached the remote dispatch"),
     }
 }

@@ -8,8 +8,8 @@ use crate::client::{Remote, RemoteArgs};
 use crate::commands::remote::on;
 use crate::tables;
 
-/// Release the lock on `name`: the one with `id`, or whichever is held (a force-unlock, which
-/// the backend allows administrators alone).
+/// Release the lock on `name`: the one with `id`, or the one held when this looks (a
+/// force-unlock, which the backend allows administrators alone).
 pub async fn unlock(
     name: &str,
     id: Option<&str>,
@@ -28,6 +28,10 @@ pub async fn unlock(
         bail!("{status}: {}", held.body.trim());
     }
     let holder = describe(&held.body);
+    // Without --id, the lock just read is the one released: a lock taken since (another run's)
+    // stays, and the answer says so.
+    let read: serde_json::Value = serde_json::from_str(&held.body).unwrap_or_default();
+    let id = id.or_else(|| read["ID"].as_str().filter(|id| !id.is_empty()));
     let body = id.map(|id| serde_json::json!({ "ID": id }).to_string());
     let (status, answer) = remote.send(Method::DELETE, &path, &query, body).await?;
     if !status.is_success() {

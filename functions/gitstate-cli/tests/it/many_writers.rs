@@ -1,6 +1,8 @@
 //! Never a stale read, never a lost write (issue 27): seeded, reproducible rounds of LOCK, GET,
-//! writes under the lock (`POST ?ID=`), UNLOCK, force-unlock (`DELETE /locks` without a body),
-//! restore (`POST /history/<name>?restore=<serial>`), plain reads and history reads, sent by
+//! writes under the lock (`POST ?ID=`), deletes under the lock (`DELETE /states/<name>?ID=`,
+//! after which a folder relative may take the name's place), UNLOCK, force-unlock
+//! (`DELETE /locks` without a body), restore (`POST /history/<name>?restore=<serial>`), plain
+//! reads and history reads, sent by
 //! several Terraform-like actors through several `gitstate serve` processes (the Lambda shape:
 //! within a round each process serves one request at most, so no two writes ever meet in one
 //! process's group commit) to the machine's `git http-backend`.
@@ -113,6 +115,11 @@ enum Op {
         id: String,
         version: Version,
     },
+    /// `terraform workspace delete`: the holder deletes the state (the lock stays).
+    Delete {
+        name: &'static str,
+        id: String,
+    },
     Unlock {
         name: &'static str,
         id: String,
@@ -135,6 +142,7 @@ impl Op {
             Self::Lock { .. } => "LOCK",
             Self::Get { .. } => "GET",
             Self::Write { .. } => "write",
+            Self::Delete { .. } => "DELETE",
             Self::Unlock { .. } => "UNLOCK",
             Self::ForceUnlock { .. } => "force-unlock",
             Self::Restore { .. } => "restore",
@@ -147,6 +155,7 @@ impl Op {
             Self::Lock { name, .. }
             | Self::Get { name }
             | Self::Write { name, .. }
+            | Self::Delete { name, .. }
             | Self::Unlock { name, .. }
             | Self::ForceUnlock { name }
             | Self::Restore { name, .. }
@@ -161,6 +170,7 @@ impl Op {
             Self::Write { name, id, version } => {
                 client.write_locked(name, id, &version.body(name)).await
             }
+            Self::Delete { name, id } => client.delete_state(name, Some(id)).await,
             Self::Unlock { name, id } => client.unlock(name, id).await,
             Self::ForceUnlock { name } => client.force_unlock(name).await,
             Self::Restore { name, serial } => client.restore(name, &serial.to_string()).await,
@@ -184,8 +194,9 @@ enum Actor {
 /// What the backend must have done so far.
 #[derive(Default)]
 struct Model {
-    /// Acknowledged versions per name, oldest first (plus unacknowledged ones found landed).
-    history: BTreeMap<&'static str, Vec<Version>>,
+    /// Acknowledged versions per name, oldest first (plus unacknowledged ones found landed);
+    /// `None` is a delete.
+    history: BTreeMap<&'static str, Vec<Option<Version>>>,
     /// Lock ID per locked name.
     locks: BTreeMap<&'static str, String>,
     /// Writes answered with a 5xx that had not landed when the round ended: never to appear.
@@ -200,7 +211,26 @@ struct Model {
 
 impl Model {
     fn newest(&self, name: &str) -> Option<&Version> {
-        self.history.get(name).and_then(|h| h.last())
+        self.history
+            .get(name)
+            .and_then(|h| h.last())
+            .and_then(Option::as_ref)
+    }
+
+    /// The serial of a new write: above every serial the name ever had (a write after a delete
+    /// starts no lower), so that serials name versions.
+    fn next_serial(&self, name: &str) -> u64 {
+        let versions = self.history.get(name).into_iter().flatten().flatten();
+        versions.map(|v| v.serial).max().unwrap_or(0) + 1
+    }
+
+    /// The one version with `serial`, when exactly one has it (a restore after a delete can
+    /// repeat a serial).
+    fn only_version(&self, name: &str, serial: u64) -> Option<&Version> {
+        let versions = self.history.get(name).into_iter().flatten().flatten();
+        let mut found = versions.filter(|v| v.serial == serial);
+        let first = found.next()?;
+        found.next().is_none().then_some(first)
     }
 
     /// Whether a stored state is in the name's folder or has the name as a folder (the tree's
@@ -245,6 +275,7 @@ enum Effect {
     Locked(&'static str, String),
     Unlocked(&'static str),
     Wrote(&'static str, Version),
+    Deleted(&'static str),
     /// A 5xx write: settled against the repository after the round.
     Unsure(&'static str, Version),
 }
@@ -295,6 +326,22 @@ fn judge(model: &Model, op: &Op, status: u16, body: &str) -> Result<Effect, Stri
                 expect(&[409, 423], status, body, op).map(|()| Effect::None)
             }
         }
+        Op::Delete { id, .. } => {
+            if holder != Some(id) {
+                return expect(&[409, 423], status, body, op).map(|()| Effect::None);
+            }
+            let want = if model.newest(name).is_some() {
+                200
+            } else {
+                404
+            };
+            expect(&[want], status, body, op)?;
+            Ok(if want == 200 {
+                Effect::Deleted(name)
+            } else {
+                Effect::None
+            })
+        }
         Op::Unlock { id, .. } => match holder {
             Some(held) if held == id => {
                 expect(&[200], status, body, op).map(|()| Effect::Unlocked(name))
@@ -316,10 +363,7 @@ fn judge(model: &Model, op: &Op, status: u16, body: &str) -> Result<Effect, Stri
             })
         }
         Op::Restore { serial, .. } => {
-            let from = model
-                .history
-                .get(name)
-                .and_then(|h| h.iter().find(|v| v.serial == *serial));
+            let from = model.only_version(name, *serial);
             let want = if model.tree_clash(name) {
                 409
             } else if from.is_none() {
@@ -336,7 +380,7 @@ fn judge(model: &Model, op: &Op, status: u16, body: &str) -> Result<Effect, Stri
                 return expect(&[want], status, body, op).map(|()| Effect::None);
             };
             let restored = Version {
-                serial: model.newest(name).map_or(0, |v| v.serial) + 1,
+                serial: model.newest(name).map_or(0, |v| v.serial).max(from.serial) + 1,
                 marker: from.marker.clone(),
             };
             if status >= 500 {
@@ -351,10 +395,16 @@ fn judge(model: &Model, op: &Op, status: u16, body: &str) -> Result<Effect, Stri
             Ok(Effect::Wrote(name, restored))
         }
         Op::History { .. } => {
-            let want: Vec<u64> = model
+            let want: Vec<Option<u64>> = model
                 .history
                 .get(name)
-                .map(|h| h.iter().rev().map(|v| v.serial).take(100).collect())
+                .map(|h| {
+                    h.iter()
+                        .rev()
+                        .map(|v| v.as_ref().map(|v| v.serial))
+                        .take(100)
+                        .collect()
+                })
                 .unwrap_or_default();
             if want.is_empty() && status == 409 && model.tree_clash(name) {
                 return Ok(Effect::None);
@@ -363,7 +413,7 @@ fn judge(model: &Model, op: &Op, status: u16, body: &str) -> Result<Effect, Stri
             expect(&[200], status, body, op)?;
             let page: gitstate_tests::History =
                 serde_json::from_str(body).map_err(|e| format!("{op:?}: {e}: {body}"))?;
-            let got: Vec<u64> = page.versions.iter().filter_map(|v| v.serial).collect();
+            let got = page_serials(&page);
             if got == want {
                 Ok(Effect::None)
             } else {
@@ -486,7 +536,7 @@ fn next_op(
             _ if !read => Op::Get { name },
             0..60 => {
                 model.writes += 1;
-                let serial = model.newest(name).map_or(0, |v| v.serial) + 1;
+                let serial = model.next_serial(name);
                 let marker = format!("w{}-a{who}", model.writes);
                 Op::Write {
                     name,
@@ -494,7 +544,8 @@ fn next_op(
                     version: Version { serial, marker },
                 }
             }
-            60..85 => Op::Unlock { name, id },
+            60..65 => Op::Delete { name, id },
+            65..85 => Op::Unlock { name, id },
             _ => Op::Get { name },
         });
     }
@@ -515,11 +566,21 @@ fn next_op(
         55..72 => Op::Get { name },
         72..82 => Op::ForceUnlock { name },
         82..94 => {
-            let newest = model.newest(name).map_or(0, |v| v.serial);
-            // Mostly a serial that exists, sometimes one that does not.
-            Op::Restore {
-                name,
-                serial: rng.random_range(1..=newest + 1),
+            // Mostly a serial that exists, sometimes one that does not; never one that two
+            // versions share (after a delete), which would restore either.
+            let serial = rng.random_range(1..=model.next_serial(name));
+            let shared = model.only_version(name, serial).is_none()
+                && model
+                    .history
+                    .get(name)
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .any(|v| v.serial == serial);
+            if shared {
+                Op::History { name }
+            } else {
+                Op::Restore { name, serial }
             }
         }
         _ => Op::History { name },
@@ -636,7 +697,11 @@ fn settle_round(
             }
             Effect::Wrote(name, version) => {
                 model.acknowledged += 1;
-                model.history.entry(name).or_default().push(version);
+                model.history.entry(name).or_default().push(Some(version));
+            }
+            Effect::Deleted(name) => {
+                model.acknowledged += 1;
+                model.history.entry(name).or_default().push(None);
             }
             Effect::Unsure(name, version) => unsure.push((name, version)),
         }
@@ -655,11 +720,54 @@ async fn settle_unsure(world: &World, model: &mut Model, unsure: Vec<(&'static s
         let stored = Version::of(&String::from_utf8_lossy(&shown.stdout));
         eprintln!("unacknowledged write {name} {version:?}: stored {stored:?}");
         if stored.as_ref() == Some(&version) {
-            model.history.entry(name).or_default().push(version);
+            model.history.entry(name).or_default().push(Some(version));
         } else {
             model.unsure.push((name, version));
         }
     }
+}
+
+/// A history page's serials, a delete as `None`.
+fn page_serials(page: &gitstate_tests::History) -> Vec<Option<u64>> {
+    page.versions
+        .iter()
+        .map(|v| (!v.deleted).then(|| v.serial.unwrap_or_default()))
+        .collect()
+}
+
+/// The versions of `name` in `git log` of `main` in the bare repository `repo`, oldest first; a
+/// commit that removed the file is `None`.
+fn logged_versions(repo: &Path, name: &str) -> Result<Vec<Option<Version>>, String> {
+    let log = git(
+        &[
+            "log",
+            "--reverse",
+            "--format=commit %H",
+            "--name-only",
+            "main",
+            "--",
+            name,
+        ],
+        Some(repo),
+    );
+    let mut versions = Vec::new();
+    let mut commit = "";
+    for line in log.lines() {
+        if let Some(id) = line.strip_prefix("commit ") {
+            commit = id;
+        } else if line == name {
+            let shown = git_output(&["show", &format!("{commit}:{name}")], Some(repo));
+            if !shown.status.success() {
+                versions.push(None);
+                continue;
+            }
+            let body = String::from_utf8_lossy(&shown.stdout);
+            let version =
+                Version::of(&body).ok_or_else(|| format!("{commit}:{name} is not ours: {body}"))?;
+            versions.push(Some(version));
+        }
+    }
+    Ok(versions)
 }
 
 /// The end: every version of every state, through the history API and in `git log`, and the
@@ -672,23 +780,23 @@ async fn final_checks(world: &World, model: &Model) -> Result<(), String> {
         .lines()
         .filter(|f| !f.starts_with(".gitstate/"))
         .collect();
-    let written: BTreeSet<&str> = model
-        .history
+    let stored: BTreeSet<&str> = NAMES
         .iter()
-        .filter(|(_, h)| !h.is_empty())
-        .map(|(n, _)| *n)
+        .copied()
+        .filter(|n| model.newest(n).is_some())
         .collect();
-    if files != written {
-        return Err(format!("branch files {files:?}, written {written:?}"));
+    if files != stored {
+        return Err(format!("branch files {files:?}, stored {stored:?}"));
     }
     for (name, want) in &model.history {
         // The branch's file is the newest version.
-        let stored = Version::of(&git(&["show", &format!("main:{name}")], Some(&repo)));
-        if stored.as_ref() != want.last() {
-            return Err(format!(
-                "{name} on the branch: {stored:?}, newest {:?}",
-                want.last()
-            ));
+        if let Some(newest) = model.newest(name) {
+            let on_branch = Version::of(&git(&["show", &format!("main:{name}")], Some(&repo)));
+            if on_branch.as_ref() != Some(newest) {
+                return Err(format!(
+                    "{name} on the branch: {on_branch:?}, newest {newest:?}"
+                ));
+            }
         }
         // The history API, every page, newest first.
         let mut serials = Vec::new();
@@ -699,28 +807,20 @@ async fn final_checks(world: &World, model: &Model) -> Result<(), String> {
                 .await
                 .expect(200)
                 .history();
-            serials.extend(answer.versions.iter().map(|v| v.serial.unwrap_or_default()));
+            serials.extend(page_serials(&answer));
             page = answer.next_page;
         }
         serials.reverse();
-        let model_serials: Vec<u64> = want.iter().map(|v| v.serial).collect();
+        let model_serials: Vec<Option<u64>> =
+            want.iter().map(|v| v.as_ref().map(|v| v.serial)).collect();
         if serials != model_serials {
             return Err(format!(
                 "history API of {name}: {serials:?}, model {model_serials:?}"
             ));
         }
-        // `git log` of the bare repository, oldest first, each commit's content.
-        let log = git(
-            &["log", "--reverse", "--format=%H", "main", "--", name],
-            Some(&repo),
-        );
-        let mut versions = Vec::new();
-        for commit in log.lines() {
-            let body = git(&["show", &format!("{commit}:{name}")], Some(&repo));
-            versions.push(
-                Version::of(&body).ok_or_else(|| format!("{commit}:{name} is not ours: {body}"))?,
-            );
-        }
+        // `git log` of the bare repository, oldest first: each commit that changed the file
+        // (not one below it, when the name was a folder later), with its content.
+        let versions = logged_versions(&repo, name)?;
         if &versions != want {
             return Err(format!(
                 "git log of {name}:\n{versions:?}\nmodel:\n{want:?}"
@@ -728,7 +828,11 @@ async fn final_checks(world: &World, model: &Model) -> Result<(), String> {
         }
     }
     for (name, version) in &model.unsure {
-        if model.history.get(name).is_some_and(|h| h.contains(version)) {
+        if model
+            .history
+            .get(name)
+            .is_some_and(|h| h.contains(&Some(version.clone())))
+        {
             return Err(format!("unacknowledged {name} {version:?} in the history"));
         }
     }
@@ -825,7 +929,7 @@ async fn many_writers(mode: PushMode, ci_steps: usize) {
     match run(seed, steps, mode).await {
         Ok(model) => eprintln!(
             "many writers ({mode:?}, seed {seed}): {} requests through {PROCESSES} processes in \
-             {:.1} s, {} writes and restores acknowledged, {} versions over {} states, {} \
+             {:.1} s, {} writes, restores and deletes acknowledged, {} history entries over {} names, {} \
              unacknowledged; answers {:?}",
             model.sent,
             started.elapsed().as_secs_f64(),

@@ -287,7 +287,9 @@ pub(super) struct Lost {
 /// How a write fared in a round.
 pub(super) enum Verdict {
     Done(Written),
-    /// The remote refused the push: another writer moved the branch or a lock changed.
+    /// The remote refused the push: another writer moved the branch or a lock changed. Also
+    /// what a write whose commit is in the round's chain is until the push lands
+    /// ([`Writer::write_round`] then makes it `Done` or `MissedFloor`, or leaves it `Lost`).
     Lost,
     /// Decided or refused at the floor: the tip or lock this process knew may have changed (or
     /// the remote wants an advertisement first); decide again from the remote.
