@@ -16,6 +16,7 @@ use crate::backend_blocks::{line_of, literal};
 
 mod config;
 mod probe;
+mod rules;
 
 pub use config::Args;
 
@@ -93,7 +94,7 @@ pub async fn doctor(args: &Args) -> anyhow::Result<()> {
                 setting.from
             )?;
         }
-        findings.extend(config::check(backend));
+        findings.extend(rules::check(backend));
         if findings
             .iter()
             .all(|f| f.level != Level::Problem || f.code != "no-address")

@@ -2,7 +2,7 @@
 
 use reqwest::{Method, StatusCode, Url};
 
-use super::config::guessed_address;
+use super::rules::guessed_address;
 use super::{Backend, Finding, TIMEOUT};
 
 /// Which of Terraform's requests an answer is to.

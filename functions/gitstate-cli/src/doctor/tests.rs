@@ -1,4 +1,5 @@
-use super::config::{Args, check, guessed_address, read};
+use super::config::{Args, read};
+use super::rules::{check, guessed_address};
 use super::*;
 
 fn env_of(vars: &[(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
