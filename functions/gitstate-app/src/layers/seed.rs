@@ -50,6 +50,10 @@ pub const SEED_SOPS_VARIABLES: &[&str] = &[
     "TF_BACKEND_HTTP_SOPS_SHAMIR_THRESHOLD",
     "TF_BACKEND_HTTP_SOPS_AWS_KMS_ARNS",
     "TF_BACKEND_HTTP_SOPS_AWS_KMS_CONTEXT",
+    // Not served (see settings/encryption.rs): read only to refuse them loudly.
+    "TF_BACKEND_HTTP_SOPS_GCP_KMS_KEYS",
+    "TF_BACKEND_HTTP_SOPS_HC_VAULT_URIS",
+    SEED_PROVIDER,
 ];
 
 /// The seed's Basic-auth password: hashed (argon2id) into the bootstrap administrator

@@ -67,6 +67,7 @@ pub(crate) fn read(vars: &Vars<'_>) -> Result<EncryptionSettings, ConfigError> {
             reason: "needed (or GITSTATE_PGP_PUBLIC_KEYS) to seal for GITSTATE_PGP_FINGERPRINTS (armored public keys)".into(),
         });
     }
+    seed_sops_sources(vars, sources)?;
     if encryption.enforced && sources == 0 {
         return Err(ConfigError::EnforcedWithoutKeys);
     }
@@ -84,6 +85,36 @@ pub(crate) fn read(vars: &Vars<'_>) -> Result<EncryptionSettings, ConfigError> {
         });
     }
     Ok(encryption)
+}
+
+/// terraform-backend-git's key sources that gitstate does not seal with.
+const SEED_UNSERVED: &[&str] = &[
+    "TF_BACKEND_HTTP_SOPS_GCP_KMS_KEYS",
+    "TF_BACKEND_HTTP_SOPS_HC_VAULT_URIS",
+];
+
+/// terraform-backend-git's sops mode with nothing gitstate can seal with, or with a key source
+/// it does not serve, is refused: writing plaintext, or sealing for fewer keys than the seed
+/// did, would be a silent change of who can read the states.
+fn seed_sops_sources(vars: &Vars<'_>, sources: usize) -> Result<(), ConfigError> {
+    if let Some(var) = SEED_UNSERVED.iter().find(|v| vars.get(v).is_some()) {
+        return Err(ConfigError::Invalid {
+            var,
+            reason: "gitstate seals with AWS KMS, age and OpenPGP only: move these states to \
+                     one of those (docs/migrating-from-terraform-backend-git.md) and unset it"
+                .into(),
+        });
+    }
+    if vars.get("TF_BACKEND_HTTP_ENCRYPTION_PROVIDER").as_deref() == Some("sops") && sources == 0 {
+        return Err(ConfigError::Invalid {
+            var: "TF_BACKEND_HTTP_ENCRYPTION_PROVIDER",
+            reason: "`sops` names no key to seal with: set TF_BACKEND_HTTP_SOPS_AWS_KMS_ARNS, \
+                     _AGE_RECIPIENTS or _PGP_FP (or GITSTATE_KMS_KEY_IDS, GITSTATE_AGE_RECIPIENTS, \
+                     GITSTATE_PGP_FINGERPRINTS); states would otherwise be written in plaintext"
+                .into(),
+        });
+    }
+    Ok(())
 }
 
 /// terraform-backend-git's KMS keys for sops.

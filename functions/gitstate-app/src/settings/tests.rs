@@ -678,3 +678,67 @@ fn the_seeds_kms_keys_and_context() {
         );
     }
 }
+
+/// terraform-backend-git's sops mode never ends in plaintext or in fewer readers: every subset
+/// of its key variables × its provider values either seals with a key gitstate serves or is
+/// refused, naming the variable to change.
+#[test]
+fn the_seeds_sops_mode_needs_a_key_gitstate_seals_with() {
+    let arn = "arn:aws:kms:eu-west-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab";
+    let keys = [
+        ("TF_BACKEND_HTTP_SOPS_AWS_KMS_ARNS", arn),
+        ("TF_BACKEND_HTTP_SOPS_AGE_RECIPIENTS", AGE_RECIPIENT),
+        ("GITSTATE_KMS_KEY_IDS", "alias/own"),
+        (
+            "TF_BACKEND_HTTP_SOPS_GCP_KMS_KEYS",
+            "projects/p/locations/l/keyRings/r/cryptoKeys/k",
+        ),
+        (
+            "TF_BACKEND_HTTP_SOPS_HC_VAULT_URIS",
+            "https://127.0.0.1:8200/v1/sops/keys/k",
+        ),
+    ];
+    for provider in [None, Some("aes"), Some("sops")] {
+        for mask in 0u32..(1 << keys.len()) {
+            let mut env: Vec<(&str, &str)> = keys
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| mask & (1 << i) != 0)
+                .map(|(_, kv)| *kv)
+                .collect();
+            if let Some(provider) = provider {
+                env.push(("TF_BACKEND_HTTP_ENCRYPTION_PROVIDER", provider));
+            }
+            let served = mask & 0b00111 != 0;
+            let unserved = keys[3..]
+                .iter()
+                .enumerate()
+                .find(|(i, _)| mask & (1 << (i + 3)) != 0)
+                .map(|(_, (var, _))| *var);
+            let got = settings(Runtime::Local, &env);
+            let case = format!("{provider:?} {env:?}");
+            match (unserved, provider == Some("sops") && !served) {
+                (Some(var), _) => assert!(
+                    matches!(&got, Err(e) if e.to_string().contains(var)),
+                    "{case}: {:?}",
+                    got.err()
+                ),
+                (None, true) => assert!(
+                    matches!(&got, Err(e) if e.to_string().contains("TF_BACKEND_HTTP_ENCRYPTION_PROVIDER")
+                        && e.to_string().contains("plaintext")),
+                    "{case}: {:?}",
+                    got.err()
+                ),
+                (None, false) => {
+                    let s = got.unwrap_or_else(|e| panic!("{case}: {e}"));
+                    assert_eq!(
+                        !s.encryption.kms_key_ids.is_empty()
+                            || !s.encryption.age_recipients.is_empty(),
+                        served,
+                        "{case}"
+                    );
+                }
+            }
+        }
+    }
+}
