@@ -337,31 +337,7 @@ fn tokenize(text: &str) -> Result<Vec<(usize, Token)>, (usize, String)> {
             '{' => out.push((line, Token::Open)),
             '}' => out.push((line, Token::Close)),
             ',' => out.push((line, Token::Comma)),
-            '"' => {
-                let start = line;
-                let mut value = String::new();
-                loop {
-                    match chars.next() {
-                        None | Some('\n') => return Err((start, "a string is not closed".into())),
-                        Some('"') => break,
-                        Some('\\') => match chars.next() {
-                            Some('n') => value.push('\n'),
-                            Some('t') => value.push('\t'),
-                            Some('r') => value.push('\r'),
-                            Some('"') => value.push('"'),
-                            Some('\\') => value.push('\\'),
-                            other => {
-                                return Err((
-                                    start,
-                                    format!("unknown escape \\{}", other.unwrap_or(' ')),
-                                ));
-                            }
-                        },
-                        Some(c) => value.push(c),
-                    }
-                }
-                out.push((start, Token::Text(value)));
-            }
+            '"' => out.push((line, Token::Text(quoted(&mut chars, line)?))),
             c if c.is_alphanumeric() || matches!(c, '_' | '-' | '.' | '+') => {
                 let mut word = String::from(c);
                 while let Some(&c) = chars.peek() {
@@ -378,6 +354,31 @@ fn tokenize(text: &str) -> Result<Vec<(usize, Token)>, (usize, String)> {
         }
     }
     Ok(out)
+}
+
+/// The rest of a quoted string whose `"` opened on `line`, its escapes resolved.
+fn quoted(
+    chars: &mut std::iter::Peekable<std::str::Chars<'_>>,
+    line: usize,
+) -> Result<String, (usize, String)> {
+    let mut value = String::new();
+    loop {
+        match chars.next() {
+            None | Some('\n') => return Err((line, "a string is not closed".into())),
+            Some('"') => return Ok(value),
+            Some('\\') => match chars.next() {
+                Some('n') => value.push('\n'),
+                Some('t') => value.push('\t'),
+                Some('r') => value.push('\r'),
+                Some('"') => value.push('"'),
+                Some('\\') => value.push('\\'),
+                other => {
+                    return Err((line, format!("unknown escape \\{}", other.unwrap_or(' '))));
+                }
+            },
+            Some(c) => value.push(c),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -93,6 +93,22 @@ pub fn read(
     env: &dyn Fn(&str) -> Option<String>,
 ) -> anyhow::Result<(Option<Backend>, Vec<Finding>)> {
     let mut findings = Vec::new();
+    let Some(block) = http_block(dir, &mut findings)? else {
+        return Ok((None, findings));
+    };
+    let mut backend = Backend {
+        declared: block.at.clone(),
+        ..Backend::default()
+    };
+    block_values(block, &mut backend, &mut findings);
+    backend_configs(dir, args, &mut backend, &mut findings)?;
+    saved(dir, env, args, &mut backend, &mut findings)?;
+    env_and_defaults(env, &mut backend);
+    Ok((Some(backend), findings))
+}
+
+/// The backend block Terraform uses in `dir` when it is an `http` one; otherwise why not.
+fn http_block(dir: &Path, findings: &mut Vec<Finding>) -> anyhow::Result<Option<Declaration>> {
     let declarations = declarations(dir)?;
     let (main, overrides): (Vec<_>, Vec<_>) =
         declarations.into_iter().partition(|d| !d.is_override);
@@ -129,7 +145,7 @@ pub fn read(
             )
             .says("nothing: plan and apply use the local state"),
         );
-        return Ok((None, findings));
+        return Ok(None);
     };
     if block.kind != "http" {
         findings.push(Finding::problem(
@@ -142,15 +158,16 @@ pub fn read(
              prints), then `terraform init -migrate-state`"
                 .to_owned(),
         ));
-        return Ok((None, findings));
+        return Ok(None);
     }
-    let mut backend = Backend {
-        declared: block.at.clone(),
-        ..Backend::default()
-    };
+    Ok(Some(block))
+}
+
+/// The block's own values; an expression is a finding, not a value.
+fn block_values(block: Declaration, backend: &mut Backend, findings: &mut Vec<Finding>) {
     for (key, value, at) in block.attributes {
         match value {
-            Some(value) => set(&mut backend, &key, value, at, &mut findings),
+            Some(value) => set(backend, &key, value, at, findings),
             None => findings.push(
                 Finding::problem(
                     "not-literal",
@@ -161,14 +178,23 @@ pub fn read(
             ),
         }
     }
+}
+
+/// `-backend-config` pairs and files, in the order given.
+fn backend_configs(
+    dir: &Path,
+    args: &Args,
+    backend: &mut Backend,
+    findings: &mut Vec<Finding>,
+) -> anyhow::Result<()> {
     for given in &args.backend_config {
         match given.split_once('=') {
             Some((key, value)) if !key.contains('/') && !key.contains('.') => set(
-                &mut backend,
+                backend,
                 key.trim(),
                 value.to_owned(),
                 format!("-backend-config {key}=…"),
-                &mut findings,
+                findings,
             ),
             _ => {
                 let path = dir.join(given);
@@ -177,18 +203,22 @@ pub fn read(
                 for (key, value, at) in hcl_attributes(&path, &text)? {
                     if let Some(value) = value {
                         set(
-                            &mut backend,
+                            backend,
                             &key,
                             value,
                             format!("-backend-config {at}"),
-                            &mut findings,
+                            findings,
                         );
                     }
                 }
             }
         }
     }
-    saved(dir, env, args, &mut backend, &mut findings)?;
+    Ok(())
+}
+
+/// `TF_HTTP_*` variables, then Terraform's defaults, for what is still unset.
+fn env_and_defaults(env: &dyn Fn(&str) -> Option<String>, backend: &mut Backend) {
     for (key, var, default) in ATTRIBUTES {
         if backend.values.contains_key(*key) {
             continue;
@@ -211,7 +241,6 @@ pub fn read(
             );
         }
     }
-    Ok((Some(backend), findings))
 }
 
 fn set(backend: &mut Backend, key: &str, value: String, from: String, findings: &mut Vec<Finding>) {

@@ -112,22 +112,7 @@ pub fn prove(
             dir.display()
         );
     }
-    // TF_CLI_ARGS and TF_CLI_ARGS_<command> are Terraform's own arguments too.
-    let mut flags: Vec<(String, String)> = sub_args
-        .iter()
-        .map(|a| ("the command line".to_owned(), a.clone()))
-        .collect();
-    let mut names = vec!["TF_CLI_ARGS".to_owned()];
-    if let Some(sub) = &subcommand {
-        names.push(format!("TF_CLI_ARGS_{sub}"));
-    }
-    for name in names {
-        if let Some(value) = lookup(&name) {
-            let words = shlex::split(&value)
-                .with_context(|| format!("{name}: cannot split {value:?} into arguments"))?;
-            flags.extend(words.into_iter().map(|w| (name.clone(), w)));
-        }
-    }
+    let flags = terraform_flags(&sub_args, subcommand.as_deref(), &lookup)?;
     check_flags(&flags, &dir)?;
     let data_dir = lookup("TF_DATA_DIR").map_or_else(|| dir.join(".terraform"), |d| dir.join(d));
     let reinit = subcommand.as_deref() == Some("init")
@@ -138,6 +123,32 @@ pub fn prove(
     check_data_dir(&data_dir, reinit)?;
     let add_file = !declares_http(&dir)?;
     Ok(Proof { dir, add_file })
+}
+
+/// Terraform's arguments after its command, and those of `TF_CLI_ARGS` and
+/// `TF_CLI_ARGS_<command>` (which are Terraform's own arguments too), each with where it came
+/// from.
+fn terraform_flags(
+    sub_args: &[String],
+    subcommand: Option<&str>,
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> anyhow::Result<Vec<(String, String)>> {
+    let mut flags: Vec<(String, String)> = sub_args
+        .iter()
+        .map(|a| ("the command line".to_owned(), a.clone()))
+        .collect();
+    let mut names = vec!["TF_CLI_ARGS".to_owned()];
+    if let Some(sub) = subcommand {
+        names.push(format!("TF_CLI_ARGS_{sub}"));
+    }
+    for name in names {
+        if let Some(value) = lookup(&name) {
+            let words = shlex::split(&value)
+                .with_context(|| format!("{name}: cannot split {value:?} into arguments"))?;
+            flags.extend(words.into_iter().map(|w| (name.clone(), w)));
+        }
+    }
+    Ok(flags)
 }
 
 fn base_name(program: &str) -> &str {
@@ -157,64 +168,15 @@ fn resolve(
         bail!("a launcher with no program after it");
     };
     let name = base_name(first);
-    let mut rest: Vec<String> = rest.to_vec();
+    let rest: Vec<String> = rest.to_vec();
     match name {
         _ if name.starts_with("terraform") || name.starts_with("tofu") || name == "opentofu" => {
             found.args = Some(rest);
             Ok(Some(found))
         }
         "env" => {
-            let mut i = 0;
-            while i < rest.len() {
-                let arg = rest[i].clone();
-                let value = |i: usize| -> anyhow::Result<String> {
-                    rest.get(i + 1)
-                        .cloned()
-                        .with_context(|| format!("env {arg}: a value must follow"))
-                };
-                match arg.as_str() {
-                    "-i" | "--ignore-environment" | "-" => bail!(
-                        "`env {arg}` would drop the TF_HTTP_* variables that lead Terraform to \
-                         this run's backend"
-                    ),
-                    "-0" | "--null" | "-v" | "--debug" => {}
-                    "--" => {
-                        i += 1;
-                        break;
-                    }
-                    "-u" | "--unset" => {
-                        unset(&value(i)?)?;
-                        i += 1;
-                    }
-                    "-C" | "--chdir" => {
-                        found.cwd = found.cwd.join(value(i)?);
-                        i += 1;
-                    }
-                    "-S" | "--split-string" => {
-                        let words =
-                            shlex::split(&value(i)?).context("env -S: cannot split its string")?;
-                        rest.splice(i..i + 2, words);
-                        continue;
-                    }
-                    _ if arg.starts_with("--unset=") => unset(&arg["--unset=".len()..])?,
-                    _ if arg.starts_with("-u") => unset(&arg[2..])?,
-                    _ if arg.starts_with("--chdir=") => {
-                        found.cwd = found.cwd.join(&arg["--chdir=".len()..]);
-                    }
-                    _ if arg.starts_with("-C") => found.cwd = found.cwd.join(&arg[2..]),
-                    _ if arg.starts_with('-') => {
-                        bail!("env {arg}: an option gitstate run does not know; refusing to guess")
-                    }
-                    _ => match arg.split_once('=') {
-                        Some((name, value)) => {
-                            found.env.push((name.to_owned(), value.to_owned()));
-                        }
-                        None => break,
-                    },
-                }
-                i += 1;
-            }
-            resolve(&rest[i..], found, depth + 1)
+            let program = env_options(rest, &mut found)?;
+            resolve(&program, found, depth + 1)
         }
         "timeout" => {
             let i = skip_options(&rest, &["-s", "--signal", "-k", "--kill-after"]);
@@ -233,41 +195,107 @@ fn resolve(
             let i = skip_options(&rest, &[]);
             resolve(&rest[i..], found, depth + 1)
         }
-        "sh" | "bash" | "dash" | "zsh" | "ksh" => {
-            let Some(at) = rest
-                .iter()
-                .position(|a| a.starts_with('-') && !a.starts_with("--") && a.ends_with('c'))
-            else {
-                return Ok(None);
-            };
-            let script = rest
-                .get(at + 1)
-                .with_context(|| format!("{name} -c: no script follows"))?;
-            if script.contains([';', '&', '|', '<', '>', '(', ')', '$', '`', '\n', '*', '?']) {
-                bail!(
-                    "cannot tell where `{name} -c {script:?}` runs Terraform (a script with \
-                     several commands, redirections or expansions): run `gitstate run … -- \
-                     terraform …` directly, or name the directory with --workdir DIR"
-                );
-            }
-            let mut words = shlex::split(script)
-                .with_context(|| format!("{name} -c: cannot split {script:?}"))?;
-            // Leading NAME=VALUE words set variables for the command.
-            while let Some((name, value)) = words
-                .first()
-                .and_then(|w| w.split_once('='))
-                .filter(|(n, _)| !n.is_empty() && !n.contains('/'))
-            {
-                found.env.push((name.to_owned(), value.to_owned()));
-                words.remove(0);
-            }
-            if words.first().map(String::as_str) == Some("cd") {
-                bail!("`{name} -c` with cd: run `gitstate run … -- terraform -chdir=DIR …`");
-            }
-            resolve(&words, found, depth + 1)
-        }
+        "sh" | "bash" | "dash" | "zsh" | "ksh" => match shell_words(name, &rest, &mut found)? {
+            Some(words) => resolve(&words, found, depth + 1),
+            None => Ok(None),
+        },
         _ => Ok(None),
     }
+}
+
+/// `env`'s options and `NAME=VALUE` words (the variables and directory they set go to `found`):
+/// the program after them.
+fn env_options(mut rest: Vec<String>, found: &mut Invocation) -> anyhow::Result<Vec<String>> {
+    let mut i = 0;
+    while i < rest.len() {
+        let arg = rest[i].clone();
+        let value = |i: usize| -> anyhow::Result<String> {
+            rest.get(i + 1)
+                .cloned()
+                .with_context(|| format!("env {arg}: a value must follow"))
+        };
+        match arg.as_str() {
+            "-i" | "--ignore-environment" | "-" => bail!(
+                "`env {arg}` would drop the TF_HTTP_* variables that lead Terraform to \
+                 this run's backend"
+            ),
+            "-0" | "--null" | "-v" | "--debug" => {}
+            "--" => {
+                i += 1;
+                break;
+            }
+            "-u" | "--unset" => {
+                unset(&value(i)?)?;
+                i += 1;
+            }
+            "-C" | "--chdir" => {
+                found.cwd = found.cwd.join(value(i)?);
+                i += 1;
+            }
+            "-S" | "--split-string" => {
+                let words = shlex::split(&value(i)?).context("env -S: cannot split its string")?;
+                rest.splice(i..i + 2, words);
+                continue;
+            }
+            _ if arg.starts_with("--unset=") => unset(&arg["--unset=".len()..])?,
+            _ if arg.starts_with("-u") => unset(&arg[2..])?,
+            _ if arg.starts_with("--chdir=") => {
+                found.cwd = found.cwd.join(&arg["--chdir=".len()..]);
+            }
+            _ if arg.starts_with("-C") => found.cwd = found.cwd.join(&arg[2..]),
+            _ if arg.starts_with('-') => {
+                bail!("env {arg}: an option gitstate run does not know; refusing to guess")
+            }
+            _ => match arg.split_once('=') {
+                Some((name, value)) => {
+                    found.env.push((name.to_owned(), value.to_owned()));
+                }
+                None => break,
+            },
+        }
+        i += 1;
+    }
+    Ok(rest.get(i..).unwrap_or_default().to_vec())
+}
+
+/// The command of `sh -c SCRIPT` (its leading `NAME=VALUE` words go to `found`); `None` for a
+/// shell running a script file.
+fn shell_words(
+    name: &str,
+    rest: &[String],
+    found: &mut Invocation,
+) -> anyhow::Result<Option<Vec<String>>> {
+    let Some(at) = rest
+        .iter()
+        .position(|a| a.starts_with('-') && !a.starts_with("--") && a.ends_with('c'))
+    else {
+        return Ok(None);
+    };
+    let script = rest
+        .get(at + 1)
+        .with_context(|| format!("{name} -c: no script follows"))?;
+    if script.contains([';', '&', '|', '<', '>', '(', ')', '$', '`', '\n', '*', '?']) {
+        bail!(
+            "cannot tell where `{name} -c {script:?}` runs Terraform (a script with \
+             several commands, redirections or expansions): run `gitstate run … -- \
+             terraform …` directly, or name the directory with --workdir DIR"
+        );
+    }
+    let mut words =
+        shlex::split(script).with_context(|| format!("{name} -c: cannot split {script:?}"))?;
+    // Leading NAME=VALUE words set variables for the command.
+    while let Some((name, value)) = words
+        .first()
+        .and_then(|w| w.split_once('='))
+        .filter(|(n, _)| !n.is_empty() && !n.contains('/'))
+    {
+        found.env.push((name.to_owned(), value.to_owned()));
+        words.remove(0);
+    }
+    if words.first().map(String::as_str) == Some("cd") {
+        bail!("`{name} -c` with cd: run `gitstate run … -- terraform -chdir=DIR …`");
+    }
+    Ok(Some(words))
 }
 
 fn unset(name: &str) -> anyhow::Result<()> {
