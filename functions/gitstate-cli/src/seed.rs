@@ -166,7 +166,26 @@ fn running(path: &Path) -> Option<rustix::process::Pid> {
     let text = std::fs::read_to_string(path).ok()?;
     let pid = rustix::process::Pid::from_raw(text.trim().parse().ok()?)?;
     rustix::process::test_kill_process(pid).ok()?;
-    Some(pid)
+    runs_gitstate(pid).then_some(pid)
+}
+
+/// Whether `pid` runs a gitstate binary, not a process that took the pid of one that ended
+/// (the pid file is in the shared temporary directory). Where `/proc` does not tell, yes.
+fn runs_gitstate(pid: rustix::process::Pid) -> bool {
+    let name = |path: &Path| {
+        path.file_name().map(|n| {
+            n.to_string_lossy()
+                .trim_end_matches(" (deleted)")
+                .to_owned()
+        })
+    };
+    let exe = Path::new("/proc")
+        .join(pid.as_raw_nonzero().to_string())
+        .join("exe");
+    match (std::fs::read_link(exe), std::env::current_exe()) {
+        (Ok(theirs), Ok(ours)) => name(&theirs) == name(&ours),
+        _ => !Path::new("/proc/self/exe").exists(),
+    }
 }
 
 /// Removes the pid file when the server stops.

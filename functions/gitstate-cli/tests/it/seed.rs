@@ -590,6 +590,27 @@ async fn standalone_mode_with_the_seeds_environment_and_aes_states() {
         .expect("answer");
     assert_eq!(refused.status(), 401);
 
+    // A pid file naming a process that is not gitstate (its pid reused) stops nothing.
+    let pid_file = std::env::temp_dir().join(format!("gitstate-standalone-{port}.pid"));
+    let real_pid = std::fs::read_to_string(&pid_file).expect("pid file");
+    let mut other = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .expect("sleep");
+    std::fs::write(&pid_file, other.id().to_string()).expect("pid file");
+    let (code, out) = output(gitstate(dir, &["stop"], &env)).await;
+    assert_ne!(
+        code, 0,
+        "stop signalled a process that is not gitstate: {out}"
+    );
+    assert!(
+        other.try_wait().expect("sleep").is_none(),
+        "the other process was signalled"
+    );
+    let _ = other.kill();
+    let _ = other.wait();
+    std::fs::write(&pid_file, real_pid).expect("pid file");
+
     let (code, out) = output(gitstate(dir, &["stop"], &env)).await;
     assert_eq!(code, 0, "stop: {out}");
     let status = tokio::time::timeout(Duration::from_secs(20), standalone.wait())
