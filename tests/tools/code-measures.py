@@ -13,7 +13,7 @@ marked `#[cfg(test)]` inside a file. It reports:
   of its own submodules are one family and do not count as a cycle (a parent re-exports its
   children, a child reads its parent's types).
 
-`--check` exits 1 when a limit is broken; without it the script only prints.
+`--check` exits 1 when a limit is broken (CI runs it so); without it the script only prints.
 `--all` lists every file and function instead of the ten largest.
 """
 
