@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use super::Service;
 use super::pkt;
 use crate::Error;
+use crate::transport::http::strip_announcement;
 
 /// Ref tips and capabilities, as a server advertises them (or the local repository reports them).
 #[derive(Debug, Clone, Default)]
@@ -62,26 +63,4 @@ impl Advert {
         }
         Ok(advert)
     }
-}
-
-/// What follows the service announcement smart HTTP puts before the refs (`# service=…`, then a
-/// flush), which is checked.
-pub fn strip_announcement(body: &[u8], service: Service) -> Result<&[u8], Error> {
-    let mut reader = pkt::Reader::new(body);
-    let first = reader
-        .next_line()?
-        .ok_or_else(|| Error::Protocol("empty ref advertisement".into()))?;
-    let announced = format!("# service={}", service.name());
-    if first != announced.as_bytes() {
-        return Err(Error::Protocol(
-            "the server did not announce the service (not a smart HTTP server?)".into(),
-        ));
-    }
-    // A flush ends the announcement.
-    if reader.next_frame()? != Some(pkt::Frame::Flush) {
-        return Err(Error::Protocol(
-            "no flush after the service announcement".into(),
-        ));
-    }
-    Ok(reader.rest())
 }

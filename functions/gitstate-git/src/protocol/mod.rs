@@ -5,10 +5,9 @@
 pub mod advert;
 mod client;
 pub mod fetch;
-pub mod pkt;
 pub mod push;
 
-pub use crate::transport::Service;
+pub use crate::transport::{Service, pkt};
 pub use advert::Advert;
 pub use client::{DEFAULT_MAX_RESPONSE_BYTES, SmartClient};
 pub use fetch::Blobs;

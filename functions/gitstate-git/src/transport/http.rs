@@ -9,9 +9,8 @@ use std::time::Duration;
 use base64::Engine;
 use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue, LOCATION};
 
-use super::{ConnectError, Service, Wire};
+use super::{ConnectError, Service, Wire, pkt};
 use crate::Error;
-use crate::protocol::advert::strip_announcement;
 use crate::settings::GitAuth;
 use crate::sync::lock;
 
@@ -336,6 +335,28 @@ impl Wire for Http {
         self.post(Service::UploadPack, request, true, "fetch of blobs", limit)
             .await
     }
+}
+
+/// What follows the service announcement smart HTTP puts before the refs (`# service=…`, then a
+/// flush), which is checked.
+pub fn strip_announcement(body: &[u8], service: Service) -> Result<&[u8], Error> {
+    let mut reader = pkt::Reader::new(body);
+    let first = reader
+        .next_line()?
+        .ok_or_else(|| Error::Protocol("empty ref advertisement".into()))?;
+    let announced = format!("# service={}", service.name());
+    if first != announced.as_bytes() {
+        return Err(Error::Protocol(
+            "the server did not announce the service (not a smart HTTP server?)".into(),
+        ));
+    }
+    // A flush ends the announcement.
+    if reader.next_frame()? != Some(pkt::Frame::Flush) {
+        return Err(Error::Protocol(
+            "no flush after the service announcement".into(),
+        ));
+    }
+    Ok(reader.rest())
 }
 
 #[cfg(test)]

@@ -1,9 +1,11 @@
 //! The wire a git conversation travels on: [`Wire`], one trait for smart HTTP(S) ([`http`]) and
 //! SSH ([`ssh`]), each giving the ref advertisement of a service and one request/response
-//! exchange, refused once an answer passes the size limit. What the bytes mean is the
+//! exchange, refused once an answer passes the size limit; [`pkt`] is the framing every wire
+//! carries. What the bytes mean is the
 //! [`crate::protocol`]'s business.
 
 pub mod http;
+pub mod pkt;
 pub mod ssh;
 
 use crate::Error;
