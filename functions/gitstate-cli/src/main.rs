@@ -310,17 +310,21 @@ enum AccessCommand {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    // terraform-backend-git's SSH_PRIVATE_KEY / StrictHostKeyChecking: this command line runs
-    // again with the ssh command they make.
-    if let Some(code) = seed_ssh::rerun().await? {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let seed_form = seed::detect(&args[1.min(args.len())..]);
+    // Help, a version or a mistake on the command line ends here, before anything else.
+    let cli = (!seed_form).then(|| Cli::parse_from(&args));
+    // terraform-backend-git's SSH_PRIVATE_KEY / StrictHostKeyChecking: a command that reaches
+    // the repository runs again with the ssh command they make.
+    if (seed_form || cli.as_ref().is_some_and(|c| c.command.reaches_repository()))
+        && let Some(code) = seed_ssh::rerun().await?
+    {
         std::process::exit(code);
     }
-    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    if seed::detect(&args[1.min(args.len())..]) {
+    let Some(cli) = cli else {
         logging::init_with(std::env::var("GITSTATE_LOG_FORMAT").ok(), "warn")?;
         return seed::main(args).await;
-    }
-    let cli = Cli::parse_from(args);
+    };
     logging::init(&cli.command)?;
     // A misspelt GITSTATE_* variable or an empty one is an error before anything else runs.
     gitstate_app::layers::check_environment(std::env::vars(), false)?;
@@ -333,6 +337,33 @@ async fn main() -> anyhow::Result<()> {
         | Command::Unlock { .. }
         | Command::Remove { .. }) => remote_command(remote).await,
         local => local_command(local).await,
+    }
+}
+
+impl Command {
+    /// Whether the command reads or writes the git repository itself (and so may use ssh);
+    /// the others talk to a running backend, or to files and KMS alone.
+    fn reaches_repository(&self) -> bool {
+        match self {
+            Self::Serve { .. }
+            | Self::Run { .. }
+            | Self::Config { .. }
+            | Self::Rekey { .. }
+            | Self::User(_) => true,
+            Self::Stop { .. }
+            | Self::Doctor { .. }
+            | Self::HashPassword
+            | Self::Access(_)
+            | Self::History { .. }
+            | Self::Show { .. }
+            | Self::Restore { .. }
+            | Self::List { .. }
+            | Self::Locks { .. }
+            | Self::Unlock { .. }
+            | Self::Remove { .. }
+            | Self::Decrypt { .. }
+            | Self::Encrypt { .. } => false,
+        }
     }
 }
 

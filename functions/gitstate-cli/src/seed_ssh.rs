@@ -7,7 +7,7 @@
 //! only this user can read, in a directory of its own, removed when the child ends; its text
 //! never reaches a log, the child's environment or `gitstate config`.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -86,21 +86,24 @@ pub async fn rerun() -> anyhow::Result<Option<i32>> {
         // The text is in the file now; the child and what it runs need no copy of it.
         child.env_remove(SEED_SSH_KEY);
     }
+    // The handlers come first: a signal between the spawn and them would end this process and
+    // leave the key file behind.
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut hangup = signal(SignalKind::hangup())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    // At a terminal, Ctrl-C reaches the child from the terminal itself; elsewhere only this
+    // process gets it, and passes it on.
+    let at_terminal = std::io::stdin().is_terminal();
     let mut child = child
         .spawn()
         .context("running gitstate again with the ssh key")?;
     let pid = child.id().and_then(|id| Pid::from_raw(id as i32));
-    let mut terminate = signal(SignalKind::terminate())?;
-    let mut hangup = signal(SignalKind::hangup())?;
-    // Ctrl-C reaches the child from the terminal itself: here it only must not end this process
-    // before the child (and so leave the key file behind).
-    let mut interrupt = signal(SignalKind::interrupt())?;
     let status = loop {
         tokio::select! {
             status = child.wait() => break status.context("waiting for gitstate")?,
             _ = terminate.recv() => forward(pid, Signal::TERM),
             _ = hangup.recv() => forward(pid, Signal::HUP),
-            _ = interrupt.recv() => {}
+            _ = interrupt.recv() => if !at_terminal { forward(pid, Signal::INT) },
         }
     };
     drop(key);

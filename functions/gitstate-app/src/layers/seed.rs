@@ -21,6 +21,11 @@ pub const SEED_LISTEN: &str = "127.0.0.1:6061";
 /// The seed's branch when none is given.
 pub const SEED_REF: &str = "master";
 
+/// The seed's names that other tools use too (a CI job exports `GITHUB_TOKEN` for every step):
+/// read only where the seed is in use ([`Seed::in_use`]), so that a gitstate set-up never sends
+/// a token meant for one host to another.
+pub const GENERIC_VARIABLES: &[&str] = &["GIT_USERNAME", "GIT_PASSWORD", "GITHUB_TOKEN"];
+
 /// The seed's variables and the gitstate setting each stands for. Where two name one setting,
 /// the first set wins (`GIT_PASSWORD` before `GITHUB_TOKEN`).
 pub const SEED_VARIABLES: &[(&str, &str)] = &[
@@ -84,6 +89,19 @@ pub struct Seed<'a> {
     pub interface: bool,
 }
 
+impl Seed<'_> {
+    /// Whether the seed is in use here: its command line, its file, or one of its own
+    /// `TF_BACKEND_GIT_*` variables.
+    pub fn in_use(&self) -> bool {
+        self.interface
+            || self.hcl.is_some()
+            || SEED_VARIABLES.iter().any(|(name, _)| {
+                name.starts_with("TF_BACKEND_GIT_")
+                    && (self.env)(name).is_some_and(|v| !v.trim().is_empty())
+            })
+    }
+}
+
 /// The seed's address spelling as gitstate reads it: `:6061` is every interface (as in Go),
 /// `localhost:P` the loopback one.
 pub fn listen_address(value: &str) -> String {
@@ -129,6 +147,7 @@ impl Layered {
             Some((path, text)) => parse_hcl(path, text)?,
             None => BTreeMap::new(),
         };
+        let in_use = seed.in_use();
         for spec in SETTINGS {
             if self.values.contains_key(spec.var) {
                 continue;
@@ -136,6 +155,7 @@ impl Layered {
             let from_env = SEED_VARIABLES
                 .iter()
                 .filter(|(_, var)| *var == spec.var)
+                .filter(|(name, _)| in_use || !GENERIC_VARIABLES.contains(name))
                 // The passphrase is the aes mode's; under `sops` it means nothing to the seed.
                 .filter(|(name, _)| {
                     *name != "TF_BACKEND_HTTP_ENCRYPTION_PASSPHRASE"
@@ -501,7 +521,10 @@ mod tests {
                 .expect("the variable names a setting")
                 .key();
             let hcl_key = HCL_KEYS.iter().find(|(_, v)| v == var).map(|(k, _)| *k);
-            for mask in 0..16u8 {
+            let generic = GENERIC_VARIABLES.contains(seed_var);
+            for mask in 0..32u8 {
+                // bit 16: the seed's command line is used (its interface)
+                let interface = mask & 16 != 0;
                 let own_env = lookup(&[(*var, "own-env".to_owned())]);
                 let none = lookup(&[]);
                 let toml = format!("{key} = \"own-file\"\n");
@@ -522,14 +545,17 @@ mod tests {
                     .with_seed(&Seed {
                         env: &env,
                         hcl,
-                        interface: false,
+                        interface,
                     })
                     .expect("valid");
+                let in_use = interface
+                    || hcl.is_some()
+                    || (mask & 4 != 0 && seed_var.starts_with("TF_BACKEND_GIT_"));
                 let (want, origin) = if mask & 1 != 0 {
                     ("own-env", Origin::Env)
                 } else if mask & 2 != 0 {
                     ("own-file", Origin::File("gitstate.toml".into()))
-                } else if mask & 4 != 0 {
+                } else if mask & 4 != 0 && (in_use || !generic) {
                     ("seed-env", Origin::SeedEnv(seed_var))
                 } else if mask & 8 != 0 && hcl_key.is_some() {
                     (
@@ -537,7 +563,10 @@ mod tests {
                         Origin::SeedFile("terraform-backend-git.hcl".into()),
                     )
                 } else {
-                    assert_eq!(layered.get(var), None, "{seed_var} mask {mask}");
+                    // Where the interface is used, the seed's defaults (tested below) apply.
+                    if !(interface && matches!(*var, "GITSTATE_REF" | "GITSTATE_LISTEN")) {
+                        assert_eq!(layered.get(var), None, "{seed_var} mask {mask}");
+                    }
                     continue;
                 };
                 assert_eq!(layered.get(var).as_deref(), Some(want), "{seed_var} {mask}");

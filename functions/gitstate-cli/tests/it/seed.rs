@@ -23,10 +23,18 @@ fn terraform() -> PathBuf {
 
 /// A repository as the seed's users have one: a commit on `master`, its default branch.
 fn seed_repo(server: &GitServer, name: &str) -> String {
+    seed_repo_on(server, name, "master")
+}
+
+/// A repository with one commit on `branch`, its default branch.
+fn seed_repo_on(server: &GitServer, name: &str, branch: &str) -> String {
     let url = server.create_repo(name);
     let work = tempfile::tempdir().expect("tempdir");
     let dir = work.path();
-    git(&["init", "-q", "--initial-branch=master"], Some(dir));
+    git(
+        &["init", "-q", &format!("--initial-branch={branch}")],
+        Some(dir),
+    );
     std::fs::write(dir.join("README.md"), "terraform states\n").expect("readme");
     git(&["add", "README.md"], Some(dir));
     git(
@@ -47,12 +55,12 @@ fn seed_repo(server: &GitServer, name: &str) -> String {
             "push",
             "-q",
             &server.url_with_credentials(name),
-            "master:master",
+            &format!("{branch}:{branch}"),
         ],
         Some(dir),
     );
     git(
-        &["symbolic-ref", "HEAD", "refs/heads/master"],
+        &["symbolic-ref", "HEAD", &format!("refs/heads/{branch}")],
         Some(&server.repo_dir(name)),
     );
     url
@@ -738,4 +746,50 @@ async fn sops_states_the_seed_wrote_are_read_under_its_kms_context() {
         "another context fails, never a plan from nothing: {out}"
     );
     assert_eq!(stored(&git_dir, "master", STATE), Some(written));
+}
+
+/// The seed's interface on a repository whose branch is `main`, not the seed's default `master`:
+/// every mode fails loudly, naming `main`, and no `master` branch is created (the rule of the
+/// missing branch holds where the seed's defaults apply).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_seeds_master_default_on_a_main_repository_fails_loudly() {
+    let server = GitServer::start().await;
+    let url = seed_repo_on(&server, "mainline", "main");
+    let git_dir = server.repo_dir("mainline");
+    let tf = terraform();
+    let tf = tf.to_str().expect("utf-8");
+    let work = workdir(0, "one");
+    let dir = work.path();
+    let wrapper = ["git", "--repository", url.as_str(), "--state", STATE, tf];
+    for args in [
+        &["init", "-input=false"][..],
+        &["apply", "-auto-approve"][..],
+    ] {
+        let all: Vec<&str> = wrapper.iter().chain(args).copied().collect();
+        let (code, out) = output(gitstate(dir, &all, &seed_git_env())).await;
+        assert_ne!(code, 0, "{args:?} on a repository without master: {out}");
+        assert!(
+            out.contains("master") && out.contains("main"),
+            "{args:?}: the error names the missing branch and the default one: {out}"
+        );
+        assert_eq!(
+            branches(&git_dir),
+            "refs/heads/main",
+            "no branch created: {out}"
+        );
+    }
+    // The HCL mode, the same repository.
+    std::fs::write(
+        dir.join("terraform-backend-git.hcl"),
+        format!("git.repository = \"{url}\"\ngit.state = \"{STATE}\"\n"),
+    )
+    .expect("hcl");
+    let (code, out) = output(gitstate(dir, &["git", tf, "plan"], &seed_git_env())).await;
+    assert_ne!(code, 0, "HCL mode on a repository without master: {out}");
+    assert!(out.contains("main"), "{out}");
+    assert_eq!(
+        branches(&git_dir),
+        "refs/heads/main",
+        "no branch created: {out}"
+    );
 }

@@ -387,6 +387,20 @@ fn the_seeds_ssh_private_key_and_host_key_checking() {
         .collect();
     assert!(left.is_empty(), "key files left behind: {left:?}");
 
+    // An SSH_PRIVATE_KEY that is neither a key nor a file (another tool's) stops only the
+    // commands that reach the repository, naming the variable.
+    let unrelated = [("SSH_PRIVATE_KEY", "c29tZSBiYXNlNjQ="), no];
+    for args in [
+        &["--help"][..],
+        &["encrypt", "--help"],
+        &["list", "--url", "http://127.0.0.1:9"],
+    ] {
+        let (_, out) = gitstate(&unrelated, args);
+        assert!(!out.contains("SSH_PRIVATE_KEY"), "{args:?}: {out}");
+    }
+    let (ok, out) = gitstate(&unrelated, &["config", "--repository", &url]);
+    assert!(!ok && out.contains("SSH_PRIVATE_KEY"), "{out}");
+
     let (ok, out) = gitstate(
         &[("SSH_PRIVATE_KEY", key_text.as_str()), no],
         &["config", "--repository", &url],

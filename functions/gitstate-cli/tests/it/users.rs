@@ -81,7 +81,9 @@ fn access_text(bare: &Path) -> String {
 /// is refused and changes nothing; the password is never printed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn users_added_to_the_embedded_store_log_in() {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
+    let seed = rand::random::<u64>();
+    eprintln!("seed {seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let dir = tempfile::tempdir().expect("tempdir");
     let bare = dir.path().join(".gitstate/repo.git");
     let bare_text = bare.display().to_string();
