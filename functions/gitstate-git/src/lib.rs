@@ -82,6 +82,18 @@ impl From<transport::ConnectError> for Error {
     }
 }
 
+/// A push's own failures keep the texts and kinds they had before pushing had its own error:
+/// the remote's refusals are `Remote` (transient), a malformed or impossible exchange `Protocol`.
+impl From<protocol::PushError> for Error {
+    fn from(error: protocol::PushError) -> Self {
+        match error {
+            protocol::PushError::Wire(error) => error,
+            refused if refused.refused() => Self::Remote(refused.to_string()),
+            malformed => Self::Protocol(malformed.to_string()),
+        }
+    }
+}
+
 impl From<Error> for StoreError {
     fn from(error: Error) -> Self {
         match Class::of(&error) {

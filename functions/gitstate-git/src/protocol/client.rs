@@ -10,7 +10,7 @@ use gix::ObjectId;
 
 use super::Advert;
 use super::fetch::{self, Blobs, fetch_capabilities, pack_of};
-use super::push::{self, Command, PushReport, push_capabilities};
+use super::push::{self, Command, PushError, PushReport, push_capabilities};
 use crate::Error;
 use crate::sync::lock;
 use crate::transport::{ConnectError, Connection, Service, Wire};
@@ -134,7 +134,7 @@ impl SmartClient {
         caps: &Advert,
         commands: &[Command],
         pack: Option<Vec<u8>>,
-    ) -> Result<PushReport, Error> {
+    ) -> Result<PushReport, PushError> {
         let wanted = push_capabilities(caps, commands)?;
         let sideband = wanted.contains(&"side-band-64k");
         let request = push::request(&wanted, commands, pack);

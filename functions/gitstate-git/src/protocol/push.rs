@@ -5,6 +5,40 @@ use gix::ObjectId;
 use super::{AGENT, Advert, pkt};
 use crate::Error;
 
+/// Why a push had no verdict: the capabilities it needs are not offered, or the report-status
+/// is not one. Each becomes the crate's [`Error`] in one place (`From<PushError> for Error`, in
+/// `lib.rs`):
+/// the remote's own refusals ([`Self::refused`]) as `Error::Remote`, a malformed or impossible
+/// exchange as `Error::Protocol`, with these texts.
+#[derive(Debug, thiserror::Error)]
+pub enum PushError {
+    #[error("the remote does not offer report-status, so a push's outcome could not be known")]
+    NoReportStatus,
+    #[error("several ref updates in one push need atomic, which the remote does not offer")]
+    NoAtomic,
+    #[error("the remote does not allow deleting refs")]
+    NoDeleteRefs,
+    #[error("empty report-status")]
+    EmptyReport,
+    #[error("the remote could not unpack: {0}")]
+    Unpack(String),
+    #[error("report-status does not start with 'unpack'")]
+    NoUnpack,
+    #[error("unexpected report-status line {0:?}")]
+    UnexpectedLine(String),
+    /// The exchange itself, or its pkt-lines and side-band.
+    #[error(transparent)]
+    Wire(#[from] Error),
+}
+
+impl PushError {
+    /// The remote's own refusal, which a fresh look may get past (the crate's `Error::Remote`,
+    /// transient), rather than an exchange that cannot work.
+    pub fn refused(&self) -> bool {
+        matches!(self, Self::NoDeleteRefs | Self::Unpack(_))
+    }
+}
+
 /// One ref update of a push. A zero `old` creates; a zero `new` deletes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Command {
@@ -29,24 +63,15 @@ impl PushReport {
     }
 
     /// Parse report-status (`unpack ok`, then `ok <ref>` / `ng <ref> <reason>` lines).
-    pub fn parse(data: &[u8]) -> Result<Self, Error> {
+    pub fn parse(data: &[u8]) -> Result<Self, PushError> {
         let mut reader = pkt::Reader::new(data);
-        let unpack = reader
-            .next_line()?
-            .ok_or_else(|| Error::Protocol("empty report-status".into()))?;
+        let unpack = reader.next_line()?.ok_or(PushError::EmptyReport)?;
         match unpack.strip_prefix(b"unpack ") {
             Some(b"ok") => {}
             Some(why) => {
-                return Err(Error::Remote(format!(
-                    "the remote could not unpack: {}",
-                    String::from_utf8_lossy(why)
-                )));
+                return Err(PushError::Unpack(String::from_utf8_lossy(why).into_owned()));
             }
-            None => {
-                return Err(Error::Protocol(
-                    "report-status does not start with 'unpack'".into(),
-                ));
-            }
+            None => return Err(PushError::NoUnpack),
         }
         let mut report = PushReport::default();
         while let Some(line) = reader.next_line()? {
@@ -57,9 +82,7 @@ impl PushReport {
                 let (name, why) = rest.split_once(' ').unwrap_or((rest, ""));
                 report.refs.push((name.to_owned(), Err(why.to_owned())));
             } else {
-                return Err(Error::Protocol(format!(
-                    "unexpected report-status line {text:?}"
-                )));
+                return Err(PushError::UnexpectedLine(text.into_owned()));
             }
         }
         Ok(report)
@@ -71,12 +94,12 @@ impl PushReport {
 /// which a caller must not send to a remote without it; `side-band-64k` when offered;
 /// `report-status-v2`, `ofs-delta` (our packs hold whole objects), `quiet` and `push-options`
 /// never.
-pub fn push_capabilities(caps: &Advert, commands: &[Command]) -> Result<Vec<&'static str>, Error> {
+pub fn push_capabilities(
+    caps: &Advert,
+    commands: &[Command],
+) -> Result<Vec<&'static str>, PushError> {
     if !caps.has_cap("report-status") {
-        return Err(Error::Protocol(
-            "the remote does not offer report-status, so a push's outcome could not be known"
-                .into(),
-        ));
+        return Err(PushError::NoReportStatus);
     }
     let mut wanted = vec!["report-status"];
     if caps.has_cap("side-band-64k") {
@@ -84,17 +107,12 @@ pub fn push_capabilities(caps: &Advert, commands: &[Command]) -> Result<Vec<&'st
     }
     if commands.len() > 1 {
         if !caps.has_cap("atomic") {
-            return Err(Error::Protocol(
-                "several ref updates in one push need atomic, which the remote does not offer"
-                    .into(),
-            ));
+            return Err(PushError::NoAtomic);
         }
         wanted.push("atomic");
     }
     if commands.iter().any(|c| c.new.is_null()) && !caps.has_cap("delete-refs") {
-        return Err(Error::Remote(
-            "the remote does not allow deleting refs".into(),
-        ));
+        return Err(PushError::NoDeleteRefs);
     }
     wanted.push(AGENT);
     Ok(wanted)
@@ -120,7 +138,7 @@ pub(crate) fn request(caps: &[&str], commands: &[Command], pack: Option<Vec<u8>>
 }
 
 /// The report-status of a push's `response`, out of side-band channel 1 when `sideband`.
-pub(crate) fn report(response: &[u8], sideband: bool) -> Result<PushReport, Error> {
+pub(crate) fn report(response: &[u8], sideband: bool) -> Result<PushReport, PushError> {
     if sideband {
         let data = pkt::demux(&mut pkt::Reader::new(response), None)?;
         PushReport::parse(&data)

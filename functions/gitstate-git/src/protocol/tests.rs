@@ -3,7 +3,7 @@ use gix::ObjectId;
 use crate::Error;
 
 use super::fetch::fetch_capabilities;
-use super::{AGENT, Advert, Command, PushReport, Service, pkt, push_capabilities};
+use super::{AGENT, Advert, Command, PushError, PushReport, Service, pkt, push_capabilities};
 
 fn advert_body(lines: &[&[u8]]) -> Vec<u8> {
     let mut body = Vec::new();
@@ -63,7 +63,74 @@ fn parses_report_status() {
     );
     let mut bad = Vec::new();
     pkt::write(&mut bad, b"unpack index-pack failed\n");
-    assert!(matches!(PushReport::parse(&bad), Err(Error::Remote(_))));
+    assert!(matches!(PushReport::parse(&bad), Err(PushError::Unpack(_))));
+    assert!(matches!(
+        PushReport::parse(&bad).map_err(Error::from),
+        Err(Error::Remote(_))
+    ));
+}
+
+/// Every way a push has no verdict reads as it did before pushing had its own error: the
+/// remote's refusals as `Remote` (transient), the rest as `Protocol`, both the remote's fault
+/// (502); the wire's own errors pass through unchanged.
+#[test]
+fn push_errors_keep_their_texts_and_kinds() {
+    use gitstate_core::ports::StoreError;
+    let cases = [
+        (
+            PushError::NoReportStatus,
+            "git protocol error: the remote does not offer report-status, so a push's outcome could not be known",
+        ),
+        (
+            PushError::NoAtomic,
+            "git protocol error: several ref updates in one push need atomic, which the remote does not offer",
+        ),
+        (
+            PushError::NoDeleteRefs,
+            "git remote reports: the remote does not allow deleting refs",
+        ),
+        (
+            PushError::EmptyReport,
+            "git protocol error: empty report-status",
+        ),
+        (
+            PushError::Unpack("index-pack failed".into()),
+            "git remote reports: the remote could not unpack: index-pack failed",
+        ),
+        (
+            PushError::NoUnpack,
+            "git protocol error: report-status does not start with 'unpack'",
+        ),
+        (
+            PushError::UnexpectedLine("what".into()),
+            "git protocol error: unexpected report-status line \"what\"",
+        ),
+        (
+            PushError::Wire(Error::Status {
+                status: 403,
+                what: "push",
+            }),
+            "git remote answered HTTP 403 to the push",
+        ),
+    ];
+    for (error, text) in cases {
+        let refused = error.refused();
+        let error = Error::from(error);
+        assert_eq!(error.to_string(), text);
+        assert_eq!(error.is_transient(), refused, "{text}");
+        assert_eq!(matches!(error, Error::Remote(_)), refused, "{text}");
+        assert!(
+            matches!(StoreError::from(error), StoreError::Remote(_)),
+            "{text}"
+        );
+    }
+    // What the store's floor decides on (a push answered without a report): still `Protocol`.
+    let mut empty = Vec::new();
+    pkt::flush(&mut empty);
+    assert!(matches!(
+        PushReport::parse(&empty).map_err(Error::from),
+        Err(Error::Protocol(_))
+    ));
 }
 
 const PUSH_CAPS: [&str; 10] = [

@@ -302,7 +302,7 @@ impl Transport for Hosted {
                 .await?,
             )
         };
-        self.http.push(&caps, &commands, pack).await
+        Ok(self.http.push(&caps, &commands, pack).await?)
     }
 
     /// Capabilities known and the floor not refused.
