@@ -94,6 +94,28 @@ impl From<protocol::PushError> for Error {
     }
 }
 
+/// A fetch's own failures keep the texts and kinds they had before fetching had its own error:
+/// the remote's `ERR` is `Remote` (the store looks again), no pack at all `Protocol`.
+impl From<protocol::FetchError> for Error {
+    fn from(error: protocol::FetchError) -> Self {
+        match error {
+            protocol::FetchError::Wire(error) => error,
+            protocol::FetchError::Refused(why) => Self::Remote(why),
+            no_pack @ protocol::FetchError::NoPack => Self::Protocol(no_pack.to_string()),
+        }
+    }
+}
+
+/// An advertisement that cannot be read is a protocol error, as before it had its own error.
+impl From<protocol::AdvertError> for Error {
+    fn from(error: protocol::AdvertError) -> Self {
+        match error {
+            protocol::AdvertError::Wire(error) => error,
+            malformed => Self::Protocol(malformed.to_string()),
+        }
+    }
+}
+
 impl From<Error> for StoreError {
     fn from(error: Error) -> Self {
         match Class::of(&error) {

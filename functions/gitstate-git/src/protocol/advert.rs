@@ -8,6 +8,21 @@ use super::pkt;
 use crate::Error;
 use crate::transport::http::strip_announcement;
 
+/// Why an advertisement could not be read. Each becomes the crate's [`Error`] in one place
+/// (`From<AdvertError> for Error`, in `lib.rs`): `Error::Protocol` with these texts.
+#[derive(Debug, thiserror::Error)]
+pub enum AdvertError {
+    #[error("ref advertisement is not UTF-8")]
+    NotUtf8,
+    #[error("malformed ref line")]
+    MalformedLine,
+    #[error("malformed object id")]
+    MalformedId,
+    /// The request itself, its pkt-lines, or smart HTTP's service announcement.
+    #[error(transparent)]
+    Wire(#[from] Error),
+}
+
 /// Ref tips and capabilities, as a server advertises them (or the local repository reports them).
 #[derive(Debug, Clone, Default)]
 pub struct Advert {
@@ -27,12 +42,12 @@ impl Advert {
     }
 
     /// Parse the body of `GET info/refs?service=…` (the service announcement, then the refs).
-    pub fn parse(body: &[u8], service: Service) -> Result<Self, Error> {
+    pub fn parse(body: &[u8], service: Service) -> Result<Self, AdvertError> {
         Self::parse_refs(strip_announcement(body, service)?)
     }
 
     /// Parse the refs and capabilities of an advertisement, up to the flush that ends them.
-    pub fn parse_refs(body: &[u8]) -> Result<Self, Error> {
+    pub fn parse_refs(body: &[u8]) -> Result<Self, AdvertError> {
         let mut reader = pkt::Reader::new(body);
         let mut advert = Advert::default();
         let mut first_ref = true;
@@ -49,16 +64,12 @@ impl Advert {
                     .collect();
             }
             first_ref = false;
-            let text = std::str::from_utf8(line)
-                .map_err(|_| Error::Protocol("ref advertisement is not UTF-8".into()))?;
-            let (oid, name) = text
-                .split_once(' ')
-                .ok_or_else(|| Error::Protocol("malformed ref line".into()))?;
+            let text = std::str::from_utf8(line).map_err(|_| AdvertError::NotUtf8)?;
+            let (oid, name) = text.split_once(' ').ok_or(AdvertError::MalformedLine)?;
             if name == "capabilities^{}" || name.ends_with("^{}") {
                 continue;
             }
-            let oid = ObjectId::from_hex(oid.as_bytes())
-                .map_err(|_| Error::Protocol("malformed object id".into()))?;
+            let oid = ObjectId::from_hex(oid.as_bytes()).map_err(|_| AdvertError::MalformedId)?;
             advert.refs.insert(name.to_owned(), oid);
         }
         Ok(advert)

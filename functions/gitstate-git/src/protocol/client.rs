@@ -9,9 +9,9 @@ use std::sync::Mutex;
 use gix::ObjectId;
 
 use super::Advert;
-use super::fetch::{self, Blobs, fetch_capabilities, pack_of};
+use super::advert::AdvertError;
+use super::fetch::{self, Blobs, FetchError, fetch_capabilities, pack_of};
 use super::push::{self, Command, PushError, PushReport, push_capabilities};
-use crate::Error;
 use crate::sync::lock;
 use crate::transport::{ConnectError, Connection, Service, Wire};
 
@@ -46,7 +46,7 @@ impl SmartClient {
     }
 
     /// The ref advertisement of `service`: one request.
-    pub async fn advertise(&self, service: Service) -> Result<Advert, Error> {
+    pub async fn advertise(&self, service: Service) -> Result<Advert, AdvertError> {
         let body = self
             .wire
             .advertise(service, self.max_response_bytes)
@@ -82,7 +82,7 @@ impl SmartClient {
         wants: &[ObjectId],
         haves: &[ObjectId],
         blobs: Blobs,
-    ) -> Result<Vec<u8>, Error> {
+    ) -> Result<Vec<u8>, FetchError> {
         self.fetch_with(wants, haves, haves, 1, blobs).await
     }
 
@@ -95,13 +95,13 @@ impl SmartClient {
         boundary: &[ObjectId],
         depth: u32,
         blobs: Blobs,
-    ) -> Result<Vec<u8>, Error> {
+    ) -> Result<Vec<u8>, FetchError> {
         self.fetch_with(&[tip], boundary, &[tip], depth, blobs)
             .await
     }
 
     /// Upload-pack with protocol v2's `fetch`: the blobs `ids` and nothing else. One request.
-    pub async fn fetch_blobs(&self, ids: &[ObjectId]) -> Result<Vec<u8>, Error> {
+    pub async fn fetch_blobs(&self, ids: &[ObjectId]) -> Result<Vec<u8>, FetchError> {
         let request = fetch::objects_request(ids);
         let response = self
             .wire
@@ -117,7 +117,7 @@ impl SmartClient {
         haves: &[ObjectId],
         depth: u32,
         blobs: Blobs,
-    ) -> Result<Vec<u8>, Error> {
+    ) -> Result<Vec<u8>, FetchError> {
         let caps = fetch_capabilities(lock(&self.upload_caps).as_deref(), blobs == Blobs::None);
         let request = fetch::request(&caps, wants, shallow, haves, depth);
         let response = self

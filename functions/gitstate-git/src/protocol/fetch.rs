@@ -89,8 +89,23 @@ pub(crate) fn objects_request(ids: &[ObjectId]) -> Vec<u8> {
     body
 }
 
+/// Why a fetch brought no pack. Each becomes the crate's [`Error`] in one place
+/// (`From<FetchError> for Error`, in `lib.rs`) with the text and kind it had before.
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    /// The remote answered `ERR …`: it will not send what was wanted (a tip that moved since
+    /// it was advertised, say); the crate's `Error::Remote`, which the store looks again on.
+    #[error("{0}")]
+    Refused(String),
+    #[error("the fetch response has no pack")]
+    NoPack,
+    /// The exchange itself, or its pkt-lines and side-band (a channel-3 message is `Remote`).
+    #[error(transparent)]
+    Wire(#[from] Error),
+}
+
 /// The pack in an upload-pack response (v0, or v2's `packfile` section).
-pub(crate) fn pack_of(response: &[u8]) -> Result<Vec<u8>, Error> {
+pub(crate) fn pack_of(response: &[u8]) -> Result<Vec<u8>, FetchError> {
     let mut reader = pkt::Reader::new(response);
     loop {
         // Without side-band the pack follows the acknowledgements raw.
@@ -99,17 +114,17 @@ pub(crate) fn pack_of(response: &[u8]) -> Result<Vec<u8>, Error> {
         }
         match reader.next_frame()? {
             Some(pkt::Frame::Data(d)) if matches!(d.first(), Some(1..=3)) => {
-                return pkt::demux(&mut reader, Some(d));
+                return Ok(pkt::demux(&mut reader, Some(d))?);
             }
             Some(pkt::Frame::Data(d)) if d.starts_with(b"ERR ") => {
-                return Err(Error::Remote(
+                return Err(FetchError::Refused(
                     String::from_utf8_lossy(&d[4..]).trim().to_owned(),
                 ));
             }
             // shallow/unshallow updates, ACK/NAK, v2 section headers: nothing to keep, the cache
             // never walks history.
             Some(pkt::Frame::Data(_) | pkt::Frame::Flush | pkt::Frame::Special) => {}
-            None => return Err(Error::Protocol("the fetch response has no pack".into())),
+            None => return Err(FetchError::NoPack),
         }
     }
 }

@@ -8,9 +8,9 @@ pub mod fetch;
 pub mod push;
 
 pub use crate::transport::{Service, pkt};
-pub use advert::Advert;
+pub use advert::{Advert, AdvertError};
 pub use client::{DEFAULT_MAX_RESPONSE_BYTES, SmartClient};
-pub use fetch::Blobs;
+pub use fetch::{Blobs, FetchError};
 pub use push::{Command, PushError, PushReport, push_capabilities};
 
 /// What this client calls itself in capability lists (`agent=…`).

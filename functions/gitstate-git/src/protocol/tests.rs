@@ -2,7 +2,7 @@ use gix::ObjectId;
 
 use crate::Error;
 
-use super::fetch::fetch_capabilities;
+use super::fetch::{FetchError, fetch_capabilities, pack_of};
 use super::{AGENT, Advert, Command, PushError, PushReport, Service, pkt, push_capabilities};
 
 fn advert_body(lines: &[&[u8]]) -> Vec<u8> {
@@ -43,6 +43,30 @@ fn parses_empty_repository() {
 #[test]
 fn refuses_dumb_servers() {
     assert!(Advert::parse(b"1111111 refs/heads/main\n", Service::UploadPack).is_err());
+}
+
+/// A ref line that cannot be read is a protocol error with the text it had before reading an
+/// advertisement had its own error: not transient, the remote's fault (502).
+#[test]
+fn malformed_advertisements_are_protocol_errors() {
+    let zero = "0".repeat(40);
+    for (line, text) in [
+        (
+            b"\xff\xfe refs/heads/main\n".to_vec(),
+            "ref advertisement is not UTF-8",
+        ),
+        (format!("{zero}\n").into_bytes(), "malformed ref line"),
+        (b"zz refs/heads/main\n".to_vec(), "malformed object id"),
+    ] {
+        let error = Error::from(
+            Advert::parse(&advert_body(&[&line]), Service::ReceivePack).expect_err(text),
+        );
+        assert_eq!(error.to_string(), format!("git protocol error: {text}"));
+        assert!(
+            matches!(error, Error::Protocol(_)) && !error.is_transient(),
+            "{text}"
+        );
+    }
 }
 
 #[test]
@@ -229,6 +253,47 @@ fn fetch_asks_only_for_advertised_capabilities() {
             fetch_capabilities(None, partial),
             [AGENT],
             "nothing optional unadvertised"
+        );
+    }
+}
+
+/// A fetch's failures read as they did before fetching had its own error: the remote's `ERR`
+/// and a side-band error are `Remote` (transient: the store looks again), no pack `Protocol`;
+/// all the remote's fault (502).
+#[test]
+fn fetch_errors_keep_their_texts_and_kinds() {
+    use gitstate_core::ports::StoreError;
+    let mut err = Vec::new();
+    pkt::write(&mut err, b"NAK\n");
+    pkt::write(&mut err, b"ERR upload-pack: not our ref 1111\n");
+    let mut sideband = Vec::new();
+    pkt::write(&mut sideband, b"\x03fatal: gone\n");
+    let mut none = Vec::new();
+    pkt::write(&mut none, b"NAK\n");
+    pkt::flush(&mut none);
+    let cases = [
+        (
+            &err,
+            "git remote reports: upload-pack: not our ref 1111",
+            true,
+        ),
+        (&sideband, "git remote reports: fatal: gone", true),
+        (
+            &none,
+            "git protocol error: the fetch response has no pack",
+            false,
+        ),
+    ];
+    for (response, text, transient) in cases {
+        let error = pack_of(response).expect_err(text);
+        assert_eq!(matches!(error, FetchError::Refused(_)), response == &err);
+        let error = Error::from(error);
+        assert_eq!(error.to_string(), text);
+        assert_eq!(error.is_transient(), transient, "{text}");
+        assert_eq!(matches!(error, Error::Remote(_)), transient, "{text}");
+        assert!(
+            matches!(StoreError::from(error), StoreError::Remote(_)),
+            "{text}"
         );
     }
 }

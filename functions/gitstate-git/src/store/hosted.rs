@@ -13,7 +13,7 @@ use super::transport::{Fetch, KnownTip, Transport};
 use super::{WriteMode, blocking};
 use crate::Error;
 use crate::protocol::{Advert, Service};
-use crate::protocol::{Blobs, Command, PushReport, SmartClient};
+use crate::protocol::{Blobs, Command, FetchError, PushReport, SmartClient};
 use crate::repository::Cache;
 use crate::repository::pack;
 use crate::sync::lock;
@@ -220,8 +220,9 @@ impl Transport for Hosted {
         match self.http.fetch_blobs(&lacking).await {
             Ok(pack) => index(cache, pack).await?,
             // A remote that cannot be reached now cannot be reached for the whole commit either.
-            Err(error @ Error::Http(_)) => return Err(error),
+            Err(FetchError::Wire(error @ Error::Http(_))) => return Err(error),
             Err(error) => {
+                let error = Error::from(error);
                 let pack = self.http.fetch(&[commit], &[], Blobs::All).await?;
                 index(cache, pack).await?;
                 tracing::warn!(error = %gitstate_core::report::chain(&error), "the remote does not send blobs by id; fetching whole commits from now on");
