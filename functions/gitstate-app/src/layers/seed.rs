@@ -152,18 +152,8 @@ impl Layered {
             if self.values.contains_key(spec.var) {
                 continue;
             }
-            let from_env = SEED_VARIABLES
-                .iter()
-                .filter(|(_, var)| *var == spec.var)
-                .filter(|(name, _)| in_use || !GENERIC_VARIABLES.contains(name))
-                // The passphrase is the aes mode's; under `sops` it means nothing to the seed.
-                .filter(|(name, _)| {
-                    *name != "TF_BACKEND_HTTP_ENCRYPTION_PASSPHRASE"
-                        || provider.as_deref() != Some("sops")
-                })
-                .find_map(|(name, _)| {
-                    present((seed.env)(name)).map(|v| (v, Origin::SeedEnv(name)))
-                });
+            let sops = provider.as_deref() == Some("sops");
+            let from_env = seed_variable(seed, spec.var, in_use, sops);
             let chosen = from_env.or_else(|| {
                 let (path, _) = seed.hcl?;
                 let value = hcl.get(spec.var)?.clone();
@@ -214,6 +204,22 @@ impl Layered {
         }
         Ok(self)
     }
+}
+
+/// The first of the seed's variables for gitstate's `var` that is set, and where it came from.
+/// The generic names count only where the seed is in use; the passphrase is the aes mode's,
+/// and under `sops` means nothing to the seed.
+fn seed_variable(seed: &Seed<'_>, var: &str, in_use: bool, sops: bool) -> Option<(String, Origin)> {
+    SEED_VARIABLES
+        .iter()
+        .filter(|(_, to)| *to == var)
+        .filter(|(name, _)| in_use || !GENERIC_VARIABLES.contains(name))
+        .filter(|(name, _)| *name != "TF_BACKEND_HTTP_ENCRYPTION_PASSPHRASE" || !sops)
+        .find_map(|(name, _)| {
+            (seed.env)(name)
+                .filter(|v| !v.trim().is_empty())
+                .map(|v| (v, Origin::SeedEnv(name)))
+        })
 }
 
 /// The seed's file: HCL as its Go reader took it (HCL 1: `git.repository = "…"`, or blocks
