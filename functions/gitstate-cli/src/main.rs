@@ -19,7 +19,7 @@ mod tables;
 
 use std::path::PathBuf;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use client::RemoteArgs;
 use commands::{admin, keys, remote, serve, users};
 use settings::{SettingsFor, uses};
@@ -313,10 +313,17 @@ async fn main() -> anyhow::Result<()> {
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let seed_form = seed::detect(&args[1.min(args.len())..]);
     // Help, a version or a mistake on the command line ends here, before anything else.
-    let cli = (!seed_form).then(|| Cli::parse_from(&args));
+    let matches = (!seed_form).then(|| Cli::command().get_matches_from(&args));
+    let cli = matches
+        .as_ref()
+        .map(|m| Cli::from_arg_matches(m).unwrap_or_else(|e| e.exit()));
     // terraform-backend-git's SSH_PRIVATE_KEY / StrictHostKeyChecking: a command that reaches
-    // the repository runs again with the ssh command they make.
-    if (seed_form || cli.as_ref().is_some_and(|c| c.command.reaches_repository()))
+    // the repository through git (its settings include the git ones) runs again with the ssh
+    // command they make.
+    if (seed_form
+        || matches
+            .as_ref()
+            .is_some_and(settings::uses::reaches_repository))
         && let Some(code) = seed_ssh::rerun().await?
     {
         std::process::exit(code);
@@ -337,33 +344,6 @@ async fn main() -> anyhow::Result<()> {
         | Command::Unlock { .. }
         | Command::Remove { .. }) => remote_command(remote).await,
         local => local_command(local).await,
-    }
-}
-
-impl Command {
-    /// Whether the command reads or writes the git repository itself (and so may use ssh);
-    /// the others talk to a running backend, or to files and KMS alone.
-    fn reaches_repository(&self) -> bool {
-        match self {
-            Self::Serve { .. }
-            | Self::Run { .. }
-            | Self::Config { .. }
-            | Self::Rekey { .. }
-            | Self::User(_) => true,
-            Self::Stop { .. }
-            | Self::Doctor { .. }
-            | Self::HashPassword
-            | Self::Access(_)
-            | Self::History { .. }
-            | Self::Show { .. }
-            | Self::Restore { .. }
-            | Self::List { .. }
-            | Self::Locks { .. }
-            | Self::Unlock { .. }
-            | Self::Remove { .. }
-            | Self::Decrypt { .. }
-            | Self::Encrypt { .. } => false,
-        }
     }
 }
 

@@ -140,8 +140,8 @@ pub mod uses {
     /// A commit to the repository's access file.
     pub const USER_ADD: u16 = mask(&[Repository, Git, Team, Logging]);
 
-    /// Every command with settings, by its words after `gitstate`: what its flags must be (a test checks the help).
-    #[cfg(test)]
+    /// Every command with settings, by its words after `gitstate`: what its flags must be (a
+    /// test checks the help), and what it reaches.
     pub const BY_COMMAND: &[(&str, u16)] = &[
         ("serve", SERVE),
         ("run", RUN),
@@ -158,6 +158,21 @@ pub mod uses {
         ("remove", REMOTE),
         ("user add", USER_ADD),
     ];
+
+    /// Whether the parsed command reads or writes the repository through git: its settings
+    /// include the git ones. The others talk to a running backend, or to files and KMS alone.
+    pub fn reaches_repository(matches: &clap::ArgMatches) -> bool {
+        let mut words = Vec::new();
+        let mut at = matches;
+        while let Some((name, sub)) = at.subcommand() {
+            words.push(name);
+            at = sub;
+        }
+        let path = words.join(" ");
+        BY_COMMAND
+            .iter()
+            .any(|(command, mask)| *command == path && has(*mask, Concern::Git))
+    }
 }
 
 /// The settings flags of a command whose concerns are `USES` ([`uses`]), and `--config`.
