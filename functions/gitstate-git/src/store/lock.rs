@@ -14,11 +14,12 @@ use gitstate_core::ports::{
 use gitstate_core::refs::{Clash, branch_clash, lock_clash};
 use gitstate_core::{BranchName, LockInfo, StateName};
 
+use super::floor::{lock_commands, remember_proved};
 use super::remote::Remote;
-use super::{GitStore, blocking, null};
+use super::{GitStore, WriteMode, blocking, null};
 use crate::Error;
 use crate::protocol::Command;
-use crate::protocol::{Advert, Service};
+use crate::protocol::{Advert, Service, Updates};
 use crate::repository::NewCommit;
 use crate::sync::lock;
 
@@ -199,7 +200,7 @@ impl GitStore {
         let remote = self.remote(at)?;
         let lock_ref = self.lock_ref(name);
         let agreed = crate::sync::lock(&self.protocol_agreed).contains(&at.repository);
-        if agreed && self.lock_at_floor(&remote, name, lock, meta).await? {
+        if agreed && self.lock_at_floor(&remote, at, name, lock, meta).await? {
             return Ok(Acquire::Acquired);
         }
         let mut refused = None;
@@ -235,9 +236,16 @@ impl GitStore {
                 }
             }
             let (command, commit) = remote.lock_commit(name, lock, meta, &lock_ref).await?;
-            let report = remote.push(vec![command.clone()], commit.objects).await?;
+            // The advertised tip, asserted after the create: the GET that follows needs no
+            // request when it still holds (see the `floor` module).
+            let proving = advert
+                .tip(&at.branch.full_ref())
+                .filter(|_| remote.fetches() && WriteMode::of(&advert) == WriteMode::Atomic);
+            let commands = lock_commands(command.clone(), at, proving);
+            let report = remote.push_each(commands.clone(), commit.objects).await?;
             if report.all_ok(&[command]) {
                 remote.remember_lock(&lock_ref, Some(commit.id));
+                remember_proved(&remote, &report, &commands, commit.id);
                 if unrecorded {
                     self.record_protocol(&remote, at, meta).await;
                 }
@@ -281,7 +289,7 @@ impl GitStore {
             remote.remember_lock(&lock_ref, None);
         }
         let report = match remote
-            .push_at_floor(vec![command.clone()], Vec::new())
+            .push_at_floor(vec![command.clone()], Vec::new(), Updates::Atomic)
             .await?
         {
             Some(report) => report,

@@ -256,6 +256,9 @@ impl StateStore for GitStore {
         at: &Location,
         name: &StateName,
     ) -> Result<Option<Bytes>, StoreError> {
+        if let Some(state) = self.read_proved(at, name).await? {
+            return Ok(state);
+        }
         Ok(self.read_path(at, name.to_string()).await?)
     }
 
