@@ -284,9 +284,12 @@ impl GitStore {
             new: null(),
             name: lock_ref.clone(),
         };
-        // Gone or changed either way: a later look asks the remote.
-        if remote.made_lock(&lock_ref) == Some(old) {
-            remote.remember_lock(&lock_ref, None);
+        // Gone or changed either way: a later look asks the remote. Lock refs are the
+        // repository's, so a lock taken through another branch's address is forgotten there too.
+        for remote in self.remotes_of(&at.repository) {
+            if remote.made_lock(&lock_ref) == Some(old) {
+                remote.remember_lock(&lock_ref, None);
+            }
         }
         let report = match remote
             .push_at_floor(vec![command.clone()], Vec::new(), Updates::Atomic)
