@@ -1,183 +1,80 @@
-//! Never a stale read, never a lost write (issue 27): seeded, reproducible rounds of LOCK, GET,
-//! writes under the lock (`POST ?ID=`), deletes under the lock (`DELETE /states/<name>?ID=`,
-//! after which a folder relative may take the name's place), UNLOCK, force-unlock
-//! (`DELETE /locks` without a body), restore (`POST /history/<name>?restore=<serial>`), plain
-//! reads and history reads, sent by
-//! several Terraform-like actors through several `gitstate serve` processes (the Lambda shape:
-//! within a round each process serves one request at most, so no two writes ever meet in one
-//! process's group commit) to the machine's `git http-backend`.
+//! Never a stale read, never a lost write (issue 27): generated, seeded, replayable rounds of
+//! requests sent by several Terraform-like actors through several `gitstate serve` processes
+//! (the Lambda shape: within a round each process serves one request at most, so no two writes
+//! ever meet in one process's group commit) to the machine's `git http-backend`.
 //!
-//! Now and then a process is replaced between rounds (stopped, started again on its cache or
-//! on an empty one), as Lambda replaces containers: its next request reads cold.
+//! Requests: LOCK, GET, writes under the lock (`POST ?ID=`), writes without a lock (`POST`
+//! without `?ID=`, as `-lock=false`; `GITSTATE_ALLOW_UNLOCKED_WRITES=true`), deletes under the
+//! lock (`DELETE /states/<name>?ID=`, after which the name may be created again, or a folder
+//! relative may take its place), UNLOCK, force-unlock (`DELETE /locks` without a body), restore of
+//! an older version (`POST /history/<name>?restore=<serial>`, also of serials that do not exist),
+//! plain reads and history reads. Names: eight shared by every actor (folders of one another,
+//! case variants, plain names), so they contend, and one per actor that only it touches. Now and
+//! then a process is replaced between rounds (stopped, started again on its cache or on an empty
+//! one, as Lambda replaces containers), and a fold (`gitstate fold`, a process of its own) runs
+//! during a round; one more fold runs before the final checks.
 //!
 //! A round runs its requests at once. Each touches its own family of names (names that are a
-//! folder of one another share a family), so the model predicts every answer exactly, except in
-//! the two races a round may hold on purpose: two LOCKs of one name, and a force-unlock during
-//! the holder's write (the answers decide which order happened; both orders are sound).
-//! Asserted: every GET (a lock holder's included) answers the newest acknowledged version of
-//! the name; every acknowledged write is in the state's history exactly once and in order, read
-//! through the history API and with `git log` on the bare repository; a write that was not
-//! acknowledged appears at most once; the branch's files are each state's newest version.
+//! folder of one another share a family), so the model predicts every answer, except in the
+//! pairs a round may hold on purpose: two requests on one shared name (two LOCKs, a write and a
+//! force-unlock, an unlocked write and a LOCK, two unlocked writes, a restore and a write, a
+//! read during a write, …), whose answers must be those of one of the two orders (see
+//! [`model::judge_pair`]).
 //!
-//! CI runs [`CI_STEPS`] requests with seed [`CI_SEED`] on a host with atomic push, and half as
-//! many on one without; by hand, e.g.
+//! Asserted: every GET (a lock holder's right after its LOCK included) answers the newest
+//! acknowledged version of the name; every acknowledged write is in the state's history exactly
+//! once and in order, through the history API and, after the final fold, through `git log` of
+//! the branch on the bare repository; a write answered with a 5xx either left the state
+//! unchanged or changed it exactly once (decided from the history) and, if it did not land,
+//! never appears later; no refused write ever appears (every read and history is exact); after
+//! the final fold the branch's files are the states' newest versions, and no lock is left.
+//!
+//! Each test runs under a setting of `GITSTATE_STATE_REFS` (`auto`, `always`): while the binary
+//! does not know that setting, it is not passed and both runs exercise branch writes. While the
+//! binary has no `gitstate fold` command, folds are skipped (the branch is then the only home of
+//! a write, or, with state refs, the final checks read each state's newest content where the
+//! design keeps it and check `git log` of the branch only when no state ref exists).
+//!
+//! CI runs [`CI_STEPS`] requests per test with seed [`CI_SEED`]; by hand, e.g.
 //! `GITSTATE_MANY_WRITERS_SEED=5 GITSTATE_MANY_WRITERS_STEPS=3000 cargo test -p gitstate-cli
-//! --test it many_writers:: -- --nocapture`. A failure prints its seed and the rounds so far.
+//! --test it many_writers:: -- --nocapture`. A failure prints the replay line (seed, steps) and
+//! every round so far.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+mod model;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
-use gitstate_tests::process::{ServeProcess, serve_env};
-use gitstate_tests::{Client, GitServer, PushMode, git, git_output};
+use gitstate_tests::process::{ServeProcess, has_command, knows_variable, run_command, serve_env};
+use gitstate_tests::states::{newest_stored, state_refs};
+use gitstate_tests::{Client, GitServer, PushMode, git};
+use model::{Answered, Effect, Model, NAMES, Op, SHARED, Version, family, own_name};
 use rand::rngs::StdRng;
-use rand::seq::SliceRandom;
+use rand::seq::{IndexedRandom, SliceRandom};
 use rand::{Rng, SeedableRng};
 
-/// Requests CI sends (20–40 s on the shared 2-core machine, with other tests running).
-const CI_STEPS: usize = 400;
+/// Requests CI sends per test (about 10 s each on the shared 2-core machine).
+const CI_STEPS: usize = 300;
 const CI_SEED: u64 = 27;
 /// `gitstate serve` processes, and so the most requests in one round.
 const PROCESSES: usize = 4;
 /// Terraform runs, each one request at a time.
 const ACTORS: usize = 6;
 const REPO: &str = "writers";
-/// Folders of one another (`a`, `a/b`, `a/b/c.tfstate`), case variants, and plain names.
-const NAMES: [&str; 8] = [
-    "a",
-    "a/b",
-    "a/b/c.tfstate",
-    "env/App.tfstate",
-    "env/app.tfstate",
-    "env/APP.tfstate",
-    "net/prod.tfstate",
-    "net/stage.tfstate",
-];
+const BRANCH: &str = "main";
+/// Chances per round: a pair on one shared name, a fold during the round, a process replaced.
+const PAIR_RATE: f64 = 0.25;
+const FOLD_RATE: f64 = 0.06;
+const REPLACE_RATE: f64 = 0.02;
 
-/// One version of a state: its serial (strictly increasing per state) and the marker of the
-/// write that first carried its content (a restore carries the marker of what it restores).
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-struct Version {
-    serial: u64,
-    marker: String,
-}
-
-impl Version {
-    fn body(&self, name: &str) -> String {
-        format!(
-            r#"{{"version":4,"terraform_version":"1.11.4","serial":{},"lineage":"{}","outputs":{{"write":{{"value":"{}","type":"string"}}}},"resources":[]}}"#,
-            self.serial,
-            lineage(name),
-            self.marker
-        )
-    }
-
-    /// The version a state body holds, if it is one of this test's.
-    fn of(body: &str) -> Option<Self> {
-        let value: serde_json::Value = serde_json::from_str(body).ok()?;
-        Some(Self {
-            serial: value["serial"].as_u64()?,
-            marker: value["outputs"]["write"]["value"].as_str()?.to_owned(),
-        })
-    }
-}
-
-fn lineage(name: &str) -> String {
-    format!("lineage-{}", name.replace('/', "-"))
-}
-
-/// Names that are a folder of one another (the namespace rules make them exclude each other).
-fn related(a: &str, b: &str) -> bool {
-    a != b && (a.starts_with(&format!("{b}/")) || b.starts_with(&format!("{a}/")))
-}
-
-/// The family of a name: the first name in [`NAMES`] it is equal or related to.
-fn family(name: &str) -> usize {
-    NAMES
-        .iter()
-        .position(|n| *n == name || related(n, name))
-        .expect("a known name")
-}
-
-/// One request of a round.
-#[derive(Debug, Clone)]
-enum Op {
-    Lock {
-        name: &'static str,
-        id: String,
-    },
-    /// A holder's read, or anyone's.
-    Get {
-        name: &'static str,
-    },
-    Write {
-        name: &'static str,
-        id: String,
-        version: Version,
-    },
-    /// `terraform workspace delete`: the holder deletes the state (the lock stays).
-    Delete {
-        name: &'static str,
-        id: String,
-    },
-    Unlock {
-        name: &'static str,
-        id: String,
-    },
-    ForceUnlock {
-        name: &'static str,
-    },
-    Restore {
-        name: &'static str,
-        serial: u64,
-    },
-    History {
-        name: &'static str,
-    },
-}
-
-impl Op {
-    fn kind(&self) -> &'static str {
-        match self {
-            Self::Lock { .. } => "LOCK",
-            Self::Get { .. } => "GET",
-            Self::Write { .. } => "write",
-            Self::Delete { .. } => "DELETE",
-            Self::Unlock { .. } => "UNLOCK",
-            Self::ForceUnlock { .. } => "force-unlock",
-            Self::Restore { .. } => "restore",
-            Self::History { .. } => "history",
-        }
-    }
-
-    fn name(&self) -> &'static str {
-        match self {
-            Self::Lock { name, .. }
-            | Self::Get { name }
-            | Self::Write { name, .. }
-            | Self::Delete { name, .. }
-            | Self::Unlock { name, .. }
-            | Self::ForceUnlock { name }
-            | Self::Restore { name, .. }
-            | Self::History { name } => name,
-        }
-    }
-
-    async fn send(&self, client: &Client) -> (u16, String) {
-        let answer = match self {
-            Self::Lock { name, id } => client.lock(name, id).await,
-            Self::Get { name } => client.get_state(name).await,
-            Self::Write { name, id, version } => {
-                client.write_locked(name, id, &version.body(name)).await
-            }
-            Self::Delete { name, id } => client.delete_state(name, Some(id)).await,
-            Self::Unlock { name, id } => client.unlock(name, id).await,
-            Self::ForceUnlock { name } => client.force_unlock(name).await,
-            Self::Restore { name, serial } => client.restore(name, &serial.to_string()).await,
-            Self::History { name } => client.history(name, "per_page=100").await,
-        };
-        (answer.status, answer.body)
-    }
+/// The host and the backend's setting under test.
+#[derive(Debug, Clone, Copy)]
+struct Setup {
+    push: PushMode,
+    /// `GITSTATE_STATE_REFS`.
+    state_refs: &'static str,
 }
 
 /// What an actor is doing: nothing, or holding (as far as it knows) a lock.
@@ -191,312 +88,52 @@ enum Actor {
     },
 }
 
-/// What the backend must have done so far.
-#[derive(Default)]
-struct Model {
-    /// Acknowledged versions per name, oldest first (plus unacknowledged ones found landed);
-    /// `None` is a delete.
-    history: BTreeMap<&'static str, Vec<Option<Version>>>,
-    /// Lock ID per locked name.
-    locks: BTreeMap<&'static str, String>,
-    /// Writes answered with a 5xx that had not landed when the round ended: never to appear.
-    unsure: Vec<(&'static str, Version)>,
-    /// Writes and restores acknowledged, and requests sent.
-    acknowledged: usize,
-    sent: usize,
-    writes: u64,
-    /// Answers per request kind and status, and the races run, for the report.
-    seen: BTreeMap<String, usize>,
-}
-
-impl Model {
-    fn newest(&self, name: &str) -> Option<&Version> {
-        self.history
-            .get(name)
-            .and_then(|h| h.last())
-            .and_then(Option::as_ref)
-    }
-
-    /// The serial of a new write: above every serial the name ever had (a write after a delete
-    /// starts no lower), so that serials name versions.
-    fn next_serial(&self, name: &str) -> u64 {
-        let versions = self.history.get(name).into_iter().flatten().flatten();
-        versions.map(|v| v.serial).max().unwrap_or(0) + 1
-    }
-
-    /// The one version with `serial`, when exactly one has it (a restore after a delete can
-    /// repeat a serial).
-    fn only_version(&self, name: &str, serial: u64) -> Option<&Version> {
-        let versions = self.history.get(name).into_iter().flatten().flatten();
-        let mut found = versions.filter(|v| v.serial == serial);
-        let first = found.next()?;
-        found.next().is_none().then_some(first)
-    }
-
-    /// Whether a stored state is in the name's folder or has the name as a folder (the tree's
-    /// rule, checked first by every request).
-    fn tree_clash(&self, name: &str) -> bool {
-        NAMES
-            .iter()
-            .any(|other| related(name, other) && self.newest(other).is_some())
-    }
-
-    /// Whether a held lock's ref is in the name's folder or has it as a folder (found when the
-    /// lock ref is taken).
-    fn lock_clash(&self, name: &str) -> bool {
-        NAMES
-            .iter()
-            .any(|other| related(name, other) && self.locks.contains_key(other))
-    }
-
-    /// The answer a read of `name` must have: 200 with the newest version, or 404.
-    fn check_read(&self, name: &str, status: u16, body: &str) -> Result<(), String> {
-        match self.newest(name) {
-            Some(want) => {
-                let got = Version::of(body);
-                if status == 200 && got.as_ref() == Some(want) {
-                    Ok(())
-                } else {
-                    Err(format!(
-                        "stale or wrong read of {name}: {status} {got:?}, newest acknowledged {want:?}"
-                    ))
-                }
-            }
-            // A name in another's folder, or a folder of states, is not a state: 404 or 409.
-            None if status == 404 || (status == 409 && self.tree_clash(name)) => Ok(()),
-            None => Err(format!("{name} was never written, read {status} {body}")),
-        }
-    }
-}
-
-/// What a request changed, once judged.
-enum Effect {
-    None,
-    Locked(&'static str, String),
-    Unlocked(&'static str),
-    Wrote(&'static str, Version),
-    Deleted(&'static str),
-    /// A 5xx write: settled against the repository after the round.
-    Unsure(&'static str, Version),
-}
-
-fn expect(want: &[u16], status: u16, body: &str, op: &Op) -> Result<(), String> {
-    if want.contains(&status) {
-        Ok(())
-    } else {
-        Err(format!("{op:?}: expected {want:?}, got {status} {body}"))
-    }
-}
-
-/// Judge one request of a round whose family nothing else in the round touched.
-fn judge(model: &Model, op: &Op, status: u16, body: &str) -> Result<Effect, String> {
-    let name = op.name();
-    let holder = model.locks.get(name);
-    match op {
-        Op::Lock { id, .. } => {
-            let want = if model.tree_clash(name) {
-                409
-            } else if holder.is_some() {
-                423
-            } else if model.lock_clash(name) {
-                409
-            } else {
-                200
-            };
-            expect(&[want], status, body, op)?;
-            if want == 423 && !body.contains(holder.map_or("", String::as_str)) {
-                return Err(format!("{op:?}: the 423 does not name the holder: {body}"));
-            }
-            Ok(if want == 200 {
-                Effect::Locked(name, id.clone())
-            } else {
-                Effect::None
-            })
-        }
-        Op::Get { .. } => model.check_read(name, status, body).map(|()| Effect::None),
-        Op::Write { id, version, .. } => {
-            if holder == Some(id) {
-                if status >= 500 {
-                    return Ok(Effect::Unsure(name, version.clone()));
-                }
-                expect(&[200], status, body, op)?;
-                Ok(Effect::Wrote(name, version.clone()))
-            } else {
-                // Deposed by a force-unlock: refused, nothing written.
-                expect(&[409, 423], status, body, op).map(|()| Effect::None)
-            }
-        }
-        Op::Delete { id, .. } => {
-            if holder != Some(id) {
-                return expect(&[409, 423], status, body, op).map(|()| Effect::None);
-            }
-            let want = if model.newest(name).is_some() {
-                200
-            } else {
-                404
-            };
-            expect(&[want], status, body, op)?;
-            Ok(if want == 200 {
-                Effect::Deleted(name)
-            } else {
-                Effect::None
-            })
-        }
-        Op::Unlock { id, .. } => match holder {
-            Some(held) if held == id => {
-                expect(&[200], status, body, op).map(|()| Effect::Unlocked(name))
-            }
-            Some(_) => expect(&[409, 423], status, body, op).map(|()| Effect::None),
-            None => expect(&[200], status, body, op).map(|()| Effect::None),
-        },
-        Op::ForceUnlock { .. } => {
-            let want = if holder.is_none() && model.tree_clash(name) {
-                409
-            } else {
-                200
-            };
-            expect(&[want], status, body, op)?;
-            Ok(if holder.is_some() {
-                Effect::Unlocked(name)
-            } else {
-                Effect::None
-            })
-        }
-        Op::Restore { serial, .. } => {
-            let from = model.only_version(name, *serial);
-            let want = if model.tree_clash(name) {
-                409
-            } else if from.is_none() {
-                // No such revision: the request names what is not there.
-                400
-            } else if holder.is_some() {
-                423
-            } else if model.lock_clash(name) {
-                409
-            } else {
-                200
-            };
-            let (Some(from), 200) = (from, want) else {
-                return expect(&[want], status, body, op).map(|()| Effect::None);
-            };
-            let restored = Version {
-                serial: model.newest(name).map_or(0, |v| v.serial).max(from.serial) + 1,
-                marker: from.marker.clone(),
-            };
-            if status >= 500 {
-                return Ok(Effect::Unsure(name, restored));
-            }
-            expect(&[200], status, body, op)?;
-            let answered: serde_json::Value =
-                serde_json::from_str(body).map_err(|e| format!("{op:?}: {e}: {body}"))?;
-            if answered["serial"].as_u64() != Some(restored.serial) {
-                return Err(format!("{op:?}: restored as {body}, want {restored:?}"));
-            }
-            Ok(Effect::Wrote(name, restored))
-        }
-        Op::History { .. } => {
-            let want: Vec<Option<u64>> = model
-                .history
-                .get(name)
-                .map(|h| {
-                    h.iter()
-                        .rev()
-                        .map(|v| v.as_ref().map(|v| v.serial))
-                        .take(100)
-                        .collect()
-                })
-                .unwrap_or_default();
-            if want.is_empty() && status == 409 && model.tree_clash(name) {
-                return Ok(Effect::None);
-            }
-            // A name never written has an empty history.
-            expect(&[200], status, body, op)?;
-            let page: gitstate_tests::History =
-                serde_json::from_str(body).map_err(|e| format!("{op:?}: {e}: {body}"))?;
-            let got = page_serials(&page);
-            if got == want {
-                Ok(Effect::None)
-            } else {
-                Err(format!("history of {name}: {got:?}, model {want:?}"))
-            }
-        }
-    }
-}
-
-/// Two LOCKs of one free name at once: one wins, the other is told who holds it.
-fn judge_lock_race(model: &Model, pair: [(&Op, u16, &str); 2]) -> Result<Effect, String> {
-    let name = pair[0].0.name();
-    if model.tree_clash(name) || model.lock_clash(name) || model.locks.contains_key(name) {
-        for (op, status, body) in pair {
-            judge(model, op, status, body)?;
-        }
-        return Ok(Effect::None);
-    }
-    let winners: Vec<_> = pair
-        .iter()
-        .filter(|(_, status, _)| *status == 200)
-        .collect();
-    let [(Op::Lock { id, .. }, _, _)] = winners.as_slice() else {
-        return Err(format!("lock race on {name}: {pair:?}"));
-    };
-    for (op, status, body) in pair {
-        if status != 200 && (status != 423 || !body.contains(id.as_str())) {
-            return Err(format!("lock race, loser {op:?}: {status} {body}"));
-        }
-    }
-    Ok(Effect::Locked(name, id.clone()))
-}
-
-/// A force-unlock during the holder's write: the write is refused or lands (then it was first);
-/// the lock is gone either way.
-fn judge_unlock_race(
-    write: (&Op, u16, &str),
-    force: (&Op, u16, &str),
-) -> Result<Vec<Effect>, String> {
-    let (op, status, body) = force;
-    expect(&[200], status, body, op)?;
-    let mut effects = vec![Effect::Unlocked(op.name())];
-    let (op, status, body) = write;
-    match op {
-        Op::Write { name, version, .. } if status == 200 => {
-            effects.push(Effect::Wrote(name, version.clone()))
-        }
-        Op::Write { name, version, .. } if status >= 500 => {
-            effects.push(Effect::Unsure(name, version.clone()))
-        }
-        _ => expect(&[409, 423], status, body, op)?,
-    }
-    Ok(effects)
-}
-
-/// The world: the git server, the processes, and a client for each.
+/// The world: the git server, the processes, a client for each, and how to fold.
 struct World {
     server: GitServer,
     clients: Vec<Arc<Client>>,
     procs: Vec<ServeProcess>,
+    /// The environment of `gitstate fold`, when the binary has that command.
+    fold: Option<Vec<(String, String)>>,
+    /// Whether the binary knows `GITSTATE_STATE_REFS` (else the setting is not passed).
+    state_refs: bool,
     _root: tempfile::TempDir,
 }
 
 impl World {
-    async fn start(mode: PushMode) -> Self {
-        let server = GitServer::start_in(mode).await;
+    async fn start(setup: Setup) -> Self {
+        let binary = Path::new(crate::GITSTATE);
+        let server = GitServer::start_in(setup.push).await;
         let url = server.create_repo(REPO);
         let root = tempfile::tempdir().expect("tempdir");
+        let state_refs = knows_variable(binary, "GITSTATE_STATE_REFS", setup.state_refs).await;
+        let mut extra = vec![("GITSTATE_ALLOW_UNLOCKED_WRITES", "true")];
+        if state_refs {
+            extra.push(("GITSTATE_STATE_REFS", setup.state_refs));
+        }
+        let env = serve_env(&url, &extra);
         let mut procs = Vec::new();
         for i in 0..PROCESSES {
             let dir = root.path().join(format!("serve-{i}"));
             std::fs::create_dir_all(&dir).expect("server dir");
-            let env = serve_env(&url, &[]);
-            procs.push(ServeProcess::start(Path::new(crate::GITSTATE), &dir, env).await);
+            procs.push(ServeProcess::start(binary, &dir, env.clone()).await);
         }
         let clients: Vec<Arc<Client>> = procs
             .iter()
             .map(|p| Arc::new(Client::new(&p.url)))
             .collect();
+        let fold = has_command(binary, "fold").await.then(|| {
+            let mut env = serve_env(&url, &extra);
+            let cache = root.path().join("fold-cache");
+            env.push(("GITSTATE_CACHE_DIR".into(), cache.display().to_string()));
+            env
+        });
         Self {
             server,
             clients,
             procs,
+            fold,
+            state_refs,
             _root: root,
         }
     }
@@ -513,8 +150,22 @@ impl World {
         self.clients[i] = Arc::new(Client::new(&process.url));
     }
 
-    fn repo(&self) -> std::path::PathBuf {
+    fn repo(&self) -> PathBuf {
         self.server.repo_dir(REPO)
+    }
+
+    /// `gitstate fold`, now: its exit status and what it said (`None` without the command).
+    fn fold(&self) -> Option<impl Future<Output = (bool, String)> + use<>> {
+        let env = self.fold.clone()?;
+        Some(async move {
+            let out = run_command(Path::new(crate::GITSTATE), &["fold"], &env).await;
+            let said = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            (out.status.success(), said)
+        })
     }
 }
 
@@ -536,58 +187,107 @@ fn next_op(
             _ if !read => Op::Get { name },
             0..60 => {
                 model.writes += 1;
-                let serial = model.next_serial(name);
-                let marker = format!("w{}-a{who}", model.writes);
-                Op::Write {
-                    name,
-                    id,
-                    version: Version { serial, marker },
-                }
+                let version = Version {
+                    serial: model.next_serial(name),
+                    marker: format!("w{}-a{who}", model.writes),
+                };
+                Op::Write { name, id, version }
             }
             60..65 => Op::Delete { name, id },
             65..85 => Op::Unlock { name, id },
             _ => Op::Get { name },
         });
     }
-    let free: Vec<&'static str> = NAMES
-        .iter()
-        .copied()
-        .filter(|n| !taken.contains(&family(n)))
-        .collect();
-    let name = *free.get(rng.random_range(0..free.len().max(1)))?;
+    let own = own_name(who);
+    let name = if rng.random_bool(0.3) && !taken.contains(&family(own)) {
+        own
+    } else {
+        let free: Vec<&'static str> = NAMES[..SHARED]
+            .iter()
+            .copied()
+            .filter(|n| !taken.contains(&family(n)))
+            .collect();
+        *free.choose(rng)?
+    };
     Some(match rng.random_range(0..100) {
-        0..55 => {
+        0..45 => {
             model.writes += 1;
             Op::Lock {
                 name,
                 id: format!("lock-{}-a{who}", model.writes),
             }
         }
-        55..72 => Op::Get { name },
-        72..82 => Op::ForceUnlock { name },
-        82..94 => {
-            // Mostly a serial that exists, sometimes one that does not; never one that two
-            // versions share (after a delete), which would restore either.
-            let serial = rng.random_range(1..=model.next_serial(name));
-            let shared = model.only_version(name, serial).is_none()
-                && model
-                    .history
-                    .get(name)
-                    .into_iter()
-                    .flatten()
-                    .flatten()
-                    .any(|v| v.serial == serial);
-            if shared {
-                Op::History { name }
-            } else {
-                Op::Restore { name, serial }
-            }
-        }
+        45..57 => unlocked_write(model, name, who),
+        57..70 => Op::Get { name },
+        70..78 => Op::ForceUnlock { name },
+        78..90 => restore(rng, model, name).unwrap_or(Op::History { name }),
         _ => Op::History { name },
     })
 }
 
-/// A round: at most one request per process and per family, bar the two races.
+fn unlocked_write(model: &mut Model, name: &'static str, who: usize) -> Op {
+    model.writes += 1;
+    let version = Version {
+        serial: model.next_serial(name),
+        marker: format!("u{}-a{who}", model.writes),
+    };
+    Op::WriteUnlocked { name, version }
+}
+
+/// A restore of a serial: mostly one that exists, sometimes any (which may not); never one that
+/// two versions share (after a delete), which would restore either.
+fn restore(rng: &mut StdRng, model: &mut Model, name: &'static str) -> Option<Op> {
+    let top = model.issued.get(name).copied().unwrap_or(0) + 1;
+    let stored: Vec<u64> = model.serials(name).into_iter().flatten().collect();
+    let serial = match stored.choose(rng) {
+        Some(serial) if rng.random_bool(0.75) => *serial,
+        _ => rng.random_range(1..=top),
+    };
+    let shared = model.only_version(name, serial).is_none()
+        && model
+            .history
+            .get(name)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|v| v.serial == serial);
+    (!shared).then_some(Op::Restore { name, serial })
+}
+
+/// A second request on the name of `first`, by `other` (idle), whose answer and `first`'s tell
+/// the order they ran in: the pairs whose two orders could leave different states with the same
+/// answers (a force-unlock and a LOCK) are not planned.
+fn second_of_pair(rng: &mut StdRng, model: &mut Model, first: &Op, other: usize) -> Option<Op> {
+    let name = first.name();
+    model.writes += 1;
+    let lock = Op::Lock {
+        name,
+        id: format!("race-{}-a{other}", model.writes),
+    };
+    let get = Op::Get { name };
+    Some(match (first, rng.random_range(0..4)) {
+        (_, 0) => get,
+        (Op::Lock { .. }, 1) => lock,
+        (Op::Lock { .. } | Op::Unlock { .. } | Op::Restore { .. }, _) => {
+            if rng.random_bool(0.5) {
+                lock
+            } else {
+                unlocked_write(model, name, other)
+            }
+        }
+        (Op::Write { .. } | Op::Delete { .. }, 1 | 2) => Op::ForceUnlock { name },
+        (Op::Write { .. } | Op::Delete { .. }, _) => unlocked_write(model, name, other),
+        (Op::WriteUnlocked { .. }, 1) => lock,
+        (Op::WriteUnlocked { .. }, 2) => unlocked_write(model, name, other),
+        (Op::WriteUnlocked { .. }, _) => {
+            restore(rng, model, name).unwrap_or(Op::ForceUnlock { name })
+        }
+        _ => get,
+    })
+}
+
+/// A round: at most one request per process and per family, bar one planned pair on a shared
+/// name.
 fn plan_round(rng: &mut StdRng, model: &mut Model, actors: &[Actor]) -> Vec<(usize, Op)> {
     let mut order: Vec<usize> = (0..ACTORS).collect();
     order.shuffle(rng);
@@ -603,32 +303,26 @@ fn plan_round(rng: &mut StdRng, model: &mut Model, actors: &[Actor]) -> Vec<(usi
             round.push((who, op));
         }
     }
-    // The races, now and then, with an idle actor as the second party.
     let idle = (0..ACTORS)
         .find(|a| matches!(actors[*a], Actor::Idle) && round.iter().all(|(who, _)| who != a));
-    if let (Some(other), true) = (idle, round.len() < PROCESSES && rng.random_bool(0.15)) {
-        model.writes += 1;
-        let unique = model.writes;
-        let second = round.iter().find_map(|(_, op)| match op {
-            Op::Lock { name, .. } => Some(Op::Lock {
-                name,
-                id: format!("race-{unique}-a{other}"),
-            }),
-            Op::Write { name, .. } => Some(Op::ForceUnlock { name }),
-            _ => None,
-        });
-        if let Some(op) = second {
-            round.push((other, op));
+    if let (Some(other), true) = (idle, round.len() < PROCESSES && rng.random_bool(PAIR_RATE)) {
+        let shared: Vec<&Op> = round
+            .iter()
+            .map(|(_, op)| op)
+            .filter(|op| family(op.name()) < SHARED)
+            .collect();
+        if let Some(first) = shared.choose(rng).map(|op| (*op).clone())
+            && let Some(second) = second_of_pair(rng, model, &first, other)
+        {
+            round.push((other, second));
         }
     }
     round
 }
 
-/// Next session's hook: the redesign's fold (per-state refs folded into the branch) is forced
-/// here, at random points between rounds and once before the final checks, e.g. with
-/// `gitstate fold` or by whatever the design folds with. Today the branch is the only home of a
-/// write, so there is nothing to fold.
-async fn fold(_world: &World, _rng: &mut StdRng) {}
+/// A write answered with a 5xx, to settle against the history: the name, the version it
+/// carried, and how long the name's history was before the round.
+type Unsure = (&'static str, Version, usize);
 
 /// Judge a round's answers against the model as it was before the round, then apply them.
 fn settle_round(
@@ -636,7 +330,12 @@ fn settle_round(
     actors: &mut [Actor],
     round: &[(usize, Op)],
     answers: &[(u16, String)],
-) -> Result<Vec<(&'static str, Version)>, String> {
+) -> Result<Vec<Unsure>, String> {
+    let answered: Vec<Answered<'_>> = round
+        .iter()
+        .zip(answers)
+        .map(|((_, op), (status, body))| (op, *status, body.as_str()))
+        .collect();
     let mut effects = Vec::new();
     let mut done = vec![false; round.len()];
     for i in 0..round.len() {
@@ -644,32 +343,25 @@ fn settle_round(
             if round[i].1.name() != round[j].1.name() {
                 continue;
             }
-            let a = (&round[i].1, answers[i].0, answers[i].1.as_str());
-            let b = (&round[j].1, answers[j].0, answers[j].1.as_str());
-            let race = format!("race {} + {}", round[i].1.kind(), round[j].1.kind());
-            *model.seen.entry(race).or_default() += 1;
-            match (&round[i].1, &round[j].1) {
-                (Op::Lock { .. }, Op::Lock { .. }) => effects.push(judge_lock_race(model, [a, b])?),
-                (Op::Write { .. }, Op::ForceUnlock { .. }) => {
-                    effects.extend(judge_unlock_race(a, b)?)
-                }
-                other => return Err(format!("unplanned pair {other:?}")),
-            }
+            model.count(format!(
+                "pair {} + {}",
+                round[i].1.kind(),
+                round[j].1.kind()
+            ));
+            let pair = model::judge_pair(model, [answered[i], answered[j]])?;
+            effects.extend(pair);
             done[i] = true;
             done[j] = true;
         }
     }
-    for (i, (_, op)) in round.iter().enumerate() {
+    for (i, answer) in answered.iter().enumerate() {
         if !done[i] {
-            effects.push(judge(model, op, answers[i].0, &answers[i].1)?);
+            effects.push(model::judge(model, *answer)?);
         }
     }
     // The actors learn what their own answers said.
     for ((who, op), (status, _)) in round.iter().zip(answers) {
-        *model
-            .seen
-            .entry(format!("{} {status}", op.kind()))
-            .or_default() += 1;
+        model.count(format!("{} {status}", op.kind()));
         let actor = &mut actors[*who];
         match (op, &mut *actor) {
             (Op::Lock { name, id }, Actor::Idle) if *status == 200 => {
@@ -686,96 +378,97 @@ fn settle_round(
         }
     }
     let mut unsure = Vec::new();
-    for effect in effects {
-        match effect {
-            Effect::None => {}
-            Effect::Locked(name, id) => {
-                model.locks.insert(name, id);
-            }
-            Effect::Unlocked(name) => {
-                model.locks.remove(name);
-            }
-            Effect::Wrote(name, version) => {
-                model.acknowledged += 1;
-                model.history.entry(name).or_default().push(Some(version));
-            }
-            Effect::Deleted(name) => {
-                model.acknowledged += 1;
-                model.history.entry(name).or_default().push(None);
-            }
-            Effect::Unsure(name, version) => unsure.push((name, version)),
+    for effect in &effects {
+        if let Effect::Unsure(name, version) = effect {
+            let before = model.history.get(name).map_or(0, Vec::len);
+            unsure.push((*name, version.clone(), before));
         }
+    }
+    for effect in &effects {
+        model.apply(effect);
     }
     Ok(unsure)
 }
 
-/// A 5xx write: once the git server is quiet, it landed (the branch has it) or it never will.
-async fn settle_unsure(world: &World, model: &mut Model, unsure: Vec<(&'static str, Version)>) {
-    if unsure.is_empty() {
-        return;
+/// The whole history of `name` through the history API (every page), oldest first.
+async fn api_serials(client: &Client, name: &str) -> Vec<Option<u64>> {
+    let mut serials = Vec::new();
+    let mut page = Some(0);
+    while let Some(p) = page {
+        let answer = client
+            .history(name, &format!("per_page=100&page={p}"))
+            .await
+            .expect(200)
+            .history();
+        serials.extend(model::page_serials(&answer));
+        page = answer.next_page;
     }
-    world.server.quiesce().await;
-    for (name, version) in unsure {
-        let shown = git_output(&["show", &format!("main:{name}")], Some(&world.repo()));
-        let stored = Version::of(&String::from_utf8_lossy(&shown.stdout));
-        eprintln!("unacknowledged write {name} {version:?}: stored {stored:?}");
-        if stored.as_ref() == Some(&version) {
-            model.history.entry(name).or_default().push(Some(version));
-        } else {
-            model.unsure.push((name, version));
-        }
-    }
+    serials.reverse();
+    serials
 }
 
-/// A history page's serials, a delete as `None`.
-fn page_serials(page: &gitstate_tests::History) -> Vec<Option<u64>> {
-    page.versions
-        .iter()
-        .map(|v| (!v.deleted).then(|| v.serial.unwrap_or_default()))
+/// A write answered with a 5xx: once the git server is quiet, the state's history is the
+/// model's, unchanged (the write never lands: it must never appear) or with that write once,
+/// after what the name had before the round.
+async fn settle_unsure(
+    world: &World,
+    model: &mut Model,
+    unsure: Vec<Unsure>,
+) -> Result<(), String> {
+    if unsure.is_empty() {
+        return Ok(());
+    }
+    world.server.quiesce().await;
+    for (name, version, before) in unsure {
+        model.count("unacknowledged write");
+        let got = api_serials(&world.clients[0], name).await;
+        let want = model.serials(name);
+        eprintln!("unacknowledged write {name} {version:?}: history {got:?}, model {want:?}");
+        if got == want {
+            model.unsure.push((name, version));
+            continue;
+        }
+        let landed = (before..=want.len()).find(|&at| {
+            let mut with = want.clone();
+            with.insert(at, Some(version.serial));
+            with == got
+        });
+        let Some(at) = landed else {
+            return Err(format!(
+                "a write answered with a 5xx changed {name} other than once: history {got:?}, \
+                 model {want:?}, the write {version:?}"
+            ));
+        };
+        model
+            .history
+            .entry(name)
+            .or_default()
+            .insert(at, Some(version));
+    }
+    Ok(())
+}
+
+/// `git log` of the branch: the versions of `name`, oldest first (a delete is `None`).
+fn logged_versions(repo: &Path, name: &str) -> Result<Vec<Option<Version>>, String> {
+    gitstate_tests::states::file_log(repo, BRANCH, name)
+        .into_iter()
+        .map(|(commit, content)| match content {
+            None => Ok(None),
+            Some(body) => {
+                let body = String::from_utf8_lossy(&body);
+                Version::of(&body)
+                    .map(Some)
+                    .ok_or_else(|| format!("{commit}:{name} is not ours: {body}"))
+            }
+        })
         .collect()
 }
 
-/// The versions of `name` in `git log` of `main` in the bare repository `repo`, oldest first; a
-/// commit that removed the file is `None`.
-fn logged_versions(repo: &Path, name: &str) -> Result<Vec<Option<Version>>, String> {
-    let log = git(
-        &[
-            "log",
-            "--reverse",
-            "--format=commit %H",
-            "--name-only",
-            "main",
-            "--",
-            name,
-        ],
-        Some(repo),
-    );
-    let mut versions = Vec::new();
-    let mut commit = "";
-    for line in log.lines() {
-        if let Some(id) = line.strip_prefix("commit ") {
-            commit = id;
-        } else if line == name {
-            let shown = git_output(&["show", &format!("{commit}:{name}")], Some(repo));
-            if !shown.status.success() {
-                versions.push(None);
-                continue;
-            }
-            let body = String::from_utf8_lossy(&shown.stdout);
-            let version =
-                Version::of(&body).ok_or_else(|| format!("{commit}:{name} is not ours: {body}"))?;
-            versions.push(Some(version));
-        }
-    }
-    Ok(versions)
-}
-
-/// The end: every version of every state, through the history API and in `git log`, and the
-/// branch's files.
-async fn final_checks(world: &World, model: &Model) -> Result<(), String> {
+/// The end: every version of every state through the history API and (after the final fold)
+/// in `git log` of the branch, each state's newest content, and the branch's files.
+async fn final_checks(world: &World, model: &Model, folded: bool) -> Result<(), String> {
     let repo = world.repo();
-    let client = &world.clients[0];
-    let files = git(&["ls-tree", "-r", "--name-only", "main"], Some(&repo));
+    let files = git(&["ls-tree", "-r", "--name-only", BRANCH], Some(&repo));
     let files: BTreeSet<&str> = files
         .lines()
         .filter(|f| !f.starts_with(".gitstate/"))
@@ -788,43 +481,38 @@ async fn final_checks(world: &World, model: &Model) -> Result<(), String> {
     if files != stored {
         return Err(format!("branch files {files:?}, stored {stored:?}"));
     }
+    // Without a fold, a state ref may be ahead of the branch; after one, the branch is current.
+    let branch_current = folded || state_refs(&repo).is_empty();
     for (name, want) in &model.history {
-        // The branch's file is the newest version.
         if let Some(newest) = model.newest(name) {
-            let on_branch = Version::of(&git(&["show", &format!("main:{name}")], Some(&repo)));
-            if on_branch.as_ref() != Some(newest) {
+            let content = newest_stored(&repo, BRANCH, name).unwrap_or_default();
+            let stored = Version::of(&String::from_utf8_lossy(&content));
+            if stored.as_ref() != Some(newest) {
+                return Err(format!("{name} stored: {stored:?}, newest {newest:?}"));
+            }
+            let on_branch = Version::of(&git(&["show", &format!("{BRANCH}:{name}")], Some(&repo)));
+            if branch_current && on_branch.as_ref() != Some(newest) {
                 return Err(format!(
                     "{name} on the branch: {on_branch:?}, newest {newest:?}"
                 ));
             }
         }
-        // The history API, every page, newest first.
-        let mut serials = Vec::new();
-        let mut page = Some(0);
-        while let Some(p) = page {
-            let answer = client
-                .history(name, &format!("per_page=100&page={p}"))
-                .await
-                .expect(200)
-                .history();
-            serials.extend(page_serials(&answer));
-            page = answer.next_page;
-        }
-        serials.reverse();
-        let model_serials: Vec<Option<u64>> =
-            want.iter().map(|v| v.as_ref().map(|v| v.serial)).collect();
-        if serials != model_serials {
+        let serials = api_serials(&world.clients[0], name).await;
+        if serials != model.serials(name) {
             return Err(format!(
-                "history API of {name}: {serials:?}, model {model_serials:?}"
+                "history API of {name}: {serials:?}, model {:?}",
+                model.serials(name)
             ));
         }
-        // `git log` of the bare repository, oldest first: each commit that changed the file
-        // (not one below it, when the name was a folder later), with its content.
-        let versions = logged_versions(&repo, name)?;
-        if &versions != want {
-            return Err(format!(
-                "git log of {name}:\n{versions:?}\nmodel:\n{want:?}"
-            ));
+        // Each commit of the branch that changed the file (not one below it, when the name was
+        // a folder later), with its content.
+        if branch_current {
+            let versions = logged_versions(&repo, name)?;
+            if &versions != want {
+                return Err(format!(
+                    "git log of {name}:\n{versions:?}\nmodel:\n{want:?}"
+                ));
+            }
         }
     }
     for (name, version) in &model.unsure {
@@ -847,50 +535,83 @@ async fn final_checks(world: &World, model: &Model) -> Result<(), String> {
     Ok(())
 }
 
-async fn run(seed: u64, steps: usize, mode: PushMode) -> Result<Model, String> {
-    let mut world = World::start(mode).await;
+/// The last fold, once the processes' own folds are done: it may find another's lease for a
+/// while, never fail for good.
+async fn final_fold(world: &World) -> Result<bool, String> {
+    let mut said = String::new();
+    for _ in 0..20 {
+        let Some(fold) = world.fold() else {
+            return Ok(false);
+        };
+        world.server.quiesce().await;
+        let (ok, out) = fold.await;
+        if ok {
+            return Ok(true);
+        }
+        said = out;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Err(format!("the final fold failed: {said}"))
+}
+
+/// One round: plan it, send its requests at once (each through another process), with a fold
+/// alongside now and then, and judge the answers.
+async fn round(
+    world: &World,
+    rng: &mut StdRng,
+    model: &mut Model,
+    actors: &mut [Actor],
+    log: &mut Vec<String>,
+) -> Result<(), String> {
+    let round = plan_round(rng, model, actors);
+    let mut procs: Vec<usize> = (0..PROCESSES).collect();
+    procs.shuffle(rng);
+    let tasks: Vec<_> = round
+        .iter()
+        .zip(&procs)
+        .map(|((_, op), p)| {
+            let (op, client) = (op.clone(), world.clients[*p].clone());
+            tokio::spawn(async move { op.send(&client).await })
+        })
+        .collect();
+    let fold = world
+        .fold()
+        .filter(|_| rng.random_bool(FOLD_RATE))
+        .map(tokio::spawn);
+    let mut answers = Vec::new();
+    for task in tasks {
+        answers.push(task.await.map_err(|e| format!("request task: {e}"))?);
+    }
+    model.sent += round.len();
+    let mut line: Vec<String> = round
+        .iter()
+        .zip(&answers)
+        .map(|((who, op), (status, _))| format!("a{who} {op:?} -> {status}"))
+        .collect();
+    if let Some(fold) = fold {
+        let (ok, said) = fold.await.map_err(|e| format!("fold task: {e}"))?;
+        model.count(format!("fold during a round, succeeded {ok}"));
+        line.push(format!("fold -> {ok} {}", said.trim()));
+    }
+    log.push(format!("{line:?}"));
+    let unsure = settle_round(model, actors, &round, &answers)?;
+    settle_unsure(world, model, unsure).await
+}
+
+async fn run(seed: u64, steps: usize, setup: Setup) -> Result<(Model, String), String> {
+    let mut world = World::start(setup).await;
     let mut rng = StdRng::seed_from_u64(seed);
     let mut model = Model::default();
     let mut actors = vec![Actor::Idle; ACTORS];
     let mut log = Vec::new();
     while model.sent < steps {
-        let round = plan_round(&mut rng, &mut model, &actors);
-        let mut procs: Vec<usize> = (0..PROCESSES).collect();
-        procs.shuffle(&mut rng);
-        let tasks: Vec<_> = round
-            .iter()
-            .zip(&procs)
-            .map(|((_, op), p)| {
-                let (op, client) = (op.clone(), world.clients[*p].clone());
-                tokio::spawn(async move { op.send(&client).await })
-            })
-            .collect();
-        let mut answers = Vec::new();
-        for task in tasks {
-            answers.push(task.await.map_err(|e| format!("request task: {e}"))?);
-        }
-        model.sent += round.len();
-        log.push(format!(
-            "{:?}",
-            round
-                .iter()
-                .zip(&answers)
-                .map(|((who, op), (status, _))| format!("a{who} {op:?} -> {status}"))
-                .collect::<Vec<_>>()
-        ));
-        let unsure = settle_round(&mut model, &mut actors, &round, &answers)
+        round(&world, &mut rng, &mut model, &mut actors, &mut log)
+            .await
             .map_err(|e| format!("{e}\nrounds:\n{}", log.join("\n")))?;
-        settle_unsure(&world, &mut model, unsure).await;
-        if rng.random_bool(0.02) {
+        if rng.random_bool(REPLACE_RATE) {
             let (i, cold) = (rng.random_range(0..PROCESSES), rng.random_bool(0.5));
             world.replace(i, cold).await;
-            *model
-                .seen
-                .entry(format!("process replaced, cold {cold}"))
-                .or_default() += 1;
-        }
-        if rng.random_bool(0.05) {
-            fold(&world, &mut rng).await;
+            model.count(format!("process replaced, cold {cold}"));
         }
     }
     // Every holder releases what it still holds.
@@ -901,9 +622,23 @@ async fn run(seed: u64, steps: usize, mode: PushMode) -> Result<Model, String> {
             world.clients[0].unlock(name, id).await.expect(200);
         }
     }
-    fold(&world, &mut rng).await;
-    final_checks(&world, &model).await?;
-    Ok(model)
+    let folded = final_fold(&world).await?;
+    final_checks(&world, &model, folded).await?;
+    let refs = state_refs(&world.repo()).len();
+    let shape = format!(
+        "GITSTATE_STATE_REFS {}, fold {}, {refs} state refs at the end",
+        if world.state_refs {
+            setup.state_refs
+        } else {
+            "unknown to the binary"
+        },
+        if folded {
+            "run"
+        } else {
+            "unknown to the binary"
+        },
+    );
+    Ok((model, shape))
 }
 
 fn env_number(name: &str) -> Option<u64> {
@@ -912,25 +647,43 @@ fn env_number(name: &str) -> Option<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn interleaved_writers_never_read_stale_and_never_lose_a_write() {
-    many_writers(PushMode::Atomic, CI_STEPS).await;
+    let setup = Setup {
+        push: PushMode::Atomic,
+        state_refs: "auto",
+    };
+    many_writers(setup, CI_STEPS).await;
 }
 
-/// The same on a host without atomic push (Azure DevOps, CodeCommit), where a write under a
-/// lock checks the lock as of its advertisement; half the requests in CI.
+/// Every update of an existing state to its state ref (the Lambda binary's default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interleaved_writers_with_state_refs_always() {
+    let setup = Setup {
+        push: PushMode::Atomic,
+        state_refs: "always",
+    };
+    many_writers(setup, CI_STEPS).await;
+}
+
+/// A host without atomic push (Azure DevOps, CodeCommit), where a write under a lock checks the
+/// lock as of its advertisement; two thirds of the requests in CI.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn interleaved_writers_without_atomic_push() {
-    many_writers(PushMode::NoAtomic, CI_STEPS / 2).await;
+    let setup = Setup {
+        push: PushMode::NoAtomic,
+        state_refs: "auto",
+    };
+    many_writers(setup, CI_STEPS * 2 / 3).await;
 }
 
-async fn many_writers(mode: PushMode, ci_steps: usize) {
+async fn many_writers(setup: Setup, ci_steps: usize) {
     let seed = env_number("GITSTATE_MANY_WRITERS_SEED").unwrap_or(CI_SEED);
     let steps = env_number("GITSTATE_MANY_WRITERS_STEPS").map_or(ci_steps, |s| s as usize);
     let started = std::time::Instant::now();
-    match run(seed, steps, mode).await {
-        Ok(model) => eprintln!(
-            "many writers ({mode:?}, seed {seed}): {} requests through {PROCESSES} processes in \
-             {:.1} s, {} writes, restores and deletes acknowledged, {} history entries over {} names, {} \
-             unacknowledged; answers {:?}",
+    match run(seed, steps, setup).await {
+        Ok((model, shape)) => eprintln!(
+            "many writers ({setup:?}, seed {seed}; {shape}): {} requests through {PROCESSES} \
+             processes in {:.1} s, {} writes, restores and deletes acknowledged, {} history \
+             entries over {} names, {} unacknowledged never landed; answers {:?}",
             model.sent,
             started.elapsed().as_secs_f64(),
             model.acknowledged,
@@ -940,7 +693,7 @@ async fn many_writers(mode: PushMode, ci_steps: usize) {
             model.seen,
         ),
         Err(problem) => panic!(
-            "many writers ({mode:?}) failed (replay: GITSTATE_MANY_WRITERS_SEED={seed} \
+            "many writers ({setup:?}) failed (replay: GITSTATE_MANY_WRITERS_SEED={seed} \
              GITSTATE_MANY_WRITERS_STEPS={steps}):\n{problem}"
         ),
     }
