@@ -101,7 +101,7 @@ impl LocalRefs {
                     .name
                     .as_str()
                     .try_into()
-                    .map_err(|_| Error::Protocol(format!("invalid ref name {}", c.name)))?;
+                    .map_err(|_| Error::RefName(c.name.clone()))?;
                 let change = if c.new.is_null() {
                     Change::Delete {
                         expected: PreviousValue::MustExistAndMatch(Target::Object(c.old)),

@@ -226,8 +226,8 @@ impl GitStore {
         if remote.fetches() && !remote.cache.has(commit)? {
             match remote.fetch_one(commit, tip).await {
                 Ok(()) => {}
-                Err(Error::Remote(why)) => {
-                    tracing::info!(%commit, "the remote has no such commit: {why}");
+                Err(error) if error.refused() => {
+                    tracing::info!(%commit, error = %gitstate_core::report::chain(&error), "the remote has no such commit");
                     return Ok(false);
                 }
                 Err(other) => return Err(other),

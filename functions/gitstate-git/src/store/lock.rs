@@ -247,9 +247,10 @@ impl GitStore {
             last_attempt = attempt_started.elapsed();
         }
         match refused {
-            Some(report) => Err(Error::Remote(format!(
-                "the remote kept refusing to create {lock_ref} ({report:?})"
-            ))
+            Some(report) => Err(Error::LockRefused {
+                lock_ref,
+                report: format!("{report:?}"),
+            }
             .into()),
             // The branch kept moving under the tree check: busy, retryable.
             None => Err(StoreError::Contention {

@@ -67,8 +67,8 @@ impl GitStore {
             match remote.ensure(wants).await {
                 Ok(()) => break (advert, tip, states),
                 // A ref moved between advertisement and fetch: look again.
-                Err(Error::Remote(why)) if attempt < 4 => {
-                    tracing::debug!(why, "refs moved during a list, retrying");
+                Err(error) if error.refused() && attempt < 4 => {
+                    tracing::debug!(error = %gitstate_core::report::chain(&error), "refs moved during a list, retrying");
                     fresh = Duration::ZERO;
                 }
                 Err(other) => return Err(other.into()),
@@ -229,8 +229,8 @@ impl GitStore {
                     return Ok(state.map(Bytes::from));
                 }
                 // The tip moved between advertisement and fetch: look again, a few times.
-                Err(Error::Remote(why)) if attempt < 4 => {
-                    tracing::debug!(why, "tip moved during a read, retrying")
+                Err(error) if error.refused() && attempt < 4 => {
+                    tracing::debug!(error = %gitstate_core::report::chain(&error), "tip moved during a read, retrying")
                 }
                 Err(other) => return Err(other),
             }

@@ -19,6 +19,7 @@ use crate::protocol::{Advert, Service};
 use crate::protocol::{Command, PushReport};
 use crate::repository::{Cache, NewCommit};
 use crate::sync::lock;
+use crate::transport::Error as WireError;
 
 /// One (repository, branch): its cache and how to reach it.
 pub(super) struct Remote {
@@ -216,8 +217,12 @@ impl Remote {
             Err(error)
                 if self.fetches()
                     && !matches!(
-                        error,
-                        Error::Http(_) | Error::Status { .. } | Error::Certificate { .. }
+                        error.wire(),
+                        Some(
+                            WireError::Http(_)
+                                | WireError::Status { .. }
+                                | WireError::Certificate { .. }
+                        )
                     ) =>
             {
                 tracing::warn!(error = %gitstate_core::report::chain(&error), "cache read failed");
