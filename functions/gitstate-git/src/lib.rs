@@ -58,11 +58,31 @@ pub enum Error {
     #[error("received pack is invalid")]
     Pack(#[source] gix::Error),
     #[error("cache is corrupt: {0}")]
-    Corrupt(String),
+    Corrupt(Corruption),
     #[error(transparent)]
     Io(#[from] std::io::Error),
     #[error("background task failed")]
     Join(#[from] tokio::task::JoinError),
+}
+
+/// What the cache or the repository holds that cannot be read back.
+#[derive(Debug, thiserror::Error)]
+pub enum Corruption {
+    #[error("tree {id}: {why}")]
+    Tree { id: gix::ObjectId, why: String },
+    #[error("listing references: {0}")]
+    ListingRefs(String),
+    #[error("reading a reference: {0}")]
+    Reference(String),
+    /// A first-parent walk met a commit whose parent is missing below a complete history.
+    #[error("history has a missing parent commit")]
+    MissingParent,
+    /// A walk stopped at a shallow boundary, and the next walk found none.
+    #[error("history boundary moved")]
+    BoundaryMoved,
+    /// The stand-in for a lock ref without a readable lock file could not be made.
+    #[error("{0}")]
+    LockInfo(String),
 }
 
 impl Error {
@@ -159,7 +179,7 @@ impl From<Error> for StoreError {
             Class::Remote => StoreError::Remote(Box::new(error)),
             Class::Incompatible => StoreError::Incompatible(error.to_string()),
             Class::Corrupt => match error {
-                Error::Corrupt(what) => StoreError::Corrupt(what),
+                Error::Corrupt(what) => StoreError::Corrupt(what.to_string()),
                 other => StoreError::Corrupt(other.to_string()),
             },
             Class::Internal => StoreError::Internal(Box::new(error)),
@@ -179,7 +199,7 @@ impl Error {
             Class::Remote => StoreError::Remote(shared()),
             Class::Incompatible => StoreError::Incompatible(self.to_string()),
             Class::Corrupt => StoreError::Corrupt(match self {
-                Self::Corrupt(what) => what.clone(),
+                Self::Corrupt(what) => what.to_string(),
                 other => other.to_string(),
             }),
             Class::Internal => StoreError::Internal(shared()),
@@ -230,5 +250,83 @@ impl Class {
         } else {
             Self::Remote
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use gitstate_core::ports::StoreError;
+
+    use super::{Corruption, Error};
+
+    /// The store's own failures keep the texts and kinds they had as string variants: the
+    /// remote's refusals transient, what the remote cannot be sent garbled, both the remote's
+    /// fault (502); corruption says what is unreadable; each echoed to another caller as the
+    /// same kind of error.
+    #[test]
+    fn the_stores_own_failures_keep_their_texts_and_kinds() {
+        let remote = |error: &StoreError| matches!(error, StoreError::Remote(_));
+        type Case = (fn() -> Error, &'static str, bool, bool);
+        let cases: [Case; 5] = [
+            (
+                || Error::Undelivered("commits"),
+                "git remote reports: the fetch did not deliver the requested commits",
+                true,
+                false,
+            ),
+            (
+                || Error::LockRefused {
+                    lock_ref: "refs/heads/locks/a".into(),
+                    report: "r".into(),
+                },
+                "git remote reports: the remote kept refusing to create refs/heads/locks/a (r)",
+                true,
+                false,
+            ),
+            (
+                || Error::Declined("hook".into()),
+                "git remote reports: the remote refused the push on an unchanged branch: hook",
+                true,
+                false,
+            ),
+            (
+                || Error::RefName("refs/x..y".into()),
+                "git protocol error: invalid ref name refs/x..y",
+                false,
+                true,
+            ),
+            (
+                || Error::TooManyObjects,
+                "git protocol error: too many objects for one pack",
+                false,
+                true,
+            ),
+        ];
+        for (make, text, refused, garbled) in cases {
+            let error = make();
+            assert_eq!(error.to_string(), text);
+            assert_eq!(error.refused(), refused, "{text}");
+            assert_eq!(error.is_transient(), refused, "{text}");
+            assert_eq!(error.garbled(), garbled, "{text}");
+            assert!(error.wire().is_none() && error.status().is_none(), "{text}");
+            assert!(remote(&error.echo()), "{text}");
+            assert!(remote(&StoreError::from(make())), "{text}");
+        }
+        let corrupt = || Error::Corrupt(Corruption::MissingParent);
+        assert_eq!(
+            corrupt().to_string(),
+            "cache is corrupt: history has a missing parent commit"
+        );
+        for store_error in [StoreError::from(corrupt()), corrupt().echo()] {
+            assert!(
+                matches!(&store_error, StoreError::Corrupt(what) if what == "history has a missing parent commit"),
+                "{store_error:?}"
+            );
+        }
+        assert!(matches!(
+            StoreError::from(Error::AtomicRequired),
+            StoreError::Incompatible(_)
+        ));
+        assert!(!Error::AtomicRequired.is_transient());
     }
 }

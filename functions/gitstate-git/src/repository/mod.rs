@@ -8,7 +8,7 @@ use std::sync::RwLock;
 use gix::ObjectId;
 use gix::objs::Kind;
 
-use crate::{Error, sync};
+use crate::{Corruption, Error, sync};
 
 mod commit;
 pub mod index;
@@ -160,9 +160,12 @@ impl Cache {
         let mut pending = vec![(root, String::new())];
         while let Some((id, dir)) = pending.pop() {
             let tree = repo.find_tree(id)?;
-            let decoded = tree
-                .decode()
-                .map_err(|e| Error::Corrupt(format!("tree {id}: {e}")))?;
+            let decoded = tree.decode().map_err(|e| {
+                Error::Corrupt(Corruption::Tree {
+                    id,
+                    why: e.to_string(),
+                })
+            })?;
             for entry in &decoded.entries {
                 let path = format!("{dir}{}", entry.filename);
                 if entry.mode.is_tree() {

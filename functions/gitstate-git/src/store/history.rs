@@ -13,9 +13,9 @@ use gitstate_core::ports::{HistoryPage, Location, Revision, StoreError};
 use super::known::state_ref;
 use super::remote::Remote;
 use super::{GitStore, blocking, null};
-use crate::Error;
 use crate::repository::{Chain, Latest, Walk};
 use crate::sync::lock;
+use crate::{Corruption, Error};
 
 /// History is fetched this many commits deep at first, then four times deeper each time a page
 /// needs more, up to [`super::StoreOptions::max_history_depth`].
@@ -94,7 +94,7 @@ impl GitStore {
                     depth = deepen_past(&remote, tip, walked, depth, max).await?;
                 }
                 Latest::Shallow { .. } => {
-                    return Err(Error::Corrupt("history has a missing parent commit".into()).into());
+                    return Err(Error::Corrupt(Corruption::MissingParent).into());
                 }
             }
         }
@@ -144,7 +144,7 @@ impl GitStore {
                     depth = deepen_past(&remote, tip, walked, depth, max).await?;
                 }
                 Walk::Shallow { .. } => {
-                    return Err(Error::Corrupt("history has a missing parent commit".into()).into());
+                    return Err(Error::Corrupt(Corruption::MissingParent).into());
                 }
             }
         }
@@ -272,7 +272,7 @@ async fn deepen_past(
     let Chain::Shallow { boundary, .. } =
         blocking(move || cache.find_on_chain(tip, null())).await?
     else {
-        return Err(Error::Corrupt("history boundary moved".into()));
+        return Err(Error::Corrupt(Corruption::BoundaryMoved));
     };
     let depth = depth.max(walked.saturating_mul(2)).min(max);
     remote.deepen(tip, boundary, depth).await?;
