@@ -173,10 +173,15 @@ pub async fn has_command(binary: &Path, command: &str) -> bool {
 /// Whether `binary` knows the setting `var` (`binary config` does not refuse it as an unknown
 /// variable, as every command would).
 pub async fn knows_variable(binary: &Path, var: &str, value: &str) -> bool {
+    let cache = tempfile::tempdir().expect("tempdir");
     let env = [
         (
             "GITSTATE_REPOSITORY".into(),
             "http://127.0.0.1:9/x.git".into(),
+        ),
+        (
+            "GITSTATE_CACHE_DIR".into(),
+            cache.path().display().to_string(),
         ),
         (var.to_owned(), value.to_owned()),
     ];
