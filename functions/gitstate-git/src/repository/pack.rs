@@ -15,8 +15,7 @@ pub fn write(objects: &[(Kind, Vec<u8>)]) -> Result<Vec<u8>, Error> {
     let mut pack = Vec::new();
     pack.extend_from_slice(b"PACK");
     pack.extend_from_slice(&2u32.to_be_bytes());
-    let count = u32::try_from(objects.len())
-        .map_err(|_| Error::Protocol("too many objects for one pack".into()))?;
+    let count = u32::try_from(objects.len()).map_err(|_| Error::TooManyObjects)?;
     pack.extend_from_slice(&count.to_be_bytes());
     for (kind, data) in objects {
         let code: u8 = match kind {

@@ -76,27 +76,21 @@ impl Remote {
         }
     }
 
-    /// Remember that the lock commit `lock` at `lock_ref` was pushed while the branch was at
-    /// `tip` (see the module doc).
-    pub(super) fn remember_proof(&self, lock_ref: &str, lock_commit: ObjectId, tip: ObjectId) {
+    /// Remember what the LOCK push of `lock_ref` proved (see the module doc).
+    pub(super) fn remember_proof(&self, lock_ref: &str, proof: Proof) {
         let mut proofs = lock(&self.proofs);
         if proofs.len() >= MAX_REMEMBERED_LOCKS {
             proofs.clear();
         }
-        let proof = Proof {
-            lock: lock_commit,
-            tip,
-            made: Instant::now(),
-        };
         proofs.insert(lock_ref.to_owned(), proof);
     }
 
-    /// The tip a LOCK of `lock_ref` proved, taken: one read rests on it, while this process
-    /// still holds that lock (as far as it knows) and the proof is recent.
-    pub(super) fn take_proof(&self, lock_ref: &str) -> Option<ObjectId> {
+    /// What a LOCK of `lock_ref` proved, taken: one read rests on it, while this process still
+    /// holds that lock (as far as it knows) and the proof is recent.
+    pub(super) fn take_proof(&self, lock_ref: &str) -> Option<Proof> {
         let proof = lock(&self.proofs).remove(lock_ref)?;
         let holds = self.made_lock(lock_ref) == Some(proof.lock);
-        (holds && proof.made.elapsed() < PROOF_LIFETIME).then_some(proof.tip)
+        (holds && proof.made.elapsed() < PROOF_LIFETIME).then_some(proof)
     }
 
     /// A write of the state, or its lock gone: what its LOCK proved no longer stands.
@@ -118,7 +112,9 @@ impl Remote {
         };
         match pushed {
             Ok(report) => Ok(Some(report)),
-            Err(error @ (Error::Status { .. } | Error::Protocol(_))) => {
+            // An HTTP error status, or an answer that is not a report: not pushed to this way
+            // again.
+            Err(error) if error.status().is_some() || error.garbled() => {
                 tracing::warn!(error = %gitstate_core::report::chain(&error), "the remote refused a push without a fresh advertisement; advertising first from now on");
                 self.transport.refuse_floor();
                 Ok(None)
@@ -155,15 +151,21 @@ impl GitStore {
         }
         let lock_ref = self.lock_ref(name);
         let (command, commit) = remote.lock_commit(name, lock, meta, &lock_ref).await?;
-        let proving = (WriteMode::of(&caps) == WriteMode::Atomic).then_some(tip);
-        let commands = lock_commands(command.clone(), at, proving);
+        let proving = match self.holder(at, name)? {
+            Some(held) if WriteMode::of(&caps) == WriteMode::Atomic => {
+                let state = (held.name != at.branch.full_ref()).then_some(held.tip);
+                Some(Proving::new(&held.name, held.tip, tip, state))
+            }
+            _ => None,
+        };
+        let commands = lock_commands(command.clone(), proving.as_ref());
         match remote
             .push_at_floor(commands.clone(), commit.objects, Updates::EachAlone)
             .await?
         {
             Some(report) if report.all_ok(&[command]) => {
                 remote.remember_lock(&lock_ref, Some(commit.id));
-                remember_proved(remote, &report, &commands, commit.id);
+                remember_proved(remote, &report, (&lock_ref, commit.id), proving);
                 Ok(true)
             }
             _ => Ok(false),
@@ -179,13 +181,20 @@ impl GitStore {
         name: &StateName,
     ) -> Result<Option<Option<bytes::Bytes>>, Error> {
         let remote = self.remote(at)?;
-        let Some(tip) = remote.take_proof(&self.lock_ref(name)) else {
+        let Some(proof) = remote.take_proof(&self.lock_ref(name)) else {
             return Ok(None);
         };
-        if !remote.cache.has(tip)? {
-            return Ok(None);
+        let wanted = std::iter::once(proof.branch).chain(proof.state);
+        for commit in wanted {
+            if !remote.cache.has(commit)? {
+                return Ok(None);
+            }
         }
-        let state = remote.read(tip, name.to_string()).await?;
+        let path = name.to_string();
+        let state = match proof.state {
+            Some(state) => remote.read_state(proof.branch, state, &path).await?,
+            None => remote.read(proof.branch, path).await?,
+        };
         Ok(Some(state.map(bytes::Bytes::from)))
     }
 
@@ -209,34 +218,62 @@ impl GitStore {
     }
 }
 
-/// The commands of a LOCK push: the lock ref's create, then, when `proving` a tip, the branch
-/// asserted at it (`old == new`), each standing alone.
-pub(super) fn lock_commands(
-    create: Command,
-    at: &Location,
-    proving: Option<ObjectId>,
-) -> Vec<Command> {
-    let assert = proving.map(|tip| Command {
-        old: tip,
-        new: tip,
-        name: at.branch.full_ref(),
-    });
+/// What a LOCK push asserts after the lock's create: the ref that holds the state's newest
+/// content (its state ref, or the branch) at the tip this process knows.
+pub(super) struct Proving {
+    assert: Command,
+    branch: ObjectId,
+    state: Option<ObjectId>,
+}
+
+impl Proving {
+    /// The ref `held` at `tip`: the branch at `branch`, or the state ref (`state`: its tip).
+    pub(super) fn new(
+        held: &str,
+        tip: ObjectId,
+        branch: ObjectId,
+        state: Option<ObjectId>,
+    ) -> Self {
+        // Never the zero id: `0 → 0` is a delete without a check.
+        let assert = Command {
+            old: tip,
+            new: tip,
+            name: held.to_owned(),
+        };
+        Self {
+            assert,
+            branch,
+            state,
+        }
+    }
+}
+
+/// The commands of a LOCK push: the lock ref's create, then, when `proving`, its assertion,
+/// each standing alone.
+pub(super) fn lock_commands(create: Command, proving: Option<&Proving>) -> Vec<Command> {
+    let assert = proving.map(|p| p.assert.clone());
     std::iter::once(create).chain(assert).collect()
 }
 
-/// After a LOCK push whose lock was created: remember the tip its assertion proved, if it
-/// carried one and the remote accepted it.
+/// After a LOCK push that created `lock_commit` at `lock_ref`: remember what its assertion
+/// proved, if it carried one and the remote accepted it.
 pub(super) fn remember_proved(
     remote: &Remote,
     report: &PushReport,
-    commands: &[Command],
-    lock_commit: ObjectId,
+    (lock_ref, lock_commit): (&str, ObjectId),
+    proving: Option<Proving>,
 ) {
-    let [create, assert] = commands else {
+    let Some(proving) = proving else {
         return;
     };
-    if report.all_ok(std::slice::from_ref(assert)) {
-        remote.remember_proof(&create.name, lock_commit, assert.old);
+    if report.all_ok(std::slice::from_ref(&proving.assert)) {
+        let proof = Proof {
+            lock: lock_commit,
+            branch: proving.branch,
+            state: proving.state,
+            made: Instant::now(),
+        };
+        remote.remember_proof(lock_ref, proof);
     } else {
         tracing::debug!(?report, "the state moved since this process last saw it");
     }

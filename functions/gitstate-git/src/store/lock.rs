@@ -14,14 +14,15 @@ use gitstate_core::ports::{
 use gitstate_core::refs::{Clash, branch_clash, lock_clash};
 use gitstate_core::{BranchName, LockInfo, StateName};
 
-use super::floor::{lock_commands, remember_proved};
+use super::floor::{Proving, lock_commands, remember_proved};
+use super::known::state_ref;
 use super::remote::Remote;
 use super::{GitStore, WriteMode, blocking, null};
-use crate::Error;
 use crate::protocol::Command;
 use crate::protocol::{Advert, Service, Updates};
 use crate::repository::NewCommit;
 use crate::sync::lock;
+use crate::{Corruption, Error};
 
 /// How often a LOCK looks again after its tree check raced a write or its push was refused
 /// without a holder or a clashing lock to show for it.
@@ -56,6 +57,27 @@ impl GitStore {
             advert.refs.extend(beside.refs);
         }
         Ok(advert)
+    }
+
+    /// What a LOCK decided from `advert` asserts after its create, so that the GET that follows
+    /// needs no request (see the `floor` module): the state's own ref when advertised, else the
+    /// branch, at their advertised tips (fetched into the cache by the tree check).
+    fn proving(
+        &self,
+        remote: &Remote,
+        at: &Location,
+        name: &StateName,
+        advert: &Advert,
+    ) -> Option<Proving> {
+        if !remote.fetches() || WriteMode::of(advert) != WriteMode::Atomic {
+            return None;
+        }
+        let branch = advert.tip(&at.branch.full_ref())?;
+        let state_ref = state_ref(name.as_str());
+        Some(match advert.tip(&state_ref) {
+            Some(state) => Proving::new(&state_ref, state, branch, Some(state)),
+            None => Proving::new(&at.branch.full_ref(), branch, branch, None),
+        })
     }
 
     /// The protocol rule of a LOCK, from the advertisement it decides on: a record of another
@@ -236,16 +258,12 @@ impl GitStore {
                 }
             }
             let (command, commit) = remote.lock_commit(name, lock, meta, &lock_ref).await?;
-            // The advertised tip, asserted after the create: the GET that follows needs no
-            // request when it still holds (see the `floor` module).
-            let proving = advert
-                .tip(&at.branch.full_ref())
-                .filter(|_| remote.fetches() && WriteMode::of(&advert) == WriteMode::Atomic);
-            let commands = lock_commands(command.clone(), at, proving);
+            let proving = self.proving(&remote, at, name, &advert);
+            let commands = lock_commands(command.clone(), proving.as_ref());
             let report = remote.push_each(commands.clone(), commit.objects).await?;
             if report.all_ok(&[command]) {
                 remote.remember_lock(&lock_ref, Some(commit.id));
-                remember_proved(&remote, &report, &commands, commit.id);
+                remember_proved(&remote, &report, (&lock_ref, commit.id), proving);
                 if unrecorded {
                     self.record_protocol(&remote, at, meta).await;
                 }
@@ -255,9 +273,10 @@ impl GitStore {
             last_attempt = attempt_started.elapsed();
         }
         match refused {
-            Some(report) => Err(Error::Remote(format!(
-                "the remote kept refusing to create {lock_ref} ({report:?})"
-            ))
+            Some(report) => Err(Error::LockRefused {
+                lock_ref,
+                report: format!("{report:?}"),
+            }
             .into()),
             // The branch kept moving under the tree check: busy, retryable.
             None => Err(StoreError::Contention {
@@ -312,7 +331,8 @@ fn unreadable_lock(tip: ObjectId) -> Result<LockInfo, Error> {
     let json = format!(
         r#"{{"ID":"{tip}","Operation":"unknown","Info":"lock ref without a readable lock file","Who":"unknown","Version":"","Created":"","Path":""}}"#
     );
-    LockInfo::parse(Bytes::from(json)).map_err(|e| Error::Corrupt(e.to_string()))
+    LockInfo::parse(Bytes::from(json))
+        .map_err(|e| Error::Corrupt(Corruption::LockInfo(e.to_string())))
 }
 
 impl Remote {

@@ -11,6 +11,7 @@ use gix::ObjectId;
 use gitstate_core::ports::{CommitMeta, HistoryPage};
 
 use super::blocking;
+use super::known::{KnownStates, STATE_REF_PREFIX};
 use super::transport::{Fetch, KnownTip, Transport};
 use super::write::Batcher;
 use crate::Error;
@@ -18,12 +19,16 @@ use crate::protocol::{Advert, Service};
 use crate::protocol::{Command, PushReport};
 use crate::repository::{Cache, NewCommit};
 use crate::sync::lock;
+use crate::transport::Error as WireError;
 
 /// What a LOCK push proved (see the `floor` module): once its lock commit `lock` was in place,
-/// the branch was still at `tip`.
+/// the state's newest content was still where this process knew it: the branch at `branch`, or
+/// the state's own ref at `state`.
+#[derive(Debug, Clone, Copy)]
 pub(super) struct Proof {
     pub(super) lock: ObjectId,
-    pub(super) tip: ObjectId,
+    pub(super) branch: ObjectId,
+    pub(super) state: Option<ObjectId>,
     pub(super) made: Instant,
 }
 
@@ -46,6 +51,8 @@ pub(super) struct Remote {
     pub(super) proofs: Mutex<HashMap<String, Proof>>,
     /// Writes waiting to be pushed together (see the `write` module).
     pub(super) batcher: Batcher,
+    /// The state refs this process has seen (see the `states` module).
+    pub(super) known_states: Mutex<KnownStates>,
 }
 
 impl Remote {
@@ -59,6 +66,7 @@ impl Remote {
             made_locks: Mutex::default(),
             proofs: Mutex::default(),
             batcher,
+            known_states: Mutex::default(),
         }
     }
 
@@ -67,8 +75,25 @@ impl Remote {
         self.transport.fetches()
     }
 
+    /// The refs `names` at least (a hosted remote lists every ref); the state refs among them
+    /// are remembered.
     pub(super) async fn refs(&self, service: Service, names: Vec<String>) -> Result<Advert, Error> {
-        self.transport.refs(service, names).await
+        let advert = self.transport.refs(service, names.clone()).await?;
+        self.note_states(&advert, &names);
+        Ok(advert)
+    }
+
+    /// Remember the state refs `advert` shows: all of them when it lists every ref (a fetching
+    /// remote's advertisement), else those of `names`.
+    pub(super) fn note_states(&self, advert: &Advert, names: &[String]) {
+        let mut known = lock(&self.known_states);
+        if self.fetches() {
+            known.saw_all(advert);
+        } else {
+            for name in names.iter().filter(|n| n.starts_with(STATE_REF_PREFIX)) {
+                known.saw(name, advert.tip(name));
+            }
+        }
     }
 
     /// The last full advertisement, if it came after the request being served began (see
@@ -89,15 +114,20 @@ impl Remote {
         prefix: &str,
         fresh: Duration,
     ) -> Result<Advert, Error> {
-        self.transport
+        let advert = self
+            .transport
             .branch_and_prefix(branch, prefix, fresh)
-            .await
+            .await?;
+        self.note_states(&advert, &[]);
+        Ok(advert)
     }
 
     /// Every ref, and the ref `HEAD` names: one upload-pack advertisement over HTTP (its
     /// `symref=HEAD:` capability), the repository's refs and `HEAD` when embedded.
     pub(super) async fn every_ref(&self) -> Result<(Advert, Option<String>), Error> {
-        self.transport.every_ref().await
+        let (advert, head) = self.transport.every_ref().await?;
+        self.note_states(&advert, &[]);
+        Ok((advert, head))
     }
 
     /// Every ref under `prefix`: one ref advertisement over HTTP.
@@ -201,8 +231,12 @@ impl Remote {
             Err(error)
                 if self.fetches()
                     && !matches!(
-                        error,
-                        Error::Http(_) | Error::Status { .. } | Error::Certificate { .. }
+                        error.wire(),
+                        Some(
+                            WireError::Http(_)
+                                | WireError::Status { .. }
+                                | WireError::Certificate { .. }
+                        )
                     ) =>
             {
                 tracing::warn!(error = %gitstate_core::report::chain(&error), "cache read failed");

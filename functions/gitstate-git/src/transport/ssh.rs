@@ -9,8 +9,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
-use super::{ConnectError, Service, Wire};
-use crate::Error;
+use super::{ConnectError, Error, Framing, Service, Wire};
 
 /// The most of ssh's stderr kept (for the error message); the rest is read and dropped.
 const MAX_STDERR_BYTES: u64 = 64 * 1024;
@@ -134,23 +133,19 @@ impl Ssh {
         limit: u64,
     ) -> Result<(Vec<u8>, Vec<u8>), Error> {
         let work = async {
-            let mut child = self.command(service).spawn().map_err(|e| {
-                Error::Config(format!(
-                    "cannot start ssh (GIT_SSH_COMMAND, GIT_SSH or ssh): {e}"
-                ))
-            })?;
+            let mut child = self.command(service).spawn().map_err(Error::SshStart)?;
             let mut stdout = child
                 .stdout
                 .take()
-                .ok_or_else(|| Error::Protocol("no stdout".into()))?;
+                .ok_or(Error::Framing(Framing::NoPipe("stdout")))?;
             let mut stdin = child
                 .stdin
                 .take()
-                .ok_or_else(|| Error::Protocol("no stdin".into()))?;
+                .ok_or(Error::Framing(Framing::NoPipe("stdin")))?;
             let mut stderr = child
                 .stderr
                 .take()
-                .ok_or_else(|| Error::Protocol("no stderr".into()))?;
+                .ok_or(Error::Framing(Framing::NoPipe("stderr")))?;
             let errors = tokio::spawn(async move {
                 let mut text = Vec::new();
                 let _ = (&mut stderr)
@@ -164,7 +159,7 @@ impl Ssh {
             let advert = match read_advertisement(&mut stdout, limit).await {
                 Ok(advert) => advert,
                 // Over the size limit: the child, perhaps still writing, is killed when dropped.
-                Err(e @ Error::Remote(_)) => return Err(e),
+                Err(e @ Error::TooLarge { .. }) => return Err(e),
                 Err(e) => {
                     let _ = child.wait().await;
                     let text = errors.await.unwrap_or_default();
@@ -183,22 +178,23 @@ impl Ssh {
             if rest.len() as u64 > limit {
                 // The child is killed when dropped.
                 return Err(Error::too_large(
-                    &format!("{} response", service.name()),
+                    format!("{} response", service.name()),
                     limit,
                 ));
             }
             let status = child.wait().await?;
             let text = errors.await.unwrap_or_default();
             if !status.success() && rest.is_empty() {
-                return Err(session_error(&text).unwrap_or_else(|| {
-                    Error::Remote(format!("{} over ssh ended with {status}", service.name()))
+                return Err(session_error(&text).unwrap_or(Error::SshEnded {
+                    service: service.name(),
+                    status,
                 }));
             }
             Ok((advert, rest))
         };
         tokio::time::timeout(self.timeout, work)
             .await
-            .map_err(|_| Error::Remote(format!("ssh: no answer within {:?}", self.timeout)))?
+            .map_err(|_| Error::SshTimeout(self.timeout))?
     }
 }
 
@@ -206,7 +202,7 @@ impl Ssh {
 fn session_error(stderr: &[u8]) -> Option<Error> {
     let text = String::from_utf8_lossy(stderr);
     let line = text.lines().rev().find(|l| !l.trim().is_empty())?;
-    Some(Error::Remote(format!("ssh: {}", line.trim())))
+    Some(Error::SshSaid(line.trim().to_owned()))
 }
 
 /// pkt-lines up to and including the flush that ends the advertisement.
@@ -220,15 +216,15 @@ async fn read_advertisement(
         stdout
             .read_exact(&mut header)
             .await
-            .map_err(|_| Error::Protocol("the ssh session ended before the refs".into()))?;
+            .map_err(|_| Error::Framing(Framing::SshEndedBeforeRefs))?;
         let len = std::str::from_utf8(&header)
             .ok()
             .and_then(|h| usize::from_str_radix(h, 16).ok())
-            .ok_or_else(|| Error::Protocol("bad pkt-line header over ssh".into()))?;
+            .ok_or(Error::Framing(Framing::SshHeader))?;
         out.extend_from_slice(&header);
         match len {
             0 => return Ok(out),
-            1..=3 => return Err(Error::Protocol("bad pkt-line length over ssh".into())),
+            1..=3 => return Err(Error::Framing(Framing::SshLength)),
             _ => {
                 let start = out.len();
                 if (start + len - 4) as u64 > limit {
@@ -397,7 +393,8 @@ mod tests {
                     assert_eq!(body.len(), response);
                     seen[0] += 1;
                 }
-                Err(Error::Remote(reason)) => {
+                Err(error @ Error::TooLarge { .. }) => {
+                    let reason = error.to_string();
                     assert!(reason.contains(REASON), "{reason}");
                     assert!(
                         advert_bytes as u64 > limit || response as u64 > limit,
@@ -428,7 +425,7 @@ mod tests {
             .exchange(Service::UploadPack, b"0000".to_vec(), 1 << 20)
             .await
             .expect_err("failed");
-        let Error::Remote(reason) = err else {
+        let Error::SshSaid(reason) = err else {
             panic!("{err:?}")
         };
         assert!(reason.len() <= 64 * 1024 + 16, "{}", reason.len());
@@ -438,8 +435,10 @@ mod tests {
             .await
             .expect_err("failed");
         assert!(
-            matches!(err, Error::Remote(ref r) if r == "ssh: the last line"),
+            matches!(err, Error::SshSaid(ref r) if r == "the last line"),
             "{err:?}"
         );
+        assert_eq!(err.to_string(), "git remote reports: ssh: the last line");
+        assert!(err.refused());
     }
 }
