@@ -12,8 +12,8 @@ mod store;
 mod sync;
 pub mod transport;
 
-pub use settings::{GitAuth, GitSettings};
-pub use store::{GitStore, StoreOptions, WriteMode};
+pub use settings::{GitAuth, GitSettings, StateRefs};
+pub use store::{GitStore, Holder, StoreOptions, WriteMode};
 
 use gitstate_core::ports::StoreError;
 

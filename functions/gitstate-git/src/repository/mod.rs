@@ -123,6 +123,11 @@ impl Cache {
         Ok(lacking)
     }
 
+    /// Whether `commit`'s tree has a file at `path` (its trees suffice, not its blobs).
+    pub fn has_file(&self, commit: ObjectId, path: &str) -> Result<bool, Error> {
+        Ok(Self::blob_id(&self.repo()?, commit, path)?.is_some())
+    }
+
     /// The id of the blob at `path` in `commit`'s tree.
     pub(crate) fn blob_id(
         repo: &gix::Repository,

@@ -11,9 +11,11 @@
 mod floor;
 mod history;
 mod hosted;
+mod known;
 mod lock;
 mod read;
 mod remote;
+mod states;
 mod transport;
 mod write;
 
@@ -39,11 +41,12 @@ use crate::Error;
 use crate::protocol::{Advert, SmartClient};
 use crate::repository::Cache;
 use crate::repository::local::LocalRefs;
-use crate::settings::{GitAuth, GitSettings};
+use crate::settings::{GitAuth, GitSettings, StateRefs};
 use crate::sync::lock;
 use crate::transport::Connection;
 use hosted::Hosted;
 use remote::Remote;
+pub use states::Holder;
 use transport::{Embedded, Transport};
 
 /// What the store needs to know, taken from [`GitSettings`].
@@ -68,6 +71,8 @@ pub struct StoreOptions {
     pub max_history_depth: u32,
     /// The most writes waiting at once that leave in one push (1: each alone).
     pub writes_per_push: usize,
+    /// Which writes go to a state's own ref (`GITSTATE_STATE_REFS`).
+    pub state_refs: StateRefs,
 }
 
 /// How a write under a lock reaches the remote, decided per remote from its receive-pack
@@ -138,6 +143,7 @@ impl GitStore {
             max_response_bytes: settings.max_response_bytes,
             max_history_depth: settings.max_history_depth,
             writes_per_push: settings.writes_per_push.max(1),
+            state_refs: settings.state_refs,
         };
         match &settings.repository {
             Some(url) => Ok((
