@@ -60,7 +60,7 @@ pub enum ConnectError {
     #[error("repository URL: {0}")]
     Url(<reqwest::Url as std::str::FromStr>::Err),
     #[error("ssh repository {url:?}: {why}")]
-    SshUrl { url: String, why: &'static str },
+    SshUrl { url: String, why: ssh::BadSshUrl },
     #[error("refusing to send git credentials over plain http; use https://")]
     CredentialsOverHttp,
     #[error("git credentials contain characters a header cannot carry")]
@@ -128,7 +128,15 @@ mod tests {
             ),
             (
                 connect("ssh://h:port/r", &none).err(),
-                "ssh repository \"ssh://h:port/r\": the port is not a number",
+                "ssh repository \"ssh://h:port/r\": invalid port number - must be between 1-65535",
+            ),
+            (
+                connect("ssh://git:secret@h/r", &none).err(),
+                "ssh repository \"ssh://git:secret@h/r\": a password in an ssh URL is not used: ssh authenticates with keys",
+            ),
+            (
+                connect("git@h:-oProxyCommand=x", &none).err(),
+                "ssh repository \"git@h:-oProxyCommand=x\": the path is empty, starts with '-' or holds control characters",
             ),
             (
                 private_roots("no pem here").err(),

@@ -14,9 +14,31 @@ use super::{ConnectError, Error, Framing, Service, Wire};
 /// The most of ssh's stderr kept (for the error message); the rest is read and dropped.
 const MAX_STDERR_BYTES: u64 = 64 * 1024;
 
-/// Whether `url` names an SSH remote.
+/// Whether `url` names an SSH remote (for git: `ssh://`, `git+ssh://`, `ssh+git://`, or
+/// `[user@]host:path`); [`Ssh::parse`] reads it.
 pub fn is_ssh(url: &str) -> bool {
-    url.starts_with("ssh://") || url.starts_with("git+ssh://") || scp_like(url).is_some()
+    ["ssh://", "git+ssh://", "ssh+git://"]
+        .iter()
+        .any(|scheme| url.starts_with(scheme))
+        || scp_like(url).is_some()
+}
+
+/// Why an ssh repository URL is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum BadSshUrl {
+    /// What git's URL syntax (`gix-url`) says is wrong.
+    #[error("{0}")]
+    Syntax(String),
+    #[error("neither ssh://user@host[:port]/path nor user@host:path")]
+    NotSsh,
+    #[error("the host is not a host name")]
+    Host,
+    #[error("the user name is empty or would be read as an option")]
+    User,
+    #[error("a password in an ssh URL is not used: ssh authenticates with keys")]
+    Password,
+    #[error("the path is empty, starts with '-' or holds control characters")]
+    Path,
 }
 
 /// `[user@]host:path` (no scheme, a colon before any slash).
@@ -41,46 +63,44 @@ pub struct Ssh {
 }
 
 impl Ssh {
+    /// `url` as git reads it (`gix-url`), refused when ssh would read a part of it as an
+    /// option (a host or path starting with `-`), when it carries a password (ssh takes none
+    /// from a URL) or when its path is empty or holds control characters.
     pub fn parse(url: &str, timeout: Duration) -> Result<Self, ConnectError> {
-        let bad = |why: &'static str| ConnectError::SshUrl {
+        let bad = |why: BadSshUrl| ConnectError::SshUrl {
             url: url.to_owned(),
             why,
         };
-        let (host, port, path) = if let Some(rest) = url
-            .strip_prefix("ssh://")
-            .or_else(|| url.strip_prefix("git+ssh://"))
-        {
-            let (authority, path) = rest
-                .split_once('/')
-                .ok_or_else(|| bad("no path after the host"))?;
-            let (host, port) = match authority.rsplit_once(':') {
-                Some((host, port)) if !host.ends_with(']') || authority.starts_with('[') => (
-                    host,
-                    Some(
-                        port.parse::<u16>()
-                            .map_err(|_| bad("the port is not a number"))?,
-                    ),
-                ),
-                _ => (authority, None),
-            };
-            (host, port, format!("/{path}"))
-        } else if let Some((host, path)) = scp_like(url) {
-            (host, None, path.to_owned())
-        } else {
-            return Err(bad(
-                "neither ssh://user@host[:port]/path nor user@host:path",
-            ));
+        let parsed = gix_url::parse(url)
+            .map_err(|e| bad(BadSshUrl::Syntax(e.probable_cause().to_string())))?;
+        if parsed.scheme != gix_url::Scheme::Ssh {
+            return Err(bad(BadSshUrl::NotSsh));
+        }
+        let host = parsed
+            .host_argument_safe()
+            .filter(|host| !host.is_empty() && !host.contains(char::is_whitespace))
+            .ok_or(bad(BadSshUrl::Host))?;
+        if parsed.password().is_some() {
+            return Err(bad(BadSshUrl::Password));
+        }
+        let host = match parsed.user() {
+            Some(user) if user.is_empty() || user.starts_with('-') || user.contains('@') => {
+                return Err(bad(BadSshUrl::User));
+            }
+            Some(user) => format!("{user}@{host}"),
+            None => host.to_owned(),
         };
-        // A host starting with `-` would be read by ssh as an option.
-        if host.is_empty() || host.starts_with('-') || host.contains(char::is_whitespace) {
-            return Err(bad("the host is not a host name"));
-        }
-        if path.len() <= 1 || path.contains(['\n', '\0']) {
-            return Err(bad("the path is empty or holds control characters"));
-        }
+        let path = String::from_utf8(parsed.path.to_vec())
+            .ok()
+            .filter(|path| {
+                !path.trim_start_matches('/').is_empty()
+                    && !path.trim_start_matches('/').starts_with('-')
+                    && !path.contains(char::is_control)
+            })
+            .ok_or(bad(BadSshUrl::Path))?;
         Ok(Self {
-            host: host.to_owned(),
-            port,
+            host,
+            port: parsed.port,
             path,
             timeout,
             #[cfg(test)]
@@ -295,12 +315,27 @@ mod tests {
             "acme/state.git",
         );
         ok("me@host:/abs/r.git", "me@host", None, "/abs/r.git");
+        // What git reads differently from a split at the colon: an IPv6 host, the home
+        // directory of a user, `ssh+git://`.
+        ok(
+            "ssh://git@[::1]:2222/r.git",
+            "git@::1",
+            Some(2222),
+            "/r.git",
+        );
+        ok("ssh://h.example/~me/r.git", "h.example", None, "~me/r.git");
+        ok("ssh+git://h/r", "h", None, "/r");
         for bad in [
             "ssh://-oProxyCommand=x/r",
             "-oProxyCommand=x:r",
+            "ssh://-u@h/r",
+            "h:-r",
+            "ssh://h/-r",
+            "ssh://u:pw@h/r",
             "ssh://h",
             "ssh://h:port/r",
             "ssh://h/",
+            "ssh://h/a\nb",
             "h:",
             "https://h/r",
         ] {
