@@ -23,6 +23,7 @@ pub mod faults;
 pub mod hosts;
 pub mod process;
 pub mod sops;
+pub mod states;
 
 pub use client::{Answer, Client, History, Lock, TfState, Version};
 
