@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use gitstate_core::fold::FoldReport;
 use gitstate_core::ports::{Location, StateStore};
-use gitstate_tests::states::{Bare, Stamp, StateWrite, state_ref};
+use gitstate_tests::handmade::{Bare, Stamp, StateWrite, state_ref};
 use gitstate_tests::{GitServer, PushMode, init_tracing, settings_for};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

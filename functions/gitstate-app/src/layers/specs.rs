@@ -78,6 +78,10 @@ pub const SETTINGS: &[Spec] = &[
         "GITSTATE_REQUIRE_ATOMIC",
         "refuse git hosts without atomic push [false]",
     ),
+    setting(
+        "GITSTATE_STATE_REFS",
+        "which updates go to a state's own ref: auto, always or never [auto]",
+    ),
     switch(
         "GITSTATE_ALLOW_UNLOCKED_WRITES",
         "accept writes that hold no lock, each with a warning [false]",

@@ -8,15 +8,14 @@ use flate2::{Compression, write::ZlibEncoder};
 use gix::objs::Kind;
 use sha1::{Digest, Sha1};
 
-use crate::Error;
+use crate::{Corruption, Error};
 
 /// Write a version-2 pack of undeltified objects (a state push carries a handful of them).
 pub fn write(objects: &[(Kind, Vec<u8>)]) -> Result<Vec<u8>, Error> {
     let mut pack = Vec::new();
     pack.extend_from_slice(b"PACK");
     pack.extend_from_slice(&2u32.to_be_bytes());
-    let count = u32::try_from(objects.len())
-        .map_err(|_| Error::Protocol("too many objects for one pack".into()))?;
+    let count = u32::try_from(objects.len()).map_err(|_| Error::TooManyObjects)?;
     pack.extend_from_slice(&count.to_be_bytes());
     for (kind, data) in objects {
         let code: u8 = match kind {
@@ -68,7 +67,7 @@ pub fn index_into(git_dir: &Path, pack: &[u8]) -> Result<Vec<gix::ObjectId>, Err
         return Ok(Vec::new());
     };
     let index = gix_pack::index::File::at(&index, gix::hash::Kind::Sha1)
-        .map_err(|e| Error::Corrupt(format!("the index of a received pack: {e}")))?;
+        .map_err(|e| Error::Corrupt(Corruption::PackIndex(e.to_string())))?;
     Ok(index.iter().map(|entry| entry.oid).collect())
 }
 

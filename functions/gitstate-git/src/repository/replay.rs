@@ -10,7 +10,7 @@ use gitstate_core::fold::{FOLDED_PATH, FoldRecord};
 use gitstate_core::ports::CommitMeta;
 
 use super::{Cache, NewCommit};
-use crate::Error;
+use crate::{Corruption, Error};
 
 /// A state commit: one file at `path`, and who wrote it when, as the write made it.
 #[derive(Debug, Clone)]
@@ -32,7 +32,10 @@ impl StateCommit {
 }
 
 fn corrupt(id: ObjectId, what: impl std::fmt::Display) -> Error {
-    Error::Corrupt(format!("commit {id}: {what}"))
+    Error::Corrupt(Corruption::Commit {
+        id,
+        why: what.to_string(),
+    })
 }
 
 impl Cache {
@@ -72,10 +75,10 @@ impl Cache {
             .rev_walk(wants)
             .with_hidden(hidden)
             .all()
-            .map_err(|e| Error::Corrupt(format!("walking the history: {e}")))?;
+            .map_err(|e| Error::Corrupt(Corruption::Walk(e.to_string())))?;
         let mut out = HashSet::new();
         for info in walk {
-            let info = info.map_err(|e| Error::Corrupt(format!("walking the history: {e}")))?;
+            let info = info.map_err(|e| Error::Corrupt(Corruption::Walk(e.to_string())))?;
             out.insert(info.id);
         }
         Ok(out)

@@ -18,6 +18,7 @@ use crate::protocol::{Blobs, Command, FetchError, PushReport, SmartClient};
 use crate::repository::Cache;
 use crate::repository::pack;
 use crate::sync::lock;
+use crate::transport::Error as WireError;
 
 pub(super) struct Hosted {
     http: SmartClient,
@@ -199,9 +200,7 @@ impl Transport for Hosted {
         let pack = self.http.fetch(&wanted, &haves, blobs).await?;
         index(cache, pack).await?;
         if !missing(cache, wanted).await?.is_empty() {
-            return Err(Error::Remote(
-                "the fetch did not deliver the requested commits".into(),
-            ));
+            return Err(Error::Undelivered("commits"));
         }
         Ok(())
     }
@@ -227,7 +226,7 @@ impl Transport for Hosted {
         match self.http.fetch_blobs(&lacking).await {
             Ok(pack) => index(cache, pack).await?,
             // A remote that cannot be reached now cannot be reached for the whole commit either.
-            Err(FetchError::Wire(error @ Error::Http(_))) => return Err(error),
+            Err(error @ FetchError::Wire(WireError::Http(_))) => return Err(error.into()),
             Err(error) => {
                 let error = Error::from(error);
                 let pack = self.http.fetch(&[commit], &[], Blobs::All).await?;
@@ -237,9 +236,7 @@ impl Transport for Hosted {
             }
         }
         if !missing(cache, lacking).await?.is_empty() {
-            return Err(Error::Remote(
-                "the fetch did not deliver the requested blobs".into(),
-            ));
+            return Err(Error::Undelivered("blobs"));
         }
         Ok(())
     }

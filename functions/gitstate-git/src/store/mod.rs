@@ -12,9 +12,11 @@ mod floor;
 mod fold;
 mod history;
 mod hosted;
+mod known;
 mod lock;
 mod read;
 mod remote;
+mod states;
 mod transport;
 mod write;
 
@@ -41,11 +43,12 @@ use crate::Error;
 use crate::protocol::{Advert, SmartClient};
 use crate::repository::Cache;
 use crate::repository::local::LocalRefs;
-use crate::settings::{GitAuth, GitSettings};
+use crate::settings::{GitAuth, GitSettings, StateRefs};
 use crate::sync::lock;
 use crate::transport::Connection;
 use hosted::Hosted;
 use remote::Remote;
+pub use states::Holder;
 use transport::{Embedded, Transport};
 
 /// What the store needs to know, taken from [`GitSettings`].
@@ -72,6 +75,8 @@ pub struct StoreOptions {
     pub writes_per_push: usize,
     /// A fold lease older than this is taken over (its holder is gone).
     pub fold_lease_age: Duration,
+    /// Which writes go to a state's own ref (`GITSTATE_STATE_REFS`).
+    pub state_refs: StateRefs,
 }
 
 /// How a write under a lock reaches the remote, decided per remote from its receive-pack
@@ -143,6 +148,7 @@ impl GitStore {
             max_history_depth: settings.max_history_depth,
             writes_per_push: settings.writes_per_push.max(1),
             fold_lease_age: settings.fold_lease_age,
+            state_refs: settings.state_refs,
         };
         match &settings.repository {
             Some(url) => Ok((

@@ -9,8 +9,7 @@ use std::time::Duration;
 use base64::Engine;
 use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue, LOCATION};
 
-use super::{ConnectError, Service, Wire, pkt};
-use crate::Error;
+use super::{ConnectError, Error, NotSmart, Redirect, Service, Wire, pkt};
 use crate::settings::GitAuth;
 use crate::sync::lock;
 
@@ -200,36 +199,24 @@ impl Http {
                 .get(LOCATION)
                 .and_then(|v| v.to_str().ok())
                 .and_then(|location| reqwest::Url::parse(&url).ok()?.join(location).ok())
-                .ok_or_else(|| {
-                    Error::Remote("the remote redirected without a usable Location".into())
-                })?;
+                .ok_or(Error::Redirect(Redirect::NoLocation))?;
             let origin = next.origin().ascii_serialization();
             if !first {
-                return Err(Error::Remote(format!(
-                    "the remote redirected a later ref advertisement (to {origin}); only the first is followed"
-                )));
+                return Err(Error::Redirect(Redirect::Later(origin)));
             }
             if !same_origin(&self.url, next.as_str()) {
-                return Err(Error::Remote(format!(
-                    "the remote redirected to another origin ({origin}); not followed, the git credentials go only to the configured repository's origin"
-                )));
+                return Err(Error::Redirect(Redirect::OtherOrigin(origin)));
             }
             let base = next
                 .as_str()
                 .split_once("/info/refs")
                 .map(|(base, _)| base.to_owned())
-                .ok_or_else(|| {
-                    Error::Remote(format!(
-                        "the remote redirected the ref advertisement to {origin} but not to an info/refs path"
-                    ))
-                })?;
+                .ok_or(Error::Redirect(Redirect::NotInfoRefs(origin)))?;
             tracing::info!(to = %next.path(), "following the remote's redirect of the first ref advertisement");
             *lock(&self.redirected) = Some(base);
             url = next.into();
         }
-        Err(Error::Remote(format!(
-            "the remote redirected more than {MAX_REDIRECTS} times"
-        )))
+        Err(Error::Redirect(Redirect::TooMany(MAX_REDIRECTS)))
     }
 
     fn with_auth(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
@@ -277,9 +264,10 @@ impl Http {
             .and_then(|v| v.to_str().ok())
             .unwrap_or_default();
         if content_type != expected {
-            return Err(Error::Protocol(format!(
-                "ref advertisement has content type {content_type:?}, not {expected}"
-            )));
+            return Err(Error::NotSmart(NotSmart::ContentType {
+                found: content_type.to_owned(),
+                expected,
+            }));
         }
         self.read_capped(response, "ref advertisement", limit).await
     }
@@ -343,18 +331,14 @@ pub fn strip_announcement(body: &[u8], service: Service) -> Result<&[u8], Error>
     let mut reader = pkt::Reader::new(body);
     let first = reader
         .next_line()?
-        .ok_or_else(|| Error::Protocol("empty ref advertisement".into()))?;
+        .ok_or(Error::NotSmart(NotSmart::Empty))?;
     let announced = format!("# service={}", service.name());
     if first != announced.as_bytes() {
-        return Err(Error::Protocol(
-            "the server did not announce the service (not a smart HTTP server?)".into(),
-        ));
+        return Err(Error::NotSmart(NotSmart::NoAnnouncement));
     }
     // A flush ends the announcement.
     if reader.next_frame()? != Some(pkt::Frame::Flush) {
-        return Err(Error::Protocol(
-            "no flush after the service announcement".into(),
-        ));
+        return Err(Error::NotSmart(NotSmart::NoFlush));
     }
     Ok(reader.rest())
 }

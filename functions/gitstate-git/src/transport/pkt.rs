@@ -1,6 +1,6 @@
 //! pkt-line framing (git's wire format) and side-band demultiplexing.
 
-use crate::Error;
+use super::{Error, Framing};
 
 /// Append one pkt-line holding `data`.
 pub fn write(out: &mut Vec<u8>, data: &[u8]) {
@@ -44,14 +44,13 @@ impl<'a> Reader<'a> {
         let head = self
             .buf
             .get(..4)
-            .ok_or_else(|| Error::Protocol("truncated pkt-line header".into()))?;
+            .ok_or(Error::Framing(Framing::TruncatedHeader))?;
         let len = std::str::from_utf8(head)
             .ok()
             .and_then(|h| usize::from_str_radix(h, 16).ok())
             .ok_or_else(|| {
-                Error::Protocol(format!(
-                    "bad pkt-line length {:?}",
-                    String::from_utf8_lossy(head)
+                Error::Framing(Framing::BadLength(
+                    String::from_utf8_lossy(head).into_owned(),
                 ))
             })?;
         match len {
@@ -63,12 +62,12 @@ impl<'a> Reader<'a> {
                 self.buf = &self.buf[4..];
                 Ok(Some(Frame::Special))
             }
-            3 => Err(Error::Protocol("pkt-line length 3 is invalid".into())),
+            3 => Err(Error::Framing(Framing::LengthThree)),
             n => {
                 let data = self
                     .buf
                     .get(4..n)
-                    .ok_or_else(|| Error::Protocol("truncated pkt-line".into()))?;
+                    .ok_or(Error::Framing(Framing::Truncated))?;
                 self.buf = &self.buf[n..];
                 Ok(Some(Frame::Data(data)))
             }
@@ -97,14 +96,12 @@ pub fn demux(reader: &mut Reader<'_>, first: Option<&[u8]>) -> Result<Vec<u8>, E
             Some((1, payload)) => data.extend_from_slice(payload),
             Some((2, _)) => {}
             Some((3, message)) => {
-                return Err(Error::Remote(
+                return Err(Error::SideBand(
                     String::from_utf8_lossy(message).trim().to_owned(),
                 ));
             }
             _ => {
-                return Err(Error::Protocol(
-                    "side-band frame without a valid channel".into(),
-                ));
+                return Err(Error::Framing(Framing::NoChannel));
             }
         }
         Ok(())
@@ -157,7 +154,7 @@ mod tests {
         let mut err = Vec::new();
         write(&mut err, b"\x03boom");
         assert!(
-            matches!(demux(&mut Reader::new(&err), None), Err(Error::Remote(m)) if m == "boom")
+            matches!(demux(&mut Reader::new(&err), None), Err(Error::SideBand(m)) if m == "boom")
         );
     }
 }

@@ -19,12 +19,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gix::ObjectId;
-use sha1::{Digest, Sha1};
 
 use gitstate_core::fold::{FOLDED_PATH, FoldRecord, FoldReport};
 use gitstate_core::index::INDEX_PATH;
 use gitstate_core::ports::{Location, StoreError};
 
+use super::known::{STATE_REF_PREFIX as STATES_PREFIX, state_ref};
 use super::remote::Remote;
 use super::{GitStore, WriteMode, blocking};
 use crate::Error;
@@ -32,19 +32,9 @@ use crate::protocol::{Advert, Command, Service};
 use chains::Planned;
 use lease::Bid;
 
-/// Where the states' own refs live.
-pub(in crate::store) const STATES_PREFIX: &str = "refs/gitstate/states/";
-
 /// How many looks one fold takes before it leaves the rest to the next (every look after the
 /// first follows a lost race or writes that came meanwhile).
 const MAX_FOLD_ROUNDS: u32 = 12;
-
-/// The state ref of the state at `path`: its sha1, so one fixed-length component.
-pub(in crate::store) fn state_ref(path: &str) -> String {
-    let digest = Sha1::digest(path.as_bytes());
-    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{STATES_PREFIX}{hex}")
-}
 
 impl GitStore {
     /// Fold every state ref's unfolded writes onto the branch of `at` (see the module doc).
