@@ -85,10 +85,9 @@ pub enum NotSmart {
 pub enum Framing {
     #[error("truncated pkt-line header")]
     TruncatedHeader,
-    #[error("bad pkt-line length {0:?}")]
-    BadLength(String),
-    #[error("pkt-line length 3 is invalid")]
-    LengthThree,
+    /// What `gix-packetline` says is wrong with a pkt-line's length.
+    #[error("bad pkt-line: {0}")]
+    Invalid(String),
     #[error("truncated pkt-line")]
     Truncated,
     #[error("side-band frame without a valid channel")]

@@ -3,7 +3,6 @@
 //! advertisement and only within that origin.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use base64::Engine;
@@ -96,10 +95,17 @@ pub struct Http {
     client: reqwest::Client,
     url: String,
     authorization: Option<HeaderValue>,
-    /// Where the first ref advertisement was redirected to (same origin), used from then on.
-    redirected: Mutex<Option<String>>,
-    /// Whether a ref advertisement was asked for yet: only the first may be redirected.
-    advertised: AtomicBool,
+    /// Whether a ref advertisement was asked for yet (only the first may be redirected), and
+    /// where the first was redirected to: one lock, so no request sees one without the other.
+    base: Mutex<Base>,
+}
+
+/// Where requests go, as the first ref advertisement decided.
+enum Base {
+    /// No advertisement asked for yet: the next one may be redirected.
+    Unasked,
+    /// Asked for; `Some`: redirected there (same origin), used from then on.
+    Asked(Option<String>),
 }
 
 /// How [`Http`] reaches and authenticates to the host, beyond the URL.
@@ -145,8 +151,7 @@ impl Http {
             client,
             url: url.trim_end_matches('/').to_owned(),
             authorization,
-            redirected: Mutex::new(None),
-            advertised: AtomicBool::new(false),
+            base: Mutex::new(Base::Unasked),
         })
     }
 
@@ -174,16 +179,24 @@ impl Http {
 
     /// The repository's URL, or where its first advertisement was redirected to.
     fn base(&self) -> String {
-        lock(&self.redirected)
-            .clone()
-            .unwrap_or_else(|| self.url.clone())
+        match &*lock(&self.base) {
+            Base::Asked(Some(redirected)) => redirected.clone(),
+            Base::Unasked | Base::Asked(None) => self.url.clone(),
+        }
     }
 
     /// `GET info/refs?service=…`, following redirects only when this is the first advertisement
     /// and only within the repository's origin (so never from https to http, and the credentials
     /// never reach another host). The redirected base is used for every later request.
     async fn advertisement_response(&self, service: Service) -> Result<reqwest::Response, Error> {
-        let first = !self.advertised.swap(true, Ordering::SeqCst);
+        let first = {
+            let mut base = lock(&self.base);
+            let first = matches!(*base, Base::Unasked);
+            if first {
+                *base = Base::Asked(None);
+            }
+            first
+        };
         let mut url = format!("{}/info/refs?service={}", self.base(), service.name());
         for _ in 0..=MAX_REDIRECTS {
             let response = self
@@ -213,7 +226,7 @@ impl Http {
                 .map(|(base, _)| base.to_owned())
                 .ok_or(Error::Redirect(Redirect::NotInfoRefs(origin)))?;
             tracing::info!(to = %next.path(), "following the remote's redirect of the first ref advertisement");
-            *lock(&self.redirected) = Some(base);
+            *lock(&self.base) = Base::Asked(Some(base));
             url = next.into();
         }
         Err(Error::Redirect(Redirect::TooMany(MAX_REDIRECTS)))

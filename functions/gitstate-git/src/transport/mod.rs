@@ -232,8 +232,8 @@ mod tests {
                 Class::Remote,
             ),
             (
-                || Wire::Framing(Framing::BadLength("zzzz".into())),
-                format!("{garbled}bad pkt-line length \"zzzz\""),
+                || Wire::Framing(Framing::Invalid("Received an invalid line of length 3".into())),
+                format!("{garbled}bad pkt-line: Received an invalid line of length 3"),
                 false,
                 Class::Remote,
             ),

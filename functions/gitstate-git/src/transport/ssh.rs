@@ -7,6 +7,8 @@
 use std::process::Stdio;
 use std::time::Duration;
 
+use gix_packetline::PacketLineRef;
+use gix_packetline::decode::{self, PacketLineOrWantedSize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
 use super::{ConnectError, Error, Framing, Service, Wire};
@@ -237,20 +239,22 @@ async fn read_advertisement(
             .read_exact(&mut header)
             .await
             .map_err(|_| Error::Framing(Framing::SshEndedBeforeRefs))?;
-        let len = std::str::from_utf8(&header)
-            .ok()
-            .and_then(|h| usize::from_str_radix(h, 16).ok())
-            .ok_or(Error::Framing(Framing::SshHeader))?;
         out.extend_from_slice(&header);
-        match len {
-            0 => return Ok(out),
-            1..=3 => return Err(Error::Framing(Framing::SshLength)),
-            _ => {
+        // The length prefix, decoded by `gix-packetline`: a flush ends the refs; a delimiter,
+        // a response end, length 3 or 4, or what is not hex cannot come here.
+        match decode::hex_prefix(&header) {
+            Ok(PacketLineOrWantedSize::Line(PacketLineRef::Flush)) => return Ok(out),
+            Ok(PacketLineOrWantedSize::Line(_)) => {
+                return Err(Error::Framing(Framing::SshLength));
+            }
+            Err(_) => return Err(Error::Framing(Framing::SshHeader)),
+            Ok(PacketLineOrWantedSize::Wanted(len)) => {
                 let start = out.len();
-                if (start + len - 4) as u64 > limit {
+                let len = usize::from(len);
+                if (start + len) as u64 > limit {
                     return Err(Error::too_large("ref advertisement", limit));
                 }
-                out.resize(start + len - 4, 0);
+                out.resize(start + len, 0);
                 stdout.read_exact(&mut out[start..]).await?;
             }
         }
