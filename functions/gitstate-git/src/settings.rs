@@ -71,6 +71,8 @@ pub struct GitSettings {
     pub max_history_depth: u32,
     /// The most writes waiting at once that leave in one push (1: each alone).
     pub writes_per_push: usize,
+    /// A fold lease older than this is taken over (its holder crashed or was frozen).
+    pub fold_lease_age: Duration,
     /// Which writes go to a state's own ref.
     pub state_refs: StateRefs,
 }

@@ -2,6 +2,7 @@
 //! request that asked), fetches into the cache (one at a time), pushes with the capabilities
 //! advertised.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -113,10 +114,16 @@ impl Hosted {
 
 /// Index a received pack into the cache.
 async fn index(cache: &Arc<Cache>, pack: Vec<u8>) -> Result<(), Error> {
+    index_listing(cache, pack).await.map(drop)
+}
+
+/// Index a received pack into the cache; the ids of the objects it holds.
+async fn index_listing(cache: &Arc<Cache>, pack: Vec<u8>) -> Result<Vec<ObjectId>, Error> {
     let cache = cache.clone();
     blocking(move || {
-        pack::index_into(cache.git_dir(), &pack)?;
-        cache.reload()
+        let held = pack::index_into(cache.git_dir(), &pack)?;
+        cache.reload()?;
+        Ok(held)
     })
     .await
 }
@@ -314,6 +321,30 @@ impl Transport for Hosted {
         let _one_fetch_at_a_time = self.fetching.lock().await;
         let pack = self.http.fetch(&[commit], &[tip], self.blobs()).await?;
         index(cache, pack).await
+    }
+
+    /// One fetch: the remote sends exactly those commits (and their trees and blobs), so the
+    /// pack's commits are the answer.
+    async fn fetch_beyond(
+        &self,
+        cache: &Arc<Cache>,
+        wants: Vec<ObjectId>,
+        haves: Vec<ObjectId>,
+    ) -> Result<HashSet<ObjectId>, Error> {
+        let _one_fetch_at_a_time = self.fetching.lock().await;
+        let pack = self.http.fetch_beyond(&wants, &haves).await?;
+        let held = index_listing(cache, pack).await?;
+        let reader = cache.clone();
+        blocking(move || {
+            let mut commits = HashSet::new();
+            for id in held {
+                if reader.is_commit(id)? {
+                    commits.insert(id);
+                }
+            }
+            Ok(commits)
+        })
+        .await
     }
 
     async fn rebuild(&self, cache: &Arc<Cache>, known_tip: &KnownTip) -> Result<(), Error> {

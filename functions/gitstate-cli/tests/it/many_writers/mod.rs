@@ -42,14 +42,14 @@
 
 mod model;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use gitstate_tests::faults::{Fault, FaultProxy};
 use gitstate_tests::process::{ServeProcess, has_command, knows_variable, run_command, serve_env};
-use gitstate_tests::states::{held_lock_id, newest_stored, state_refs};
+use gitstate_tests::states::{file_at, held_lock_id, newest_stored, state_refs};
 use gitstate_tests::{Client, GitServer, PushMode, git};
 use model::{Answered, Effect, Model, NAMES, Op, SHARED, Version, family, own_name};
 use rand::rngs::StdRng;
@@ -577,6 +577,54 @@ fn logged_versions(repo: &Path, name: &str) -> Result<Vec<Option<Version>>, Stri
         .collect()
 }
 
+/// The branch between rounds, folded or not: a state is on it iff the model has it, its file is
+/// a version the state had (never one that was not written), never older than the one the branch
+/// showed before (a fold replays in order, never back), and the newest one while no state has a
+/// ref of its own.
+fn check_branch(
+    repo: &Path,
+    model: &Model,
+    shown: &mut BTreeMap<&'static str, Version>,
+) -> Result<(), String> {
+    let current = state_refs(repo).is_empty();
+    for name in NAMES {
+        let file = file_at(repo, &format!("refs/heads/{BRANCH}"), name);
+        let (body, newest) = match (file, model.newest(name)) {
+            (None, None) => continue,
+            (Some(body), Some(newest)) => (body, newest),
+            (file, newest) => {
+                return Err(format!(
+                    "{name}: on the branch {}, newest {newest:?}",
+                    file.is_some()
+                ));
+            }
+        };
+        let history = model
+            .history
+            .get(name)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        let position = |v: &Version| history.iter().rposition(|h| h.as_ref() == Some(v));
+        let version = Version::of(&String::from_utf8_lossy(&body));
+        let at = version
+            .as_ref()
+            .and_then(position)
+            .ok_or_else(|| format!("{name} on the branch is {version:?}, never written"))?;
+        if let Some(before) = shown.get(name).and_then(position)
+            && at < before
+        {
+            return Err(format!("{name} went back on the branch to {version:?}"));
+        }
+        if current && version.as_ref() != Some(newest) {
+            return Err(format!(
+                "{name} on the branch is {version:?}, newest {newest:?}, and no state ref"
+            ));
+        }
+        shown.insert(name, version.unwrap_or_else(|| newest.clone()));
+    }
+    Ok(())
+}
+
 /// The end: every version of every state through the history API and (after the final fold)
 /// in `git log` of the branch, each state's newest content, and the branch's files.
 async fn final_checks(world: &World, model: &Model, folded: bool) -> Result<(), String> {
@@ -675,7 +723,7 @@ async fn round(
     model: &mut Model,
     actors: &mut [Actor],
     log: &mut Vec<String>,
-) -> Result<(), String> {
+) -> Result<bool, String> {
     let round = plan_round(rng, model, actors);
     let mut procs: Vec<usize> = (0..PROCESSES).collect();
     procs.shuffle(rng);
@@ -701,6 +749,7 @@ async fn round(
         .zip(&answers)
         .map(|((who, op), (status, _))| format!("a{who} {op:?} -> {status}"))
         .collect();
+    let folded = fold.is_some();
     if let Some(fold) = fold {
         let (ok, said) = fold.await.map_err(|e| format!("fold task: {e}"))?;
         model.count(format!("fold during a round, succeeded {ok}"));
@@ -715,7 +764,8 @@ async fn round(
             .collect();
         format!("{e}\nin the repository now:\n{}", stored.join("\n"))
     })?;
-    settle_unsure(world, model, actors, &round, unsure).await
+    settle_unsure(world, model, actors, &round, unsure).await?;
+    Ok(folded)
 }
 
 async fn run(seed: u64, steps: usize, setup: Setup) -> Result<(Model, String), String> {
@@ -724,10 +774,16 @@ async fn run(seed: u64, steps: usize, setup: Setup) -> Result<(Model, String), S
     let mut model = Model::default();
     let mut actors = vec![Actor::Idle; ACTORS];
     let mut log = Vec::new();
+    let mut shown = BTreeMap::new();
     while model.sent < steps {
-        round(&world, &mut rng, &mut model, &mut actors, &mut log)
-            .await
-            .map_err(|e| format!("{e}\nrounds:\n{}", log.join("\n")))?;
+        let folded = round(&world, &mut rng, &mut model, &mut actors, &mut log).await;
+        let checked = match folded {
+            Ok(true) => check_branch(&world.repo(), &model, &mut shown),
+            Ok(false) if log.len() % 10 == 0 => check_branch(&world.repo(), &model, &mut shown),
+            Ok(false) => Ok(()),
+            Err(e) => Err(e),
+        };
+        checked.map_err(|e| format!("{e}\nrounds:\n{}", log.join("\n")))?;
         if rng.random_bool(REPLACE_RATE) {
             let (i, cold) = (rng.random_range(0..PROCESSES), rng.random_bool(0.5));
             world.replace(i, cold).await;
