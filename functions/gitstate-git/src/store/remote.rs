@@ -2,6 +2,7 @@
 //! this process remembers of it.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -20,6 +21,22 @@ use crate::protocol::{Command, PushReport};
 use crate::repository::{Cache, NewCommit};
 use crate::sync::lock;
 use crate::transport::Error as WireError;
+
+/// One remote's folds in the background of this process (see the `fold` module).
+#[derive(Debug, Default)]
+pub(super) struct Background {
+    /// A push of this process wrote a state ref that no fold started since has looked at.
+    pub(super) unfolded: AtomicBool,
+    /// A fold task runs.
+    pub(super) folding: AtomicBool,
+}
+
+impl Background {
+    /// A push wrote a state ref.
+    fn wrote_state(&self) {
+        self.unfolded.store(true, Ordering::SeqCst);
+    }
+}
 
 /// One (repository, branch): its cache and how to reach it.
 pub(super) struct Remote {
@@ -40,6 +57,8 @@ pub(super) struct Remote {
     pub(super) batcher: Batcher,
     /// The state refs this process has seen (see the `states` module).
     pub(super) known_states: Mutex<KnownStates>,
+    /// Folds in the background of this process (see the `fold` module).
+    pub(super) folds: Background,
 }
 
 impl Remote {
@@ -53,6 +72,7 @@ impl Remote {
             made_locks: Mutex::default(),
             batcher,
             known_states: Mutex::default(),
+            folds: Background::default(),
         }
     }
 
@@ -261,6 +281,19 @@ impl Remote {
         commands: Vec<Command>,
         objects: Vec<ObjectId>,
     ) -> Result<PushReport, Error> {
-        self.transport.push(&self.cache, commands, objects).await
+        let report = self
+            .transport
+            .push(&self.cache, commands.clone(), objects)
+            .await?;
+        let wrote_state = commands.iter().any(|c| {
+            c.name.starts_with(STATE_REF_PREFIX)
+                && !c.new.is_null()
+                && c.old != c.new
+                && report.all_ok(std::slice::from_ref(c))
+        });
+        if wrote_state {
+            self.folds.wrote_state();
+        }
+        Ok(report)
     }
 }
