@@ -37,6 +37,10 @@ mod hostile;
 mod lambda;
 #[path = "bench/lambda_shape.rs"]
 mod lambda_shape;
+#[path = "bench/proxy.rs"]
+mod proxy;
+#[path = "bench/shapes.rs"]
+mod shapes;
 
 const WARM_RUNS: usize = 20;
 const COLD_RUNS: usize = 5;
@@ -1137,6 +1141,10 @@ async fn main() {
     }
     if want("lambda-shape") {
         lambda_shape::lambda_shape(&mut out, &binary).await;
+        flush(&mut out);
+    }
+    if want("shapes") {
+        shapes::shapes(&mut out, &binary).await;
         flush(&mut out);
     }
     if want("lambda") {
