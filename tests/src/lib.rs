@@ -20,9 +20,11 @@ pub mod attack;
 mod client;
 pub mod counting;
 pub mod faults;
+pub mod handmade;
 pub mod hosts;
 pub mod process;
 pub mod sops;
+pub mod states;
 
 pub use client::{Answer, Client, History, Lock, TfState, Version};
 

@@ -141,3 +141,50 @@ async fn spawn(
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     (child, url, pid)
 }
+
+/// Run `binary args…` with only `env` (and `PATH`) set, as a separate process, and wait for it:
+/// e.g. `gitstate fold` on the repository a set of [`ServeProcess`]es serve.
+pub async fn run_command(
+    binary: &Path,
+    args: &[&str],
+    env: &[(String, String)],
+) -> std::process::Output {
+    tokio::process::Command::new(binary)
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("run {} {args:?}: {e}", binary.display()))
+}
+
+/// Whether `binary` has the subcommand `command` (`binary command --help` succeeds): tests of a
+/// feature still being built use it when it is there.
+pub async fn has_command(binary: &Path, command: &str) -> bool {
+    run_command(binary, &[command, "--help"], &[])
+        .await
+        .status
+        .success()
+}
+
+/// Whether `binary` knows the setting `var` (`binary config` does not refuse it as an unknown
+/// variable, as every command would).
+pub async fn knows_variable(binary: &Path, var: &str, value: &str) -> bool {
+    let cache = tempfile::tempdir().expect("tempdir");
+    let env = [
+        (
+            "GITSTATE_REPOSITORY".into(),
+            "http://127.0.0.1:9/x.git".into(),
+        ),
+        (
+            "GITSTATE_CACHE_DIR".into(),
+            cache.path().display().to_string(),
+        ),
+        (var.to_owned(), value.to_owned()),
+    ];
+    let out = run_command(binary, &["config"], &env).await;
+    !String::from_utf8_lossy(&out.stderr).contains(&format!("unknown variable {var}"))
+}

@@ -84,6 +84,11 @@ const DESCRIPTIONS: &[Described] = &[
         "GITSTATE_REQUIRE_ATOMIC",
         "`true`: refuse hosts without atomic push (502 naming this setting) instead of [writing without it](#hosts-without-atomic-push)",
     ),
+    describe_default(
+        "GITSTATE_STATE_REFS",
+        "`always` (Lambda), `auto` (local)",
+        "which updates go to a state's own ref `refs/gitstate/states/<sha1 of its path>`, where writes of different states never race: `auto` when the branch's compare-and-swap is lost, `always` every update of an existing state, `never` none (a state that has one is still written there). Reads look at state refs whatever this says ([state refs](#state-refs))",
+    ),
     describe(
         "GITSTATE_ALLOW_UNLOCKED_WRITES",
         "`true`: accept writes and deletes that hold no lock (a backend block without `lock_address`, `terraform -lock=false`), each logged as a warning; by default they are refused with 428 ([Terraform](terraform.md#writes-need-the-lock))",
@@ -190,6 +195,10 @@ const DESCRIPTIONS: &[Described] = &[
     describe(
         "GITSTATE_GIT_TIMEOUT_SECS",
         "timeout of one git HTTP request",
+    ),
+    describe(
+        "GITSTATE_FOLD_LEASE_SECS",
+        "a fold lease (`refs/gitstate/fold`) older than this is taken over: how long a fold whose process crashed holds up the next (see \"Unfolded writes\")",
     ),
     describe(
         "GITSTATE_REQUEST_DEADLINE_SECS",

@@ -12,62 +12,161 @@ mod store;
 mod sync;
 pub mod transport;
 
-pub use settings::{GitAuth, GitSettings};
-pub use store::{GitStore, StoreOptions, WriteMode};
+pub use settings::{GitAuth, GitSettings, StateRefs};
+pub use store::{GitStore, Holder, StoreOptions, WriteMode};
 
 use gitstate_core::ports::StoreError;
 
-/// Failures inside the git adapter; mapped once onto the core's [`StoreError`].
+/// Failures inside the git adapter; mapped once onto the core's [`StoreError`] (`Class::of`).
+///
+/// Each operation on the remote has its own error ([`transport::ConnectError`],
+/// [`protocol::AdvertError`], [`protocol::FetchError`], [`protocol::PushError`]), with the
+/// wire's ([`transport::Error`]) as its source; the store's decisions read their variants.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("git HTTP request failed")]
-    Http(#[source] reqwest::Error),
-    #[error(
-        "certificate verification failed for git host {host} ({reason}); trust its CA with GITSTATE_GIT_CA_FILE or GITSTATE_GIT_CA_PEM"
-    )]
-    Certificate { host: String, reason: String },
+    /// The wire failed outside any one operation.
+    #[error(transparent)]
+    Wire(transport::Error),
+    #[error("configuration: {0}")]
+    Connect(transport::ConnectError),
+    #[error(transparent)]
+    Advert(#[from] protocol::AdvertError),
+    #[error(transparent)]
+    Fetch(#[from] protocol::FetchError),
+    #[error(transparent)]
+    Push(#[from] protocol::PushError),
     #[error(
         "the git remote does not offer atomic push and GITSTATE_REQUIRE_ATOMIC=true refuses such remotes"
     )]
     AtomicRequired,
-    #[error("git remote answered HTTP {status} to the {what}")]
-    Status { status: u16, what: &'static str },
-    #[error("git protocol error: {0}")]
-    Protocol(String),
-    #[error("git remote reports: {0}")]
-    Remote(String),
-    #[error("configuration: {0}")]
-    Config(String),
-    #[error("configuration: {0}")]
-    Connect(transport::ConnectError),
+    /// A fetch answered with a pack that lacks what was asked for (`commits`, `blobs`).
+    #[error("git remote reports: the fetch did not deliver the requested {0}")]
+    Undelivered(&'static str),
+    /// Every create of a lock ref was refused, with no lock there to explain it.
+    #[error("git remote reports: the remote kept refusing to create {lock_ref} ({report})")]
+    LockRefused { lock_ref: String, report: String },
+    /// A write's push was refused twice on a branch that did not move: the remote declines it.
+    #[error("git remote reports: the remote refused the push on an unchanged branch: {0}")]
+    Declined(String),
+    /// A ref name the embedded repository cannot hold.
+    #[error("git protocol error: invalid ref name {0}")]
+    RefName(String),
+    #[error("git protocol error: too many objects for one pack")]
+    TooManyObjects,
     #[error("local git repository")]
     Git(#[from] gix::Error),
     #[error("received pack is invalid")]
     Pack(#[source] gix::Error),
     #[error("cache is corrupt: {0}")]
-    Corrupt(String),
+    Corrupt(Corruption),
     #[error(transparent)]
     Io(#[from] std::io::Error),
     #[error("background task failed")]
     Join(#[from] tokio::task::JoinError),
 }
 
+/// What the cache or the repository holds that cannot be read back.
+#[derive(Debug, thiserror::Error)]
+pub enum Corruption {
+    #[error("tree {id}: {why}")]
+    Tree { id: gix::ObjectId, why: String },
+    #[error("listing references: {0}")]
+    ListingRefs(String),
+    #[error("reading a reference: {0}")]
+    Reference(String),
+    /// A first-parent walk met a commit whose parent is missing below a complete history.
+    #[error("history has a missing parent commit")]
+    MissingParent,
+    /// A walk stopped at a shallow boundary, and the next walk found none.
+    #[error("history boundary moved")]
+    BoundaryMoved,
+    /// The stand-in for a lock ref without a readable lock file could not be made.
+    #[error("{0}")]
+    LockInfo(String),
+    /// A commit whose people or times cannot be read (a fold reads them to replay it).
+    #[error("commit {id}: {why}")]
+    Commit { id: gix::ObjectId, why: String },
+    /// A walk of the history that could not go on.
+    #[error("walking the history: {0}")]
+    Walk(String),
+    /// The index of a pack just received cannot be read back.
+    #[error("the index of a received pack: {0}")]
+    PackIndex(String),
+}
+
 impl Error {
-    /// An answer over the size limit, over HTTP or SSH (a 502 with this reason).
-    pub(crate) fn too_large(what: &str, limit: u64) -> Self {
-        Self::Remote(format!(
-            "the remote's {what} is larger than {limit} bytes (GITSTATE_GIT_MAX_RESPONSE_BYTES)"
-        ))
+    /// The wire's failure under any operation's error, if that is what this is.
+    pub fn wire(&self) -> Option<&transport::Error> {
+        match self {
+            Self::Wire(wire) => Some(wire),
+            Self::Advert(error) => error.wire(),
+            Self::Fetch(error) => error.wire(),
+            Self::Push(error) => error.wire(),
+            _ => None,
+        }
     }
 
-    /// Failures worth one more try from a fresh look at the remote: a refused fetch of a tip that
-    /// just moved, or a remote answering 5xx.
-    pub fn is_transient(&self) -> bool {
+    /// The remote's own refusal, or a failure it reported: a fresh look may get past it (a
+    /// fetch of a tip that moved since it was advertised, say).
+    pub fn refused(&self) -> bool {
         match self {
-            Self::Remote(_) => true,
-            Self::Status { status, .. } => *status >= 500 || *status == 429,
-            _ => false,
+            Self::Wire(error) => error.refused(),
+            Self::Advert(error) => error.refused(),
+            Self::Fetch(error) => error.refused(),
+            Self::Push(error) => error.refused(),
+            Self::Undelivered(_) | Self::LockRefused { .. } | Self::Declined(_) => true,
+            Self::Connect(_)
+            | Self::AtomicRequired
+            | Self::RefName(_)
+            | Self::TooManyObjects
+            | Self::Git(_)
+            | Self::Pack(_)
+            | Self::Corrupt(_)
+            | Self::Io(_)
+            | Self::Join(_) => false,
         }
+    }
+
+    /// The remote answered with something git's protocol does not allow, or an exchange that
+    /// cannot be made with what it offers.
+    pub fn garbled(&self) -> bool {
+        match self {
+            Self::Wire(error) => error.garbled(),
+            Self::Advert(error) => error.garbled(),
+            Self::Fetch(error) => error.garbled(),
+            Self::Push(error) => error.garbled(),
+            Self::RefName(_) | Self::TooManyObjects => true,
+            Self::Connect(_)
+            | Self::AtomicRequired
+            | Self::Undelivered(_)
+            | Self::LockRefused { .. }
+            | Self::Declined(_)
+            | Self::Git(_)
+            | Self::Pack(_)
+            | Self::Corrupt(_)
+            | Self::Io(_)
+            | Self::Join(_) => false,
+        }
+    }
+
+    /// The remote answered with an HTTP error status.
+    pub fn status(&self) -> Option<u16> {
+        match self.wire() {
+            Some(transport::Error::Status { status, .. }) => Some(*status),
+            _ => None,
+        }
+    }
+
+    /// Failures worth one more try from a fresh look at the remote: the remote's refusal (a
+    /// fetch of a tip that just moved), or a remote answering 5xx or 429.
+    pub fn is_transient(&self) -> bool {
+        self.refused() || self.wire().is_some_and(transport::Error::busy)
+    }
+}
+
+impl From<transport::Error> for Error {
+    fn from(error: transport::Error) -> Self {
+        Self::Wire(error)
     }
 }
 
@@ -76,42 +175,8 @@ impl From<transport::ConnectError> for Error {
     /// an HTTP failure.
     fn from(error: transport::ConnectError) -> Self {
         match error {
-            transport::ConnectError::Client(e) => Self::Http(e),
+            transport::ConnectError::Client(e) => Self::Wire(transport::Error::Http(e)),
             other => Self::Connect(other),
-        }
-    }
-}
-
-/// A push's own failures keep the texts and kinds they had before pushing had its own error:
-/// the remote's refusals are `Remote` (transient), a malformed or impossible exchange `Protocol`.
-impl From<protocol::PushError> for Error {
-    fn from(error: protocol::PushError) -> Self {
-        match error {
-            protocol::PushError::Wire(error) => error,
-            refused if refused.refused() => Self::Remote(refused.to_string()),
-            malformed => Self::Protocol(malformed.to_string()),
-        }
-    }
-}
-
-/// A fetch's own failures keep the texts and kinds they had before fetching had its own error:
-/// the remote's `ERR` is `Remote` (the store looks again), no pack at all `Protocol`.
-impl From<protocol::FetchError> for Error {
-    fn from(error: protocol::FetchError) -> Self {
-        match error {
-            protocol::FetchError::Wire(error) => error,
-            protocol::FetchError::Refused(why) => Self::Remote(why),
-            no_pack @ protocol::FetchError::NoPack => Self::Protocol(no_pack.to_string()),
-        }
-    }
-}
-
-/// An advertisement that cannot be read is a protocol error, as before it had its own error.
-impl From<protocol::AdvertError> for Error {
-    fn from(error: protocol::AdvertError) -> Self {
-        match error {
-            protocol::AdvertError::Wire(error) => error,
-            malformed => Self::Protocol(malformed.to_string()),
         }
     }
 }
@@ -123,7 +188,7 @@ impl From<Error> for StoreError {
             Class::Remote => StoreError::Remote(Box::new(error)),
             Class::Incompatible => StoreError::Incompatible(error.to_string()),
             Class::Corrupt => match error {
-                Error::Corrupt(what) => StoreError::Corrupt(what),
+                Error::Corrupt(what) => StoreError::Corrupt(what.to_string()),
                 other => StoreError::Corrupt(other.to_string()),
             },
             Class::Internal => StoreError::Internal(Box::new(error)),
@@ -143,7 +208,7 @@ impl Error {
             Class::Remote => StoreError::Remote(shared()),
             Class::Incompatible => StoreError::Incompatible(self.to_string()),
             Class::Corrupt => StoreError::Corrupt(match self {
-                Self::Corrupt(what) => what.clone(),
+                Self::Corrupt(what) => what.to_string(),
                 other => other.to_string(),
             }),
             Class::Internal => StoreError::Internal(shared()),
@@ -168,23 +233,109 @@ enum Class {
 impl Class {
     fn of(error: &Error) -> Self {
         match error {
-            Error::Http(e) if e.is_timeout() || e.is_connect() || e.is_request() || e.is_body() => {
-                Self::Unavailable
+            Error::Wire(wire) => Self::of_wire(wire),
+            Error::Advert(_) | Error::Fetch(_) | Error::Push(_) => {
+                error.wire().map_or(Self::Remote, Self::of_wire)
             }
-            Error::Status { status, .. } if *status >= 500 || *status == 429 => Self::Unavailable,
-            Error::Http(_)
-            | Error::Status { .. }
-            | Error::Protocol(_)
-            | Error::Remote(_)
-            | Error::Pack(_)
-            | Error::Certificate { .. } => Self::Remote,
+            Error::Undelivered(_)
+            | Error::LockRefused { .. }
+            | Error::Declined(_)
+            | Error::RefName(_)
+            | Error::TooManyObjects
+            | Error::Pack(_) => Self::Remote,
             Error::AtomicRequired => Self::Incompatible,
             Error::Corrupt(_) => Self::Corrupt,
-            Error::Config(_)
-            | Error::Connect(_)
-            | Error::Git(_)
-            | Error::Io(_)
-            | Error::Join(_) => Self::Internal,
+            Error::Connect(_) | Error::Git(_) | Error::Io(_) | Error::Join(_) => Self::Internal,
         }
+    }
+
+    /// Unreachable or busy: unavailable (retry later); the wire on this side (ssh that cannot
+    /// start): internal; anything else the remote said or did: the remote's.
+    fn of_wire(error: &transport::Error) -> Self {
+        if error.unreachable() || error.busy() {
+            Self::Unavailable
+        } else if error.local() {
+            Self::Internal
+        } else {
+            Self::Remote
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use gitstate_core::ports::StoreError;
+
+    use super::{Corruption, Error};
+
+    /// The store's own failures keep the texts and kinds they had as string variants: the
+    /// remote's refusals transient, what the remote cannot be sent garbled, both the remote's
+    /// fault (502); corruption says what is unreadable; each echoed to another caller as the
+    /// same kind of error.
+    #[test]
+    fn the_stores_own_failures_keep_their_texts_and_kinds() {
+        let remote = |error: &StoreError| matches!(error, StoreError::Remote(_));
+        type Case = (fn() -> Error, &'static str, bool, bool);
+        let cases: [Case; 5] = [
+            (
+                || Error::Undelivered("commits"),
+                "git remote reports: the fetch did not deliver the requested commits",
+                true,
+                false,
+            ),
+            (
+                || Error::LockRefused {
+                    lock_ref: "refs/heads/locks/a".into(),
+                    report: "r".into(),
+                },
+                "git remote reports: the remote kept refusing to create refs/heads/locks/a (r)",
+                true,
+                false,
+            ),
+            (
+                || Error::Declined("hook".into()),
+                "git remote reports: the remote refused the push on an unchanged branch: hook",
+                true,
+                false,
+            ),
+            (
+                || Error::RefName("refs/x..y".into()),
+                "git protocol error: invalid ref name refs/x..y",
+                false,
+                true,
+            ),
+            (
+                || Error::TooManyObjects,
+                "git protocol error: too many objects for one pack",
+                false,
+                true,
+            ),
+        ];
+        for (make, text, refused, garbled) in cases {
+            let error = make();
+            assert_eq!(error.to_string(), text);
+            assert_eq!(error.refused(), refused, "{text}");
+            assert_eq!(error.is_transient(), refused, "{text}");
+            assert_eq!(error.garbled(), garbled, "{text}");
+            assert!(error.wire().is_none() && error.status().is_none(), "{text}");
+            assert!(remote(&error.echo()), "{text}");
+            assert!(remote(&StoreError::from(make())), "{text}");
+        }
+        let corrupt = || Error::Corrupt(Corruption::MissingParent);
+        assert_eq!(
+            corrupt().to_string(),
+            "cache is corrupt: history has a missing parent commit"
+        );
+        for store_error in [StoreError::from(corrupt()), corrupt().echo()] {
+            assert!(
+                matches!(&store_error, StoreError::Corrupt(what) if what == "history has a missing parent commit"),
+                "{store_error:?}"
+            );
+        }
+        assert!(matches!(
+            StoreError::from(Error::AtomicRequired),
+            StoreError::Incompatible(_)
+        ));
+        assert!(!Error::AtomicRequired.is_transient());
     }
 }

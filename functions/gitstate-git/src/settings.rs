@@ -15,6 +15,35 @@ pub enum GitAuth {
     Bearer,
 }
 
+/// Which writes go to a state's own ref (`GITSTATE_STATE_REFS`, issue 27): a state ref
+/// `refs/gitstate/states/<sha1 of the path>` holds one state's newest writes, so writes of
+/// different states never share a compare-and-swap point. Reads honour state refs whatever this
+/// says.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum StateRefs {
+    /// Updates go to the branch; a state moves to its own ref when its branch compare-and-swap
+    /// is lost (another state moved the branch). The default of `serve` and `run`.
+    #[default]
+    Auto,
+    /// Every update of an existing state goes to its own ref (the Lambda default).
+    Always,
+    /// No state ref is created; a state that already has one is still written there (a write
+    /// on the branch would be hidden by it).
+    Never,
+}
+
+impl StateRefs {
+    /// `auto`, `always` or `never`.
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "auto" => Some(Self::Auto),
+            "always" => Some(Self::Always),
+            "never" => Some(Self::Never),
+            _ => None,
+        }
+    }
+}
+
 /// The repository, its credentials and the bounds on git work.
 #[derive(Debug, Clone)]
 pub struct GitSettings {
@@ -42,4 +71,8 @@ pub struct GitSettings {
     pub max_history_depth: u32,
     /// The most writes waiting at once that leave in one push (1: each alone).
     pub writes_per_push: usize,
+    /// A fold lease older than this is taken over (its holder crashed or was frozen).
+    pub fold_lease_age: Duration,
+    /// Which writes go to a state's own ref.
+    pub state_refs: StateRefs,
 }

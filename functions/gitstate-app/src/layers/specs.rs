@@ -78,6 +78,10 @@ pub const SETTINGS: &[Spec] = &[
         "GITSTATE_REQUIRE_ATOMIC",
         "refuse git hosts without atomic push [false]",
     ),
+    setting(
+        "GITSTATE_STATE_REFS",
+        "which updates go to a state's own ref: auto, always or never [auto]",
+    ),
     switch(
         "GITSTATE_ALLOW_UNLOCKED_WRITES",
         "accept writes that hold no lock, each with a warning [false]",
@@ -179,6 +183,10 @@ pub const SETTINGS: &[Spec] = &[
     setting(
         "GITSTATE_GIT_TIMEOUT_SECS",
         "timeout of one git request [20]",
+    ),
+    setting(
+        "GITSTATE_FOLD_LEASE_SECS",
+        "a fold lease older than this is taken over [60]",
     ),
     setting(
         "GITSTATE_REQUEST_DEADLINE_SECS",

@@ -9,7 +9,7 @@ use gitstate_core::refs::{AllowedRefs, RefPolicy};
 use gitstate_core::secret::{Secret, credentials_in_url};
 use gitstate_core::service::Identity;
 
-pub use gitstate_git::GitAuth;
+pub use gitstate_git::{GitAuth, StateRefs};
 
 use super::{ConfigError, Runtime, Vars};
 
@@ -45,6 +45,9 @@ pub struct GitSettings {
     /// `GITSTATE_REQUIRE_ATOMIC` (default false): refuse remotes without atomic push instead of
     /// writing with the lock checked from the advertisement.
     pub require_atomic: bool,
+    /// `GITSTATE_STATE_REFS`: which writes go to a state's own ref, `auto` (default locally),
+    /// `always` (default on Lambda, where group commit never applies) or `never`.
+    pub state_refs: StateRefs,
     /// `GITSTATE_ALLOW_UNLOCKED_WRITES` (default false): accept writes and deletes that hold no
     /// lock (Terraform without `lock_address`, or `-lock=false`), each logged as a warning;
     /// otherwise they are refused with 428.
@@ -62,6 +65,8 @@ pub struct GitSettings {
     pub local_repository: PathBuf,
     /// `GITSTATE_GIT_TIMEOUT_SECS`: timeout of one git HTTP request (default 20).
     pub timeout: Duration,
+    /// `GITSTATE_FOLD_LEASE_SECS`: a fold lease older than this is taken over (default 60).
+    pub fold_lease_age: Duration,
 }
 
 impl GitSettings {
@@ -96,6 +101,7 @@ impl GitSettings {
                 vars.get("GITSTATE_GIT_CA_PEM"),
             )?,
             require_atomic: vars.flag("GITSTATE_REQUIRE_ATOMIC")?,
+            state_refs: state_refs(runtime, vars)?,
             allow_unlocked_writes: vars.flag("GITSTATE_ALLOW_UNLOCKED_WRITES")?,
             create_ref: vars.flag("GITSTATE_CREATE_REF")?,
             committer: Identity {
@@ -113,6 +119,7 @@ impl GitSettings {
                 .get("GITSTATE_LOCAL_REPOSITORY")
                 .map_or_else(|| PathBuf::from(".gitstate/repo.git"), PathBuf::from),
             timeout: Duration::from_secs(vars.number("GITSTATE_GIT_TIMEOUT_SECS", 20)?),
+            fold_lease_age: Duration::from_secs(vars.number("GITSTATE_FOLD_LEASE_SECS", 60)?),
         })
     }
 
@@ -178,6 +185,19 @@ fn refs(vars: &Vars<'_>) -> Result<(BranchName, String, AllowedRefs), ConfigErro
         }
     })?;
     Ok((branch, lock_ref_prefix, allowed_refs))
+}
+
+/// `GITSTATE_STATE_REFS`: `always` on Lambda (one request at a time per container, so group
+/// commit never batches writes there), `auto` locally, unless set.
+fn state_refs(runtime: Runtime, vars: &Vars<'_>) -> Result<StateRefs, ConfigError> {
+    match vars.get("GITSTATE_STATE_REFS") {
+        None if runtime == Runtime::Lambda => Ok(StateRefs::Always),
+        None => Ok(StateRefs::Auto),
+        Some(text) => StateRefs::parse(&text).ok_or(ConfigError::Invalid {
+            var: "GITSTATE_STATE_REFS",
+            reason: format!("{text:?} is none of `auto`, `always`, `never`"),
+        }),
+    }
 }
 
 fn auth(vars: &Vars<'_>) -> Result<GitAuth, ConfigError> {

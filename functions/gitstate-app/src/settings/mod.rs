@@ -14,7 +14,7 @@ use gitstate_core::refs::RefPolicy;
 
 pub use access::AccessSettings;
 pub use encryption::EncryptionSettings;
-pub use git::{GitAuth, GitSettings};
+pub use git::{GitAuth, GitSettings, StateRefs};
 pub use limits::{BUFFERED_RESPONSE_LIMIT, DEFAULT_MAX_BODY_BYTES, LimitSettings};
 pub use server::{ConnectionSettings, ServerSettings, TlsFiles};
 

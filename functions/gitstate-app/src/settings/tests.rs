@@ -55,6 +55,28 @@ fn lambda_needs_a_repository_and_uses_tmp() {
     );
 }
 
+/// State refs: `always` on Lambda (group commit never batches there), `auto` locally, and what
+/// is set wins on both.
+#[test]
+fn state_refs_default_by_runtime() {
+    let lambda = [("GITSTATE_REPOSITORY", "https://h/o/r.git")];
+    let read = |runtime, extra: Option<&str>| {
+        let mut vars = lambda.to_vec();
+        vars.extend(extra.map(|v| ("GITSTATE_STATE_REFS", v)));
+        settings(runtime, &vars).expect("valid").git.state_refs
+    };
+    assert_eq!(read(Runtime::Lambda, None), StateRefs::Always);
+    assert_eq!(read(Runtime::Local, None), StateRefs::Auto);
+    for (text, mode) in [
+        ("auto", StateRefs::Auto),
+        ("always", StateRefs::Always),
+        ("never", StateRefs::Never),
+    ] {
+        assert_eq!(read(Runtime::Lambda, Some(text)), mode);
+        assert_eq!(read(Runtime::Local, Some(text)), mode);
+    }
+}
+
 #[test]
 fn encryption_settings() {
     let s = settings(
@@ -112,6 +134,8 @@ fn refuses_bad_values() {
         [("GITSTATE_GIT_WRITES_PER_PUSH", "257")],
         [("GITSTATE_GIT_AUTH", "digest")],
         [("GITSTATE_REQUIRE_ATOMIC", "yes")],
+        [("GITSTATE_STATE_REFS", "sometimes")],
+        [("GITSTATE_STATE_REFS", "Always")],
         [("GITSTATE_GIT_CA_PEM", "not a certificate")],
         [("GITSTATE_GIT_CA_FILE", "/nonexistent/ca.pem")],
     ] {

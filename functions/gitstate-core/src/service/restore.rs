@@ -31,12 +31,6 @@ impl Backend {
             return Err(clash_for(caller, clash));
         }
         let (from, old) = self.get_version(caller, at, name, selector).await?;
-        let current = match self.store.read_state(at, name).await? {
-            Some(stored) => Version::of(&self.open_revision(at, name, stored).await?).serial,
-            None => None,
-        };
-        let (body, sent) = renumbered(&from, &old, current)?;
-        let serial = sent.serial.unwrap_or_default();
         let lock = OwnLock {
             id: format!("gitstate-restore-{:016x}", rand::random::<u64>()),
             operation: "OperationTypeRestore",
@@ -44,6 +38,14 @@ impl Backend {
             who: caller.user.clone(),
         };
         self.under_lock(caller, at, name, lock, |id| async move {
+            // The current serial is read under the lock: read before it, a write landing in
+            // between would leave the restore numbered as that write (two contents, one serial).
+            let current = match self.store.read_state(at, name).await? {
+                Some(stored) => Version::of(&self.open_revision(at, name, stored).await?).serial,
+                None => None,
+            };
+            let (body, sent) = renumbered(&from, &old, current)?;
+            let serial = sent.serial.unwrap_or_default();
             let request = WriteRequest::new(caller, at, name, body).lock_id(Some(&id));
             self.write(request, sent, Verb::Restore { from: &from })
                 .await?;

@@ -5,22 +5,45 @@ use std::collections::HashMap;
 
 use super::Service;
 use super::pkt;
-use crate::Error;
+use crate::transport;
 use crate::transport::http::strip_announcement;
 
-/// Why an advertisement could not be read. Each becomes the crate's [`Error`] in one place
-/// (`From<AdvertError> for Error`, in `lib.rs`): `Error::Protocol` with these texts.
+/// Why an advertisement could not be read: a ref line that is not one (the remote's fault, not
+/// transient), or the wire.
 #[derive(Debug, thiserror::Error)]
 pub enum AdvertError {
-    #[error("ref advertisement is not UTF-8")]
+    #[error("git protocol error: ref advertisement is not UTF-8")]
     NotUtf8,
-    #[error("malformed ref line")]
+    #[error("git protocol error: malformed ref line")]
     MalformedLine,
-    #[error("malformed object id")]
+    #[error("git protocol error: malformed object id")]
     MalformedId,
     /// The request itself, its pkt-lines, or smart HTTP's service announcement.
     #[error(transparent)]
-    Wire(#[from] Error),
+    Wire(#[from] transport::Error),
+}
+
+impl AdvertError {
+    /// The wire's failure, if that is what this is.
+    pub fn wire(&self) -> Option<&transport::Error> {
+        match self {
+            Self::Wire(wire) => Some(wire),
+            Self::NotUtf8 | Self::MalformedLine | Self::MalformedId => None,
+        }
+    }
+
+    /// What the wire said was a refusal of the host's (see [`transport::Error::refused`]).
+    pub fn refused(&self) -> bool {
+        self.wire().is_some_and(transport::Error::refused)
+    }
+
+    /// The advertisement, or what carried it, is not git's protocol.
+    pub fn garbled(&self) -> bool {
+        match self {
+            Self::NotUtf8 | Self::MalformedLine | Self::MalformedId => true,
+            Self::Wire(wire) => wire.garbled(),
+        }
+    }
 }
 
 /// Ref tips and capabilities, as a server advertises them (or the local repository reports them).

@@ -100,6 +100,25 @@ impl SmartClient {
             .await
     }
 
+    /// Upload-pack: every object `wants` reach that `haves` do not, whole history and blobs (no
+    /// `shallow`, no filter): what a fold fetches of the state refs. One request.
+    pub async fn fetch_beyond(
+        &self,
+        wants: &[ObjectId],
+        haves: &[ObjectId],
+    ) -> Result<Vec<u8>, FetchError> {
+        let caps: Vec<&str> = fetch_capabilities(lock(&self.upload_caps).as_deref(), false)
+            .into_iter()
+            .filter(|cap| *cap != "shallow")
+            .collect();
+        let request = fetch::request(&caps, wants, &[], haves, 0);
+        let response = self
+            .wire
+            .exchange(Service::UploadPack, request, self.max_response_bytes)
+            .await?;
+        pack_of(&response)
+    }
+
     /// Upload-pack with protocol v2's `fetch`: the blobs `ids` and nothing else. One request.
     pub async fn fetch_blobs(&self, ids: &[ObjectId]) -> Result<Vec<u8>, FetchError> {
         let request = fetch::objects_request(ids);

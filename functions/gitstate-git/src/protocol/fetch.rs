@@ -4,7 +4,7 @@
 use gix::ObjectId;
 
 use super::{AGENT, pkt};
-use crate::Error;
+use crate::transport;
 
 /// What a fetch asks for: of the capabilities it can use, those the upload-pack advertisement
 /// offered; none when this process has not seen one (the caller makes sure that only happens
@@ -89,19 +89,47 @@ pub(crate) fn objects_request(ids: &[ObjectId]) -> Vec<u8> {
     body
 }
 
-/// Why a fetch brought no pack. Each becomes the crate's [`Error`] in one place
-/// (`From<FetchError> for Error`, in `lib.rs`) with the text and kind it had before.
+/// Why a fetch brought no pack.
 #[derive(Debug, thiserror::Error)]
 pub enum FetchError {
     /// The remote answered `ERR …`: it will not send what was wanted (a tip that moved since
-    /// it was advertised, say); the crate's `Error::Remote`, which the store looks again on.
-    #[error("{0}")]
+    /// it was advertised, say); the store looks again.
+    #[error("git remote reports: {0}")]
     Refused(String),
-    #[error("the fetch response has no pack")]
+    #[error("git protocol error: the fetch response has no pack")]
     NoPack,
-    /// The exchange itself, or its pkt-lines and side-band (a channel-3 message is `Remote`).
+    /// The exchange itself, or its pkt-lines and side-band (channel 3: the remote's error).
     #[error(transparent)]
-    Wire(#[from] Error),
+    Wire(#[from] transport::Error),
+}
+
+impl FetchError {
+    /// The wire's failure, if that is what this is.
+    pub fn wire(&self) -> Option<&transport::Error> {
+        match self {
+            Self::Wire(wire) => Some(wire),
+            Self::Refused(_) | Self::NoPack => None,
+        }
+    }
+
+    /// The remote would not send what was wanted, or reported an error of its own: a fresh
+    /// look may get past it.
+    pub fn refused(&self) -> bool {
+        match self {
+            Self::Refused(_) => true,
+            Self::NoPack => false,
+            Self::Wire(wire) => wire.refused(),
+        }
+    }
+
+    /// The answer is not a fetch response git's protocol allows.
+    pub fn garbled(&self) -> bool {
+        match self {
+            Self::NoPack => true,
+            Self::Refused(_) => false,
+            Self::Wire(wire) => wire.garbled(),
+        }
+    }
 }
 
 /// The pack in an upload-pack response (v0, or v2's `packfile` section).

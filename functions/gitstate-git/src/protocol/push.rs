@@ -3,39 +3,71 @@
 use gix::ObjectId;
 
 use super::{AGENT, Advert, pkt};
-use crate::Error;
+use crate::transport;
 
-/// Why a push had no verdict: the capabilities it needs are not offered, or the report-status
-/// is not one. Each becomes the crate's [`Error`] in one place (`From<PushError> for Error`, in
-/// `lib.rs`):
-/// the remote's own refusals ([`Self::refused`]) as `Error::Remote`, a malformed or impossible
-/// exchange as `Error::Protocol`, with these texts.
+/// Why a push had no verdict: the capabilities it needs are not offered, the report-status is
+/// not one, or the wire failed. The remote's own refusals ([`Self::refused`]) are transient, a
+/// malformed or impossible exchange is not.
 #[derive(Debug, thiserror::Error)]
 pub enum PushError {
-    #[error("the remote does not offer report-status, so a push's outcome could not be known")]
+    #[error(
+        "git protocol error: the remote does not offer report-status, so a push's outcome could not be known"
+    )]
     NoReportStatus,
-    #[error("several ref updates in one push need atomic, which the remote does not offer")]
+    #[error(
+        "git protocol error: several ref updates in one push need atomic, which the remote does not offer"
+    )]
     NoAtomic,
-    #[error("the remote does not allow deleting refs")]
+    #[error("git remote reports: the remote does not allow deleting refs")]
     NoDeleteRefs,
-    #[error("empty report-status")]
+    #[error("git protocol error: empty report-status")]
     EmptyReport,
-    #[error("the remote could not unpack: {0}")]
+    #[error("git remote reports: the remote could not unpack: {0}")]
     Unpack(String),
-    #[error("report-status does not start with 'unpack'")]
+    #[error("git protocol error: report-status does not start with 'unpack'")]
     NoUnpack,
-    #[error("unexpected report-status line {0:?}")]
+    #[error("git protocol error: unexpected report-status line {0:?}")]
     UnexpectedLine(String),
     /// The exchange itself, or its pkt-lines and side-band.
     #[error(transparent)]
-    Wire(#[from] Error),
+    Wire(#[from] transport::Error),
 }
 
 impl PushError {
-    /// The remote's own refusal, which a fresh look may get past (the crate's `Error::Remote`,
-    /// transient), rather than an exchange that cannot work.
+    /// The remote's own refusal (or an error it reported), which a fresh look may get past,
+    /// rather than an exchange that cannot work.
     pub fn refused(&self) -> bool {
-        matches!(self, Self::NoDeleteRefs | Self::Unpack(_))
+        match self {
+            Self::NoDeleteRefs | Self::Unpack(_) => true,
+            Self::NoReportStatus
+            | Self::NoAtomic
+            | Self::EmptyReport
+            | Self::NoUnpack
+            | Self::UnexpectedLine(_) => false,
+            Self::Wire(wire) => wire.refused(),
+        }
+    }
+
+    /// The wire's failure, if that is what this is.
+    pub fn wire(&self) -> Option<&transport::Error> {
+        match self {
+            Self::Wire(wire) => Some(wire),
+            _ => None,
+        }
+    }
+
+    /// The push had an answer, but no report-status could be read from it, or it could not
+    /// be sent as asked (no `report-status`, no `atomic`).
+    pub fn garbled(&self) -> bool {
+        match self {
+            Self::NoReportStatus
+            | Self::NoAtomic
+            | Self::EmptyReport
+            | Self::NoUnpack
+            | Self::UnexpectedLine(_) => true,
+            Self::NoDeleteRefs | Self::Unpack(_) => false,
+            Self::Wire(wire) => wire.garbled(),
+        }
     }
 }
 

@@ -1,6 +1,6 @@
 use gix::ObjectId;
 
-use crate::Error;
+use crate::{Error, transport};
 
 use super::fetch::{FetchError, fetch_capabilities, pack_of};
 use super::{AGENT, Advert, Command, PushError, PushReport, Service, pkt, push_capabilities};
@@ -63,7 +63,10 @@ fn malformed_advertisements_are_protocol_errors() {
         );
         assert_eq!(error.to_string(), format!("git protocol error: {text}"));
         assert!(
-            matches!(error, Error::Protocol(_)) && !error.is_transient(),
+            matches!(error, Error::Advert(_))
+                && error.garbled()
+                && !error.refused()
+                && !error.is_transient(),
             "{text}"
         );
     }
@@ -90,12 +93,12 @@ fn parses_report_status() {
     assert!(matches!(PushReport::parse(&bad), Err(PushError::Unpack(_))));
     assert!(matches!(
         PushReport::parse(&bad).map_err(Error::from),
-        Err(Error::Remote(_))
+        Err(error @ Error::Push(PushError::Unpack(_))) if error.refused() && error.is_transient()
     ));
 }
 
 /// Every way a push has no verdict reads as it did before pushing had its own error: the
-/// remote's refusals as `Remote` (transient), the rest as `Protocol`, both the remote's fault
+/// remote's refusals are `refused` (transient), the rest `garbled`, both the remote's fault
 /// (502); the wire's own errors pass through unchanged.
 #[test]
 fn push_errors_keep_their_texts_and_kinds() {
@@ -130,7 +133,7 @@ fn push_errors_keep_their_texts_and_kinds() {
             "git protocol error: unexpected report-status line \"what\"",
         ),
         (
-            PushError::Wire(Error::Status {
+            PushError::Wire(transport::Error::Status {
                 status: 403,
                 what: "push",
             }),
@@ -139,21 +142,30 @@ fn push_errors_keep_their_texts_and_kinds() {
     ];
     for (error, text) in cases {
         let refused = error.refused();
+        let garbled = error.garbled();
         let error = Error::from(error);
         assert_eq!(error.to_string(), text);
         assert_eq!(error.is_transient(), refused, "{text}");
-        assert_eq!(matches!(error, Error::Remote(_)), refused, "{text}");
+        assert_eq!(error.refused(), refused, "{text}");
+        assert_eq!(error.garbled(), garbled, "{text}");
+        assert!(matches!(error, Error::Push(_)), "{text}");
+        // Each is the remote's refusal, an answer that is not a report, or an HTTP status.
+        assert_eq!(
+            u8::from(refused) + u8::from(garbled) + u8::from(error.status().is_some()),
+            1,
+            "{text}"
+        );
         assert!(
             matches!(StoreError::from(error), StoreError::Remote(_)),
             "{text}"
         );
     }
-    // What the store's floor decides on (a push answered without a report): still `Protocol`.
+    // What the store's floor decides on (a push answered without a report): `garbled`.
     let mut empty = Vec::new();
     pkt::flush(&mut empty);
     assert!(matches!(
         PushReport::parse(&empty).map_err(Error::from),
-        Err(Error::Protocol(_))
+        Err(error @ Error::Push(PushError::EmptyReport)) if error.garbled()
     ));
 }
 
@@ -258,7 +270,7 @@ fn fetch_asks_only_for_advertised_capabilities() {
 }
 
 /// A fetch's failures read as they did before fetching had its own error: the remote's `ERR`
-/// and a side-band error are `Remote` (transient: the store looks again), no pack `Protocol`;
+/// and a side-band error are `refused` (transient: the store looks again), no pack `garbled`;
 /// all the remote's fault (502).
 #[test]
 fn fetch_errors_keep_their_texts_and_kinds() {
@@ -290,7 +302,9 @@ fn fetch_errors_keep_their_texts_and_kinds() {
         let error = Error::from(error);
         assert_eq!(error.to_string(), text);
         assert_eq!(error.is_transient(), transient, "{text}");
-        assert_eq!(matches!(error, Error::Remote(_)), transient, "{text}");
+        assert_eq!(error.refused(), transient, "{text}");
+        assert_eq!(error.garbled(), !transient, "{text}");
+        assert!(matches!(error, Error::Fetch(_)), "{text}");
         assert!(
             matches!(StoreError::from(error), StoreError::Remote(_)),
             "{text}"

@@ -10,9 +10,9 @@ use gix::refs::transaction::{Change, LogChange, PreviousValue, RefEdit, RefLog};
 use gitstate_core::refs::paths_clash;
 
 use super::Cache;
-use crate::Error;
 use crate::protocol::{Advert, Command, PushReport};
 use crate::sync::lock;
+use crate::{Corruption, Error};
 
 pub struct LocalRefs {
     repo: Arc<Cache>,
@@ -59,13 +59,13 @@ impl LocalRefs {
         let mut advert = Advert::default();
         let platform = repo
             .references()
-            .map_err(|e| Error::Corrupt(format!("listing references: {e}")))?;
+            .map_err(|e| Error::Corrupt(Corruption::ListingRefs(e.to_string())))?;
         let all = platform
             .prefixed(prefix)
-            .map_err(|e| Error::Corrupt(format!("listing references: {e}")))?;
+            .map_err(|e| Error::Corrupt(Corruption::ListingRefs(e.to_string())))?;
         for reference in all {
             let mut reference =
-                reference.map_err(|e| Error::Corrupt(format!("reading a reference: {e}")))?;
+                reference.map_err(|e| Error::Corrupt(Corruption::Reference(e.to_string())))?;
             let name = reference.name().as_bstr().to_string();
             let id = reference.peel_to_id()?.detach();
             advert.refs.insert(name, id);
@@ -101,7 +101,7 @@ impl LocalRefs {
                     .name
                     .as_str()
                     .try_into()
-                    .map_err(|_| Error::Protocol(format!("invalid ref name {}", c.name)))?;
+                    .map_err(|_| Error::RefName(c.name.clone()))?;
                 let change = if c.new.is_null() {
                     Change::Delete {
                         expected: PreviousValue::MustExistAndMatch(Target::Object(c.old)),

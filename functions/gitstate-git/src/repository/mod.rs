@@ -8,16 +8,18 @@ use std::sync::RwLock;
 use gix::ObjectId;
 use gix::objs::Kind;
 
-use crate::{Error, sync};
+use crate::{Corruption, Error, sync};
 
 mod commit;
 pub mod index;
 pub mod local;
 pub mod pack;
+mod replay;
 mod trees;
 mod walk;
 
 pub use commit::NewCommit;
+pub use replay::StateCommit;
 pub use walk::{Chain, Latest, Walk};
 
 pub struct Cache {
@@ -123,6 +125,11 @@ impl Cache {
         Ok(lacking)
     }
 
+    /// Whether `commit`'s tree has a file at `path` (its trees suffice, not its blobs).
+    pub fn has_file(&self, commit: ObjectId, path: &str) -> Result<bool, Error> {
+        Ok(Self::blob_id(&self.repo()?, commit, path)?.is_some())
+    }
+
     /// The id of the blob at `path` in `commit`'s tree.
     pub(crate) fn blob_id(
         repo: &gix::Repository,
@@ -155,9 +162,12 @@ impl Cache {
         let mut pending = vec![(root, String::new())];
         while let Some((id, dir)) = pending.pop() {
             let tree = repo.find_tree(id)?;
-            let decoded = tree
-                .decode()
-                .map_err(|e| Error::Corrupt(format!("tree {id}: {e}")))?;
+            let decoded = tree.decode().map_err(|e| {
+                Error::Corrupt(Corruption::Tree {
+                    id,
+                    why: e.to_string(),
+                })
+            })?;
             for entry in &decoded.entries {
                 let path = format!("{dir}{}", entry.filename);
                 if entry.mode.is_tree() {

@@ -3,7 +3,7 @@
 
 use gix::ObjectId;
 
-use crate::Error;
+use crate::{Corruption, Error};
 
 /// The first file (in tree order) below the folder `tree` at `dir`.
 pub(super) fn first_file(
@@ -12,9 +12,12 @@ pub(super) fn first_file(
     dir: &str,
 ) -> Result<Option<String>, Error> {
     let tree = repo.find_tree(tree)?;
-    let decoded = tree
-        .decode()
-        .map_err(|e| Error::Corrupt(format!("tree {}: {e}", tree.id)))?;
+    let decoded = tree.decode().map_err(|e| {
+        Error::Corrupt(Corruption::Tree {
+            id: tree.id,
+            why: e.to_string(),
+        })
+    })?;
     for entry in &decoded.entries {
         let path = format!("{dir}/{}", entry.filename);
         if !entry.mode.is_tree() {
@@ -43,9 +46,12 @@ pub(super) fn changed_paths(
             return Ok(Vec::new());
         };
         let tree = repo.find_tree(id)?;
-        let decoded = tree
-            .decode()
-            .map_err(|e| Error::Corrupt(format!("tree {id}: {e}")))?;
+        let decoded = tree.decode().map_err(|e| {
+            Error::Corrupt(Corruption::Tree {
+                id,
+                why: e.to_string(),
+            })
+        })?;
         Ok(decoded
             .entries
             .iter()

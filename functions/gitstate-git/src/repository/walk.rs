@@ -132,6 +132,20 @@ impl Cache {
         }
     }
 
+    /// The revision `commit` is of the file at `path` (which it changed).
+    pub fn revision(&self, commit: ObjectId, path: &str) -> Result<Revision, Error> {
+        let repo = self.repo()?;
+        let found = repo.find_commit(commit)?;
+        let decoded = found.decode()?;
+        Ok(Revision {
+            version: commit.to_string(),
+            time: decoded.committer()?.seconds(),
+            author: decoded.author()?.name.to_string(),
+            message: decoded.message.to_string(),
+            deleted: Self::blob_id(&repo, commit, path)?.is_none(),
+        })
+    }
+
     /// How `path` clashes with the tree of `commit`: a proper prefix of it is a file, or it is a
     /// folder (then the first file inside it is named). Only the trees along `path` are read.
     pub fn path_clash(&self, commit: ObjectId, path: &str) -> Result<Option<Clash>, Error> {

@@ -67,7 +67,9 @@ impl Remote {
     ) -> Result<Option<PushReport>, Error> {
         match self.push(commands, objects).await {
             Ok(report) => Ok(Some(report)),
-            Err(error @ (Error::Status { .. } | Error::Protocol(_))) => {
+            // An HTTP error status, or an answer that is not a report: not pushed to this way
+            // again.
+            Err(error) if error.status().is_some() || error.garbled() => {
                 tracing::warn!(error = %gitstate_core::report::chain(&error), "the remote refused a push without a fresh advertisement; advertising first from now on");
                 self.transport.refuse_floor();
                 Ok(None)

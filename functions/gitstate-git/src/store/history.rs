@@ -10,11 +10,12 @@ use gix::ObjectId;
 use gitstate_core::StateName;
 use gitstate_core::ports::{HistoryPage, Location, Revision, StoreError};
 
+use super::known::state_ref;
 use super::remote::Remote;
 use super::{GitStore, blocking, null};
-use crate::Error;
 use crate::repository::{Chain, Latest, Walk};
 use crate::sync::lock;
+use crate::{Corruption, Error};
 
 /// History is fetched this many commits deep at first, then four times deeper each time a page
 /// needs more, up to [`super::StoreOptions::max_history_depth`].
@@ -31,7 +32,8 @@ impl GitStore {
         names: &[StateName],
     ) -> Result<Vec<(StateName, Revision)>, StoreError> {
         let remote = self.remote(at)?;
-        let Some(tip) = self.branch_tip(&remote, at).await? else {
+        let (tip, newest) = self.newest_of_states(&remote, at, names).await?;
+        let Some(tip) = tip else {
             return Ok(Vec::new());
         };
         let branch = at.branch.full_ref();
@@ -49,17 +51,18 @@ impl GitStore {
         let paths: Vec<String> = names
             .iter()
             .map(ToString::to_string)
-            .filter(|path| !deep(path))
+            .filter(|path| !newest.contains_key(path) && !deep(path))
             .collect();
-        if paths.is_empty() {
-            return Ok(Vec::new());
-        }
         let answer = |mut found: HashMap<String, Revision>| {
+            found.extend(newest.clone());
             names
                 .iter()
                 .filter_map(|name| Some((name.clone(), found.remove(name.as_str())?)))
                 .collect()
         };
+        if paths.is_empty() {
+            return Ok(answer(HashMap::new()));
+        }
         let max = self.options.max_history_depth;
         let mut depth = FIRST_HISTORY_DEPTH.min(max);
         loop {
@@ -91,7 +94,7 @@ impl GitStore {
                     depth = deepen_past(&remote, tip, walked, depth, max).await?;
                 }
                 Latest::Shallow { .. } => {
-                    return Err(Error::Corrupt("history has a missing parent commit".into()).into());
+                    return Err(Error::Corrupt(Corruption::MissingParent).into());
                 }
             }
         }
@@ -105,8 +108,12 @@ impl GitStore {
         limit: usize,
     ) -> Result<HistoryPage, StoreError> {
         let remote = self.remote(at)?;
-        let Some(tip) = self.branch_tip(&remote, at).await? else {
-            return Ok(HistoryPage::default());
+        // A state ref's chain continues into the branch history below its first commit: the
+        // walk from its tip lists every write once.
+        let tip = match self.branch_and_state(&remote, at, name.as_str()).await? {
+            (_, Some(state_tip)) => state_tip,
+            (Some(tip), None) => tip,
+            (None, None) => return Ok(HistoryPage::default()),
         };
         let key = (tip, name.to_string(), skip, limit);
         let known = lock(&remote.histories).get(&key).cloned();
@@ -137,7 +144,7 @@ impl GitStore {
                     depth = deepen_past(&remote, tip, walked, depth, max).await?;
                 }
                 Walk::Shallow { .. } => {
-                    return Err(Error::Corrupt("history has a missing parent commit".into()).into());
+                    return Err(Error::Corrupt(Corruption::MissingParent).into());
                 }
             }
         }
@@ -153,17 +160,25 @@ impl GitStore {
             return Ok(None);
         };
         let remote = self.remote(at)?;
-        // A revision on the chain of a tip this process already saw needs no git request (history
-        // pages read every revision they list this way).
-        let seen_tip = remote.recent_tip(Duration::MAX);
-        let on_seen_chain = match seen_tip {
-            Some(seen) if remote.cache.has(commit)? => {
-                let cache = remote.cache.clone();
-                blocking(move || cache.find_on_chain(seen, commit)).await? == Chain::Found
+        // A revision on the chain of a tip this process already saw (the branch's, or the
+        // state's own ref's) needs no git request (history pages read every revision they list
+        // this way).
+        let seen_state = lock(&remote.known_states)
+            .tip(&state_ref(name.as_str()))
+            .flatten();
+        let mut on_seen_chain = false;
+        for seen in seen_state
+            .into_iter()
+            .chain(remote.recent_tip(Duration::MAX))
+        {
+            if on_seen_chain || !remote.cache.has(commit)? || !remote.cache.has(seen)? {
+                continue;
             }
-            _ => false,
-        };
-        if !on_seen_chain && !self.find_on_branch(&remote, at, commit).await? {
+            let cache = remote.cache.clone();
+            on_seen_chain =
+                blocking(move || cache.find_on_chain(seen, commit)).await? == Chain::Found;
+        }
+        if !on_seen_chain && !self.find_revision(&remote, at, name, commit).await? {
             return Ok(None);
         }
         let path = name.to_string();
@@ -179,24 +194,40 @@ impl GitStore {
         }
     }
 
-    /// Make the cache hold `commit` if it is on the branch's first-parent chain, fetching only what
-    /// that needs: the commit alone first (an id no ref reaches is refused by the remote, one
-    /// request), then history down to it, within [`StoreOptions::max_history_depth`].
-    /// `Ok(false)`: not on the branch (as deep as this deployment looks).
-    pub(super) async fn find_on_branch(
+    /// Make the cache hold `commit` if it is a revision of `name`: on the first-parent chain of
+    /// the state's own ref (which continues into the branch's history), or of the branch.
+    async fn find_revision(
         &self,
         remote: &Remote,
         at: &Location,
+        name: &StateName,
         commit: ObjectId,
     ) -> Result<bool, Error> {
-        let Some(tip) = self.branch_tip(remote, at).await? else {
-            return Ok(false);
-        };
+        let (tip, state_tip) = self.branch_and_state(remote, at, name.as_str()).await?;
+        for tip in state_tip.into_iter().chain(tip) {
+            if self.find_on_chain_of(remote, tip, commit).await? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Make the cache hold `commit` if it is on the first-parent chain of `tip` (a branch or
+    /// state ref tip the cache holds), fetching only what that needs: the commit alone first (an
+    /// id no ref reaches is refused by the remote, one request), then history down to it,
+    /// within [`StoreOptions::max_history_depth`]. `Ok(false)`: not on it (as deep as this
+    /// deployment looks).
+    async fn find_on_chain_of(
+        &self,
+        remote: &Remote,
+        tip: ObjectId,
+        commit: ObjectId,
+    ) -> Result<bool, Error> {
         if remote.fetches() && !remote.cache.has(commit)? {
             match remote.fetch_one(commit, tip).await {
                 Ok(()) => {}
-                Err(Error::Remote(why)) => {
-                    tracing::info!(%commit, "the remote has no such commit: {why}");
+                Err(error) if error.refused() => {
+                    tracing::info!(%commit, error = %gitstate_core::report::chain(&error), "the remote has no such commit");
                     return Ok(false);
                 }
                 Err(other) => return Err(other),
@@ -241,7 +272,7 @@ async fn deepen_past(
     let Chain::Shallow { boundary, .. } =
         blocking(move || cache.find_on_chain(tip, null())).await?
     else {
-        return Err(Error::Corrupt("history boundary moved".into()));
+        return Err(Error::Corrupt(Corruption::BoundaryMoved));
     };
     let depth = depth.max(walked.saturating_mul(2)).min(max);
     remote.deepen(tip, boundary, depth).await?;

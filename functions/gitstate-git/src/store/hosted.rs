@@ -2,6 +2,7 @@
 //! request that asked), fetches into the cache (one at a time), pushes with the capabilities
 //! advertised.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -17,23 +18,37 @@ use crate::protocol::{Blobs, Command, FetchError, PushReport, SmartClient};
 use crate::repository::Cache;
 use crate::repository::pack;
 use crate::sync::lock;
+use crate::transport::Error as WireError;
 
 pub(super) struct Hosted {
     http: SmartClient,
     /// `GITSTATE_REQUIRE_ATOMIC`: a receive-pack advertisement without `atomic` is an error.
     require_atomic: bool,
-    /// Receive-pack capabilities, once advertised.
-    push_caps: Mutex<Option<Advert>>,
-    /// The last full ref advertisement, and when it was asked for.
-    last_advert: Mutex<Option<(Advert, Instant)>>,
-    /// When this process last began a push.
-    last_push: Mutex<Option<Instant>>,
+    /// Receive-pack capabilities, and whether pushes may go without a fresh advertisement.
+    push_caps: Mutex<PushCaps>,
+    /// The last full ref advertisement and the last push, under one lock: an advertisement
+    /// asked for before a push began is never kept after the push cleared it.
+    adverts: Mutex<Adverts>,
     /// Held by each fetch into the cache, and by a rebuild of it.
     fetching: tokio::sync::Mutex<()>,
     /// The remote offers `filter` but would not send blobs by id: fetch commits whole.
     whole_fetches: AtomicBool,
+}
+
+#[derive(Default)]
+struct PushCaps {
+    /// Receive-pack capabilities, once advertised.
+    caps: Option<Advert>,
     /// The remote refused a push without a fresh advertisement: always advertise first.
-    no_floor: AtomicBool,
+    no_floor: bool,
+}
+
+#[derive(Default)]
+struct Adverts {
+    /// The last full ref advertisement, and when it was asked for.
+    last: Option<(Advert, Instant)>,
+    /// When this process last began a push.
+    pushed: Option<Instant>,
 }
 
 impl Hosted {
@@ -41,12 +56,10 @@ impl Hosted {
         Self {
             http,
             require_atomic,
-            push_caps: Mutex::new(None),
-            last_advert: Mutex::new(None),
-            last_push: Mutex::new(None),
+            push_caps: Mutex::default(),
+            adverts: Mutex::default(),
             fetching: tokio::sync::Mutex::new(()),
             whole_fetches: AtomicBool::new(false),
-            no_floor: AtomicBool::new(false),
         }
     }
 
@@ -63,10 +76,16 @@ impl Hosted {
 
 /// Index a received pack into the cache.
 async fn index(cache: &Arc<Cache>, pack: Vec<u8>) -> Result<(), Error> {
+    index_listing(cache, pack).await.map(drop)
+}
+
+/// Index a received pack into the cache; the ids of the objects it holds.
+async fn index_listing(cache: &Arc<Cache>, pack: Vec<u8>) -> Result<Vec<ObjectId>, Error> {
     let cache = cache.clone();
     blocking(move || {
-        pack::index_into(cache.git_dir(), &pack)?;
-        cache.reload()
+        let held = pack::index_into(cache.git_dir(), &pack)?;
+        cache.reload()?;
+        Ok(held)
     })
     .await
 }
@@ -95,12 +114,12 @@ impl Transport for Hosted {
         // push of ours began is not kept (it may not show that push).
         let asked = Instant::now();
         let advert = self.http.advertise(service).await?;
-        let pushed_since = lock(&self.last_push).is_some_and(|pushed| pushed >= asked);
-        let mut last = lock(&self.last_advert);
-        if !pushed_since && last.as_ref().is_none_or(|(_, kept)| *kept <= asked) {
-            *last = Some((advert.clone(), asked));
+        let mut adverts = lock(&self.adverts);
+        let pushed_since = adverts.pushed.is_some_and(|pushed| pushed >= asked);
+        if !pushed_since && adverts.last.as_ref().is_none_or(|(_, kept)| *kept <= asked) {
+            adverts.last = Some((advert.clone(), asked));
         }
-        drop(last);
+        drop(adverts);
         if service == Service::ReceivePack {
             if self.require_atomic && WriteMode::of(&advert) != WriteMode::Atomic {
                 return Err(Error::AtomicRequired);
@@ -109,7 +128,7 @@ impl Transport for Hosted {
                 caps: advert.caps.clone(),
                 ..Advert::default()
             };
-            *lock(&self.push_caps) = Some(caps);
+            lock(&self.push_caps).caps = Some(caps);
         }
         Ok(advert)
     }
@@ -118,14 +137,17 @@ impl Transport for Hosted {
     /// write that finished before the request.
     fn advert_in_scope(&self) -> Option<Advert> {
         let scope = gitstate_core::scope::Scope::current()?;
-        let last = lock(&self.last_advert);
-        last.as_ref()
+        let adverts = lock(&self.adverts);
+        adverts
+            .last
+            .as_ref()
             .filter(|(_, when)| *when >= scope.began)
             .map(|(advert, _)| advert.clone())
     }
 
     async fn branch_and_prefix(&self, _: &str, _: &str, fresh: Duration) -> Result<Advert, Error> {
-        let recent = lock(&self.last_advert)
+        let recent = lock(&self.adverts)
+            .last
             .clone()
             .filter(|(_, when)| when.elapsed() < fresh);
         match recent {
@@ -192,9 +214,7 @@ impl Transport for Hosted {
         let pack = self.http.fetch(&wanted, &haves, blobs).await?;
         index(cache, pack).await?;
         if !missing(cache, wanted).await?.is_empty() {
-            return Err(Error::Remote(
-                "the fetch did not deliver the requested commits".into(),
-            ));
+            return Err(Error::Undelivered("commits"));
         }
         Ok(())
     }
@@ -220,7 +240,7 @@ impl Transport for Hosted {
         match self.http.fetch_blobs(&lacking).await {
             Ok(pack) => index(cache, pack).await?,
             // A remote that cannot be reached now cannot be reached for the whole commit either.
-            Err(FetchError::Wire(error @ Error::Http(_))) => return Err(error),
+            Err(error @ FetchError::Wire(WireError::Http(_))) => return Err(error.into()),
             Err(error) => {
                 let error = Error::from(error);
                 let pack = self.http.fetch(&[commit], &[], Blobs::All).await?;
@@ -230,9 +250,7 @@ impl Transport for Hosted {
             }
         }
         if !missing(cache, lacking).await?.is_empty() {
-            return Err(Error::Remote(
-                "the fetch did not deliver the requested blobs".into(),
-            ));
+            return Err(Error::Undelivered("blobs"));
         }
         Ok(())
     }
@@ -267,6 +285,30 @@ impl Transport for Hosted {
         index(cache, pack).await
     }
 
+    /// One fetch: the remote sends exactly those commits (and their trees and blobs), so the
+    /// pack's commits are the answer.
+    async fn fetch_beyond(
+        &self,
+        cache: &Arc<Cache>,
+        wants: Vec<ObjectId>,
+        haves: Vec<ObjectId>,
+    ) -> Result<HashSet<ObjectId>, Error> {
+        let _one_fetch_at_a_time = self.fetching.lock().await;
+        let pack = self.http.fetch_beyond(&wants, &haves).await?;
+        let held = index_listing(cache, pack).await?;
+        let reader = cache.clone();
+        blocking(move || {
+            let mut commits = HashSet::new();
+            for id in held {
+                if reader.is_commit(id)? {
+                    commits.insert(id);
+                }
+            }
+            Ok(commits)
+        })
+        .await
+    }
+
     async fn rebuild(&self, cache: &Arc<Cache>, known_tip: &KnownTip) -> Result<(), Error> {
         let _no_fetch_meanwhile = self.fetching.lock().await;
         *lock(known_tip) = None;
@@ -281,9 +323,11 @@ impl Transport for Hosted {
         objects: Vec<ObjectId>,
     ) -> Result<PushReport, Error> {
         // What was advertised before a push of ours is out of date.
-        *lock(&self.last_push) = Some(Instant::now());
-        *lock(&self.last_advert) = None;
-        let known = lock(&self.push_caps).clone();
+        *lock(&self.adverts) = Adverts {
+            last: None,
+            pushed: Some(Instant::now()),
+        };
+        let known = lock(&self.push_caps).caps.clone();
         let caps = match known {
             Some(caps) => caps,
             None => self.refs(Service::ReceivePack, Vec::new()).await?,
@@ -308,14 +352,17 @@ impl Transport for Hosted {
 
     /// Capabilities known and the floor not refused.
     fn floor_caps(&self) -> Option<Advert> {
-        if self.no_floor.load(Ordering::Relaxed) {
+        let push_caps = lock(&self.push_caps);
+        if push_caps.no_floor {
             return None;
         }
-        lock(&self.push_caps).clone()
+        push_caps.caps.clone()
     }
 
     fn refuse_floor(&self) {
-        self.no_floor.store(true, Ordering::Relaxed);
-        *lock(&self.push_caps) = None;
+        *lock(&self.push_caps) = PushCaps {
+            caps: None,
+            no_floor: true,
+        };
     }
 }

@@ -16,11 +16,11 @@ use gitstate_core::{BranchName, LockInfo, StateName};
 
 use super::remote::Remote;
 use super::{GitStore, blocking, null};
-use crate::Error;
 use crate::protocol::Command;
 use crate::protocol::{Advert, Service};
 use crate::repository::NewCommit;
 use crate::sync::lock;
+use crate::{Corruption, Error};
 
 /// How often a LOCK looks again after its tree check raced a write or its push was refused
 /// without a holder or a clashing lock to show for it.
@@ -247,9 +247,10 @@ impl GitStore {
             last_attempt = attempt_started.elapsed();
         }
         match refused {
-            Some(report) => Err(Error::Remote(format!(
-                "the remote kept refusing to create {lock_ref} ({report:?})"
-            ))
+            Some(report) => Err(Error::LockRefused {
+                lock_ref,
+                report: format!("{report:?}"),
+            }
             .into()),
             // The branch kept moving under the tree check: busy, retryable.
             None => Err(StoreError::Contention {
@@ -301,7 +302,8 @@ fn unreadable_lock(tip: ObjectId) -> Result<LockInfo, Error> {
     let json = format!(
         r#"{{"ID":"{tip}","Operation":"unknown","Info":"lock ref without a readable lock file","Who":"unknown","Version":"","Created":"","Path":""}}"#
     );
-    LockInfo::parse(Bytes::from(json)).map_err(|e| Error::Corrupt(e.to_string()))
+    LockInfo::parse(Bytes::from(json))
+        .map_err(|e| Error::Corrupt(Corruption::LockInfo(e.to_string())))
 }
 
 impl Remote {

@@ -9,11 +9,14 @@
 //!   been checked in the same advertisement that gave the tip (see [`WriteMode`]).
 
 mod floor;
+mod fold;
 mod history;
 mod hosted;
+mod known;
 mod lock;
 mod read;
 mod remote;
+mod states;
 mod transport;
 mod write;
 
@@ -27,6 +30,7 @@ use bytes::Bytes;
 use gix::ObjectId;
 use sha1::{Digest, Sha1};
 
+use gitstate_core::fold::FoldReport;
 use gitstate_core::ports::{
     Acquire, BranchStatus, Change, CommitMeta, HeldLock, HistoryPage, Listing, Location, Release,
     Revision, StateStore, StoreError, WritePlan, Written,
@@ -39,11 +43,12 @@ use crate::Error;
 use crate::protocol::{Advert, SmartClient};
 use crate::repository::Cache;
 use crate::repository::local::LocalRefs;
-use crate::settings::{GitAuth, GitSettings};
+use crate::settings::{GitAuth, GitSettings, StateRefs};
 use crate::sync::lock;
 use crate::transport::Connection;
 use hosted::Hosted;
 use remote::Remote;
+pub use states::Holder;
 use transport::{Embedded, Transport};
 
 /// What the store needs to know, taken from [`GitSettings`].
@@ -68,6 +73,10 @@ pub struct StoreOptions {
     pub max_history_depth: u32,
     /// The most writes waiting at once that leave in one push (1: each alone).
     pub writes_per_push: usize,
+    /// A fold lease older than this is taken over (its holder is gone).
+    pub fold_lease_age: Duration,
+    /// Which writes go to a state's own ref (`GITSTATE_STATE_REFS`).
+    pub state_refs: StateRefs,
 }
 
 /// How a write under a lock reaches the remote, decided per remote from its receive-pack
@@ -138,6 +147,8 @@ impl GitStore {
             max_response_bytes: settings.max_response_bytes,
             max_history_depth: settings.max_history_depth,
             writes_per_push: settings.writes_per_push.max(1),
+            fold_lease_age: settings.fold_lease_age,
+            state_refs: settings.state_refs,
         };
         match &settings.repository {
             Some(url) => Ok((
@@ -330,6 +341,10 @@ impl StateStore for GitStore {
 
     async fn branch_status(&self, at: &Location) -> Result<BranchStatus, StoreError> {
         Ok(GitStore::branch_status(self, at).await?)
+    }
+
+    async fn fold(&self, at: &Location) -> Result<FoldReport, StoreError> {
+        GitStore::fold(self, at).await
     }
 
     async fn protocol(

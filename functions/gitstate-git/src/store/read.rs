@@ -9,6 +9,7 @@ use gix::ObjectId;
 use gitstate_core::StateName;
 use gitstate_core::ports::{BranchStatus, Listing, Location, StoreError};
 
+use super::known::state_ref;
 use super::remote::Remote;
 use super::{GitStore, blocking};
 use crate::Error;
@@ -49,22 +50,25 @@ impl GitStore {
         let mut fresh = LIST_REFS_FRESH;
         let mut attempt = 0;
         // One advertisement, then one fetch of the tip and every lock commit the cache lacks.
-        let (advert, tip) = loop {
+        let (advert, tip, states) = loop {
             attempt += 1;
             let advert = remote.branch_and_prefix(&branch, prefix, fresh).await?;
             let tip = advert.tip(&branch);
+            // The states' own refs: their tips' trees give the newest content ids.
+            let states = remote.state_tips(&advert).await?;
             let wants = advert
                 .refs
                 .iter()
                 .filter(|(name, _)| name.starts_with(prefix))
                 .map(|(_, id)| *id)
+                .chain(states.values().copied())
                 .chain(tip)
                 .collect();
             match remote.ensure(wants).await {
-                Ok(()) => break (advert, tip),
+                Ok(()) => break (advert, tip, states),
                 // A ref moved between advertisement and fetch: look again.
-                Err(Error::Remote(why)) if attempt < 4 => {
-                    tracing::debug!(why, "refs moved during a list, retrying");
+                Err(error) if error.refused() && attempt < 4 => {
+                    tracing::debug!(error = %gitstate_core::report::chain(&error), "refs moved during a list, retrying");
                     fresh = Duration::ZERO;
                 }
                 Err(other) => return Err(other.into()),
@@ -77,12 +81,13 @@ impl GitStore {
                     .want_blobs(tip, vec![gitstate_core::index::INDEX_PATH.to_owned()])
                     .await?;
                 let cache = remote.cache.clone();
-                blocking(move || {
+                let (files, index) = blocking(move || {
                     let files = cache.list_blobs(tip)?;
                     let index = cache.read_path(tip, gitstate_core::index::INDEX_PATH)?;
                     Ok((files, index))
                 })
-                .await?
+                .await?;
+                (remote.newest_blobs(files, &states).await?, index)
             }
             None => (Vec::new(), None),
         };
@@ -189,6 +194,7 @@ impl GitStore {
     ) -> Result<Option<Bytes>, Error> {
         let remote = self.remote(at)?;
         let branch = at.branch.full_ref();
+        let state = state_ref(&path);
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -196,14 +202,19 @@ impl GitStore {
                 Some(advert) => advert,
                 None => {
                     remote
-                        .refs(Service::UploadPack, vec![branch.clone()])
+                        .refs(Service::UploadPack, vec![branch.clone(), state.clone()])
                         .await?
                 }
             };
             let Some(tip) = advert.tip(&branch) else {
                 return Ok(None);
             };
+            let state_tip = advert.tip(&state);
             let read = async {
+                if let Some(state_tip) = state_tip {
+                    // The state's own ref holds its newest content.
+                    return remote.read_state(tip, state_tip, &path).await;
+                }
                 if let Some(also) = &also {
                     remote.ensure(vec![tip]).await?;
                     remote
@@ -218,8 +229,8 @@ impl GitStore {
                     return Ok(state.map(Bytes::from));
                 }
                 // The tip moved between advertisement and fetch: look again, a few times.
-                Err(Error::Remote(why)) if attempt < 4 => {
-                    tracing::debug!(why, "tip moved during a read, retrying")
+                Err(error) if error.refused() && attempt < 4 => {
+                    tracing::debug!(error = %gitstate_core::report::chain(&error), "tip moved during a read, retrying")
                 }
                 Err(other) => return Err(other),
             }

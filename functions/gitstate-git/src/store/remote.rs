@@ -11,6 +11,7 @@ use gix::ObjectId;
 use gitstate_core::ports::{CommitMeta, HistoryPage};
 
 use super::blocking;
+use super::known::{KnownStates, STATE_REF_PREFIX};
 use super::transport::{Fetch, KnownTip, Transport};
 use super::write::Batcher;
 use crate::Error;
@@ -18,6 +19,7 @@ use crate::protocol::{Advert, Service};
 use crate::protocol::{Command, PushReport};
 use crate::repository::{Cache, NewCommit};
 use crate::sync::lock;
+use crate::transport::Error as WireError;
 
 /// One (repository, branch): its cache and how to reach it.
 pub(super) struct Remote {
@@ -36,6 +38,8 @@ pub(super) struct Remote {
     pub(super) made_locks: Mutex<HashMap<String, ObjectId>>,
     /// Writes waiting to be pushed together (see the `write` module).
     pub(super) batcher: Batcher,
+    /// The state refs this process has seen (see the `states` module).
+    pub(super) known_states: Mutex<KnownStates>,
 }
 
 impl Remote {
@@ -48,6 +52,7 @@ impl Remote {
             deep_changes: Mutex::default(),
             made_locks: Mutex::default(),
             batcher,
+            known_states: Mutex::default(),
         }
     }
 
@@ -56,8 +61,25 @@ impl Remote {
         self.transport.fetches()
     }
 
+    /// The refs `names` at least (a hosted remote lists every ref); the state refs among them
+    /// are remembered.
     pub(super) async fn refs(&self, service: Service, names: Vec<String>) -> Result<Advert, Error> {
-        self.transport.refs(service, names).await
+        let advert = self.transport.refs(service, names.clone()).await?;
+        self.note_states(&advert, &names);
+        Ok(advert)
+    }
+
+    /// Remember the state refs `advert` shows: all of them when it lists every ref (a fetching
+    /// remote's advertisement), else those of `names`.
+    pub(super) fn note_states(&self, advert: &Advert, names: &[String]) {
+        let mut known = lock(&self.known_states);
+        if self.fetches() {
+            known.saw_all(advert);
+        } else {
+            for name in names.iter().filter(|n| n.starts_with(STATE_REF_PREFIX)) {
+                known.saw(name, advert.tip(name));
+            }
+        }
     }
 
     /// The last full advertisement, if it came after the request being served began (see
@@ -78,15 +100,20 @@ impl Remote {
         prefix: &str,
         fresh: Duration,
     ) -> Result<Advert, Error> {
-        self.transport
+        let advert = self
+            .transport
             .branch_and_prefix(branch, prefix, fresh)
-            .await
+            .await?;
+        self.note_states(&advert, &[]);
+        Ok(advert)
     }
 
     /// Every ref, and the ref `HEAD` names: one upload-pack advertisement over HTTP (its
     /// `symref=HEAD:` capability), the repository's refs and `HEAD` when embedded.
     pub(super) async fn every_ref(&self) -> Result<(Advert, Option<String>), Error> {
-        self.transport.every_ref().await
+        let (advert, head) = self.transport.every_ref().await?;
+        self.note_states(&advert, &[]);
+        Ok((advert, head))
     }
 
     /// Every ref under `prefix`: one ref advertisement over HTTP.
@@ -190,8 +217,12 @@ impl Remote {
             Err(error)
                 if self.fetches()
                     && !matches!(
-                        error,
-                        Error::Http(_) | Error::Status { .. } | Error::Certificate { .. }
+                        error.wire(),
+                        Some(
+                            WireError::Http(_)
+                                | WireError::Status { .. }
+                                | WireError::Certificate { .. }
+                        )
                     ) =>
             {
                 tracing::warn!(error = %gitstate_core::report::chain(&error), "cache read failed");

@@ -3,14 +3,12 @@
 //! advertisement and only within that origin.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use base64::Engine;
 use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue, LOCATION};
 
-use super::{ConnectError, Service, Wire, pkt};
-use crate::Error;
+use super::{ConnectError, Error, NotSmart, Redirect, Service, Wire, pkt};
 use crate::settings::GitAuth;
 use crate::sync::lock;
 
@@ -97,10 +95,17 @@ pub struct Http {
     client: reqwest::Client,
     url: String,
     authorization: Option<HeaderValue>,
-    /// Where the first ref advertisement was redirected to (same origin), used from then on.
-    redirected: Mutex<Option<String>>,
-    /// Whether a ref advertisement was asked for yet: only the first may be redirected.
-    advertised: AtomicBool,
+    /// Whether a ref advertisement was asked for yet (only the first may be redirected), and
+    /// where the first was redirected to: one lock, so no request sees one without the other.
+    base: Mutex<Base>,
+}
+
+/// Where requests go, as the first ref advertisement decided.
+enum Base {
+    /// No advertisement asked for yet: the next one may be redirected.
+    Unasked,
+    /// Asked for; `Some`: redirected there (same origin), used from then on.
+    Asked(Option<String>),
 }
 
 /// How [`Http`] reaches and authenticates to the host, beyond the URL.
@@ -146,8 +151,7 @@ impl Http {
             client,
             url: url.trim_end_matches('/').to_owned(),
             authorization,
-            redirected: Mutex::new(None),
-            advertised: AtomicBool::new(false),
+            base: Mutex::new(Base::Unasked),
         })
     }
 
@@ -175,16 +179,24 @@ impl Http {
 
     /// The repository's URL, or where its first advertisement was redirected to.
     fn base(&self) -> String {
-        lock(&self.redirected)
-            .clone()
-            .unwrap_or_else(|| self.url.clone())
+        match &*lock(&self.base) {
+            Base::Asked(Some(redirected)) => redirected.clone(),
+            Base::Unasked | Base::Asked(None) => self.url.clone(),
+        }
     }
 
     /// `GET info/refs?service=…`, following redirects only when this is the first advertisement
     /// and only within the repository's origin (so never from https to http, and the credentials
     /// never reach another host). The redirected base is used for every later request.
     async fn advertisement_response(&self, service: Service) -> Result<reqwest::Response, Error> {
-        let first = !self.advertised.swap(true, Ordering::SeqCst);
+        let first = {
+            let mut base = lock(&self.base);
+            let first = matches!(*base, Base::Unasked);
+            if first {
+                *base = Base::Asked(None);
+            }
+            first
+        };
         let mut url = format!("{}/info/refs?service={}", self.base(), service.name());
         for _ in 0..=MAX_REDIRECTS {
             let response = self
@@ -200,36 +212,24 @@ impl Http {
                 .get(LOCATION)
                 .and_then(|v| v.to_str().ok())
                 .and_then(|location| reqwest::Url::parse(&url).ok()?.join(location).ok())
-                .ok_or_else(|| {
-                    Error::Remote("the remote redirected without a usable Location".into())
-                })?;
+                .ok_or(Error::Redirect(Redirect::NoLocation))?;
             let origin = next.origin().ascii_serialization();
             if !first {
-                return Err(Error::Remote(format!(
-                    "the remote redirected a later ref advertisement (to {origin}); only the first is followed"
-                )));
+                return Err(Error::Redirect(Redirect::Later(origin)));
             }
             if !same_origin(&self.url, next.as_str()) {
-                return Err(Error::Remote(format!(
-                    "the remote redirected to another origin ({origin}); not followed, the git credentials go only to the configured repository's origin"
-                )));
+                return Err(Error::Redirect(Redirect::OtherOrigin(origin)));
             }
             let base = next
                 .as_str()
                 .split_once("/info/refs")
                 .map(|(base, _)| base.to_owned())
-                .ok_or_else(|| {
-                    Error::Remote(format!(
-                        "the remote redirected the ref advertisement to {origin} but not to an info/refs path"
-                    ))
-                })?;
+                .ok_or(Error::Redirect(Redirect::NotInfoRefs(origin)))?;
             tracing::info!(to = %next.path(), "following the remote's redirect of the first ref advertisement");
-            *lock(&self.redirected) = Some(base);
+            *lock(&self.base) = Base::Asked(Some(base));
             url = next.into();
         }
-        Err(Error::Remote(format!(
-            "the remote redirected more than {MAX_REDIRECTS} times"
-        )))
+        Err(Error::Redirect(Redirect::TooMany(MAX_REDIRECTS)))
     }
 
     fn with_auth(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
@@ -277,9 +277,10 @@ impl Http {
             .and_then(|v| v.to_str().ok())
             .unwrap_or_default();
         if content_type != expected {
-            return Err(Error::Protocol(format!(
-                "ref advertisement has content type {content_type:?}, not {expected}"
-            )));
+            return Err(Error::NotSmart(NotSmart::ContentType {
+                found: content_type.to_owned(),
+                expected,
+            }));
         }
         self.read_capped(response, "ref advertisement", limit).await
     }
@@ -343,18 +344,14 @@ pub fn strip_announcement(body: &[u8], service: Service) -> Result<&[u8], Error>
     let mut reader = pkt::Reader::new(body);
     let first = reader
         .next_line()?
-        .ok_or_else(|| Error::Protocol("empty ref advertisement".into()))?;
+        .ok_or(Error::NotSmart(NotSmart::Empty))?;
     let announced = format!("# service={}", service.name());
     if first != announced.as_bytes() {
-        return Err(Error::Protocol(
-            "the server did not announce the service (not a smart HTTP server?)".into(),
-        ));
+        return Err(Error::NotSmart(NotSmart::NoAnnouncement));
     }
     // A flush ends the announcement.
     if reader.next_frame()? != Some(pkt::Frame::Flush) {
-        return Err(Error::Protocol(
-            "no flush after the service announcement".into(),
-        ));
+        return Err(Error::NotSmart(NotSmart::NoFlush));
     }
     Ok(reader.rest())
 }

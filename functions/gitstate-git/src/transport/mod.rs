@@ -4,12 +4,12 @@
 //! carries. What the bytes mean is the
 //! [`crate::protocol`]'s business.
 
+mod error;
 pub mod http;
 pub mod pkt;
 pub mod ssh;
 
-use crate::Error;
-
+pub use error::{Error, Framing, NotSmart, Redirect};
 pub use http::{Connection, Http, private_roots, same_origin};
 pub use ssh::Ssh;
 
@@ -49,9 +49,7 @@ pub trait Wire: Send + Sync {
 
     /// One protocol-v2 upload-pack request and its response.
     async fn exchange_v2(&self, _request: Vec<u8>, _limit: u64) -> Result<Vec<u8>, Error> {
-        Err(Error::Protocol(
-            "protocol v2 is not spoken over this wire".into(),
-        ))
+        Err(Error::NoV2)
     }
 }
 
@@ -62,7 +60,7 @@ pub enum ConnectError {
     #[error("repository URL: {0}")]
     Url(<reqwest::Url as std::str::FromStr>::Err),
     #[error("ssh repository {url:?}: {why}")]
-    SshUrl { url: String, why: &'static str },
+    SshUrl { url: String, why: ssh::BadSshUrl },
     #[error("refusing to send git credentials over plain http; use https://")]
     CredentialsOverHttp,
     #[error("git credentials contain characters a header cannot carry")]
@@ -130,7 +128,15 @@ mod tests {
             ),
             (
                 connect("ssh://h:port/r", &none).err(),
-                "ssh repository \"ssh://h:port/r\": the port is not a number",
+                "ssh repository \"ssh://h:port/r\": invalid port number - must be between 1-65535",
+            ),
+            (
+                connect("ssh://git:secret@h/r", &none).err(),
+                "ssh repository \"ssh://git:secret@h/r\": a password in an ssh URL is not used: ssh authenticates with keys",
+            ),
+            (
+                connect("git@h:-oProxyCommand=x", &none).err(),
+                "ssh repository \"git@h:-oProxyCommand=x\": the path is empty, starts with '-' or holds control characters",
             ),
             (
                 private_roots("no pem here").err(),
@@ -147,5 +153,145 @@ mod tests {
         }
         assert!(connect("https://h.example/r.git", &with("t")).is_ok());
         assert!(connect("git@h.example:o/r.git", &none).is_ok());
+    }
+
+    /// Every wire failure keeps the text and the kind it had as one of the crate's string
+    /// variants, alone or as the source of any operation's error: the remote's refusals
+    /// transient and the remote's fault (502), busy statuses unavailable (503), ssh that cannot
+    /// start internal (500), the rest the remote's fault and not transient.
+    #[test]
+    fn wire_errors_keep_their_texts_and_classes() {
+        use std::os::unix::process::ExitStatusExt;
+
+        use super::{Error as Wire, Framing, NotSmart, Redirect};
+        use crate::protocol::{AdvertError, FetchError, PushError};
+
+        #[derive(Debug, PartialEq, Clone, Copy)]
+        enum Class {
+            Unavailable,
+            Remote,
+            Internal,
+        }
+        let class = |error: Error| match StoreError::from(error) {
+            StoreError::Unavailable(_) => Class::Unavailable,
+            StoreError::Remote(_) => Class::Remote,
+            StoreError::Internal(_) => Class::Internal,
+            other => panic!("{other:?}"),
+        };
+        fn status(status: u16) -> Wire {
+            Wire::Status {
+                status,
+                what: "push",
+            }
+        }
+        let reports = "git remote reports: ";
+        let garbled = "git protocol error: ";
+        type Case = (fn() -> Wire, String, bool, Class);
+        let cases: Vec<Case> = vec![
+            (
+                || Wire::Certificate {
+                    host: "h".into(),
+                    reason: "r".into(),
+                },
+                "certificate verification failed for git host h (r); trust its CA with GITSTATE_GIT_CA_FILE or GITSTATE_GIT_CA_PEM".into(),
+                false,
+                Class::Remote,
+            ),
+            (|| status(403), "git remote answered HTTP 403 to the push".into(), false, Class::Remote),
+            (|| status(404), "git remote answered HTTP 404 to the push".into(), false, Class::Remote),
+            (|| status(429), "git remote answered HTTP 429 to the push".into(), true, Class::Unavailable),
+            (|| status(503), "git remote answered HTTP 503 to the push".into(), true, Class::Unavailable),
+            (
+                || Wire::Redirect(Redirect::NoLocation),
+                format!("{reports}the remote redirected without a usable Location"),
+                true,
+                Class::Remote,
+            ),
+            (
+                || Wire::Redirect(Redirect::OtherOrigin("https://o".into())),
+                format!("{reports}the remote redirected to another origin (https://o); not followed, the git credentials go only to the configured repository's origin"),
+                true,
+                Class::Remote,
+            ),
+            (
+                || Wire::Redirect(Redirect::TooMany(5)),
+                format!("{reports}the remote redirected more than 5 times"),
+                true,
+                Class::Remote,
+            ),
+            (
+                || Wire::too_large("ref advertisement", 10),
+                format!("{reports}the remote's ref advertisement is larger than 10 bytes (GITSTATE_GIT_MAX_RESPONSE_BYTES)"),
+                true,
+                Class::Remote,
+            ),
+            (
+                || Wire::NotSmart(NotSmart::NoAnnouncement),
+                format!("{garbled}the server did not announce the service (not a smart HTTP server?)"),
+                false,
+                Class::Remote,
+            ),
+            (
+                || Wire::Framing(Framing::Invalid("Received an invalid line of length 3".into())),
+                format!("{garbled}bad pkt-line: Received an invalid line of length 3"),
+                false,
+                Class::Remote,
+            ),
+            (
+                || Wire::Framing(Framing::NoPipe("stdout")),
+                format!("{garbled}no stdout"),
+                false,
+                Class::Remote,
+            ),
+            (|| Wire::SideBand("fatal: x".into()), format!("{reports}fatal: x"), true, Class::Remote),
+            (
+                || Wire::NoV2,
+                format!("{garbled}protocol v2 is not spoken over this wire"),
+                false,
+                Class::Remote,
+            ),
+            (
+                || Wire::SshStart(std::io::Error::other("e")),
+                "configuration: cannot start ssh (GIT_SSH_COMMAND, GIT_SSH or ssh): e".into(),
+                false,
+                Class::Internal,
+            ),
+            (|| Wire::SshSaid("denied".into()), format!("{reports}ssh: denied"), true, Class::Remote),
+            (
+                || Wire::SshEnded {
+                    service: "git-upload-pack",
+                    status: std::process::ExitStatus::from_raw(256),
+                },
+                format!("{reports}git-upload-pack over ssh ended with exit status: 1"),
+                true,
+                Class::Remote,
+            ),
+            (
+                || Wire::SshTimeout(Duration::from_secs(2)),
+                format!("{reports}ssh: no answer within 2s"),
+                true,
+                Class::Remote,
+            ),
+            (|| Wire::Io(std::io::Error::other("pipe")), "pipe".into(), false, Class::Internal),
+        ];
+        for (make, text, transient, expected) in cases {
+            let wrapped = [
+                Error::from(make()),
+                Error::from(AdvertError::from(make())),
+                Error::from(FetchError::from(make())),
+                Error::from(PushError::from(make())),
+            ];
+            for error in wrapped {
+                assert_eq!(error.to_string(), text);
+                assert_eq!(error.is_transient(), transient, "{text}");
+                assert_eq!(
+                    error.refused(),
+                    transient && expected == Class::Remote,
+                    "{text}"
+                );
+                assert!(error.wire().is_some(), "{text}");
+                assert_eq!(class(error), expected, "{text}");
+            }
+        }
     }
 }

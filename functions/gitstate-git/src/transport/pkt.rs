@@ -1,6 +1,8 @@
 //! pkt-line framing (git's wire format) and side-band demultiplexing.
 
-use crate::Error;
+use gix_packetline::{BandRef, PacketLineRef, decode};
+
+use super::{Error, Framing};
 
 /// Append one pkt-line holding `data`.
 pub fn write(out: &mut Vec<u8>, data: &[u8]) {
@@ -36,43 +38,30 @@ impl<'a> Reader<'a> {
         Self { buf }
     }
 
-    /// The next frame, or `None` at the end of the input.
+    /// The next frame, or `None` at the end of the input. Decoded by `gix-packetline`, which
+    /// refuses what git's protocol does (lengths 3 and 4, lines over 65520 bytes, bad hex).
     pub fn next_frame(&mut self) -> Result<Option<Frame<'a>>, Error> {
         if self.buf.is_empty() {
             return Ok(None);
         }
-        let head = self
-            .buf
-            .get(..4)
-            .ok_or_else(|| Error::Protocol("truncated pkt-line header".into()))?;
-        let len = std::str::from_utf8(head)
-            .ok()
-            .and_then(|h| usize::from_str_radix(h, 16).ok())
-            .ok_or_else(|| {
-                Error::Protocol(format!(
-                    "bad pkt-line length {:?}",
-                    String::from_utf8_lossy(head)
-                ))
-            })?;
-        match len {
-            0 => {
-                self.buf = &self.buf[4..];
-                Ok(Some(Frame::Flush))
+        let decoded = decode::streaming(self.buf)
+            .map_err(|e| Error::Framing(Framing::Invalid(e.probable_cause().to_string())))?;
+        let (line, consumed) = match decoded {
+            decode::Stream::Complete {
+                line,
+                bytes_consumed,
+            } => (line, bytes_consumed),
+            decode::Stream::Incomplete { .. } if self.buf.len() < 4 => {
+                return Err(Error::Framing(Framing::TruncatedHeader));
             }
-            1 | 2 => {
-                self.buf = &self.buf[4..];
-                Ok(Some(Frame::Special))
-            }
-            3 => Err(Error::Protocol("pkt-line length 3 is invalid".into())),
-            n => {
-                let data = self
-                    .buf
-                    .get(4..n)
-                    .ok_or_else(|| Error::Protocol("truncated pkt-line".into()))?;
-                self.buf = &self.buf[n..];
-                Ok(Some(Frame::Data(data)))
-            }
-        }
+            decode::Stream::Incomplete { .. } => return Err(Error::Framing(Framing::Truncated)),
+        };
+        self.buf = &self.buf[consumed..];
+        Ok(Some(match line {
+            PacketLineRef::Data(data) => Frame::Data(data),
+            PacketLineRef::Flush => Frame::Flush,
+            PacketLineRef::Delimiter | PacketLineRef::ResponseEnd => Frame::Special,
+        }))
     }
 
     /// The next data line with a trailing LF removed; `None` at a flush or the end.
@@ -93,19 +82,15 @@ impl<'a> Reader<'a> {
 pub fn demux(reader: &mut Reader<'_>, first: Option<&[u8]>) -> Result<Vec<u8>, Error> {
     let mut data = Vec::new();
     let mut handle = |frame: &[u8]| -> Result<(), Error> {
-        match frame.split_first() {
-            Some((1, payload)) => data.extend_from_slice(payload),
-            Some((2, _)) => {}
-            Some((3, message)) => {
-                return Err(Error::Remote(
+        match PacketLineRef::Data(frame).decode_band() {
+            Ok(BandRef::Data(payload)) => data.extend_from_slice(payload),
+            Ok(BandRef::Progress(_)) => {}
+            Ok(BandRef::Error(message)) => {
+                return Err(Error::SideBand(
                     String::from_utf8_lossy(message).trim().to_owned(),
                 ));
             }
-            _ => {
-                return Err(Error::Protocol(
-                    "side-band frame without a valid channel".into(),
-                ));
-            }
+            Err(_) => return Err(Error::Framing(Framing::NoChannel)),
         }
         Ok(())
     };
@@ -141,9 +126,32 @@ mod tests {
 
     #[test]
     fn refuses_garbage() {
-        for bad in [&b"00"[..], b"zzzz", b"0003", b"0009abc"] {
+        for bad in [&b"00"[..], b"zzzz", b"0003", b"0009abc", b"0004", b"fff5"] {
             assert!(Reader::new(bad).next_frame().is_err(), "{bad:?}");
         }
+        let framing = |bad: &[u8]| match Reader::new(bad).next_frame() {
+            Err(Error::Framing(framing)) => framing,
+            other => panic!("{bad:?}: {other:?}"),
+        };
+        assert!(matches!(framing(b"00"), Framing::TruncatedHeader));
+        assert!(matches!(framing(b"0009abc"), Framing::Truncated));
+        for bad in [&b"zzzz"[..], b"0003", b"0004", b"fff5"] {
+            assert!(matches!(framing(bad), Framing::Invalid(_)), "{bad:?}");
+        }
+        assert_eq!(
+            Error::Framing(framing(b"0003")).to_string(),
+            "git protocol error: bad pkt-line: Received an invalid line of length 3"
+        );
+        // The longest line git allows: 65520 bytes with its header.
+        let mut long = Vec::new();
+        write(&mut long, &[b'a'; 65516]);
+        assert!(
+            matches!(Reader::new(&long).next_frame(), Ok(Some(Frame::Data(d))) if d.len() == 65516)
+        );
+        // Delimiter and response end of protocol v2.
+        let mut reader = Reader::new(b"00010002");
+        assert_eq!(reader.next_frame().expect("delim"), Some(Frame::Special));
+        assert_eq!(reader.next_frame().expect("end"), Some(Frame::Special));
     }
 
     #[test]
@@ -157,7 +165,7 @@ mod tests {
         let mut err = Vec::new();
         write(&mut err, b"\x03boom");
         assert!(
-            matches!(demux(&mut Reader::new(&err), None), Err(Error::Remote(m)) if m == "boom")
+            matches!(demux(&mut Reader::new(&err), None), Err(Error::SideBand(m)) if m == "boom")
         );
     }
 }

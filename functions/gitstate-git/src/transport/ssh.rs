@@ -7,17 +7,40 @@
 use std::process::Stdio;
 use std::time::Duration;
 
+use gix_packetline::PacketLineRef;
+use gix_packetline::decode::{self, PacketLineOrWantedSize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
-use super::{ConnectError, Service, Wire};
-use crate::Error;
+use super::{ConnectError, Error, Framing, Service, Wire};
 
 /// The most of ssh's stderr kept (for the error message); the rest is read and dropped.
 const MAX_STDERR_BYTES: u64 = 64 * 1024;
 
-/// Whether `url` names an SSH remote.
+/// Whether `url` names an SSH remote (for git: `ssh://`, `git+ssh://`, `ssh+git://`, or
+/// `[user@]host:path`); [`Ssh::parse`] reads it.
 pub fn is_ssh(url: &str) -> bool {
-    url.starts_with("ssh://") || url.starts_with("git+ssh://") || scp_like(url).is_some()
+    ["ssh://", "git+ssh://", "ssh+git://"]
+        .iter()
+        .any(|scheme| url.starts_with(scheme))
+        || scp_like(url).is_some()
+}
+
+/// Why an ssh repository URL is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum BadSshUrl {
+    /// What git's URL syntax (`gix-url`) says is wrong.
+    #[error("{0}")]
+    Syntax(String),
+    #[error("neither ssh://user@host[:port]/path nor user@host:path")]
+    NotSsh,
+    #[error("the host is not a host name")]
+    Host,
+    #[error("the user name is empty or would be read as an option")]
+    User,
+    #[error("a password in an ssh URL is not used: ssh authenticates with keys")]
+    Password,
+    #[error("the path is empty, starts with '-' or holds control characters")]
+    Path,
 }
 
 /// `[user@]host:path` (no scheme, a colon before any slash).
@@ -42,46 +65,44 @@ pub struct Ssh {
 }
 
 impl Ssh {
+    /// `url` as git reads it (`gix-url`), refused when ssh would read a part of it as an
+    /// option (a host or path starting with `-`), when it carries a password (ssh takes none
+    /// from a URL) or when its path is empty or holds control characters.
     pub fn parse(url: &str, timeout: Duration) -> Result<Self, ConnectError> {
-        let bad = |why: &'static str| ConnectError::SshUrl {
+        let bad = |why: BadSshUrl| ConnectError::SshUrl {
             url: url.to_owned(),
             why,
         };
-        let (host, port, path) = if let Some(rest) = url
-            .strip_prefix("ssh://")
-            .or_else(|| url.strip_prefix("git+ssh://"))
-        {
-            let (authority, path) = rest
-                .split_once('/')
-                .ok_or_else(|| bad("no path after the host"))?;
-            let (host, port) = match authority.rsplit_once(':') {
-                Some((host, port)) if !host.ends_with(']') || authority.starts_with('[') => (
-                    host,
-                    Some(
-                        port.parse::<u16>()
-                            .map_err(|_| bad("the port is not a number"))?,
-                    ),
-                ),
-                _ => (authority, None),
-            };
-            (host, port, format!("/{path}"))
-        } else if let Some((host, path)) = scp_like(url) {
-            (host, None, path.to_owned())
-        } else {
-            return Err(bad(
-                "neither ssh://user@host[:port]/path nor user@host:path",
-            ));
+        let parsed = gix_url::parse(url)
+            .map_err(|e| bad(BadSshUrl::Syntax(e.probable_cause().to_string())))?;
+        if parsed.scheme != gix_url::Scheme::Ssh {
+            return Err(bad(BadSshUrl::NotSsh));
+        }
+        let host = parsed
+            .host_argument_safe()
+            .filter(|host| !host.is_empty() && !host.contains(char::is_whitespace))
+            .ok_or(bad(BadSshUrl::Host))?;
+        if parsed.password().is_some() {
+            return Err(bad(BadSshUrl::Password));
+        }
+        let host = match parsed.user() {
+            Some(user) if user.is_empty() || user.starts_with('-') || user.contains('@') => {
+                return Err(bad(BadSshUrl::User));
+            }
+            Some(user) => format!("{user}@{host}"),
+            None => host.to_owned(),
         };
-        // A host starting with `-` would be read by ssh as an option.
-        if host.is_empty() || host.starts_with('-') || host.contains(char::is_whitespace) {
-            return Err(bad("the host is not a host name"));
-        }
-        if path.len() <= 1 || path.contains(['\n', '\0']) {
-            return Err(bad("the path is empty or holds control characters"));
-        }
+        let path = String::from_utf8(parsed.path.to_vec())
+            .ok()
+            .filter(|path| {
+                !path.trim_start_matches('/').is_empty()
+                    && !path.trim_start_matches('/').starts_with('-')
+                    && !path.contains(char::is_control)
+            })
+            .ok_or(bad(BadSshUrl::Path))?;
         Ok(Self {
-            host: host.to_owned(),
-            port,
+            host,
+            port: parsed.port,
             path,
             timeout,
             #[cfg(test)]
@@ -134,23 +155,19 @@ impl Ssh {
         limit: u64,
     ) -> Result<(Vec<u8>, Vec<u8>), Error> {
         let work = async {
-            let mut child = self.command(service).spawn().map_err(|e| {
-                Error::Config(format!(
-                    "cannot start ssh (GIT_SSH_COMMAND, GIT_SSH or ssh): {e}"
-                ))
-            })?;
+            let mut child = self.command(service).spawn().map_err(Error::SshStart)?;
             let mut stdout = child
                 .stdout
                 .take()
-                .ok_or_else(|| Error::Protocol("no stdout".into()))?;
+                .ok_or(Error::Framing(Framing::NoPipe("stdout")))?;
             let mut stdin = child
                 .stdin
                 .take()
-                .ok_or_else(|| Error::Protocol("no stdin".into()))?;
+                .ok_or(Error::Framing(Framing::NoPipe("stdin")))?;
             let mut stderr = child
                 .stderr
                 .take()
-                .ok_or_else(|| Error::Protocol("no stderr".into()))?;
+                .ok_or(Error::Framing(Framing::NoPipe("stderr")))?;
             let errors = tokio::spawn(async move {
                 let mut text = Vec::new();
                 let _ = (&mut stderr)
@@ -164,7 +181,7 @@ impl Ssh {
             let advert = match read_advertisement(&mut stdout, limit).await {
                 Ok(advert) => advert,
                 // Over the size limit: the child, perhaps still writing, is killed when dropped.
-                Err(e @ Error::Remote(_)) => return Err(e),
+                Err(e @ Error::TooLarge { .. }) => return Err(e),
                 Err(e) => {
                     let _ = child.wait().await;
                     let text = errors.await.unwrap_or_default();
@@ -183,22 +200,23 @@ impl Ssh {
             if rest.len() as u64 > limit {
                 // The child is killed when dropped.
                 return Err(Error::too_large(
-                    &format!("{} response", service.name()),
+                    format!("{} response", service.name()),
                     limit,
                 ));
             }
             let status = child.wait().await?;
             let text = errors.await.unwrap_or_default();
             if !status.success() && rest.is_empty() {
-                return Err(session_error(&text).unwrap_or_else(|| {
-                    Error::Remote(format!("{} over ssh ended with {status}", service.name()))
+                return Err(session_error(&text).unwrap_or(Error::SshEnded {
+                    service: service.name(),
+                    status,
                 }));
             }
             Ok((advert, rest))
         };
         tokio::time::timeout(self.timeout, work)
             .await
-            .map_err(|_| Error::Remote(format!("ssh: no answer within {:?}", self.timeout)))?
+            .map_err(|_| Error::SshTimeout(self.timeout))?
     }
 }
 
@@ -206,7 +224,7 @@ impl Ssh {
 fn session_error(stderr: &[u8]) -> Option<Error> {
     let text = String::from_utf8_lossy(stderr);
     let line = text.lines().rev().find(|l| !l.trim().is_empty())?;
-    Some(Error::Remote(format!("ssh: {}", line.trim())))
+    Some(Error::SshSaid(line.trim().to_owned()))
 }
 
 /// pkt-lines up to and including the flush that ends the advertisement.
@@ -220,21 +238,23 @@ async fn read_advertisement(
         stdout
             .read_exact(&mut header)
             .await
-            .map_err(|_| Error::Protocol("the ssh session ended before the refs".into()))?;
-        let len = std::str::from_utf8(&header)
-            .ok()
-            .and_then(|h| usize::from_str_radix(h, 16).ok())
-            .ok_or_else(|| Error::Protocol("bad pkt-line header over ssh".into()))?;
+            .map_err(|_| Error::Framing(Framing::SshEndedBeforeRefs))?;
         out.extend_from_slice(&header);
-        match len {
-            0 => return Ok(out),
-            1..=3 => return Err(Error::Protocol("bad pkt-line length over ssh".into())),
-            _ => {
+        // The length prefix, decoded by `gix-packetline`: a flush ends the refs; a delimiter,
+        // a response end, length 3 or 4, or what is not hex cannot come here.
+        match decode::hex_prefix(&header) {
+            Ok(PacketLineOrWantedSize::Line(PacketLineRef::Flush)) => return Ok(out),
+            Ok(PacketLineOrWantedSize::Line(_)) => {
+                return Err(Error::Framing(Framing::SshLength));
+            }
+            Err(_) => return Err(Error::Framing(Framing::SshHeader)),
+            Ok(PacketLineOrWantedSize::Wanted(len)) => {
                 let start = out.len();
-                if (start + len - 4) as u64 > limit {
+                let len = usize::from(len);
+                if (start + len) as u64 > limit {
                     return Err(Error::too_large("ref advertisement", limit));
                 }
-                out.resize(start + len - 4, 0);
+                out.resize(start + len, 0);
                 stdout.read_exact(&mut out[start..]).await?;
             }
         }
@@ -299,12 +319,27 @@ mod tests {
             "acme/state.git",
         );
         ok("me@host:/abs/r.git", "me@host", None, "/abs/r.git");
+        // What git reads differently from a split at the colon: an IPv6 host, the home
+        // directory of a user, `ssh+git://`.
+        ok(
+            "ssh://git@[::1]:2222/r.git",
+            "git@::1",
+            Some(2222),
+            "/r.git",
+        );
+        ok("ssh://h.example/~me/r.git", "h.example", None, "~me/r.git");
+        ok("ssh+git://h/r", "h", None, "/r");
         for bad in [
             "ssh://-oProxyCommand=x/r",
             "-oProxyCommand=x:r",
+            "ssh://-u@h/r",
+            "h:-r",
+            "ssh://h/-r",
+            "ssh://u:pw@h/r",
             "ssh://h",
             "ssh://h:port/r",
             "ssh://h/",
+            "ssh://h/a\nb",
             "h:",
             "https://h/r",
         ] {
@@ -397,7 +432,8 @@ mod tests {
                     assert_eq!(body.len(), response);
                     seen[0] += 1;
                 }
-                Err(Error::Remote(reason)) => {
+                Err(error @ Error::TooLarge { .. }) => {
+                    let reason = error.to_string();
                     assert!(reason.contains(REASON), "{reason}");
                     assert!(
                         advert_bytes as u64 > limit || response as u64 > limit,
@@ -428,7 +464,7 @@ mod tests {
             .exchange(Service::UploadPack, b"0000".to_vec(), 1 << 20)
             .await
             .expect_err("failed");
-        let Error::Remote(reason) = err else {
+        let Error::SshSaid(reason) = err else {
             panic!("{err:?}")
         };
         assert!(reason.len() <= 64 * 1024 + 16, "{}", reason.len());
@@ -438,8 +474,10 @@ mod tests {
             .await
             .expect_err("failed");
         assert!(
-            matches!(err, Error::Remote(ref r) if r == "ssh: the last line"),
+            matches!(err, Error::SshSaid(ref r) if r == "the last line"),
             "{err:?}"
         );
+        assert_eq!(err.to_string(), "git remote reports: ssh: the last line");
+        assert!(err.refused());
     }
 }

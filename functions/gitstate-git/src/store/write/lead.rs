@@ -150,10 +150,7 @@ fn settle(batch: &mut Vec<Job>, standing: &mut Standing, outcome: Outcome) {
                 kept.push(job);
             }
             Verdict::Lost if let Some(reason) = &declined => {
-                job.answer(Err(Error::Remote(format!(
-                    "the remote refused the push on an unchanged branch: {reason}"
-                ))
-                .into()));
+                job.answer(Err(Error::Declined(reason.clone()).into()));
             }
             Verdict::Lost => {
                 job.floor = false;

@@ -1,0 +1,199 @@
+//! State refs on the read side (issue 27, see `known`): a state exists when the branch has its
+//! file, and its newest content is its state ref's tip when it has one, else the branch's file.
+//! A state ref whose state the branch lacks is a leftover (a delete whose second push failed):
+//! reads answer "no such state".
+
+use std::collections::HashMap;
+
+use gix::ObjectId;
+
+use gitstate_core::StateName;
+use gitstate_core::ports::{Location, Revision};
+
+use super::known::{STATE_REF_PREFIX, state_ref};
+use super::remote::Remote;
+use super::{GitStore, blocking};
+use crate::Error;
+use crate::protocol::{Advert, Service};
+use crate::repository::Cache;
+use crate::sync::lock;
+
+/// The ref that holds a state's newest content, and its tip.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    /// The state's own ref, or the branch (full ref names).
+    pub name: String,
+    pub tip: ObjectId,
+}
+
+impl GitStore {
+    /// Which ref and tip hold `name`'s newest content as this process knows it, without asking
+    /// the remote: its state ref when this process saw one, the branch tip it last saw when it
+    /// saw every ref and no state ref of `name` among them. `None`: this process does not know.
+    ///
+    /// Knowing that a state has no state ref is as of the last listing of every ref: another
+    /// process may have created one since, and a push cannot assert that a ref is absent without
+    /// creating it. A caller that asserts the branch tip proves only that the branch did not move.
+    pub fn holder(&self, at: &Location, name: &StateName) -> Result<Option<Holder>, Error> {
+        let remote = self.remote(at)?;
+        let state = state_ref(name.as_str());
+        let known = lock(&remote.known_states).tip(&state);
+        Ok(match known {
+            Some(Some(tip)) => Some(Holder { name: state, tip }),
+            Some(None) => remote.cached_tip()?.map(|tip| Holder {
+                name: at.branch.full_ref(),
+                tip,
+            }),
+            None => None,
+        })
+    }
+}
+
+impl GitStore {
+    /// The advertised branch tip (fetched into the cache) and, when the branch has the file at
+    /// `path` and a state ref of it is advertised, that ref's tip (fetched too).
+    pub(super) async fn branch_and_state(
+        &self,
+        remote: &Remote,
+        at: &Location,
+        path: &str,
+    ) -> Result<(Option<ObjectId>, Option<ObjectId>), Error> {
+        let branch = at.branch.full_ref();
+        let state = state_ref(path);
+        let advert = remote
+            .refs(Service::UploadPack, vec![branch.clone(), state.clone()])
+            .await?;
+        let Some(tip) = advert.tip(&branch) else {
+            return Ok((None, None));
+        };
+        remote.ensure(vec![tip]).await?;
+        remote.saw_tip(tip);
+        let state_tip = match advert.tip(&state) {
+            Some(state_tip) if remote.branch_has(tip, path).await? => {
+                remote.ensure_state(vec![state_tip]).await?;
+                Some(state_tip)
+            }
+            _ => None,
+        };
+        Ok((Some(tip), state_tip))
+    }
+
+    /// The advertised branch tip (fetched), and the newest revision of each of `names` whose
+    /// state ref holds it (the branch has the file and a state ref of it is advertised).
+    pub(super) async fn newest_of_states(
+        &self,
+        remote: &Remote,
+        at: &Location,
+        names: &[StateName],
+    ) -> Result<(Option<ObjectId>, HashMap<String, Revision>), Error> {
+        let branch = at.branch.full_ref();
+        let wanted = std::iter::once(branch.clone())
+            .chain(names.iter().map(|name| state_ref(name.as_str())))
+            .collect();
+        let advert = remote.refs(Service::UploadPack, wanted).await?;
+        let Some(tip) = advert.tip(&branch) else {
+            return Ok((None, HashMap::new()));
+        };
+        let states: Vec<(String, ObjectId)> = names
+            .iter()
+            .filter_map(|name| Some((name.to_string(), advert.tip(&state_ref(name.as_str()))?)))
+            .collect();
+        remote
+            .ensure(
+                std::iter::once(tip)
+                    .chain(states.iter().map(|(_, t)| *t))
+                    .collect(),
+            )
+            .await?;
+        remote.saw_tip(tip);
+        let cache = remote.cache.clone();
+        let newest = blocking(move || {
+            let mut newest = HashMap::new();
+            for (path, state_tip) in states {
+                if cache.has_file(tip, &path)? {
+                    let revision = cache.revision(state_tip, &path)?;
+                    newest.insert(path, revision);
+                }
+            }
+            Ok(newest)
+        })
+        .await?;
+        Ok((Some(tip), newest))
+    }
+}
+
+impl Remote {
+    /// The state refs `advert` lists, with those a repository lists only when asked for.
+    pub(super) async fn state_tips(
+        &self,
+        advert: &Advert,
+    ) -> Result<HashMap<String, ObjectId>, Error> {
+        let beside = self.transport.refs_beside(advert, STATE_REF_PREFIX).await?;
+        self.note_states(&beside, &[]);
+        Ok(advert
+            .refs
+            .iter()
+            .chain(beside.refs.iter())
+            .filter(|(name, _)| name.starts_with(STATE_REF_PREFIX))
+            .map(|(name, tip)| (name.clone(), *tip))
+            .collect())
+    }
+
+    /// `files` (path, blob id) of a branch commit, each blob replaced by the one its state ref
+    /// holds when `states` (state ref → tip, commits the cache holds) has one for its path.
+    pub(super) async fn newest_blobs(
+        &self,
+        files: Vec<(String, ObjectId)>,
+        states: &HashMap<String, ObjectId>,
+    ) -> Result<Vec<(String, ObjectId)>, Error> {
+        if states.is_empty() {
+            return Ok(files);
+        }
+        let cache = self.cache.clone();
+        let states = states.clone();
+        blocking(move || {
+            let repo = cache.repo()?;
+            let mut files = files;
+            for (path, blob) in &mut files {
+                if let Some(tip) = states.get(&state_ref(path))
+                    && let Some(newest) = Cache::blob_id(&repo, *tip, path)?
+                {
+                    *blob = newest;
+                }
+            }
+            Ok(files)
+        })
+        .await
+    }
+
+    /// `path` as the state ref at `state` holds it, if the branch at `tip` has the file (else
+    /// the ref is a leftover: no such state). Fetches what the cache lacks.
+    pub(super) async fn read_state(
+        &self,
+        tip: ObjectId,
+        state: ObjectId,
+        path: &str,
+    ) -> Result<Option<Vec<u8>>, Error> {
+        if !self.branch_has(tip, path).await? {
+            return Ok(None);
+        }
+        self.ensure_state(vec![state]).await?;
+        self.read(state, path.to_owned()).await
+    }
+
+    /// Whether the branch commit `tip` has a file at `path` (its trees are fetched if missing).
+    pub(super) async fn branch_has(&self, tip: ObjectId, path: &str) -> Result<bool, Error> {
+        self.ensure(vec![tip]).await?;
+        let (cache, path) = (self.cache.clone(), path.to_owned());
+        blocking(move || cache.has_file(tip, &path)).await
+    }
+
+    /// Make the cache hold the state commits `tips`, with their blobs (a state commit's tree
+    /// holds one file): what the branch tip this process knows lacks comes in one request.
+    pub(super) async fn ensure_state(&self, tips: Vec<ObjectId>) -> Result<(), Error> {
+        if tips.is_empty() {
+            return Ok(());
+        }
+        self.ensure_changes(tips).await
+    }
+}
