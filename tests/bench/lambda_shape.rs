@@ -190,7 +190,13 @@ pub async fn lambda_shape(out: &mut String, binary: &std::path::Path) {
             std::env::var("GITSTATE_BENCH_BASELINE_NAME").unwrap_or_else(|_| "baseline".into());
         builds.push((baseline.into(), name, Vec::new()));
     }
-    builds.push((binary.to_owned(), "this build".into(), Vec::new()));
+    // `GITSTATE_BENCH_SIDE_ONLY=1` leaves this build with its defaults out (fewer processes on
+    // a small machine) when `GITSTATE_BENCH_SIDE_ENV` adds it with a setting.
+    if std::env::var_os("GITSTATE_BENCH_SIDE_ONLY").is_none()
+        || std::env::var_os("GITSTATE_BENCH_SIDE_ENV").is_none()
+    {
+        builds.push((binary.to_owned(), "this build".into(), Vec::new()));
+    }
     // `GITSTATE_BENCH_SIDE_ENV=NAME=VALUE`: this build once more, with that setting.
     if let Ok(setting) = std::env::var("GITSTATE_BENCH_SIDE_ENV")
         && let Some((key, value)) = setting.split_once('=')

@@ -56,11 +56,17 @@ struct Tally {
     sample: Sample,
     /// Requests by label, over all runs.
     labels: BTreeMap<String, usize>,
-    /// KMS requests, over all runs.
-    kms: usize,
-    /// Lambda invocations and the seconds they ran, over all runs.
-    invocations: usize,
-    billed: Duration,
+    /// KMS requests, Lambda invocations and the seconds they ran, run by run.
+    kms: Vec<usize>,
+    invocations: Vec<usize>,
+    billed: Vec<Duration>,
+}
+
+/// The median of `values` (0 for none).
+fn median<T: Copy + Ord + Default>(values: &[T]) -> T {
+    let mut sorted = values.to_vec();
+    sorted.sort_unstable();
+    sorted.get(sorted.len() / 2).copied().unwrap_or_default()
 }
 
 impl Tally {
@@ -79,7 +85,10 @@ impl Tally {
         let parts: Vec<String> = self
             .labels
             .iter()
-            .map(|(l, n)| format!("{l} {}", *n as f64 / self.runs()))
+            .map(|(l, n)| {
+                let per_run = format!("{:.1}", *n as f64 / self.runs());
+                format!("{l} {}", per_run.trim_end_matches(".0"))
+            })
             .collect();
         parts.join(", ")
     }
@@ -463,9 +472,9 @@ async fn terraform_applies(
         let front = world.lambda.front.take();
         let row = tally(rows, kind, shape, delay_index);
         row.add(took, labels);
-        row.kms += kms;
-        row.invocations += front.len();
-        row.billed += front.iter().map(|p| p.took).sum::<Duration>();
+        row.kms.push(kms);
+        row.invocations.push(front.len());
+        row.billed.push(front.iter().map(|p| p.took).sum());
     }
 }
 
@@ -496,7 +505,7 @@ async fn http_applies(
             let kms = world.kms.take().len();
             let row = tally(rows, kind, shape, delay_index);
             row.add(took, labels);
-            row.kms += kms;
+            row.kms.push(kms);
         }
     }
 }
@@ -593,7 +602,7 @@ fn report(out: &mut String, rows: &Rows, runs: usize) {
     ));
     for ((kind, shape), [zero, fifty]) in rows {
         let kms = if shape.contains("KMS") {
-            format!("{:.0}", zero.kms as f64 / zero.runs())
+            median(&zero.kms).to_string()
         } else {
             String::new()
         };
@@ -620,13 +629,13 @@ fn report(out: &mut String, rows: &Rows, runs: usize) {
             continue;
         }
         for (delay, t) in DELAYS.iter().zip(tallies) {
-            let billed = t.billed.as_secs_f64() / t.runs();
+            let billed = median(&t.billed).as_secs_f64();
             out.push_str(&format!(
-                "| {} | +{delay} ms | {:.1} | {billed:.3} | {:.3} | {:.1} |\n",
+                "| {} | +{delay} ms | {} | {billed:.3} | {:.3} | {} |\n",
                 kind_name(*kind),
-                t.invocations as f64 / t.runs(),
+                median(&t.invocations),
                 billed * LAMBDA_GB,
-                t.kms as f64 / t.runs(),
+                median(&t.kms),
             ));
         }
     }
