@@ -11,7 +11,7 @@ use gix::ObjectId;
 use super::Advert;
 use super::advert::AdvertError;
 use super::fetch::{self, Blobs, FetchError, fetch_capabilities, pack_of};
-use super::push::{self, Command, PushError, PushReport, push_capabilities};
+use super::push::{self, Command, PushError, PushReport, Updates, push_capabilities};
 use crate::sync::lock;
 use crate::transport::{ConnectError, Connection, Service, Wire};
 
@@ -146,15 +146,16 @@ impl SmartClient {
         pack_of(&response)
     }
 
-    /// Receive-pack with `commands` and `pack`. `caps` are the receive-pack capabilities
-    /// advertised earlier. One request.
+    /// Receive-pack with `commands`, standing together as `updates` says, and `pack`. `caps`
+    /// are the receive-pack capabilities advertised earlier. One request.
     pub async fn push(
         &self,
         caps: &Advert,
         commands: &[Command],
+        updates: Updates,
         pack: Option<Vec<u8>>,
     ) -> Result<PushReport, PushError> {
-        let wanted = push_capabilities(caps, commands)?;
+        let wanted = push_capabilities(caps, commands, updates)?;
         let sideband = wanted.contains(&"side-band-64k");
         let request = push::request(&wanted, commands, pack);
         let response = self

@@ -14,7 +14,7 @@ use super::transport::{Fetch, KnownTip, Transport};
 use super::{WriteMode, blocking};
 use crate::Error;
 use crate::protocol::{Advert, Service};
-use crate::protocol::{Blobs, Command, FetchError, PushReport, SmartClient};
+use crate::protocol::{Blobs, Command, FetchError, PushReport, SmartClient, Updates};
 use crate::repository::Cache;
 use crate::repository::pack;
 use crate::sync::lock;
@@ -71,6 +71,44 @@ impl Hosted {
         } else {
             Blobs::All
         }
+    }
+}
+
+impl Hosted {
+    /// One push of `commands` (standing together as `updates` says) with the objects they need.
+    async fn send(
+        &self,
+        cache: &Arc<Cache>,
+        commands: Vec<Command>,
+        objects: Vec<ObjectId>,
+        updates: Updates,
+    ) -> Result<PushReport, Error> {
+        // What was advertised before a push of ours is out of date.
+        *lock(&self.adverts) = Adverts {
+            last: None,
+            pushed: Some(Instant::now()),
+        };
+        let known = lock(&self.push_caps).caps.clone();
+        let caps = match known {
+            Some(caps) => caps,
+            None => self.refs(Service::ReceivePack, Vec::new()).await?,
+        };
+        let pack = if commands.iter().all(|c| c.new.is_null()) {
+            None
+        } else {
+            let cache = cache.clone();
+            Some(
+                blocking(move || {
+                    let objects = objects
+                        .into_iter()
+                        .map(|id| cache.object(id))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    pack::write(&objects)
+                })
+                .await?,
+            )
+        };
+        Ok(self.http.push(&caps, &commands, updates, pack).await?)
     }
 }
 
@@ -322,32 +360,17 @@ impl Transport for Hosted {
         commands: Vec<Command>,
         objects: Vec<ObjectId>,
     ) -> Result<PushReport, Error> {
-        // What was advertised before a push of ours is out of date.
-        *lock(&self.adverts) = Adverts {
-            last: None,
-            pushed: Some(Instant::now()),
-        };
-        let known = lock(&self.push_caps).caps.clone();
-        let caps = match known {
-            Some(caps) => caps,
-            None => self.refs(Service::ReceivePack, Vec::new()).await?,
-        };
-        let pack = if commands.iter().all(|c| c.new.is_null()) {
-            None
-        } else {
-            let cache = cache.clone();
-            Some(
-                blocking(move || {
-                    let objects = objects
-                        .into_iter()
-                        .map(|id| cache.object(id))
-                        .collect::<Result<Vec<_>, _>>()?;
-                    pack::write(&objects)
-                })
-                .await?,
-            )
-        };
-        Ok(self.http.push(&caps, &commands, pack).await?)
+        self.send(cache, commands, objects, Updates::Atomic).await
+    }
+
+    async fn push_each(
+        &self,
+        cache: &Arc<Cache>,
+        commands: Vec<Command>,
+        objects: Vec<ObjectId>,
+    ) -> Result<PushReport, Error> {
+        self.send(cache, commands, objects, Updates::EachAlone)
+            .await
     }
 
     /// Capabilities known and the floor not refused.

@@ -225,6 +225,15 @@ impl GitStore {
         Ok(remote)
     }
 
+    /// The remotes of `repository` this process has opened, one per branch.
+    fn remotes_of(&self, repository: &str) -> Vec<Arc<Remote>> {
+        lock(&self.remotes)
+            .iter()
+            .filter(|((repo, _), _)| repo == repository)
+            .map(|(_, remote)| remote.clone())
+            .collect()
+    }
+
     /// `<cache dir>/<hash of url and branch>-<readable name>.git`
     fn cache_path(&self, at: &Location) -> PathBuf {
         let digest = Sha1::digest(format!("{}\n{}", at.repository, at.branch).as_bytes());
@@ -267,6 +276,9 @@ impl StateStore for GitStore {
         at: &Location,
         name: &StateName,
     ) -> Result<Option<Bytes>, StoreError> {
+        if let Some(state) = self.read_proved(at, name).await? {
+            return Ok(state);
+        }
         Ok(self.read_path(at, name.to_string()).await?)
     }
 

@@ -21,6 +21,17 @@ use crate::repository::{Cache, NewCommit};
 use crate::sync::lock;
 use crate::transport::Error as WireError;
 
+/// What a LOCK push proved (see the `floor` module): once its lock commit `lock` was in place,
+/// the state's newest content was still where this process knew it: the branch at `branch`, or
+/// the state's own ref at `state`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Proof {
+    pub(super) lock: ObjectId,
+    pub(super) branch: ObjectId,
+    pub(super) state: Option<ObjectId>,
+    pub(super) made: Instant,
+}
+
 /// One (repository, branch): its cache and how to reach it.
 pub(super) struct Remote {
     pub(super) cache: Arc<Cache>,
@@ -36,6 +47,8 @@ pub(super) struct Remote {
     pub(super) deep_changes: Mutex<HashSet<(String, String, ObjectId)>>,
     /// Lock commits this process pushed, by lock ref (see the `floor` module).
     pub(super) made_locks: Mutex<HashMap<String, ObjectId>>,
+    /// What the LOCK pushes of this process proved, by lock ref (see the `floor` module).
+    pub(super) proofs: Mutex<HashMap<String, Proof>>,
     /// Writes waiting to be pushed together (see the `write` module).
     pub(super) batcher: Batcher,
     /// The state refs this process has seen (see the `states` module).
@@ -51,6 +64,7 @@ impl Remote {
             histories: Mutex::default(),
             deep_changes: Mutex::default(),
             made_locks: Mutex::default(),
+            proofs: Mutex::default(),
             batcher,
             known_states: Mutex::default(),
         }
@@ -262,5 +276,16 @@ impl Remote {
         objects: Vec<ObjectId>,
     ) -> Result<PushReport, Error> {
         self.transport.push(&self.cache, commands, objects).await
+    }
+
+    /// A push of `commands` each alone, applied in order (see [`Transport::push_each`]).
+    pub(super) async fn push_each(
+        &self,
+        commands: Vec<Command>,
+        objects: Vec<ObjectId>,
+    ) -> Result<PushReport, Error> {
+        self.transport
+            .push_each(&self.cache, commands, objects)
+            .await
     }
 }

@@ -119,6 +119,22 @@ pub(super) trait Transport: Send + Sync {
         objects: Vec<ObjectId>,
     ) -> Result<PushReport, Error>;
 
+    /// A push of `commands` each alone, applied in the order given, each with its own verdict
+    /// (a remote without `atomic` takes such a push too). The default pushes them one by one.
+    async fn push_each(
+        &self,
+        cache: &Arc<Cache>,
+        commands: Vec<Command>,
+        objects: Vec<ObjectId>,
+    ) -> Result<PushReport, Error> {
+        let mut report = PushReport::default();
+        for command in commands {
+            let one = self.push(cache, vec![command], objects.clone()).await?;
+            report.refs.extend(one.refs);
+        }
+        Ok(report)
+    }
+
     /// The receive-pack capabilities, if a push may go without a fresh advertisement (the
     /// protocol floor, see the `floor` module).
     fn floor_caps(&self) -> Option<Advert>;
