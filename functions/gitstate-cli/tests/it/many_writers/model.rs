@@ -544,25 +544,51 @@ pub fn page_serials(page: &gitstate_tests::History) -> Vec<Option<u64>> {
         .collect()
 }
 
+/// `first` then `second`; with `took`, the first (answered with a 5xx) is judged as having
+/// done what a 200 would have before the second ran (what it did is still settled later).
+fn judge_in_order(
+    model: &Model,
+    first: Answered<'_>,
+    second: Answered<'_>,
+    took: bool,
+) -> Result<Vec<Effect>, String> {
+    let mut m = model.clone();
+    let effect = judge(&m, first)?;
+    if took {
+        m.apply(&judge(&m, (first.0, 200, ""))?);
+    } else {
+        m.apply(&effect);
+    }
+    Ok(vec![effect, judge(&m, second)?])
+}
+
 /// Two requests on one name at once. Sound answers are those of one of the two orders, one
 /// request after the other; or, when one of them is a write the backend locks for (restore, an
 /// unlocked write), the other may have met that lock (a 423 naming a holder the model does not
-/// know) while the write went on. When both orders fit the answers, they must leave the same
-/// model (the pairs are planned so), else the round is ambiguous and fails.
+/// know) while the write went on. A request answered with a 5xx may have taken effect before
+/// the other one ran. When several orders fit the answers, they must leave the same model (the
+/// pairs are planned so; what a 5xx did is settled from the repository afterwards), else the
+/// round is ambiguous and fails.
 pub fn judge_pair(model: &Model, pair: [Answered<'_>; 2]) -> Result<Vec<Effect>, String> {
     let mut fits: Vec<(Model, Vec<Effect>)> = Vec::new();
     let mut problems = Vec::new();
-    for order in [[0, 1], [1, 0]] {
-        let mut m = model.clone();
-        let mut effects = Vec::new();
-        let judged = order.iter().try_for_each(|&i| {
-            let effect = judge(&m, pair[i])?;
-            m.apply(&effect);
-            effects.push(effect);
-            Ok::<(), String>(())
-        });
-        match judged {
-            Ok(()) => fits.push((m, effects)),
+    // A first request answered with a 5xx may have taken effect before the second or not.
+    for (order, took) in [
+        ([0, 1], false),
+        ([1, 0], false),
+        ([0, 1], true),
+        ([1, 0], true),
+    ] {
+        let (first, second) = (pair[order[0]], pair[order[1]]);
+        if took && (first.1 < 500 || matches!(first.0, Op::Get { .. } | Op::History { .. })) {
+            continue;
+        }
+        match judge_in_order(model, first, second, took) {
+            Ok(effects) => {
+                let mut m = model.clone();
+                effects.iter().for_each(|e| m.apply(e));
+                fits.push((m, effects));
+            }
             Err(e) => problems.push(e),
         }
     }
@@ -580,8 +606,8 @@ pub fn judge_pair(model: &Model, pair: [Answered<'_>; 2]) -> Result<Vec<Effect>,
     let name = pair[0].0.name();
     match fits.as_slice() {
         [] => Err(format!(
-            "no order of the two fits: {}",
-            problems.join("; and in the other order: ")
+            "no order of the two fits (nor a 5xx that took effect first): {}",
+            problems.join("; or: ")
         )),
         [(first, effects), rest @ ..] => {
             for (other, _) in rest {
