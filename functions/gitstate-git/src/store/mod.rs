@@ -75,6 +75,8 @@ pub struct StoreOptions {
     pub writes_per_push: usize,
     /// A fold lease older than this is taken over (its holder is gone).
     pub fold_lease_age: Duration,
+    /// Fold in the background after a write to a state ref (`serve`, `run`; not Lambda).
+    pub fold_after_writes: bool,
     /// Which writes go to a state's own ref (`GITSTATE_STATE_REFS`).
     pub state_refs: StateRefs,
 }
@@ -148,6 +150,7 @@ impl GitStore {
             max_history_depth: settings.max_history_depth,
             writes_per_push: settings.writes_per_push.max(1),
             fold_lease_age: settings.fold_lease_age,
+            fold_after_writes: settings.fold_after_writes,
             state_refs: settings.state_refs,
         };
         match &settings.repository {
@@ -355,10 +358,6 @@ impl StateStore for GitStore {
         Ok(GitStore::branch_status(self, at).await?)
     }
 
-    async fn fold(&self, at: &Location) -> Result<FoldReport, StoreError> {
-        GitStore::fold(self, at).await
-    }
-
     async fn protocol(
         &self,
         at: &Location,
@@ -423,7 +422,18 @@ impl StateStore for GitStore {
         change: Change,
         plan: WritePlan,
     ) -> Result<Written, StoreError> {
-        self.write_file(at, name.as_str(), Some(name), change, plan)
-            .await
+        let written = self
+            .write_file(at, name.as_str(), Some(name), change, plan)
+            .await;
+        self.fold_after_write(at);
+        written
+    }
+
+    async fn fold(&self, at: &Location) -> Result<FoldReport, StoreError> {
+        GitStore::fold(self, at).await
+    }
+
+    async fn finish_folds(&self) {
+        GitStore::finish_folds(self).await;
     }
 }

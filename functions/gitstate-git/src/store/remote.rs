@@ -2,6 +2,7 @@
 //! this process remembers of it.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -20,6 +21,22 @@ use crate::protocol::{Command, PushReport};
 use crate::repository::{Cache, NewCommit};
 use crate::sync::lock;
 use crate::transport::Error as WireError;
+
+/// One remote's folds in the background of this process (see the `fold` module).
+#[derive(Debug, Default)]
+pub(super) struct Background {
+    /// A push of this process wrote a state ref that no fold started since has looked at.
+    pub(super) unfolded: AtomicBool,
+    /// A fold task runs.
+    pub(super) folding: AtomicBool,
+}
+
+impl Background {
+    /// A push wrote a state ref.
+    fn wrote_state(&self) {
+        self.unfolded.store(true, Ordering::SeqCst);
+    }
+}
 
 /// What a LOCK push proved (see the `floor` module): once its lock commit `lock` was in place,
 /// the state's newest content was still where this process knew it: the branch at `branch`, or
@@ -53,6 +70,8 @@ pub(super) struct Remote {
     pub(super) batcher: Batcher,
     /// The state refs this process has seen (see the `states` module).
     pub(super) known_states: Mutex<KnownStates>,
+    /// Folds in the background of this process (see the `fold` module).
+    pub(super) folds: Background,
 }
 
 impl Remote {
@@ -67,6 +86,7 @@ impl Remote {
             proofs: Mutex::default(),
             batcher,
             known_states: Mutex::default(),
+            folds: Background::default(),
         }
     }
 
@@ -275,7 +295,25 @@ impl Remote {
         commands: Vec<Command>,
         objects: Vec<ObjectId>,
     ) -> Result<PushReport, Error> {
-        self.transport.push(&self.cache, commands, objects).await
+        let report = self
+            .transport
+            .push(&self.cache, commands.clone(), objects)
+            .await?;
+        self.note_pushed(&commands, &report);
+        Ok(report)
+    }
+
+    /// A push that wrote a state ref leaves writes for a fold.
+    fn note_pushed(&self, commands: &[Command], report: &PushReport) {
+        let wrote_state = commands.iter().any(|c| {
+            c.name.starts_with(STATE_REF_PREFIX)
+                && !c.new.is_null()
+                && c.old != c.new
+                && report.all_ok(std::slice::from_ref(c))
+        });
+        if wrote_state {
+            self.folds.wrote_state();
+        }
     }
 
     /// A push of `commands` each alone, applied in order (see [`Transport::push_each`]).
@@ -284,8 +322,11 @@ impl Remote {
         commands: Vec<Command>,
         objects: Vec<ObjectId>,
     ) -> Result<PushReport, Error> {
-        self.transport
-            .push_each(&self.cache, commands, objects)
-            .await
+        let report = self
+            .transport
+            .push_each(&self.cache, commands.clone(), objects)
+            .await?;
+        self.note_pushed(&commands, &report);
+        Ok(report)
     }
 }

@@ -11,6 +11,7 @@
 //! release in the same atomic push when the remote offers `atomic`). A lost race looks again;
 //! the record makes sure no write is replayed twice, whoever folds. State refs stay.
 
+mod background;
 mod chains;
 mod lease;
 
