@@ -454,3 +454,46 @@ fn jiff_now() -> i64 {
         .map(|d| d.as_secs() as i64)
         .unwrap_or_default()
 }
+
+/// The Lambda binary's invocations: every Function URL event of `events/` is a request, the
+/// schedule's input and EventBridge's own scheduled event are the fold, anything else is an
+/// error; the scheduled fold folds what waits on the state refs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lambda_schedule_folds_and_function_url_events_still_route() {
+    use gitstate_app::invocation::{Invocation, invocation, scheduled_fold};
+    init_tracing();
+    let events = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../events");
+    let mut requests = 0;
+    for entry in std::fs::read_dir(&events).expect("events/") {
+        let text = std::fs::read_to_string(entry.expect("entry").path()).expect("event");
+        assert!(matches!(invocation(&text), Ok(Invocation::Url(_))));
+        requests += 1;
+    }
+    assert!(requests >= 5, "{requests} events");
+    let scheduled = r#"{"version":"0","id":"x","detail-type":"Scheduled Event","source":"aws.events","account":"1","time":"2026-11-25T06:00:00Z","region":"eu-west-1","resources":[],"detail":{}}"#;
+    for fold in [r#"{"gitstate": "fold"}"#, scheduled] {
+        assert!(matches!(invocation(fold), Ok(Invocation::Fold)), "{fold}");
+    }
+    for other in [r#"{"gitstate": "other"}"#, "{}", "[]", "not json"] {
+        assert!(invocation(other).is_err(), "{other}");
+    }
+
+    let server = GitServer::start().await;
+    let url = server.create_repo("scheduled");
+    let bare = Bare::new(&server.repo_dir("scheduled"), "main");
+    bare.branch_write("a.tfstate", Some(b"{}\n"), &write(1, "a.tfstate", b""));
+    let id = bare.state_write(&write(2, "a.tfstate", b"{\"serial\":2}\n"));
+    let cache = tempfile::tempdir().expect("tempdir");
+    let mut settings = settings_for(&url, cache.path(), &[]);
+    settings.runtime = gitstate_app::Runtime::Lambda;
+    let app = gitstate_app::build(settings).await.expect("backend");
+    let answer = scheduled_fold(&app.backend)
+        .await
+        .expect("the scheduled fold");
+    assert_eq!(answer["writes"], 1, "{answer}");
+    assert_eq!(bare.folded().get("a.tfstate"), Some(&id));
+    let again = scheduled_fold(&app.backend)
+        .await
+        .expect("the scheduled fold");
+    assert_eq!(again["writes"], 0, "nothing twice: {again}");
+}
