@@ -908,12 +908,10 @@ async fn many_writers(setup: Setup, ci_steps: usize) {
 /// write another (the Lambda shape routes each request to any free container); a later GET
 /// through the first process must answer the written state, not what that LOCK proved.
 ///
-/// Ignored while it fails on main: the protocol floor answers the GET after a LOCK from what the
-/// LOCK push proved, in the process that made it, whoever asks and whatever other processes
-/// wrote since (/work/notes/issue-27-design.md, Changes, i27model 06:35). Run it with
-/// `-- --ignored`; drop the attribute with the fix.
+/// A GET answered from what a LOCK push proved is only sound where every request of a run
+/// reaches the process that took the LOCK: that is `GITSTATE_SINGLE_FRONT=true` (set by
+/// `gitstate run`), not the default, which these processes keep.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails: the floor's GET from a LOCK's proof is stale across processes"]
 async fn a_lock_proof_never_answers_after_a_write_through_another_process() {
     let server = GitServer::start().await;
     let url = server.create_repo(REPO);
