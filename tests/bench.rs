@@ -2,7 +2,8 @@
 //! the seed's README), both on the same loopback git server that counts requests; plus history
 //! length, a 5 MB state, argon2 and concurrent writers; issue 15's sections (encrypted cold read,
 //! growth per rewrite, 100 concurrent Terraform applies, the Lambda cold start), applies in the
-//! Lambda shape (one process per apply, issue 27) in `bench/`.
+//! Lambda shape (one process per apply, issue 27) and one apply of each kind in every shape next
+//! to Terraform's S3 backend (`shapes`, issue 27) in `bench/`.
 //! Prints a Markdown report, section by section.
 //!
 //! Build the binaries into one target directory, then run this one:
@@ -11,11 +12,13 @@
 //!   target/release/gitstate-bench > BENCHMARKS.md   # or a comma-separated list of sections
 //! `GITSTATE_BIN` / `GITSTATE_LAMBDA_BIN` override where the `gitstate` / `gitstate-lambda`
 //! binaries are looked for (default: next to this one); `GITSTATE_BENCH_SMALL=1` shrinks the
-//! encrypted, growth, applies and lambda sections to try them in a debug build. The sections
-//! `encrypted` and `lambda` need moto (tests/tools/.venv), `lambda` cargo-lambda
-//! (tests/tools/deploy-venv), `applies` terraform on PATH. `GITSTATE_BENCH_BASELINE=<an older
-//! gitstate binary>` (named by `GITSTATE_BENCH_BASELINE_NAME`) adds that build as a side of the
-//! `applies`, `lambda-shape` and `hostile` comparisons.
+//! encrypted, growth, applies, lambda-shape, shapes and lambda sections to try them in a debug
+//! build (`GITSTATE_BENCH_MOST=N` caps lambda-shape's rows at N applies). The sections
+//! `encrypted`, `shapes` and `lambda` need moto (tests/tools/.venv), `shapes` and `lambda`
+//! cargo-lambda (tests/tools/deploy-venv), `applies` and `shapes` terraform on PATH.
+//! `GITSTATE_BENCH_BASELINE=<an older gitstate binary>` (named by
+//! `GITSTATE_BENCH_BASELINE_NAME`) adds that build as a side of the `applies`, `lambda-shape`
+//! and `hostile` comparisons.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -37,6 +40,10 @@ mod hostile;
 mod lambda;
 #[path = "bench/lambda_shape.rs"]
 mod lambda_shape;
+#[path = "bench/proxy.rs"]
+mod proxy;
+#[path = "bench/shapes.rs"]
+mod shapes;
 
 const WARM_RUNS: usize = 20;
 const COLD_RUNS: usize = 5;
@@ -1137,6 +1144,10 @@ async fn main() {
     }
     if want("lambda-shape") {
         lambda_shape::lambda_shape(&mut out, &binary).await;
+        flush(&mut out);
+    }
+    if want("shapes") {
+        shapes::shapes(&mut out, &binary).await;
         flush(&mut out);
     }
     if want("lambda") {

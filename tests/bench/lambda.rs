@@ -20,7 +20,7 @@ fn workspace_root() -> PathBuf {
         .to_owned()
 }
 
-fn lambda_binary(bench: &Path) -> PathBuf {
+pub(super) fn lambda_binary(bench: &Path) -> PathBuf {
     if let Some(path) = std::env::var_os("GITSTATE_LAMBDA_BIN") {
         return PathBuf::from(path);
     }
@@ -44,13 +44,13 @@ fn cargo_lambda() -> PathBuf {
 
 /// `cargo lambda watch --only-lambda-apis`: the runtime API and the Function URL front, no
 /// function (each run starts the binary itself). Killed with its process group on drop.
-struct Emulator {
-    port: u16,
+pub(super) struct Emulator {
+    pub(super) port: u16,
     child: std::process::Child,
 }
 
 impl Emulator {
-    async fn start() -> Self {
+    pub(super) async fn start() -> Self {
         let port = free_port();
         let mut command = std::process::Command::new(cargo_lambda());
         command

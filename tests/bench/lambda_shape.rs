@@ -77,17 +77,45 @@ struct Phase {
     lag: Duration,
 }
 
-/// Refs under `refs/gitstate/pending/` in the repository.
-fn pending_refs(git: &GitServer, repo: &str) -> usize {
-    let out = gitstate_tests::git_output(
-        &[
-            "for-each-ref",
-            "--format=%(refname)",
-            "refs/gitstate/pending/",
-        ],
-        Some(&git.repo_dir(repo)),
-    );
-    String::from_utf8_lossy(&out.stdout).lines().count()
+/// The ref that takes state `path`'s writes in a build with state refs:
+/// `refs/gitstate/states/<sha1 of the path, lowercase hex>`.
+fn state_ref(path: &str) -> String {
+    use sha1::Digest as _;
+    let digest = sha1::Sha1::digest(path.as_bytes());
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("refs/gitstate/states/{hex}")
+}
+
+/// How many of the states `0..n` the branch does not have as their newest content yet: a state
+/// ref whose file differs from the branch's (a write not folded). A build without state refs
+/// has none.
+fn unfolded(git: &GitServer, repo: &str, n: usize) -> usize {
+    use std::io::Write as _;
+    let mut query = String::new();
+    for i in 0..n {
+        let path = state(i);
+        query.push_str(&format!("{}:{path}\nmain:{path}\n", state_ref(&path)));
+    }
+    let mut child = std::process::Command::new("git")
+        .args(["cat-file", "--batch-check=%(objectname)"])
+        .current_dir(git.repo_dir(repo))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("git cat-file");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(query.as_bytes())
+        .expect("query");
+    let out = child.wait_with_output().expect("git cat-file");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    lines
+        .chunks(2)
+        .filter(|pair| !pair[0].ends_with("missing") && pair.get(1) != Some(&pair[0]))
+        .count()
 }
 
 async fn phase(git: &GitServer, side: &Side, n: usize, serial: u64, write: bool) -> Phase {
@@ -101,10 +129,10 @@ async fn phase(git: &GitServer, side: &Side, n: usize, serial: u64, write: bool)
     )
     .await;
     // Writes kept on refs of their own are folded into the branch after they are answered: the
-    // phase ends (and its requests are counted) once no such ref, nor a fold, is left. The
-    // time from the last answer until then is the branch's lag.
+    // phase ends (and its requests are counted) once the branch has every state's newest
+    // content. The time from the last answer until then is the branch's lag.
     let done = Instant::now();
-    while pending_refs(git, &side.repo) > 0 && done.elapsed() < Duration::from_secs(120) {
+    while unfolded(git, &side.repo, n) > 0 && done.elapsed() < Duration::from_secs(120) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let lag = done.elapsed();
@@ -148,7 +176,11 @@ async fn all_at_once(
 /// compare-and-swap point) in the same run; this build, and the baseline build when
 /// `GITSTATE_BENCH_BASELINE` names one, in turns.
 pub async fn lambda_shape(out: &mut String, binary: &std::path::Path) {
-    let most = scale(*LEVELS.last().unwrap_or(&1), 25);
+    // `GITSTATE_BENCH_MOST=N`: rows up to N concurrent applies only, to keep a run short.
+    let most = std::env::var("GITSTATE_BENCH_MOST")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| scale(*LEVELS.last().unwrap_or(&1), 25));
     let levels: Vec<usize> = LEVELS.iter().copied().filter(|n| *n <= most).collect();
     let git = GitServer::start().await;
     let root = tempfile::tempdir().expect("tempdir");
@@ -158,7 +190,13 @@ pub async fn lambda_shape(out: &mut String, binary: &std::path::Path) {
             std::env::var("GITSTATE_BENCH_BASELINE_NAME").unwrap_or_else(|_| "baseline".into());
         builds.push((baseline.into(), name, Vec::new()));
     }
-    builds.push((binary.to_owned(), "this build".into(), Vec::new()));
+    // `GITSTATE_BENCH_SIDE_ONLY=1` leaves this build with its defaults out (fewer processes on
+    // a small machine) when `GITSTATE_BENCH_SIDE_ENV` adds it with a setting.
+    if std::env::var_os("GITSTATE_BENCH_SIDE_ONLY").is_none()
+        || std::env::var_os("GITSTATE_BENCH_SIDE_ENV").is_none()
+    {
+        builds.push((binary.to_owned(), "this build".into(), Vec::new()));
+    }
     // `GITSTATE_BENCH_SIDE_ENV=NAME=VALUE`: this build once more, with that setting.
     if let Ok(setting) = std::env::var("GITSTATE_BENCH_SIDE_ENV")
         && let Some((key, value)) = setting.split_once('=')
@@ -217,9 +255,10 @@ pub async fn lambda_shape(out: &mut String, binary: &std::path::Path) {
          its own state: an update apply is LOCK, GET, POST `?ID=`, UNLOCK; a no-op apply LOCK, \
          GET, UNLOCK (they share no compare-and-swap point). All applies of a row start at once; \
          every process is warm (it created its state before). Git requests counted at the \
-         server, divided by the applies, until no ref under `refs/gitstate/` is left (a build \
-         that keeps writes on refs of their own and folds them into the branch later: branch \
-         lag = from the last answer until the branch has every write); times per apply. Each \
+         server, divided by the applies, until the branch has every write (a build that keeps \
+         writes on refs of their own, `refs/gitstate/states/…`, folds them into the branch \
+         later: branch lag = from the last answer until the branch's file of every state is \
+         its state ref's); times per apply. Each \
          build has its own repository and processes; the builds take turns row by row. \
          `GITSTATE_BENCH_SIDE_ENV=NAME=VALUE` adds this build once more with that setting.\n\n\
          | applies | gitstate | failed | git reqs per apply | p50 s | p95 s | max s | no-op reqs | no-op p95 s | p95 / no-op p95 | branch lag s |\n\

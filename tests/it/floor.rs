@@ -181,9 +181,10 @@ const PUSH_ADVERT: &str = "GET refs/receive-pack";
 const FETCH: &str = "POST upload-pack";
 const FETCH_ADVERT: &str = "GET refs/upload-pack";
 
-/// Warm applies at the floor: an update apply is 4 git requests and a no-op apply 3 where the
-/// remote pushes atomically; without atomic push a write under a lock keeps its advertisement
-/// (5). The same with the filter on and off.
+/// Warm applies at the floor: an update apply is 3 git requests and a no-op apply 2 where the
+/// remote pushes atomically (the LOCK push proves the state, so the GET asks nothing); without
+/// atomic push the GET asks, and a write under a lock keeps its advertisement (5). The same with
+/// the filter on and off.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn warm_applies_are_at_the_floor() {
     init_tracing();
@@ -198,40 +199,47 @@ async fn warm_applies_are_at_the_floor() {
             eprintln!("{mode:?} filter {filter}: cold update apply {cold:?}");
             let update = apply(&server, &client, "a-2", Some(&realistic_state(7, 60, 3))).await;
             eprintln!("{mode:?} filter {filter}: warm update apply {update:?}");
-            let write = if mode == PushMode::Atomic {
-                vec![PUSH]
+            let atomic = mode == PushMode::Atomic;
+            let (read, write): (&[&str], &[&str]) = if atomic {
+                (&[], &[PUSH])
             } else {
-                vec![PUSH_ADVERT, PUSH]
+                (&[FETCH_ADVERT], &[PUSH_ADVERT, PUSH])
             };
             assert_eq!(
                 labels(&update),
                 [
                     step("LOCK", &[PUSH]),
-                    step("GET", &[FETCH_ADVERT]),
-                    step("write", &write),
+                    step("GET", read),
+                    step("write", write),
                     step("UNLOCK", &[PUSH]),
                 ],
                 "{mode:?} filter {filter}"
             );
-            // Exact bytes: report-status answers, and one advertisement (which lists `filter` when
-            // offered, and the ref recording the lock ref prefix: 101 bytes).
-            let advert = if filter { 555 } else { 548 };
-            let write_bytes = if mode == PushMode::Atomic { 93 } else { 441 };
+            // Exact bytes: report-status answers (the LOCK's has a line for the branch it
+            // asserts), and without atomic one advertisement (which lists `filter` when offered,
+            // and the ref recording the lock ref prefix: 101 bytes).
+            let advert = match (atomic, filter) {
+                (true, _) => 0,
+                (false, true) => 555,
+                (false, false) => 548,
+            };
+            let lock_bytes = if atomic { 93 } else { 70 };
+            let write_bytes = if atomic { 93 } else { 441 };
             let bytes: Vec<u64> = update.iter().map(|s| s.2).collect();
             assert_eq!(
                 bytes,
-                [70, advert, write_bytes, 70],
+                [lock_bytes, advert, write_bytes, 70],
                 "{mode:?} filter {filter}"
             );
             let noop = apply(&server, &client, "a-3", None).await;
             let bytes: Vec<u64> = noop.iter().map(|s| s.2).collect();
-            assert_eq!(bytes, [70, advert, 70], "{mode:?} filter {filter}");
+            assert_eq!(bytes, [lock_bytes, advert, 70], "{mode:?} filter {filter}");
             eprintln!("{mode:?} filter {filter}: warm no-op apply {noop:?}");
             assert_eq!(
                 labels(&noop),
                 [
                     step("LOCK", &[PUSH]),
-                    step("GET", &[FETCH_ADVERT]),
+                    step("GET", read),
                     step("UNLOCK", &[PUSH]),
                 ],
                 "{mode:?} filter {filter}"
@@ -239,6 +247,63 @@ async fn warm_applies_are_at_the_floor() {
             assert_eq!(get(&client, NAME).await, realistic_state(7, 60, 3));
         }
     }
+}
+
+/// What a LOCK proves is the state's newest content only as far as this process knows it:
+/// after another process wrote the state, the LOCK's assertion is refused and the GET asks the
+/// remote (and answers the other's write); an accepted one answers one GET, and a second GET, or
+/// one after the holder's own write, asks again. Each GET's answer is checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_proves_the_state_only_while_the_branch_is_as_known() {
+    init_tracing();
+    let server = GitServer::start().await;
+    let url = realistic_repo(&server, "states", STATES, true);
+    let (a, b) = (
+        TestBackend::start(&url, &[]).await,
+        TestBackend::start(&url, &[]).await,
+    );
+    let (a, b) = (Client::new(&a.url), Client::new(&b.url));
+    apply(&server, &a, "a-1", Some(&realistic_state(7, 60, 2))).await;
+    let path = format!("/states/{NAME}");
+
+    // B writes the state (under its own lock): A's LOCK is still one push, whose assertion of
+    // the tip A knew is refused; A's GET asks the remote and reads B's write.
+    let by_b = realistic_state(7, 60, 3);
+    apply(&server, &b, "b-1", Some(&by_b)).await;
+    server.take_requests();
+    send(&a, "LOCK", &path, Some(&lock_info("a-2")), 200).await;
+    assert_eq!(seen(&server).0, [PUSH], "the LOCK is one push");
+    assert_eq!(get(&a, NAME).await, by_b, "the GET after a refused proof");
+    let (labels, _) = seen(&server);
+    assert!(labels.starts_with(&[FETCH_ADVERT.to_owned()]), "{labels:?}");
+    send(&a, "UNLOCK", &path, Some(&lock_info("a-2")), 200).await;
+
+    // Nothing moved since: the proof holds for one GET; the next asks.
+    server.take_requests();
+    send(&a, "LOCK", &path, Some(&lock_info("a-3")), 200).await;
+    assert_eq!(get(&a, NAME).await, by_b);
+    assert_eq!(
+        seen(&server).0,
+        [PUSH],
+        "LOCK and a GET from what it proved"
+    );
+    assert_eq!(get(&a, NAME).await, by_b);
+    assert_eq!(seen(&server).0, [FETCH_ADVERT], "a second GET asks");
+
+    // A's own write under the lock: the proof is gone, the GET asks and reads the write.
+    send(&a, "UNLOCK", &path, Some(&lock_info("a-3")), 200).await;
+    send(&a, "LOCK", &path, Some(&lock_info("a-4")), 200).await;
+    let by_a = realistic_state(7, 60, 4);
+    send(&a, "POST", &format!("{path}?ID=a-4"), Some(&by_a), 200).await;
+    server.take_requests();
+    assert_eq!(get(&a, NAME).await, by_a);
+    assert_eq!(
+        seen(&server).0,
+        [FETCH_ADVERT],
+        "a GET after the write asks"
+    );
+    send(&a, "UNLOCK", &path, Some(&lock_info("a-4")), 200).await;
+    assert_eq!(get(&b, NAME).await, by_a);
 }
 
 /// UNLOCK with the LockInfo of a lock another process made: the advertisement shows the lock,

@@ -12,6 +12,7 @@ mod deploy;
 mod encryption;
 mod faults;
 mod floor;
+mod fold;
 mod fuzz_corpus;
 mod history;
 mod hostile;

@@ -566,6 +566,23 @@ pub(crate) struct Model {
     branches: BTreeMap<String, Branch>,
     /// Lock refs are per repository, not per branch.
     locks: BTreeMap<String, Holder>,
+    /// What a backend's LOCK may have proved (issue 27's floor), by (backend, branch, name): the
+    /// state as it was then (`None`: absent), and whether that lock is still the one held. The
+    /// backend's next GET of the state may answer it instead of the newest (see [`Proof`]).
+    proofs: BTreeMap<(usize, String, String), Proof>,
+}
+
+/// A backend's LOCK push asserts the branch at the tip it knows, after creating the lock; when
+/// the remote accepts that, the backend's next GET of the state is answered as of the LOCK,
+/// without asking the remote (Terraform reads right after it locks). The model cannot know
+/// whether the assertion was accepted (that depends on the backend's cache), so that GET may
+/// answer the newest state or the state as of the LOCK. The proof is gone once the backend read
+/// the state, wrote it, or released the lock it made.
+#[derive(Debug, Clone)]
+pub(crate) struct Proof {
+    state: Option<Vec<u8>>,
+    /// The lock it was made with is still held (not released or broken since).
+    alive: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -608,6 +625,8 @@ pub(crate) struct Prediction {
     pub(crate) effect: Effect,
     /// What a successful GET answers.
     answer: Option<Expected>,
+    /// What a GET may answer instead, from what the backend's LOCK proved (see [`Proof`]).
+    proved: Option<Option<Vec<u8>>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -627,6 +646,7 @@ impl Prediction {
             tolerated: Vec::new(),
             effect: Effect::None,
             answer: None,
+            proved: None,
         }
     }
 
@@ -729,6 +749,10 @@ impl Model {
         let stored = tree.states.get(name);
         let admin = user.may(Role::Admin, name);
 
+        if matches!(step.op, Op::GetState) {
+            let key = (step.backend, branch.clone(), name.to_owned());
+            p.proved = self.proofs.get(&key).map(|proof| proof.state.clone());
+        }
         match &step.op {
             Op::GetState => match stored {
                 Some(bytes) => p.answer = Some(Expected::Bytes(bytes.clone(), None)),
@@ -912,6 +936,63 @@ impl Model {
             }
         }
         p
+    }
+
+    /// What a step that answered `status` did to the backends' proofs (see [`Proof`]).
+    pub(crate) fn observe(&mut self, cfg: &Config, step: &Step, status: u16) {
+        let Ok(branch) = cfg.branch(step.reference) else {
+            return;
+        };
+        let key = (step.backend, branch, step.name.to_owned());
+        match &step.op {
+            Op::GetState if status == 200 || status == 404 => {
+                self.proofs.remove(&key);
+            }
+            Op::Write { .. } | Op::Delete { .. } | Op::Restore { .. } if status == 200 => {
+                self.proofs.remove(&key);
+            }
+            Op::Unlock { .. } if status == 200 => {
+                // Lock refs are the repository's: every branch's proof of the name.
+                let name = step.name;
+                self.proofs.retain(|(backend, _, n), proof| {
+                    if n != name || !proof.alive {
+                        return true;
+                    }
+                    proof.alive = false;
+                    *backend != step.backend
+                });
+            }
+            _ => {}
+        }
+    }
+
+    /// After a step answered `status` (and its effect, if any, was applied): the proofs.
+    pub(crate) fn settle(
+        &mut self,
+        cfg: &Config,
+        step: &Step,
+        prediction: &Prediction,
+        status: u16,
+    ) {
+        self.observe(cfg, step, status);
+        if status == 200
+            && prediction.refusals.is_empty()
+            && matches!(prediction.effect, Effect::Lock { .. })
+            && let Ok(branch) = cfg.branch(step.reference)
+        {
+            self.locked(step, &branch);
+        }
+    }
+
+    /// A LOCK that created a lock (not one already held by the same ID): what it may prove.
+    fn locked(&mut self, step: &Step, branch: &str) {
+        let state = self
+            .branches
+            .get(branch)
+            .and_then(|tree| tree.states.get(step.name))
+            .cloned();
+        let key = (step.backend, branch.to_owned(), step.name.to_owned());
+        self.proofs.insert(key, Proof { state, alive: true });
     }
 
     pub(crate) fn apply(&mut self, effect: &Effect) {
@@ -1314,6 +1395,7 @@ async fn check_step(
     if succeeded {
         model.apply(&prediction.effect);
     }
+    model.settle(cfg, step, &prediction, status);
     let after =
         Snapshot::take(dir, before, cfg.lock_prefix).map_err(|e| vec![format!("git: {e}")])?;
     if succeeded
@@ -1388,6 +1470,16 @@ fn judge(
     (status, body, lock_user): &(u16, Vec<u8>, Option<String>),
     problems: &mut Vec<String>,
 ) {
+    // The state as of the backend's LOCK, answered from what that LOCK proved.
+    if let Some(proved) = &prediction.proved {
+        let as_proved = match proved {
+            Some(bytes) => *status == 200 && body == bytes,
+            None => *status == 404,
+        };
+        if as_proved {
+            return;
+        }
+    }
     if !prediction.accepts(*status) {
         problems.push(format!(
             "status: {status} ({}), the rules say {}",
@@ -1444,6 +1536,7 @@ async fn check_pair(
             if answer.0 == 200 && prediction.refusals.is_empty() {
                 candidate.apply(&prediction.effect);
             }
+            candidate.settle(cfg, step, &prediction, answer.0);
         }
         model_matches(cfg, &after, &candidate, &mut problems);
         if problems.is_empty() {

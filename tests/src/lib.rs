@@ -20,6 +20,7 @@ pub mod attack;
 mod client;
 pub mod counting;
 pub mod faults;
+pub mod handmade;
 pub mod hosts;
 pub mod process;
 pub mod sops;

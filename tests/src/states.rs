@@ -116,6 +116,17 @@ pub fn stored_history(repo: &Path, branch: &str, path: &str) -> Vec<(String, Opt
     file_log(repo, &tip, path)
 }
 
+/// The ID of the lock held on `path` (lock ref `refs/heads/locks/<path>`, whose commit holds the
+/// LockInfo as `<path>.lock`), read straight from the repository; `None` when nobody holds it,
+/// `<unreadable>` when the lock commit holds no LockInfo with an ID.
+pub fn held_lock_id(repo: &Path, path: &str) -> Option<String> {
+    let tip = ref_tip(repo, &format!("refs/heads/locks/{path}"))?;
+    let id = file_at(repo, &tip, &format!("{path}.lock"))
+        .and_then(|info| serde_json::from_slice::<serde_json::Value>(&info).ok())
+        .and_then(|info| info["ID"].as_str().map(str::to_owned));
+    Some(id.unwrap_or_else(|| "<unreadable>".into()))
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -197,6 +197,10 @@ const DESCRIPTIONS: &[Described] = &[
         "timeout of one git HTTP request",
     ),
     describe(
+        "GITSTATE_FOLD_LEASE_SECS",
+        "a fold lease (`refs/gitstate/fold`) older than this is taken over: how long a fold whose process crashed holds up the next (see \"Unfolded writes\")",
+    ),
+    describe(
         "GITSTATE_REQUEST_DEADLINE_SECS",
         "a request not done by then is answered 504; on Lambda the invocation's deadline less 2 s applies too",
     ),

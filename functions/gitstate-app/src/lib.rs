@@ -165,6 +165,8 @@ fn store_settings(settings: &Settings) -> gitstate_git::GitSettings {
         max_response_bytes: settings.limits.git_max_response_bytes,
         max_history_depth: settings.limits.history_max_depth,
         writes_per_push: settings.limits.git_writes_per_push,
+        fold_lease_age: settings.git.fold_lease_age,
+        fold_after_writes: settings.runtime == Runtime::Local,
         state_refs: git.state_refs,
     }
 }

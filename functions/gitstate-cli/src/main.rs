@@ -21,7 +21,7 @@ use std::path::PathBuf;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use client::RemoteArgs;
-use commands::{admin, keys, remote, serve, users};
+use commands::{admin, fold, keys, remote, serve, users};
 use settings::{SettingsFor, uses};
 
 #[derive(Parser)]
@@ -247,6 +247,18 @@ enum Command {
         #[command(flatten)]
         settings: SettingsFor<{ uses::REKEY }>,
     },
+    /// Fold now: replay the writes kept on the states' own refs (refs/gitstate/states/*) onto
+    /// the branch, one commit per write, so the branch of files is current. Serving processes
+    /// and the Lambda schedule fold on their own; this is for a person who wants the branch
+    /// current now (see docs/operating.md, "Unfolded writes").
+    #[command(after_help = "Examples:\n  \
+        gitstate fold --repository https://git.example.com/infra/states.git\n  \
+        gitstate fold --ref staging --config gitstate.toml\n  \
+        gitstate fold                           # the embedded repository (.gitstate/repo.git)")]
+    Fold {
+        #[command(flatten)]
+        settings: SettingsFor<{ uses::FOLD }>,
+    },
     /// Decrypt a state file (e.g. from a clone) to standard output, with the standard AWS
     /// credential chain; GITSTATE_PASSPHRASE reads the aes passphrase mode.
     #[command(after_help = "Examples:\n  \
@@ -389,6 +401,7 @@ async fn local_command(command: Command) -> anyhow::Result<()> {
         Command::HashPassword => users::hash_password(),
         Command::Access(AccessCommand::Check { file }) => users::access_check(&file),
         Command::Rekey { prefix, settings } => keys::rekey(&prefix, &settings).await,
+        Command::Fold { settings } => fold::fold(&settings).await,
         Command::Decrypt { file, settings } => keys::decrypt(&file, &settings).await,
         Command::Encrypt {
             file,

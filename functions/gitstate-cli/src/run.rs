@@ -63,6 +63,9 @@ fn run_user() -> String {
         .unwrap_or_else(|| "gitstate-run".to_owned())
 }
 
+/// How long the wrapper waits for its background folds before it exits.
+const FOLD_WAIT: Duration = Duration::from_secs(60);
+
 /// Run `program` against a fresh backend and return its exit status.
 pub async fn run(
     mut settings: Settings,
@@ -112,6 +115,7 @@ pub async fn run(
             crate::startup::Found::Ok(_) => {}
         }
     }
+    let store = app.backend.store().clone();
     let app = app.router();
     let server = tokio::spawn(async move {
         crate::server::serve_until(listener, app, &listening, async {
@@ -132,6 +136,16 @@ pub async fn run(
         Ok(Err(e)) => eprintln!("gitstate run: the backend failed: {e}"),
         Err(_) => eprintln!("gitstate run: the backend did not stop within 10 s"),
         Ok(Ok(Ok(()))) => {}
+    }
+    // The writes the program made are on the branch before the wrapper exits (issue 27).
+    if tokio::time::timeout(FOLD_WAIT, store.finish_folds())
+        .await
+        .is_err()
+    {
+        eprintln!(
+            "gitstate run: a fold of this run's writes onto the branch did not end within {} s; the next fold carries them (`gitstate fold`)",
+            FOLD_WAIT.as_secs()
+        );
     }
     Ok(status)
 }

@@ -137,6 +137,8 @@ pub mod uses {
     pub const ENCRYPT: u16 = mask(&[Repository, Team, Keys, Opening, Logging]);
     pub const DECRYPT: u16 = mask(&[Team, Opening, Logging]);
     pub const REMOTE: u16 = mask(&[Remote]);
+    /// Replays the states' own refs onto the branch: git alone.
+    pub const FOLD: u16 = mask(&[Repository, Git, Team, Logging]);
     /// A commit to the repository's access file.
     pub const USER_ADD: u16 = mask(&[Repository, Git, Team, Logging]);
 
@@ -147,6 +149,7 @@ pub mod uses {
         ("run", RUN),
         ("config", CONFIG),
         ("rekey", REKEY),
+        ("fold", FOLD),
         ("encrypt", ENCRYPT),
         ("decrypt", DECRYPT),
         ("history", REMOTE),

@@ -5,6 +5,7 @@ pub mod access;
 pub mod api;
 pub mod auth;
 pub mod changes;
+pub mod fold;
 pub mod index;
 mod lock;
 mod name;

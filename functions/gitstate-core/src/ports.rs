@@ -373,6 +373,16 @@ pub trait StateStore: Send + Sync + 'static {
         Ok(BranchStatus::Exists)
     }
 
+    /// Replay the writes kept on the states' own refs onto the branch (see [`crate::fold`]).
+    /// The default: a store without such refs has nothing to fold.
+    async fn fold(&self, _at: &Location) -> Result<crate::fold::FoldReport, StoreError> {
+        Ok(crate::fold::FoldReport::default())
+    }
+
+    /// Wait until the folds this process runs in the background are done (a wrapper before it
+    /// exits). The default: there are none.
+    async fn finish_folds(&self) {}
+
     /// How this store's protocol settings (where locks live) stand against the repository's
     /// record of them ([`crate::protocol`]), read without recording anything. The default: a
     /// store without such settings agrees.

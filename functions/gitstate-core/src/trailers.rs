@@ -27,6 +27,8 @@ const OPERATION: &str = "Operation";
 const LOCK_ID: &str = "Lock-ID";
 const WHO: &str = "Who";
 const USER: &str = "User";
+/// The state commit a fold replayed onto the branch (see [`with_state_commit`]).
+pub const STATE_COMMIT: &str = "State-commit";
 
 /// The `Lock-ID` of a write made without a lock.
 pub const WITHOUT_LOCK: &str = "none (written without a lock)";
@@ -156,6 +158,35 @@ pub fn operation_of(message: &str) -> String {
         .chars()
         .take(MAX_OPERATION_CHARS)
         .collect()
+}
+
+/// `message` with the trailer `State-commit: <id>` added to its trailers (a new trailer paragraph
+/// when it has none): what a fold writes on the branch commit that replays the state commit
+/// `id`, so the branch's history names the write it carries.
+pub fn with_state_commit(message: &str, id: &str) -> String {
+    let body = message.trim_end();
+    let has_trailers = body.rsplit_once("\n\n").is_some_and(|(_, block)| {
+        block
+            .lines()
+            .all(|line| line.split_once(": ").is_some_and(|(key, _)| is_key(key)))
+    });
+    let joint = if has_trailers { "\n" } else { "\n\n" };
+    format!("{body}{joint}{STATE_COMMIT}: {id}\n")
+}
+
+/// The state commit a fold replayed into this branch commit, from its `State-commit` trailer.
+pub fn state_commit_of(message: &str) -> Option<String> {
+    let (_, block) = message.trim_end().rsplit_once("\n\n")?;
+    block.lines().rev().find_map(|line| {
+        let (key, value) = line.split_once(':')?;
+        let value = value.trim();
+        (key == STATE_COMMIT && !value.is_empty()).then(|| value.to_owned())
+    })
+}
+
+/// A trailer key as git writes one: letters, digits and dashes.
+fn is_key(key: &str) -> bool {
+    !key.is_empty() && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
 }
 
 /// The user recorded in a commit message, if any.

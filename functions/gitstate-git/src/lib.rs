@@ -83,6 +83,15 @@ pub enum Corruption {
     /// The stand-in for a lock ref without a readable lock file could not be made.
     #[error("{0}")]
     LockInfo(String),
+    /// A commit whose people or times cannot be read (a fold reads them to replay it).
+    #[error("commit {id}: {why}")]
+    Commit { id: gix::ObjectId, why: String },
+    /// A walk of the history that could not go on.
+    #[error("walking the history: {0}")]
+    Walk(String),
+    /// The index of a pack just received cannot be read back.
+    #[error("the index of a received pack: {0}")]
+    PackIndex(String),
 }
 
 impl Error {

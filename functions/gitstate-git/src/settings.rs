@@ -71,6 +71,11 @@ pub struct GitSettings {
     pub max_history_depth: u32,
     /// The most writes waiting at once that leave in one push (1: each alone).
     pub writes_per_push: usize,
+    /// A fold lease older than this is taken over (its holder crashed or was frozen).
+    pub fold_lease_age: Duration,
+    /// Fold in the background after a write to a state ref (`serve` and `run`; the Lambda
+    /// binary folds on its schedule instead, as a container must not work after it answered).
+    pub fold_after_writes: bool,
     /// Which writes go to a state's own ref.
     pub state_refs: StateRefs,
 }

@@ -94,6 +94,7 @@ const CONCERNS: &[(Concern, &[&str])] = &[
             "GITSTATE_CACHE_DIR",
             "GITSTATE_LOCAL_REPOSITORY",
             "GITSTATE_GIT_TIMEOUT_SECS",
+            "GITSTATE_FOLD_LEASE_SECS",
             "GITSTATE_COMMITTER_NAME",
             "GITSTATE_COMMITTER_EMAIL",
         ],

@@ -185,6 +185,10 @@ pub const SETTINGS: &[Spec] = &[
         "timeout of one git request [20]",
     ),
     setting(
+        "GITSTATE_FOLD_LEASE_SECS",
+        "a fold lease older than this is taken over [60]",
+    ),
+    setting(
         "GITSTATE_REQUEST_DEADLINE_SECS",
         "a request not done by then is a 504 [50]",
     ),

@@ -65,6 +65,8 @@ pub struct GitSettings {
     pub local_repository: PathBuf,
     /// `GITSTATE_GIT_TIMEOUT_SECS`: timeout of one git HTTP request (default 20).
     pub timeout: Duration,
+    /// `GITSTATE_FOLD_LEASE_SECS`: a fold lease older than this is taken over (default 60).
+    pub fold_lease_age: Duration,
 }
 
 impl GitSettings {
@@ -117,6 +119,7 @@ impl GitSettings {
                 .get("GITSTATE_LOCAL_REPOSITORY")
                 .map_or_else(|| PathBuf::from(".gitstate/repo.git"), PathBuf::from),
             timeout: Duration::from_secs(vars.number("GITSTATE_GIT_TIMEOUT_SECS", 20)?),
+            fold_lease_age: Duration::from_secs(vars.number("GITSTATE_FOLD_LEASE_SECS", 60)?),
         })
     }
 

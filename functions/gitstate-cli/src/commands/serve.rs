@@ -83,7 +83,15 @@ pub async fn serve(state: Option<&str>, args: &SettingsArgs) -> anyhow::Result<(
     gitstate_http::write_backend_block(&mut out, &base, state)?;
     out.flush()?;
     drop(out);
-    server::serve_until(listener, app.router(), &listening, shutdown()).await
+    server::serve_until(listener, app.router(), &listening, shutdown()).await?;
+    // A fold started by the last writes finishes before the process goes (bounded: a stop is
+    // a stop).
+    let _ = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        app.backend.store().finish_folds(),
+    )
+    .await;
+    Ok(())
 }
 
 /// `gitstate run`: the program's exit code becomes ours. The state is `--state`, else the

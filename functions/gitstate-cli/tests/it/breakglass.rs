@@ -135,3 +135,151 @@ async fn encrypt_then_decrypt_with_openpgp_alone() {
     );
     assert!(break_glass(&sealed.stdout, &key.sops_env(passphrase)) == text.as_bytes());
 }
+
+/// docs/operating.md, "Unfolded writes", followed as an operator would with the git CLI and the
+/// binary against the real git server: generated writes sit on state refs the branch lacks; the
+/// documented lines list them and read each state's newest content; `gitstate fold` folds them;
+/// then the branch has every write once (`git log -- PATH`) and the record names the last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unfolded_writes_are_read_and_folded_as_documented() {
+    use gitstate_tests::handmade::{Bare, Stamp, StateWrite};
+    use rand::{Rng, SeedableRng};
+    let server = gitstate_tests::GitServer::start().await;
+    let url = server.create_repo("glass");
+    let bare = Bare::new(&server.repo_dir("glass"), "main");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0xb4ea);
+    let paths = ["team/app.tfstate", "net/core.tfstate", "solo.tfstate"];
+    let stamp = |who: &str, at: i64| Stamp {
+        name: who.to_owned(),
+        email: format!("{who}@example.invalid"),
+        date: format!("{at} +0000"),
+    };
+    let mut newest = std::collections::BTreeMap::new();
+    let mut writes = std::collections::BTreeMap::new();
+    for (i, path) in paths.iter().enumerate() {
+        let created = format!("{{\"created\":{i}}}\n");
+        let write = StateWrite {
+            path: (*path).to_owned(),
+            content: Vec::new(),
+            author: stamp("ann", 1_700_000_000),
+            committer: stamp("gitstate", 1_700_000_000),
+            message: format!("create {path}\n"),
+        };
+        bare.branch_write(path, Some(created.as_bytes()), &write);
+        newest.insert(*path, created.into_bytes());
+    }
+    // The last state keeps its file on the branch only.
+    for step in 0..rng.random_range(4..9) {
+        let path = paths[rng.random_range(0..2)];
+        let content = format!("{{\"serial\":{step}}}\n").into_bytes();
+        bare.state_write(&StateWrite {
+            path: path.to_owned(),
+            content: content.clone(),
+            author: stamp(["ann", "bob"][rng.random_range(0..2)], 1_700_000_100 + step),
+            committer: stamp("gitstate", 1_700_000_100 + step),
+            message: format!("write {path} (serial {step})\n\nSerial: {step}\nUser: ann\n"),
+        });
+        newest.insert(path, content);
+        *writes.entry(path).or_insert(0usize) += 1;
+    }
+    let work = tempfile::tempdir().expect("tempdir");
+    let clone = work.path().join("clone");
+    let sh = |script: &str| {
+        let out = Command::new("sh")
+            .args(["-c", script])
+            .current_dir(&clone)
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("HOME", work.path())
+            .output()
+            .expect("sh runs");
+        assert!(
+            out.status.success(),
+            "{script}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    };
+    gitstate_tests::git(
+        &[
+            "clone",
+            "-q",
+            &server.url_with_credentials("glass"),
+            clone.to_str().expect("utf-8"),
+        ],
+        None,
+    );
+    let listed =
+        String::from_utf8(sh("git ls-remote origin 'refs/gitstate/states/*'")).expect("utf-8");
+    for path in writes.keys() {
+        let state = gitstate_tests::states::state_ref(path);
+        assert!(listed.contains(&state), "{path} in {listed}");
+    }
+    assert_eq!(listed.lines().count(), writes.len(), "{listed}");
+    for path in paths {
+        let read = if writes.contains_key(path) {
+            sh(&format!(
+                "P={path}\ngit fetch -q origin \"refs/gitstate/states/$(printf %s \"$P\" | sha1sum | cut -c1-40)\" && git show \"FETCH_HEAD:$P\""
+            ))
+        } else {
+            sh(&format!("P={path}\ngit show \"origin/main:$P\""))
+        };
+        assert_eq!(
+            read, newest[path],
+            "{path}: the newest content, read by hand"
+        );
+    }
+    let cache = work.path().join("cache");
+    let fold = Command::new(crate::GITSTATE)
+        .args(["fold", "--repository", &url])
+        .env("GITSTATE_GIT_USERNAME", gitstate_tests::GIT_USER)
+        .env("GITSTATE_GIT_TOKEN", gitstate_tests::GIT_TOKEN)
+        .env("GITSTATE_CACHE_DIR", &cache)
+        .env("HOME", work.path())
+        .output()
+        .expect("gitstate fold runs");
+    let said = String::from_utf8_lossy(&fold.stdout).into_owned();
+    assert!(
+        fold.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&fold.stderr)
+    );
+    let total: usize = writes.values().sum();
+    assert!(
+        said.contains(&format!(
+            "folded {total} write(s) of {} state(s)",
+            writes.len()
+        )),
+        "{said}"
+    );
+    let record: serde_json::Value = serde_json::from_slice(&sh(
+        "git fetch -q origin main && git show origin/main:.gitstate/folded.json",
+    ))
+    .expect("the record is JSON");
+    for (path, count) in &writes {
+        let state = gitstate_tests::states::state_ref(path);
+        let tip = sh(&format!("git ls-remote origin {state} | cut -f1"));
+        assert_eq!(
+            record[*path].as_str(),
+            Some(String::from_utf8_lossy(&tip).trim()),
+            "{path}"
+        );
+        let log = String::from_utf8(sh(&format!("git log --format=%B origin/main -- {path}")))
+            .expect("utf-8");
+        assert_eq!(
+            log.matches("State-commit: ").count(),
+            *count,
+            "{path}: {log}"
+        );
+    }
+    for path in paths {
+        assert_eq!(
+            sh(&format!("git show origin/main:{path}")),
+            newest[path],
+            "{path}: the branch is current"
+        );
+    }
+    assert!(
+        sh("git ls-remote origin refs/gitstate/fold").is_empty(),
+        "no lease left"
+    );
+}

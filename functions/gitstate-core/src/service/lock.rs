@@ -9,6 +9,7 @@ use crate::access::{Caller, Role};
 use crate::ports::{Acquire, HeldLock, Location, Release, StoreError};
 use crate::trailers::Trailers;
 use crate::{LockInfo, StateName, UnlockRequest};
+use std::time::Duration;
 
 /// The lock gitstate takes for an operation of its own (rekey, restore), as Terraform's lock
 /// info: Terraform shows it to whoever finds the state locked.
@@ -34,6 +35,13 @@ impl OwnLock {
         Bytes::from(info.to_string())
     }
 }
+
+/// The pauses before each new try of releasing gitstate's own lock after a transient failure.
+const RELEASE_PAUSES: [Duration; 3] = [
+    Duration::from_millis(50),
+    Duration::from_millis(200),
+    Duration::from_millis(800),
+];
 
 impl Backend {
     #[tracing::instrument(skip(self, caller), fields(state = %name, user = %caller.user))]
@@ -170,7 +178,19 @@ impl Backend {
         let body = lock.body(name);
         self.lock(caller, at, name, body.clone()).await?;
         let outcome = act(lock.id).await;
-        let released = self.unlock(caller, at, name, &body).await;
+        let mut released = self.unlock(caller, at, name, &body).await;
+        // A release that met a transient failure is tried again (releasing is idempotent): a
+        // lock left behind keeps every Terraform run out until someone force-unlocks it.
+        for pause in RELEASE_PAUSES {
+            if !matches!(
+                released,
+                Err(ServiceError::Store(StoreError::Unavailable(_)))
+            ) {
+                break;
+            }
+            tokio::time::sleep(pause).await;
+            released = self.unlock(caller, at, name, &body).await;
+        }
         if let (Ok(_), Err(error)) = (&outcome, &released) {
             tracing::error!(%error, "the operation succeeded but its lock was not released");
         }

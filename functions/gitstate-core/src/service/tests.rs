@@ -1,6 +1,7 @@
 use super::*;
 use crate::access::Grant;
 use crate::testing::MemoryStore;
+use std::sync::atomic::Ordering::SeqCst;
 
 fn admin() -> Caller {
     Caller::operator("root")
@@ -708,11 +709,13 @@ async fn unopenable_states_leave_lists_and_pages_working() {
 }
 
 /// The memory store, whose writes of states fail (as a git remote that went away) while
-/// `fail_writes` is set; locks still work.
+/// `fail_writes` is set, and whose next `fail_releases` lock releases fail so; locks otherwise
+/// work.
 #[derive(Default)]
 struct FlakyStore {
     inner: MemoryStore,
     fail_writes: std::sync::atomic::AtomicBool,
+    fail_releases: std::sync::atomic::AtomicUsize,
 }
 
 #[async_trait::async_trait]
@@ -749,6 +752,13 @@ impl StateStore for FlakyStore {
         name: &StateName,
         held: &HeldLock,
     ) -> Result<crate::ports::Release, StoreError> {
+        let failing = self
+            .fail_releases
+            .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if failing {
+            return Err(StoreError::Unavailable("the remote hiccuped".into()));
+        }
         self.inner.release_lock(at, name, held).await
     }
     async fn write_state(
@@ -829,6 +839,8 @@ enum Ending {
     RestoreWriteFails,
     /// A rekey whose key service is down.
     RekeyKeysDown,
+    /// A restore whose lock's release meets a transient failure, once.
+    RestoreReleaseFailsOnce,
 }
 
 /// Whatever the operation under the lock does (succeeds, fails, meets a failing store or key
@@ -854,15 +866,16 @@ async fn the_own_lock_is_always_released() {
     b.put_state(WriteRequest::new(&admin(), &at, &name, state("L", 1)))
         .await
         .expect("first write");
-    let mut seen = [0usize; 5];
-    for round in 0..60 {
+    let mut seen = [0usize; 6];
+    for round in 0..72 {
         let ending = [
             Ending::Succeeds,
             Ending::Fails,
             Ending::StoreFails,
             Ending::RestoreWriteFails,
             Ending::RekeyKeysDown,
-        ][rng.random_range(0..5)];
+            Ending::RestoreReleaseFailsOnce,
+        ][rng.random_range(0..6)];
         seen[ending as usize] += 1;
         let before = b.get_state(&admin(), &at, &name).await.expect("readable");
         let lock = || super::lock::OwnLock {
@@ -904,6 +917,12 @@ async fn the_own_lock_is_always_released() {
                     .store(false, std::sync::atomic::Ordering::SeqCst);
                 restored.map(drop)
             }
+            Ending::RestoreReleaseFailsOnce => {
+                store.fail_releases.store(1, SeqCst);
+                let restored = b.restore(&admin(), &at, &name, &Selector::Serial(1)).await;
+                assert_eq!(store.fail_releases.load(SeqCst), 0, "the release was tried");
+                restored.map(drop)
+            }
             Ending::RekeyKeysDown => {
                 sealer.down.store(true, std::sync::atomic::Ordering::SeqCst);
                 let rekeyed = b.rekey(&admin(), &at, &name).await;
@@ -914,7 +933,7 @@ async fn the_own_lock_is_always_released() {
             }
         };
         match (ending, outcome) {
-            (Ending::Succeeds, Ok(())) => {}
+            (Ending::Succeeds | Ending::RestoreReleaseFailsOnce, Ok(())) => {}
             (Ending::Fails, Err(ServiceError::NotFound))
             | (
                 Ending::StoreFails | Ending::RestoreWriteFails,
@@ -930,11 +949,10 @@ async fn the_own_lock_is_always_released() {
             ),
             "{ending:?} left the lock"
         );
-        assert_eq!(
-            b.get_state(&admin(), &at, &name).await.expect("readable"),
-            before,
-            "{ending:?}"
-        );
+        let after = b.get_state(&admin(), &at, &name).await.expect("readable");
+        if !matches!(ending, Ending::RestoreReleaseFailsOnce) {
+            assert_eq!(after, before, "{ending:?}");
+        }
         let terraform = format!("tf-{round}");
         b.lock(&admin(), &at, &name, lock_body(&terraform))
             .await

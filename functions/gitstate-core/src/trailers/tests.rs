@@ -174,3 +174,32 @@ fn a_rendered_message_reads_as_git_writes_it() {
         "write net/a.tfstate (serial 7)\n\nSerial: 7\nLineage: L\nLock-ID: none (written without a lock)\nUser: ann\n"
     );
 }
+
+/// Generated messages (gitstate's, hostile values included, and other tools' with no trailers
+/// at all): the `State-commit` a fold adds reads back, and every other trailer reads as before.
+#[test]
+fn a_state_commit_trailer_adds_to_any_message() {
+    let mut rng = StdRng::seed_from_u64(0x5747e);
+    let mut bare = 0;
+    for case in 0..3000 {
+        let written = trailers(&mut rng);
+        let subject = value(&mut rng).unwrap_or_default();
+        let message = if rng.random_bool(0.2) {
+            bare += 1;
+            format!("{}\n", subject.replace('\n', " "))
+        } else {
+            written.render(&subject)
+        };
+        let id = format!("{case:040x}");
+        let folded = with_state_commit(&message, &id);
+        assert_eq!(state_commit_of(&folded).as_deref(), Some(id.as_str()));
+        assert_eq!(
+            Trailers::parse(&folded),
+            Trailers::parse(&message),
+            "{message:?}"
+        );
+        assert!(folded.ends_with(&format!("\n{STATE_COMMIT}: {id}\n")));
+        assert_eq!(state_commit_of(&message), None, "{message:?}");
+    }
+    assert!(bare > 300, "{bare}");
+}

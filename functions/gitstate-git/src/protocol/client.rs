@@ -11,7 +11,7 @@ use gix::ObjectId;
 use super::Advert;
 use super::advert::AdvertError;
 use super::fetch::{self, Blobs, FetchError, fetch_capabilities, pack_of};
-use super::push::{self, Command, PushError, PushReport, push_capabilities};
+use super::push::{self, Command, PushError, PushReport, Updates, push_capabilities};
 use crate::sync::lock;
 use crate::transport::{ConnectError, Connection, Service, Wire};
 
@@ -100,6 +100,25 @@ impl SmartClient {
             .await
     }
 
+    /// Upload-pack: every object `wants` reach that `haves` do not, whole history and blobs (no
+    /// `shallow`, no filter): what a fold fetches of the state refs. One request.
+    pub async fn fetch_beyond(
+        &self,
+        wants: &[ObjectId],
+        haves: &[ObjectId],
+    ) -> Result<Vec<u8>, FetchError> {
+        let caps: Vec<&str> = fetch_capabilities(lock(&self.upload_caps).as_deref(), false)
+            .into_iter()
+            .filter(|cap| *cap != "shallow")
+            .collect();
+        let request = fetch::request(&caps, wants, &[], haves, 0);
+        let response = self
+            .wire
+            .exchange(Service::UploadPack, request, self.max_response_bytes)
+            .await?;
+        pack_of(&response)
+    }
+
     /// Upload-pack with protocol v2's `fetch`: the blobs `ids` and nothing else. One request.
     pub async fn fetch_blobs(&self, ids: &[ObjectId]) -> Result<Vec<u8>, FetchError> {
         let request = fetch::objects_request(ids);
@@ -127,15 +146,16 @@ impl SmartClient {
         pack_of(&response)
     }
 
-    /// Receive-pack with `commands` and `pack`. `caps` are the receive-pack capabilities
-    /// advertised earlier. One request.
+    /// Receive-pack with `commands`, standing together as `updates` says, and `pack`. `caps`
+    /// are the receive-pack capabilities advertised earlier. One request.
     pub async fn push(
         &self,
         caps: &Advert,
         commands: &[Command],
+        updates: Updates,
         pack: Option<Vec<u8>>,
     ) -> Result<PushReport, PushError> {
-        let wanted = push_capabilities(caps, commands)?;
+        let wanted = push_capabilities(caps, commands, updates)?;
         let sideband = wanted.contains(&"side-band-64k");
         let request = push::request(&wanted, commands, pack);
         let response = self

@@ -11,7 +11,7 @@ pub use crate::transport::{Service, pkt};
 pub use advert::{Advert, AdvertError};
 pub use client::{DEFAULT_MAX_RESPONSE_BYTES, SmartClient};
 pub use fetch::{Blobs, FetchError};
-pub use push::{Command, PushError, PushReport, push_capabilities};
+pub use push::{Command, PushError, PushReport, Updates, push_capabilities};
 
 /// What this client calls itself in capability lists (`agent=…`).
 pub(crate) const AGENT: &str = concat!("agent=gitstate/", env!("CARGO_PKG_VERSION"));

@@ -121,14 +121,25 @@ impl PushReport {
     }
 }
 
+/// How the commands of one push stand together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Updates {
+    /// All of them or none (`atomic`, which several commands need the remote to offer).
+    Atomic,
+    /// Each one alone, with a verdict of its own: git's receive-pack applies them one after
+    /// another, in the order they are sent.
+    EachAlone,
+}
+
 /// What a push asks for: only capabilities `caps` advertised. `report-status` is required (the
-/// verdict on each ref is what every decision rests on); `atomic` only for several commands,
-/// which a caller must not send to a remote without it; `side-band-64k` when offered;
-/// `report-status-v2`, `ofs-delta` (our packs hold whole objects), `quiet` and `push-options`
-/// never.
+/// verdict on each ref is what every decision rests on); `atomic` for several commands that
+/// stand together ([`Updates::Atomic`]), which a caller must not send to a remote without it;
+/// `side-band-64k` when offered; `report-status-v2`, `ofs-delta` (our packs hold whole
+/// objects), `quiet` and `push-options` never.
 pub fn push_capabilities(
     caps: &Advert,
     commands: &[Command],
+    updates: Updates,
 ) -> Result<Vec<&'static str>, PushError> {
     if !caps.has_cap("report-status") {
         return Err(PushError::NoReportStatus);
@@ -137,7 +148,7 @@ pub fn push_capabilities(
     if caps.has_cap("side-band-64k") {
         wanted.push("side-band-64k");
     }
-    if commands.len() > 1 {
+    if commands.len() > 1 && updates == Updates::Atomic {
         if !caps.has_cap("atomic") {
             return Err(PushError::NoAtomic);
         }

@@ -3,7 +3,9 @@ use gix::ObjectId;
 use crate::{Error, transport};
 
 use super::fetch::{FetchError, fetch_capabilities, pack_of};
-use super::{AGENT, Advert, Command, PushError, PushReport, Service, pkt, push_capabilities};
+use super::{
+    AGENT, Advert, Command, PushError, PushReport, Service, Updates, pkt, push_capabilities,
+};
 
 fn advert_body(lines: &[&[u8]]) -> Vec<u8> {
     let mut body = Vec::new();
@@ -206,10 +208,16 @@ fn push_asks_only_for_advertised_capabilities() {
             })
             .collect();
         let deletes = commands.iter().any(|c| c.new.is_null());
+        let updates = if rng.random_bool(0.5) {
+            Updates::Atomic
+        } else {
+            Updates::EachAlone
+        };
+        let together = commands.len() > 1 && updates == Updates::Atomic;
         let possible = caps.has_cap("report-status")
-            && (commands.len() == 1 || caps.has_cap("atomic"))
+            && (!together || caps.has_cap("atomic"))
             && (!deletes || caps.has_cap("delete-refs"));
-        match push_capabilities(&caps, &commands) {
+        match push_capabilities(&caps, &commands, updates) {
             Ok(wanted) => {
                 assert!(possible, "{caps:?} {commands:?}");
                 for cap in wanted.iter().filter(|c| !c.starts_with("agent=")) {
@@ -219,7 +227,7 @@ fn push_asks_only_for_advertised_capabilities() {
                         "asked for unused {cap}"
                     );
                 }
-                assert_eq!(wanted.contains(&"atomic"), commands.len() > 1);
+                assert_eq!(wanted.contains(&"atomic"), together);
                 assert_eq!(
                     wanted.contains(&"side-band-64k"),
                     caps.has_cap("side-band-64k")

@@ -14,10 +14,12 @@ mod commit;
 pub mod index;
 pub mod local;
 pub mod pack;
+mod replay;
 mod trees;
 mod walk;
 
 pub use commit::NewCommit;
+pub use replay::StateCommit;
 pub use walk::{Chain, Latest, Walk};
 
 pub struct Cache {

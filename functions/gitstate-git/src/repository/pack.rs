@@ -8,7 +8,7 @@ use flate2::{Compression, write::ZlibEncoder};
 use gix::objs::Kind;
 use sha1::{Digest, Sha1};
 
-use crate::Error;
+use crate::{Corruption, Error};
 
 /// Write a version-2 pack of undeltified objects (a state push carries a handful of them).
 pub fn write(objects: &[(Kind, Vec<u8>)]) -> Result<Vec<u8>, Error> {
@@ -43,16 +43,17 @@ pub fn write(objects: &[(Kind, Vec<u8>)]) -> Result<Vec<u8>, Error> {
     Ok(pack)
 }
 
-/// Verify and index a received pack into `objects/pack` of the repository at `git_dir`.
+/// Verify and index a received pack into `objects/pack` of the repository at `git_dir`; the
+/// ids of the objects it holds.
 ///
 /// The pack and its index are written to temporary files and renamed into place, so a crash
 /// leaves either nothing or a whole pack behind.
-pub fn index_into(git_dir: &Path, pack: &[u8]) -> Result<(), Error> {
+pub fn index_into(git_dir: &Path, pack: &[u8]) -> Result<Vec<gix::ObjectId>, Error> {
     let directory = git_dir.join("objects").join("pack");
     std::fs::create_dir_all(&directory)?;
     let interrupt = AtomicBool::new(false);
     let mut input = pack;
-    gix_pack::Bundle::write_to_directory(
+    let written = gix_pack::Bundle::write_to_directory(
         &mut input,
         Some(&directory),
         &mut gix::progress::Discard,
@@ -62,7 +63,12 @@ pub fn index_into(git_dir: &Path, pack: &[u8]) -> Result<(), Error> {
         gix_pack::bundle::write::Options::default(),
     )
     .map_err(Error::Pack)?;
-    Ok(())
+    let Some(index) = written.index_path else {
+        return Ok(Vec::new());
+    };
+    let index = gix_pack::index::File::at(&index, gix::hash::Kind::Sha1)
+        .map_err(|e| Error::Corrupt(Corruption::PackIndex(e.to_string())))?;
+    Ok(index.iter().map(|entry| entry.oid).collect())
 }
 
 #[cfg(test)]
@@ -76,9 +82,11 @@ mod tests {
         let big = vec![b'x'; 5000];
         let pack =
             write(&[(Kind::Blob, b"hello".to_vec()), (Kind::Blob, big.clone())]).expect("pack");
-        index_into(repo.git_dir(), &pack).expect("index");
+        let held = index_into(repo.git_dir(), &pack).expect("index");
         let repo = gix::open(dir.path()).expect("reopen");
         let id = gix::objs::compute_hash(gix::hash::Kind::Sha1, Kind::Blob, &big).expect("hash");
+        assert_eq!(held.len(), 2);
+        assert!(held.contains(&id));
         assert_eq!(repo.find_object(id).expect("found").data, big);
     }
 }

@@ -2,6 +2,7 @@
 //! request that asked), fetches into the cache (one at a time), pushes with the capabilities
 //! advertised.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -13,7 +14,7 @@ use super::transport::{Fetch, KnownTip, Transport};
 use super::{WriteMode, blocking};
 use crate::Error;
 use crate::protocol::{Advert, Service};
-use crate::protocol::{Blobs, Command, FetchError, PushReport, SmartClient};
+use crate::protocol::{Blobs, Command, FetchError, PushReport, SmartClient, Updates};
 use crate::repository::Cache;
 use crate::repository::pack;
 use crate::sync::lock;
@@ -73,12 +74,56 @@ impl Hosted {
     }
 }
 
+impl Hosted {
+    /// One push of `commands` (standing together as `updates` says) with the objects they need.
+    async fn send(
+        &self,
+        cache: &Arc<Cache>,
+        commands: Vec<Command>,
+        objects: Vec<ObjectId>,
+        updates: Updates,
+    ) -> Result<PushReport, Error> {
+        // What was advertised before a push of ours is out of date.
+        *lock(&self.adverts) = Adverts {
+            last: None,
+            pushed: Some(Instant::now()),
+        };
+        let known = lock(&self.push_caps).caps.clone();
+        let caps = match known {
+            Some(caps) => caps,
+            None => self.refs(Service::ReceivePack, Vec::new()).await?,
+        };
+        let pack = if commands.iter().all(|c| c.new.is_null()) {
+            None
+        } else {
+            let cache = cache.clone();
+            Some(
+                blocking(move || {
+                    let objects = objects
+                        .into_iter()
+                        .map(|id| cache.object(id))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    pack::write(&objects)
+                })
+                .await?,
+            )
+        };
+        Ok(self.http.push(&caps, &commands, updates, pack).await?)
+    }
+}
+
 /// Index a received pack into the cache.
 async fn index(cache: &Arc<Cache>, pack: Vec<u8>) -> Result<(), Error> {
+    index_listing(cache, pack).await.map(drop)
+}
+
+/// Index a received pack into the cache; the ids of the objects it holds.
+async fn index_listing(cache: &Arc<Cache>, pack: Vec<u8>) -> Result<Vec<ObjectId>, Error> {
     let cache = cache.clone();
     blocking(move || {
-        pack::index_into(cache.git_dir(), &pack)?;
-        cache.reload()
+        let held = pack::index_into(cache.git_dir(), &pack)?;
+        cache.reload()?;
+        Ok(held)
     })
     .await
 }
@@ -278,6 +323,30 @@ impl Transport for Hosted {
         index(cache, pack).await
     }
 
+    /// One fetch: the remote sends exactly those commits (and their trees and blobs), so the
+    /// pack's commits are the answer.
+    async fn fetch_beyond(
+        &self,
+        cache: &Arc<Cache>,
+        wants: Vec<ObjectId>,
+        haves: Vec<ObjectId>,
+    ) -> Result<HashSet<ObjectId>, Error> {
+        let _one_fetch_at_a_time = self.fetching.lock().await;
+        let pack = self.http.fetch_beyond(&wants, &haves).await?;
+        let held = index_listing(cache, pack).await?;
+        let reader = cache.clone();
+        blocking(move || {
+            let mut commits = HashSet::new();
+            for id in held {
+                if reader.is_commit(id)? {
+                    commits.insert(id);
+                }
+            }
+            Ok(commits)
+        })
+        .await
+    }
+
     async fn rebuild(&self, cache: &Arc<Cache>, known_tip: &KnownTip) -> Result<(), Error> {
         let _no_fetch_meanwhile = self.fetching.lock().await;
         *lock(known_tip) = None;
@@ -291,32 +360,17 @@ impl Transport for Hosted {
         commands: Vec<Command>,
         objects: Vec<ObjectId>,
     ) -> Result<PushReport, Error> {
-        // What was advertised before a push of ours is out of date.
-        *lock(&self.adverts) = Adverts {
-            last: None,
-            pushed: Some(Instant::now()),
-        };
-        let known = lock(&self.push_caps).caps.clone();
-        let caps = match known {
-            Some(caps) => caps,
-            None => self.refs(Service::ReceivePack, Vec::new()).await?,
-        };
-        let pack = if commands.iter().all(|c| c.new.is_null()) {
-            None
-        } else {
-            let cache = cache.clone();
-            Some(
-                blocking(move || {
-                    let objects = objects
-                        .into_iter()
-                        .map(|id| cache.object(id))
-                        .collect::<Result<Vec<_>, _>>()?;
-                    pack::write(&objects)
-                })
-                .await?,
-            )
-        };
-        Ok(self.http.push(&caps, &commands, pack).await?)
+        self.send(cache, commands, objects, Updates::Atomic).await
+    }
+
+    async fn push_each(
+        &self,
+        cache: &Arc<Cache>,
+        commands: Vec<Command>,
+        objects: Vec<ObjectId>,
+    ) -> Result<PushReport, Error> {
+        self.send(cache, commands, objects, Updates::EachAlone)
+            .await
     }
 
     /// Capabilities known and the floor not refused.

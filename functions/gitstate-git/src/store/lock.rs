@@ -14,10 +14,12 @@ use gitstate_core::ports::{
 use gitstate_core::refs::{Clash, branch_clash, lock_clash};
 use gitstate_core::{BranchName, LockInfo, StateName};
 
+use super::floor::{Proving, lock_commands, remember_proved};
+use super::known::state_ref;
 use super::remote::Remote;
-use super::{GitStore, blocking, null};
+use super::{GitStore, WriteMode, blocking, null};
 use crate::protocol::Command;
-use crate::protocol::{Advert, Service};
+use crate::protocol::{Advert, Service, Updates};
 use crate::repository::NewCommit;
 use crate::sync::lock;
 use crate::{Corruption, Error};
@@ -55,6 +57,27 @@ impl GitStore {
             advert.refs.extend(beside.refs);
         }
         Ok(advert)
+    }
+
+    /// What a LOCK decided from `advert` asserts after its create, so that the GET that follows
+    /// needs no request (see the `floor` module): the state's own ref when advertised, else the
+    /// branch, at their advertised tips (fetched into the cache by the tree check).
+    fn proving(
+        &self,
+        remote: &Remote,
+        at: &Location,
+        name: &StateName,
+        advert: &Advert,
+    ) -> Option<Proving> {
+        if !remote.fetches() || WriteMode::of(advert) != WriteMode::Atomic {
+            return None;
+        }
+        let branch = advert.tip(&at.branch.full_ref())?;
+        let state_ref = state_ref(name.as_str());
+        Some(match advert.tip(&state_ref) {
+            Some(state) => Proving::new(&state_ref, state, branch, Some(state)),
+            None => Proving::new(&at.branch.full_ref(), branch, branch, None),
+        })
     }
 
     /// The protocol rule of a LOCK, from the advertisement it decides on: a record of another
@@ -199,7 +222,7 @@ impl GitStore {
         let remote = self.remote(at)?;
         let lock_ref = self.lock_ref(name);
         let agreed = crate::sync::lock(&self.protocol_agreed).contains(&at.repository);
-        if agreed && self.lock_at_floor(&remote, name, lock, meta).await? {
+        if agreed && self.lock_at_floor(&remote, at, name, lock, meta).await? {
             return Ok(Acquire::Acquired);
         }
         let mut refused = None;
@@ -235,9 +258,12 @@ impl GitStore {
                 }
             }
             let (command, commit) = remote.lock_commit(name, lock, meta, &lock_ref).await?;
-            let report = remote.push(vec![command.clone()], commit.objects).await?;
+            let proving = self.proving(&remote, at, name, &advert);
+            let commands = lock_commands(command.clone(), proving.as_ref());
+            let report = remote.push_each(commands.clone(), commit.objects).await?;
             if report.all_ok(&[command]) {
                 remote.remember_lock(&lock_ref, Some(commit.id));
+                remember_proved(&remote, &report, (&lock_ref, commit.id), proving);
                 if unrecorded {
                     self.record_protocol(&remote, at, meta).await;
                 }
@@ -277,12 +303,15 @@ impl GitStore {
             new: null(),
             name: lock_ref.clone(),
         };
-        // Gone or changed either way: a later look asks the remote.
-        if remote.made_lock(&lock_ref) == Some(old) {
-            remote.remember_lock(&lock_ref, None);
+        // Gone or changed either way: a later look asks the remote. Lock refs are the
+        // repository's, so a lock taken through another branch's address is forgotten there too.
+        for remote in self.remotes_of(&at.repository) {
+            if remote.made_lock(&lock_ref) == Some(old) {
+                remote.remember_lock(&lock_ref, None);
+            }
         }
         let report = match remote
-            .push_at_floor(vec![command.clone()], Vec::new())
+            .push_at_floor(vec![command.clone()], Vec::new(), Updates::Atomic)
             .await?
         {
             Some(report) => report,

@@ -9,6 +9,7 @@
 //!   been checked in the same advertisement that gave the tip (see [`WriteMode`]).
 
 mod floor;
+mod fold;
 mod history;
 mod hosted;
 mod known;
@@ -29,6 +30,7 @@ use bytes::Bytes;
 use gix::ObjectId;
 use sha1::{Digest, Sha1};
 
+use gitstate_core::fold::FoldReport;
 use gitstate_core::ports::{
     Acquire, BranchStatus, Change, CommitMeta, HeldLock, HistoryPage, Listing, Location, Release,
     Revision, StateStore, StoreError, WritePlan, Written,
@@ -71,6 +73,10 @@ pub struct StoreOptions {
     pub max_history_depth: u32,
     /// The most writes waiting at once that leave in one push (1: each alone).
     pub writes_per_push: usize,
+    /// A fold lease older than this is taken over (its holder is gone).
+    pub fold_lease_age: Duration,
+    /// Fold in the background after a write to a state ref (`serve`, `run`; not Lambda).
+    pub fold_after_writes: bool,
     /// Which writes go to a state's own ref (`GITSTATE_STATE_REFS`).
     pub state_refs: StateRefs,
 }
@@ -143,6 +149,8 @@ impl GitStore {
             max_response_bytes: settings.max_response_bytes,
             max_history_depth: settings.max_history_depth,
             writes_per_push: settings.writes_per_push.max(1),
+            fold_lease_age: settings.fold_lease_age,
+            fold_after_writes: settings.fold_after_writes,
             state_refs: settings.state_refs,
         };
         match &settings.repository {
@@ -220,6 +228,15 @@ impl GitStore {
         Ok(remote)
     }
 
+    /// The remotes of `repository` this process has opened, one per branch.
+    fn remotes_of(&self, repository: &str) -> Vec<Arc<Remote>> {
+        lock(&self.remotes)
+            .iter()
+            .filter(|((repo, _), _)| repo == repository)
+            .map(|(_, remote)| remote.clone())
+            .collect()
+    }
+
     /// `<cache dir>/<hash of url and branch>-<readable name>.git`
     fn cache_path(&self, at: &Location) -> PathBuf {
         let digest = Sha1::digest(format!("{}\n{}", at.repository, at.branch).as_bytes());
@@ -262,6 +279,9 @@ impl StateStore for GitStore {
         at: &Location,
         name: &StateName,
     ) -> Result<Option<Bytes>, StoreError> {
+        if let Some(state) = self.read_proved(at, name).await? {
+            return Ok(state);
+        }
         Ok(self.read_path(at, name.to_string()).await?)
     }
 
@@ -402,7 +422,18 @@ impl StateStore for GitStore {
         change: Change,
         plan: WritePlan,
     ) -> Result<Written, StoreError> {
-        self.write_file(at, name.as_str(), Some(name), change, plan)
-            .await
+        let written = self
+            .write_file(at, name.as_str(), Some(name), change, plan)
+            .await;
+        self.fold_after_write(at);
+        written
+    }
+
+    async fn fold(&self, at: &Location) -> Result<FoldReport, StoreError> {
+        GitStore::fold(self, at).await
+    }
+
+    async fn finish_folds(&self) {
+        GitStore::finish_folds(self).await;
     }
 }

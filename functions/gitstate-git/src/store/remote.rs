@@ -2,6 +2,7 @@
 //! this process remembers of it.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -21,6 +22,33 @@ use crate::repository::{Cache, NewCommit};
 use crate::sync::lock;
 use crate::transport::Error as WireError;
 
+/// One remote's folds in the background of this process (see the `fold` module).
+#[derive(Debug, Default)]
+pub(super) struct Background {
+    /// A push of this process wrote a state ref that no fold started since has looked at.
+    pub(super) unfolded: AtomicBool,
+    /// A fold task runs.
+    pub(super) folding: AtomicBool,
+}
+
+impl Background {
+    /// A push wrote a state ref.
+    fn wrote_state(&self) {
+        self.unfolded.store(true, Ordering::SeqCst);
+    }
+}
+
+/// What a LOCK push proved (see the `floor` module): once its lock commit `lock` was in place,
+/// the state's newest content was still where this process knew it: the branch at `branch`, or
+/// the state's own ref at `state`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Proof {
+    pub(super) lock: ObjectId,
+    pub(super) branch: ObjectId,
+    pub(super) state: Option<ObjectId>,
+    pub(super) made: Instant,
+}
+
 /// One (repository, branch): its cache and how to reach it.
 pub(super) struct Remote {
     pub(super) cache: Arc<Cache>,
@@ -36,10 +64,14 @@ pub(super) struct Remote {
     pub(super) deep_changes: Mutex<HashSet<(String, String, ObjectId)>>,
     /// Lock commits this process pushed, by lock ref (see the `floor` module).
     pub(super) made_locks: Mutex<HashMap<String, ObjectId>>,
+    /// What the LOCK pushes of this process proved, by lock ref (see the `floor` module).
+    pub(super) proofs: Mutex<HashMap<String, Proof>>,
     /// Writes waiting to be pushed together (see the `write` module).
     pub(super) batcher: Batcher,
     /// The state refs this process has seen (see the `states` module).
     pub(super) known_states: Mutex<KnownStates>,
+    /// Folds in the background of this process (see the `fold` module).
+    pub(super) folds: Background,
 }
 
 impl Remote {
@@ -51,8 +83,10 @@ impl Remote {
             histories: Mutex::default(),
             deep_changes: Mutex::default(),
             made_locks: Mutex::default(),
+            proofs: Mutex::default(),
             batcher,
             known_states: Mutex::default(),
+            folds: Background::default(),
         }
     }
 
@@ -261,6 +295,38 @@ impl Remote {
         commands: Vec<Command>,
         objects: Vec<ObjectId>,
     ) -> Result<PushReport, Error> {
-        self.transport.push(&self.cache, commands, objects).await
+        let report = self
+            .transport
+            .push(&self.cache, commands.clone(), objects)
+            .await?;
+        self.note_pushed(&commands, &report);
+        Ok(report)
+    }
+
+    /// A push that wrote a state ref leaves writes for a fold.
+    fn note_pushed(&self, commands: &[Command], report: &PushReport) {
+        let wrote_state = commands.iter().any(|c| {
+            c.name.starts_with(STATE_REF_PREFIX)
+                && !c.new.is_null()
+                && c.old != c.new
+                && report.all_ok(std::slice::from_ref(c))
+        });
+        if wrote_state {
+            self.folds.wrote_state();
+        }
+    }
+
+    /// A push of `commands` each alone, applied in order (see [`Transport::push_each`]).
+    pub(super) async fn push_each(
+        &self,
+        commands: Vec<Command>,
+        objects: Vec<ObjectId>,
+    ) -> Result<PushReport, Error> {
+        let report = self
+            .transport
+            .push_each(&self.cache, commands.clone(), objects)
+            .await?;
+        self.note_pushed(&commands, &report);
+        Ok(report)
     }
 }

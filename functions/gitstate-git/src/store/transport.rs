@@ -4,6 +4,7 @@
 //! [`super::hosted::Hosted`] is a hosted repository over smart HTTP(S) or SSH, whose objects
 //! are fetched into a cache.
 
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -98,6 +99,15 @@ pub(super) trait Transport: Send + Sync {
         tip: ObjectId,
     ) -> Result<(), Error>;
 
+    /// The commits `wants` reach that `haves` do not (a fold's unfolded state commits), brought
+    /// into `cache` with their trees and blobs.
+    async fn fetch_beyond(
+        &self,
+        cache: &Arc<Cache>,
+        wants: Vec<ObjectId>,
+        haves: Vec<ObjectId>,
+    ) -> Result<HashSet<ObjectId>, Error>;
+
     /// Throw `cache` away and start empty, no fetch running meanwhile.
     async fn rebuild(&self, cache: &Arc<Cache>, known_tip: &KnownTip) -> Result<(), Error>;
 
@@ -108,6 +118,22 @@ pub(super) trait Transport: Send + Sync {
         commands: Vec<Command>,
         objects: Vec<ObjectId>,
     ) -> Result<PushReport, Error>;
+
+    /// A push of `commands` each alone, applied in the order given, each with its own verdict
+    /// (a remote without `atomic` takes such a push too). The default pushes them one by one.
+    async fn push_each(
+        &self,
+        cache: &Arc<Cache>,
+        commands: Vec<Command>,
+        objects: Vec<ObjectId>,
+    ) -> Result<PushReport, Error> {
+        let mut report = PushReport::default();
+        for command in commands {
+            let one = self.push(cache, vec![command], objects.clone()).await?;
+            report.refs.extend(one.refs);
+        }
+        Ok(report)
+    }
 
     /// The receive-pack capabilities, if a push may go without a fresh advertisement (the
     /// protocol floor, see the `floor` module).
@@ -186,6 +212,17 @@ impl Transport for Embedded {
 
     async fn fetch_one(&self, _: &Arc<Cache>, _: ObjectId, _: ObjectId) -> Result<(), Error> {
         Ok(())
+    }
+
+    /// Nothing to fetch: a walk of the repository's history.
+    async fn fetch_beyond(
+        &self,
+        cache: &Arc<Cache>,
+        wants: Vec<ObjectId>,
+        haves: Vec<ObjectId>,
+    ) -> Result<HashSet<ObjectId>, Error> {
+        let cache = cache.clone();
+        blocking(move || cache.beyond(wants, haves)).await
     }
 
     async fn rebuild(&self, _: &Arc<Cache>, _: &KnownTip) -> Result<(), Error> {

@@ -87,6 +87,10 @@ impl GitStore {
         plan: WritePlan,
     ) -> Result<Written, StoreError> {
         let remote = self.remote(at)?;
+        if let Some(name) = lock {
+            // What the state's LOCK proved is about to be out of date.
+            remote.forget_proof(&self.lock_ref(name));
+        }
         let (job, answer) = Job::new(path, lock, change, plan);
         remote.batcher.push(job);
         if remote.batcher.claim() {

@@ -13,7 +13,7 @@ use gitstate_core::ports::{Change, CommitMeta, Location, Refusal, Written};
 use super::queue::Job;
 use crate::Error;
 use crate::protocol::Command;
-use crate::protocol::{Advert, Service};
+use crate::protocol::{Advert, Service, Updates};
 use crate::repository::NewCommit;
 use crate::store::remote::Remote;
 use crate::store::{WriteMode, blocking, null};
@@ -390,7 +390,10 @@ async fn push_chain(
     objects: Vec<ObjectId>,
 ) -> Result<Landed, Error> {
     let report = if start.advert.is_none() {
-        match remote.push_at_floor(commands.clone(), objects).await? {
+        match remote
+            .push_at_floor(commands.clone(), objects, Updates::Atomic)
+            .await?
+        {
             Some(report) if report.all_ok(&commands) => report,
             _ => return Ok(Landed::MissedFloor),
         }

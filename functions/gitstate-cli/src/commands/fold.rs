@@ -1,0 +1,42 @@
+//! `gitstate fold`: the writes kept on the states' own refs replayed onto the branch now, with
+//! the deployment's repository settings (hosted, or the embedded repository).
+
+use anyhow::{Context, bail};
+
+use crate::settings::SettingsArgs;
+
+pub async fn fold(args: &SettingsArgs) -> anyhow::Result<()> {
+    let (_, settings) = args.settings()?;
+    let backend = gitstate_app::build(settings)
+        .await
+        .context("assembling the backend")?
+        .backend;
+    let at = backend.locate(None, None)?;
+    let report = backend
+        .store()
+        .fold(&at)
+        .await
+        .context("folding the state refs onto the branch")?;
+    if report.busy {
+        println!(
+            "another fold holds the lease (refs/gitstate/fold); it folds what waits. A lease older than GITSTATE_FOLD_LEASE_SECS is taken over: run this again then"
+        );
+    } else {
+        println!(
+            "folded {} write(s) of {} state(s) onto branch {}",
+            report.writes, report.states, at.branch
+        );
+    }
+    if !report.refused.is_empty() {
+        for name in &report.refused {
+            eprintln!(
+                "not folded: {name}: its file on the branch is not what the last fold left (written on the branch outside gitstate)"
+            );
+        }
+        bail!(
+            "{} state(s) not folded; see docs/operating.md, \"Unfolded writes\"",
+            report.refused.len()
+        );
+    }
+    Ok(())
+}
