@@ -454,3 +454,97 @@ fn jiff_now() -> i64 {
         .map(|d| d.as_secs() as i64)
         .unwrap_or_default()
 }
+
+/// The Lambda binary's invocations: every Function URL event of `events/` is a request, the
+/// schedule's input and EventBridge's own scheduled event are the fold, anything else is an
+/// error; the scheduled fold folds what waits on the state refs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lambda_schedule_folds_and_function_url_events_still_route() {
+    use gitstate_app::invocation::{Invocation, invocation, scheduled_fold};
+    init_tracing();
+    let events = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../events");
+    let mut requests = 0;
+    for entry in std::fs::read_dir(&events).expect("events/") {
+        let text = std::fs::read_to_string(entry.expect("entry").path()).expect("event");
+        assert!(matches!(invocation(&text), Ok(Invocation::Url(_))));
+        requests += 1;
+    }
+    assert!(requests >= 5, "{requests} events");
+    let scheduled = r#"{"version":"0","id":"x","detail-type":"Scheduled Event","source":"aws.events","account":"1","time":"2026-11-25T06:00:00Z","region":"eu-west-1","resources":[],"detail":{}}"#;
+    for fold in [r#"{"gitstate": "fold"}"#, scheduled] {
+        assert!(matches!(invocation(fold), Ok(Invocation::Fold)), "{fold}");
+    }
+    for other in [r#"{"gitstate": "other"}"#, "{}", "[]", "not json"] {
+        assert!(invocation(other).is_err(), "{other}");
+    }
+
+    let server = GitServer::start().await;
+    let url = server.create_repo("scheduled");
+    let bare = Bare::new(&server.repo_dir("scheduled"), "main");
+    bare.branch_write("a.tfstate", Some(b"{}\n"), &write(1, "a.tfstate", b""));
+    let id = bare.state_write(&write(2, "a.tfstate", b"{\"serial\":2}\n"));
+    let cache = tempfile::tempdir().expect("tempdir");
+    let mut settings = settings_for(&url, cache.path(), &[]);
+    settings.runtime = gitstate_app::Runtime::Lambda;
+    let app = gitstate_app::build(settings).await.expect("backend");
+    let answer = scheduled_fold(&app.backend)
+        .await
+        .expect("the scheduled fold");
+    assert_eq!(answer["writes"], 1, "{answer}");
+    assert_eq!(bare.folded().get("a.tfstate"), Some(&id));
+    let again = scheduled_fold(&app.backend)
+        .await
+        .expect("the scheduled fold");
+    assert_eq!(again["writes"], 0, "nothing twice: {again}");
+}
+
+/// A fold's git requests do not grow with the writes or the states it carries: one
+/// advertisement, one fetch of every unfolded chain, one push (plus the lease, the tip's trees
+/// when new, and the look that finds nothing left). Generated sets of states and writes, folded
+/// by a process that has never seen the repository and by one that folded before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_folds_requests_do_not_grow_with_its_writes_or_states() {
+    init_tracing();
+    let mut rng = StdRng::seed_from_u64(0x2e9);
+    let mut counts = Vec::new();
+    for mode in [PushMode::Atomic, PushMode::NoAtomic] {
+        let server = GitServer::start_in(mode).await;
+        let url = server.create_repo("count");
+        let bare = Bare::new(&server.repo_dir("count"), "main");
+        bare.branch_write("README.md", Some(b"x\n"), &write(0, "README.md", b""));
+        let (warm, at, _cache) = store(Some(&url), &server.repo_dir("count"), "60").await;
+        let mut step = 1;
+        for round in 0..4 {
+            let states = [1, 3, 8, 20][round];
+            let mut writes = 0;
+            for s in 0..states {
+                let path = format!("r{round}/s{s}.tfstate");
+                bare.branch_write(&path, Some(b"{}\n"), &write(step, &path, b""));
+                for _ in 0..rng.random_range(1..5) {
+                    step += 1;
+                    bare.state_write(&random_write(&mut rng, step, &path));
+                    writes += 1;
+                }
+            }
+            let (cold, _, _cold_cache) = store(Some(&url), &server.repo_dir("count"), "60").await;
+            let which: &dyn StateStore = if round % 2 == 0 { &*warm } else { &*cold };
+            server.quiesce().await;
+            server.take_requests();
+            let report = which.fold(&at).await.expect("fold");
+            assert_eq!((report.writes, report.states), (writes, states));
+            let labels = server.take_labels();
+            eprintln!(
+                "{mode:?} {states} states {writes} writes, {}: {labels:?}",
+                if round % 2 == 0 { "warm" } else { "cold" }
+            );
+            counts.push(labels.len());
+            assert!(labels.len() <= 9, "{labels:?}");
+        }
+    }
+    eprintln!("requests per fold: {counts:?}");
+    let (least, most) = (counts.iter().min(), counts.iter().max());
+    assert!(
+        most.zip(least).is_some_and(|(m, l)| m - l <= 2),
+        "flat: {counts:?}"
+    );
+}

@@ -13,6 +13,7 @@ one must name a resource that exists under the same parameters. Parameter sets a
     python tests/tools/check-template.py [template.yaml] [--cases N] [--seed S]
 """
 
+import json
 import argparse
 import fnmatch
 import importlib.util
@@ -464,7 +465,10 @@ def assert_properties(r, given):
     topic = p["AlarmTopicArn"]
     alarms = r.of_type("AWS::CloudWatch::Alarm")
     filters = r.of_type("AWS::Logs::MetricFilter")
-    rules = r.of_type("AWS::Events::Rule")
+    every_rule = r.of_type("AWS::Events::Rule")
+    schedules = {n: x for n, x in every_rule.items() if "ScheduleExpression" in x["Properties"]}
+    rules = {n: x for n, x in every_rule.items() if n not in schedules}
+    check_fold_schedule(r, schedules)
     if not topic:
         check(not alarms and not filters and not rules, "no alarm resources without AlarmTopicArn")
         return
@@ -515,6 +519,24 @@ def assert_properties(r, given):
         check(KEY_EVENTS <= set(pattern["detail"]["eventName"]), f"key events {pattern['detail']['eventName']}")
         check(pattern["detail"]["resources"]["ARN"] == [key_arn], "events of the key in use")
         check([t["Arn"] for t in rule["Properties"]["Targets"]] == [topic], "key events go to the topic")
+
+
+def check_fold_schedule(r, schedules):
+    """The fold schedule (docs/operating.md, "Unfolded writes"): every minute, the function with
+    the fold's input, and EventBridge allowed to invoke it."""
+    (schedule,) = schedules.values()
+    props = schedule["Properties"]
+    check(props["ScheduleExpression"] == "rate(1 minute)", f"fold every minute: {props['ScheduleExpression']}")
+    check(props.get("State", "ENABLED") == "ENABLED", "the fold schedule is enabled")
+    (target,) = props["Targets"]
+    check(json.loads(target["Input"]) == {"gitstate": "fold"}, f"the fold's input {target['Input']}")
+    names_function = lambda x: "Function.Arn" in json.dumps(x) or x == {"Ref": "Function"}  # noqa: E731
+    check(names_function(target["Arn"]), f"the schedule invokes the function: {target['Arn']}")
+    permissions = [p["Properties"] for p in r.of_type("AWS::Lambda::Permission").values()]
+    check(any(p["Principal"] == "events.amazonaws.com" and p["Action"] == "lambda:InvokeFunction"
+              and (names_function(p["FunctionName"]) or "Function" in json.dumps(p["FunctionName"]))
+              for p in permissions),
+          "EventBridge may invoke the function")
 
 
 def arn_cases(rng):

@@ -5,6 +5,8 @@
 
 pub mod docs;
 #[cfg(feature = "lambda")]
+pub mod invocation;
+#[cfg(feature = "lambda")]
 pub mod lambda;
 pub mod layers;
 pub mod settings;

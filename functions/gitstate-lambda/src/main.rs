@@ -1,9 +1,8 @@
-//! The Lambda function: the router behind a Function URL. Wiring only.
+//! The Lambda function: the router behind a Function URL, and the fold schedule. Wiring only.
 
 use anyhow::Context;
-use gitstate_app::lambda::{init_logging, with_request_facts};
+use gitstate_app::lambda::init_logging;
 use gitstate_app::{Runtime, Settings};
-use tower::ServiceBuilder;
 
 #[tokio::main]
 async fn main() -> Result<(), lambda_http::Error> {
@@ -19,12 +18,6 @@ async fn main() -> Result<(), lambda_http::Error> {
     let app = gitstate_app::build(settings)
         .await
         .context("assembling the backend")?;
-    let service = ServiceBuilder::new()
-        .map_request(with_request_facts)
-        .service(app.router());
-    if streaming {
-        lambda_http::run_with_streaming_response(service).await
-    } else {
-        lambda_http::run(service).await
-    }
+    // Function URL requests and the fold schedule (template.yaml), one runtime loop.
+    gitstate_app::invocation::run(app, streaming).await
 }

@@ -20,6 +20,21 @@ const WRITE_DEADLINE: Duration = Duration::from_secs(20);
 /// Most bytes of new content in one push (a first write always goes, however large).
 const MAX_BATCH_BYTES: usize = 16 << 20;
 
+/// Where one write stands: what the round it goes into reads, and what that round leaves it
+/// at. A write starts at `Floor`; a round moves it to `Pushing` (its commit is in the round's
+/// chain) and then to `Done` or `Fresh`, or straight to one of them.
+pub(super) enum Stage {
+    /// Nothing refused at the protocol floor yet: a round may start from what this process
+    /// knows, without a fresh advertisement.
+    Floor,
+    /// Decide from a fresh advertisement: missed at the floor, or its push lost.
+    Fresh,
+    /// Its commit is in the round's chain: the push decides.
+    Pushing(gix::ObjectId),
+    /// Decided: the caller's answer.
+    Done(Written),
+}
+
 /// What a caller waits for.
 pub(super) type Reply = Result<Written, StoreError>;
 
@@ -30,8 +45,8 @@ pub(super) struct Job {
     pub(super) lock: Option<StateName>,
     pub(super) change: Change,
     pub(super) plan: WritePlan,
-    /// May still be tried at the protocol floor (nothing refused there yet).
-    pub(super) floor: bool,
+    /// Where the write stands: [`Stage::Floor`] or [`Stage::Fresh`] while queued.
+    pub(super) stage: Stage,
     pub(super) attempts: u32,
     started: Instant,
     /// The last transient failure, the answer if the write runs out of attempts.
@@ -53,7 +68,7 @@ impl Job {
             lock: lock.cloned(),
             change,
             plan,
-            floor: true,
+            stage: Stage::Floor,
             attempts: 0,
             started: Instant::now(),
             last_error: None,
