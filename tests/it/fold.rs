@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use gitstate_core::fold::FoldReport;
 use gitstate_core::ports::{Location, StateStore};
-use gitstate_tests::handmade::{Bare, Stamp, StateWrite, state_ref};
+use gitstate_tests::handmade::{Bare, Stamp, StateWrite};
 use gitstate_tests::{GitServer, PushMode, init_tracing, settings_for};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -390,7 +390,7 @@ fn check_branch(bare: &Bare, model: &Model, seed: u64) {
                 "seed {seed}: a state written behind the protocol's back keeps that write"
             );
         }
-        assert!(bare.tip(&state_ref(path)).is_some(), "state refs stay");
+        assert!(bare.tip(&bare.state_ref(path)).is_some(), "state refs stay");
     }
 }
 
@@ -496,4 +496,55 @@ async fn the_lambda_schedule_folds_and_function_url_events_still_route() {
         .await
         .expect("the scheduled fold");
     assert_eq!(again["writes"], 0, "nothing twice: {again}");
+}
+
+/// A fold's git requests do not grow with the writes or the states it carries: one
+/// advertisement, one fetch of every unfolded chain, one push (plus the lease, the tip's trees
+/// when new, and the look that finds nothing left). Generated sets of states and writes, folded
+/// by a process that has never seen the repository and by one that folded before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_folds_requests_do_not_grow_with_its_writes_or_states() {
+    init_tracing();
+    let mut rng = StdRng::seed_from_u64(0x2e9);
+    let mut counts = Vec::new();
+    for mode in [PushMode::Atomic, PushMode::NoAtomic] {
+        let server = GitServer::start_in(mode).await;
+        let url = server.create_repo("count");
+        let bare = Bare::new(&server.repo_dir("count"), "main");
+        bare.branch_write("README.md", Some(b"x\n"), &write(0, "README.md", b""));
+        let (warm, at, _cache) = store(Some(&url), &server.repo_dir("count"), "60").await;
+        let mut step = 1;
+        for round in 0..4 {
+            let states = [1, 3, 8, 20][round];
+            let mut writes = 0;
+            for s in 0..states {
+                let path = format!("r{round}/s{s}.tfstate");
+                bare.branch_write(&path, Some(b"{}\n"), &write(step, &path, b""));
+                for _ in 0..rng.random_range(1..5) {
+                    step += 1;
+                    bare.state_write(&random_write(&mut rng, step, &path));
+                    writes += 1;
+                }
+            }
+            let (cold, _, _cold_cache) = store(Some(&url), &server.repo_dir("count"), "60").await;
+            let which: &dyn StateStore = if round % 2 == 0 { &*warm } else { &*cold };
+            server.quiesce().await;
+            server.take_requests();
+            let report = which.fold(&at).await.expect("fold");
+            assert_eq!((report.writes, report.states), (writes, states));
+            let labels = server.take_labels();
+            eprintln!(
+                "{mode:?} {states} states {writes} writes, {}: {labels:?}",
+                if round % 2 == 0 { "warm" } else { "cold" }
+            );
+            counts.push(labels.len());
+            assert!(labels.len() <= 9, "{labels:?}");
+        }
+    }
+    eprintln!("requests per fold: {counts:?}");
+    let (least, most) = (counts.iter().min(), counts.iter().max());
+    assert!(
+        most.zip(least).is_some_and(|(m, l)| m - l <= 2),
+        "flat: {counts:?}"
+    );
 }

@@ -172,7 +172,11 @@ mod tests {
             assert!(!filter.would_enable(target, &Level::DEBUG), "{target}");
             assert!(!filter.would_enable(target, &Level::TRACE), "{target}");
         }
-        for target in ["gitstate_git::smart", "gitstate_kms", "gitstate_core::auth"] {
+        for target in [
+            "gitstate_git::transport::http",
+            "gitstate_kms",
+            "gitstate_core::auth",
+        ] {
             assert!(filter.would_enable(target, &Level::TRACE), "{target}");
         }
     }

@@ -78,7 +78,7 @@ mod tests {
             assert!(!filter.would_enable(&target, &Level::DEBUG), "{target}");
             assert!(!filter.would_enable(&target, &Level::TRACE), "{target}");
         }
-        for target in ["gitstate_git::smart", "gitstate_kms", "gitstate"] {
+        for target in ["gitstate_git::transport::http", "gitstate_kms", "gitstate"] {
             assert!(filter.would_enable(target, &Level::TRACE), "{target}");
         }
     }

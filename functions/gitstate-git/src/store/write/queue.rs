@@ -3,7 +3,6 @@
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
@@ -20,6 +19,21 @@ const WRITE_DEADLINE: Duration = Duration::from_secs(20);
 /// Most bytes of new content in one push (a first write always goes, however large).
 const MAX_BATCH_BYTES: usize = 16 << 20;
 
+/// Where one write stands: what the round it goes into reads, and what that round leaves it
+/// at. A write starts at `Floor`; a round moves it to `Pushing` (its commit is in the round's
+/// chain) and then to `Done` or `Fresh`, or straight to one of them.
+pub(super) enum Stage {
+    /// Nothing refused at the protocol floor yet: a round may start from what this process
+    /// knows, without a fresh advertisement.
+    Floor,
+    /// Decide from a fresh advertisement: missed at the floor, or its push lost.
+    Fresh,
+    /// Its commit is in the round's chain: the push decides.
+    Pushing(gix::ObjectId),
+    /// Decided: the caller's answer.
+    Done(Written),
+}
+
 /// What a caller waits for.
 pub(super) type Reply = Result<Written, StoreError>;
 
@@ -30,8 +44,8 @@ pub(super) struct Job {
     pub(super) lock: Option<StateName>,
     pub(super) change: Change,
     pub(super) plan: WritePlan,
-    /// May still be tried at the protocol floor (nothing refused there yet).
-    pub(super) floor: bool,
+    /// Where the write stands: [`Stage::Floor`] or [`Stage::Fresh`] while queued.
+    pub(super) stage: Stage,
     pub(super) attempts: u32,
     started: Instant,
     /// The last transient failure, the answer if the write runs out of attempts.
@@ -53,7 +67,7 @@ impl Job {
             lock: lock.cloned(),
             change,
             plan,
-            floor: true,
+            stage: Stage::Floor,
             attempts: 0,
             started: Instant::now(),
             last_error: None,
@@ -97,49 +111,57 @@ impl Job {
 
 /// The writes of one branch waiting to be pushed, and whether a task is pushing them.
 pub(in crate::store) struct Batcher {
-    queue: Mutex<VecDeque<Job>>,
-    leading: AtomicBool,
+    /// One lock for both, so that the pushing task lets go exactly when the queue is empty.
+    queue: Mutex<Queue>,
     /// Most writes in one push.
     pub(super) most: usize,
+}
+
+#[derive(Default)]
+struct Queue {
+    jobs: VecDeque<Job>,
+    /// A task is pushing the queued writes.
+    leading: bool,
 }
 
 impl Batcher {
     pub(in crate::store) fn new(most: usize) -> Self {
         Self {
             queue: Mutex::default(),
-            leading: AtomicBool::new(false),
             most: most.max(1),
         }
     }
 
     /// Queue `job`.
     pub(super) fn push(&self, job: Job) {
-        lock(&self.queue).push_back(job);
-    }
-
-    pub(super) fn is_empty(&self) -> bool {
-        lock(&self.queue).is_empty()
+        lock(&self.queue).jobs.push_back(job);
     }
 
     /// Become the task that pushes; `false` if one already is.
     pub(super) fn claim(&self) -> bool {
-        !self.leading.swap(true, Ordering::SeqCst)
+        let mut queue = lock(&self.queue);
+        !std::mem::replace(&mut queue.leading, true)
     }
 
-    /// Stop being the task that pushes.
-    pub(super) fn release(&self) {
-        self.leading.store(false, Ordering::SeqCst);
+    /// Stop being the task that pushes if no write waits (`true`); else go on leading.
+    pub(super) fn release_if_empty(&self) -> bool {
+        let mut queue = lock(&self.queue);
+        if queue.jobs.is_empty() {
+            queue.leading = false;
+        }
+        !queue.leading
     }
 
     /// The pushing task failed: drop every waiting write (its caller gets an error) and let go.
     pub(super) fn abandon(&self) {
-        lock(&self.queue).clear();
-        self.release();
+        let mut queue = lock(&self.queue);
+        queue.jobs.clear();
+        queue.leading = false;
     }
 
     /// Writes back to the front of the queue, in their order.
     pub(super) fn hand_back(&self, jobs: Vec<Job>) {
-        let mut queue = lock(&self.queue);
+        let queue = &mut lock(&self.queue).jobs;
         for job in jobs.into_iter().rev() {
             queue.push_front(job);
         }
@@ -149,7 +171,7 @@ impl Batcher {
     /// non-overlapping paths (so each write's tree check and read are the same on the tip as on
     /// the chain before it).
     pub(super) fn top_up(&self, batch: &mut Vec<Job>, most: usize) {
-        let mut queue = lock(&self.queue);
+        let queue = &mut lock(&self.queue).jobs;
         // A caller that went away (a dropped request) gets no write pushed for it.
         queue.retain(|job| !job.abandoned());
         let mut bytes: usize = batch.iter().map(Job::bytes).sum();

@@ -10,7 +10,7 @@ use gix::ObjectId;
 use gitstate_core::StateName;
 use gitstate_core::ports::{Change, CommitMeta, Location, Refusal, Stored, Written};
 
-use super::queue::Job;
+use super::queue::{Job, Stage};
 use crate::Error;
 use crate::protocol::Command;
 use crate::protocol::{Advert, Service, Updates};
@@ -59,7 +59,7 @@ impl Writer {
 
     /// One round of a batch of writes (distinct, non-overlapping paths): each write's check and
     /// plan against the tip, one commit per write that changes something, chained on the tip,
-    /// and one push of the chain. One verdict per job, in order.
+    /// and one push of the chain. Where each job stands after it, in order: `Done` or `Fresh`.
     pub(super) async fn write_round(&self, round: Round<'_>) -> Result<Outcome, Error> {
         let jobs = round.jobs;
         let lock_refs: Vec<Option<String>> = jobs
@@ -78,41 +78,30 @@ impl Writer {
         {
             return Ok(Outcome::decided(
                 jobs.iter()
-                    .map(|_| Verdict::Done(Written::Refused(Refusal::Clash(clash.clone()))))
+                    .map(|_| Stage::Done(Written::Refused(Refusal::Clash(clash.clone()))))
                     .collect(),
             ));
         }
-        let (mut verdicts, chain) = self.plan_all(jobs, &start).await?;
+        let (mut stages, chain) = self.plan_all(jobs, &start).await?;
         let Some(head) = chain.head.filter(|_| !chain.commits.is_empty()) else {
-            return Ok(Outcome::decided(verdicts));
+            return Ok(Outcome::decided(stages));
         };
         let commit_count = chain.commits.len();
-        let commands = self.commands(&start, head, &verdicts, lock_refs);
-        let landed = push_chain(&self.remote, &start, head, commands, chain.objects).await?;
-        let mut commits = chain.commits.into_iter();
-        for (verdict, job) in verdicts.iter_mut().zip(jobs) {
-            if matches!(verdict, Verdict::Lost) {
-                match (&landed, commits.next()) {
-                    (Landed::Yes, Some(commit)) => {
-                        *verdict = Verdict::Done(Written::Committed {
-                            version: commit.to_string(),
-                            content: written_id(job),
-                        });
-                    }
-                    (Landed::MissedFloor, _) => *verdict = Verdict::MissedFloor,
-                    _ => {}
-                }
-            }
-        }
-        let lost = match landed {
-            Landed::Lost(reason) => Some(Lost {
+        let commands = self.commands(&start, head, &stages, lock_refs);
+        let objects = chain.objects;
+        let lost = push_chain(&self.remote, &start, head, commands, objects, &mut stages)
+            .await?
+            .map(|reason| Lost {
                 on: tip,
                 commits: commit_count,
                 reason,
-            }),
-            Landed::Yes | Landed::MissedFloor => None,
-        };
-        Ok(Outcome { verdicts, lost })
+            });
+        for (stage, job) in stages.iter_mut().zip(jobs) {
+            if let Stage::Done(Written::Committed { content, .. }) = stage {
+                *content = written_id(job);
+            }
+        }
+        Ok(Outcome { stages, lost })
     }
 
     /// Bring into the cache what the round reads: the tip's trees (and, right after a lost race,
@@ -152,29 +141,30 @@ impl Writer {
         Ok(())
     }
 
-    /// Each write's verdict against the round's start, and the chain of commits of those that
-    /// change something (their verdict [`Verdict::Lost`] until the push lands).
-    async fn plan_all(&self, jobs: &[Job], start: &Start) -> Result<(Vec<Verdict>, Chain), Error> {
+    /// Where each write stands against the round's start (`Done`, `Fresh`, or `Pushing` its
+    /// commit), and the chain of those commits.
+    async fn plan_all(&self, jobs: &[Job], start: &Start) -> Result<(Vec<Stage>, Chain), Error> {
         let remote = &*self.remote;
-        let mut verdicts = Vec::with_capacity(jobs.len());
+        let mut stages = Vec::with_capacity(jobs.len());
         let mut chain = Chain::on(start.tip);
         for (job, lock_tip) in jobs.iter().zip(&start.lock_tips) {
-            let verdict = match plan_one(remote, start.tip, job, *lock_tip).await? {
+            let stage = match plan_one(remote, start.tip, job, *lock_tip).await? {
                 // At the floor only a push rests on what this process remembers: a refusal or
                 // an "unchanged" is decided again from the remote.
-                Planned::Decided(_) if start.advert.is_none() => Verdict::MissedFloor,
-                Planned::Decided(written) => Verdict::Done(written),
+                Planned::Decided(_) if start.advert.is_none() => Stage::Fresh,
+                Planned::Decided(written) => Stage::Done(written),
                 Planned::Commit(content, meta) => {
                     let commit = remote
                         .commit(chain.head, job.path.clone(), content, meta)
                         .await?;
+                    let id = commit.id;
                     chain.add(commit);
-                    Verdict::Lost
+                    Stage::Pushing(id)
                 }
             };
-            verdicts.push(verdict);
+            stages.push(stage);
         }
-        Ok((verdicts, chain))
+        Ok((stages, chain))
     }
 
     /// The push of a round: the branch from its tip to `head`, and, when the remote pushes
@@ -183,7 +173,7 @@ impl Writer {
         &self,
         start: &Start,
         head: ObjectId,
-        verdicts: &[Verdict],
+        stages: &[Stage],
         lock_refs: Vec<Option<String>>,
     ) -> Vec<Command> {
         let mut commands = vec![Command {
@@ -192,11 +182,10 @@ impl Writer {
             name: self.at.branch.full_ref(),
         }];
         if start.mode == WriteMode::Atomic {
-            for ((verdict, lock_tip), lock_ref) in
-                verdicts.iter().zip(&start.lock_tips).zip(lock_refs)
+            for ((stage, lock_tip), lock_ref) in stages.iter().zip(&start.lock_tips).zip(lock_refs)
             {
-                if let (Verdict::Lost, Some(lock_tip), Some(lock_ref)) =
-                    (verdict, lock_tip, lock_ref)
+                if let (Stage::Pushing(_), Some(lock_tip), Some(lock_ref)) =
+                    (stage, lock_tip, lock_ref)
                 {
                     // The plan accepted the lock as it is: the write lands only if it still is.
                     commands.push(Command {
@@ -270,7 +259,7 @@ fn written_id(job: &Job) -> Option<String> {
 /// A batch of writes, once.
 pub(super) struct Round<'a> {
     pub(super) jobs: &'a [Job],
-    /// Try at the protocol floor (no fresh advertisement).
+    /// Try at the protocol floor (no fresh advertisement): every job is at [`Stage::Floor`].
     pub(super) floor: bool,
     /// The round before lost a race: the tip moved on a little.
     pub(super) after_loss: bool,
@@ -278,18 +267,16 @@ pub(super) struct Round<'a> {
 
 /// How a round ended.
 pub(super) struct Outcome {
-    /// One per job, in order.
-    pub(super) verdicts: Vec<Verdict>,
+    /// One per job, in order: [`Stage::Done`], or [`Stage::Fresh`] (missed at the floor, or its
+    /// push lost: `lost` tells which).
+    pub(super) stages: Vec<Stage>,
     /// The remote refused the round's push (not at the floor).
     pub(super) lost: Option<Lost>,
 }
 
 impl Outcome {
-    fn decided(verdicts: Vec<Verdict>) -> Self {
-        Self {
-            verdicts,
-            lost: None,
-        }
+    fn decided(stages: Vec<Stage>) -> Self {
+        Self { stages, lost: None }
     }
 }
 
@@ -302,18 +289,6 @@ pub(super) struct Lost {
     pub(super) commits: usize,
     /// What the remote said of the first ref it refused.
     pub(super) reason: String,
-}
-
-/// How a write fared in a round.
-pub(super) enum Verdict {
-    Done(Written),
-    /// The remote refused the push: another writer moved the branch or a lock changed. Also
-    /// what a write whose commit is in the round's chain is until the push lands
-    /// ([`Writer::write_round`] then makes it `Done` or `MissedFloor`, or leaves it `Lost`).
-    Lost,
-    /// Decided or refused at the floor: the tip or lock this process knew may have changed (or
-    /// the remote wants an advertisement first); decide again from the remote.
-    MissedFloor,
 }
 
 enum Planned {
@@ -389,40 +364,37 @@ fn floor_start(remote: &Remote, lock_refs: &[Option<String>]) -> Result<Option<S
     }))
 }
 
-/// Whether a round's push landed.
-enum Landed {
-    Yes,
-    /// Refused (another writer moved the branch, a lock changed, or the remote would not take
-    /// it), with what the remote said.
-    Lost(String),
-    /// Refused at the floor (or the remote wants an advertisement first).
-    MissedFloor,
-}
-
 /// Push the chain with compare-and-swap on the round's tip, atomically with the unchanged lock
-/// refs when the remote allows; at the floor, a remote that wants an advertisement first makes
-/// the round missed (the next one advertises).
+/// refs when the remote allows, and move the writes `Pushing` their commits on: `Done` if it
+/// landed, else `Fresh` (the next round advertises). Refused at the floor, or by a remote that
+/// wants an advertisement first: `None`. Refused after an advertisement (another writer moved
+/// the branch, a lock changed, or the remote would not take it): what the remote said.
 async fn push_chain(
     remote: &Remote,
     start: &Start,
     head: ObjectId,
     commands: Vec<Command>,
     objects: Vec<ObjectId>,
-) -> Result<Landed, Error> {
+    stages: &mut [Stage],
+) -> Result<Option<String>, Error> {
     let report = if start.advert.is_none() {
         match remote
             .push_at_floor(commands.clone(), objects, Updates::Atomic)
             .await?
         {
             Some(report) if report.all_ok(&commands) => report,
-            _ => return Ok(Landed::MissedFloor),
+            _ => {
+                land(stages, false);
+                return Ok(None);
+            }
         }
     } else {
         remote.push(commands.clone(), objects).await?
     };
     if report.all_ok(&commands) {
         remote.saw_tip(head);
-        return Ok(Landed::Yes);
+        land(stages, true);
+        return Ok(None);
     }
     tracing::debug!(?report, "write push lost a race");
     let reason = report
@@ -430,5 +402,22 @@ async fn push_chain(
         .iter()
         .find_map(|(name, status)| status.as_ref().err().map(|why| format!("{name}: {why}")))
         .unwrap_or_else(|| "no report for the branch".into());
-    Ok(Landed::Lost(reason))
+    land(stages, false);
+    Ok(Some(reason))
+}
+
+/// The writes `Pushing` their commits: `Done` if the push `landed`, else `Fresh`.
+fn land(stages: &mut [Stage], landed: bool) {
+    for stage in stages.iter_mut() {
+        if let Stage::Pushing(commit) = stage {
+            *stage = if landed {
+                Stage::Done(Written::Committed {
+                    version: commit.to_string(),
+                    content: None,
+                })
+            } else {
+                Stage::Fresh
+            };
+        }
+    }
 }
