@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use gitstate_core::fold::FoldReport;
 use gitstate_core::ports::{Location, StateStore};
-use gitstate_tests::handmade::{Bare, Stamp, StateWrite, state_ref};
+use gitstate_tests::handmade::{Bare, Stamp, StateWrite};
 use gitstate_tests::{GitServer, PushMode, init_tracing, settings_for};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -390,7 +390,7 @@ fn check_branch(bare: &Bare, model: &Model, seed: u64) {
                 "seed {seed}: a state written behind the protocol's back keeps that write"
             );
         }
-        assert!(bare.tip(&state_ref(path)).is_some(), "state refs stay");
+        assert!(bare.tip(&bare.state_ref(path)).is_some(), "state refs stay");
     }
 }
 

@@ -7,8 +7,6 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-pub use crate::states::state_ref;
-
 /// Who made a commit and when, as git writes it (`"1700000000 +0130"`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stamp {
@@ -77,6 +75,11 @@ impl Bare {
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
     }
 
+    /// The state ref of `path` on this branch (the one place that names it here).
+    pub fn state_ref(&self, path: &str) -> String {
+        crate::states::state_ref(path)
+    }
+
     /// The tip of `name`, if it exists.
     pub fn tip(&self, name: &str) -> Option<String> {
         let out = Command::new("git")
@@ -143,7 +146,7 @@ impl Bare {
     /// the ref's tip, or the branch tip for its first. The ref moves by compare-and-swap.
     /// Returns the state commit.
     pub fn state_write(&self, write: &StateWrite) -> String {
-        let name = state_ref(&write.path);
+        let name = self.state_ref(&write.path);
         let old = self.tip(&name);
         let parent = old
             .clone()

@@ -211,7 +211,7 @@ async fn unfolded_writes_are_read_and_folded_as_documented() {
     let listed =
         String::from_utf8(sh("git ls-remote origin 'refs/gitstate/states/*'")).expect("utf-8");
     for path in writes.keys() {
-        let state = gitstate_tests::states::state_ref(path);
+        let state = bare.state_ref(path);
         assert!(listed.contains(&state), "{path} in {listed}");
     }
     assert_eq!(listed.lines().count(), writes.len(), "{listed}");
@@ -256,7 +256,7 @@ async fn unfolded_writes_are_read_and_folded_as_documented() {
     ))
     .expect("the record is JSON");
     for (path, count) in &writes {
-        let state = gitstate_tests::states::state_ref(path);
+        let state = bare.state_ref(path);
         let tip = sh(&format!("git ls-remote origin {state} | cut -f1"));
         assert_eq!(
             record[*path].as_str(),
