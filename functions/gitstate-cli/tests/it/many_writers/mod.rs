@@ -828,15 +828,38 @@ async fn round(
     Ok(folded)
 }
 
+/// Run the steps; on a failure, keep the repository where `GITSTATE_MANY_WRITERS_KEEP` says
+/// (a folder), to look into with git.
 async fn run(seed: u64, steps: usize, setup: Setup) -> Result<(Model, String), String> {
     let mut world = World::start(setup, seed).await;
+    let outcome = steps_and_checks(&mut world, seed, steps, setup).await;
+    if outcome.is_err()
+        && let Ok(keep) = std::env::var("GITSTATE_MANY_WRITERS_KEEP")
+    {
+        let to = Path::new(&keep).join(format!("{}-{seed}", setup.state_refs));
+        let copied = std::process::Command::new("cp")
+            .arg("-r")
+            .arg(world.repo())
+            .arg(&to)
+            .status();
+        eprintln!("repository kept in {} ({copied:?})", to.display());
+    }
+    outcome
+}
+
+async fn steps_and_checks(
+    world: &mut World,
+    seed: u64,
+    steps: usize,
+    setup: Setup,
+) -> Result<(Model, String), String> {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut model = Model::default();
     let mut actors = vec![Actor::Idle; ACTORS];
     let mut log = Vec::new();
     let mut shown = BTreeMap::new();
     while model.sent < steps {
-        let folded = round(&world, &mut rng, &mut model, &mut actors, &mut log).await;
+        let folded = round(world, &mut rng, &mut model, &mut actors, &mut log).await;
         let checked = match folded {
             Ok(true) => check_branch(&world.repo(), &model, &mut shown),
             Ok(false) if log.len() % 10 == 0 => check_branch(&world.repo(), &model, &mut shown),
@@ -870,8 +893,8 @@ async fn run(seed: u64, steps: usize, setup: Setup) -> Result<(Model, String), S
     for name in std::mem::take(&mut model.locks).into_keys() {
         world.clients[0].force_unlock(name).await.expect(200);
     }
-    let folded = final_fold(&world).await?;
-    final_checks(&world, &model, folded)
+    let folded = final_fold(world).await?;
+    final_checks(world, &model, folded)
         .await
         .map_err(|e| format!("{e}\nrounds:\n{}", log.join("\n")))?;
     let refs = state_refs(&world.repo()).len();
