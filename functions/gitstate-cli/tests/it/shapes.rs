@@ -31,7 +31,7 @@ const SERVE_SINGLE_FRONT: Requests = FLOOR;
 
 /// The same with KMS encryption, also at the floor: the write's plan knows the sealed stored
 /// state by its blob id (the service remembers the version of what it wrote), so the write
-/// needs no second round.
+/// needs no second round. (By default, as [`SERVE`]: the GET asks.)
 const SERVE_KMS: Requests = FLOOR;
 
 /// A single front (see [`SERVE_SINGLE_FRONT`]).
@@ -84,23 +84,30 @@ async fn serve_applies_are_at_the_floor_with_a_single_front() {
 async fn serve_with_kms_applies_are_at_the_floor() {
     let moto = Moto::start().await;
     moto.create_key("shapes").await;
-    let server = GitServer::start().await;
-    let root = tempfile::tempdir().expect("tempdir");
-    let mut extra = moto.env();
-    extra.push(("GITSTATE_KMS_KEY_IDS", "alias/shapes".to_owned()));
-    extra.push(single_front());
-    let process = serve(&server, root.path(), &extra).await;
-    let client = Client::new(&process.url);
-    for apply in count_warm_applies(&server, &client, "serve + KMS", STATE).await {
-        apply.assert_within("serve + KMS", &SERVE_KMS);
+    for (shape, single, bound) in [
+        ("serve + KMS", false, SERVE),
+        ("serve + KMS, single front", true, SERVE_KMS),
+    ] {
+        let server = GitServer::start().await;
+        let root = tempfile::tempdir().expect("tempdir");
+        let mut extra = moto.env();
+        extra.push(("GITSTATE_KMS_KEY_IDS", "alias/shapes".to_owned()));
+        if single {
+            extra.push(single_front());
+        }
+        let process = serve(&server, root.path(), &extra).await;
+        let client = Client::new(&process.url);
+        for apply in count_warm_applies(&server, &client, shape, STATE).await {
+            apply.assert_within(shape, &bound);
+        }
+        // The state is stored sealed.
+        let stored = gitstate_tests::stored_file(&server, "shapes", STATE);
+        assert!(
+            String::from_utf8_lossy(&stored).contains("ENC["),
+            "not sealed: {}",
+            String::from_utf8_lossy(&stored)
+        );
     }
-    // The state is stored sealed.
-    let stored = gitstate_tests::stored_file(&server, "shapes", STATE);
-    assert!(
-        String::from_utf8_lossy(&stored).contains("ENC["),
-        "not sealed: {}",
-        String::from_utf8_lossy(&stored)
-    );
 }
 
 fn terraform() -> std::path::PathBuf {
