@@ -41,14 +41,15 @@ fn single_front() -> (&'static str, String) {
 
 /// `gitstate run -- terraform apply`, the whole command: each is a new, cold process in front of
 /// Terraform, so on top of the apply's own requests come the wrapper's look at the repository
-/// when it starts and the first LOCK's advertisement. The wrapper is the single front of its
+/// when it starts (one advertisement: the branch and the protocol record) and the first LOCK's
+/// advertisement. The wrapper is the single front of its
 /// Terraform (`GITSTATE_SINGLE_FRONT`): the GET after the LOCK asks nothing, and an update's
 /// write goes at the floor on the tip the LOCK proved. Terraform reads a state it does not find
 /// twice, and the write of a new file in a cold process fetches what it builds on.
 const RUN: Requests = Requests {
-    create: 9,
-    update: 6,
-    no_op: 5,
+    create: 8,
+    update: 5,
+    no_op: 4,
 };
 
 const STATE: &str = "shapes/app.tfstate";

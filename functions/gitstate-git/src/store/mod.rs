@@ -366,8 +366,13 @@ impl StateStore for GitStore {
         at: &Location,
     ) -> Result<gitstate_core::protocol::Protocol, StoreError> {
         let remote = self.remote(at)?;
+        // A look at start-up comes right after the branch's: one advertisement for both.
         let advert = remote
-            .refs_with_prefix(gitstate_core::protocol::PROTOCOL_PREFIX)
+            .branch_and_prefix(
+                &at.branch.full_ref(),
+                gitstate_core::protocol::PROTOCOL_PREFIX,
+                read::LIST_REFS_FRESH,
+            )
             .await?;
         Ok(gitstate_core::protocol::check(
             &self.options.lock_ref_prefix,
