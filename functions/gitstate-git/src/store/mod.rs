@@ -79,6 +79,8 @@ pub struct StoreOptions {
     pub fold_after_writes: bool,
     /// Which writes go to a state's own ref (`GITSTATE_STATE_REFS`).
     pub state_refs: StateRefs,
+    /// See [`GitSettings::single_front`].
+    pub single_front: bool,
 }
 
 /// How a write under a lock reaches the remote, decided per remote from its receive-pack
@@ -152,6 +154,7 @@ impl GitStore {
             fold_lease_age: settings.fold_lease_age,
             fold_after_writes: settings.fold_after_writes,
             state_refs: settings.state_refs,
+            single_front: settings.single_front,
         };
         match &settings.repository {
             Some(url) => Ok((

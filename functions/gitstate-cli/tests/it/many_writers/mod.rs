@@ -22,10 +22,10 @@
 //! [`model::judge_pair`]).
 //!
 //! Asserted: every GET (a lock holder's right after its LOCK included) answers the newest
-//! acknowledged version of the name (the one exception is the LOCK proof, as decided: the first
-//! GET through the process that took a LOCK, within its window, may answer as of that LOCK; see
-//! [`as_of_lock`]; the `always` run reads strictly with `GITSTATE_LOCK_PROOF=false`); every acknowledged write is in the state's history exactly
-//! once and in order, through the history API and, after the final fold, through `git log` of
+//! acknowledged version of the name (a process whose GET rests on its own LOCK's proof answers
+//! as of that LOCK, see [`as_of_lock`]; these processes have no single front, so none does on
+//! a binary that knows `GITSTATE_SINGLE_FRONT`); every acknowledged write is in the state's
+//! history exactly once and in order, through the history API and, after the final fold, through `git log` of
 //! the branch on the bare repository; a write answered with a 5xx either left the state
 //! unchanged or changed it exactly once (decided from the history) and, if it did not land,
 //! never appears later; no refused write ever appears (every read and history is exact); after
@@ -85,8 +85,6 @@ struct Setup {
     /// Half the processes reach the git server through a proxy that fails some of its requests
     /// ([`FAULTS`]).
     faults: bool,
-    /// `GITSTATE_LOCK_PROOF` (passed as `false` only when the binary knows it).
-    lock_proof: bool,
 }
 
 /// Share of git requests of the faulty processes that fail, and how (never a stall: each would
@@ -148,17 +146,14 @@ impl World {
         if state_refs {
             extra.push(("GITSTATE_STATE_REFS", setup.state_refs));
         }
-        // The window as decided (10 s) where the setting exists, else the floor's first one
-        // (60 s); a few seconds more for the test's own pace.
-        let margin = Duration::from_secs(5);
-        let proof_window = match knows_variable(binary, LOCK_PROOF, "false").await {
+        // Where the binary knows `GITSTATE_SINGLE_FRONT`, a GET never rests on a LOCK's proof
+        // unless a single front is declared (never here: requests spread over the processes);
+        // before that, the floor's first proof answered for 60 s (a few seconds more for the
+        // test's own pace).
+        let proof_window = match knows_variable(binary, "GITSTATE_SINGLE_FRONT", "false").await {
             _ if setup.push == PushMode::NoAtomic => None,
-            true if !setup.lock_proof => {
-                extra.push((LOCK_PROOF, "false"));
-                None
-            }
-            true => Some(Duration::from_secs(10) + margin),
-            false => Some(Duration::from_secs(60) + margin),
+            true => None,
+            false => Some(Duration::from_secs(65)),
         };
         let mut procs = Vec::new();
         for i in 0..PROCESSES {
@@ -460,14 +455,13 @@ fn settle_round(
     Ok(unsure)
 }
 
-/// The LOCK proof, as the coordinator decided it (issue-27-design.md, Changes, 06:50): the first
-/// GET of a name through the process that took its LOCK, within a short window, answers the
-/// state as of that LOCK, even when the holder wrote since through another process (found as a
-/// stale read with seed 1, see [`a_lock_proof_answers_as_of_the_lock_or_strictly`]). Such an
-/// answer (exactly the proved version, through exactly that process, in the window) is counted
-/// and judged as the newest; any other read must be the newest. Every request of a process on
-/// a name ends what it proved there; `GITSTATE_LOCK_PROOF=false` and hosts without atomic push
-/// have no proof.
+/// The LOCK proof: where a process answers the first GET of a name after its own LOCK of it
+/// from what that LOCK push proved, it answers as of that LOCK, even when the holder wrote since
+/// through another process (found as a stale read with seed 1; now only with
+/// `GITSTATE_SINGLE_FRONT=true`, see [`a_lock_proof_never_answers_after_a_write_through_another_process`]).
+/// Where the processes may (`Model::proof_window`), such an answer (exactly the proved version,
+/// through exactly that process, in the window) is counted and judged as the newest; any other
+/// read must be the newest. Every request of a process on a name ends what it proved there.
 fn as_of_lock(
     model: &mut Model,
     round: &[(usize, Op)],
@@ -951,20 +945,17 @@ async fn interleaved_writers_never_read_stale_and_never_lose_a_write() {
         push: PushMode::Atomic,
         state_refs: "auto",
         faults: false,
-        lock_proof: true,
     };
     many_writers(setup, CI_STEPS).await;
 }
 
-/// Every update of an existing state to its state ref (the Lambda binary's default), with
-/// strict reads (`GITSTATE_LOCK_PROOF=false`, once the binary knows the setting).
+/// Every update of an existing state to its state ref (the Lambda binary's default).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn interleaved_writers_with_state_refs_always() {
     let setup = Setup {
         push: PushMode::Atomic,
         state_refs: "always",
         faults: false,
-        lock_proof: false,
     };
     many_writers(setup, CI_STEPS).await;
 }
@@ -977,7 +968,6 @@ async fn interleaved_writers_without_atomic_push() {
         push: PushMode::NoAtomic,
         state_refs: "auto",
         faults: false,
-        lock_proof: true,
     };
     many_writers(setup, CI_STEPS * 2 / 3).await;
 }
@@ -991,7 +981,6 @@ async fn interleaved_writers_with_git_faults() {
         push: PushMode::Atomic,
         state_refs: "auto",
         faults: true,
-        lock_proof: true,
     };
     many_writers(setup, CI_STEPS / 2).await;
 }
@@ -1020,35 +1009,15 @@ async fn many_writers(setup: Setup, ci_steps: usize) {
     }
 }
 
-/// The replay of seed 1 in its smallest form: Terraform's LOCK reaches process P, its GET and
-/// write process Q (the Lambda shape routes each request to any free container); then a GET
-/// through P. With the LOCK proof (the default, as decided: issue-27-design.md, Changes, 06:50)
-/// that GET, the first through P after its LOCK and within the window, answers the state as of
-/// the LOCK (here: no state); with `GITSTATE_LOCK_PROOF=false` it answers the written state.
+/// The replay of seed 1 in its smallest form: Terraform's LOCK reaches one process, its GET and
+/// write another (the Lambda shape routes each request to any free container); a later GET
+/// through the first process must answer the written state, not what that LOCK proved.
+///
+/// A GET answered from what a LOCK push proved is only sound where every request of a run
+/// reaches the process that took the LOCK: that is `GITSTATE_SINGLE_FRONT=true` (set by
+/// `gitstate run`), not the default, which these processes keep.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lock_proof_answers_as_of_the_lock_or_strictly() {
-    let written = Version {
-        serial: 1,
-        marker: "written-through-q".into(),
-    };
-    assert_eq!(read_after_write_elsewhere(&[], &written).await, (404, None));
-    let binary = Path::new(crate::GITSTATE);
-    if knows_variable(binary, LOCK_PROOF, "false").await {
-        let strict = read_after_write_elsewhere(&[(LOCK_PROOF, "false")], &written).await;
-        assert_eq!(strict, (200, Some(written)));
-    } else {
-        eprintln!("{LOCK_PROOF} unknown to the binary: the strict half is not run");
-    }
-}
-
-/// The setting that turns the LOCK proof off.
-const LOCK_PROOF: &str = "GITSTATE_LOCK_PROOF";
-
-/// LOCK through P, GET and write of `written` through Q, then a GET through P: its answer.
-async fn read_after_write_elsewhere(
-    extra: &[(&str, &str)],
-    written: &Version,
-) -> (u16, Option<Version>) {
+async fn a_lock_proof_never_answers_after_a_write_through_another_process() {
     let server = GitServer::start().await;
     let url = server.create_repo(REPO);
     let root = tempfile::tempdir().expect("tempdir");
@@ -1056,7 +1025,7 @@ async fn read_after_write_elsewhere(
     for i in 0..2 {
         let dir = root.path().join(format!("serve-{i}"));
         std::fs::create_dir_all(&dir).expect("server dir");
-        let env = serve_env(&url, extra);
+        let env = serve_env(&url, &[]);
         procs.push(ServeProcess::start(Path::new(crate::GITSTATE), &dir, env).await);
     }
     let (p, q) = (Client::new(&procs[0].url), Client::new(&procs[1].url));
@@ -1079,10 +1048,20 @@ async fn read_after_write_elsewhere(
     p.get_state("warm/1.tfstate").await.expect(200);
     p.lock(name, "apply-1").await.expect(200);
     q.get_state(name).await.expect(404);
-    q.write_locked(name, "apply-1", &written.body(name))
+    let version = Version {
+        serial: 1,
+        marker: "written-through-q".into(),
+    };
+    q.write_locked(name, "apply-1", &version.body(name))
         .await
         .expect(200);
     let read = p.get_state(name).await;
+    assert_eq!(
+        (read.status, Version::of(&read.body)),
+        (200, Some(version)),
+        "a GET through the process that took the LOCK answered what the LOCK proved, not the \
+         write made since through another process: {}",
+        read.body
+    );
     q.unlock(name, "apply-1").await.expect(200);
-    (read.status, Version::of(&read.body))
 }
