@@ -761,10 +761,11 @@ async fn final_checks(world: &World, model: &Model, folded: bool) -> Result<(), 
 }
 
 /// The last fold, once the processes' own folds are done: it may find another's lease for a
-/// while, never fail for good.
+/// while (a process replaced with kill -9 during its background fold leaves its lease until
+/// it ages out, `GITSTATE_FOLD_LEASE_SECS`, 60 s), never fail for good.
 async fn final_fold(world: &World) -> Result<bool, String> {
     let mut said = String::new();
-    for _ in 0..20 {
+    for _ in 0..150 {
         let Some(fold) = world.fold() else {
             return Ok(false);
         };
