@@ -176,15 +176,19 @@ fn step(op: &str, labels: &[&str]) -> (String, Vec<String>) {
     )
 }
 
+/// A backend that every request of a Terraform run reaches (`GITSTATE_SINGLE_FRONT`): the GET
+/// after a LOCK may rest on what the LOCK push proved.
+const SINGLE_FRONT: &[(&str, &str)] = &[("GITSTATE_SINGLE_FRONT", "true")];
+
 const PUSH: &str = "POST receive-pack";
 const PUSH_ADVERT: &str = "GET refs/receive-pack";
 const FETCH: &str = "POST upload-pack";
 const FETCH_ADVERT: &str = "GET refs/upload-pack";
 
-/// Warm applies at the floor: an update apply is 3 git requests and a no-op apply 2 where the
-/// remote pushes atomically (the LOCK push proves the state, so the GET asks nothing); without
-/// atomic push the GET asks, and a write under a lock keeps its advertisement (5). The same with
-/// the filter on and off.
+/// Warm applies at the floor, in a backend every request of a run reaches: an update apply is 3
+/// git requests and a no-op apply 2 where the remote pushes atomically (the LOCK push proves the
+/// state, so the GET asks nothing); without atomic push the GET asks, and a write under a lock
+/// keeps its advertisement (5). The same with the filter on and off.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn warm_applies_are_at_the_floor() {
     init_tracing();
@@ -192,7 +196,7 @@ async fn warm_applies_are_at_the_floor() {
         for filter in [true, false] {
             let server = GitServer::start_in(mode).await;
             let url = realistic_repo(&server, "states", STATES, filter);
-            let backend = TestBackend::start(&url, &[]).await;
+            let backend = TestBackend::start(&url, SINGLE_FRONT).await;
             let client = Client::new(&backend.url);
             // The first apply of the process: cold.
             let cold = apply(&server, &client, "a-1", Some(&realistic_state(7, 60, 2))).await;
@@ -259,8 +263,8 @@ async fn a_lock_proves_the_state_only_while_the_branch_is_as_known() {
     let server = GitServer::start().await;
     let url = realistic_repo(&server, "states", STATES, true);
     let (a, b) = (
-        TestBackend::start(&url, &[]).await,
-        TestBackend::start(&url, &[]).await,
+        TestBackend::start(&url, SINGLE_FRONT).await,
+        TestBackend::start(&url, SINGLE_FRONT).await,
     );
     let (a, b) = (Client::new(&a.url), Client::new(&b.url));
     apply(&server, &a, "a-1", Some(&realistic_state(7, 60, 2))).await;

@@ -13,14 +13,20 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use base64::Engine;
-use gitstate_tests::counting::{FLOOR, Requests, count_warm_applies};
+use gitstate_tests::counting::{Requests, count_warm_applies};
 use gitstate_tests::{GIT_TOKEN, GIT_USER, GitServer, access_file, git, init_tracing};
 
 const FUNCTION: &str = "gitstate-lambda";
 
-/// Git requests per apply through a warm container: the floor
-/// ([`gitstate_tests::counting::FLOOR`]), as `gitstate serve`, whose assembly it shares.
-const LAMBDA: Requests = FLOOR;
+/// Git requests per apply through a warm container: as `gitstate serve` by default, whose
+/// assembly it shares. Not the floor ([`gitstate_tests::counting::FLOOR`]): each request of a
+/// Terraform run may reach another container, so the GET after a LOCK asks the remote rather
+/// than rest on what the LOCK push proved in the container that made it.
+const LAMBDA: Requests = Requests {
+    create: 4,
+    update: 4,
+    no_op: 3,
+};
 
 fn workspace_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -84,6 +84,10 @@ const DESCRIPTIONS: &[Described] = &[
         "GITSTATE_REQUIRE_ATOMIC",
         "`true`: refuse hosts without atomic push (502 naming this setting) instead of [writing without it](#hosts-without-atomic-push)",
     ),
+    describe(
+        "GITSTATE_SINGLE_FRONT",
+        "`true`: every request of a Terraform run reaches this one process (one `serve` in front of its clients; `gitstate run` sets it itself), so the GET right after a LOCK is answered from what the LOCK push proved, without a git request. Leave it `false` with several processes behind one address, and on Lambda: a GET through the process that took the LOCK would not see a write made through another",
+    ),
     describe_default(
         "GITSTATE_STATE_REFS",
         "`always` (Lambda), `auto` (local)",

@@ -170,5 +170,6 @@ fn store_settings(settings: &Settings) -> gitstate_git::GitSettings {
         fold_lease_age: settings.git.fold_lease_age,
         fold_after_writes: settings.runtime == Runtime::Local,
         state_refs: git.state_refs,
+        single_front: git.single_front,
     }
 }

@@ -95,6 +95,9 @@ pub async fn run(
         None
     };
     let (user, token) = run_credential(&mut settings).await?;
+    // This process serves one Terraform, on a port of its own: every request of the run
+    // reaches it, so the GET after a LOCK may rest on what the LOCK push proved.
+    settings.git.single_front = true;
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
         .await
         .context("binding a loopback port")?;

@@ -93,16 +93,27 @@ pub enum Refusal {
     Clash(Clash),
 }
 
+/// The stored state a plan judges: its bytes, and an id of exactly these bytes when the store
+/// has one (git: the blob id). By the id the service knows a sealed state it opened or wrote
+/// before, without opening it again.
+#[derive(Debug, Clone, Copy)]
+pub struct Stored<'a> {
+    pub content: &'a [u8],
+    pub id: Option<&'a str>,
+}
+
 /// The service's decision on a write, taken against the freshest lock and state the store has
 /// read (again on every retry): refuse it, or say what the commit records.
 pub type WritePlan =
-    Arc<dyn Fn(Option<&HeldLock>, Option<&[u8]>) -> Result<CommitMeta, Refusal> + Send + Sync>;
+    Arc<dyn Fn(Option<&HeldLock>, Option<Stored<'_>>) -> Result<CommitMeta, Refusal> + Send + Sync>;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Written {
-    /// The change is on the branch; `version` identifies it (for git: the commit id).
+    /// The change is on the branch; `version` identifies it (for git: the commit id), and
+    /// `content` the bytes written, when the store has such an id (see [`Stored::id`]).
     Committed {
         version: String,
+        content: Option<String>,
     },
     /// Nothing to do: the stored bytes already equal the new ones.
     Unchanged,
@@ -435,8 +446,8 @@ pub trait StateStore: Send + Sync + 'static {
 /// stored file is exactly `expected` (`None`: absent); otherwise refuse it as
 /// [`Refusal::Exists`] (the file is not the one the change was made to).
 pub fn replace_plan(expected: Option<Bytes>, meta: CommitMeta) -> WritePlan {
-    Arc::new(move |_, stored| {
-        if stored == expected.as_deref() {
+    Arc::new(move |_, stored: Option<Stored<'_>>| {
+        if stored.map(|s| s.content) == expected.as_deref() {
             Ok(meta.clone())
         } else {
             Err(Refusal::Exists)

@@ -232,10 +232,11 @@ impl StateStore for MemoryStore {
             if let Some(clash) = i.tree_clash(at, name) {
                 return Written::Refused(Refusal::Clash(clash));
             }
-            let meta = match plan(
-                i.locks.get(&lock_key(at, name)),
-                i.states.get(&k).map(|b| b.as_ref()),
-            ) {
+            let stored = i.states.get(&k).map(|b| crate::ports::Stored {
+                content: b.as_ref(),
+                id: None,
+            });
+            let meta = match plan(i.locks.get(&lock_key(at, name)), stored) {
                 Ok(meta) => meta,
                 Err(refusal) => return Written::Refused(refusal),
             };
@@ -266,7 +267,10 @@ impl StateStore for MemoryStore {
             };
             i.revisions.entry(k).or_default().push((revision, content));
             i.log.push(meta);
-            Written::Committed { version }
+            Written::Committed {
+                version,
+                content: None,
+            }
         })
     }
 

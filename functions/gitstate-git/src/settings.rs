@@ -78,4 +78,8 @@ pub struct GitSettings {
     pub fold_after_writes: bool,
     /// Which writes go to a state's own ref.
     pub state_refs: StateRefs,
+    /// Every request of a Terraform run reaches this process (`gitstate run`, or one `serve` in
+    /// front of its clients): the GET right after a LOCK may be answered from what the LOCK
+    /// push proved (see the store's `floor` module).
+    pub single_front: bool,
 }

@@ -87,6 +87,7 @@ const CONCERNS: &[(Concern, &[&str])] = &[
             "GITSTATE_GIT_CA_FILE",
             "GITSTATE_GIT_CA_PEM",
             "GITSTATE_REQUIRE_ATOMIC",
+            "GITSTATE_SINGLE_FRONT",
             "GITSTATE_STATE_REFS",
             "GITSTATE_GIT_MAX_RESPONSE_BYTES",
             "GITSTATE_GIT_WRITES_PER_PUSH",

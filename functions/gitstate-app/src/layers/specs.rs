@@ -78,6 +78,10 @@ pub const SETTINGS: &[Spec] = &[
         "GITSTATE_REQUIRE_ATOMIC",
         "refuse git hosts without atomic push [false]",
     ),
+    switch(
+        "GITSTATE_SINGLE_FRONT",
+        "every request of a Terraform run reaches this one process [false]",
+    ),
     setting(
         "GITSTATE_STATE_REFS",
         "which updates go to a state's own ref: auto, always or never [auto]",

@@ -45,6 +45,10 @@ pub struct GitSettings {
     /// `GITSTATE_REQUIRE_ATOMIC` (default false): refuse remotes without atomic push instead of
     /// writing with the lock checked from the advertisement.
     pub require_atomic: bool,
+    /// `GITSTATE_SINGLE_FRONT` (default false; `gitstate run` sets it): every request of a
+    /// Terraform run reaches this one process, so the GET right after a LOCK is answered from
+    /// what the LOCK push proved, without a git request.
+    pub single_front: bool,
     /// `GITSTATE_STATE_REFS`: which writes go to a state's own ref, `auto` (default locally),
     /// `always` (default on Lambda, where group commit never applies) or `never`.
     pub state_refs: StateRefs,
@@ -101,6 +105,7 @@ impl GitSettings {
                 vars.get("GITSTATE_GIT_CA_PEM"),
             )?,
             require_atomic: vars.flag("GITSTATE_REQUIRE_ATOMIC")?,
+            single_front: vars.flag("GITSTATE_SINGLE_FRONT")?,
             state_refs: state_refs(runtime, vars)?,
             allow_unlocked_writes: vars.flag("GITSTATE_ALLOW_UNLOCKED_WRITES")?,
             create_ref: vars.flag("GITSTATE_CREATE_REF")?,

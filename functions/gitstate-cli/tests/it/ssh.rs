@@ -428,3 +428,83 @@ fn the_seeds_ssh_private_key_and_host_key_checking() {
     assert!(out.contains("Host key verification failed"), "{out}");
     assert!(!out.contains(&body), "the key was shown: {out}");
 }
+
+/// `gitstate fold` over SSH (both URL forms, a fresh cache each): generated writes on two
+/// states' refs reach the branch once each, and the record names the last of each.
+#[test]
+fn gitstate_fold_over_ssh() {
+    use gitstate_tests::handmade::{Bare, Stamp, StateWrite};
+    use rand::{Rng, SeedableRng};
+    let sshd = Sshd::start();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x55f0);
+    for (form, with_port) in [("fold-url", false), ("fold-scp", true)] {
+        let repo = sshd.bare_repo(form);
+        let url = if with_port {
+            format!("{}@127.0.0.1:{}", Sshd::user(), repo.display())
+        } else {
+            format!(
+                "ssh://{}@127.0.0.1:{}{}",
+                Sshd::user(),
+                sshd.port,
+                repo.display()
+            )
+        };
+        let bare = Bare::new(&repo, "main");
+        let stamp = |at: i64| Stamp {
+            name: "ann".into(),
+            email: "ann@example.invalid".into(),
+            date: format!("{} +0000", 1_700_000_000 + at),
+        };
+        let write = |path: &str, at: i64, message: String| StateWrite {
+            path: path.to_owned(),
+            content: format!("{{\"serial\":{at}}}\n").into_bytes(),
+            author: stamp(at),
+            committer: stamp(at),
+            message,
+        };
+        let paths = ["a.tfstate", "team/b.tfstate"];
+        for path in paths {
+            bare.branch_write(
+                path,
+                Some(b"{}\n"),
+                &write(path, 1, format!("create {path}\n")),
+            );
+        }
+        let mut last = std::collections::BTreeMap::new();
+        let writes = rng.random_range(2..7);
+        for at in 0..writes {
+            let path = paths[rng.random_range(0..2)];
+            let id = bare.state_write(&write(
+                path,
+                10 + at,
+                format!("write {path}\n\nUser: ann\n"),
+            ));
+            last.insert(path, id);
+        }
+        let work = tempfile::tempdir().expect("tempdir");
+        let out = Command::new(crate::GITSTATE)
+            .args(["fold", "--repository", &url])
+            .env("GIT_SSH_COMMAND", sshd.ssh_command(with_port))
+            .env("GITSTATE_CACHE_DIR", work.path().join("cache"))
+            .env("HOME", work.path())
+            .output()
+            .expect("gitstate fold");
+        let said = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{form}: {said}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            said.contains(&format!(
+                "folded {writes} write(s) of {} state(s)",
+                last.len()
+            )),
+            "{form}: {said}"
+        );
+        let record = bare.folded();
+        for (path, id) in &last {
+            assert_eq!(record.get(*path), Some(id), "{form}: {path}");
+        }
+    }
+}

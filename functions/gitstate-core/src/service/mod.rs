@@ -24,6 +24,7 @@ mod lock;
 mod overview;
 mod rekey;
 mod restore;
+mod sealed;
 mod state;
 
 pub use history::{MAX_PAGE, MIN_PREFIX, Selector, VersionInfo, match_prefix};
@@ -216,6 +217,8 @@ pub struct Backend {
     /// a write costs no request for it).
     branches: std::sync::Mutex<std::collections::HashSet<Location>>,
     memo: overview::Memo,
+    /// Versions of sealed states this process opened or wrote, by stored id.
+    sealed: Arc<sealed::SealedVersions>,
 }
 
 /// Encryption at rest: every state passes through the sealer; lock and configuration files stay
@@ -260,6 +263,7 @@ impl Backend {
             branches: std::sync::Mutex::default(),
             protocols: std::sync::Mutex::default(),
             memo: overview::Memo::default(),
+            sealed: Arc::default(),
         }
     }
 

@@ -1,15 +1,15 @@
 //! Reading, writing and deleting states.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
 
+use super::sealed::SealedView;
 use super::{Backend, MAX_OPENS, ServiceError, Version, refused};
 use crate::StateName;
 use crate::access::{Caller, Role};
 use crate::ports::{
-    Change, CommitMeta, HeldLock, Location, Refusal, StoreError, WritePlan, Written,
+    Change, CommitMeta, HeldLock, Location, Refusal, StoreError, Stored, WritePlan, Written,
 };
 use crate::trailers::Trailers;
 
@@ -97,18 +97,26 @@ impl Backend {
         if lock_id.is_none() && self.unlocked_writes {
             self.require_protocol(at).await?;
         }
+        let sealing = self.encryption.as_ref().is_some_and(|e| e.sealer.seals());
         let body = match &self.encryption {
-            Some(e) if e.sealer.seals() => e.sealer.seal(&body, at, name).await?,
+            Some(e) if sealing => e.sealer.seal(&body, at, name).await?,
             _ => body,
         };
-        let mut known: HashMap<Bytes, Version> = HashMap::new();
+        let mut sealed = SealedView::new(self.sealed.clone(), at, name);
         for _ in 0..MAX_OPENS {
-            let plan = self.write_plan(caller, name, lock_id, &sent, verb, known.clone());
+            let plan = self.write_plan(caller, name, lock_id, &sent, verb, sealed.clone());
             match self
                 .store
                 .write_state(at, name, Change::Put(body.clone()), plan)
                 .await?
             {
+                Written::Committed {
+                    content: Some(id), ..
+                } if sealing => {
+                    // What this process wrote, sealed: the next write's plan knows it by its id.
+                    sealed.wrote(&id, sent.clone());
+                    return Ok(());
+                }
                 Written::Committed { .. } | Written::Unchanged => return Ok(()),
                 Written::Refused(Refusal::Sealed(stored)) => {
                     let opened = match verb {
@@ -121,7 +129,7 @@ impl Backend {
                             self.open(at, name, stored.clone()).await?
                         }
                     };
-                    known.insert(stored, Version::of(&opened.plaintext));
+                    sealed.opened.insert(stored, Version::of(&opened.plaintext));
                 }
                 Written::Refused(refusal) => return Err(refused(caller, refusal)),
             }
@@ -133,7 +141,7 @@ impl Backend {
     }
 
     /// The store's plan for one attempt: the lock rule, the stale-serial rule against the stored
-    /// state (`known`: versions of sealed states opened so far), and the commit.
+    /// state (`sealed`: the versions of sealed states it may judge by), and the commit.
     fn write_plan(
         &self,
         caller: &Caller,
@@ -141,7 +149,7 @@ impl Backend {
         lock_id: Option<&str>,
         sent: &Version,
         verb: Verb<'_>,
-        known: HashMap<Bytes, Version>,
+        sealed: SealedView,
     ) -> WritePlan {
         let base = self.meta(caller, String::new());
         let user = caller.user.clone();
@@ -155,14 +163,15 @@ impl Backend {
             Some(e) => (Some(e.sealer.clone()), e.enforced && verb == Verb::Write),
             None => (None, false),
         };
-        Arc::new(move |lock: Option<&HeldLock>, stored: Option<&[u8]>| {
+        Arc::new(move |lock: Option<&HeldLock>, stored: Option<Stored<'_>>| {
             let holder = admit(lock, lock_id.as_deref(), &user, unlocked)?;
-            if let Some(stored) = stored {
+            if let Some(Stored {
+                content: stored,
+                id,
+            }) = stored
+            {
                 let current = match &sealer {
-                    Some(sealer) if sealer.is_sealed(stored) => known
-                        .get(stored)
-                        .cloned()
-                        .ok_or_else(|| Refusal::Sealed(Bytes::copy_from_slice(stored)))?,
+                    Some(sealer) if sealer.is_sealed(stored) => sealed.version(stored, id)?,
                     Some(_) if enforced => {
                         return Err(Refusal::Unprotected {
                             format: "unencrypted",
@@ -209,7 +218,7 @@ impl Backend {
         let unlocked = lock_id.is_none();
         let (subject, lock_id) = (format!("delete {name}"), lock_id.map(str::to_owned));
         let allowed = self.unlocked_writes;
-        let plan = Arc::new(move |lock: Option<&HeldLock>, stored: Option<&[u8]>| {
+        let plan = Arc::new(move |lock: Option<&HeldLock>, stored: Option<Stored<'_>>| {
             let holder = admit(lock, lock_id.as_deref(), &user, allowed)?;
             if stored.is_none() {
                 return Err(Refusal::NotFound);

@@ -152,7 +152,9 @@ impl GitStore {
         let lock_ref = self.lock_ref(name);
         let (command, commit) = remote.lock_commit(name, lock, meta, &lock_ref).await?;
         let proving = match self.holder(at, name)? {
-            Some(held) if WriteMode::of(&caps) == WriteMode::Atomic => {
+            Some(held)
+                if self.options.single_front && WriteMode::of(&caps) == WriteMode::Atomic =>
+            {
                 let state = (held.name != at.branch.full_ref()).then_some(held.tip);
                 Some(Proving::new(&held.name, held.tip, tip, state))
             }
@@ -267,6 +269,10 @@ pub(super) fn remember_proved(
         return;
     };
     if report.all_ok(std::slice::from_ref(&proving.assert)) {
+        if proving.state.is_none() {
+            // The branch itself was asserted: its tip is current, a write may start there.
+            remote.saw_tip(proving.branch);
+        }
         let proof = Proof {
             lock: lock_commit,
             branch: proving.branch,

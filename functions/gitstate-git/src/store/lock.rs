@@ -69,7 +69,10 @@ impl GitStore {
         name: &StateName,
         advert: &Advert,
     ) -> Option<Proving> {
-        if !remote.fetches() || WriteMode::of(advert) != WriteMode::Atomic {
+        if !self.options.single_front
+            || !remote.fetches()
+            || WriteMode::of(advert) != WriteMode::Atomic
+        {
             return None;
         }
         let branch = advert.tip(&at.branch.full_ref())?;

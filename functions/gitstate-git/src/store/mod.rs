@@ -79,6 +79,8 @@ pub struct StoreOptions {
     pub fold_after_writes: bool,
     /// Which writes go to a state's own ref (`GITSTATE_STATE_REFS`).
     pub state_refs: StateRefs,
+    /// See [`GitSettings::single_front`].
+    pub single_front: bool,
 }
 
 /// How a write under a lock reaches the remote, decided per remote from its receive-pack
@@ -152,6 +154,7 @@ impl GitStore {
             fold_lease_age: settings.fold_lease_age,
             fold_after_writes: settings.fold_after_writes,
             state_refs: settings.state_refs,
+            single_front: settings.single_front,
         };
         match &settings.repository {
             Some(url) => Ok((
@@ -363,8 +366,13 @@ impl StateStore for GitStore {
         at: &Location,
     ) -> Result<gitstate_core::protocol::Protocol, StoreError> {
         let remote = self.remote(at)?;
+        // A look at start-up comes right after the branch's: one advertisement for both.
         let advert = remote
-            .refs_with_prefix(gitstate_core::protocol::PROTOCOL_PREFIX)
+            .branch_and_prefix(
+                &at.branch.full_ref(),
+                gitstate_core::protocol::PROTOCOL_PREFIX,
+                read::LIST_REFS_FRESH,
+            )
             .await?;
         Ok(gitstate_core::protocol::check(
             &self.options.lock_ref_prefix,

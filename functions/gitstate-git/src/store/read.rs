@@ -17,7 +17,7 @@ use crate::protocol::Service;
 
 /// A list of states trusts a ref advertisement this recent (in a cold process: the one the
 /// access check just made) instead of asking again.
-const LIST_REFS_FRESH: Duration = Duration::from_secs(1);
+pub(super) const LIST_REFS_FRESH: Duration = Duration::from_secs(1);
 
 impl GitStore {
     pub(super) async fn list_states(

@@ -196,9 +196,13 @@ pub struct Model {
     pub writes: u64,
     /// Answers per request kind and status, and the races run, for the report.
     pub seen: BTreeMap<String, usize>,
-    /// FLOOR_PROOF_STALE_READ: per process and name, the version (`None`: no state) its last
-    /// 200 LOCK of the name proved, until that process reads, writes or unlocks the name.
-    pub proofs: BTreeMap<(usize, &'static str), Option<Version>>,
+    /// The LOCK proof (see `as_of_lock` in mod.rs): per process and name, the version (`None`:
+    /// no state) its last 200 LOCK of the name proved and when, until that process serves
+    /// another request on the name.
+    pub proofs: BTreeMap<(usize, &'static str), (Option<Version>, std::time::Instant)>,
+    /// How long a LOCK's proof answers the first GET after it through that process; `None`:
+    /// never (a host without atomic push, or `GITSTATE_LOCK_PROOF=false`).
+    pub proof_window: Option<std::time::Duration>,
 }
 
 impl Model {

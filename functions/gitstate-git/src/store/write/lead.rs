@@ -69,9 +69,9 @@ impl Writer {
             }
             batcher.top_up(&mut batch, standing.width);
             if batch.is_empty() {
-                // Let go, then look once more: a write queued just now saw the flag taken.
-                batcher.release();
-                if batcher.is_empty() || !batcher.claim() {
+                // Let go only with nothing queued, in one step: a write queued after this finds
+                // nobody leading and leads.
+                if batcher.release_if_empty() {
                     return;
                 }
                 standing = Standing::new(batcher.most);

@@ -48,7 +48,7 @@ impl GitStore {
         meta: &CommitMeta,
     ) -> Result<bool, StoreError> {
         let meta = meta.clone();
-        let plan: WritePlan = Arc::new(move |_, stored| match stored {
+        let plan: WritePlan = Arc::new(move |_, stored: Option<_>| match stored {
             Some(_) => Err(Refusal::Exists),
             None => Ok(meta.clone()),
         });

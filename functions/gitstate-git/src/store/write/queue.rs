@@ -3,7 +3,6 @@
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
@@ -112,49 +111,57 @@ impl Job {
 
 /// The writes of one branch waiting to be pushed, and whether a task is pushing them.
 pub(in crate::store) struct Batcher {
-    queue: Mutex<VecDeque<Job>>,
-    leading: AtomicBool,
+    /// One lock for both, so that the pushing task lets go exactly when the queue is empty.
+    queue: Mutex<Queue>,
     /// Most writes in one push.
     pub(super) most: usize,
+}
+
+#[derive(Default)]
+struct Queue {
+    jobs: VecDeque<Job>,
+    /// A task is pushing the queued writes.
+    leading: bool,
 }
 
 impl Batcher {
     pub(in crate::store) fn new(most: usize) -> Self {
         Self {
             queue: Mutex::default(),
-            leading: AtomicBool::new(false),
             most: most.max(1),
         }
     }
 
     /// Queue `job`.
     pub(super) fn push(&self, job: Job) {
-        lock(&self.queue).push_back(job);
-    }
-
-    pub(super) fn is_empty(&self) -> bool {
-        lock(&self.queue).is_empty()
+        lock(&self.queue).jobs.push_back(job);
     }
 
     /// Become the task that pushes; `false` if one already is.
     pub(super) fn claim(&self) -> bool {
-        !self.leading.swap(true, Ordering::SeqCst)
+        let mut queue = lock(&self.queue);
+        !std::mem::replace(&mut queue.leading, true)
     }
 
-    /// Stop being the task that pushes.
-    pub(super) fn release(&self) {
-        self.leading.store(false, Ordering::SeqCst);
+    /// Stop being the task that pushes if no write waits (`true`); else go on leading.
+    pub(super) fn release_if_empty(&self) -> bool {
+        let mut queue = lock(&self.queue);
+        if queue.jobs.is_empty() {
+            queue.leading = false;
+        }
+        !queue.leading
     }
 
     /// The pushing task failed: drop every waiting write (its caller gets an error) and let go.
     pub(super) fn abandon(&self) {
-        lock(&self.queue).clear();
-        self.release();
+        let mut queue = lock(&self.queue);
+        queue.jobs.clear();
+        queue.leading = false;
     }
 
     /// Writes back to the front of the queue, in their order.
     pub(super) fn hand_back(&self, jobs: Vec<Job>) {
-        let mut queue = lock(&self.queue);
+        let queue = &mut lock(&self.queue).jobs;
         for job in jobs.into_iter().rev() {
             queue.push_front(job);
         }
@@ -164,7 +171,7 @@ impl Batcher {
     /// non-overlapping paths (so each write's tree check and read are the same on the tip as on
     /// the chain before it).
     pub(super) fn top_up(&self, batch: &mut Vec<Job>, most: usize) {
-        let mut queue = lock(&self.queue);
+        let queue = &mut lock(&self.queue).jobs;
         // A caller that went away (a dropped request) gets no write pushed for it.
         queue.retain(|job| !job.abandoned());
         let mut bytes: usize = batch.iter().map(Job::bytes).sum();

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use gix::ObjectId;
 
 use gitstate_core::StateName;
-use gitstate_core::ports::{Change, CommitMeta, Location, Refusal, Written};
+use gitstate_core::ports::{Change, CommitMeta, Location, Refusal, Stored, Written};
 
 use super::queue::{Job, Stage};
 use crate::Error;
@@ -96,6 +96,11 @@ impl Writer {
                 commits: commit_count,
                 reason,
             });
+        for (stage, job) in stages.iter_mut().zip(jobs) {
+            if let Stage::Done(Written::Committed { content, .. }) = stage {
+                *content = written_id(job);
+            }
+        }
         Ok(Outcome { stages, lost })
     }
 
@@ -219,7 +224,12 @@ async fn plan_one(
         Some(tip) => remote.read(tip, job.path.clone()).await?,
         None => None,
     };
-    let meta = match (job.plan)(held.as_ref(), stored.as_deref()) {
+    let id = stored.as_deref().map(blob_id);
+    let judged = stored.as_deref().map(|content| Stored {
+        content,
+        id: id.as_deref(),
+    });
+    let meta = match (job.plan)(held.as_ref(), judged) {
         Ok(meta) => meta,
         Err(refusal) => return Ok(Planned::Decided(Written::Refused(refusal))),
     };
@@ -230,6 +240,20 @@ async fn plan_one(
         Change::Put(bytes) => Planned::Commit(Some(bytes.clone()), meta),
         Change::Delete => Planned::Commit(None, meta),
     })
+}
+
+/// The git blob id of `content` (what a plan and the service know a stored state by).
+fn blob_id(content: &[u8]) -> String {
+    gix::objs::compute_hash(gix::hash::Kind::Sha1, gix::objs::Kind::Blob, content)
+        .map_or_else(|_| String::new(), |id| id.to_string())
+}
+
+/// The blob id of what `job` writes, if it writes content.
+fn written_id(job: &Job) -> Option<String> {
+    match &job.change {
+        Change::Put(bytes) => Some(blob_id(bytes)),
+        Change::Delete => None,
+    }
 }
 
 /// A batch of writes, once.
@@ -389,6 +413,7 @@ fn land(stages: &mut [Stage], landed: bool) {
             *stage = if landed {
                 Stage::Done(Written::Committed {
                     version: commit.to_string(),
+                    content: None,
                 })
             } else {
                 Stage::Fresh
