@@ -91,7 +91,7 @@ const DESCRIPTIONS: &[Described] = &[
     describe_default(
         "GITSTATE_STATE_REFS",
         "`always` (Lambda), `auto` (local)",
-        "which updates go to a state's own ref `refs/gitstate/states/<sha1 of its path>`, where writes of different states never race: `auto` when the branch's compare-and-swap is lost, `always` every update of an existing state, `never` none (a state that has one is still written there). Reads look at state refs whatever this says ([state refs](#state-refs))",
+        "not in effect in this version: every update is written to the branch whatever it says (the write path to state refs is issue 27's next step). Reads and folds look at state refs `refs/gitstate/states/<sha1 of its path>` whatever this says ([state refs](#state-refs))",
     ),
     describe(
         "GITSTATE_ALLOW_UNLOCKED_WRITES",

@@ -84,7 +84,7 @@ pub const SETTINGS: &[Spec] = &[
     ),
     setting(
         "GITSTATE_STATE_REFS",
-        "which updates go to a state's own ref: auto, always or never [auto]",
+        "not in effect yet: every update goes to the branch [auto]",
     ),
     switch(
         "GITSTATE_ALLOW_UNLOCKED_WRITES",
