@@ -224,7 +224,7 @@ async fn plan_one(
         Some(tip) => remote.read(tip, job.path.clone()).await?,
         None => None,
     };
-    let id = stored.as_deref().map(blob_id);
+    let id = stored.as_deref().and_then(blob_id);
     let judged = stored.as_deref().map(|content| Stored {
         content,
         id: id.as_deref(),
@@ -242,16 +242,18 @@ async fn plan_one(
     })
 }
 
-/// The git blob id of `content` (what a plan and the service know a stored state by).
-fn blob_id(content: &[u8]) -> String {
+/// The git blob id of `content` (what a plan and the service know a stored state by); none if
+/// it cannot be computed, so a sealed state is then opened rather than judged by a shared id.
+fn blob_id(content: &[u8]) -> Option<String> {
     gix::objs::compute_hash(gix::hash::Kind::Sha1, gix::objs::Kind::Blob, content)
-        .map_or_else(|_| String::new(), |id| id.to_string())
+        .ok()
+        .map(|id| id.to_string())
 }
 
 /// The blob id of what `job` writes, if it writes content.
 fn written_id(job: &Job) -> Option<String> {
     match &job.change {
-        Change::Put(bytes) => Some(blob_id(bytes)),
+        Change::Put(bytes) => blob_id(bytes),
         Change::Delete => None,
     }
 }
