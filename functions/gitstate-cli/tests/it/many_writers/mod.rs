@@ -589,7 +589,14 @@ async fn settle_write(
         ));
     }
     if got == want {
-        if let Some(version) = wrote {
+        // A write's own content never appears later (the history comparisons, exact, also say
+        // so); a restore's content is an older version's, which a later restore may write
+        // again with the same serial, so only writes are remembered here.
+        let fresh = |v: &Version| {
+            let mut versions = model.history.values().flatten().flatten();
+            !versions.any(|h| h.marker == v.marker)
+        };
+        if let Some(version) = wrote.filter(fresh) {
             model.unsure.push((name, version));
         }
         return Ok(());
