@@ -19,25 +19,18 @@ pub const FOLDED_PATH: &str = ".gitstate/folded.json";
 pub struct FoldRecord(pub BTreeMap<String, String>);
 
 impl FoldRecord {
-    /// The record in `bytes`; an unreadable one counts as empty (every state ref is then
-    /// unfolded from where its chain leaves the branch, which replays nothing twice: the store
-    /// also stops at commits the branch already has).
-    pub fn parse(bytes: &[u8]) -> Self {
-        serde_json::from_slice(bytes).unwrap_or_default()
+    /// The record in `bytes`. An unreadable record is an error, never an empty one: folding
+    /// from an empty record would take every state's writes as unfolded.
+    pub fn parse(bytes: &[u8]) -> Result<Self, serde_json::Error> {
+        serde_json::from_slice(bytes)
     }
 
-    /// JSON with one line per state, so `git log -p` shows one changed line per fold of it.
+    /// Pretty JSON: one line per state, so `git log -p` shows one changed line per fold of it.
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut out = String::from("{");
-        for (i, (path, commit)) in self.0.iter().enumerate() {
-            out.push_str(if i == 0 { "\n" } else { ",\n" });
-            // Strings always serialise.
-            out.push_str(&serde_json::to_string(path).unwrap_or_default());
-            out.push(':');
-            out.push_str(&serde_json::to_string(commit).unwrap_or_default());
-        }
-        out.push_str("\n}\n");
-        out.into_bytes()
+        // A map of strings always serialises.
+        let mut out = serde_json::to_vec_pretty(&self.0).unwrap_or_default();
+        out.push(b'\n');
+        out
     }
 
     /// The last state commit folded for `path`.
@@ -83,10 +76,23 @@ mod tests {
                 record.set(&path, format!("{:040x}", rng.random::<u64>()));
             }
             let bytes = record.to_bytes();
-            assert_eq!(FoldRecord::parse(&bytes), record);
+            assert_eq!(FoldRecord::parse(&bytes).expect("its own output"), record);
             let lines = bytes.iter().filter(|b| **b == b'\n').count();
-            assert_eq!(lines, record.0.len() + 2, "one line a state");
+            let want = if record.0.is_empty() {
+                1
+            } else {
+                record.0.len() + 2
+            };
+            assert_eq!(lines, want, "one line a state");
         }
-        assert_eq!(FoldRecord::parse(b"not json"), FoldRecord::default());
+        for unreadable in [
+            &b"not json"[..],
+            b"",
+            b"[]",
+            b"{\"a\": 1}",
+            b"{\"a\": \"b\"",
+        ] {
+            assert!(FoldRecord::parse(unreadable).is_err(), "{unreadable:?}");
+        }
     }
 }

@@ -92,6 +92,12 @@ pub enum Corruption {
     /// The index of a pack just received cannot be read back.
     #[error("the index of a received pack: {0}")]
     PackIndex(String),
+    /// The fold record on the branch is not a record: folding from it could replay writes
+    /// twice or refuse states wrongly, so no fold runs until a person mends it.
+    #[error(
+        ".gitstate/folded.json on the branch cannot be read ({0}): restore it from the branch's history, then fold again"
+    )]
+    FoldRecord(String),
 }
 
 impl Error {

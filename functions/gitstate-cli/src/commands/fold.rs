@@ -17,16 +17,17 @@ pub async fn fold(args: &SettingsArgs) -> anyhow::Result<()> {
         .fold(&at)
         .await
         .context("folding the state refs onto the branch")?;
+    // Busy is a failure: a script that runs `gitstate fold && git pull` must not go on to read
+    // a branch this command did not bring up to date.
     if report.busy {
-        println!(
-            "another fold holds the lease (refs/gitstate/fold); it folds what waits. A lease older than GITSTATE_FOLD_LEASE_SECS is taken over: run this again then"
-        );
-    } else {
-        println!(
-            "folded {} write(s) of {} state(s) onto branch {}",
-            report.writes, report.states, at.branch
+        bail!(
+            "another fold holds the lease (refs/gitstate/fold), so nothing was folded; it folds what waits, and a lease older than GITSTATE_FOLD_LEASE_SECS is taken over: run this again"
         );
     }
+    println!(
+        "folded {} write(s) of {} state(s) onto branch {}",
+        report.writes, report.states, at.branch
+    );
     if !report.refused.is_empty() {
         for name in &report.refused {
             eprintln!(

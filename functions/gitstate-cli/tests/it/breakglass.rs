@@ -228,15 +228,7 @@ async fn unfolded_writes_are_read_and_folded_as_documented() {
             "{path}: the newest content, read by hand"
         );
     }
-    let cache = work.path().join("cache");
-    let fold = Command::new(crate::GITSTATE)
-        .args(["fold", "--repository", &url])
-        .env("GITSTATE_GIT_USERNAME", gitstate_tests::GIT_USER)
-        .env("GITSTATE_GIT_TOKEN", gitstate_tests::GIT_TOKEN)
-        .env("GITSTATE_CACHE_DIR", &cache)
-        .env("HOME", work.path())
-        .output()
-        .expect("gitstate fold runs");
+    let fold = gitstate_fold(&url, work.path());
     let said = String::from_utf8_lossy(&fold.stdout).into_owned();
     assert!(
         fold.status.success(),
@@ -281,5 +273,115 @@ async fn unfolded_writes_are_read_and_folded_as_documented() {
     assert!(
         sh("git ls-remote origin refs/gitstate/fold").is_empty(),
         "no lease left"
+    );
+}
+
+/// `gitstate fold` against `url`, as an operator runs it, with a cache and HOME under `work`.
+fn gitstate_fold(url: &str, work: &std::path::Path) -> std::process::Output {
+    Command::new(crate::GITSTATE)
+        .args(["fold", "--repository", url])
+        .env("GITSTATE_GIT_USERNAME", gitstate_tests::GIT_USER)
+        .env("GITSTATE_GIT_TOKEN", gitstate_tests::GIT_TOKEN)
+        .env("GITSTATE_CACHE_DIR", work.join("cache"))
+        .env("HOME", work)
+        .output()
+        .expect("gitstate fold runs")
+}
+
+/// A `gitstate fold` that cannot fold fails, with its reason, and moves nothing: while another
+/// fold holds a fresh lease (a script's `gitstate fold && git pull` must not go on to a branch
+/// this run did not bring up to date), and while `.gitstate/folded.json` on the branch is not a
+/// record (generated damage: folding from it could replay writes twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fold_that_cannot_fold_fails_with_its_reason() {
+    use gitstate_tests::handmade::{Bare, Stamp, StateWrite};
+    use rand::{Rng, SeedableRng};
+    let server = gitstate_tests::GitServer::start().await;
+    let url = server.create_repo("stuck");
+    let bare = Bare::new(&server.repo_dir("stuck"), "main");
+    let write = |path: &str, message: &str| StateWrite {
+        path: path.to_owned(),
+        content: format!("{{\"serial\":2,\"path\":\"{path}\"}}\n").into_bytes(),
+        author: Stamp {
+            name: "ann".into(),
+            email: "ann@example.invalid".into(),
+            date: "1700000000 +0000".into(),
+        },
+        committer: Stamp {
+            name: "gitstate".into(),
+            email: "gitstate@example.invalid".into(),
+            date: "1700000000 +0000".into(),
+        },
+        message: message.to_owned(),
+    };
+    let path = "team/app.tfstate";
+    bare.branch_write(path, Some(b"{\"serial\":1}\n"), &write(path, "create\n"));
+    bare.state_write(&write(path, "write\n\nSerial: 2\n"));
+    let work = tempfile::tempdir().expect("tempdir");
+    let failed = |why: &str, expect: &str| {
+        let tip = bare.tip("main");
+        let out = gitstate_fold(&url, work.path());
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!out.status.success(), "{why}: exit 0: {said}");
+        assert!(said.contains(expect), "{why}: {said}");
+        assert_eq!(bare.tip("main"), tip, "{why}: the branch moved");
+    };
+
+    // A fresh lease, held by someone else.
+    let empty_tree = bare.git(&["mktree"], &[], b"");
+    let lease = bare.git(
+        &[
+            "commit-tree",
+            &empty_tree,
+            "-m",
+            "fold lease held by a test",
+        ],
+        &[],
+        b"",
+    );
+    bare.git(
+        &["update-ref", "refs/gitstate/fold", &lease, &"0".repeat(40)],
+        &[],
+        b"",
+    );
+    failed("a held lease", "another fold holds the lease");
+    bare.git(
+        &["update-ref", "-d", "refs/gitstate/fold", &lease],
+        &[],
+        b"",
+    );
+
+    // Damaged records: cut, other JSON, other values, binary.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0xf01d);
+    let good = format!("{{\"{path}\": \"{}\"}}", "0".repeat(40));
+    for round in 0..12 {
+        let damaged: Vec<u8> = match round % 4 {
+            0 => good.as_bytes()[..rng.random_range(0..good.len())].to_vec(),
+            1 => ["[]", "null", "1", "\"x\""][rng.random_range(0..4)].into(),
+            2 => format!("{{\"{path}\": {}}}", rng.random_range(0..1000)).into_bytes(),
+            _ => (0..rng.random_range(1..40))
+                .map(|_| rng.random::<u8>())
+                .collect(),
+        };
+        if serde_json::from_slice::<std::collections::BTreeMap<String, String>>(&damaged).is_ok() {
+            continue;
+        }
+        bare.branch_write(
+            ".gitstate/folded.json",
+            Some(&damaged),
+            &write(path, "damage the record\n"),
+        );
+        failed(
+            &format!("record {damaged:?}"),
+            ".gitstate/folded.json on the branch cannot be read",
+        );
+    }
+    assert!(
+        bare.tip(&bare.state_ref(path)).is_some(),
+        "the state ref is untouched"
     );
 }

@@ -782,8 +782,11 @@ async fn final_fold(world: &World) -> Result<bool, String> {
             return Err(format!("the final fold refused states: {out}"));
         }
         // Another fold (a process's own, after its writes) holds the lease: it may have looked
-        // before the last writes; this one must run itself.
-        if ok && !out.contains(FOLD_BUSY) {
+        // before the last writes; this one must run itself. (Busy exits non-zero.)
+        if ok && out.contains(FOLD_BUSY) {
+            return Err(format!("a fold said busy yet exited 0: {out}"));
+        }
+        if ok {
             return Ok(true);
         }
         said = out;
@@ -830,9 +833,10 @@ async fn round(
     if let Some(fold) = fold {
         let (ok, said) = fold.await.map_err(|e| format!("fold task: {e}"))?;
         let outcome = match (ok, said.contains(FOLD_BUSY)) {
-            (true, true) => "busy",
+            (false, true) => "busy",
             (true, false) => "folded",
-            (false, _) => "failed",
+            (true, true) => return Err(format!("a fold said busy yet exited 0: {said}")),
+            (false, false) => "failed",
         };
         model.count(format!("fold during a round: {outcome}"));
         line.push(format!("fold -> {outcome}: {}", said.trim()));

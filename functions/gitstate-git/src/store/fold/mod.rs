@@ -28,8 +28,8 @@ use gitstate_core::ports::{Location, StoreError};
 use super::known::{STATE_REF_PREFIX as STATES_PREFIX, state_ref};
 use super::remote::Remote;
 use super::{GitStore, WriteMode, blocking};
-use crate::Error;
 use crate::protocol::{Advert, Command, Service};
+use crate::{Corruption, Error};
 use chains::Planned;
 use lease::Bid;
 
@@ -210,9 +210,11 @@ impl Folder {
             .await?;
         let cache = remote.cache.clone();
         let bytes = blocking(move || cache.read_path(tip, FOLDED_PATH)).await?;
-        Ok(bytes
-            .map(|bytes| FoldRecord::parse(&bytes))
-            .unwrap_or_default())
+        match bytes {
+            None => Ok(FoldRecord::default()),
+            Some(bytes) => FoldRecord::parse(&bytes)
+                .map_err(|e| Error::Corrupt(Corruption::FoldRecord(e.to_string()))),
+        }
     }
 
     /// Push the replays: the branch from the tip looked at to the last replay, and, on a remote
