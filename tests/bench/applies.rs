@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use gitstate_tests::faults::{Fault, FaultProxy};
 use gitstate_tests::process::ServeProcess;
+use gitstate_tests::process::terraform;
 use gitstate_tests::{GitServer, TEST_PASSWORD, TEST_USER, terraform_backend_block};
 
 use gitstate_tests::process::serve_env;
@@ -25,15 +26,6 @@ resource "terraform_data" "item" {
   input    = "${each.key}-${var.round}"
 }
 "#;
-
-fn terraform() -> PathBuf {
-    std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .map(|dir| dir.join("terraform"))
-        .find(|p| p.is_file())
-        .expect("terraform on PATH")
-}
 
 /// `terraform version`'s first line.
 fn version(bin: &Path) -> String {

@@ -92,6 +92,47 @@ impl Drop for Emulator {
     }
 }
 
+/// The Lambda binary as `emulator`'s function, as deployed but for its settings: the
+/// repository with the test git credentials, `cache` for its /tmp, the test user as admin, then
+/// `env`. Its log goes beside the cache (`cache.log`).
+pub(super) fn spawn_function<K, V>(
+    binary: &Path,
+    emulator: &Emulator,
+    repository: &str,
+    cache: &Path,
+    env: impl IntoIterator<Item = (K, V)>,
+) -> tokio::process::Child
+where
+    K: AsRef<std::ffi::OsStr>,
+    V: AsRef<std::ffi::OsStr>,
+{
+    let access = access_file(&[(TEST_USER, TEST_PASSWORD, &["admin:*"])]);
+    std::fs::create_dir_all(cache).expect("cache dir");
+    let log = std::fs::File::create(cache.with_extension("log")).expect("log file");
+    tokio::process::Command::new(binary)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env(
+            "AWS_LAMBDA_RUNTIME_API",
+            format!("http://127.0.0.1:{}/.rt", emulator.port),
+        )
+        .env("AWS_LAMBDA_FUNCTION_NAME", "_")
+        .env("AWS_LAMBDA_FUNCTION_VERSION", "1")
+        .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "1024")
+        .env("GITSTATE_REPOSITORY", repository)
+        .env("GITSTATE_GIT_USERNAME", GIT_USER)
+        .env("GITSTATE_GIT_TOKEN", GIT_TOKEN)
+        .env("GITSTATE_CACHE_DIR", cache)
+        .env("GITSTATE_ACCESS", access)
+        .env("RUST_LOG", "warn")
+        .envs(env)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the Lambda binary starts")
+}
+
 /// One cold start: the GET is queued in the emulator first, then the binary starts with an
 /// empty cache; the time runs from its start to the answer. `None` (the binary's log printed)
 /// when no right answer came within 30 s.
@@ -116,34 +157,11 @@ async fn cold_start(
         Ok::<_, String>((status, r.text().await.unwrap_or_default(), Instant::now()))
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let access = access_file(&[(TEST_USER, TEST_PASSWORD, &["admin:*"])]);
-    std::fs::create_dir_all(cache).expect("cache dir");
     let log_path = cache.with_extension("log");
-    let log = std::fs::File::create(&log_path).expect("log file");
     let started = Instant::now();
-    let mut function = tokio::process::Command::new(binary)
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env(
-            "AWS_LAMBDA_RUNTIME_API",
-            format!("http://127.0.0.1:{}/.rt", emulator.port),
-        )
-        .env("AWS_LAMBDA_FUNCTION_NAME", "_")
-        .env("AWS_LAMBDA_FUNCTION_VERSION", "1")
-        .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "1024")
-        .env("GITSTATE_REPOSITORY", url)
-        .env("GITSTATE_GIT_USERNAME", GIT_USER)
-        .env("GITSTATE_GIT_TOKEN", GIT_TOKEN)
-        .env("GITSTATE_CACHE_DIR", cache)
-        .env("GITSTATE_ACCESS", access)
-        .env("GITSTATE_KMS_KEY_IDS", "alias/bench")
-        .envs(moto.env())
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(log)
-        .kill_on_drop(true)
-        .spawn()
-        .expect("the Lambda binary starts");
+    let mut env = moto.env();
+    env.push(("GITSTATE_KMS_KEY_IDS", "alias/bench".into()));
+    let mut function = spawn_function(binary, emulator, url, cache, env);
     let answer = answer.await.expect("request task");
     let _ = function.start_kill();
     let _ = function.wait().await;

@@ -9,13 +9,13 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use gitstate_tests::counting::{Apply, count_apply};
+use gitstate_tests::process::terraform;
 use gitstate_tests::process::{ServeProcess, serve_env};
 use gitstate_tests::{
-    Client, GIT_TOKEN, GIT_USER, GitServer, Moto, TEST_PASSWORD, TEST_USER, access_file,
-    terraform_backend_block,
+    Client, GIT_TOKEN, GIT_USER, GitServer, Moto, TEST_PASSWORD, TEST_USER, terraform_backend_block,
 };
 
-use super::lambda::{Emulator, lambda_binary};
+use super::lambda::{Emulator, lambda_binary, spawn_function};
 use super::proxy::{CountingProxy, Passed};
 use super::{Sample, Seed, scale};
 
@@ -132,15 +132,6 @@ fn s3_label(passed: &Passed) -> String {
     }
 }
 
-fn terraform() -> PathBuf {
-    std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .map(|dir| dir.join("terraform"))
-        .find(|p| p.is_file())
-        .expect("terraform on PATH")
-}
-
 /// `program args` in `dir` with Terraform's settings for automation and `env` (the backend's
 /// credentials unless `wrapped`: the wrapper gives Terraform its own); its wall time. Panics,
 /// with the output, when it fails: a figure of a failed apply would be meaningless.
@@ -215,31 +206,7 @@ impl Container {
         delay: Duration,
     ) -> Self {
         let emulator = Emulator::start().await;
-        let access = access_file(&[(TEST_USER, TEST_PASSWORD, &["admin:*"])]);
-        std::fs::create_dir_all(cache).expect("cache dir");
-        let log = std::fs::File::create(cache.with_extension("log")).expect("log file");
-        let function = tokio::process::Command::new(binary)
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env(
-                "AWS_LAMBDA_RUNTIME_API",
-                format!("http://127.0.0.1:{}/.rt", emulator.port),
-            )
-            .env("AWS_LAMBDA_FUNCTION_NAME", "_")
-            .env("AWS_LAMBDA_FUNCTION_VERSION", "1")
-            .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "1024")
-            .env("GITSTATE_REPOSITORY", repository)
-            .env("GITSTATE_GIT_USERNAME", GIT_USER)
-            .env("GITSTATE_GIT_TOKEN", GIT_TOKEN)
-            .env("GITSTATE_CACHE_DIR", cache)
-            .env("GITSTATE_ACCESS", access)
-            .env("RUST_LOG", "warn")
-            .envs(env)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .expect("the Lambda binary starts");
+        let function = spawn_function(binary, &emulator, repository, cache, env);
         let front = CountingProxy::start(([127, 0, 0, 1], emulator.port).into(), delay).await;
         Self {
             _emulator: emulator,

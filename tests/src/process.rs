@@ -26,6 +26,17 @@ pub struct ServeProcess {
     env: Vec<(String, String)>,
 }
 
+/// The real `terraform` on PATH (tests/run requires it there); a panic that says so when it is
+/// missing.
+pub fn terraform() -> PathBuf {
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|dir| dir.join("terraform"))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("terraform is not on PATH: this needs the real binary"))
+}
+
 /// The environment of a server over `repository`, with the test admin as its only user.
 pub fn serve_env(repository: &str, extra: &[(&str, &str)]) -> Vec<(String, String)> {
     let mut env: Vec<(String, String)> = vec![

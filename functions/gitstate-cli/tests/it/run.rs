@@ -5,19 +5,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
+use gitstate_tests::process::terraform;
 use gitstate_tests::{GIT_TOKEN, GIT_USER, GitServer, git_output};
 
 const STATE: &str = "team/app.tfstate";
 const TEMPORARY: &str = "gitstate_run_backend.tf";
-
-fn terraform() -> PathBuf {
-    std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .map(|dir| dir.join("terraform"))
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| panic!("terraform is not on PATH: these tests need the real binary"))
-}
 
 fn tofu() -> PathBuf {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -4,22 +4,14 @@
 //! lock branches taken and read the seed's way with the git CLI; its `aes` states read and
 //! written as it writes them (Python's `cryptography` as the oracle).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
+use gitstate_tests::process::terraform;
 use gitstate_tests::{GIT_TOKEN, GIT_USER, GitServer, git, git_output};
 
 const STATE: &str = "my/state.json";
-
-fn terraform() -> PathBuf {
-    std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .map(|dir| dir.join("terraform"))
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| panic!("terraform is not on PATH: these tests need the real binary"))
-}
 
 /// A repository as the seed's users have one: a commit on `master`, its default branch.
 fn seed_repo(server: &GitServer, name: &str) -> String {

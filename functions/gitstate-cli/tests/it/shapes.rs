@@ -11,6 +11,7 @@ use std::path::Path;
 use std::process::Stdio;
 
 use gitstate_tests::counting::{Apply, FLOOR, Requests, count_warm_applies};
+use gitstate_tests::process::terraform;
 use gitstate_tests::process::{ServeProcess, serve_env};
 use gitstate_tests::{Client, GIT_TOKEN, GIT_USER, GitServer, Moto, Seen};
 
@@ -109,15 +110,6 @@ async fn serve_with_kms_applies_are_at_the_floor() {
             String::from_utf8_lossy(&stored)
         );
     }
-}
-
-fn terraform() -> std::path::PathBuf {
-    std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .map(|dir| dir.join("terraform"))
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| panic!("terraform is not on PATH: this test needs the real binary"))
 }
 
 fn config(dir: &Path, input: &str) {
