@@ -89,6 +89,21 @@ impl Sshd {
         )
     }
 
+    /// `repo` on this server: scp-like (`user@host:path`, the port from the ssh command) or
+    /// an `ssh://` URL with the port.
+    fn url(&self, repo: &Path, scp: bool) -> String {
+        if scp {
+            format!("{}@127.0.0.1:{}", Self::user(), repo.display())
+        } else {
+            format!(
+                "ssh://{}@127.0.0.1:{}{}",
+                Self::user(),
+                self.port,
+                repo.display()
+            )
+        }
+    }
+
     fn user() -> String {
         std::env::var("USER").unwrap_or_else(|_| "root".into())
     }
@@ -153,16 +168,7 @@ fn terraform_under_run_over_both_ssh_url_forms() {
     let sshd = Sshd::start();
     for (form, with_port) in [("url", false), ("scp", true)] {
         let repo = sshd.bare_repo(form);
-        let url = if with_port {
-            format!("{}@127.0.0.1:{}", Sshd::user(), repo.display())
-        } else {
-            format!(
-                "ssh://{}@127.0.0.1:{}{}",
-                Sshd::user(),
-                sshd.port,
-                repo.display()
-            )
-        };
+        let url = sshd.url(&repo, with_port);
         let ssh = sshd.ssh_command(with_port);
         let work = tempfile::tempdir().expect("tempdir");
         std::fs::write(work.path().join("empty.tfrc"), "").expect("tfrc");
@@ -203,12 +209,7 @@ async fn processes_race_for_one_lock_over_ssh() {
     const ROUNDS: usize = 6;
     let sshd = Sshd::start();
     let repo = sshd.bare_repo("race");
-    let url = format!(
-        "ssh://{}@127.0.0.1:{}{}",
-        Sshd::user(),
-        sshd.port,
-        repo.display()
-    );
+    let url = sshd.url(&repo, false);
     let ssh = sshd.ssh_command(false);
     let root = tempfile::tempdir().expect("tempdir");
     let mut procs = Vec::new();
@@ -278,12 +279,7 @@ async fn processes_race_for_one_lock_over_ssh() {
 fn the_seeds_ssh_private_key_and_host_key_checking() {
     let sshd = Sshd::start();
     let repo = sshd.bare_repo("seed");
-    let url = format!(
-        "ssh://{}@127.0.0.1:{}{}",
-        Sshd::user(),
-        sshd.port,
-        repo.display()
-    );
+    let url = sshd.url(&repo, false);
     let key_path = sshd.dir.path().join("client_key");
     let key_text = std::fs::read_to_string(&key_path).expect("key");
     let body = key_text.lines().nth(1).expect("a key line").to_owned();
@@ -439,16 +435,7 @@ fn gitstate_fold_over_ssh() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(0x55f0);
     for (form, with_port) in [("fold-url", false), ("fold-scp", true)] {
         let repo = sshd.bare_repo(form);
-        let url = if with_port {
-            format!("{}@127.0.0.1:{}", Sshd::user(), repo.display())
-        } else {
-            format!(
-                "ssh://{}@127.0.0.1:{}{}",
-                Sshd::user(),
-                sshd.port,
-                repo.display()
-            )
-        };
+        let url = sshd.url(&repo, with_port);
         let bare = Bare::new(&repo, "main");
         let stamp = |at: i64| Stamp {
             name: "ann".into(),
