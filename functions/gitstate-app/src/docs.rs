@@ -38,7 +38,7 @@ const DESCRIPTIONS: &[Described] = &[
     describe_default(
         "GITSTATE_REPOSITORY",
         "unset: embedded repository",
-        "the state repository, `https://…` (required on Lambda); locally also `ssh://…` or `user@host:path`. Credentials in the URL (`https://user:token@…`, `https://token@…`) are refused at start-up, and a request's `repository=` with them is 400: use `GITSTATE_GIT_USERNAME` / `GITSTATE_GIT_TOKEN` (locally also `git credential`)",
+        "the state repository, `https://…` (required on Lambda); locally also SSH: `ssh://[user@]host[:port]/path` (or git's `git+ssh://`, `ssh+git://`, IPv6 hosts in brackets, `~user` paths) or `[user@]host:path`. `git://`, `file://` and local paths are refused at start-up (the local repository is `GITSTATE_LOCAL_REPOSITORY`). Credentials in the URL (`https://user:token@…`, `https://token@…`, an SSH password) are refused at start-up, and a request's `repository=` with them is 400: use `GITSTATE_GIT_USERNAME` / `GITSTATE_GIT_TOKEN` (locally also `git credential`), and keys for SSH",
     ),
     describe(
         "GITSTATE_REF",

@@ -339,7 +339,7 @@ fn redact_one(value: &str) -> String {
     let Some(at) = rest[..authority_end].rfind('@') else {
         return value.to_owned();
     };
-    let ssh = value[..scheme_end].trim().eq_ignore_ascii_case("ssh://");
+    let ssh = gitstate_core::secret::is_ssh_scheme(value[..scheme_end - 3].trim());
     let user = rest[..at].split(':').next().unwrap_or_default();
     let password = rest[..at].contains(':');
     let user = if password || ssh { user } else { "***" };
@@ -623,6 +623,10 @@ mod tests {
             ("https://h/x@y", "https://h/x@y"),
             ("https://u@h/x", "https://***@h/x"),
             ("ssh://git@h/x", "ssh://git@h/x"),
+            ("git+ssh://git@h/x", "git+ssh://git@h/x"),
+            ("ssh+git://git@[::1]:22/x", "ssh+git://git@[::1]:22/x"),
+            ("git+ssh://git:pw@h/x", "git+ssh://git:***@h/x"),
+            ("git://u@h/x", "git://***@h/x"),
             ("git@h:x", "git@h:x"),
             (
                 "https://a/x.git, https://u:p@b/y.git,https://t@c/z",

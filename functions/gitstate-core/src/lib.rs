@@ -24,3 +24,27 @@ pub mod wording;
 
 pub use lock::{LockInfo, LockInfoError, UnlockRequest};
 pub use name::{BranchName, MAX_NAME_BYTES, NameError, StateName};
+
+#[cfg(test)]
+mod tests {
+    /// ARCHITECTURE.md's first invariant, kept by the manifest: the core depends on no git, HTTP
+    /// or AWS crate, so no such import compiles here.
+    #[test]
+    fn the_core_depends_on_no_git_http_or_aws_crate() {
+        let manifest: toml::Table = toml::from_str(include_str!("../Cargo.toml")).expect("toml");
+        let dependencies = manifest
+            .get("dependencies")
+            .and_then(toml::Value::as_table)
+            .expect("[dependencies]");
+        assert!(dependencies.len() > 5, "{dependencies:?}");
+        let forbidden = [
+            "gix", "git2", "reqwest", "hyper", "axum", "http", "tower", "aws-", "lambda",
+        ];
+        for name in dependencies.keys() {
+            assert!(
+                !forbidden.iter().any(|f| name.starts_with(f)),
+                "gitstate-core depends on {name}: the core knows no git, HTTP or AWS crate"
+            );
+        }
+    }
+}

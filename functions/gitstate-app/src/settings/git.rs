@@ -6,16 +6,18 @@ use std::time::Duration;
 
 use gitstate_core::BranchName;
 use gitstate_core::refs::{AllowedRefs, RefPolicy};
-use gitstate_core::secret::{Secret, credentials_in_url};
+use gitstate_core::secret::Secret;
 use gitstate_core::service::Identity;
 
 pub use gitstate_git::{GitAuth, StateRefs};
 
+use super::repository::{Wire, repository_url};
 use super::{ConfigError, Runtime, Vars};
 
 #[derive(Debug, Clone)]
 pub struct GitSettings {
-    /// `GITSTATE_REPOSITORY`: the hosted repository (smart HTTP(S)); unset = the embedded local one.
+    /// `GITSTATE_REPOSITORY`: the hosted repository (smart HTTP(S) or SSH, see
+    /// [`super::repository_url`]); unset = the embedded local one.
     pub repository: Option<String>,
     /// `GITSTATE_ALLOWED_REPOSITORIES`: further repositories requests may name (comma-separated).
     pub allowed_repositories: Vec<String>,
@@ -149,9 +151,8 @@ fn repository(runtime: Runtime, vars: &Vars<'_>) -> Result<Option<String>, Confi
         return Err(ConfigError::RepositoryRequired);
     }
     if let Some(url) = &repository {
-        check_url("GITSTATE_REPOSITORY", url)?;
-        if runtime == Runtime::Lambda && !url.starts_with("https://") && !url.starts_with("http://")
-        {
+        let wire = check_url("GITSTATE_REPOSITORY", url)?;
+        if runtime == Runtime::Lambda && wire != Wire::Http {
             return Err(ConfigError::Invalid {
                 var: "GITSTATE_REPOSITORY",
                 reason: "the Lambda has no ssh: use the repository's https:// URL".into(),
@@ -267,31 +268,6 @@ fn unflatten_pem(text: &str) -> String {
     out
 }
 
-fn check_url(var: &'static str, url: &str) -> Result<(), ConfigError> {
-    // ssh:// and user@host:path: the local server reaches them through the system ssh.
-    let scp_like = !url.contains("://")
-        && url.split_once(':').is_some_and(|(host, path)| {
-            !host.is_empty() && !host.contains('/') && !path.is_empty()
-        });
-    if let Some(reason) = credentials_in_url(url) {
-        return Err(ConfigError::Invalid {
-            var,
-            reason: format!(
-                "{reason}: set GITSTATE_GIT_USERNAME / GITSTATE_GIT_TOKEN instead (or, for local \
-                 use, let `git credential` supply them)"
-            ),
-        });
-    }
-    if url.starts_with("https://")
-        || url.starts_with("http://")
-        || url.starts_with("ssh://")
-        || scp_like
-    {
-        Ok(())
-    } else {
-        Err(ConfigError::Invalid {
-            var,
-            reason: format!("{url:?} is neither an http(s):// URL nor an SSH remote"),
-        })
-    }
+fn check_url(var: &'static str, url: &str) -> Result<Wire, ConfigError> {
+    repository_url(url).map_err(|reason| ConfigError::Invalid { var, reason })
 }

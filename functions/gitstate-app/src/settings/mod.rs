@@ -5,6 +5,7 @@ mod access;
 mod encryption;
 mod git;
 mod limits;
+mod repository;
 mod server;
 #[cfg(test)]
 mod tests;
@@ -16,6 +17,7 @@ pub use access::AccessSettings;
 pub use encryption::EncryptionSettings;
 pub use git::{GitAuth, GitSettings, StateRefs};
 pub use limits::{BUFFERED_RESPONSE_LIMIT, DEFAULT_MAX_BODY_BYTES, LimitSettings};
+pub use repository::{URL_FORMS, Wire, repository_url};
 pub use server::{ConnectionSettings, ServerSettings, TlsFiles};
 
 /// Where the process runs; it decides the defaults that differ.

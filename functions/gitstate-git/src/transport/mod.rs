@@ -74,6 +74,17 @@ pub enum ConnectError {
     Client(#[source] reqwest::Error),
 }
 
+/// What [`connect`] makes of `url` alone, without making the wire (no HTTP client is built):
+/// the SSH URL read as git reads it, or the HTTP(S) URL parsed.
+pub fn check_url(url: &str) -> Result<(), ConnectError> {
+    if ssh::is_ssh(url) {
+        return Ssh::parse(url, std::time::Duration::ZERO).map(drop);
+    }
+    reqwest::Url::parse(url)
+        .map(drop)
+        .map_err(ConnectError::Url)
+}
+
 /// The wire to `url`: SSH for `ssh://…` and `user@host:path`, smart HTTP(S) otherwise.
 pub fn connect(url: &str, connection: &Connection<'_>) -> Result<Box<dyn Wire>, ConnectError> {
     if ssh::is_ssh(url) {
@@ -90,6 +101,41 @@ mod tests {
 
     use super::{Connection, connect, private_roots};
     use crate::{Error, GitAuth};
+
+    /// `check_url` refuses exactly the URLs `connect` refuses without credentials: git's SSH
+    /// forms, HTTP(S) and what is neither, generated from their parts.
+    #[test]
+    fn check_url_agrees_with_connect() {
+        let none = Connection::default();
+        let mut urls = Vec::new();
+        for scheme in [
+            "ssh://",
+            "git+ssh://",
+            "ssh+git://",
+            "https://",
+            "http://",
+            "git://",
+            "",
+        ] {
+            for user in ["", "git@", "-o@", "a:pw@"] {
+                for host in ["h.example", "[::1]", "-oProxyCommand=x", "h:port", ""] {
+                    for path in ["/o/r.git", "/~u/r", "/", "", "/-x", ":o/r.git"] {
+                        urls.push(format!("{scheme}{user}{host}{path}"));
+                    }
+                }
+            }
+        }
+        let (mut ok, mut refused) = (0, 0);
+        for url in &urls {
+            let checked = super::check_url(url).is_ok();
+            assert_eq!(checked, connect(url, &none).is_ok(), "{url}");
+            if checked { ok += 1 } else { refused += 1 }
+        }
+        assert!(
+            ok > 100 && refused > 100,
+            "{ok} accepted, {refused} refused"
+        );
+    }
 
     /// Every way a wire cannot be made reads as it did before connecting had its own error
     /// (`configuration: …`), and is the operator's to fix: an internal error (500), never the
