@@ -241,11 +241,18 @@ impl Target {
                     .collect(),
             };
             params.check(&known)?;
-            if let Some(reason) = params
-                .get("repository")
-                .and_then(gitstate_core::secret::credentials_in_url)
-            {
-                return Err(ApiError::Query(format!("repository=: {reason}")));
+            if let Some(repository) = params.get("repository") {
+                if repository.contains(char::is_whitespace) {
+                    // Most often a `+` (as in git+ssh://) that the query read as a space.
+                    return Err(ApiError::Query(
+                        "repository=: a repository URL holds no white space; a query reads `+` \
+                         as a space, so write git+ssh:// as git%2Bssh://"
+                            .into(),
+                    ));
+                }
+                if let Some(reason) = gitstate_core::secret::credentials_in_url(repository) {
+                    return Err(ApiError::Query(format!("repository=: {reason}")));
+                }
             }
         }
         Ok(Self {

@@ -458,6 +458,33 @@ async fn the_seed_address_format_is_the_state_route() {
     let elsewhere = format!("/?type=git&repository=https%3A%2F%2Fevil.example%2Fr&state={STATE}");
     let answer = call(&router, "GET", &elsewhere, "rita", "").await;
     assert_eq!(answer.status, StatusCode::FORBIDDEN);
+    // git's SSH spellings: a user name is no credential (403: not served here), a password is
+    // (400), and an unescaped `+`, read as a space, is a 400 saying how to write it.
+    for scheme in ["ssh", "git%2Bssh", "ssh%2Bgit"] {
+        let user = format!("/?type=git&repository={scheme}://git@h.example/r&state={STATE}");
+        let answer = call(&router, "GET", &user, "rita", "").await;
+        assert_eq!(
+            answer.status,
+            StatusCode::FORBIDDEN,
+            "{scheme}: {}",
+            answer.text()
+        );
+        let password = user.replace("git@", "git:pw-7@");
+        let answer = call(&router, "GET", &password, "rita", "").await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{scheme}");
+        assert!(answer.text().contains("password"), "{}", answer.text());
+        assert!(!answer.text().contains("pw-7"), "{}", answer.text());
+    }
+    for raw in [
+        "git+ssh://git@h.example/r",
+        "ssh+git://h.example/r",
+        "x%20y",
+    ] {
+        let address = format!("/?type=git&repository={raw}&state={STATE}");
+        let answer = call(&router, "GET", &address, "rita", "").await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{raw}");
+        assert!(answer.text().contains("git%2Bssh://"), "{}", answer.text());
+    }
     assert_eq!(
         call(&router, "GET", "/", "rita", "").await.status,
         StatusCode::BAD_REQUEST
