@@ -271,14 +271,35 @@ fn write_seed_block(
     state: &str,
 ) -> std::io::Result<()> {
     let address = format!(
-        "{base}/?type=git&repository={}&ref={branch}&state={state}",
-        gitstate_app::layers::redact_userinfo(repository)
+        "{base}/?type=git&repository={}&ref={}&state={}",
+        query_value(&gitstate_app::layers::redact_userinfo(repository)),
+        query_value(branch),
+        query_value(state)
     );
     writeln!(
         out,
         "\nterraform {{\n  backend \"http\" {{\n    address        = \"{address}\"\n    \
          lock_address   = \"{address}\"\n    unlock_address = \"{address}\"\n  }}\n}}"
     )
+}
+
+/// `value` as a query reads it back: `+` (as in `git+ssh://`) would be a space, `&` and `#` would
+/// end it, `%` would start an escape.
+fn query_value(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '%' | '+' | '&' | '#' | '"' | '\\' => out.push_str(&format!("%{:02X}", c as u32)),
+            c if c.is_whitespace() || c.is_control() => {
+                let mut bytes = [0; 4];
+                for b in c.encode_utf8(&mut bytes).bytes() {
+                    out.push_str(&format!("%{b:02X}"));
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// `gitstate stop [--address A]` (gitstate's own form).
@@ -349,6 +370,44 @@ mod tests {
             &["config"],
         ] {
             assert!(!detect(&args(own)), "{own:?}");
+        }
+    }
+
+    /// The seed block's address gives back the repository, branch and state as written, for
+    /// git's SSH spellings and every character a query would read otherwise.
+    #[test]
+    fn the_seed_block_carries_the_repository_as_it_is() {
+        let repositories = [
+            "git+ssh://git@h.example/o/r.git",
+            "ssh+git://git@[::1]:2222/~alice/r.git",
+            "ssh://h.example/o/r%20x.git",
+            "git@h.example:o/r&x#y.git",
+            "https://h.example/o/r.git",
+        ];
+        for repository in repositories {
+            for (branch, state) in [("master", "a/b.tfstate"), ("env/x+y", "s p&q#r%.json")] {
+                let mut out = Vec::new();
+                write_seed_block(&mut out, "http://127.0.0.1:6061", repository, branch, state)
+                    .expect("written");
+                let text = String::from_utf8(out).expect("utf-8");
+                let line = text
+                    .lines()
+                    .find(|l| l.trim_start().starts_with("address"))
+                    .expect("an address");
+                let address = line.split('"').nth(1).expect("quoted");
+                let url = reqwest::Url::parse(address).expect(address);
+                let pairs: Vec<(String, String)> = url.query_pairs().into_owned().collect();
+                let get = |key: &str| {
+                    pairs
+                        .iter()
+                        .find(|(k, _)| k == key)
+                        .map(|(_, v)| v.as_str())
+                };
+                assert_eq!(get("repository"), Some(repository), "{address}");
+                assert_eq!(get("ref"), Some(branch), "{address}");
+                assert_eq!(get("state"), Some(state), "{address}");
+                assert_eq!(text.matches(address).count(), 3, "{text}");
+            }
         }
     }
 

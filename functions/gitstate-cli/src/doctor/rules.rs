@@ -70,6 +70,7 @@ pub fn check(backend: &Backend) -> Vec<Finding> {
         }
     };
     address_path(&address, backend, &mut findings);
+    seed_repository(&address, backend, &mut findings);
     lock_addresses(&address, backend, &mut findings);
     methods(backend, &mut findings);
     credentials(backend, &mut findings);
@@ -110,6 +111,37 @@ fn address_path(address: &Url, backend: &Backend, findings: &mut Vec<Finding>) {
                 ),
             )
             .says("nothing, or \"Unexpected HTTP response code 400\""),
+        );
+    }
+}
+
+/// The seed format's `repository=`: a URL gitstate serves, with a `+` escaped.
+fn seed_repository(address: &Url, backend: &Backend, findings: &mut Vec<Finding>) {
+    let Some((_, repository)) = address.query_pairs().find(|(k, _)| k == "repository") else {
+        return;
+    };
+    let problem = if repository.contains(char::is_whitespace) {
+        Some(
+            "holds a space: a query reads `+` as a space, so `git+ssh://` arrives as `git ssh://`"
+                .to_owned(),
+        )
+    } else {
+        gitstate_app::settings::repository_url(&repository).err()
+    };
+    if let Some(why) = problem {
+        findings.push(
+            Finding::problem(
+                "repository-url",
+                format!(
+                    "the repository= of address ({}) is not a repository URL gitstate serves: {why}",
+                    backend.from("address")
+                ),
+                format!(
+                    "name it as {}; in the address, write `+` as %2B (`git%2Bssh://…`)",
+                    gitstate_app::settings::URL_FORMS
+                ),
+            )
+            .says("Unexpected HTTP response code 400 (or 403)"),
         );
     }
 }

@@ -103,3 +103,50 @@ fn addresses_that_name_no_state_get_a_guess() {
         "http://h:1/states/x/y.tfstate"
     );
 }
+
+/// The seed format's `repository=`: each of git's SSH spellings (with `+` escaped) and https
+/// pass; an unescaped `+`, a scheme gitstate does not serve and an SSH password are
+/// `repository-url`, whose text never repeats the password.
+#[test]
+fn the_seed_formats_repository_is_one_gitstate_serves() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cases = [
+        ("https://h.example/o/r.git", true),
+        ("ssh://git@h.example:2222/o/r.git", true),
+        ("git%2Bssh://git@h.example/~alice/r.git", true),
+        ("ssh%2Bgit://git@%5B::1%5D:22/o/r.git", true),
+        ("git@h.example:o/r.git", true),
+        ("git+ssh://git@h.example/o/r.git", false),
+        ("ssh+git://h.example/o/r.git", false),
+        ("git://h.example/o/r.git", false),
+        ("file:///srv/r.git", false),
+        ("/srv/r.git", false),
+        ("git%2Bssh://git:pw-31@h.example/o/r.git", false),
+    ];
+    for (repository, served) in cases {
+        let address = format!("http://127.0.0.1:1/?type=git&repository={repository}&state=a.json");
+        std::fs::write(
+            dir.path().join("main.tf"),
+            format!(
+                "terraform {{\n  backend \"http\" {{\n    address = \"{address}\"\n    \
+                 lock_address = \"{address}\"\n    unlock_address = \"{address}\"\n  }}\n}}\n"
+            ),
+        )
+        .expect("main.tf");
+        let args = Args::for_tests(dir.path(), &[]);
+        let (backend, _) = read(dir.path(), &args, &env_of(&[])).expect("reads");
+        let findings = check(&backend.expect("an http backend"));
+        let flagged: Vec<&Finding> = findings
+            .iter()
+            .filter(|f| f.code == "repository-url")
+            .collect();
+        assert_eq!(flagged.is_empty(), served, "{repository}: {flagged:?}");
+        for finding in flagged {
+            assert!(!finding.what.contains("pw-31"), "{}", finding.what);
+            assert!(
+                finding.fix.as_deref().is_some_and(|f| f.contains("%2B")),
+                "{finding:?}"
+            );
+        }
+    }
+}

@@ -1,6 +1,6 @@
 //! SSH remotes against a real `sshd` on loopback (Debian's openssh-server, started here with its
-//! own host key and authorized key): `gitstate run` with terraform over `ssh://` and
-//! `user@host:path`, and many `gitstate serve` processes racing for one lock over SSH.
+//! own host key and authorized key): `gitstate run` with terraform over `ssh://`, `git+ssh://`,
+//! `ssh+git://` and `user@host:path`, and many `gitstate serve` processes racing for one lock over SSH.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -95,13 +95,19 @@ impl Sshd {
         if scp {
             format!("{}@127.0.0.1:{}", Self::user(), repo.display())
         } else {
-            format!(
-                "ssh://{}@127.0.0.1:{}{}",
-                Self::user(),
-                self.port,
-                repo.display()
-            )
+            self.url_as(repo, "ssh")
         }
+    }
+
+    /// `repo` on this server as a URL with the port, under `scheme` (`ssh`, or git's older
+    /// spellings `git+ssh` and `ssh+git`).
+    fn url_as(&self, repo: &Path, scheme: &str) -> String {
+        format!(
+            "{scheme}://{}@127.0.0.1:{}{}",
+            Self::user(),
+            self.port,
+            repo.display()
+        )
     }
 
     fn user() -> String {
@@ -198,6 +204,86 @@ fn terraform_under_run_over_both_ssh_url_forms() {
         let broken = url.replace(&repo.display().to_string(), "/nonexistent/repo.git");
         let (ok, out) = terraform_run(work.path(), &broken, &ssh, &["plan", "-input=false"]);
         assert!(!ok, "a missing repository fails: {out}");
+    }
+}
+
+/// git's older SSH spellings, `git+ssh://` and `ssh+git://`, against the real sshd: Terraform
+/// under `gitstate run` over each (init and apply: serial 1, the lock released), then one
+/// `gitstate serve` whose repository is the first and whose allowlist names the second, reached
+/// through the seed's address format with the `+` escaped (`%2B`). Unescaped, the `+` reads as
+/// a space: a 400 that says how to write it, and nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terraform_and_the_seed_format_over_git_plus_ssh_and_ssh_plus_git() {
+    let sshd = Sshd::start();
+    let ssh = sshd.ssh_command(false);
+    let mut repos = Vec::new();
+    for scheme in ["git+ssh", "ssh+git"] {
+        let repo = sshd.bare_repo(&scheme.replace('+', "-"));
+        let url = sshd.url_as(&repo, scheme);
+        let work = tempfile::tempdir().expect("tempdir");
+        std::fs::write(work.path().join("empty.tfrc"), "").expect("tfrc");
+        std::fs::write(
+            work.path().join("main.tf"),
+            "resource \"terraform_data\" \"x\" {\n  input = \"legacy ssh\"\n}\n",
+        )
+        .expect("main.tf");
+        for args in [
+            &["init", "-input=false"][..],
+            &["apply", "-auto-approve"][..],
+        ] {
+            let (ok, out) = terraform_run(work.path(), &url, &ssh, args);
+            assert!(ok, "{scheme} {args:?}: {out}");
+        }
+        assert_eq!(serial(&repo), 1, "{scheme}");
+        let lock_refs = git(
+            &[
+                "--git-dir",
+                repo.to_str().expect("utf-8"),
+                "for-each-ref",
+                "refs/heads/locks/",
+            ],
+            None,
+        );
+        assert_eq!(lock_refs.trim(), "", "{scheme}: the lock was released");
+        repos.push((repo, url));
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let env = serve_env(
+        &repos[0].1,
+        &[
+            ("GIT_SSH_COMMAND", &ssh),
+            ("GITSTATE_ALLOWED_REPOSITORIES", &repos[1].1),
+        ],
+    );
+    let serve = ServeProcess::start(Path::new(crate::GITSTATE), dir.path(), env).await;
+    let client = Client::new(&serve.url);
+    for (at, (repo, url)) in repos.iter().enumerate() {
+        let seed =
+            |repository: &str| format!("/?type=git&repository={repository}&state=ssh/app.tfstate");
+        let raw = client.send("GET", &seed(url), None).await;
+        assert_eq!(raw.status, 400, "{url}: {}", raw.body);
+        assert!(raw.body.contains("git%2Bssh://"), "{}", raw.body);
+        let address = seed(&url.replace('+', "%2B"));
+        let read = client.send("GET", &address, None).await;
+        assert_eq!(read.status, 200, "{url}: {}", read.body);
+        let id = format!("seed-{at}");
+        let lock = client.send("LOCK", &address, Some(&lock_info(&id))).await;
+        assert_eq!(lock.status, 200, "{url}: {}", lock.body);
+        let mut state: serde_json::Value = serde_json::from_str(&read.body).expect("a state");
+        assert_eq!(state["serial"], 1, "{url}: Terraform's state, read back");
+        state["serial"] = 2.into();
+        let state = state.to_string();
+        let wrote = client
+            .send("POST", &format!("{address}&ID={id}"), Some(&state))
+            .await;
+        assert_eq!(wrote.status, 200, "{url}: {}", wrote.body);
+        let unlock = client.send("UNLOCK", &address, Some(&lock_info(&id))).await;
+        assert_eq!(unlock.status, 200, "{url}: {}", unlock.body);
+        assert_eq!(
+            serial(repo),
+            2,
+            "{url}: the write reached its own repository"
+        );
     }
 }
 
