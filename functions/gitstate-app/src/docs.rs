@@ -410,6 +410,118 @@ mod tests {
         );
     }
 
+    const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+
+    /// The documents, by reader, and the two beside them.
+    const DOCUMENTS: [&str; 7] = [
+        "README.md",
+        "docs/terraform.md",
+        "docs/operating.md",
+        "docs/migrating-from-terraform-backend-git.md",
+        "ARCHITECTURE.md",
+        "CONTRIBUTING.md",
+        "BENCHMARKS.md",
+    ];
+
+    fn read(path: &std::path::Path) -> String {
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    }
+
+    /// GitHub's anchors of a Markdown file's headings (code blocks aside): lower case, spaces as
+    /// `-`, other punctuation than `-` and `_` dropped; a repeated one also with `-1`, `-2`, ….
+    fn anchors(text: &str) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        let mut fenced = false;
+        for line in text.lines() {
+            if line.trim_start().starts_with("```") {
+                fenced = !fenced;
+            }
+            let Some(heading) = line.strip_prefix('#').filter(|_| !fenced) else {
+                continue;
+            };
+            let anchor: String = heading
+                .trim_start_matches('#')
+                .trim()
+                .to_lowercase()
+                .chars()
+                .filter_map(|c| match c {
+                    ' ' => Some('-'),
+                    c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+                    _ => None,
+                })
+                .collect();
+            let seen = out.iter().filter(|a| **a == anchor).count();
+            if seen > 0 {
+                out.push(format!("{anchor}-{seen}"));
+            }
+            out.push(anchor);
+        }
+        out
+    }
+
+    /// Issue 26's docs by reader, kept: a README of at most 200 lines that links each reader's
+    /// document, ARCHITECTURE.md in rust-analyzer's three parts, CONTRIBUTING.md's commit style;
+    /// and every relative link among the documents names a file that exists and, after `#`, a
+    /// heading in it.
+    #[test]
+    fn the_documents_by_reader_are_there_and_their_links_hold() {
+        let root = std::path::Path::new(ROOT);
+        let readme = read(&root.join("README.md"));
+        let lines = readme.lines().count();
+        assert!(lines <= 200, "README.md is {lines} lines: at most 200");
+        for doc in [
+            "docs/terraform.md",
+            "docs/operating.md",
+            "ARCHITECTURE.md",
+            "CONTRIBUTING.md",
+        ] {
+            assert!(
+                readme.contains(&format!("]({doc}")),
+                "README.md links no {doc}"
+            );
+        }
+        let architecture = read(&root.join("ARCHITECTURE.md"));
+        for part in ["## Bird's-eye view", "## Code map", "## Invariants"] {
+            assert!(
+                architecture.lines().any(|l| l == part),
+                "ARCHITECTURE.md lacks {part}"
+            );
+        }
+        let contributing = read(&root.join("CONTRIBUTING.md"));
+        for said in ["## Commits", "says **what**", "says **why**"] {
+            assert!(
+                contributing.contains(said),
+                "CONTRIBUTING.md lacks {said:?}"
+            );
+        }
+        let mut links = 0;
+        for doc in DOCUMENTS {
+            let at = root.join(doc);
+            let text = read(&at);
+            for link in text.split("](").skip(1) {
+                let Some(target) = link.split(')').next().filter(|t| !t.contains("://")) else {
+                    continue;
+                };
+                let (file, fragment) = target.split_once('#').unwrap_or((target, ""));
+                let path = if file.is_empty() {
+                    at.clone()
+                } else {
+                    at.parent().map(|dir| dir.join(file)).unwrap_or_default()
+                };
+                assert!(path.exists(), "{doc}: the link ({target}) names no file");
+                if !fragment.is_empty() {
+                    let headings = anchors(&read(&path));
+                    assert!(
+                        headings.iter().any(|a| a == fragment),
+                        "{doc}: the link ({target}) names no heading of {file}"
+                    );
+                }
+                links += 1;
+            }
+        }
+        assert!(links > 20, "{links} links?");
+    }
+
     /// docs/operating.md holds the table as generated now; with `UPDATE_DOCS=1` it is rewritten.
     #[test]
     fn settings_table_in_docs_is_current() {
