@@ -44,7 +44,7 @@ pub enum BuildError {
     #[error(transparent)]
     PrivateKeys(#[from] gitstate_kms::PrivateKeyError),
     #[error("opening the git store")]
-    Store(#[from] gitstate_git::Error),
+    Store(#[from] gitstate_git::OpenError),
     #[error(transparent)]
     Settings(#[from] ConfigError),
     #[error("the primary repository: {0}")]

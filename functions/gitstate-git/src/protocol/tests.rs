@@ -1,6 +1,7 @@
 use gix::ObjectId;
 
-use crate::{Error, transport};
+use crate::RemoteError as Error;
+use crate::transport;
 
 use super::fetch::{FetchError, fetch_capabilities, pack_of};
 use super::{

@@ -7,8 +7,8 @@ use gix::objs::tree::EntryKind;
 use gitstate_core::ports::CommitMeta;
 
 use super::Cache;
+use super::Error;
 use super::trees::subtree;
-use crate::Error;
 
 /// A commit made locally, and every object a remote that has its parent still needs.
 pub struct NewCommit {

@@ -8,7 +8,7 @@ use gitstate_core::StateName;
 use gitstate_core::index::{INDEX_PATH, StateIndex};
 use gitstate_core::ports::CommitMeta;
 
-use crate::Error;
+use super::Error;
 
 /// Record in the tree being edited that `path` now holds `blob` (`None`: removed), as the commit
 /// `meta` made at `time` leaves it. Returns the new index blob, or `None` when `path` is not a

@@ -10,9 +10,9 @@ use gix::refs::transaction::{Change, LogChange, PreviousValue, RefEdit, RefLog};
 use gitstate_core::refs::paths_clash;
 
 use super::Cache;
+use super::{Corruption, Error};
 use crate::protocol::{Advert, Command, PushReport};
 use crate::sync::lock;
-use crate::{Corruption, Error};
 
 pub struct LocalRefs {
     repo: Arc<Cache>,

@@ -8,9 +8,10 @@ use std::sync::RwLock;
 use gix::ObjectId;
 use gix::objs::Kind;
 
-use crate::{Corruption, Error, sync};
+use crate::sync;
 
 mod commit;
+mod error;
 pub mod index;
 pub mod local;
 pub mod pack;
@@ -19,6 +20,7 @@ mod trees;
 mod walk;
 
 pub use commit::NewCommit;
+pub use error::{Corruption, Error};
 pub use replay::StateCommit;
 pub use walk::{Chain, Latest, Walk};
 

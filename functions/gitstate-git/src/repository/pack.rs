@@ -8,7 +8,7 @@ use flate2::{Compression, write::ZlibEncoder};
 use gix::objs::Kind;
 use sha1::{Digest, Sha1};
 
-use crate::{Corruption, Error};
+use super::{Corruption, Error};
 
 /// Write a version-2 pack of undeltified objects (a state push carries a handful of them).
 pub fn write(objects: &[(Kind, Vec<u8>)]) -> Result<Vec<u8>, Error> {

@@ -10,7 +10,7 @@ use gitstate_core::fold::{FOLDED_PATH, FoldRecord};
 use gitstate_core::ports::CommitMeta;
 
 use super::{Cache, NewCommit};
-use crate::{Corruption, Error};
+use super::{Corruption, Error};
 
 /// A state commit: one file at `path`, and who wrote it when, as the write made it.
 #[derive(Debug, Clone)]

@@ -3,7 +3,7 @@
 
 use gix::ObjectId;
 
-use crate::{Corruption, Error};
+use super::{Corruption, Error};
 
 /// The first file (in tree order) below the folder `tree` at `dir`.
 pub(super) fn first_file(

@@ -10,8 +10,8 @@ use gitstate_core::ports::{HistoryPage, Revision};
 use gitstate_core::refs::Clash;
 
 use super::Cache;
+use super::Error;
 use super::trees::{changed_paths, first_file};
-use crate::Error;
 
 /// How far a walk of the history got.
 pub enum Walk {

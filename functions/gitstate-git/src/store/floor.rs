@@ -28,8 +28,7 @@ use gitstate_core::ports::{CommitMeta, HeldLock, Location};
 use gitstate_core::{LockInfo, StateName};
 
 use super::remote::{Proof, Remote};
-use super::{GitStore, WriteMode, blocking};
-use crate::Error;
+use super::{GitStore, RemoteError, UnlockError, WriteMode, blocking};
 use crate::protocol::{Advert, Command, PushReport, Updates};
 use crate::sync::lock;
 
@@ -48,7 +47,7 @@ impl Remote {
     }
 
     /// The branch tip this process last saw, if its cache holds it.
-    pub(super) fn cached_tip(&self) -> Result<Option<ObjectId>, Error> {
+    pub(super) fn cached_tip(&self) -> Result<Option<ObjectId>, RemoteError> {
         match self.recent_tip(Duration::MAX) {
             Some(tip) if self.cache.has(tip)? => Ok(Some(tip)),
             _ => Ok(None),
@@ -105,7 +104,7 @@ impl Remote {
         commands: Vec<Command>,
         objects: Vec<ObjectId>,
         updates: Updates,
-    ) -> Result<Option<PushReport>, Error> {
+    ) -> Result<Option<PushReport>, RemoteError> {
         let pushed = match updates {
             Updates::Atomic => self.push(commands, objects).await,
             Updates::EachAlone => self.push_each(commands, objects).await,
@@ -135,7 +134,7 @@ impl GitStore {
         name: &StateName,
         lock: &LockInfo,
         meta: &CommitMeta,
-    ) -> Result<bool, Error> {
+    ) -> Result<bool, RemoteError> {
         let Some(caps) = remote.floor_caps() else {
             return Ok(false);
         };
@@ -181,7 +180,7 @@ impl GitStore {
         &self,
         at: &Location,
         name: &StateName,
-    ) -> Result<Option<Option<bytes::Bytes>>, Error> {
+    ) -> Result<Option<Option<bytes::Bytes>>, RemoteError> {
         let remote = self.remote(at)?;
         let Some(proof) = remote.take_proof(&self.lock_ref(name)) else {
             return Ok(None);
@@ -205,7 +204,7 @@ impl GitStore {
         &self,
         at: &Location,
         name: &StateName,
-    ) -> Result<Option<HeldLock>, Error> {
+    ) -> Result<Option<HeldLock>, UnlockError> {
         let remote = self.remote(at)?;
         if remote.floor_caps().is_none() {
             return Ok(None);

@@ -8,14 +8,13 @@ use bytes::Bytes;
 use gix::ObjectId;
 
 use gitstate_core::StateName;
-use gitstate_core::ports::{HistoryPage, Location, Revision, StoreError};
+use gitstate_core::ports::{HistoryPage, Location, Revision};
 
 use super::known::state_ref;
 use super::remote::Remote;
-use super::{GitStore, blocking, null};
-use crate::repository::{Chain, Latest, Walk};
+use super::{Broken, GitStore, HistoryError, RemoteError, blocking, null};
+use crate::repository::{self, Chain, Latest, Walk};
 use crate::sync::lock;
-use crate::{Corruption, Error};
 
 /// History is fetched this many commits deep at first, then four times deeper each time a page
 /// needs more, up to [`super::StoreOptions::max_history_depth`].
@@ -30,7 +29,7 @@ impl GitStore {
         &self,
         at: &Location,
         names: &[StateName],
-    ) -> Result<Vec<(StateName, Revision)>, StoreError> {
+    ) -> Result<Vec<(StateName, Revision)>, HistoryError> {
         let remote = self.remote(at)?;
         let (tip, newest) = self.newest_of_states(&remote, at, names).await?;
         let Some(tip) = tip else {
@@ -94,7 +93,7 @@ impl GitStore {
                     depth = deepen_past(&remote, tip, walked, depth, max).await?;
                 }
                 Latest::Shallow { .. } => {
-                    return Err(Error::Corrupt(Corruption::MissingParent).into());
+                    return Err(HistoryError::Broken(Broken::MissingParent));
                 }
             }
         }
@@ -106,7 +105,7 @@ impl GitStore {
         name: &StateName,
         skip: usize,
         limit: usize,
-    ) -> Result<HistoryPage, StoreError> {
+    ) -> Result<HistoryPage, HistoryError> {
         let remote = self.remote(at)?;
         // A state ref's chain continues into the branch history below its first commit: the
         // walk from its tip lists every write once.
@@ -144,7 +143,7 @@ impl GitStore {
                     depth = deepen_past(&remote, tip, walked, depth, max).await?;
                 }
                 Walk::Shallow { .. } => {
-                    return Err(Error::Corrupt(Corruption::MissingParent).into());
+                    return Err(HistoryError::Broken(Broken::MissingParent));
                 }
             }
         }
@@ -155,7 +154,7 @@ impl GitStore {
         at: &Location,
         name: &StateName,
         version: &str,
-    ) -> Result<Option<Bytes>, StoreError> {
+    ) -> Result<Option<Bytes>, HistoryError> {
         let Ok(commit) = ObjectId::from_hex(version.as_bytes()) else {
             return Ok(None);
         };
@@ -189,7 +188,7 @@ impl GitStore {
         match blocking(move || cache.read_path(commit, &path)).await {
             Ok(found) => Ok(found.map(Bytes::from)),
             // Not a commit (a tree or blob id): no such revision.
-            Err(Error::Git(_)) => Ok(None),
+            Err(repository::Error::Git(_)) => Ok(None),
             Err(other) => Err(other.into()),
         }
     }
@@ -202,7 +201,7 @@ impl GitStore {
         at: &Location,
         name: &StateName,
         commit: ObjectId,
-    ) -> Result<bool, Error> {
+    ) -> Result<bool, RemoteError> {
         let (tip, state_tip) = self.branch_and_state(remote, at, name.as_str()).await?;
         for tip in state_tip.into_iter().chain(tip) {
             if self.find_on_chain_of(remote, tip, commit).await? {
@@ -222,7 +221,7 @@ impl GitStore {
         remote: &Remote,
         tip: ObjectId,
         commit: ObjectId,
-    ) -> Result<bool, Error> {
+    ) -> Result<bool, RemoteError> {
         if remote.fetches() && !remote.cache.has(commit)? {
             match remote.fetch_one(commit, tip).await {
                 Ok(()) => {}
@@ -267,12 +266,12 @@ async fn deepen_past(
     walked: u32,
     depth: u32,
     max: u32,
-) -> Result<u32, Error> {
+) -> Result<u32, HistoryError> {
     let cache = remote.cache.clone();
     let Chain::Shallow { boundary, .. } =
         blocking(move || cache.find_on_chain(tip, null())).await?
     else {
-        return Err(Error::Corrupt(Corruption::BoundaryMoved));
+        return Err(HistoryError::Broken(Broken::BoundaryMoved));
     };
     let depth = depth.max(walked.saturating_mul(2)).min(max);
     remote.deepen(tip, boundary, depth).await?;

@@ -11,8 +11,7 @@ use async_trait::async_trait;
 use gix::ObjectId;
 
 use super::transport::{Fetch, KnownTip, Transport};
-use super::{WriteMode, blocking};
-use crate::Error;
+use super::{RemoteError, WriteMode, blocking};
 use crate::protocol::{Advert, Service};
 use crate::protocol::{Blobs, Command, FetchError, PushReport, SmartClient, Updates};
 use crate::repository::Cache;
@@ -82,7 +81,7 @@ impl Hosted {
         commands: Vec<Command>,
         objects: Vec<ObjectId>,
         updates: Updates,
-    ) -> Result<PushReport, Error> {
+    ) -> Result<PushReport, RemoteError> {
         // What was advertised before a push of ours is out of date.
         *lock(&self.adverts) = Adverts {
             last: None,
@@ -113,32 +112,32 @@ impl Hosted {
 }
 
 /// Index a received pack into the cache.
-async fn index(cache: &Arc<Cache>, pack: Vec<u8>) -> Result<(), Error> {
+async fn index(cache: &Arc<Cache>, pack: Vec<u8>) -> Result<(), RemoteError> {
     index_listing(cache, pack).await.map(drop)
 }
 
 /// Index a received pack into the cache; the ids of the objects it holds.
-async fn index_listing(cache: &Arc<Cache>, pack: Vec<u8>) -> Result<Vec<ObjectId>, Error> {
+async fn index_listing(cache: &Arc<Cache>, pack: Vec<u8>) -> Result<Vec<ObjectId>, RemoteError> {
     let cache = cache.clone();
-    blocking(move || {
+    Ok(blocking(move || {
         let held = pack::index_into(cache.git_dir(), &pack)?;
         cache.reload()?;
         Ok(held)
     })
-    .await
+    .await?)
 }
 
 /// Of `ids`, those `cache` lacks.
 pub(super) async fn missing(
     cache: &Arc<Cache>,
     ids: Vec<ObjectId>,
-) -> Result<Vec<ObjectId>, Error> {
+) -> Result<Vec<ObjectId>, RemoteError> {
     let cache = cache.clone();
-    blocking(move || {
+    Ok(blocking(move || {
         let repo = cache.repo()?;
         Ok(ids.into_iter().filter(|id| !repo.has_object(id)).collect())
     })
-    .await
+    .await?)
 }
 
 #[async_trait]
@@ -147,7 +146,7 @@ impl Transport for Hosted {
         true
     }
 
-    async fn refs(&self, service: Service, _: Vec<String>) -> Result<Advert, Error> {
+    async fn refs(&self, service: Service, _: Vec<String>) -> Result<Advert, RemoteError> {
         // Stamped when asked, not when answered: it reflects no later write. One asked before a
         // push of ours began is not kept (it may not show that push).
         let asked = Instant::now();
@@ -160,7 +159,7 @@ impl Transport for Hosted {
         drop(adverts);
         if service == Service::ReceivePack {
             if self.require_atomic && WriteMode::of(&advert) != WriteMode::Atomic {
-                return Err(Error::AtomicRequired);
+                return Err(RemoteError::AtomicRequired);
             }
             let caps = Advert {
                 caps: advert.caps.clone(),
@@ -183,7 +182,12 @@ impl Transport for Hosted {
             .map(|(advert, _)| advert.clone())
     }
 
-    async fn branch_and_prefix(&self, _: &str, _: &str, fresh: Duration) -> Result<Advert, Error> {
+    async fn branch_and_prefix(
+        &self,
+        _: &str,
+        _: &str,
+        fresh: Duration,
+    ) -> Result<Advert, RemoteError> {
         let recent = lock(&self.adverts)
             .last
             .clone()
@@ -195,7 +199,7 @@ impl Transport for Hosted {
     }
 
     /// One upload-pack advertisement (its `symref=HEAD:` capability names `HEAD`'s ref).
-    async fn every_ref(&self) -> Result<(Advert, Option<String>), Error> {
+    async fn every_ref(&self) -> Result<(Advert, Option<String>), RemoteError> {
         // A read of this request just asked: its advertisement lists every ref.
         let advert = match self.advert_in_scope() {
             Some(advert) => advert,
@@ -209,14 +213,14 @@ impl Transport for Hosted {
         Ok((advert, head))
     }
 
-    async fn refs_with_prefix(&self, prefix: &str) -> Result<Advert, Error> {
+    async fn refs_with_prefix(&self, prefix: &str) -> Result<Advert, RemoteError> {
         let mut advert = self.http.advertise(Service::UploadPack).await?;
         advert.refs.retain(|name, _| name.starts_with(prefix));
         Ok(advert)
     }
 
     /// An advertisement lists every ref: there is nothing beside it.
-    async fn refs_beside(&self, _: &Advert, _: &str) -> Result<Advert, Error> {
+    async fn refs_beside(&self, _: &Advert, _: &str) -> Result<Advert, RemoteError> {
         Ok(Advert::default())
     }
 
@@ -226,7 +230,7 @@ impl Transport for Hosted {
         known_tip: &KnownTip,
         wants: Vec<ObjectId>,
         how: Fetch,
-    ) -> Result<(), Error> {
+    ) -> Result<(), RemoteError> {
         let missing_now = missing(cache, wants).await?;
         if missing_now.is_empty() {
             return Ok(());
@@ -252,7 +256,7 @@ impl Transport for Hosted {
         let pack = self.http.fetch(&wanted, &haves, blobs).await?;
         index(cache, pack).await?;
         if !missing(cache, wanted).await?.is_empty() {
-            return Err(Error::Undelivered("commits"));
+            return Err(RemoteError::Undelivered("commits"));
         }
         Ok(())
     }
@@ -264,7 +268,7 @@ impl Transport for Hosted {
         cache: &Arc<Cache>,
         commit: ObjectId,
         paths: Vec<String>,
-    ) -> Result<(), Error> {
+    ) -> Result<(), RemoteError> {
         let reader = cache.clone();
         let lacking = blocking(move || reader.lacking_blobs(commit, &paths)).await?;
         if lacking.is_empty() {
@@ -280,7 +284,7 @@ impl Transport for Hosted {
             // A remote that cannot be reached now cannot be reached for the whole commit either.
             Err(error @ FetchError::Wire(WireError::Http(_))) => return Err(error.into()),
             Err(error) => {
-                let error = Error::from(error);
+                let error = RemoteError::from(error);
                 let pack = self.http.fetch(&[commit], &[], Blobs::All).await?;
                 index(cache, pack).await?;
                 tracing::warn!(error = %gitstate_core::report::chain(&error), "the remote does not send blobs by id; fetching whole commits from now on");
@@ -288,7 +292,7 @@ impl Transport for Hosted {
             }
         }
         if !missing(cache, lacking).await?.is_empty() {
-            return Err(Error::Undelivered("blobs"));
+            return Err(RemoteError::Undelivered("blobs"));
         }
         Ok(())
     }
@@ -300,7 +304,7 @@ impl Transport for Hosted {
         tip: ObjectId,
         boundary: ObjectId,
         depth: u32,
-    ) -> Result<(), Error> {
+    ) -> Result<(), RemoteError> {
         let _one_fetch_at_a_time = self.fetching.lock().await;
         tracing::debug!(depth, "deepening the cache's history");
         let pack = self
@@ -317,7 +321,7 @@ impl Transport for Hosted {
         cache: &Arc<Cache>,
         commit: ObjectId,
         tip: ObjectId,
-    ) -> Result<(), Error> {
+    ) -> Result<(), RemoteError> {
         let _one_fetch_at_a_time = self.fetching.lock().await;
         let pack = self.http.fetch(&[commit], &[tip], self.blobs()).await?;
         index(cache, pack).await
@@ -330,12 +334,12 @@ impl Transport for Hosted {
         cache: &Arc<Cache>,
         wants: Vec<ObjectId>,
         haves: Vec<ObjectId>,
-    ) -> Result<HashSet<ObjectId>, Error> {
+    ) -> Result<HashSet<ObjectId>, RemoteError> {
         let _one_fetch_at_a_time = self.fetching.lock().await;
         let pack = self.http.fetch_beyond(&wants, &haves).await?;
         let held = index_listing(cache, pack).await?;
         let reader = cache.clone();
-        blocking(move || {
+        Ok(blocking(move || {
             let mut commits = HashSet::new();
             for id in held {
                 if reader.is_commit(id)? {
@@ -344,14 +348,14 @@ impl Transport for Hosted {
             }
             Ok(commits)
         })
-        .await
+        .await?)
     }
 
-    async fn rebuild(&self, cache: &Arc<Cache>, known_tip: &KnownTip) -> Result<(), Error> {
+    async fn rebuild(&self, cache: &Arc<Cache>, known_tip: &KnownTip) -> Result<(), RemoteError> {
         let _no_fetch_meanwhile = self.fetching.lock().await;
         *lock(known_tip) = None;
         let cache = cache.clone();
-        blocking(move || cache.rebuild()).await
+        Ok(blocking(move || cache.rebuild()).await?)
     }
 
     async fn push(
@@ -359,7 +363,7 @@ impl Transport for Hosted {
         cache: &Arc<Cache>,
         commands: Vec<Command>,
         objects: Vec<ObjectId>,
-    ) -> Result<PushReport, Error> {
+    ) -> Result<PushReport, RemoteError> {
         self.send(cache, commands, objects, Updates::Atomic).await
     }
 
@@ -368,7 +372,7 @@ impl Transport for Hosted {
         cache: &Arc<Cache>,
         commands: Vec<Command>,
         objects: Vec<ObjectId>,
-    ) -> Result<PushReport, Error> {
+    ) -> Result<PushReport, RemoteError> {
         self.send(cache, commands, objects, Updates::EachAlone)
             .await
     }

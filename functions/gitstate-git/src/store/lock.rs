@@ -8,21 +8,21 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use gix::ObjectId;
 
-use gitstate_core::ports::{
-    Acquire, CommitMeta, HeldLock, Location, Release, StoreError, user_from_message,
-};
+use gitstate_core::ports::{Acquire, CommitMeta, HeldLock, Location, Release, user_from_message};
 use gitstate_core::refs::{Clash, branch_clash, lock_clash};
 use gitstate_core::{BranchName, LockInfo, StateName};
 
 use super::floor::{Proving, lock_commands, remember_proved};
 use super::known::state_ref;
 use super::remote::Remote;
-use super::{GitStore, WriteMode, blocking, null};
+use super::{
+    GitStore, ListError, LockError, ReadError, RemoteError, UnlockError, WriteMode, blocking, null,
+};
 use crate::protocol::Command;
 use crate::protocol::{Advert, Service, Updates};
+use crate::repository::Corruption;
 use crate::repository::NewCommit;
 use crate::sync::lock;
-use crate::{Corruption, Error};
 
 /// How often a LOCK looks again after its tree check raced a write or its push was refused
 /// without a holder or a clashing lock to show for it.
@@ -49,7 +49,7 @@ impl GitStore {
         remote: &Remote,
         at: &Location,
         lock_ref: &str,
-    ) -> Result<Advert, Error> {
+    ) -> Result<Advert, RemoteError> {
         let names = vec![lock_ref.to_owned(), at.branch.full_ref()];
         let mut advert = remote.refs(Service::ReceivePack, names).await?;
         for prefix in [self.options.lock_ref_prefix.as_str(), PROTOCOL_PREFIX] {
@@ -84,16 +84,16 @@ impl GitStore {
     }
 
     /// The protocol rule of a LOCK, from the advertisement it decides on: a record of another
-    /// lock ref prefix refuses it ([`StoreError::ProtocolMismatch`]); `Ok(true)`: nothing is
+    /// lock ref prefix refuses it ([`LockError::ProtocolMismatch`]); `Ok(true)`: nothing is
     /// recorded yet, the LOCK records this prefix once it holds the lock.
-    fn protocol_for_lock(&self, at: &Location, advert: &Advert) -> Result<bool, StoreError> {
+    fn protocol_for_lock(&self, at: &Location, advert: &Advert) -> Result<bool, LockError> {
         let prefix = &self.options.lock_ref_prefix;
         match gitstate_core::protocol::check(prefix, advert.refs.keys().map(String::as_str)) {
             Protocol::Differs {
                 setting,
                 ours,
                 recorded,
-            } => Err(StoreError::ProtocolMismatch {
+            } => Err(LockError::ProtocolMismatch {
                 setting,
                 ours,
                 recorded,
@@ -133,7 +133,7 @@ impl GitStore {
                 name: gitstate_core::protocol::lock_prefix_record(prefix),
             };
             let report = remote.push(vec![command.clone()], commit.objects).await?;
-            Ok::<bool, Error>(report.all_ok(&[command]))
+            Ok::<bool, RemoteError>(report.all_ok(&[command]))
         };
         match record.await {
             Ok(true) => {
@@ -154,10 +154,10 @@ impl GitStore {
         remote: &Remote,
         tip: ObjectId,
         path: &str,
-    ) -> Result<Option<Clash>, Error> {
+    ) -> Result<Option<Clash>, RemoteError> {
         remote.ensure(vec![tip]).await?;
         let (cache, path) = (remote.cache.clone(), path.to_owned());
-        blocking(move || cache.path_clash(tip, &path)).await
+        Ok(blocking(move || cache.path_clash(tip, &path)).await?)
     }
 
     pub(super) async fn held(
@@ -165,14 +165,14 @@ impl GitStore {
         remote: &Remote,
         tip: ObjectId,
         name: &StateName,
-    ) -> Result<HeldLock, Error> {
+    ) -> Result<HeldLock, RemoteError> {
         remote.held(tip, name).await
     }
 
     pub(super) async fn list_locks(
         &self,
         at: &Location,
-    ) -> Result<Vec<(StateName, HeldLock)>, StoreError> {
+    ) -> Result<Vec<(StateName, HeldLock)>, ListError> {
         let remote = self.remote(at)?;
         let prefix = &self.options.lock_ref_prefix;
         let advert = remote.refs_with_prefix(prefix).await?;
@@ -201,7 +201,7 @@ impl GitStore {
         &self,
         at: &Location,
         name: &StateName,
-    ) -> Result<Option<HeldLock>, StoreError> {
+    ) -> Result<Option<HeldLock>, ReadError> {
         let remote = self.remote(at)?;
         let lock_ref = self.lock_ref(name);
         // The receive-pack advertisement lists the same refs and also carries the push
@@ -221,7 +221,7 @@ impl GitStore {
         name: &StateName,
         lock: &LockInfo,
         meta: &CommitMeta,
-    ) -> Result<Acquire, StoreError> {
+    ) -> Result<Acquire, LockError> {
         let remote = self.remote(at)?;
         let lock_ref = self.lock_ref(name);
         let agreed = crate::sync::lock(&self.protocol_agreed).contains(&at.repository);
@@ -276,13 +276,12 @@ impl GitStore {
             last_attempt = attempt_started.elapsed();
         }
         match refused {
-            Some(report) => Err(Error::LockRefused {
+            Some(report) => Err(LockError::Refused {
                 lock_ref,
                 report: format!("{report:?}"),
-            }
-            .into()),
+            }),
             // The branch kept moving under the tree check: busy, retryable.
-            None => Err(StoreError::Contention {
+            None => Err(LockError::Contention {
                 attempts: MAX_LOCK_ATTEMPTS,
             }),
         }
@@ -293,7 +292,7 @@ impl GitStore {
         at: &Location,
         name: &StateName,
         held: &HeldLock,
-    ) -> Result<Release, StoreError> {
+    ) -> Result<Release, UnlockError> {
         let remote = self.remote(at)?;
         let Ok(old) = ObjectId::from_hex(held.token.as_bytes()) else {
             return Ok(Release::Changed);
@@ -330,12 +329,11 @@ impl GitStore {
 
 /// A lock ref whose commit has no readable lock file still locks the state; describe it so an
 /// administrator can see and force-unlock it.
-fn unreadable_lock(tip: ObjectId) -> Result<LockInfo, Error> {
+fn unreadable_lock(tip: ObjectId) -> Result<LockInfo, RemoteError> {
     let json = format!(
         r#"{{"ID":"{tip}","Operation":"unknown","Info":"lock ref without a readable lock file","Who":"unknown","Version":"","Created":"","Path":""}}"#
     );
-    LockInfo::parse(Bytes::from(json))
-        .map_err(|e| Error::Corrupt(Corruption::LockInfo(e.to_string())))
+    LockInfo::parse(Bytes::from(json)).map_err(|e| Corruption::LockInfo(e.to_string()).into())
 }
 
 impl Remote {
@@ -345,7 +343,7 @@ impl Remote {
         &self,
         advert: &Advert,
         branch: &BranchName,
-    ) -> Result<Option<Clash>, Error> {
+    ) -> Result<Option<Clash>, RemoteError> {
         let heads = self.transport.refs_beside(advert, "refs/heads/").await?;
         let refs = advert.refs.keys().chain(heads.refs.keys());
         Ok(branch_clash(refs.map(String::as_str), branch))
@@ -359,7 +357,7 @@ impl Remote {
         lock: &LockInfo,
         meta: &CommitMeta,
         lock_ref: &str,
-    ) -> Result<(Command, NewCommit), Error> {
+    ) -> Result<(Command, NewCommit), RemoteError> {
         let commit = self
             .commit(
                 None,
@@ -377,7 +375,11 @@ impl Remote {
     }
 
     /// The lock the lock commit `tip` records for `name`.
-    pub(super) async fn held(&self, tip: ObjectId, name: &StateName) -> Result<HeldLock, Error> {
+    pub(super) async fn held(
+        &self,
+        tip: ObjectId,
+        name: &StateName,
+    ) -> Result<HeldLock, RemoteError> {
         let bytes = self.read_with(tip, name.lock_file(), true).await?;
         let info = bytes
             .and_then(|b| LockInfo::parse(Bytes::from(b)).ok())

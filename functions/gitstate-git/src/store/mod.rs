@@ -8,6 +8,7 @@
 //!   A remote without `atomic` gets the compare-and-swap of the branch alone, the lock having
 //!   been checked in the same advertisement that gave the tip (see [`WriteMode`]).
 
+mod error;
 mod floor;
 mod fold;
 mod history;
@@ -39,13 +40,16 @@ use gitstate_core::refs::Clash;
 use gitstate_core::secret::Secret;
 use gitstate_core::{LockInfo, StateName};
 
-use crate::Error;
 use crate::protocol::{Advert, SmartClient};
-use crate::repository::Cache;
 use crate::repository::local::LocalRefs;
+use crate::repository::{self, Cache};
 use crate::settings::{GitAuth, GitSettings, StateRefs};
 use crate::sync::lock;
 use crate::transport::Connection;
+pub use error::{
+    Broken, FoldError, HistoryError, ListError, LockError, OpenError, ReadError, RemoteError,
+    UnlockError, WriteError,
+};
 use hosted::Hosted;
 use remote::Remote;
 pub use states::Holder;
@@ -121,9 +125,10 @@ pub struct GitStore {
     protocol_agreed: Mutex<HashSet<String>>,
 }
 
+/// The repository's work `f`, on a blocking thread.
 pub(super) async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, Error> + Send + 'static,
-) -> Result<T, Error> {
+    f: impl FnOnce() -> Result<T, repository::Error> + Send + 'static,
+) -> Result<T, repository::Error> {
     tokio::task::spawn_blocking(f).await?
 }
 
@@ -134,7 +139,7 @@ pub(super) fn null() -> ObjectId {
 impl GitStore {
     /// The store for `settings`, and the identifier of its primary repository (the hosted URL, or
     /// the embedded repository's path).
-    pub fn new(settings: &GitSettings) -> Result<(Self, String), Error> {
+    pub fn new(settings: &GitSettings) -> Result<(Self, String), OpenError> {
         let options = StoreOptions {
             cache_dir: settings.cache_dir.clone(),
             lock_ref_prefix: settings.lock_ref_prefix.clone(),
@@ -194,7 +199,7 @@ impl GitStore {
             .flatten()
     }
 
-    fn remote(&self, at: &Location) -> Result<Arc<Remote>, Error> {
+    fn remote(&self, at: &Location) -> Result<Arc<Remote>, RemoteError> {
         let key = (at.repository.clone(), at.branch.as_str().to_owned());
         let mut remotes = lock(&self.remotes);
         if let Some(remote) = remotes.get(&key) {
@@ -262,7 +267,7 @@ impl GitStore {
 }
 
 /// Open a cache, starting over if what is on disk is not a usable repository.
-fn open_cache(dir: &Path) -> Result<Cache, Error> {
+fn open_cache(dir: &Path) -> Result<Cache, repository::Error> {
     match Cache::open_or_init(dir) {
         Ok(cache) => Ok(cache),
         Err(error) => {
@@ -282,18 +287,15 @@ impl StateStore for GitStore {
         at: &Location,
         name: &StateName,
     ) -> Result<Option<Bytes>, StoreError> {
-        if let Some(state) = self.read_proved(at, name).await? {
-            return Ok(state);
-        }
-        Ok(self.read_path(at, name.to_string()).await?)
+        Ok(GitStore::read_state(self, at, name).await?)
     }
 
     async fn list_states(&self, at: &Location, prefix: &str) -> Result<Vec<StateName>, StoreError> {
-        GitStore::list_states(self, at, prefix).await
+        Ok(GitStore::list_states(self, at, prefix).await?)
     }
 
     async fn listing(&self, at: &Location) -> Result<Listing, StoreError> {
-        GitStore::listing(self, at).await
+        Ok(GitStore::listing(self, at).await?)
     }
 
     async fn last_changes(
@@ -301,7 +303,7 @@ impl StateStore for GitStore {
         at: &Location,
         names: &[StateName],
     ) -> Result<Vec<(StateName, Revision)>, StoreError> {
-        GitStore::last_changes(self, at, names).await
+        Ok(GitStore::last_changes(self, at, names).await?)
     }
 
     async fn read_config(
@@ -310,7 +312,7 @@ impl StateStore for GitStore {
         path: &str,
         fresh_within: Duration,
     ) -> Result<Option<Bytes>, StoreError> {
-        GitStore::read_config(self, at, path, fresh_within).await
+        Ok(GitStore::read_config(self, at, path, fresh_within).await?)
     }
 
     async fn create_config(
@@ -320,7 +322,7 @@ impl StateStore for GitStore {
         content: Bytes,
         meta: &CommitMeta,
     ) -> Result<bool, StoreError> {
-        GitStore::create_config(self, at, path, content, meta).await
+        Ok(GitStore::create_config(self, at, path, content, meta).await?)
     }
 
     async fn replace_config(
@@ -331,7 +333,7 @@ impl StateStore for GitStore {
         content: Bytes,
         meta: &CommitMeta,
     ) -> Result<bool, StoreError> {
-        GitStore::replace_config(self, at, path, expected, content, meta).await
+        Ok(GitStore::replace_config(self, at, path, expected, content, meta).await?)
     }
 
     async fn history(
@@ -341,7 +343,7 @@ impl StateStore for GitStore {
         skip: usize,
         limit: usize,
     ) -> Result<HistoryPage, StoreError> {
-        GitStore::history(self, at, name, skip, limit).await
+        Ok(GitStore::history(self, at, name, skip, limit).await?)
     }
 
     async fn read_version(
@@ -350,11 +352,11 @@ impl StateStore for GitStore {
         name: &StateName,
         version: &str,
     ) -> Result<Option<Bytes>, StoreError> {
-        GitStore::read_version(self, at, name, version).await
+        Ok(GitStore::read_version(self, at, name, version).await?)
     }
 
     async fn list_locks(&self, at: &Location) -> Result<Vec<(StateName, HeldLock)>, StoreError> {
-        GitStore::list_locks(self, at).await
+        Ok(GitStore::list_locks(self, at).await?)
     }
 
     async fn branch_status(&self, at: &Location) -> Result<BranchStatus, StoreError> {
@@ -365,27 +367,11 @@ impl StateStore for GitStore {
         &self,
         at: &Location,
     ) -> Result<gitstate_core::protocol::Protocol, StoreError> {
-        let remote = self.remote(at)?;
-        // A look at start-up comes right after the branch's: one advertisement for both.
-        let advert = remote
-            .branch_and_prefix(
-                &at.branch.full_ref(),
-                gitstate_core::protocol::PROTOCOL_PREFIX,
-                read::LIST_REFS_FRESH,
-            )
-            .await?;
-        Ok(gitstate_core::protocol::check(
-            &self.options.lock_ref_prefix,
-            advert.refs.keys().map(String::as_str),
-        ))
+        Ok(GitStore::protocol(self, at).await?)
     }
 
     async fn clash(&self, at: &Location, name: &StateName) -> Result<Option<Clash>, StoreError> {
-        let remote = self.remote(at)?;
-        let Some(tip) = self.branch_tip(&remote, at).await? else {
-            return Ok(None);
-        };
-        Ok(self.tree_clash(&remote, tip, name.as_str()).await?)
+        Ok(GitStore::clash(self, at, name).await?)
     }
 
     async fn read_lock(
@@ -393,7 +379,7 @@ impl StateStore for GitStore {
         at: &Location,
         name: &StateName,
     ) -> Result<Option<HeldLock>, StoreError> {
-        GitStore::read_lock(self, at, name).await
+        Ok(GitStore::read_lock(self, at, name).await?)
     }
 
     async fn acquire_lock(
@@ -403,7 +389,7 @@ impl StateStore for GitStore {
         lock: &LockInfo,
         meta: &CommitMeta,
     ) -> Result<Acquire, StoreError> {
-        GitStore::acquire_lock(self, at, name, lock, meta).await
+        Ok(GitStore::acquire_lock(self, at, name, lock, meta).await?)
     }
 
     async fn known_lock(
@@ -420,7 +406,7 @@ impl StateStore for GitStore {
         name: &StateName,
         held: &HeldLock,
     ) -> Result<Release, StoreError> {
-        GitStore::release_lock(self, at, name, held).await
+        Ok(GitStore::release_lock(self, at, name, held).await?)
     }
 
     async fn write_state(
@@ -438,7 +424,7 @@ impl StateStore for GitStore {
     }
 
     async fn fold(&self, at: &Location) -> Result<FoldReport, StoreError> {
-        GitStore::fold(self, at).await
+        Ok(GitStore::fold(self, at).await?)
     }
 
     async fn finish_folds(&self) {

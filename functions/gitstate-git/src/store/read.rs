@@ -7,12 +7,12 @@ use bytes::Bytes;
 use gix::ObjectId;
 
 use gitstate_core::StateName;
-use gitstate_core::ports::{BranchStatus, Listing, Location, StoreError};
+use gitstate_core::ports::{BranchStatus, Listing, Location};
+use gitstate_core::refs::Clash;
 
 use super::known::state_ref;
 use super::remote::Remote;
-use super::{GitStore, blocking};
-use crate::Error;
+use super::{GitStore, ListError, ReadError, RemoteError, blocking};
 use crate::protocol::Service;
 
 /// A list of states trusts a ref advertisement this recent (in a cold process: the one the
@@ -20,11 +20,57 @@ use crate::protocol::Service;
 pub(super) const LIST_REFS_FRESH: Duration = Duration::from_secs(1);
 
 impl GitStore {
+    /// The state `name`: as the LOCK before it proved it (see the `floor` module), else at the
+    /// advertised tip.
+    pub(super) async fn read_state(
+        &self,
+        at: &Location,
+        name: &StateName,
+    ) -> Result<Option<Bytes>, ReadError> {
+        if let Some(state) = self.read_proved(at, name).await? {
+            return Ok(state);
+        }
+        Ok(self.read_path(at, name.to_string()).await?)
+    }
+
+    /// How this store's lock ref prefix stands against the repository's record of it.
+    pub(super) async fn protocol(
+        &self,
+        at: &Location,
+    ) -> Result<gitstate_core::protocol::Protocol, ReadError> {
+        let remote = self.remote(at)?;
+        // A look at start-up comes right after the branch's: one advertisement for both.
+        let advert = remote
+            .branch_and_prefix(
+                &at.branch.full_ref(),
+                gitstate_core::protocol::PROTOCOL_PREFIX,
+                LIST_REFS_FRESH,
+            )
+            .await?;
+        Ok(gitstate_core::protocol::check(
+            &self.options.lock_ref_prefix,
+            advert.refs.keys().map(String::as_str),
+        ))
+    }
+
+    /// How `name` clashes with the files at the branch tip.
+    pub(super) async fn clash(
+        &self,
+        at: &Location,
+        name: &StateName,
+    ) -> Result<Option<Clash>, ReadError> {
+        let remote = self.remote(at)?;
+        let Some(tip) = self.branch_tip(&remote, at).await? else {
+            return Ok(None);
+        };
+        Ok(self.tree_clash(&remote, tip, name.as_str()).await?)
+    }
+
     pub(super) async fn list_states(
         &self,
         at: &Location,
         prefix: &str,
-    ) -> Result<Vec<StateName>, StoreError> {
+    ) -> Result<Vec<StateName>, ListError> {
         let remote = self.remote(at)?;
         let branch = at.branch.full_ref();
         let advert = remote
@@ -43,7 +89,7 @@ impl GitStore {
             .collect())
     }
 
-    pub(super) async fn listing(&self, at: &Location) -> Result<Listing, StoreError> {
+    pub(super) async fn listing(&self, at: &Location) -> Result<Listing, ListError> {
         let remote = self.remote(at)?;
         let branch = at.branch.full_ref();
         let prefix = self.options.lock_ref_prefix.as_str();
@@ -121,7 +167,7 @@ impl GitStore {
         at: &Location,
         path: &str,
         fresh_within: Duration,
-    ) -> Result<Option<Bytes>, StoreError> {
+    ) -> Result<Option<Bytes>, ReadError> {
         let remote = self.remote(at)?;
         if let Some(tip) = remote.recent_tip(fresh_within) {
             return Ok(remote.read(tip, path.to_owned()).await?.map(Bytes::from));
@@ -136,7 +182,7 @@ impl GitStore {
     /// Whether the branch exists; if not, the remote's default branch (its `HEAD`) and its other
     /// refs, the lock refs and gitstate's own `refs/gitstate/` left out. Over HTTP this is the
     /// upload-pack advertisement a read of the same request uses again.
-    pub(super) async fn branch_status(&self, at: &Location) -> Result<BranchStatus, Error> {
+    pub(super) async fn branch_status(&self, at: &Location) -> Result<BranchStatus, ReadError> {
         let remote = self.remote(at)?;
         let branch = at.branch.full_ref();
         let (advert, head) = remote.every_ref().await?;
@@ -161,7 +207,7 @@ impl GitStore {
         &self,
         remote: &Remote,
         at: &Location,
-    ) -> Result<Option<ObjectId>, Error> {
+    ) -> Result<Option<ObjectId>, RemoteError> {
         let branch = at.branch.full_ref();
         let advert = remote
             .refs(Service::UploadPack, vec![branch.clone()])
@@ -179,7 +225,7 @@ impl GitStore {
         &self,
         at: &Location,
         path: String,
-    ) -> Result<Option<Bytes>, Error> {
+    ) -> Result<Option<Bytes>, RemoteError> {
         self.read_path_with(at, path, None).await
     }
 
@@ -191,7 +237,7 @@ impl GitStore {
         at: &Location,
         path: String,
         also: Option<String>,
-    ) -> Result<Option<Bytes>, Error> {
+    ) -> Result<Option<Bytes>, RemoteError> {
         let remote = self.remote(at)?;
         let branch = at.branch.full_ref();
         let state = state_ref(&path);

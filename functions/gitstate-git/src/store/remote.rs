@@ -11,11 +11,10 @@ use gix::ObjectId;
 
 use gitstate_core::ports::{CommitMeta, HistoryPage};
 
-use super::blocking;
 use super::known::{KnownStates, STATE_REF_PREFIX};
 use super::transport::{Fetch, KnownTip, Transport};
 use super::write::Batcher;
-use crate::Error;
+use super::{RemoteError, blocking};
 use crate::protocol::{Advert, Service};
 use crate::protocol::{Command, PushReport};
 use crate::repository::{Cache, NewCommit};
@@ -97,7 +96,11 @@ impl Remote {
 
     /// The refs `names` at least (a hosted remote lists every ref); the state refs among them
     /// are remembered.
-    pub(super) async fn refs(&self, service: Service, names: Vec<String>) -> Result<Advert, Error> {
+    pub(super) async fn refs(
+        &self,
+        service: Service,
+        names: Vec<String>,
+    ) -> Result<Advert, RemoteError> {
         let advert = self.transport.refs(service, names.clone()).await?;
         self.note_states(&advert, &names);
         Ok(advert)
@@ -133,7 +136,7 @@ impl Remote {
         branch: &str,
         prefix: &str,
         fresh: Duration,
-    ) -> Result<Advert, Error> {
+    ) -> Result<Advert, RemoteError> {
         let advert = self
             .transport
             .branch_and_prefix(branch, prefix, fresh)
@@ -144,14 +147,14 @@ impl Remote {
 
     /// Every ref, and the ref `HEAD` names: one upload-pack advertisement over HTTP (its
     /// `symref=HEAD:` capability), the repository's refs and `HEAD` when embedded.
-    pub(super) async fn every_ref(&self) -> Result<(Advert, Option<String>), Error> {
+    pub(super) async fn every_ref(&self) -> Result<(Advert, Option<String>), RemoteError> {
         let (advert, head) = self.transport.every_ref().await?;
         self.note_states(&advert, &[]);
         Ok((advert, head))
     }
 
     /// Every ref under `prefix`: one ref advertisement over HTTP.
-    pub(super) async fn refs_with_prefix(&self, prefix: &str) -> Result<Advert, Error> {
+    pub(super) async fn refs_with_prefix(&self, prefix: &str) -> Result<Advert, RemoteError> {
         self.transport.refs_with_prefix(prefix).await
     }
 
@@ -162,7 +165,7 @@ impl Remote {
         tip: ObjectId,
         boundary: ObjectId,
         depth: u32,
-    ) -> Result<(), Error> {
+    ) -> Result<(), RemoteError> {
         self.transport
             .deepen(&self.cache, tip, boundary, depth)
             .await
@@ -170,7 +173,11 @@ impl Remote {
 
     /// Fetch `commit` alone (depth 1), given the cache has `tip`: refused by the remote when no
     /// ref reaches it; what `tip`'s tree shares with it is not sent.
-    pub(super) async fn fetch_one(&self, commit: ObjectId, tip: ObjectId) -> Result<(), Error> {
+    pub(super) async fn fetch_one(
+        &self,
+        commit: ObjectId,
+        tip: ObjectId,
+    ) -> Result<(), RemoteError> {
         self.transport.fetch_one(&self.cache, commit, tip).await
     }
 
@@ -189,19 +196,19 @@ impl Remote {
         &self,
         commit: ObjectId,
         paths: Vec<String>,
-    ) -> Result<(), Error> {
+    ) -> Result<(), RemoteError> {
         self.transport.want_blobs(&self.cache, commit, paths).await
     }
 
     /// Make sure the cache has `wants` (commits and their trees; blobs when the remote cannot
     /// send them by id later).
-    pub(super) async fn ensure(&self, wants: Vec<ObjectId>) -> Result<(), Error> {
+    pub(super) async fn ensure(&self, wants: Vec<ObjectId>) -> Result<(), RemoteError> {
         self.ensure_how(wants, Fetch::Branch).await
     }
 
     /// [`Self::ensure`] for a tip a few commits past the one the cache knows: blobs and all, as
     /// only what changed since is sent.
-    pub(super) async fn ensure_changes(&self, wants: Vec<ObjectId>) -> Result<(), Error> {
+    pub(super) async fn ensure_changes(&self, wants: Vec<ObjectId>) -> Result<(), RemoteError> {
         self.ensure_how(wants, Fetch::Changes).await
     }
 
@@ -213,7 +220,7 @@ impl Remote {
         &self,
         wants: Vec<ObjectId>,
         orphans: bool,
-    ) -> Result<(), Error> {
+    ) -> Result<(), RemoteError> {
         let how = if orphans {
             Fetch::Orphans
         } else {
@@ -222,7 +229,7 @@ impl Remote {
         self.ensure_how(wants, how).await
     }
 
-    async fn ensure_how(&self, wants: Vec<ObjectId>, how: Fetch) -> Result<(), Error> {
+    async fn ensure_how(&self, wants: Vec<ObjectId>, how: Fetch) -> Result<(), RemoteError> {
         self.transport
             .ensure(&self.cache, &self.known_tip, wants, how)
             .await
@@ -233,7 +240,7 @@ impl Remote {
         &self,
         commit: ObjectId,
         path: String,
-    ) -> Result<Option<Vec<u8>>, Error> {
+    ) -> Result<Option<Vec<u8>>, RemoteError> {
         self.read_with(commit, path, false).await
     }
 
@@ -243,7 +250,7 @@ impl Remote {
         commit: ObjectId,
         path: String,
         orphan: bool,
-    ) -> Result<Option<Vec<u8>>, Error> {
+    ) -> Result<Option<Vec<u8>>, RemoteError> {
         self.ensure_with(vec![commit], orphan).await?;
         match self.blob_at(commit, path.clone()).await {
             Ok(found) => Ok(found),
@@ -269,13 +276,17 @@ impl Remote {
     }
 
     /// `path` at `commit` (which the cache holds), its blob fetched first if missing.
-    async fn blob_at(&self, commit: ObjectId, path: String) -> Result<Option<Vec<u8>>, Error> {
+    async fn blob_at(
+        &self,
+        commit: ObjectId,
+        path: String,
+    ) -> Result<Option<Vec<u8>>, RemoteError> {
         self.want_blobs(commit, vec![path.clone()]).await?;
         let cache = self.cache.clone();
-        blocking(move || cache.read_path(commit, &path)).await
+        Ok(blocking(move || cache.read_path(commit, &path)).await?)
     }
 
-    pub(super) async fn rebuild(&self) -> Result<(), Error> {
+    pub(super) async fn rebuild(&self) -> Result<(), RemoteError> {
         self.transport.rebuild(&self.cache, &self.known_tip).await
     }
 
@@ -285,16 +296,16 @@ impl Remote {
         path: String,
         content: Option<Bytes>,
         meta: CommitMeta,
-    ) -> Result<NewCommit, Error> {
+    ) -> Result<NewCommit, RemoteError> {
         let cache = self.cache.clone();
-        blocking(move || cache.commit(parent, &path, content.as_deref(), &meta)).await
+        Ok(blocking(move || cache.commit(parent, &path, content.as_deref(), &meta)).await?)
     }
 
     pub(super) async fn push(
         &self,
         commands: Vec<Command>,
         objects: Vec<ObjectId>,
-    ) -> Result<PushReport, Error> {
+    ) -> Result<PushReport, RemoteError> {
         let report = self
             .transport
             .push(&self.cache, commands.clone(), objects)
@@ -321,7 +332,7 @@ impl Remote {
         &self,
         commands: Vec<Command>,
         objects: Vec<ObjectId>,
-    ) -> Result<PushReport, Error> {
+    ) -> Result<PushReport, RemoteError> {
         let report = self
             .transport
             .push_each(&self.cache, commands.clone(), objects)

@@ -13,9 +13,9 @@ use gitstate_core::ports::{Location, Revision};
 use super::known::{STATE_REF_PREFIX, state_ref};
 use super::remote::Remote;
 use super::{GitStore, blocking};
-use crate::Error;
 use crate::protocol::{Advert, Service};
 use crate::repository::Cache;
+use crate::store::RemoteError as Error;
 use crate::sync::lock;
 
 /// The ref that holds a state's newest content, and its tip.
@@ -151,7 +151,7 @@ impl Remote {
         }
         let cache = self.cache.clone();
         let states = states.clone();
-        blocking(move || {
+        Ok(blocking(move || {
             let repo = cache.repo()?;
             let mut files = files;
             for (path, blob) in &mut files {
@@ -163,7 +163,7 @@ impl Remote {
             }
             Ok(files)
         })
-        .await
+        .await?)
     }
 
     /// `path` as the state ref at `state` holds it, if the branch at `tip` has the file (else
@@ -185,7 +185,7 @@ impl Remote {
     pub(super) async fn branch_has(&self, tip: ObjectId, path: &str) -> Result<bool, Error> {
         self.ensure(vec![tip]).await?;
         let (cache, path) = (self.cache.clone(), path.to_owned());
-        blocking(move || cache.has_file(tip, &path)).await
+        Ok(blocking(move || cache.has_file(tip, &path)).await?)
     }
 
     /// Make the cache hold the state commits `tips`, with their blobs (a state commit's tree

@@ -11,8 +11,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use gix::ObjectId;
 
-use super::blocking;
-use crate::Error;
+use super::{RemoteError, blocking};
 use crate::protocol::{Advert, Service};
 use crate::protocol::{Command, PushReport};
 use crate::repository::Cache;
@@ -40,7 +39,7 @@ pub(super) trait Transport: Send + Sync {
 
     /// The refs `names` at least (an advertisement lists every ref), with the capabilities a
     /// push of `service` has.
-    async fn refs(&self, service: Service, names: Vec<String>) -> Result<Advert, Error>;
+    async fn refs(&self, service: Service, names: Vec<String>) -> Result<Advert, RemoteError>;
 
     /// The last full advertisement, if it came after the request being served began.
     fn advert_in_scope(&self) -> Option<Advert>;
@@ -52,18 +51,18 @@ pub(super) trait Transport: Send + Sync {
         branch: &str,
         prefix: &str,
         fresh: Duration,
-    ) -> Result<Advert, Error>;
+    ) -> Result<Advert, RemoteError>;
 
     /// Every ref, and the ref `HEAD` names.
-    async fn every_ref(&self) -> Result<(Advert, Option<String>), Error>;
+    async fn every_ref(&self) -> Result<(Advert, Option<String>), RemoteError>;
 
     /// Every ref under `prefix`.
-    async fn refs_with_prefix(&self, prefix: &str) -> Result<Advert, Error>;
+    async fn refs_with_prefix(&self, prefix: &str) -> Result<Advert, RemoteError>;
 
     /// Every ref under `prefix` besides those of `advert`, which [`Self::refs`] gave: nothing
     /// more when an advertisement lists every ref, the refs asked for when it lists only the
     /// names given.
-    async fn refs_beside(&self, advert: &Advert, prefix: &str) -> Result<Advert, Error>;
+    async fn refs_beside(&self, advert: &Advert, prefix: &str) -> Result<Advert, RemoteError>;
 
     /// Make `cache` hold `wants`, fetched as `how` says.
     async fn ensure(
@@ -72,7 +71,7 @@ pub(super) trait Transport: Send + Sync {
         known_tip: &KnownTip,
         wants: Vec<ObjectId>,
         how: Fetch,
-    ) -> Result<(), Error>;
+    ) -> Result<(), RemoteError>;
 
     /// Make `cache` hold the blobs at `paths` in `commit` (whose trees it has).
     async fn want_blobs(
@@ -80,7 +79,7 @@ pub(super) trait Transport: Send + Sync {
         cache: &Arc<Cache>,
         commit: ObjectId,
         paths: Vec<String>,
-    ) -> Result<(), Error>;
+    ) -> Result<(), RemoteError>;
 
     /// Fetch the history behind `tip`, `depth` commits deep, past `boundary`.
     async fn deepen(
@@ -89,7 +88,7 @@ pub(super) trait Transport: Send + Sync {
         tip: ObjectId,
         boundary: ObjectId,
         depth: u32,
-    ) -> Result<(), Error>;
+    ) -> Result<(), RemoteError>;
 
     /// Fetch `commit` alone, given `cache` has `tip`.
     async fn fetch_one(
@@ -97,7 +96,7 @@ pub(super) trait Transport: Send + Sync {
         cache: &Arc<Cache>,
         commit: ObjectId,
         tip: ObjectId,
-    ) -> Result<(), Error>;
+    ) -> Result<(), RemoteError>;
 
     /// The commits `wants` reach that `haves` do not (a fold's unfolded state commits), brought
     /// into `cache` with their trees and blobs.
@@ -106,10 +105,10 @@ pub(super) trait Transport: Send + Sync {
         cache: &Arc<Cache>,
         wants: Vec<ObjectId>,
         haves: Vec<ObjectId>,
-    ) -> Result<HashSet<ObjectId>, Error>;
+    ) -> Result<HashSet<ObjectId>, RemoteError>;
 
     /// Throw `cache` away and start empty, no fetch running meanwhile.
-    async fn rebuild(&self, cache: &Arc<Cache>, known_tip: &KnownTip) -> Result<(), Error>;
+    async fn rebuild(&self, cache: &Arc<Cache>, known_tip: &KnownTip) -> Result<(), RemoteError>;
 
     /// Apply `commands`, sending `objects` from `cache` if the repository needs them.
     async fn push(
@@ -117,7 +116,7 @@ pub(super) trait Transport: Send + Sync {
         cache: &Arc<Cache>,
         commands: Vec<Command>,
         objects: Vec<ObjectId>,
-    ) -> Result<PushReport, Error>;
+    ) -> Result<PushReport, RemoteError>;
 
     /// A push of `commands` each alone, applied in the order given, each with its own verdict
     /// (a remote without `atomic` takes such a push too). The default pushes them one by one.
@@ -126,7 +125,7 @@ pub(super) trait Transport: Send + Sync {
         cache: &Arc<Cache>,
         commands: Vec<Command>,
         objects: Vec<ObjectId>,
-    ) -> Result<PushReport, Error> {
+    ) -> Result<PushReport, RemoteError> {
         let mut report = PushReport::default();
         for command in commands {
             let one = self.push(cache, vec![command], objects.clone()).await?;
@@ -153,9 +152,9 @@ impl Transport for Embedded {
         false
     }
 
-    async fn refs(&self, _: Service, names: Vec<String>) -> Result<Advert, Error> {
+    async fn refs(&self, _: Service, names: Vec<String>) -> Result<Advert, RemoteError> {
         let refs = self.0.clone();
-        blocking(move || refs.list(&names)).await
+        Ok(blocking(move || refs.list(&names)).await?)
     }
 
     fn advert_in_scope(&self) -> Option<Advert> {
@@ -167,28 +166,28 @@ impl Transport for Embedded {
         branch: &str,
         prefix: &str,
         _: Duration,
-    ) -> Result<Advert, Error> {
+    ) -> Result<Advert, RemoteError> {
         let (refs, branch, prefix) = (self.0.clone(), branch.to_owned(), prefix.to_owned());
-        blocking(move || {
+        Ok(blocking(move || {
             let mut advert = refs.list_prefix(&prefix)?;
             advert.refs.extend(refs.list(&[branch])?.refs);
             Ok(advert)
         })
-        .await
+        .await?)
     }
 
-    async fn every_ref(&self) -> Result<(Advert, Option<String>), Error> {
+    async fn every_ref(&self) -> Result<(Advert, Option<String>), RemoteError> {
         let refs = self.0.clone();
-        blocking(move || Ok((refs.list_prefix("refs/")?, refs.head_target()))).await
+        Ok(blocking(move || Ok((refs.list_prefix("refs/")?, refs.head_target()))).await?)
     }
 
-    async fn refs_with_prefix(&self, prefix: &str) -> Result<Advert, Error> {
+    async fn refs_with_prefix(&self, prefix: &str) -> Result<Advert, RemoteError> {
         let (refs, prefix) = (self.0.clone(), prefix.to_owned());
-        blocking(move || refs.list_prefix(&prefix)).await
+        Ok(blocking(move || refs.list_prefix(&prefix)).await?)
     }
 
     /// The repository lists only the refs asked for: those under `prefix` are listed now.
-    async fn refs_beside(&self, _: &Advert, prefix: &str) -> Result<Advert, Error> {
+    async fn refs_beside(&self, _: &Advert, prefix: &str) -> Result<Advert, RemoteError> {
         self.refs_with_prefix(prefix).await
     }
 
@@ -198,19 +197,30 @@ impl Transport for Embedded {
         _: &KnownTip,
         _: Vec<ObjectId>,
         _: Fetch,
-    ) -> Result<(), Error> {
+    ) -> Result<(), RemoteError> {
         Ok(())
     }
 
-    async fn want_blobs(&self, _: &Arc<Cache>, _: ObjectId, _: Vec<String>) -> Result<(), Error> {
+    async fn want_blobs(
+        &self,
+        _: &Arc<Cache>,
+        _: ObjectId,
+        _: Vec<String>,
+    ) -> Result<(), RemoteError> {
         Ok(())
     }
 
-    async fn deepen(&self, _: &Arc<Cache>, _: ObjectId, _: ObjectId, _: u32) -> Result<(), Error> {
+    async fn deepen(
+        &self,
+        _: &Arc<Cache>,
+        _: ObjectId,
+        _: ObjectId,
+        _: u32,
+    ) -> Result<(), RemoteError> {
         Ok(())
     }
 
-    async fn fetch_one(&self, _: &Arc<Cache>, _: ObjectId, _: ObjectId) -> Result<(), Error> {
+    async fn fetch_one(&self, _: &Arc<Cache>, _: ObjectId, _: ObjectId) -> Result<(), RemoteError> {
         Ok(())
     }
 
@@ -220,12 +230,12 @@ impl Transport for Embedded {
         cache: &Arc<Cache>,
         wants: Vec<ObjectId>,
         haves: Vec<ObjectId>,
-    ) -> Result<HashSet<ObjectId>, Error> {
+    ) -> Result<HashSet<ObjectId>, RemoteError> {
         let cache = cache.clone();
-        blocking(move || cache.beyond(wants, haves)).await
+        Ok(blocking(move || cache.beyond(wants, haves)).await?)
     }
 
-    async fn rebuild(&self, _: &Arc<Cache>, _: &KnownTip) -> Result<(), Error> {
+    async fn rebuild(&self, _: &Arc<Cache>, _: &KnownTip) -> Result<(), RemoteError> {
         Ok(())
     }
 
@@ -234,9 +244,9 @@ impl Transport for Embedded {
         _: &Arc<Cache>,
         commands: Vec<Command>,
         _: Vec<ObjectId>,
-    ) -> Result<PushReport, Error> {
+    ) -> Result<PushReport, RemoteError> {
         let refs = self.0.clone();
-        blocking(move || refs.push(&commands)).await
+        Ok(blocking(move || refs.push(&commands)).await?)
     }
 
     fn floor_caps(&self) -> Option<Advert> {

@@ -100,7 +100,7 @@ mod tests {
     use gitstate_core::ports::StoreError;
 
     use super::{Connection, connect, private_roots};
-    use crate::{Error, GitAuth};
+    use crate::{GitAuth, RemoteError as Error};
 
     /// `check_url` refuses exactly the URLs `connect` refuses without credentials: git's SSH
     /// forms, HTTP(S) and what is neither, generated from their parts.

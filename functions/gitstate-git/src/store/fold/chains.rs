@@ -10,8 +10,8 @@ use gix::ObjectId;
 use gitstate_core::fold::FoldRecord;
 
 use super::{View, state_ref};
-use crate::Error;
-use crate::repository::{Cache, StateCommit};
+use crate::repository::{self, Cache, StateCommit};
+use crate::store::RemoteError as Error;
 use crate::store::blocking;
 use crate::store::remote::Remote;
 
@@ -78,7 +78,7 @@ pub(super) async fn plan(remote: &Arc<Remote>, view: &View) -> Result<Planned, E
     let bases: Vec<ObjectId> = chains.iter().filter_map(|c| c.base).collect();
     remote.ensure(bases).await?;
     let (cache, tip, record) = (remote.cache.clone(), view.tip, view.record.clone());
-    blocking(move || replay(&cache, tip, record, chains)).await
+    Ok(blocking(move || replay(&cache, tip, record, chains)).await?)
 }
 
 /// The unfolded writes of the state ref `name` at `tip`: its first-parent chain while the
@@ -88,7 +88,7 @@ fn chain(
     name: String,
     tip: ObjectId,
     unfolded: &HashSet<ObjectId>,
-) -> Result<Chain, Error> {
+) -> Result<Chain, repository::Error> {
     let mut commits = Vec::new();
     let mut at = Some(tip);
     while let Some(id) = at.filter(|id| unfolded.contains(id)) {
@@ -118,7 +118,7 @@ fn replay(
     tip: ObjectId,
     mut record: FoldRecord,
     chains: Vec<Chain>,
-) -> Result<Planned, Error> {
+) -> Result<Planned, repository::Error> {
     let mut planned = Planned {
         order: Vec::new(),
         head: tip,

@@ -5,8 +5,8 @@
 use gix::ObjectId;
 
 use super::Folder;
-use crate::Error;
 use crate::protocol::{Advert, Command};
+use crate::store::RemoteError as Error;
 use crate::store::{blocking, null};
 
 /// The lease ref.

@@ -23,13 +23,14 @@ use gix::ObjectId;
 
 use gitstate_core::fold::{FOLDED_PATH, FoldRecord, FoldReport};
 use gitstate_core::index::INDEX_PATH;
-use gitstate_core::ports::{Location, StoreError};
+use gitstate_core::ports::Location;
 
 use super::known::{STATE_REF_PREFIX as STATES_PREFIX, state_ref};
 use super::remote::Remote;
-use super::{GitStore, WriteMode, blocking};
+use super::{FoldError, GitStore, WriteMode, blocking};
 use crate::protocol::{Advert, Command, Service};
-use crate::{Corruption, Error};
+use crate::repository::Corruption;
+use crate::store::RemoteError as Error;
 use chains::Planned;
 use lease::Bid;
 
@@ -39,7 +40,7 @@ const MAX_FOLD_ROUNDS: u32 = 12;
 
 impl GitStore {
     /// Fold every state ref's unfolded writes onto the branch of `at` (see the module doc).
-    pub(super) async fn fold(&self, at: &Location) -> Result<FoldReport, StoreError> {
+    pub(super) async fn fold(&self, at: &Location) -> Result<FoldReport, FoldError> {
         let remote = self.remote(at)?;
         let mut folder = Folder {
             remote,
@@ -51,7 +52,7 @@ impl GitStore {
         folder.let_go().await;
         match outcome? {
             Some(report) => Ok(report),
-            None => Err(StoreError::Contention {
+            None => Err(FoldError::Contention {
                 attempts: MAX_FOLD_ROUNDS,
             }),
         }
@@ -212,8 +213,9 @@ impl Folder {
         let bytes = blocking(move || cache.read_path(tip, FOLDED_PATH)).await?;
         match bytes {
             None => Ok(FoldRecord::default()),
-            Some(bytes) => FoldRecord::parse(&bytes)
-                .map_err(|e| Error::Corrupt(Corruption::FoldRecord(e.to_string()))),
+            Some(bytes) => {
+                FoldRecord::parse(&bytes).map_err(|e| Corruption::FoldRecord(e.to_string()).into())
+            }
         }
     }
 

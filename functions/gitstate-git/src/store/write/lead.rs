@@ -4,7 +4,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::Error;
+use crate::store::RemoteError as Error;
+use crate::store::WriteError;
 
 use super::queue::{Job, Stage};
 use super::round::{Lost, Outcome, Round, Writer};
@@ -144,7 +145,7 @@ fn settle(batch: &mut Vec<Job>, standing: &mut Standing, outcome: Outcome) {
         match stage {
             Stage::Done(written) => job.answer(Ok(written)),
             _ if let Some(reason) = &declined => {
-                job.answer(Err(Error::Declined(reason.clone()).into()));
+                job.answer(Err(WriteError::Declined(reason.clone()).into()));
             }
             Stage::Floor | Stage::Fresh | Stage::Pushing(_) => {
                 if lost {

@@ -11,10 +11,10 @@ use gitstate_core::StateName;
 use gitstate_core::ports::{Change, CommitMeta, Location, Refusal, Stored, Written};
 
 use super::queue::{Job, Stage};
-use crate::Error;
 use crate::protocol::Command;
 use crate::protocol::{Advert, Service, Updates};
 use crate::repository::NewCommit;
+use crate::store::RemoteError as Error;
 use crate::store::remote::Remote;
 use crate::store::{WriteMode, blocking, null};
 
