@@ -25,5 +25,4 @@ mod misconfigured;
 mod model;
 mod protocol;
 mod sops_oracle;
-mod state_refs;
 mod terraform;

@@ -228,7 +228,6 @@ impl GitStore {
             }
         };
         let remote = Arc::new(Remote::new(
-            at.branch.full_ref(),
             cache,
             transport,
             write::Batcher::new(self.options.writes_per_push),

@@ -41,9 +41,8 @@ pub(super) trait Transport: Send + Sync {
     /// push of `service` has.
     async fn refs(&self, service: Service, names: Vec<String>) -> Result<Advert, RemoteError>;
 
-    /// The last full advertisement, if it came after the request being served began, and when
-    /// it was asked for.
-    fn advert_in_scope(&self) -> Option<(Advert, Instant)>;
+    /// The last full advertisement, if it came after the request being served began.
+    fn advert_in_scope(&self) -> Option<Advert>;
 
     /// The branch and every ref under `prefix`, from an advertisement less than `fresh` old
     /// when there is one.
@@ -158,7 +157,7 @@ impl Transport for Embedded {
         Ok(blocking(move || refs.list(&names)).await?)
     }
 
-    fn advert_in_scope(&self) -> Option<(Advert, Instant)> {
+    fn advert_in_scope(&self) -> Option<Advert> {
         None
     }
 

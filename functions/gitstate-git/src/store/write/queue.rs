@@ -13,9 +13,9 @@ use gitstate_core::ports::{Change, StoreError, WritePlan, Written};
 use crate::sync::lock;
 
 /// How often a write is rebuilt on a moved branch before giving up with a retryable 503.
-pub(super) const MAX_WRITE_ATTEMPTS: u32 = 40;
+const MAX_WRITE_ATTEMPTS: u32 = 40;
 /// How long a write may keep retrying, well under a Lambda timeout.
-pub(super) const WRITE_DEADLINE: Duration = Duration::from_secs(20);
+const WRITE_DEADLINE: Duration = Duration::from_secs(20);
 /// Most bytes of new content in one push (a first write always goes, however large).
 const MAX_BATCH_BYTES: usize = 16 << 20;
 
@@ -32,19 +32,10 @@ pub(super) enum Stage {
     Pushing(gix::ObjectId),
     /// Decided: the caller's answer.
     Done(Written),
-    /// An update of a state whose home is its own ref: not for the branch.
-    ToRef,
-}
-
-/// Where a queued write ended: written (or refused, or unchanged), or handed back to go to the
-/// state's own ref.
-pub(super) enum Routed {
-    Written(Written),
-    ToRef,
 }
 
 /// What a caller waits for.
-pub(super) type Reply = Result<Routed, StoreError>;
+pub(super) type Reply = Result<Written, StoreError>;
 
 /// One queued write and how far it got.
 pub(super) struct Job {
@@ -56,7 +47,7 @@ pub(super) struct Job {
     /// Where the write stands: [`Stage::Floor`] or [`Stage::Fresh`] while queued.
     pub(super) stage: Stage,
     pub(super) attempts: u32,
-    pub(super) started: Instant,
+    started: Instant,
     /// The last transient failure, the answer if the write runs out of attempts.
     pub(super) last_error: Option<StoreError>,
     reply: oneshot::Sender<Reply>,
@@ -69,7 +60,6 @@ impl Job {
         lock: Option<&StateName>,
         change: Change,
         plan: WritePlan,
-        started: Instant,
     ) -> (Self, oneshot::Receiver<Reply>) {
         let (reply, answer) = oneshot::channel();
         let job = Self {
@@ -79,7 +69,7 @@ impl Job {
             plan,
             stage: Stage::Floor,
             attempts: 0,
-            started,
+            started: Instant::now(),
             last_error: None,
             reply,
         };
