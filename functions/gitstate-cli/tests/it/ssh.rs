@@ -169,6 +169,41 @@ fn serial(repo: &Path) -> u64 {
     state["serial"].as_u64().expect("serial")
 }
 
+/// Terraform init and apply under `gitstate run` over `url`, from a new working directory that
+/// is returned: the state lands at serial 1 and the lock ref is gone afterwards.
+fn apply_once(repo: &Path, url: &str, ssh: &str, label: &str) -> tempfile::TempDir {
+    let work = tempfile::tempdir().expect("tempdir");
+    std::fs::write(work.path().join("empty.tfrc"), "").expect("tfrc");
+    std::fs::write(
+        work.path().join("main.tf"),
+        format!("resource \"terraform_data\" \"x\" {{\n  input = \"{label}\"\n}}\n"),
+    )
+    .expect("main.tf");
+    for args in [
+        &["init", "-input=false"][..],
+        &["apply", "-auto-approve"][..],
+    ] {
+        let (ok, out) = terraform_run(work.path(), url, ssh, args);
+        assert!(ok, "{label} {args:?}: {out}");
+    }
+    assert_eq!(serial(repo), 1, "{label}");
+    let lock_refs = git(
+        &[
+            "--git-dir",
+            repo.to_str().expect("utf-8"),
+            "for-each-ref",
+            "refs/heads/locks/",
+        ],
+        None,
+    );
+    assert_eq!(
+        lock_refs.trim(),
+        "",
+        "{label}: the lock was released over ssh"
+    );
+    work
+}
+
 #[test]
 fn terraform_under_run_over_both_ssh_url_forms() {
     let sshd = Sshd::start();
@@ -176,31 +211,7 @@ fn terraform_under_run_over_both_ssh_url_forms() {
         let repo = sshd.bare_repo(form);
         let url = sshd.url(&repo, with_port);
         let ssh = sshd.ssh_command(with_port);
-        let work = tempfile::tempdir().expect("tempdir");
-        std::fs::write(work.path().join("empty.tfrc"), "").expect("tfrc");
-        std::fs::write(
-            work.path().join("main.tf"),
-            "resource \"terraform_data\" \"x\" {\n  input = \"ssh\"\n}\n",
-        )
-        .expect("main.tf");
-        for args in [
-            &["init", "-input=false"][..],
-            &["apply", "-auto-approve"][..],
-        ] {
-            let (ok, out) = terraform_run(work.path(), &url, &ssh, args);
-            assert!(ok, "{form} {args:?}: {out}");
-        }
-        assert_eq!(serial(&repo), 1);
-        let lock_refs = git(
-            &[
-                "--git-dir",
-                repo.to_str().expect("utf-8"),
-                "for-each-ref",
-                "refs/heads/locks/",
-            ],
-            None,
-        );
-        assert_eq!(lock_refs.trim(), "", "the lock was released over ssh");
+        let work = apply_once(&repo, &url, &ssh, form);
         let broken = url.replace(&repo.display().to_string(), "/nonexistent/repo.git");
         let (ok, out) = terraform_run(work.path(), &broken, &ssh, &["plan", "-input=false"]);
         assert!(!ok, "a missing repository fails: {out}");
@@ -220,31 +231,7 @@ async fn terraform_and_the_seed_format_over_git_plus_ssh_and_ssh_plus_git() {
     for scheme in ["git+ssh", "ssh+git"] {
         let repo = sshd.bare_repo(&scheme.replace('+', "-"));
         let url = sshd.url_as(&repo, scheme);
-        let work = tempfile::tempdir().expect("tempdir");
-        std::fs::write(work.path().join("empty.tfrc"), "").expect("tfrc");
-        std::fs::write(
-            work.path().join("main.tf"),
-            "resource \"terraform_data\" \"x\" {\n  input = \"legacy ssh\"\n}\n",
-        )
-        .expect("main.tf");
-        for args in [
-            &["init", "-input=false"][..],
-            &["apply", "-auto-approve"][..],
-        ] {
-            let (ok, out) = terraform_run(work.path(), &url, &ssh, args);
-            assert!(ok, "{scheme} {args:?}: {out}");
-        }
-        assert_eq!(serial(&repo), 1, "{scheme}");
-        let lock_refs = git(
-            &[
-                "--git-dir",
-                repo.to_str().expect("utf-8"),
-                "for-each-ref",
-                "refs/heads/locks/",
-            ],
-            None,
-        );
-        assert_eq!(lock_refs.trim(), "", "{scheme}: the lock was released");
+        apply_once(&repo, &url, &ssh, scheme);
         repos.push((repo, url));
     }
     let dir = tempfile::tempdir().expect("tempdir");
