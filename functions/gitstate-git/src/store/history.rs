@@ -12,7 +12,7 @@ use gitstate_core::ports::{HistoryPage, Location, Revision};
 
 use super::known::state_ref;
 use super::remote::Remote;
-use super::{Broken, GitStore, HistoryError, RemoteError, blocking, null};
+use super::{Broken, GitStore, HistoryError, blocking, null};
 use crate::repository::{self, Chain, Latest, Walk};
 use crate::sync::lock;
 
@@ -68,32 +68,31 @@ impl GitStore {
             let (cache, wanted) = (remote.cache.clone(), paths.clone());
             match blocking(move || cache.last_changes(tip, &wanted)).await? {
                 Latest::Done(found) => return Ok(answer(found)),
-                Latest::Shallow { walked, found } if remote.fetches() => {
-                    let walked = u32::try_from(walked).unwrap_or(u32::MAX);
-                    if walked >= max {
-                        // As deep as this deployment fetches: files changed only before that
-                        // are listed without a last change, and not looked for again while
-                        // they hold the same content.
-                        tracing::info!(
-                            max,
-                            "last changes looked up as far as GITSTATE_HISTORY_MAX_DEPTH"
-                        );
-                        let mut deep = lock(&remote.deep_changes);
-                        if deep.len() >= MAX_DEEP_CHANGES {
-                            deep.clear();
-                        }
-                        for path in paths.iter().filter(|p| !found.contains_key(*p)) {
-                            if let Some(blob) = blobs.get(path) {
-                                deep.insert((branch.clone(), path.clone(), *blob));
+                Latest::Shallow { walked, found } => {
+                    match deepen_past(&remote, tip, None, walked, depth, max).await? {
+                        Deeper::Fetched(next) => depth = next,
+                        Deeper::Whole => return Err(HistoryError::Broken(Broken::MissingParent)),
+                        Deeper::AtMost => {
+                            // As deep as this deployment fetches: files changed only before
+                            // that are listed without a last change, and not looked for again
+                            // while they hold the same content.
+                            tracing::info!(
+                                max,
+                                "last changes looked up as far as GITSTATE_HISTORY_MAX_DEPTH"
+                            );
+                            let mut deep = lock(&remote.deep_changes);
+                            if deep.len() >= MAX_DEEP_CHANGES {
+                                deep.clear();
                             }
+                            for path in paths.iter().filter(|p| !found.contains_key(*p)) {
+                                if let Some(blob) = blobs.get(path) {
+                                    deep.insert((branch.clone(), path.clone(), *blob));
+                                }
+                            }
+                            drop(deep);
+                            return Ok(answer(found));
                         }
-                        drop(deep);
-                        return Ok(answer(found));
                     }
-                    depth = deepen_past(&remote, tip, walked, depth, max).await?;
-                }
-                Latest::Shallow { .. } => {
-                    return Err(HistoryError::Broken(Broken::MissingParent));
                 }
             }
         }
@@ -133,17 +132,19 @@ impl GitStore {
                     drop(histories);
                     return Ok(page);
                 }
-                Walk::Shallow { walked, partial } if remote.fetches() => {
-                    let walked = u32::try_from(walked).unwrap_or(u32::MAX);
-                    if walked >= max {
-                        // As deep as this deployment fetches: the page ends here.
-                        tracing::info!(max, "history listed as far as GITSTATE_HISTORY_MAX_DEPTH");
-                        return Ok(partial);
+                Walk::Shallow { walked, partial } => {
+                    match deepen_past(&remote, tip, None, walked, depth, max).await? {
+                        Deeper::Fetched(next) => depth = next,
+                        Deeper::Whole => return Err(HistoryError::Broken(Broken::MissingParent)),
+                        Deeper::AtMost => {
+                            // As deep as this deployment fetches: the page ends here.
+                            tracing::info!(
+                                max,
+                                "history listed as far as GITSTATE_HISTORY_MAX_DEPTH"
+                            );
+                            return Ok(partial);
+                        }
                     }
-                    depth = deepen_past(&remote, tip, walked, depth, max).await?;
-                }
-                Walk::Shallow { .. } => {
-                    return Err(HistoryError::Broken(Broken::MissingParent));
                 }
             }
         }
@@ -201,7 +202,7 @@ impl GitStore {
         at: &Location,
         name: &StateName,
         commit: ObjectId,
-    ) -> Result<bool, RemoteError> {
+    ) -> Result<bool, HistoryError> {
         let (tip, state_tip) = self.branch_and_state(remote, at, name.as_str()).await?;
         for tip in state_tip.into_iter().chain(tip) {
             if self.find_on_chain_of(remote, tip, commit).await? {
@@ -221,15 +222,16 @@ impl GitStore {
         remote: &Remote,
         tip: ObjectId,
         commit: ObjectId,
-    ) -> Result<bool, RemoteError> {
-        if remote.fetches() && !remote.cache.has(commit)? {
+    ) -> Result<bool, HistoryError> {
+        // (The embedded repository fetches nothing: it holds the commit or never will.)
+        if !remote.cache.has(commit)? {
             match remote.fetch_one(commit, tip).await {
                 Ok(()) => {}
                 Err(error) if error.refused() => {
                     tracing::info!(%commit, error = %gitstate_core::report::chain(&error), "the remote has no such commit");
                     return Ok(false);
                 }
-                Err(other) => return Err(other),
+                Err(other) => return Err(other.into()),
             }
         }
         if !remote.cache.is_commit(commit)? {
@@ -244,36 +246,59 @@ impl GitStore {
                 Chain::Found => return Ok(true),
                 Chain::Absent => return Ok(false),
                 Chain::Shallow { boundary, walked } => {
-                    let walked = u32::try_from(walked).unwrap_or(u32::MAX);
-                    if !remote.fetches() || walked >= max {
-                        return Ok(false);
+                    match deepen_past(remote, tip, Some(boundary), walked, depth, max).await? {
+                        Deeper::Fetched(next) => depth = next,
+                        Deeper::AtMost | Deeper::Whole => return Ok(false),
                     }
-                    depth = depth.max(walked.saturating_mul(2)).min(max);
-                    remote.deepen(tip, boundary, depth).await?;
-                    depth = depth.saturating_mul(4);
                 }
             }
         }
     }
 }
 
-/// Deepen the cache's history behind `tip` after a walk stopped at its shallow boundary having
-/// `walked` commits: at least twice that, at least `depth`, at most `max`, declaring the
-/// boundary so only the commits past it come. Returns the depth to ask for next time.
+/// Where a walk that stopped at the cache's shallow boundary goes next.
+enum Deeper {
+    /// The history behind the tip was fetched deeper: walk again (and ask for this depth if
+    /// that is not enough).
+    Fetched(u32),
+    /// As deep as this deployment fetches (`GITSTATE_HISTORY_MAX_DEPTH`).
+    AtMost,
+    /// The repository holds its whole history (see [`super::transport::Transport::deepens`]):
+    /// a walk that stopped short of a root found it broken.
+    Whole,
+}
+
+/// Deepen the cache's history behind `tip` after a walk stopped at its shallow boundary
+/// (`boundary`, else looked up) having `walked` commits: at least twice that, at least `depth`,
+/// at most `max`, declaring the boundary so only the commits past it come.
 async fn deepen_past(
     remote: &Remote,
     tip: ObjectId,
-    walked: u32,
+    boundary: Option<ObjectId>,
+    walked: usize,
     depth: u32,
     max: u32,
-) -> Result<u32, HistoryError> {
-    let cache = remote.cache.clone();
-    let Chain::Shallow { boundary, .. } =
-        blocking(move || cache.find_on_chain(tip, null())).await?
-    else {
-        return Err(HistoryError::Broken(Broken::BoundaryMoved));
+) -> Result<Deeper, HistoryError> {
+    if !remote.transport.deepens() {
+        return Ok(Deeper::Whole);
+    }
+    let walked = u32::try_from(walked).unwrap_or(u32::MAX);
+    if walked >= max {
+        return Ok(Deeper::AtMost);
+    }
+    let boundary = match boundary {
+        Some(boundary) => boundary,
+        None => {
+            let cache = remote.cache.clone();
+            let Chain::Shallow { boundary, .. } =
+                blocking(move || cache.find_on_chain(tip, null())).await?
+            else {
+                return Err(HistoryError::Broken(Broken::BoundaryMoved));
+            };
+            boundary
+        }
     };
     let depth = depth.max(walked.saturating_mul(2)).min(max);
     remote.deepen(tip, boundary, depth).await?;
-    Ok(depth.saturating_mul(4))
+    Ok(Deeper::Fetched(depth.saturating_mul(4)))
 }

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use gix::ObjectId;
 
+use super::known::KnownStates;
 use super::transport::{Fetch, KnownTip, Transport};
 use super::{RemoteError, WriteMode, blocking};
 use crate::protocol::{Advert, Service};
@@ -142,8 +143,17 @@ pub(super) async fn missing(
 
 #[async_trait]
 impl Transport for Hosted {
-    fn fetches(&self) -> bool {
+    fn deepens(&self) -> bool {
         true
+    }
+
+    fn proves_for_reads(&self) -> bool {
+        true
+    }
+
+    /// An advertisement lists every ref.
+    fn note_states(&self, known: &mut KnownStates, advert: &Advert, _: &[String]) {
+        known.saw_all(advert);
     }
 
     async fn refs(&self, service: Service, _: Vec<String>) -> Result<Advert, RemoteError> {
@@ -351,11 +361,25 @@ impl Transport for Hosted {
         .await?)
     }
 
-    async fn rebuild(&self, cache: &Arc<Cache>, known_tip: &KnownTip) -> Result<(), RemoteError> {
+    async fn start_over(
+        &self,
+        cache: &Arc<Cache>,
+        known_tip: &KnownTip,
+        failure: &RemoteError,
+    ) -> Result<bool, RemoteError> {
+        let unreachable = matches!(
+            failure.wire(),
+            Some(WireError::Http(_) | WireError::Status { .. } | WireError::Certificate { .. })
+        );
+        if unreachable {
+            return Ok(false);
+        }
+        tracing::warn!(error = %gitstate_core::report::chain(failure), "cache read failed");
         let _no_fetch_meanwhile = self.fetching.lock().await;
         *lock(known_tip) = None;
         let cache = cache.clone();
-        Ok(blocking(move || cache.rebuild()).await?)
+        blocking(move || cache.rebuild()).await?;
+        Ok(true)
     }
 
     async fn push(

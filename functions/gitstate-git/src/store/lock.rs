@@ -70,7 +70,7 @@ impl GitStore {
         advert: &Advert,
     ) -> Option<Proving> {
         if !self.options.single_front
-            || !remote.fetches()
+            || !remote.transport.proves_for_reads()
             || WriteMode::of(advert) != WriteMode::Atomic
         {
             return None;

@@ -19,7 +19,6 @@ use crate::protocol::{Advert, Service};
 use crate::protocol::{Command, PushReport};
 use crate::repository::{Cache, NewCommit};
 use crate::sync::lock;
-use crate::transport::Error as WireError;
 
 /// One remote's folds in the background of this process (see the `fold` module).
 #[derive(Debug, Default)]
@@ -89,11 +88,6 @@ impl Remote {
         }
     }
 
-    /// Whether objects come by fetches into a cache (see [`Transport::fetches`]).
-    pub(super) fn fetches(&self) -> bool {
-        self.transport.fetches()
-    }
-
     /// The refs `names` at least (a hosted remote lists every ref); the state refs among them
     /// are remembered.
     pub(super) async fn refs(
@@ -106,17 +100,10 @@ impl Remote {
         Ok(advert)
     }
 
-    /// Remember the state refs `advert` shows: all of them when it lists every ref (a fetching
-    /// remote's advertisement), else those of `names`.
+    /// Remember the state refs `advert` shows (see [`Transport::note_states`]).
     pub(super) fn note_states(&self, advert: &Advert, names: &[String]) {
         let mut known = lock(&self.known_states);
-        if self.fetches() {
-            known.saw_all(advert);
-        } else {
-            for name in names.iter().filter(|n| n.starts_with(STATE_REF_PREFIX)) {
-                known.saw(name, advert.tip(name));
-            }
-        }
+        self.transport.note_states(&mut known, advert, names);
     }
 
     /// The last full advertisement, if it came after the request being served began (see
@@ -235,7 +222,8 @@ impl Remote {
             .await
     }
 
-    /// `path` at `commit`, fetching first if needed. A cache that fails to read is rebuilt once.
+    /// `path` at `commit`, fetching first if needed. A cache that fails to read starts over once
+    /// (see [`Transport::start_over`]).
     pub(super) async fn read(
         &self,
         commit: ObjectId,
@@ -252,27 +240,19 @@ impl Remote {
         orphan: bool,
     ) -> Result<Option<Vec<u8>>, RemoteError> {
         self.ensure_with(vec![commit], orphan).await?;
-        match self.blob_at(commit, path.clone()).await {
-            Ok(found) => Ok(found),
-            // A cache that cannot be read (not a remote that cannot be reached) starts over.
-            Err(error)
-                if self.fetches()
-                    && !matches!(
-                        error.wire(),
-                        Some(
-                            WireError::Http(_)
-                                | WireError::Status { .. }
-                                | WireError::Certificate { .. }
-                        )
-                    ) =>
-            {
-                tracing::warn!(error = %gitstate_core::report::chain(&error), "cache read failed");
-                self.rebuild().await?;
-                self.ensure_with(vec![commit], orphan).await?;
-                self.blob_at(commit, path).await
-            }
-            Err(error) => Err(error),
+        let error = match self.blob_at(commit, path.clone()).await {
+            Ok(found) => return Ok(found),
+            Err(error) => error,
+        };
+        let started_over = self
+            .transport
+            .start_over(&self.cache, &self.known_tip, &error)
+            .await?;
+        if !started_over {
+            return Err(error);
         }
+        self.ensure_with(vec![commit], orphan).await?;
+        self.blob_at(commit, path).await
     }
 
     /// `path` at `commit` (which the cache holds), its blob fetched first if missing.
@@ -284,10 +264,6 @@ impl Remote {
         self.want_blobs(commit, vec![path.clone()]).await?;
         let cache = self.cache.clone();
         Ok(blocking(move || cache.read_path(commit, &path)).await?)
-    }
-
-    pub(super) async fn rebuild(&self) -> Result<(), RemoteError> {
-        self.transport.rebuild(&self.cache, &self.known_tip).await
     }
 
     pub(super) async fn commit(

@@ -1,5 +1,7 @@
-//! How a [`super::remote::Remote`] reaches its repository: one trait, so the store decides
-//! nothing by asking which kind of repository it has. [`Embedded`] is the local bare
+//! How a [`super::remote::Remote`] reaches its repository: one trait, so the store does what
+//! differs between kinds of repository by calling the kind's method, not by asking which kind
+//! it has (two yes-or-no methods remain, each for one decision: [`Transport::deepens`],
+//! [`Transport::proves_for_reads`]). [`Embedded`] is the local bare
 //! repository, whose refs are changed by ref transactions and whose objects are already there;
 //! [`super::hosted::Hosted`] is a hosted repository over smart HTTP(S) or SSH, whose objects
 //! are fetched into a cache.
@@ -11,6 +13,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use gix::ObjectId;
 
+use super::known::{KnownStates, STATE_REF_PREFIX};
 use super::{RemoteError, blocking};
 use crate::protocol::{Advert, Service};
 use crate::protocol::{Command, PushReport};
@@ -33,9 +36,19 @@ pub(super) enum Fetch {
 
 #[async_trait]
 pub(super) trait Transport: Send + Sync {
-    /// Whether objects reach `cache` by fetches (a hosted repository): its history may be
-    /// shallow (and deepened), and a cache that fails to read is rebuilt.
-    fn fetches(&self) -> bool;
+    /// Whether the cache's history may stop at a shallow boundary that [`Self::deepen`] moves
+    /// (a hosted repository's cache). The embedded repository holds its whole history: a walk
+    /// that stops short of a root found it broken.
+    fn deepens(&self) -> bool;
+
+    /// Whether a LOCK proves the state for the read that follows it (see the `floor` module):
+    /// there (a hosted repository) that read would cost requests; the embedded repository's
+    /// costs none.
+    fn proves_for_reads(&self) -> bool;
+
+    /// Remember in `known` the state refs `advert` shows, which [`Self::refs`] gave for
+    /// `names`: all of them when an advertisement lists every ref, else those of `names`.
+    fn note_states(&self, known: &mut KnownStates, advert: &Advert, names: &[String]);
 
     /// The refs `names` at least (an advertisement lists every ref), with the capabilities a
     /// push of `service` has.
@@ -107,8 +120,15 @@ pub(super) trait Transport: Send + Sync {
         haves: Vec<ObjectId>,
     ) -> Result<HashSet<ObjectId>, RemoteError>;
 
-    /// Throw `cache` away and start empty, no fetch running meanwhile.
-    async fn rebuild(&self, cache: &Arc<Cache>, known_tip: &KnownTip) -> Result<(), RemoteError>;
+    /// After a read of `cache` failed with `failure`: throw the cache away and start empty, no
+    /// fetch running meanwhile, unless the remote could not be reached or the cache is the
+    /// repository. Whether it started over.
+    async fn start_over(
+        &self,
+        cache: &Arc<Cache>,
+        known_tip: &KnownTip,
+        failure: &RemoteError,
+    ) -> Result<bool, RemoteError>;
 
     /// Apply `commands`, sending `objects` from `cache` if the repository needs them.
     async fn push(
@@ -148,8 +168,19 @@ pub(super) struct Embedded(pub(super) Arc<LocalRefs>);
 
 #[async_trait]
 impl Transport for Embedded {
-    fn fetches(&self) -> bool {
+    fn deepens(&self) -> bool {
         false
+    }
+
+    fn proves_for_reads(&self) -> bool {
+        false
+    }
+
+    /// The repository lists only the refs asked for.
+    fn note_states(&self, known: &mut KnownStates, advert: &Advert, names: &[String]) {
+        for name in names.iter().filter(|n| n.starts_with(STATE_REF_PREFIX)) {
+            known.saw(name, advert.tip(name));
+        }
     }
 
     async fn refs(&self, _: Service, names: Vec<String>) -> Result<Advert, RemoteError> {
@@ -235,8 +266,14 @@ impl Transport for Embedded {
         Ok(blocking(move || cache.beyond(wants, haves)).await?)
     }
 
-    async fn rebuild(&self, _: &Arc<Cache>, _: &KnownTip) -> Result<(), RemoteError> {
-        Ok(())
+    /// The cache is the repository: there is nothing to start over from.
+    async fn start_over(
+        &self,
+        _: &Arc<Cache>,
+        _: &KnownTip,
+        _: &RemoteError,
+    ) -> Result<bool, RemoteError> {
+        Ok(false)
     }
 
     async fn push(
