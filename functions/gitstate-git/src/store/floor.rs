@@ -193,7 +193,7 @@ impl GitStore {
         }
         let path = name.to_string();
         let state = match proof.state {
-            Some(state) => remote.read_state(proof.branch, state, &path).await?,
+            Some(state) => remote.read_state_ref(proof.branch, state, &path).await?,
             None => remote.read(proof.branch, path).await?,
         };
         Ok(Some(state.map(bytes::Bytes::from)))

@@ -278,8 +278,9 @@ fn open_cache(dir: &Path) -> Result<Cache, repository::Error> {
     }
 }
 
-/// Each operation's body is the inherent method of the same name (which `GitStore::name` calls),
-/// in the module of its kind: `read`, `history`, `lock`, `floor`, `write`.
+/// One name per operation, end to end: each method here calls the inherent method of the same
+/// name, which holds the operation's body, in the module of its kind (`read`, `history`,
+/// `lock`, `floor`, `write`, `fold`); no other function of the store bears that name.
 #[async_trait]
 impl StateStore for GitStore {
     async fn read_state(
@@ -416,11 +417,7 @@ impl StateStore for GitStore {
         change: Change,
         plan: WritePlan,
     ) -> Result<Written, StoreError> {
-        let written = self
-            .write_file(at, name.as_str(), Some(name), change, plan)
-            .await;
-        self.fold_after_write(at);
-        written
+        GitStore::write_state(self, at, name, change, plan).await
     }
 
     async fn fold(&self, at: &Location) -> Result<FoldReport, StoreError> {

@@ -259,7 +259,7 @@ impl GitStore {
             let read = async {
                 if let Some(state_tip) = state_tip {
                     // The state's own ref holds its newest content.
-                    return remote.read_state(tip, state_tip, &path).await;
+                    return remote.read_state_ref(tip, state_tip, &path).await;
                 }
                 if let Some(also) = &also {
                     remote.ensure(vec![tip]).await?;

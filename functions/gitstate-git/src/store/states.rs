@@ -168,7 +168,7 @@ impl Remote {
 
     /// `path` as the state ref at `state` holds it, if the branch at `tip` has the file (else
     /// the ref is a leftover: no such state). Fetches what the cache lacks.
-    pub(super) async fn read_state(
+    pub(super) async fn read_state_ref(
         &self,
         tip: ObjectId,
         state: ObjectId,

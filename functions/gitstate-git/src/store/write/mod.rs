@@ -75,6 +75,22 @@ impl GitStore {
         ))
     }
 
+    /// The state `name`, written under its lock (see [`Self::write_file`]); a fold may follow in
+    /// the background (see the `fold` module).
+    pub(super) async fn write_state(
+        &self,
+        at: &Location,
+        name: &StateName,
+        change: Change,
+        plan: WritePlan,
+    ) -> Result<Written, StoreError> {
+        let written = self
+            .write_file(at, name.as_str(), Some(name), change, plan)
+            .await;
+        self.fold_after_write(at);
+        written
+    }
+
     /// The one write of [`GitStore::write_state`] and [`GitStore::create_config`]: `path`,
     /// guarded by the lock of `lock` when given, queued with the branch's other
     /// waiting writes and pushed with them (see the module doc), retried on a moved branch.
