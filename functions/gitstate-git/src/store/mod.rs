@@ -417,7 +417,7 @@ impl StateStore for GitStore {
         change: Change,
         plan: WritePlan,
     ) -> Result<Written, StoreError> {
-        GitStore::write_state(self, at, name, change, plan).await
+        Ok(GitStore::write_state(self, at, name, change, plan).await?)
     }
 
     async fn fold(&self, at: &Location) -> Result<FoldReport, StoreError> {

@@ -1,6 +1,8 @@
 //! The one place a failure of the store becomes the core's [`StoreError`] (and so, in the HTTP
 //! layer, a status): [`Class::of`] each lower failure, then each operation's error by variant.
 
+use std::borrow::Borrow;
+
 use gitstate_core::ports::StoreError;
 
 use super::RemoteError;
@@ -69,13 +71,23 @@ fn corrupt_text(error: &RemoteError) -> String {
 
 impl From<RemoteError> for StoreError {
     fn from(error: RemoteError) -> Self {
-        match Class::of(&error) {
-            Class::Unavailable => StoreError::Unavailable(Box::new(error)),
-            Class::Remote => StoreError::Remote(Box::new(error)),
-            Class::Incompatible => StoreError::Incompatible(error.to_string()),
-            Class::Corrupt => StoreError::Corrupt(corrupt_text(&error)),
-            Class::Internal => StoreError::Internal(Box::new(error)),
-        }
+        classify(error)
+    }
+}
+
+/// The [`StoreError`] of `error`, which is or shares a [`RemoteError`] (and stays its source):
+/// a failure shared by several callers (writes pushed together) gives each the same kind of
+/// `StoreError` (so the same status) with the same text.
+pub(super) fn classify<E>(error: E) -> StoreError
+where
+    E: Borrow<RemoteError> + std::error::Error + Send + Sync + 'static,
+{
+    match Class::of(error.borrow()) {
+        Class::Unavailable => StoreError::Unavailable(Box::new(error)),
+        Class::Remote => StoreError::Remote(Box::new(error)),
+        Class::Incompatible => StoreError::Incompatible(error.to_string()),
+        Class::Corrupt => StoreError::Corrupt(corrupt_text(error.borrow())),
+        Class::Internal => StoreError::Internal(Box::new(error)),
     }
 }
 
@@ -84,25 +96,3 @@ impl From<repository::Error> for StoreError {
         RemoteError::from(error).into()
     }
 }
-
-impl RemoteError {
-    /// The same failure once more, for another caller of the one request that failed (writes
-    /// pushed together): the same kind of [`StoreError`] (so the same status), with this one's
-    /// text.
-    pub(crate) fn echo(&self) -> StoreError {
-        let text = gitstate_core::report::chain(self);
-        let shared = || Box::new(Echoed(text.clone()));
-        match Class::of(self) {
-            Class::Unavailable => StoreError::Unavailable(shared()),
-            Class::Remote => StoreError::Remote(shared()),
-            Class::Incompatible => StoreError::Incompatible(self.to_string()),
-            Class::Corrupt => StoreError::Corrupt(corrupt_text(self)),
-            Class::Internal => StoreError::Internal(shared()),
-        }
-    }
-}
-
-/// A failure first reported to another caller, by its text.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-struct Echoed(String);

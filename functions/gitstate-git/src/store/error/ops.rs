@@ -1,9 +1,12 @@
 //! One error per store operation: what failed in that operation, with the lower layer's
 //! failure ([`RemoteError`]) as the source, and the [`StoreError`] each becomes.
 
+use std::sync::Arc;
+
 use gitstate_core::ports::StoreError;
 
 use super::RemoteError;
+use super::class::classify;
 use crate::repository;
 
 /// A read at the branch tip: a state, a configuration file, how a name clashes with the tree,
@@ -74,15 +77,28 @@ pub enum Broken {
     BoundaryMoved,
 }
 
-/// A write of a state or of a configuration file (see the `write` module).
-#[derive(Debug, thiserror::Error)]
+/// A write of a state or of a configuration file (see the `write` module). It clones: the
+/// writes pushed together share one failure, each caller getting it whole.
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum WriteError {
-    /// Reaching the remote, or reading the cache.
+    /// Reaching the remote, or reading the cache (shared by the writes of the round it failed).
     #[error(transparent)]
-    Remote(#[from] RemoteError),
+    Remote(Arc<RemoteError>),
     /// The push was refused twice on a branch that did not move: the remote declines it.
     #[error("git remote reports: the remote refused the push on an unchanged branch: {0}")]
     Declined(String),
+    /// The write lost its push to other writes until it ran out of attempts or time.
+    #[error("the branch kept moving after {attempts} attempts")]
+    Contention { attempts: u32 },
+    /// The task pushing the write ended without answering it.
+    #[error("the write task ended unanswered")]
+    Unanswered,
+}
+
+impl From<RemoteError> for WriteError {
+    fn from(error: RemoteError) -> Self {
+        Self::Remote(Arc::new(error))
+    }
 }
 
 /// A fold of the state refs onto the branch (see the `fold` module).
@@ -116,12 +132,12 @@ macro_rules! from_repository {
     ($($op:ty),*) => {$(
         impl From<repository::Error> for $op {
             fn from(error: repository::Error) -> Self {
-                Self::Remote(error.into())
+                Self::from(RemoteError::from(error))
             }
         }
         impl From<repository::Corruption> for $op {
             fn from(what: repository::Corruption) -> Self {
-                Self::Remote(what.into())
+                Self::from(RemoteError::from(what))
             }
         }
     )*};
@@ -191,8 +207,10 @@ impl From<HistoryError> for StoreError {
 impl From<WriteError> for StoreError {
     fn from(error: WriteError) -> Self {
         match error {
-            WriteError::Remote(error) => error.into(),
+            WriteError::Remote(error) => classify(error),
             WriteError::Declined(_) => StoreError::Remote(Box::new(error)),
+            WriteError::Contention { attempts } => StoreError::Contention { attempts },
+            WriteError::Unanswered => StoreError::Internal(Box::new(error)),
         }
     }
 }
@@ -223,6 +241,7 @@ impl WriteError {
         match self {
             Self::Remote(error) => error.refused(),
             Self::Declined(_) => true,
+            Self::Contention { .. } | Self::Unanswered => false,
         }
     }
 }

@@ -189,8 +189,9 @@ fn lower_variant(error: &RemoteError) -> &'static str {
 }
 
 /// Each lower failure keeps the text, the decisions and the kind it had as a variant of the
-/// crate-wide error, alone, echoed to another caller, and as the source of every operation's
-/// error (which wraps it transparently).
+/// crate-wide error, alone, shared by the writes of one round (each caller's the same kind and
+/// text as the failure alone, as the echo it replaces gave), and as the source of every
+/// operation's error (which wraps it transparently).
 #[test]
 fn every_lower_failure_keeps_its_text_decisions_and_kind() {
     let mut seen = BTreeSet::new();
@@ -204,14 +205,30 @@ fn every_lower_failure_keeps_its_text_decisions_and_kind() {
         assert_eq!(error.garbled(), row.garbled, "{what}");
         assert_eq!(error.is_transient(), row.transient, "{what}");
         assert_eq!(kind(&StoreError::from((row.make)())), row.kind, "{what}");
-        assert_eq!(kind(&error.echo()), row.kind, "{what}: echoed");
+        let shared = WriteError::from((row.make)());
+        let WriteError::Remote(failure) = &shared else {
+            unreachable!("a lower failure is the write's Remote")
+        };
+        let failure = gitstate_core::report::chain(&**failure);
+        for caller in [shared.clone(), shared] {
+            assert_eq!(caller.to_string(), row.text, "{what}: shared");
+            assert_eq!(caller.refused(), row.refused, "{what}: shared");
+            let store_error = StoreError::from(caller);
+            assert_eq!(kind(&store_error), row.kind, "{what}: shared");
+            // The whole failure is the source, as the first caller's is (the echo's text).
+            let expected = match &row.kind {
+                Kind::Incompatible(_) | Kind::Corrupt(_) => store_error.to_string(),
+                _ => format!("{store_error}: {failure}"),
+            };
+            assert_eq!(chain(&store_error), expected, "{what}: shared");
+        }
         let wrapped: [(String, StoreError); 7] = [
             wrap(ReadError::Remote((row.make)())),
             wrap(ListError::Remote((row.make)())),
             wrap(LockError::Remote((row.make)())),
             wrap(UnlockError::Remote((row.make)())),
             wrap(HistoryError::Remote((row.make)())),
-            wrap(WriteError::Remote((row.make)())),
+            wrap(WriteError::from((row.make)())),
             wrap(FoldError::Remote((row.make)())),
         ];
         for (text, store_error) in wrapped {
@@ -248,6 +265,10 @@ fn every_lower_failure_keeps_its_text_decisions_and_kind() {
         assert_eq!(error.status(), code, "{error}");
         assert_eq!(error.wire().is_some(), code.is_some(), "{error}");
     }
+}
+
+fn chain(error: &StoreError) -> String {
+    gitstate_core::report::chain(error)
 }
 
 fn wrap<E: std::error::Error + Into<StoreError>>(error: E) -> (String, StoreError) {
@@ -307,6 +328,18 @@ fn every_operations_own_variant_keeps_its_text_and_kind() {
             Kind::Remote,
         ),
         own(
+            WriteError::Contention { attempts: 40 },
+            "StoreError::Contention",
+            "the branch kept moving after 40 attempts",
+            Kind::Contention(40),
+        ),
+        own(
+            WriteError::Unanswered,
+            "StoreError::Internal",
+            "the write task ended unanswered",
+            Kind::Internal,
+        ),
+        own(
             FoldError::Contention { attempts: 12 },
             "StoreError::Contention",
             "the branch kept moving after 12 attempts",
@@ -334,9 +367,21 @@ fn every_operations_own_variant_keeps_its_text_and_kind() {
             "refs/locks/"
         )
     );
+    // The write's own answers reach the client as the core's did, source and all.
+    assert_eq!(
+        chain(&WriteError::Contention { attempts: 40 }.into()),
+        chain(&StoreError::Contention { attempts: 40 })
+    );
+    assert_eq!(
+        chain(&WriteError::Unanswered.into()),
+        chain(&StoreError::Internal(
+            "the write task ended unanswered".into()
+        ))
+    );
     // The refusals are the remote's, and a fresh look may get past them.
     assert!(refused().refused() && WriteError::Declined("hook".into()).refused());
     assert!(!LockError::Contention { attempts: 1 }.refused() && !mismatch().refused());
+    assert!(!WriteError::Contention { attempts: 1 }.refused() && !WriteError::Unanswered.refused());
 }
 
 fn own<E: std::error::Error + Into<StoreError>>(
@@ -369,6 +414,8 @@ fn every_operation_variant_has_a_case() {
     let write = |e: &WriteError| match e {
         WriteError::Remote(_) => "Remote",
         WriteError::Declined(_) => "Declined",
+        WriteError::Contention { .. } => "Contention",
+        WriteError::Unanswered => "Unanswered",
     };
     let fold = |e: &FoldError| match e {
         FoldError::Remote(_) => "Remote",
@@ -406,12 +453,14 @@ fn every_operation_variant_has_a_case() {
         names(&["Remote", "Broken"])
     );
     let writes = [
-        WriteError::Remote(lower()),
+        WriteError::from(lower()),
         WriteError::Declined(String::new()),
+        WriteError::Contention { attempts: 1 },
+        WriteError::Unanswered,
     ];
     assert_eq!(
         writes.iter().map(write).collect::<BTreeSet<_>>(),
-        names(&["Remote", "Declined"])
+        names(&["Remote", "Declined", "Contention", "Unanswered"])
     );
     let folds = [
         FoldError::Remote(lower()),

@@ -113,7 +113,7 @@ fn settle_failure(batch: &mut Vec<Job>, standing: &mut Standing, error: Error) {
     let transient = error.is_transient();
     if !transient && batch.len() <= 1 {
         if let Some(job) = std::mem::take(batch).pop() {
-            job.answer(Err(error.into()));
+            job.answer(Err(WriteError::from(error)));
         }
         standing.losses = 0;
         return;
@@ -125,9 +125,10 @@ fn settle_failure(batch: &mut Vec<Job>, standing: &mut Standing, error: Error) {
         tracing::debug!(error = %gitstate_core::report::chain(&error), writes = batch.len(), "write round failed; writing one at a time");
         standing.width = 1;
     }
+    let error = WriteError::from(error);
     for job in batch.iter_mut() {
         job.attempts += 1;
-        job.last_error = Some(error.echo());
+        job.last_error = Some(error.clone());
     }
     drop_exhausted(batch);
 }
@@ -145,7 +146,7 @@ fn settle(batch: &mut Vec<Job>, standing: &mut Standing, outcome: Outcome) {
         match stage {
             Stage::Done(written) => job.answer(Ok(written)),
             _ if let Some(reason) = &declined => {
-                job.answer(Err(WriteError::Declined(reason.clone()).into()));
+                job.answer(Err(WriteError::Declined(reason.clone())));
             }
             Stage::Floor | Stage::Fresh | Stage::Pushing(_) => {
                 if lost {

@@ -30,9 +30,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use gitstate_core::StateName;
-use gitstate_core::ports::{Change, CommitMeta, Location, Refusal, StoreError, WritePlan, Written};
+use gitstate_core::ports::{Change, CommitMeta, Location, Refusal, WritePlan, Written};
 
-use crate::store::GitStore;
+use crate::store::{GitStore, WriteError};
 
 pub(super) use lead::backoff;
 pub(super) use queue::Batcher;
@@ -46,7 +46,7 @@ impl GitStore {
         path: &str,
         content: Bytes,
         meta: &CommitMeta,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<bool, WriteError> {
         let meta = meta.clone();
         let plan: WritePlan = Arc::new(move |_, stored: Option<_>| match stored {
             Some(_) => Err(Refusal::Exists),
@@ -66,7 +66,7 @@ impl GitStore {
         expected: Option<Bytes>,
         content: Bytes,
         meta: &CommitMeta,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<bool, WriteError> {
         let plan = gitstate_core::ports::replace_plan(expected, meta.clone());
         Ok(!matches!(
             self.write_file(at, path, None, Change::Put(content), plan)
@@ -83,7 +83,7 @@ impl GitStore {
         name: &StateName,
         change: Change,
         plan: WritePlan,
-    ) -> Result<Written, StoreError> {
+    ) -> Result<Written, WriteError> {
         let written = self
             .write_file(at, name.as_str(), Some(name), change, plan)
             .await;
@@ -101,7 +101,7 @@ impl GitStore {
         lock: Option<&StateName>,
         change: Change,
         plan: WritePlan,
-    ) -> Result<Written, StoreError> {
+    ) -> Result<Written, WriteError> {
         let remote = self.remote(at)?;
         if let Some(name) = lock {
             // What the state's LOCK proved is about to be out of date.
@@ -117,10 +117,6 @@ impl GitStore {
             };
             tokio::spawn(writer.lead());
         }
-        answer.await.unwrap_or_else(|_| {
-            Err(StoreError::Internal(
-                "the write task ended unanswered".into(),
-            ))
-        })
+        answer.await.unwrap_or(Err(WriteError::Unanswered))
     }
 }

@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use gitstate_core::StateName;
-use gitstate_core::ports::{Change, StoreError, WritePlan, Written};
+use gitstate_core::ports::{Change, WritePlan, Written};
 
+use crate::store::WriteError;
 use crate::sync::lock;
 
 /// How often a write is rebuilt on a moved branch before giving up with a retryable 503.
@@ -35,7 +36,7 @@ pub(super) enum Stage {
 }
 
 /// What a caller waits for.
-pub(super) type Reply = Result<Written, StoreError>;
+pub(super) type Reply = Result<Written, WriteError>;
 
 /// One queued write and how far it got.
 pub(super) struct Job {
@@ -49,7 +50,7 @@ pub(super) struct Job {
     pub(super) attempts: u32,
     started: Instant,
     /// The last transient failure, the answer if the write runs out of attempts.
-    pub(super) last_error: Option<StoreError>,
+    pub(super) last_error: Option<WriteError>,
     reply: oneshot::Sender<Reply>,
 }
 
@@ -99,13 +100,10 @@ impl Job {
     }
 
     pub(super) fn give_up(mut self) {
-        let reply = match self.last_error.take() {
-            Some(error) => Err(error),
-            None => Err(StoreError::Contention {
-                attempts: self.attempts,
-            }),
-        };
-        self.answer(reply);
+        let error = self.last_error.take().unwrap_or(WriteError::Contention {
+            attempts: self.attempts,
+        });
+        self.answer(Err(error));
     }
 }
 
