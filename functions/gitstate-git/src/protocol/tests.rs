@@ -1,6 +1,6 @@
 use gix::ObjectId;
 
-use crate::RemoteError as Error;
+use crate::RemoteError;
 use crate::transport;
 
 use super::fetch::{FetchError, fetch_capabilities, pack_of};
@@ -61,12 +61,12 @@ fn malformed_advertisements_are_protocol_errors() {
         (format!("{zero}\n").into_bytes(), "malformed ref line"),
         (b"zz refs/heads/main\n".to_vec(), "malformed object id"),
     ] {
-        let error = Error::from(
+        let error = RemoteError::from(
             Advert::parse(&advert_body(&[&line]), Service::ReceivePack).expect_err(text),
         );
         assert_eq!(error.to_string(), format!("git protocol error: {text}"));
         assert!(
-            matches!(error, Error::Advert(_))
+            matches!(error, RemoteError::Advert(_))
                 && error.garbled()
                 && !error.refused()
                 && !error.is_transient(),
@@ -95,8 +95,8 @@ fn parses_report_status() {
     pkt::write(&mut bad, b"unpack index-pack failed\n");
     assert!(matches!(PushReport::parse(&bad), Err(PushError::Unpack(_))));
     assert!(matches!(
-        PushReport::parse(&bad).map_err(Error::from),
-        Err(error @ Error::Push(PushError::Unpack(_))) if error.refused() && error.is_transient()
+        PushReport::parse(&bad).map_err(RemoteError::from),
+        Err(error @ RemoteError::Push(PushError::Unpack(_))) if error.refused() && error.is_transient()
     ));
 }
 
@@ -146,12 +146,12 @@ fn push_errors_keep_their_texts_and_kinds() {
     for (error, text) in cases {
         let refused = error.refused();
         let garbled = error.garbled();
-        let error = Error::from(error);
+        let error = RemoteError::from(error);
         assert_eq!(error.to_string(), text);
         assert_eq!(error.is_transient(), refused, "{text}");
         assert_eq!(error.refused(), refused, "{text}");
         assert_eq!(error.garbled(), garbled, "{text}");
-        assert!(matches!(error, Error::Push(_)), "{text}");
+        assert!(matches!(error, RemoteError::Push(_)), "{text}");
         // Each is the remote's refusal, an answer that is not a report, or an HTTP status.
         assert_eq!(
             u8::from(refused) + u8::from(garbled) + u8::from(error.status().is_some()),
@@ -167,8 +167,8 @@ fn push_errors_keep_their_texts_and_kinds() {
     let mut empty = Vec::new();
     pkt::flush(&mut empty);
     assert!(matches!(
-        PushReport::parse(&empty).map_err(Error::from),
-        Err(error @ Error::Push(PushError::EmptyReport)) if error.garbled()
+        PushReport::parse(&empty).map_err(RemoteError::from),
+        Err(error @ RemoteError::Push(PushError::EmptyReport)) if error.garbled()
     ));
 }
 
@@ -308,12 +308,12 @@ fn fetch_errors_keep_their_texts_and_kinds() {
     for (response, text, transient) in cases {
         let error = pack_of(response).expect_err(text);
         assert_eq!(matches!(error, FetchError::Refused(_)), response == &err);
-        let error = Error::from(error);
+        let error = RemoteError::from(error);
         assert_eq!(error.to_string(), text);
         assert_eq!(error.is_transient(), transient, "{text}");
         assert_eq!(error.refused(), transient, "{text}");
         assert_eq!(error.garbled(), !transient, "{text}");
-        assert!(matches!(error, Error::Fetch(_)), "{text}");
+        assert!(matches!(error, RemoteError::Fetch(_)), "{text}");
         assert!(
             matches!(StoreError::from(error), StoreError::Remote(_)),
             "{text}"

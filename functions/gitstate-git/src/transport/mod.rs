@@ -100,7 +100,7 @@ mod tests {
     use gitstate_core::ports::StoreError;
 
     use super::{Connection, connect, private_roots};
-    use crate::{GitAuth, RemoteError as Error};
+    use crate::{GitAuth, RemoteError};
 
     /// `check_url` refuses exactly the URLs `connect` refuses without credentials: git's SSH
     /// forms, HTTP(S) and what is neither, generated from their parts.
@@ -190,7 +190,7 @@ mod tests {
             ),
         ];
         for (error, text) in cases {
-            let error = Error::from(error.expect(text));
+            let error = RemoteError::from(error.expect(text));
             assert_eq!(error.to_string(), format!("configuration: {text}"));
             assert!(
                 matches!(StoreError::from(error), StoreError::Internal(_)),
@@ -218,7 +218,7 @@ mod tests {
             Remote,
             Internal,
         }
-        let class = |error: Error| match StoreError::from(error) {
+        let class = |error: RemoteError| match StoreError::from(error) {
             StoreError::Unavailable(_) => Class::Unavailable,
             StoreError::Remote(_) => Class::Remote,
             StoreError::Internal(_) => Class::Internal,
@@ -322,10 +322,10 @@ mod tests {
         ];
         for (make, text, transient, expected) in cases {
             let wrapped = [
-                Error::from(make()),
-                Error::from(AdvertError::from(make())),
-                Error::from(FetchError::from(make())),
-                Error::from(PushError::from(make())),
+                RemoteError::from(make()),
+                RemoteError::from(AdvertError::from(make())),
+                RemoteError::from(FetchError::from(make())),
+                RemoteError::from(PushError::from(make())),
             ];
             for error in wrapped {
                 assert_eq!(error.to_string(), text);
