@@ -4,8 +4,8 @@
 //! falls back to the normal path and still wins or loses as it should.
 
 use gitstate_tests::{
-    Client, GitServer, PushMode, Seen, TestBackend, git, init_tracing, lock_info, realistic_repo,
-    realistic_state,
+    Client, GitServer, PushMode, Seen, TestBackend, app, git, init_tracing, lock_info,
+    realistic_repo, realistic_state, settings_for,
 };
 
 /// States in the seeded repository, and the one the tests read and write.
@@ -185,10 +185,13 @@ const PUSH_ADVERT: &str = "GET refs/receive-pack";
 const FETCH: &str = "POST upload-pack";
 const FETCH_ADVERT: &str = "GET refs/upload-pack";
 
-/// Warm applies at the floor, in a backend every request of a run reaches: an update apply is 3
-/// git requests and a no-op apply 2 where the remote pushes atomically (the LOCK push proves the
-/// state, so the GET asks nothing); without atomic push the GET asks, and a write under a lock
-/// keeps its advertisement (5). The same with the filter on and off.
+/// Warm applies at the floor, in a backend every request of a run reaches, of a state without a
+/// ref of its own (`GITSTATE_STATE_REFS=auto`): an update apply is 4 git requests and a no-op
+/// apply 3 where the remote pushes atomically: the LOCK push proves nothing (a push cannot show
+/// that nobody created the state's ref since this process last listed the refs), so the GET
+/// asks, and the write rests on what that GET found under the lock. Without atomic push a write
+/// under a lock keeps its advertisement (5). The same with the filter on and off. (With a ref,
+/// the LOCK proves the state: `state_ref_updates_are_at_the_floor`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn warm_applies_are_at_the_floor() {
     init_tracing();
@@ -205,7 +208,7 @@ async fn warm_applies_are_at_the_floor() {
             eprintln!("{mode:?} filter {filter}: warm update apply {update:?}");
             let atomic = mode == PushMode::Atomic;
             let (read, write): (&[&str], &[&str]) = if atomic {
-                (&[], &[PUSH])
+                (&[FETCH_ADVERT], &[PUSH])
             } else {
                 (&[FETCH_ADVERT], &[PUSH_ADVERT, PUSH])
             };
@@ -219,15 +222,10 @@ async fn warm_applies_are_at_the_floor() {
                 ],
                 "{mode:?} filter {filter}"
             );
-            // Exact bytes: report-status answers (the LOCK's has a line for the branch it
-            // asserts), and without atomic one advertisement (which lists `filter` when offered,
-            // and the ref recording the lock ref prefix: 101 bytes).
-            let advert = match (atomic, filter) {
-                (true, _) => 0,
-                (false, true) => 555,
-                (false, false) => 548,
-            };
-            let lock_bytes = if atomic { 93 } else { 70 };
+            // Exact bytes: report-status answers, and the GET's advertisement (which lists
+            // `filter` when offered, and the ref recording the lock ref prefix: 101 bytes).
+            let advert = if filter { 555 } else { 548 };
+            let lock_bytes = 70;
             let write_bytes = if atomic { 93 } else { 441 };
             let bytes: Vec<u64> = update.iter().map(|s| s.2).collect();
             assert_eq!(
@@ -253,6 +251,89 @@ async fn warm_applies_are_at_the_floor() {
     }
 }
 
+/// A single front that writes every update to the state's own ref, with the Lambda's settings
+/// otherwise (no fold after writes).
+async fn single_front_on_refs(url: &str) -> TestBackend {
+    let cache = tempfile::tempdir().expect("tempdir");
+    let mut extra = vec![("GITSTATE_STATE_REFS", "always")];
+    extra.extend(SINGLE_FRONT.iter().copied());
+    let mut settings = settings_for(url, cache.path(), &extra);
+    settings.runtime = gitstate_app::Runtime::Lambda;
+    TestBackend::serve(app(&settings).await, cache).await
+}
+
+/// Updates of a state's own ref (`GITSTATE_STATE_REFS=always`, the Lambda's default; here with
+/// the Lambda's settings, which fold on a schedule, not after each write): the first update of a
+/// state creates its ref from a fresh advertisement (the create-only push proves it absent), and
+/// every update after it is one push at the floor, `T → S` with the lock ref asserted: an
+/// update apply is 4 git requests (LOCK, GET, write, UNLOCK), the Lambda shape's floor, and 3
+/// with a single front, whose LOCK push asserts the state's ref (so the GET asks nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_ref_updates_are_at_the_floor() {
+    init_tracing();
+    for single in [false, true] {
+        let server = GitServer::start().await;
+        let url = realistic_repo(&server, "states", STATES, true);
+        let cache = tempfile::tempdir().expect("tempdir");
+        let mut extra = vec![("GITSTATE_STATE_REFS", "always")];
+        extra.extend(SINGLE_FRONT.iter().copied().filter(|_| single));
+        let mut settings = settings_for(&url, cache.path(), &extra);
+        settings.runtime = gitstate_app::Runtime::Lambda;
+        let backend = TestBackend::serve(app(&settings).await, cache).await;
+        let client = Client::new(&backend.url);
+        let branch_file = || {
+            git(
+                &["show", &format!("main:{NAME}")],
+                Some(&server.repo_dir("states")),
+            )
+        };
+        let before = branch_file();
+        // The first apply of the process (cold), and the state's first update: its ref is made.
+        apply(&server, &client, "a-1", Some(&realistic_state(7, 60, 2))).await;
+        let update = apply(&server, &client, "a-2", Some(&realistic_state(7, 60, 3))).await;
+        eprintln!("single front {single}: warm update apply of a state ref {update:?}");
+        let read: &[&str] = if single { &[] } else { &[FETCH_ADVERT] };
+        assert_eq!(
+            labels(&update),
+            [
+                step("LOCK", &[PUSH]),
+                step("GET", read),
+                step("write", &[PUSH]),
+                step("UNLOCK", &[PUSH]),
+            ],
+            "single front {single}"
+        );
+        assert_eq!(get(&client, NAME).await, realistic_state(7, 60, 3));
+        assert_eq!(branch_file(), before, "the branch waits for a fold");
+        let reference = gitstate_tests::states::state_ref("main", NAME);
+        let tip = gitstate_tests::states::ref_tip(&server.repo_dir("states"), &reference);
+        assert!(tip.is_some(), "{reference}");
+
+        // Another state, updated for the first time: its write advertises, then creates its
+        // ref with a create-only push.
+        let other = "team/s0008.tfstate";
+        client.lock(other, "b-1").await.expect(200);
+        get(&client, other).await;
+        server.take_requests();
+        let state = realistic_state(8, 60, 2);
+        send(
+            &client,
+            "POST",
+            &format!("/states/{other}?ID=b-1"),
+            Some(&state),
+            200,
+        )
+        .await;
+        assert_eq!(
+            seen(&server).0,
+            [PUSH_ADVERT, PUSH],
+            "a state's first update"
+        );
+        client.unlock(other, "b-1").await.expect(200);
+        assert_eq!(get(&client, other).await, state);
+    }
+}
+
 /// What a LOCK proves is the state's newest content only as far as this process knows it:
 /// after another process wrote the state, the LOCK's assertion is refused and the GET asks the
 /// remote (and answers the other's write); an accepted one answers one GET, and a second GET, or
@@ -262,9 +343,11 @@ async fn a_lock_proves_the_state_only_while_the_branch_is_as_known() {
     init_tracing();
     let server = GitServer::start().await;
     let url = realistic_repo(&server, "states", STATES, true);
+    // Only a state's own ref is proved (see `warm_applies_are_at_the_floor`): every update goes
+    // there (`always`), and no fold runs after writes (the Lambda's settings) to add requests.
     let (a, b) = (
-        TestBackend::start(&url, SINGLE_FRONT).await,
-        TestBackend::start(&url, SINGLE_FRONT).await,
+        single_front_on_refs(&url).await,
+        single_front_on_refs(&url).await,
     );
     let (a, b) = (Client::new(&a.url), Client::new(&b.url));
     apply(&server, &a, "a-1", Some(&realistic_state(7, 60, 2))).await;
@@ -364,21 +447,23 @@ async fn stale_floor_pushes_fall_back_and_win_or_lose_correctly() {
         let (a, b) = (Client::new(&a.url), Client::new(&b.url));
         apply(&server, &a, "a-1", Some(&realistic_state(7, 60, 2))).await;
 
-        // B moves the branch (another state): A's write at the floor misses, then wins.
+        // A locks and reads (the GET's look under the lock lets A's write go at the floor);
+        // then B moves the branch (another state): A's write at the floor misses, then wins.
+        send(
+            &a,
+            "LOCK",
+            &format!("/states/{NAME}"),
+            Some(&lock_info("a-2")),
+            200,
+        )
+        .await;
+        get(&a, NAME).await;
         let other = "team/s0001.tfstate";
         send(
             &b,
             "POST",
             &format!("/states/{other}"),
             Some(&realistic_state(1, 60, 2)),
-            200,
-        )
-        .await;
-        send(
-            &a,
-            "LOCK",
-            &format!("/states/{NAME}"),
-            Some(&lock_info("a-2")),
             200,
         )
         .await;

@@ -25,4 +25,5 @@ mod misconfigured;
 mod model;
 mod protocol;
 mod sops_oracle;
+mod state_refs;
 mod terraform;

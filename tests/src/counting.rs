@@ -138,7 +138,12 @@ pub async fn count_warm_applies(
     count_apply(server, client, &warm, "warm-u", Apply::Update, 2).await;
     let mut counted = Vec::new();
     for (i, kind) in Apply::ALL.into_iter().enumerate() {
-        let serial = i as u64 + 1;
+        // A state's first update makes its own ref (`GITSTATE_STATE_REFS=always`), once in its
+        // life, from a fresh advertisement: the update counted is a later one, as most are.
+        if kind == Apply::Update {
+            count_apply(server, client, name, "first-u", Apply::Update, 2).await;
+        }
+        let serial = if kind == Apply::Create { 1 } else { 3 };
         let id = format!("apply-{i}");
         let apply = count_apply(server, client, name, &id, kind, serial).await;
         eprintln!("{shape}: {apply}");

@@ -77,7 +77,7 @@ impl Bare {
 
     /// The state ref of `path` on this branch (the one place that names it here).
     pub fn state_ref(&self, path: &str) -> String {
-        crate::states::state_ref(path)
+        crate::states::state_ref(&self.branch, path)
     }
 
     /// The tip of `name`, if it exists.

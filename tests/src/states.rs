@@ -1,5 +1,6 @@
 //! Where a state lives in a bare repository, read with the git CLI as an operator would (issue
-//! 27's design): each state may have a ref of its own, `refs/gitstate/states/<sha1 of its path>`,
+//! 27's design): each state may have a ref of its own,
+//! `refs/gitstate/states/<branch>/<sha1 of its path>`,
 //! holding its newest content and its own chain of commits, and the branch of files is folded
 //! from those refs. A state *exists* iff the branch has its file; its *newest content* is its
 //! state ref's tip when the ref is there, else the branch's file. Repositories without state refs
@@ -14,11 +15,13 @@ use crate::{git, git_output};
 /// The folder of the state refs.
 pub const STATE_REFS: &str = "refs/gitstate/states/";
 
-/// The state ref of `path` (the path exactly as the branch stores the file).
-pub fn state_ref(path: &str) -> String {
+/// The state ref of `path` (the path exactly as the branch stores the file) on `branch` (its
+/// name, or its full ref name).
+pub fn state_ref(branch: &str, path: &str) -> String {
     let digest = Sha1::digest(path.as_bytes());
     let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{STATE_REFS}{hex}")
+    let branch = branch.strip_prefix("refs/heads/").unwrap_or(branch);
+    format!("{STATE_REFS}{branch}/{hex}")
 }
 
 /// The commit `reference` points at, if it exists.
@@ -68,7 +71,7 @@ pub fn file_at(repo: &Path, commit: &str, path: &str) -> Option<Vec<u8>> {
 pub fn newest_commit(repo: &Path, branch: &str, path: &str) -> Option<String> {
     let tip = ref_tip(repo, &format!("refs/heads/{branch}"))?;
     file_at(repo, &tip, path)?;
-    Some(ref_tip(repo, &state_ref(path)).unwrap_or(tip))
+    Some(ref_tip(repo, &state_ref(branch, path)).unwrap_or(tip))
 }
 
 /// The newest content of `path` on `branch`, as every read must answer it.
@@ -133,8 +136,8 @@ mod tests {
     fn state_ref_is_the_sha1_of_the_path() {
         // `printf a | sha1sum`
         assert_eq!(
-            super::state_ref("a"),
-            "refs/gitstate/states/86f7e437faa5a7fce15d1ddcb9eaeaea377667b8"
+            super::state_ref("main", "a"),
+            "refs/gitstate/states/main/86f7e437faa5a7fce15d1ddcb9eaeaea377667b8"
         );
     }
 }

@@ -91,7 +91,7 @@ const DESCRIPTIONS: &[Described] = &[
     describe_default(
         "GITSTATE_STATE_REFS",
         "`always` (Lambda), `auto` (local)",
-        "not in effect in this version: every update is written to the branch whatever it says (the write path to state refs is issue 27's next step). Reads and folds look at state refs `refs/gitstate/states/<sha1 of its path>` whatever this says ([state refs](#state-refs))",
+        "where updates go: `always`, every update of an existing state to its own ref `refs/gitstate/states/<branch>/<sha1 of its path>` (created by its first update; on a host without atomic push as `never`), so writes of different states never share a compare-and-swap; `auto` and `never` (the same in this version), to the branch, except for a state that already has a ref. Creates and deletes go through the branch. Reads and folds look at state refs whatever this says ([state refs](#state-refs))",
     ),
     describe(
         "GITSTATE_ALLOW_UNLOCKED_WRITES",

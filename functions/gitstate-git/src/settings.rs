@@ -21,14 +21,16 @@ pub enum GitAuth {
 /// says.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum StateRefs {
-    /// Updates go to the branch; a state moves to its own ref when its branch compare-and-swap
-    /// is lost (another state moved the branch). The default of `serve` and `run`.
+    /// As [`Self::Never`] in this version (the default of `serve` and `run`): a state does not
+    /// move to its own ref when its branch write loses a race, as that move cannot be made safe
+    /// with unlocked writes or on hosts without atomic push.
     #[default]
     Auto,
-    /// Every update of an existing state goes to its own ref (the Lambda default).
+    /// Every update of an existing state goes to its own ref, created by the first (the Lambda
+    /// default). Creates and deletes go through the branch.
     Always,
     /// No state ref is created; a state that already has one is still written there (a write
-    /// on the branch would be hidden by it).
+    /// on the branch would be hidden by it), as a look under the writer's lock shows.
     Never,
 }
 

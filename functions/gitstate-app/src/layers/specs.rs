@@ -84,7 +84,7 @@ pub const SETTINGS: &[Spec] = &[
     ),
     setting(
         "GITSTATE_STATE_REFS",
-        "not in effect yet: every update goes to the branch [auto]",
+        "where updates go: always (own refs), auto or never (the branch) [auto]",
     ),
     switch(
         "GITSTATE_ALLOW_UNLOCKED_WRITES",

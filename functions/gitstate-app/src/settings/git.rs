@@ -51,8 +51,9 @@ pub struct GitSettings {
     /// Terraform run reaches this one process, so the GET right after a LOCK is answered from
     /// what the LOCK push proved, without a git request.
     pub single_front: bool,
-    /// `GITSTATE_STATE_REFS`: which writes go to a state's own ref, `auto` (default locally),
-    /// `always` (default on Lambda, where group commit never applies) or `never`.
+    /// `GITSTATE_STATE_REFS`: which writes go to a state's own ref, `auto` (default locally; as
+    /// `never` in this version), `always` (default on Lambda, where group commit never applies)
+    /// or `never` (only states that already have one).
     pub state_refs: StateRefs,
     /// `GITSTATE_ALLOW_UNLOCKED_WRITES` (default false): accept writes and deletes that hold no
     /// lock (Terraform without `lock_address`, or `-lock=false`), each logged as a warning;

@@ -24,16 +24,16 @@ const SERVE: Requests = Requests {
     no_op: 3,
 };
 
-/// One `serve` in front of its clients (`GITSTATE_SINGLE_FRONT=true`) is at the floor: the LOCK
-/// push proves the state (it asserts the ref that holds it at the tip the process knows, after
-/// creating the lock), so the GET that follows is answered from the cache; then the write push
-/// and the UNLOCK push.
-const SERVE_SINGLE_FRONT: Requests = FLOOR;
+/// One `serve` in front of its clients (`GITSTATE_SINGLE_FRONT=true`), with the default
+/// `GITSTATE_STATE_REFS=auto`: as [`SERVE`]. A LOCK push proves only a state that has a ref of
+/// its own (it asserts the ref's tip); for a state on the branch it cannot show that nobody
+/// created the state's ref since this process listed the refs, so the GET asks. (With a ref,
+/// the floor: `floor::state_ref_updates_are_at_the_floor` in the tests crate.)
+const SERVE_SINGLE_FRONT: Requests = SERVE;
 
-/// The same with KMS encryption, also at the floor: the write's plan knows the sealed stored
-/// state by its blob id (the service remembers the version of what it wrote), so the write
-/// needs no second round. (By default, as [`SERVE`]: the GET asks.)
-const SERVE_KMS: Requests = FLOOR;
+/// The same with KMS encryption: the write's plan knows the sealed stored state by its blob id
+/// (the service remembers the version of what it wrote), so the write needs no second round.
+const SERVE_KMS: Requests = SERVE;
 
 /// A single front (see [`SERVE_SINGLE_FRONT`]).
 fn single_front() -> (&'static str, String) {
@@ -43,14 +43,16 @@ fn single_front() -> (&'static str, String) {
 /// `gitstate run -- terraform apply`, the whole command: each is a new, cold process in front of
 /// Terraform, so on top of the apply's own requests come the wrapper's look at the repository
 /// when it starts (one advertisement: the branch and the protocol record) and the first LOCK's
-/// advertisement. The wrapper is the single front of its
-/// Terraform (`GITSTATE_SINGLE_FRONT`): the GET after the LOCK asks nothing, and an update's
-/// write goes at the floor on the tip the LOCK proved. Terraform reads a state it does not find
-/// twice, and the write of a new file in a cold process fetches what it builds on.
+/// advertisement. The wrapper is the single front of its Terraform (`GITSTATE_SINGLE_FRONT`),
+/// but its LOCK push proves only a state's own ref at its tip; with the default
+/// `GITSTATE_STATE_REFS=auto` a state has none, so the GET asks (one request more than when
+/// the LOCK asserted the branch, which could not show that nobody had created the state's ref),
+/// and the write goes at the floor on what that GET found. Terraform reads a state it does not
+/// find twice, and the write of a new file in a cold process fetches what it builds on.
 const RUN: Requests = Requests {
     create: 8,
-    update: 5,
-    no_op: 4,
+    update: 6,
+    no_op: 5,
 };
 
 const STATE: &str = "shapes/app.tfstate";

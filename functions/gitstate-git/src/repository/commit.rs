@@ -99,3 +99,52 @@ impl Cache {
         Ok(NewCommit { id, objects })
     }
 }
+
+impl Cache {
+    /// A state commit (issue 27): a tree of the one file `content` at `path`, on `parent` (the
+    /// state ref's tip, or the branch commit whose file it replaces), with `meta`'s people and
+    /// message. Its objects are all new to the remote but the parent's.
+    pub fn state_commit_on(
+        &self,
+        parent: ObjectId,
+        path: &str,
+        content: &[u8],
+        meta: &CommitMeta,
+    ) -> Result<NewCommit, Error> {
+        let repo = self.repo()?;
+        let mut editor = repo.edit_tree(ObjectId::empty_tree(repo.object_hash()))?;
+        let blob = repo.write_blob(content)?.detach();
+        editor.upsert(path, EntryKind::Blob, blob)?;
+        let tree = editor
+            .detach()
+            .write(|tree| repo.write_object(tree).map(|id| id.detach()))?;
+        let now = gix::date::Time::now_utc();
+        let signature = |name: &str, email: &str| gix::actor::Signature {
+            name: name.into(),
+            email: email.into(),
+            time: now,
+        };
+        let commit = gix::objs::Commit {
+            tree,
+            parents: std::iter::once(parent).collect(),
+            author: signature(&meta.author_name, &meta.author_email),
+            committer: signature(&meta.committer_name, &meta.committer_email),
+            encoding: None,
+            message: meta.message.as_str().into(),
+            extra_headers: Vec::new(),
+        };
+        let id = repo.write_object(commit)?.detach();
+        let mut objects = vec![id, tree];
+        let components: Vec<&str> = path.split('/').collect();
+        let mut dir = Some(tree);
+        for component in &components[..components.len().saturating_sub(1)] {
+            dir = match dir {
+                Some(t) => subtree(&repo, t, component)?,
+                None => None,
+            };
+            objects.extend(dir);
+        }
+        objects.push(blob);
+        Ok(NewCommit { id, objects })
+    }
+}

@@ -7,9 +7,12 @@
 //! refused push makes the caller run the normal path (advertise, re-read, retry). A remote that
 //! answers such a push with an error rather than a report is not pushed to at the floor again.
 //!
-//! A LOCK push also proves the state: after the command that creates the lock ref, the same
-//! push carries a command `old == new` on the branch at the tip this process knows (never the
-//! zero id: `0 → 0` would be an unchecked delete). The two stand each alone, applied in the
+//! A LOCK push also proves the state, when the state has a ref of its own that this process
+//! knows: after the command that creates the lock ref, the same push carries a command
+//! `old == new` on the state's ref at the tip this process knows (never the zero id: `0 → 0`
+//! would be an unchecked delete). A state without a ref is not proved: asserting the branch
+//! cannot show that nobody created the state's ref since this process last listed the refs
+//! (a push cannot assert that a ref is absent), so its GET asks the remote. The two stand each alone, applied in the
 //! order sent, so once the lock is created nobody else may write the state, and an accepted
 //! assertion shows that the tip still held the state's newest content at that moment. The GET
 //! that follows (Terraform's, right after its LOCK) is then answered from the cache, without a
@@ -27,6 +30,7 @@ use gix::ObjectId;
 use gitstate_core::ports::{CommitMeta, HeldLock, Location};
 use gitstate_core::{LockInfo, StateName};
 
+use super::known::{Home, Seen};
 use super::remote::{Proof, Remote};
 use super::{GitStore, RemoteError, UnlockError, WriteMode, blocking};
 use crate::protocol::{Advert, Command, PushReport, Updates};
@@ -56,6 +60,11 @@ impl Remote {
 
     /// The lock commit this process made at `lock_ref`, if it made one and has not seen it go.
     pub(super) fn made_lock(&self, lock_ref: &str) -> Option<ObjectId> {
+        self.made_lock_at(lock_ref).map(|(commit, _)| commit)
+    }
+
+    /// [`Self::made_lock`], and when its push landed.
+    pub(super) fn made_lock_at(&self, lock_ref: &str) -> Option<(ObjectId, Instant)> {
         lock(&self.made_locks).get(lock_ref).copied()
     }
 
@@ -67,7 +76,7 @@ impl Remote {
                 if made.len() >= MAX_REMEMBERED_LOCKS {
                     made.clear();
                 }
-                made.insert(lock_ref.to_owned(), commit);
+                made.insert(lock_ref.to_owned(), (commit, Instant::now()));
             }
             None => {
                 made.remove(lock_ref);
@@ -151,11 +160,16 @@ impl GitStore {
         let lock_ref = self.lock_ref(name);
         let (command, commit) = remote.lock_commit(name, lock, meta, &lock_ref).await?;
         let proving = match self.holder(at, name)? {
+            // Only a state whose ref this process knows: an assertion of the branch cannot show
+            // that no state ref was created since this process last listed them.
             Some(held)
-                if self.options.single_front && WriteMode::of(&caps) == WriteMode::Atomic =>
+                if self.options.single_front
+                    && WriteMode::of(&caps) == WriteMode::Atomic
+                    && held.name != at.branch.full_ref() =>
             {
                 let state = (held.name != at.branch.full_ref()).then_some(held.tip);
-                Some(Proving::new(&held.name, held.tip, tip, state))
+                let proving = Proving::new(&held.name, held.tip, tip, state);
+                Some(proving.of(remote.state_ref(name.as_str())))
             }
             _ => None,
         };
@@ -225,6 +239,8 @@ pub(super) struct Proving {
     assert: Command,
     branch: ObjectId,
     state: Option<ObjectId>,
+    /// The state's ref (whether `assert` names it or the branch).
+    state_ref: String,
 }
 
 impl Proving {
@@ -245,7 +261,13 @@ impl Proving {
             assert,
             branch,
             state,
+            state_ref: String::new(),
         }
+    }
+
+    /// The proof is of the state whose ref is `state_ref`.
+    pub(super) fn of(self, state_ref: String) -> Self {
+        Self { state_ref, ..self }
     }
 }
 
@@ -279,6 +301,15 @@ pub(super) fn remember_proved(
             made: Instant::now(),
         };
         remote.remember_proof(lock_ref, proof);
+        // Asserted after the lock was created: a look under the lock (see `known::Seen`).
+        if let Some(state) = proving.state {
+            let seen = Seen {
+                branch: proving.branch,
+                home: Home::At(state),
+                at: Instant::now(),
+            };
+            lock(&remote.looks).saw(&proving.state_ref, seen);
+        }
     } else {
         tracing::debug!(?report, "the state moved since this process last saw it");
     }

@@ -10,7 +10,6 @@ use gix::ObjectId;
 use gitstate_core::StateName;
 use gitstate_core::ports::{HistoryPage, Location, Revision};
 
-use super::known::state_ref;
 use super::remote::Remote;
 use super::{Broken, GitStore, HistoryError, blocking, null};
 use crate::repository::{self, Chain, Latest, Walk};
@@ -164,7 +163,7 @@ impl GitStore {
         // state's own ref's) needs no git request (history pages read every revision they list
         // this way).
         let seen_state = lock(&remote.known_states)
-            .tip(&state_ref(name.as_str()))
+            .tip(&remote.state_ref(name.as_str()))
             .flatten();
         let mut on_seen_chain = false;
         for seen in seen_state

@@ -182,14 +182,14 @@ impl Transport for Hosted {
 
     /// See `gitstate_core::scope`: an advertisement made since the request began reflects every
     /// write that finished before the request.
-    fn advert_in_scope(&self) -> Option<Advert> {
+    fn advert_in_scope(&self) -> Option<(Advert, Instant)> {
         let scope = gitstate_core::scope::Scope::current()?;
         let adverts = lock(&self.adverts);
         adverts
             .last
             .as_ref()
             .filter(|(_, when)| *when >= scope.began)
-            .map(|(advert, _)| advert.clone())
+            .cloned()
     }
 
     async fn branch_and_prefix(
@@ -212,7 +212,7 @@ impl Transport for Hosted {
     async fn every_ref(&self) -> Result<(Advert, Option<String>), RemoteError> {
         // A read of this request just asked: its advertisement lists every ref.
         let advert = match self.advert_in_scope() {
-            Some(advert) => advert,
+            Some((advert, _)) => advert,
             None => self.refs(Service::UploadPack, Vec::new()).await?,
         };
         let head = advert

@@ -13,7 +13,6 @@ use gitstate_core::refs::{Clash, branch_clash, lock_clash};
 use gitstate_core::{BranchName, LockInfo, StateName};
 
 use super::floor::{Proving, lock_commands, remember_proved};
-use super::known::state_ref;
 use super::remote::Remote;
 use super::{
     GitStore, ListError, LockError, ReadError, RemoteError, UnlockError, WriteMode, blocking, null,
@@ -60,8 +59,8 @@ impl GitStore {
     }
 
     /// What a LOCK decided from `advert` asserts after its create, so that the GET that follows
-    /// needs no request (see the `floor` module): the state's own ref when advertised, else the
-    /// branch, at their advertised tips (fetched into the cache by the tree check).
+    /// needs no request (see the `floor` module): the state's own ref at its advertised tip,
+    /// when it has one.
     fn proving(
         &self,
         remote: &Remote,
@@ -76,11 +75,11 @@ impl GitStore {
             return None;
         }
         let branch = advert.tip(&at.branch.full_ref())?;
-        let state_ref = state_ref(name.as_str());
-        Some(match advert.tip(&state_ref) {
-            Some(state) => Proving::new(&state_ref, state, branch, Some(state)),
-            None => Proving::new(&at.branch.full_ref(), branch, branch, None),
-        })
+        let state_ref = remote.state_ref(name.as_str());
+        // Only a state that has a ref: its absence, seen before the lock was taken, may be out
+        // of date by the time the lock lands, and no push can assert that a ref is absent.
+        let state = advert.tip(&state_ref)?;
+        Some(Proving::new(&state_ref, state, branch, Some(state)).of(state_ref))
     }
 
     /// The protocol rule of a LOCK, from the advertisement it decides on: a record of another

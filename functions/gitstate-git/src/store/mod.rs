@@ -228,6 +228,7 @@ impl GitStore {
             }
         };
         let remote = Arc::new(Remote::new(
+            at.branch.full_ref(),
             cache,
             transport,
             write::Batcher::new(self.options.writes_per_push),

@@ -10,7 +10,6 @@ use gitstate_core::StateName;
 use gitstate_core::ports::{BranchStatus, Listing, Location};
 use gitstate_core::refs::Clash;
 
-use super::known::state_ref;
 use super::remote::Remote;
 use super::{GitStore, ListError, ReadError, RemoteError, blocking};
 use crate::protocol::Service;
@@ -240,12 +239,15 @@ impl GitStore {
     ) -> Result<Option<Bytes>, RemoteError> {
         let remote = self.remote(at)?;
         let branch = at.branch.full_ref();
-        let state = state_ref(&path);
+        let state = remote.state_ref(&path);
         let mut attempt = 0;
         loop {
             attempt += 1;
             let advert = match remote.advert_in_scope().filter(|_| attempt == 1) {
-                Some(advert) => advert,
+                Some((advert, asked)) => {
+                    remote.note_looks(&advert, std::slice::from_ref(&state), asked);
+                    advert
+                }
                 None => {
                     remote
                         .refs(Service::UploadPack, vec![branch.clone(), state.clone()])

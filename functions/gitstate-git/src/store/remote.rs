@@ -11,7 +11,7 @@ use gix::ObjectId;
 
 use gitstate_core::ports::{CommitMeta, HistoryPage};
 
-use super::known::{KnownStates, STATE_REF_PREFIX};
+use super::known::{Home, KnownStates, Looks, STATE_REF_PREFIX, Seen, state_ref};
 use super::transport::{Fetch, KnownTip, Transport};
 use super::write::Batcher;
 use super::{RemoteError, blocking};
@@ -49,6 +49,8 @@ pub(super) struct Proof {
 
 /// One (repository, branch): its cache and how to reach it.
 pub(super) struct Remote {
+    /// The branch (full ref name).
+    pub(super) branch: String,
     pub(super) cache: Arc<Cache>,
     pub(super) transport: Box<dyn Transport>,
     /// The newest branch tip this process has in its cache (what a fetch says it has), and when
@@ -60,21 +62,30 @@ pub(super) struct Remote {
     /// Files whose last change lies deeper than `GITSTATE_HISTORY_MAX_DEPTH`, by (branch, path,
     /// blob id): while the file holds that blob, a list does not walk the history for it again.
     pub(super) deep_changes: Mutex<HashSet<(String, String, ObjectId)>>,
-    /// Lock commits this process pushed, by lock ref (see the `floor` module).
-    pub(super) made_locks: Mutex<HashMap<String, ObjectId>>,
+    /// Lock commits this process pushed, by lock ref, and when each push landed (see the
+    /// `floor` module).
+    pub(super) made_locks: Mutex<HashMap<String, (ObjectId, Instant)>>,
     /// What the LOCK pushes of this process proved, by lock ref (see the `floor` module).
     pub(super) proofs: Mutex<HashMap<String, Proof>>,
     /// Writes waiting to be pushed together (see the `write` module).
     pub(super) batcher: Batcher,
     /// The state refs this process has seen (see the `states` module).
     pub(super) known_states: Mutex<KnownStates>,
+    /// The last look at each state's home, with when it was asked (see `known::Seen`).
+    pub(super) looks: Mutex<Looks>,
     /// Folds in the background of this process (see the `fold` module).
     pub(super) folds: Background,
 }
 
 impl Remote {
-    pub(super) fn new(cache: Arc<Cache>, transport: Box<dyn Transport>, batcher: Batcher) -> Self {
+    pub(super) fn new(
+        branch: String,
+        cache: Arc<Cache>,
+        transport: Box<dyn Transport>,
+        batcher: Batcher,
+    ) -> Self {
         Self {
+            branch,
             cache,
             transport,
             known_tip: Mutex::new(None),
@@ -84,6 +95,7 @@ impl Remote {
             proofs: Mutex::default(),
             batcher,
             known_states: Mutex::default(),
+            looks: Mutex::default(),
             folds: Background::default(),
         }
     }
@@ -95,10 +107,43 @@ impl Remote {
         service: Service,
         names: Vec<String>,
     ) -> Result<Advert, RemoteError> {
+        let asked = Instant::now();
         let advert = self.transport.refs(service, names.clone()).await?;
         self.note_states(&advert, &names);
+        self.note_looks(&advert, &names, asked);
         Ok(advert)
     }
+
+    /// The state ref of the file at `path` on this branch.
+    pub(super) fn state_ref(&self, path: &str) -> String {
+        state_ref(&self.branch, path)
+    }
+
+    /// Remember what `advert`, asked for at `asked`, says of the state refs among `names`
+    /// together with the branch (see `known::Seen`).
+    pub(super) fn note_looks(&self, advert: &Advert, names: &[String], asked: Instant) {
+        let Some(branch) = advert.tip(&self.branch) else {
+            return;
+        };
+        let mut looks = lock(&self.looks);
+        for name in names.iter().filter(|n| n.starts_with(STATE_REF_PREFIX)) {
+            let home = advert.tip(name).map_or(Home::Absent, Home::At);
+            looks.saw(
+                name,
+                Seen {
+                    branch,
+                    home,
+                    at: asked,
+                },
+            );
+        }
+    }
+
+    /// The look at the state ref `name` asked for at `since` or later, if it knows something.
+    pub(super) fn look_since(&self, name: &str, since: Instant) -> Option<Seen> {
+        lock(&self.looks).since(name, since)
+    }
+
 
     /// Remember the state refs `advert` shows (see [`Transport::note_states`]).
     pub(super) fn note_states(&self, advert: &Advert, names: &[String]) {
@@ -108,7 +153,7 @@ impl Remote {
 
     /// The last full advertisement, if it came after the request being served began (see
     /// `gitstate_core::scope`): it reflects every write that finished before the request.
-    pub(super) fn advert_in_scope(&self) -> Option<Advert> {
+    pub(super) fn advert_in_scope(&self) -> Option<(Advert, Instant)> {
         self.transport.advert_in_scope()
     }
 
@@ -290,8 +335,16 @@ impl Remote {
         Ok(report)
     }
 
-    /// A push that wrote a state ref leaves writes for a fold.
+    /// A push that wrote a state ref leaves writes for a fold; the state refs it changed are
+    /// remembered.
     fn note_pushed(&self, commands: &[Command], report: &PushReport) {
+        let mut known = lock(&self.known_states);
+        for command in commands.iter().filter(|c| {
+            c.name.starts_with(STATE_REF_PREFIX) && report.all_ok(std::slice::from_ref(*c))
+        }) {
+            known.saw(&command.name, Some(command.new).filter(|id| !id.is_null()));
+        }
+        drop(known);
         let wrote_state = commands.iter().any(|c| {
             c.name.starts_with(STATE_REF_PREFIX)
                 && !c.new.is_null()

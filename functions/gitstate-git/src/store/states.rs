@@ -10,7 +10,7 @@ use gix::ObjectId;
 use gitstate_core::StateName;
 use gitstate_core::ports::{Location, Revision};
 
-use super::known::{STATE_REF_PREFIX, state_ref};
+use super::known::{is_state_ref_of, states_of};
 use super::remote::Remote;
 use super::{GitStore, blocking};
 use crate::protocol::{Advert, Service};
@@ -36,7 +36,7 @@ impl GitStore {
     /// creating it. A caller that asserts the branch tip proves only that the branch did not move.
     pub fn holder(&self, at: &Location, name: &StateName) -> Result<Option<Holder>, Error> {
         let remote = self.remote(at)?;
-        let state = state_ref(name.as_str());
+        let state = remote.state_ref(name.as_str());
         let known = lock(&remote.known_states).tip(&state);
         Ok(match known {
             Some(Some(tip)) => Some(Holder { name: state, tip }),
@@ -59,7 +59,7 @@ impl GitStore {
         path: &str,
     ) -> Result<(Option<ObjectId>, Option<ObjectId>), Error> {
         let branch = at.branch.full_ref();
-        let state = state_ref(path);
+        let state = remote.state_ref(path);
         let advert = remote
             .refs(Service::UploadPack, vec![branch.clone(), state.clone()])
             .await?;
@@ -88,7 +88,7 @@ impl GitStore {
     ) -> Result<(Option<ObjectId>, HashMap<String, Revision>), Error> {
         let branch = at.branch.full_ref();
         let wanted = std::iter::once(branch.clone())
-            .chain(names.iter().map(|name| state_ref(name.as_str())))
+            .chain(names.iter().map(|name| remote.state_ref(name.as_str())))
             .collect();
         let advert = remote.refs(Service::UploadPack, wanted).await?;
         let Some(tip) = advert.tip(&branch) else {
@@ -96,7 +96,10 @@ impl GitStore {
         };
         let states: Vec<(String, ObjectId)> = names
             .iter()
-            .filter_map(|name| Some((name.to_string(), advert.tip(&state_ref(name.as_str()))?)))
+            .filter_map(|name| {
+                let tip = advert.tip(&remote.state_ref(name.as_str()))?;
+                Some((name.to_string(), tip))
+            })
             .collect();
         remote
             .ensure(
@@ -128,13 +131,16 @@ impl Remote {
         &self,
         advert: &Advert,
     ) -> Result<HashMap<String, ObjectId>, Error> {
-        let beside = self.transport.refs_beside(advert, STATE_REF_PREFIX).await?;
+        let beside = self
+            .transport
+            .refs_beside(advert, &states_of(&self.branch))
+            .await?;
         self.note_states(&beside, &[]);
         Ok(advert
             .refs
             .iter()
             .chain(beside.refs.iter())
-            .filter(|(name, _)| name.starts_with(STATE_REF_PREFIX))
+            .filter(|(name, _)| is_state_ref_of(&self.branch, name))
             .map(|(name, tip)| (name.clone(), *tip))
             .collect())
     }
@@ -149,13 +155,13 @@ impl Remote {
         if states.is_empty() {
             return Ok(files);
         }
-        let cache = self.cache.clone();
+        let (cache, branch) = (self.cache.clone(), self.branch.clone());
         let states = states.clone();
         Ok(blocking(move || {
             let repo = cache.repo()?;
             let mut files = files;
             for (path, blob) in &mut files {
-                if let Some(tip) = states.get(&state_ref(path))
+                if let Some(tip) = states.get(&super::known::state_ref(&branch, path))
                     && let Some(newest) = Cache::blob_id(&repo, *tip, path)?
                 {
                     *blob = newest;

@@ -54,8 +54,9 @@ pub(super) trait Transport: Send + Sync {
     /// push of `service` has.
     async fn refs(&self, service: Service, names: Vec<String>) -> Result<Advert, RemoteError>;
 
-    /// The last full advertisement, if it came after the request being served began.
-    fn advert_in_scope(&self) -> Option<Advert>;
+    /// The last full advertisement, if it came after the request being served began, and when
+    /// it was asked for.
+    fn advert_in_scope(&self) -> Option<(Advert, Instant)>;
 
     /// The branch and every ref under `prefix`, from an advertisement less than `fresh` old
     /// when there is one.
@@ -188,7 +189,7 @@ impl Transport for Embedded {
         Ok(blocking(move || refs.list(&names)).await?)
     }
 
-    fn advert_in_scope(&self) -> Option<Advert> {
+    fn advert_in_scope(&self) -> Option<(Advert, Instant)> {
         None
     }
 

@@ -93,6 +93,10 @@ pub enum WriteError {
     /// The task pushing the write ended without answering it.
     #[error("the write task ended unanswered")]
     Unanswered,
+    /// A write that names no lock was routed to a state's own ref (never: only updates under a
+    /// lock go there).
+    #[error("a write without a lock went to a state ref")]
+    Misrouted,
 }
 
 impl From<RemoteError> for WriteError {
@@ -210,7 +214,9 @@ impl From<WriteError> for StoreError {
             WriteError::Remote(error) => classify(error),
             WriteError::Declined(_) => StoreError::Remote(Box::new(error)),
             WriteError::Contention { attempts } => StoreError::Contention { attempts },
-            WriteError::Unanswered => StoreError::Internal(Box::new(error)),
+            WriteError::Unanswered | WriteError::Misrouted => {
+                StoreError::Internal(Box::new(error))
+            }
         }
     }
 }
@@ -241,7 +247,7 @@ impl WriteError {
         match self {
             Self::Remote(error) => error.refused(),
             Self::Declined(_) => true,
-            Self::Contention { .. } | Self::Unanswered => false,
+            Self::Contention { .. } | Self::Unanswered | Self::Misrouted => false,
         }
     }
 }

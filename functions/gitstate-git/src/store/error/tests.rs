@@ -340,6 +340,12 @@ fn every_operations_own_variant_keeps_its_text_and_kind() {
             Kind::Internal,
         ),
         own(
+            WriteError::Misrouted,
+            "StoreError::Internal",
+            "a write without a lock went to a state ref",
+            Kind::Internal,
+        ),
+        own(
             FoldError::Contention { attempts: 12 },
             "StoreError::Contention",
             "the branch kept moving after 12 attempts",
@@ -416,6 +422,7 @@ fn every_operation_variant_has_a_case() {
         WriteError::Declined(_) => "Declined",
         WriteError::Contention { .. } => "Contention",
         WriteError::Unanswered => "Unanswered",
+        WriteError::Misrouted => "Misrouted",
     };
     let fold = |e: &FoldError| match e {
         FoldError::Remote(_) => "Remote",
@@ -457,10 +464,11 @@ fn every_operation_variant_has_a_case() {
         WriteError::Declined(String::new()),
         WriteError::Contention { attempts: 1 },
         WriteError::Unanswered,
+        WriteError::Misrouted,
     ];
     assert_eq!(
         writes.iter().map(write).collect::<BTreeSet<_>>(),
-        names(&["Remote", "Declined", "Contention", "Unanswered"])
+        names(&["Remote", "Declined", "Contention", "Unanswered", "Misrouted"])
     );
     let folds = [
         FoldError::Remote(lower()),

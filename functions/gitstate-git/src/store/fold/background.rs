@@ -190,7 +190,7 @@ mod tests {
         let command = Command {
             old: null(),
             new: ObjectId::from_hex(write.as_bytes()).expect("id"),
-            name: state_ref("a.tfstate"),
+            name: state_ref("refs/heads/main", "a.tfstate"),
         };
         let report = remote
             .push(vec![command.clone()], Vec::new())

@@ -7,12 +7,13 @@ use std::sync::Arc;
 
 use gix::ObjectId;
 
-use gitstate_core::fold::FoldRecord;
+use gitstate_core::fold::{FOLDED_PATH, FoldRecord};
 
-use super::{View, state_ref};
-use crate::repository::{self, Cache, StateCommit};
+use super::View;
+use crate::repository::{self, Cache, Corruption, StateCommit};
 use crate::store::RemoteError as Error;
 use crate::store::blocking;
+use crate::store::known::state_ref;
 use crate::store::remote::Remote;
 
 /// What a look's fold replays.
@@ -51,6 +52,7 @@ struct Chain {
 /// Fetch the unfolded state commits of `view`, check each state against the branch, and
 /// replay those that pass onto the tip.
 pub(super) async fn plan(remote: &Arc<Remote>, view: &View) -> Result<Planned, Error> {
+    let branch = remote.branch.clone();
     let wants: Vec<ObjectId> = view.pending.iter().map(|(_, tip)| *tip).collect();
     let pending_names: HashSet<&str> = view.pending.iter().map(|(n, _)| n.as_str()).collect();
     let haves: Vec<ObjectId> = std::iter::once(view.tip)
@@ -58,7 +60,7 @@ pub(super) async fn plan(remote: &Arc<Remote>, view: &View) -> Result<Planned, E
             view.record
                 .0
                 .iter()
-                .filter(|(path, _)| pending_names.contains(state_ref(path).as_str()))
+                .filter(|(path, _)| pending_names.contains(state_ref(&branch, path).as_str()))
                 .filter_map(|(_, commit)| ObjectId::from_hex(commit.as_bytes()).ok()),
         )
         .collect();
@@ -70,7 +72,7 @@ pub(super) async fn plan(remote: &Arc<Remote>, view: &View) -> Result<Planned, E
     let chains = blocking(move || {
         pending
             .into_iter()
-            .map(|(name, tip)| chain(&cache, name, tip, &unfolded))
+            .map(|(name, tip)| chain(&cache, (&branch, name), tip, &unfolded))
             .collect::<Result<Vec<_>, _>>()
     })
     .await?;
@@ -85,7 +87,7 @@ pub(super) async fn plan(remote: &Arc<Remote>, view: &View) -> Result<Planned, E
 /// commits are in `unfolded` and state commits of the path the ref is named after.
 fn chain(
     cache: &Cache,
-    name: String,
+    (branch, name): (&str, String),
     tip: ObjectId,
     unfolded: &HashSet<ObjectId>,
 ) -> Result<Chain, repository::Error> {
@@ -95,7 +97,7 @@ fn chain(
         let Some(commit) = cache.state_commit(id)? else {
             break;
         };
-        if state_ref(&commit.path) != name {
+        if state_ref(branch, &commit.path) != name {
             break;
         }
         at = commit.parent;
@@ -129,6 +131,9 @@ fn replay(
     let mut queues: Vec<VecDeque<StateCommit>> = Vec::new();
     for chain in chains {
         let Some(path) = chain.commits.first().map(|c| c.path.clone()) else {
+            // No unfolded state commit at its tip (a ref moved by hand, or onto a commit the
+            // branch already has): nothing to fold, and no reason to look again.
+            planned.settled.push((chain.name, chain.tip));
             continue;
         };
         let on_branch = cache.blob_at(tip, &path)?;
@@ -171,4 +176,85 @@ fn oldest(queues: &mut [VecDeque<StateCommit>]) -> Option<StateCommit> {
         .min()?
         .1;
     queues[index].pop_front()
+}
+
+/// What replaying one state's unfolded writes made (see [`replay_one`]).
+pub(in crate::store) struct OneState {
+    /// The last replay (the head given when there was nothing to replay).
+    pub(in crate::store) head: ObjectId,
+    /// What the remote lacks of the replays.
+    pub(in crate::store) objects: Vec<ObjectId>,
+}
+
+/// The fold of one state, as a delete carries it before removing the file: the unfolded writes
+/// of the state ref `name` at `state_tip` (the file at `path`) replayed onto the branch commit
+/// `head` exactly as a fold replays them (the record at `head` updated in each, so no fold
+/// replays them again). `tip` is the branch tip the remote has (`head` is it, or a commit built
+/// on it). `None`: the branch's file is not what the chain was written on (a fold refuses the
+/// state too).
+pub(in crate::store) async fn replay_one(
+    remote: &Remote,
+    tip: ObjectId,
+    head: ObjectId,
+    name: String,
+    state_tip: ObjectId,
+    path: &str,
+) -> Result<Option<OneState>, Error> {
+    remote.want_blobs(tip, vec![FOLDED_PATH.to_owned()]).await?;
+    let cache = remote.cache.clone();
+    let record = blocking(move || match cache.read_path(head, FOLDED_PATH)? {
+        None => Ok(FoldRecord::default()),
+        Some(bytes) => {
+            FoldRecord::parse(&bytes).map_err(|e| Corruption::FoldRecord(e.to_string()).into())
+        }
+    })
+    .await?;
+    let folded = record
+        .last(path)
+        .and_then(|commit| ObjectId::from_hex(commit.as_bytes()).ok());
+    let haves: Vec<ObjectId> = std::iter::once(tip).chain(folded).collect();
+    let unfolded = remote
+        .transport
+        .fetch_beyond(&remote.cache, vec![state_tip], haves)
+        .await?;
+    let (cache, branch) = (remote.cache.clone(), remote.branch.clone());
+    let chain = blocking(move || chain(&cache, (&branch, name), state_tip, &unfolded)).await?;
+    if chain.commits.is_empty() {
+        return Ok(Some(OneState {
+            head,
+            objects: Vec::new(),
+        }));
+    }
+    remote.ensure(chain.base.into_iter().collect()).await?;
+    let (cache, path) = (remote.cache.clone(), path.to_owned());
+    let done = blocking(move || {
+        let on_branch = cache.blob_at(head, &path)?;
+        let written_on = match chain.base {
+            Some(base) => cache.blob_at(base, &path)?,
+            None => None,
+        };
+        if on_branch != written_on {
+            return Ok(None);
+        }
+        let (mut record, mut done) = (
+            record,
+            OneState {
+                head,
+                objects: Vec::new(),
+            },
+        );
+        for commit in &chain.commits {
+            record.set(&path, commit.id.to_string());
+            let made = cache.replay(done.head, commit, &record)?;
+            done.head = made.id;
+            for id in made.objects {
+                if !done.objects.contains(&id) {
+                    done.objects.push(id);
+                }
+            }
+        }
+        Ok(Some(done))
+    })
+    .await?;
+    Ok(done)
 }

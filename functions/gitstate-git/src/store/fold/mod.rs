@@ -25,13 +25,14 @@ use gitstate_core::fold::{FOLDED_PATH, FoldRecord, FoldReport};
 use gitstate_core::index::INDEX_PATH;
 use gitstate_core::ports::Location;
 
-use super::known::{STATE_REF_PREFIX as STATES_PREFIX, state_ref};
+use super::known::{is_state_ref_of, state_ref, states_of};
 use super::remote::Remote;
 use super::{FoldError, GitStore, WriteMode, blocking};
 use crate::protocol::{Advert, Command, Service};
 use crate::repository::Corruption;
 use crate::store::RemoteError as Error;
 use chains::Planned;
+pub(super) use chains::replay_one;
 use lease::Bid;
 
 /// How many looks one fold takes before it leaves the rest to the next (every look after the
@@ -163,7 +164,10 @@ impl Folder {
         let remote = &self.remote;
         let names = vec![self.branch.clone(), lease::LEASE_REF.to_owned()];
         let mut advert = remote.refs(Service::ReceivePack, names).await?;
-        let beside = remote.transport.refs_beside(&advert, STATES_PREFIX).await?;
+        let beside = remote
+            .transport
+            .refs_beside(&advert, &states_of(&self.branch))
+            .await?;
         advert.refs.extend(beside.refs);
         if self.lease.is_some() && advert.tip(lease::LEASE_REF) != self.lease {
             // Taken over (this fold ran past the lease's age): bid again.
@@ -175,7 +179,7 @@ impl Folder {
         let states: Vec<(String, ObjectId)> = advert
             .refs
             .iter()
-            .filter(|(name, _)| name.starts_with(STATES_PREFIX))
+            .filter(|(name, _)| is_state_ref_of(&self.branch, name))
             .map(|(name, id)| (name.clone(), *id))
             .filter(|state| !settled.contains(state))
             .collect();
@@ -186,7 +190,7 @@ impl Folder {
         let folded: HashMap<String, &str> = record
             .0
             .iter()
-            .map(|(path, commit)| (state_ref(path), commit.as_str()))
+            .map(|(path, commit)| (state_ref(&self.branch, path), commit.as_str()))
             .collect();
         let mut pending: Vec<(String, ObjectId)> = states
             .into_iter()

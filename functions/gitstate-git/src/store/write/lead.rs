@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use crate::store::RemoteError as Error;
 use crate::store::WriteError;
 
-use super::queue::{Job, Stage};
+use super::queue::{Job, Routed, Stage};
 use super::round::{Lost, Outcome, Round, Writer};
 use crate::store::remote::Remote;
 
@@ -144,7 +144,8 @@ fn settle(batch: &mut Vec<Job>, standing: &mut Standing, outcome: Outcome) {
     for (mut job, stage) in std::mem::take(batch).into_iter().zip(outcome.stages) {
         job.attempts += 1;
         match stage {
-            Stage::Done(written) => job.answer(Ok(written)),
+            Stage::Done(written) => job.answer(Ok(Routed::Written(written))),
+            Stage::ToRef => job.answer(Ok(Routed::ToRef)),
             _ if let Some(reason) = &declined => {
                 job.answer(Err(WriteError::Declined(reason.clone())));
             }
@@ -168,7 +169,7 @@ fn settle(batch: &mut Vec<Job>, standing: &mut Standing, outcome: Outcome) {
 /// remote's reason (returned).
 fn declined(standing: &mut Standing, now: Option<&Lost>) -> Option<String> {
     let (now, before) = (now?, standing.refused.as_ref()?);
-    if now.on != before.on {
+    if now.on != before.on || now.state_tips != before.state_tips {
         return None;
     }
     if now.commits > 1 {

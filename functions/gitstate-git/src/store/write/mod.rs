@@ -22,22 +22,32 @@
 //! - [`round`]: one round, from where it starts to its push.
 
 mod lead;
+mod plan;
+mod push;
 mod queue;
 mod round;
+mod state;
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::Bytes;
 
 use gitstate_core::StateName;
 use gitstate_core::ports::{Change, CommitMeta, Location, Refusal, WritePlan, Written};
 
+use crate::settings::StateRefs;
 use crate::store::{GitStore, WriteError};
 
 pub(super) use lead::backoff;
 pub(super) use queue::Batcher;
-use queue::Job;
+use queue::{Job, Routed};
 use round::Writer;
+use state::Hop;
+
+/// How often one write may go from the branch to its state's ref or back (a create that turned
+/// out an update, an update whose state's home turned out to be its ref).
+const MAX_HOPS: u32 = 4;
 
 impl GitStore {
     pub(super) async fn create_config(
@@ -92,8 +102,10 @@ impl GitStore {
     }
 
     /// The one write of [`GitStore::write_state`] and [`GitStore::create_config`]: `path`,
-    /// guarded by the lock of `lock` when given, queued with the branch's other
-    /// waiting writes and pushed with them (see the module doc), retried on a moved branch.
+    /// guarded by the lock of `lock` when given (a state). An update of a state whose home is
+    /// its own ref (`GITSTATE_STATE_REFS=always`, or a state that has one) goes there (see the
+    /// `state` module); every other write is queued with the branch's waiting writes and pushed
+    /// with them (see the module doc), retried on a moved branch.
     pub(super) async fn write_file(
         &self,
         at: &Location,
@@ -103,17 +115,58 @@ impl GitStore {
         plan: WritePlan,
     ) -> Result<Written, WriteError> {
         let remote = self.remote(at)?;
-        if let Some(name) = lock {
-            // What the state's LOCK proved is about to be out of date.
-            remote.forget_proof(&self.lock_ref(name));
+        let started = Instant::now();
+        let Some(name) = lock else {
+            return match self.queued(at, path, None, (change, plan), started).await? {
+                Routed::Written(written) => Ok(written),
+                Routed::ToRef => Err(WriteError::Misrouted),
+            };
+        };
+        // What the state's LOCK proved is about to be out of date.
+        remote.forget_proof(&self.lock_ref(name));
+        let mut to_ref =
+            self.options.state_refs == StateRefs::Always && matches!(change, Change::Put(_));
+        for _ in 0..MAX_HOPS {
+            match &change {
+                Change::Put(bytes) if to_ref => {
+                    match self
+                        .write_to_ref(&remote, at, name, bytes, &plan, started)
+                        .await?
+                    {
+                        Hop::Done(written) => return Ok(written),
+                        Hop::Branch => to_ref = false,
+                    }
+                }
+                _ => {
+                    let write = (change.clone(), plan.clone());
+                    match self.queued(at, path, Some(name), write, started).await? {
+                        Routed::Written(written) => return Ok(written),
+                        Routed::ToRef => to_ref = true,
+                    }
+                }
+            }
         }
-        let (job, answer) = Job::new(path, lock, change, plan);
+        Err(WriteError::Contention { attempts: MAX_HOPS })
+    }
+
+    /// A write queued with the branch's waiting writes, and where it ended.
+    async fn queued(
+        &self,
+        at: &Location,
+        path: &str,
+        lock: Option<&StateName>,
+        (change, plan): (Change, WritePlan),
+        started: Instant,
+    ) -> Result<Routed, WriteError> {
+        let remote = self.remote(at)?;
+        let (job, answer) = Job::new(path, lock, change, plan, started);
         remote.batcher.push(job);
         if remote.batcher.claim() {
             let writer = Writer {
                 remote: remote.clone(),
                 at: at.clone(),
                 lock_ref_prefix: self.options.lock_ref_prefix.clone(),
+                state_refs: self.options.state_refs,
             };
             tokio::spawn(writer.lead());
         }

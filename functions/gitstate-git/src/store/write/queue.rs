@@ -14,9 +14,9 @@ use crate::store::WriteError;
 use crate::sync::lock;
 
 /// How often a write is rebuilt on a moved branch before giving up with a retryable 503.
-const MAX_WRITE_ATTEMPTS: u32 = 40;
+pub(super) const MAX_WRITE_ATTEMPTS: u32 = 40;
 /// How long a write may keep retrying, well under a Lambda timeout.
-const WRITE_DEADLINE: Duration = Duration::from_secs(20);
+pub(super) const WRITE_DEADLINE: Duration = Duration::from_secs(20);
 /// Most bytes of new content in one push (a first write always goes, however large).
 const MAX_BATCH_BYTES: usize = 16 << 20;
 
@@ -33,10 +33,19 @@ pub(super) enum Stage {
     Pushing(gix::ObjectId),
     /// Decided: the caller's answer.
     Done(Written),
+    /// An update of a state whose home is its own ref: not for the branch.
+    ToRef,
+}
+
+/// Where a queued write ended: written (or refused, or unchanged), or handed back to go to the
+/// state's own ref.
+pub(super) enum Routed {
+    Written(Written),
+    ToRef,
 }
 
 /// What a caller waits for.
-pub(super) type Reply = Result<Written, WriteError>;
+pub(super) type Reply = Result<Routed, WriteError>;
 
 /// One queued write and how far it got.
 pub(super) struct Job {
@@ -48,7 +57,7 @@ pub(super) struct Job {
     /// Where the write stands: [`Stage::Floor`] or [`Stage::Fresh`] while queued.
     pub(super) stage: Stage,
     pub(super) attempts: u32,
-    started: Instant,
+    pub(super) started: Instant,
     /// The last transient failure, the answer if the write runs out of attempts.
     pub(super) last_error: Option<WriteError>,
     reply: oneshot::Sender<Reply>,
@@ -61,6 +70,7 @@ impl Job {
         lock: Option<&StateName>,
         change: Change,
         plan: WritePlan,
+        started: Instant,
     ) -> (Self, oneshot::Receiver<Reply>) {
         let (reply, answer) = oneshot::channel();
         let job = Self {
@@ -70,7 +80,7 @@ impl Job {
             plan,
             stage: Stage::Floor,
             attempts: 0,
-            started: Instant::now(),
+            started,
             last_error: None,
             reply,
         };

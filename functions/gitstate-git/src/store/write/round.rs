@@ -3,26 +3,33 @@
 //! with compare-and-swap.
 
 use std::sync::Arc;
+use std::time::Instant;
 
-use bytes::Bytes;
 use gix::ObjectId;
 
 use gitstate_core::StateName;
-use gitstate_core::ports::{Change, CommitMeta, Location, Refusal, Stored, Written};
+use gitstate_core::ports::{Location, Refusal, Written};
 
+use super::plan::{Planned, plan_one, written_id};
+use super::push::{Pushing, RefCommands, push_chain};
 use super::queue::{Job, Stage};
 use crate::protocol::Command;
-use crate::protocol::{Advert, Service, Updates};
+use crate::protocol::{Advert, Service};
 use crate::repository::NewCommit;
+use crate::settings::StateRefs;
 use crate::store::RemoteError as Error;
+use crate::store::fold::replay_one;
+use crate::store::known::{Home, Seen};
 use crate::store::remote::Remote;
-use crate::store::{WriteMode, blocking, null};
+use crate::store::{WriteMode, null};
+use crate::sync::lock;
 
 /// What the rounds of one branch's writes need, owned, so that they run in a task of their own.
 pub(super) struct Writer {
     pub(super) remote: Arc<Remote>,
     pub(super) at: Location,
     pub(super) lock_ref_prefix: String,
+    pub(super) state_refs: StateRefs,
 }
 
 impl Writer {
@@ -31,21 +38,40 @@ impl Writer {
     }
 
     /// Where a round starts: at the floor when it can, else from a fresh receive-pack
-    /// advertisement of the branch and the writers' lock refs.
-    async fn start(&self, lock_refs: &[Option<String>], floor: bool) -> Result<Start, Error> {
+    /// advertisement of the branch, the writers' lock refs and their states' own refs.
+    async fn start(
+        &self,
+        jobs: &[Job],
+        lock_refs: &[Option<String>],
+        floor: bool,
+    ) -> Result<Start, Error> {
         let (remote, at) = (&*self.remote, &self.at);
-        if floor && let Some(start) = floor_start(remote, lock_refs)? {
+        let always = self.state_refs == StateRefs::Always;
+        if floor && let Some(start) = floor_start(remote, jobs, lock_refs, always)? {
             return Ok(start);
         }
         let branch = at.branch.full_ref();
+        let state_refs: Vec<Option<String>> = jobs
+            .iter()
+            .map(|job| job.lock.as_ref().map(|_| remote.state_ref(&job.path)))
+            .collect();
+        let asked = Instant::now();
         let advert = remote
             .refs(
                 Service::ReceivePack,
                 std::iter::once(branch.clone())
                     .chain(lock_refs.iter().flatten().cloned())
+                    .chain(state_refs.iter().flatten().cloned())
                     .collect(),
             )
             .await?;
+        let homes = state_refs
+            .iter()
+            .map(|name| {
+                let home = advert.tip(name.as_ref()?).map_or(Home::Absent, Home::At);
+                Some((home, asked))
+            })
+            .collect();
         Ok(Start {
             tip: advert.tip(&branch),
             lock_tips: lock_refs
@@ -54,6 +80,7 @@ impl Writer {
                 .collect(),
             mode: WriteMode::of(&advert),
             advert: Some(advert),
+            homes,
         })
     }
 
@@ -66,7 +93,7 @@ impl Writer {
             .iter()
             .map(|job| job.lock.as_ref().map(|name| self.lock_ref(name)))
             .collect();
-        let start = self.start(&lock_refs, round.floor).await?;
+        let start = self.start(jobs, &lock_refs, round.floor).await?;
         self.fetch_for(&round, &start).await?;
         let tip = start.tip;
         // A new branch git cannot create next to an existing one (`env/a/b` while `env/a`
@@ -87,15 +114,33 @@ impl Writer {
             return Ok(Outcome::decided(stages));
         };
         let commit_count = chain.commits.len();
-        let commands = self.commands(&start, head, &stages, lock_refs);
+        let mut commands = self.commands(&start, head, &stages, lock_refs);
+        let refs = RefCommands::of(&chain.refs, start.mode);
+        commands.extend(refs.with.iter().cloned());
         let objects = chain.objects;
-        let lost = push_chain(&self.remote, &start, head, commands, objects, &mut stages)
-            .await?
-            .map(|reason| Lost {
-                on: tip,
-                commits: commit_count,
-                reason,
-            });
+        let pushing = Pushing {
+            tip: start.tip,
+            floor: start.advert.is_none(),
+            head,
+            commands,
+            objects,
+            refs,
+        };
+        let (lost, left) = push_chain(&self.remote, pushing, &mut stages).await?;
+        let lost = lost.map(|reason| Lost {
+            on: tip,
+            state_tips: start
+                .homes
+                .iter()
+                .map(|home| match home {
+                    Some((Home::At(state_tip), _)) => Some(*state_tip),
+                    _ => None,
+                })
+                .collect(),
+            commits: commit_count,
+            reason,
+        });
+        self.note_homes(jobs, &start, &stages, head, &left);
         for (stage, job) in stages.iter_mut().zip(jobs) {
             if let Stage::Done(Written::Committed { content, .. }) = stage {
                 *content = written_id(job);
@@ -128,6 +173,15 @@ impl Writer {
         if let (Some(tip), Some(_)) = (tip, &start.advert) {
             remote.saw_tip(tip);
         }
+        let state_tips: Vec<ObjectId> = start
+            .homes
+            .iter()
+            .filter_map(|home| match home {
+                Some((Home::At(state_tip), _)) => Some(*state_tip),
+                _ => None,
+            })
+            .collect();
+        remote.ensure_state(state_tips).await?;
         if let Some(tip) = tip {
             // The states and the index the commits update, in one fetch if missing.
             let paths = round
@@ -145,26 +199,114 @@ impl Writer {
     /// commit), and the chain of those commits.
     async fn plan_all(&self, jobs: &[Job], start: &Start) -> Result<(Vec<Stage>, Chain), Error> {
         let remote = &*self.remote;
+        // Without atomic push no state ref is created (`always` is `never` there): a delete could
+        // not remove a ref and the branch's file as one.
+        let always = self.state_refs == StateRefs::Always && start.mode == WriteMode::Atomic;
         let mut stages = Vec::with_capacity(jobs.len());
         let mut chain = Chain::on(start.tip);
-        for (job, lock_tip) in jobs.iter().zip(&start.lock_tips) {
-            let stage = match plan_one(remote, start.tip, job, *lock_tip).await? {
+        for ((job, lock_tip), home) in jobs.iter().zip(&start.lock_tips).zip(&start.homes) {
+            let home = home.map(|(home, _)| home);
+            let planned = plan_one(remote, start.tip, job, *lock_tip, home, always).await?;
+            let stage = match planned {
                 // At the floor only a push rests on what this process remembers: a refusal or
                 // an "unchanged" is decided again from the remote.
                 Planned::Decided(_) if start.advert.is_none() => Stage::Fresh,
                 Planned::Decided(written) => Stage::Done(written),
+                Planned::ToRef => Stage::ToRef,
                 Planned::Commit(content, meta) => {
+                    let state_tip = match home {
+                        Some(Home::At(state_tip)) => Some(state_tip),
+                        _ => None,
+                    };
+                    let deleting = content.is_none();
+                    if let (true, Some(state_tip), Some(tip)) = (deleting, state_tip, start.tip) {
+                        // A delete first carries the state's unfolded writes, as a fold would.
+                        self.carry(&mut chain, tip, state_tip, &job.path).await?;
+                    }
                     let commit = remote
                         .commit(chain.head, job.path.clone(), content, meta)
                         .await?;
                     let id = commit.id;
                     chain.add(commit);
+                    if let Some(state_tip) = state_tip {
+                        // A delete's ref goes with it; so does a ref a delete left behind, which
+                        // a create must not leave to hide the new state.
+                        let command = Command {
+                            old: state_tip,
+                            new: null(),
+                            name: remote.state_ref(&job.path),
+                        };
+                        chain.refs.push((command, !deleting));
+                    }
                     Stage::Pushing(id)
                 }
             };
             stages.push(stage);
         }
         Ok((stages, chain))
+    }
+
+    /// The unfolded writes of the state at `path` (its ref at `state_tip`), replayed onto the
+    /// chain as a fold would replay them.
+    async fn carry(
+        &self,
+        chain: &mut Chain,
+        tip: ObjectId,
+        state_tip: ObjectId,
+        path: &str,
+    ) -> Result<(), Error> {
+        let remote = &*self.remote;
+        let head = chain.head.unwrap_or(tip);
+        let name = remote.state_ref(path);
+        let Some(carried) = replay_one(remote, tip, head, name, state_tip, path).await? else {
+            return Err(crate::repository::Corruption::FoldRecord(format!(
+                "{path} is not deleted: its file on the branch is not what its state ref's \
+                 writes were made on (a fold refuses it too; see docs/operating.md, state refs)"
+            ))
+            .into());
+        };
+        if carried.head != head {
+            chain.head = Some(carried.head);
+            for id in carried.objects {
+                if !chain.objects.contains(&id) {
+                    chain.objects.push(id);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// What this process knows of each state's home after the round: a push that landed left
+    /// the state on the branch (any ref of it removed); one that did not proves nothing.
+    fn note_homes(
+        &self,
+        jobs: &[Job],
+        start: &Start,
+        stages: &[Stage],
+        head: ObjectId,
+        left: &[String],
+    ) {
+        let mut looks = lock(&self.remote.looks);
+        for ((job, stage), home) in jobs.iter().zip(stages).zip(&start.homes) {
+            let Some((_, at)) = home else {
+                continue;
+            };
+            let name = self.remote.state_ref(&job.path);
+            match stage {
+                // A ref a delete could not remove (without atomic push): left over.
+                _ if left.contains(&name) => looks.unknown(&name, head),
+                Stage::Done(Written::Committed { .. }) => {
+                    let seen = Seen {
+                        branch: head,
+                        home: Home::Absent,
+                        at: *at,
+                    };
+                    looks.landed(&name, seen);
+                }
+                Stage::Fresh => looks.unknown(&name, head),
+                _ => {}
+            }
+        }
     }
 
     /// The push of a round: the branch from its tip to `head`, and, when the remote pushes
@@ -200,64 +342,6 @@ impl Writer {
     }
 }
 
-/// One write's tree check, lock and plan against `tip`: decided, or what to commit.
-async fn plan_one(
-    remote: &Remote,
-    tip: Option<ObjectId>,
-    job: &Job,
-    lock_tip: Option<ObjectId>,
-) -> Result<Planned, Error> {
-    // The tree rule, against the very tree the commit is built on: a concurrent writer that
-    // slips a clashing path in makes the push lose the compare-and-swap, and the next round
-    // sees it here. Writes in one round never overlap, so the tip's tree is the chain's.
-    if let Some(tip) = tip {
-        let (cache, owned) = (remote.cache.clone(), job.path.clone());
-        if let Some(clash) = blocking(move || cache.path_clash(tip, &owned)).await? {
-            return Ok(Planned::Decided(Written::Refused(Refusal::Clash(clash))));
-        }
-    }
-    let held = match (lock_tip, &job.lock) {
-        (Some(lock_tip), Some(name)) => Some(remote.held(lock_tip, name).await?),
-        _ => None,
-    };
-    let stored = match tip {
-        Some(tip) => remote.read(tip, job.path.clone()).await?,
-        None => None,
-    };
-    let id = stored.as_deref().and_then(blob_id);
-    let judged = stored.as_deref().map(|content| Stored {
-        content,
-        id: id.as_deref(),
-    });
-    let meta = match (job.plan)(held.as_ref(), judged) {
-        Ok(meta) => meta,
-        Err(refusal) => return Ok(Planned::Decided(Written::Refused(refusal))),
-    };
-    Ok(match &job.change {
-        Change::Put(bytes) if stored.as_deref() == Some(bytes.as_ref()) => {
-            Planned::Decided(Written::Unchanged)
-        }
-        Change::Put(bytes) => Planned::Commit(Some(bytes.clone()), meta),
-        Change::Delete => Planned::Commit(None, meta),
-    })
-}
-
-/// The git blob id of `content` (what a plan and the service know a stored state by); none if
-/// it cannot be computed, so a sealed state is then opened rather than judged by a shared id.
-fn blob_id(content: &[u8]) -> Option<String> {
-    gix::objs::compute_hash(gix::hash::Kind::Sha1, gix::objs::Kind::Blob, content)
-        .ok()
-        .map(|id| id.to_string())
-}
-
-/// The blob id of what `job` writes, if it writes content.
-fn written_id(job: &Job) -> Option<String> {
-    match &job.change {
-        Change::Put(bytes) => blob_id(bytes),
-        Change::Delete => None,
-    }
-}
-
 /// A batch of writes, once.
 pub(super) struct Round<'a> {
     pub(super) jobs: &'a [Job],
@@ -287,15 +371,13 @@ impl Outcome {
 pub(super) struct Lost {
     /// The tip it was built on.
     pub(super) on: Option<ObjectId>,
+    /// The tips of the writes' state refs it named (a push that removes one loses when the
+    /// ref moved, though the branch did not).
+    pub(super) state_tips: Vec<Option<ObjectId>>,
     /// How many commits it carried.
     pub(super) commits: usize,
     /// What the remote said of the first ref it refused.
     pub(super) reason: String,
-}
-
-enum Planned {
-    Decided(Written),
-    Commit(Option<Bytes>, CommitMeta),
 }
 
 /// Commits built one on another on the round's tip.
@@ -304,6 +386,10 @@ struct Chain {
     commits: Vec<ObjectId>,
     /// What the remote lacks for all of them.
     objects: Vec<ObjectId>,
+    /// State refs the push removes, each with whether it must go before the branch moves (a
+    /// ref left over by a delete, which the new state's create replaces) or after (a deleted
+    /// state's own ref).
+    refs: Vec<(Command, bool)>,
 }
 
 impl Chain {
@@ -312,6 +398,7 @@ impl Chain {
             head: tip,
             commits: Vec::new(),
             objects: Vec::new(),
+            refs: Vec::new(),
         }
     }
 
@@ -334,12 +421,20 @@ struct Start {
     mode: WriteMode,
     /// The advertisement it came from; `None` at the floor.
     advert: Option<Advert>,
+    /// Per job writing a state, where its newest content is and when that was looked at.
+    homes: Vec<Option<(Home, Instant)>>,
 }
 
 /// A round at the floor: on the tip this process last saw and, under locks, the lock commits it
 /// made, when the remote pushes atomically (without `atomic` a lock is only checked as of an
-/// advertisement, so a write under a lock takes a fresh one). `None`: advertise.
-fn floor_start(remote: &Remote, lock_refs: &[Option<String>]) -> Result<Option<Start>, Error> {
+/// advertisement, so a write under a lock takes a fresh one), and each state's home as a look
+/// under that lock found it (see `known::Seen`). `None`: advertise.
+fn floor_start(
+    remote: &Remote,
+    jobs: &[Job],
+    lock_refs: &[Option<String>],
+    always: bool,
+) -> Result<Option<Start>, Error> {
     let Some(caps) = remote.floor_caps() else {
         return Ok(None);
     };
@@ -348,78 +443,49 @@ fn floor_start(remote: &Remote, lock_refs: &[Option<String>]) -> Result<Option<S
     };
     let mode = WriteMode::of(&caps);
     let mut lock_tips = Vec::with_capacity(lock_refs.len());
-    for lock_ref in lock_refs {
-        lock_tips.push(match lock_ref {
-            None => None,
+    let mut homes = Vec::with_capacity(lock_refs.len());
+    for (lock_ref, job) in lock_refs.iter().zip(jobs) {
+        let (lock_tip, home) = match lock_ref {
+            None => (None, None),
             Some(_) if mode != WriteMode::Atomic => return Ok(None),
-            Some(lock_ref) => match remote.made_lock(lock_ref) {
-                Some(commit) => Some(commit),
-                None => return Ok(None),
-            },
-        });
+            Some(lock_ref) => {
+                let Some((commit, made)) = remote.made_lock_at(lock_ref) else {
+                    return Ok(None);
+                };
+                // A ref's tip is checked by the push (compare-and-swap); its absence cannot be
+                // (see `usable_at_floor`).
+                match remote.look_since(&remote.state_ref(&job.path), made) {
+                    Some(seen) if usable_at_floor(seen.home, always) => {
+                        (Some(commit), Some((seen.home, seen.at)))
+                    }
+                    _ => return Ok(None),
+                }
+            }
+        };
+        lock_tips.push(lock_tip);
+        homes.push(home);
     }
     Ok(Some(Start {
         tip: Some(tip),
         lock_tips,
         mode,
         advert: None,
+        homes,
     }))
 }
 
-/// Push the chain with compare-and-swap on the round's tip, atomically with the unchanged lock
-/// refs when the remote allows, and move the writes `Pushing` their commits on: `Done` if it
-/// landed, else `Fresh` (the next round advertises). Refused at the floor, or by a remote that
-/// wants an advertisement first: `None`. Refused after an advertisement (another writer moved
-/// the branch, a lock changed, or the remote would not take it): what the remote said.
-async fn push_chain(
-    remote: &Remote,
-    start: &Start,
-    head: ObjectId,
-    commands: Vec<Command>,
-    objects: Vec<ObjectId>,
-    stages: &mut [Stage],
-) -> Result<Option<String>, Error> {
-    let report = if start.advert.is_none() {
-        match remote
-            .push_at_floor(commands.clone(), objects, Updates::Atomic)
-            .await?
-        {
-            Some(report) if report.all_ok(&commands) => report,
-            _ => {
-                land(stages, false);
-                return Ok(None);
-            }
-        }
-    } else {
-        remote.push(commands.clone(), objects).await?
-    };
-    if report.all_ok(&commands) {
-        remote.saw_tip(head);
-        land(stages, true);
-        return Ok(None);
-    }
-    tracing::debug!(?report, "write push lost a race");
-    let reason = report
-        .refs
-        .iter()
-        .find_map(|(name, status)| status.as_ref().err().map(|why| format!("{name}: {why}")))
-        .unwrap_or_else(|| "no report for the branch".into());
-    land(stages, false);
-    Ok(Some(reason))
-}
-
-/// The writes `Pushing` their commits: `Done` if the push `landed`, else `Fresh`.
-fn land(stages: &mut [Stage], landed: bool) {
-    for stage in stages.iter_mut() {
-        if let Stage::Pushing(commit) = stage {
-            *stage = if landed {
-                Stage::Done(Written::Committed {
-                    version: commit.to_string(),
-                    content: None,
-                })
-            } else {
-                Stage::Fresh
-            };
-        }
+/// Whether a look under this process's lock at a state's home may carry a write at the floor.
+///
+/// A lock is a Terraform run's, not a process's: the run's other requests may reach other
+/// processes, and what they write there this process does not see. A known ref tip is safe
+/// whatever happened since, as every push names it as the old id (a ref moved or removed
+/// refuses the push). "No ref" is safe only where no process behind this one creates refs
+/// (`auto`, `never`: every process serving one Terraform run has the same setting); with
+/// `always` another process of the run may have created the ref since, so a write advertises.
+fn usable_at_floor(home: Home, always: bool) -> bool {
+    match home {
+        Home::At(_) => true,
+        Home::Absent => !always,
+        Home::Unknown => false,
     }
 }

@@ -1,0 +1,297 @@
+//! Updates of a state whose home is its own ref (issue 27): a state commit (the one file, on the
+//! ref's tip, or on the branch commit whose file it replaces) pushed to the state ref by
+//! compare-and-swap, atomically with "lock ref unchanged" where the remote pushes atomically.
+//!
+//! While a state's lock is held, only its holder creates or moves the state's ref (a fold moves
+//! only the branch; a broken lock makes the holder's atomic push fail), so:
+//! - a known tip `T` is pushed `T → S`: a wrong belief costs one refused push;
+//! - a ref believed absent is pushed `0 → S` (create-only): the push itself proves it absent,
+//!   and if it exists after all the write looks again and the service's plan is asked again
+//!   against the newest stored content. No write ever lands where a newer one would hide it.
+//!
+//! At the floor (no advertisement) the write rests on a look taken under this process's lock
+//! (the GET after its LOCK, its LOCK's assertion, or its own last push) that found the ref's
+//! tip: the push names it, so a write the same Terraform run made meanwhile through another
+//! process makes it fail. A ref believed absent is created only from a fresh advertisement, on
+//! the branch tip it shows (the file the state commit replaces, and what the plan judges). Writes to different states never share a compare-and-swap point, so
+//! they need no group commit; each runs in its caller's request (a caller that goes away takes
+//! its write with it) with the same attempts and deadline as a branch write.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use gix::ObjectId;
+
+use gitstate_core::StateName;
+use gitstate_core::ports::{Location, Stored, WritePlan, Written};
+
+use super::lead::backoff;
+use super::plan::blob_id;
+use super::queue::{MAX_WRITE_ATTEMPTS, WRITE_DEADLINE};
+use crate::protocol::{Command, Service, Updates};
+use crate::repository::NewCommit;
+use crate::settings::StateRefs;
+use crate::store::RemoteError as Error;
+use crate::store::known::{Home, Seen};
+use crate::store::remote::Remote;
+use crate::store::{GitStore, WriteError, WriteMode, blocking, null};
+use crate::sync::lock;
+
+/// Where an update to a state's ref ended.
+pub(super) enum Hop {
+    Done(Written),
+    /// Not an update of a state whose home is its ref (a create, or `auto`/`never` and no ref):
+    /// the branch takes it.
+    Branch,
+}
+
+/// How one attempt ended.
+enum Step {
+    Done(Hop),
+    /// Decide again from a fresh advertisement (missed at the floor).
+    Fresh,
+    /// The push was refused after an advertisement: the ref or the lock moved.
+    Lost,
+}
+
+/// Where an attempt starts.
+struct Start {
+    /// A branch commit that has the state's file, as current as the lock makes it.
+    branch: ObjectId,
+    home: Home,
+    lock_tip: Option<ObjectId>,
+    mode: WriteMode,
+    floor: bool,
+    /// When the look it rests on was asked for.
+    at: Instant,
+}
+
+/// One update's fixed parts.
+struct Update<'a> {
+    name: &'a StateName,
+    state_ref: String,
+    lock_ref: String,
+    bytes: &'a Bytes,
+    plan: &'a WritePlan,
+    always: bool,
+}
+
+impl GitStore {
+    /// Update `name` with `bytes` on its own ref (see the module doc).
+    pub(super) async fn write_to_ref(
+        &self,
+        remote: &Arc<Remote>,
+        at: &Location,
+        name: &StateName,
+        bytes: &Bytes,
+        plan: &WritePlan,
+        started: Instant,
+    ) -> Result<Hop, WriteError> {
+        let update = Update {
+            name,
+            state_ref: remote.state_ref(name.as_str()),
+            lock_ref: self.lock_ref(name),
+            bytes,
+            plan,
+            always: self.options.state_refs == StateRefs::Always,
+        };
+        let (mut floor, mut attempts, mut losses) = (true, 0u32, 0u32);
+        let mut last_error: Option<WriteError> = None;
+        let mut last_round = Duration::ZERO;
+        loop {
+            if attempts >= MAX_WRITE_ATTEMPTS || started.elapsed() > WRITE_DEADLINE {
+                return Err(last_error.unwrap_or(WriteError::Contention { attempts }));
+            }
+            if losses > 0 {
+                tokio::time::sleep(backoff(losses + 1, last_round)).await;
+            }
+            attempts += 1;
+            let round_started = Instant::now();
+            let step = async {
+                let start = match floor.then(|| ref_floor(remote, &update)).flatten() {
+                    Some(start) => start,
+                    None => match ref_fresh(remote, at, &update).await? {
+                        Some(start) => start,
+                        None => return Ok(Step::Done(Hop::Branch)),
+                    },
+                };
+                ref_round(remote, &update, &start).await
+            };
+            let step = step.await;
+            last_round = round_started.elapsed();
+            floor = false;
+            match step {
+                Ok(Step::Done(hop)) => return Ok(hop),
+                Ok(Step::Fresh) => {}
+                Ok(Step::Lost) => {
+                    losses += 1;
+                    last_error = None;
+                }
+                Err(error) if error.is_transient() => {
+                    tracing::debug!(error = %gitstate_core::report::chain(&error), "state ref write failed, retrying");
+                    losses += 1;
+                    last_error = Some(error.into());
+                }
+                Err(error) => return Err(error.into()),
+            }
+        }
+    }
+}
+
+/// An attempt at the floor: the lock this process made, and a look under it that knows the
+/// state's home (a ref believed absent only when a create-only push may settle it).
+fn ref_floor(remote: &Remote, update: &Update<'_>) -> Option<Start> {
+    let caps = remote.floor_caps()?;
+    if WriteMode::of(&caps) != WriteMode::Atomic {
+        return None;
+    }
+    let (lock_tip, made) = remote.made_lock_at(&update.lock_ref)?;
+    let seen = remote.look_since(&update.state_ref, made)?;
+    // Only a known tip: the push names it, so nothing written since through another process of
+    // the same Terraform run can be missed (see `round::usable_at_floor`). A ref believed
+    // absent is created only from a fresh look.
+    if !matches!(seen.home, Home::At(_)) || !remote.cache.has(seen.branch).ok()? {
+        return None;
+    }
+    Some(Start {
+        branch: seen.branch,
+        home: seen.home,
+        lock_tip: Some(lock_tip),
+        mode: WriteMode::Atomic,
+        floor: true,
+        at: seen.at,
+    })
+}
+
+/// An attempt from a fresh receive-pack advertisement of the branch, the state's ref and its
+/// lock ref. `None`: no branch (the write is a create).
+async fn ref_fresh(
+    remote: &Remote,
+    at: &Location,
+    update: &Update<'_>,
+) -> Result<Option<Start>, Error> {
+    let branch = at.branch.full_ref();
+    let asked = Instant::now();
+    let names = vec![
+        branch.clone(),
+        update.state_ref.clone(),
+        update.lock_ref.clone(),
+    ];
+    let advert = remote.refs(Service::ReceivePack, names).await?;
+    let Some(tip) = advert.tip(&branch) else {
+        return Ok(None);
+    };
+    remote.ensure(vec![tip]).await?;
+    remote.saw_tip(tip);
+    Ok(Some(Start {
+        branch: tip,
+        home: advert.tip(&update.state_ref).map_or(Home::Absent, Home::At),
+        lock_tip: advert.tip(&update.lock_ref),
+        mode: WriteMode::of(&advert),
+        floor: false,
+        at: asked,
+    }))
+}
+
+/// One attempt: the plan against the newest stored content, the state commit, its push.
+async fn ref_round(remote: &Remote, update: &Update<'_>, start: &Start) -> Result<Step, Error> {
+    let path = update.name.as_str();
+    // At the floor only a push rests on what this process remembers: anything else is decided
+    // again from the remote.
+    let decided = |hop| {
+        if start.floor {
+            Step::Fresh
+        } else {
+            Step::Done(hop)
+        }
+    };
+    if !remote.branch_has(start.branch, path).await? {
+        return Ok(Step::Done(Hop::Branch));
+    }
+    // Without atomic push no state ref is created: a delete could not remove it and the
+    // branch's file as one.
+    let state_tip = match start.home {
+        Home::At(state_tip) => Some(state_tip),
+        Home::Absent if update.always && start.mode == WriteMode::Atomic => None,
+        _ => return Ok(decided(Hop::Branch)),
+    };
+    let stored = match state_tip {
+        Some(state_tip) => {
+            remote.ensure_state(vec![state_tip]).await?;
+            remote.read(state_tip, path.to_owned()).await?
+        }
+        None => remote.read(start.branch, path.to_owned()).await?,
+    };
+    let held = match start.lock_tip {
+        Some(lock_tip) => Some(remote.held(lock_tip, update.name).await?),
+        None => None,
+    };
+    let id = stored.as_deref().and_then(blob_id);
+    let judged = stored.as_deref().map(|content| Stored {
+        content,
+        id: id.as_deref(),
+    });
+    let meta = match (update.plan)(held.as_ref(), judged) {
+        Ok(meta) => meta,
+        Err(refusal) => return Ok(decided(Hop::Done(Written::Refused(refusal)))),
+    };
+    if stored.as_deref() == Some(update.bytes.as_ref()) {
+        return Ok(decided(Hop::Done(Written::Unchanged)));
+    }
+    let parent = state_tip.unwrap_or(start.branch);
+    let (cache, owned, bytes) = (remote.cache.clone(), path.to_owned(), update.bytes.clone());
+    let commit = blocking(move || cache.state_commit_on(parent, &owned, &bytes, &meta)).await?;
+    push_state_commit(remote, update, start, state_tip, commit).await
+}
+
+/// Push the state commit `commit` to the state's ref by compare-and-swap from `state_tip`
+/// (create-only when `None`), with the lock ref unchanged where the push is atomic.
+async fn push_state_commit(
+    remote: &Remote,
+    update: &Update<'_>,
+    start: &Start,
+    state_tip: Option<ObjectId>,
+    commit: NewCommit,
+) -> Result<Step, Error> {
+    let command = Command {
+        old: state_tip.unwrap_or_else(null),
+        new: commit.id,
+        name: update.state_ref.clone(),
+    };
+    let mut commands = vec![command];
+    if let (WriteMode::Atomic, Some(lock_tip)) = (start.mode, start.lock_tip) {
+        // The plan accepted the lock as it is: the write lands only if it still is.
+        commands.push(Command {
+            old: lock_tip,
+            new: lock_tip,
+            name: update.lock_ref.clone(),
+        });
+    }
+    lock(&remote.looks).unknown(&update.state_ref, start.branch);
+    let report = if start.floor {
+        match remote
+            .push_at_floor(commands.clone(), commit.objects, Updates::Atomic)
+            .await?
+        {
+            Some(report) => report,
+            None => return Ok(Step::Fresh),
+        }
+    } else {
+        remote.push(commands.clone(), commit.objects).await?
+    };
+    if !report.all_ok(&commands) {
+        tracing::debug!(?report, "state ref write lost a race");
+        return Ok(if start.floor { Step::Fresh } else { Step::Lost });
+    }
+    let seen = Seen {
+        branch: start.branch,
+        home: Home::At(commit.id),
+        at: start.at,
+    };
+    lock(&remote.looks).landed(&update.state_ref, seen);
+    Ok(Step::Done(Hop::Done(Written::Committed {
+        version: commit.id.to_string(),
+        content: blob_id(update.bytes),
+    })))
+}
