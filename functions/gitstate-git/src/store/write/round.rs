@@ -213,6 +213,14 @@ impl Writer {
                 Planned::Decided(_) if start.advert.is_none() => Stage::Fresh,
                 Planned::Decided(written) => Stage::Done(written),
                 Planned::ToRef => Stage::ToRef,
+                // A delete carries the state's unfolded writes from what the record at the tip
+                // says was folded: at the floor that tip may be older than the state's ref, so
+                // it is decided from a fresh advertisement.
+                Planned::Commit(None, _)
+                    if start.advert.is_none() && matches!(home, Some(Home::At(_))) =>
+                {
+                    Stage::Fresh
+                }
                 Planned::Commit(content, meta) => {
                     let state_tip = match home {
                         Some(Home::At(state_tip)) => Some(state_tip),
