@@ -218,7 +218,7 @@ async fn unfolded_writes_are_read_and_folded_as_documented() {
     for path in paths {
         let read = if writes.contains_key(path) {
             sh(&format!(
-                "P={path}\ngit fetch -q origin \"refs/gitstate/states/$(printf %s \"$P\" | sha1sum | cut -c1-40)\" && git show \"FETCH_HEAD:$P\""
+                "P={path}\ngit fetch -q origin \"refs/gitstate/states/main/$(printf %s \"$P\" | sha1sum | cut -c1-40)\" && git show \"FETCH_HEAD:$P\""
             ))
         } else {
             sh(&format!("P={path}\ngit show \"origin/main:$P\""))
