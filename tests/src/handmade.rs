@@ -119,7 +119,12 @@ impl Bare {
                     &env,
                     b"",
                 ),
-                None => self.git(&["update-index", "--force-remove", path], &env, b""),
+                // `--force-remove` wants a work tree; a zero mode removes the entry anywhere.
+                None => self.git(
+                    &["update-index", "--index-info"],
+                    &env,
+                    format!("0 {}\t{path}\n", "0".repeat(40)).as_bytes(),
+                ),
             };
         }
         self.git(&["write-tree"], &env, b"")

@@ -21,6 +21,7 @@ mod settings;
 mod shapes;
 mod ssh;
 mod startup;
+mod state_ref_attacks;
 mod store;
 mod tls;
 mod users;
