@@ -893,3 +893,79 @@ async fn a_delete_that_cannot_carry_its_writes_is_refused_alone() {
     );
     let_folds_go(&bare);
 }
+
+/// Group commit (one `serve`, writes that wait together leave in one push) with deletes that
+/// carry their states' unfolded writes: generated batches of DELETEs and writes of other
+/// states at once; after a fold each deleted state's `git log` is every acknowledged write once,
+/// then the removal, and every other state's is every write once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deletes_batched_in_one_push_each_carry_their_own_writes() {
+    use gitstate_tests::{Client, GitServer, state_json};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0xba7c);
+    for round in 0..3 {
+        let server = GitServer::start().await;
+        let url = server.create_repo("batch");
+        let dir = server.repo_dir("batch");
+        let bare = Bare::new(&dir, "main");
+        hold_folds(&bare);
+        let root = tempfile::tempdir().expect("tempdir");
+        let procs = processes(&url, root.path(), 1, &[("GITSTATE_STATE_REFS", "always")]).await;
+        let p = std::sync::Arc::new(Client::new(&procs[0].url));
+        let names: Vec<String> = (0..rng.random_range(3..7))
+            .map(|i| format!("batch/s{i}.tfstate"))
+            .collect();
+        let mut writes = std::collections::BTreeMap::new();
+        for (i, name) in names.iter().enumerate() {
+            let id = format!("h{i}");
+            p.lock(name, &id).await.expect(200);
+            let count = rng.random_range(1..4u64);
+            for serial in 1..=count {
+                p.write_locked(name, &id, &state_json("l", serial))
+                    .await
+                    .expect(200);
+            }
+            writes.insert(name.clone(), count);
+        }
+        // Half the states are deleted, the others written, all at once.
+        let mut tasks = Vec::new();
+        for (i, name) in names.iter().enumerate() {
+            let (p, name, id) = (p.clone(), name.clone(), format!("h{i}"));
+            let delete = i % 2 == 0;
+            let next = writes[&name] + 1;
+            tasks.push(tokio::spawn(async move {
+                let answer = if delete {
+                    p.delete_state(&name, Some(&id)).await
+                } else {
+                    p.write_locked(&name, &id, &state_json("l", next)).await
+                };
+                (name, delete, answer)
+            }));
+        }
+        let mut deleted = std::collections::BTreeSet::new();
+        for task in tasks {
+            let (name, delete, answer) = task.await.expect("task");
+            assert_eq!(answer.status, 200, "round {round}: {name}: {}", answer.body);
+            if delete {
+                deleted.insert(name);
+            } else {
+                *writes.get_mut(&name).expect("name") += 1;
+            }
+        }
+        let_folds_go(&bare);
+        let work = tempfile::tempdir().expect("tempdir");
+        let (folded, said) = gitstate_fold(&url, work.path());
+        assert!(folded, "round {round}: fold: {said}");
+        for name in &names {
+            let (contents, _) = contents_ever(&bare, name);
+            let serials: Vec<Option<u64>> = contents
+                .iter()
+                .map(|c| c.as_deref().map(gitstate_tests::serial_of))
+                .collect();
+            let mut want: Vec<Option<u64>> = (1..=writes[name]).map(Some).collect();
+            if deleted.contains(name) {
+                want.push(None);
+            }
+            assert_eq!(serials, want, "round {round}: git log of {name}");
+        }
+    }
+}
