@@ -969,3 +969,73 @@ async fn deletes_batched_in_one_push_each_carry_their_own_writes() {
         }
     }
 }
+
+/// The list (`GET /states`, what the console shows) through another process answers each
+/// state's newest serial while its writes sit unfolded on its ref (the branch's index is
+/// behind), after a delete that carried them, and after the state is created again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_list_answers_the_newest_serial_of_unfolded_states() {
+    use gitstate_tests::{Client, GitServer, state_json};
+    let server = GitServer::start().await;
+    let url = server.create_repo("list");
+    let bare = Bare::new(&server.repo_dir("list"), "main");
+    hold_folds(&bare);
+    let root = tempfile::tempdir().expect("tempdir");
+    let procs = processes(&url, root.path(), 2, &[("GITSTATE_STATE_REFS", "always")]).await;
+    let (p, q) = (Client::new(&procs[0].url), Client::new(&procs[1].url));
+    let (x, y) = ("list/x.tfstate", "list/y.tfstate");
+    let serial_listed = |listed: &serde_json::Value, name: &str| {
+        listed
+            .as_array()
+            .expect("a list")
+            .iter()
+            .find(|entry| entry["state"] == name)
+            .map(|entry| entry["serial"].as_u64())
+    };
+    p.lock(x, "h").await.expect(200);
+    p.lock(y, "k").await.expect(200);
+    for serial in 1..=4 {
+        p.write_locked(x, "h", &state_json("x", serial))
+            .await
+            .expect(200);
+        p.write_locked(y, "k", &state_json("y", serial * 10))
+            .await
+            .expect(200);
+        // A list trusts an advertisement younger than 1 s (read.rs LIST_REFS_FRESH).
+        tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+        let listed = q.send("GET", "/states", None).await.expect(200).json();
+        assert_eq!(
+            (serial_listed(&listed, x), serial_listed(&listed, y)),
+            (Some(Some(serial)), Some(Some(serial * 10))),
+            "after write {serial}: {listed}"
+        );
+    }
+    p.delete_state(x, Some("h")).await.expect(200);
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let listed = q.send("GET", "/states", None).await.expect(200).json();
+    // Still locked: listed for its lock, with no state.
+    assert_eq!(
+        serial_listed(&listed, x).flatten(),
+        None,
+        "after the delete: {listed}"
+    );
+    assert_eq!(
+        serial_listed(&listed, y),
+        Some(Some(40)),
+        "after the delete: {listed}"
+    );
+    p.write_locked(x, "h", &state_json("x2", 7))
+        .await
+        .expect(200);
+    p.write_locked(x, "h", &state_json("x2", 8))
+        .await
+        .expect(200);
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let listed = q.send("GET", "/states", None).await.expect(200).json();
+    assert_eq!(
+        serial_listed(&listed, x),
+        Some(Some(8)),
+        "created again: {listed}"
+    );
+    let_folds_go(&bare);
+}
