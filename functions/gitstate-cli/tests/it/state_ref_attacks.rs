@@ -229,6 +229,7 @@ fn contents_ever(bare: &Bare, path: &str) -> (Vec<Option<String>>, Option<String
 /// ref exists already on a host without atomic push (made before the repository moved there,
 /// or by hand: `seeded`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "F5 open (a state ref on a host without atomic push): /work/notes/i27-findings.md"]
 async fn a_late_delete_never_takes_the_next_holders_write_with_it() {
     use gitstate_tests::process::{ServeProcess, serve_env};
     use gitstate_tests::{Client, GitServer, PushMode, state_json};
@@ -715,6 +716,7 @@ async fn a_single_front_lock_never_proves_a_state_without_a_ref_from_an_old_list
 /// state is deleted and created again (the console keeps such ids; on a branch alone they are
 /// commits of the branch's history for ever).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "F10 open: /work/notes/i27-findings.md"]
 async fn a_listed_version_id_stays_readable_after_a_delete() {
     use gitstate_tests::{Client, GitServer, state_json};
     let server = GitServer::start().await;
@@ -827,6 +829,7 @@ async fn write_on(
 /// retried "remote refused" 5xx; and writes of other states that share its group-commit rounds
 /// in the same process still land.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "F15 open: /work/notes/i27-findings.md"]
 async fn a_delete_that_cannot_carry_its_writes_is_refused_alone() {
     use gitstate_tests::{Client, GitServer, state_json};
     let server = GitServer::start().await;
