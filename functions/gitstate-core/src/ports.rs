@@ -91,6 +91,9 @@ pub enum Refusal {
     /// The name clashes with the tree the commit would be built on (checked by the store before
     /// the plan, against that very tree).
     Clash(Clash),
+    /// The state's file in the store was changed outside the backend since its newest writes
+    /// were kept apart from it (a git state ref): a person must settle which is the state.
+    Diverged,
 }
 
 /// The stored state a plan judges: its bytes, and an id of exactly these bytes when the store

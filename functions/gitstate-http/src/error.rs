@@ -176,7 +176,7 @@ fn service_status(error: &ServiceError) -> StatusCode {
         // GITSTATE_KMS_PREVIOUS_KEY_IDS), not the gateway's.
         S::Seal(SealError::ForeignKey(_)) => StatusCode::INTERNAL_SERVER_ERROR,
         // The operator must rekey; the message says so.
-        S::Unprotected { .. } => StatusCode::CONFLICT,
+        S::Unprotected { .. } | S::Diverged => StatusCode::CONFLICT,
     }
 }
 

@@ -125,6 +125,10 @@ pub enum ServiceError {
     Unprotected { format: &'static str },
     #[error("no KMS key is configured (GITSTATE_KMS_KEY_IDS)")]
     NoKeys,
+    #[error(
+        "the state's file on the branch was changed outside gitstate after its newest writes went to its state ref, so neither a fold nor this request may replace it: settle it by hand (docs/operating.md, state refs)"
+    )]
+    Diverged,
 }
 
 impl From<Refusal> for ServiceError {
@@ -139,6 +143,7 @@ impl From<Refusal> for ServiceError {
             Refusal::Exists => Self::Exists,
             Refusal::Unprotected { format } => Self::Unprotected { format },
             Refusal::Clash(clash) => Self::Clash(clash),
+            Refusal::Diverged => Self::Diverged,
             // Only escapes when the stored state kept changing while it was being opened.
             Refusal::Sealed(_) => Self::Store(StoreError::Contention {
                 attempts: MAX_OPENS,

@@ -73,7 +73,8 @@ fn seal_error(rng: &mut StdRng) -> SealError {
 
 fn service_error(rng: &mut StdRng) -> ServiceError {
     use ServiceError as S;
-    match rng.random_range(0..26) {
+    match rng.random_range(0..27) {
+        26 => S::Diverged,
         25 => S::NoBranch {
             branch: word(rng),
             default: rng.random_bool(0.5).then(|| word(rng)),
@@ -211,6 +212,7 @@ fn expected(error: &ApiError) -> (StatusCode, &'static str) {
             },
             S::Unprotected { .. } => (C::CONFLICT, "unprotected"),
             S::NoKeys => (C::INTERNAL_SERVER_ERROR, "no keys"),
+            S::Diverged => (C::CONFLICT, "diverged"),
         },
         ApiError::Auth(auth) => match auth {
             AuthError::Unauthenticated => (C::UNAUTHORIZED, "unauthenticated"),

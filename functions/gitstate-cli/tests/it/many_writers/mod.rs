@@ -180,6 +180,11 @@ impl World {
         let binary = Path::new(crate::GITSTATE);
         let server = GitServer::start_in(setup.push).await;
         let url = server.create_repo(REPO);
+        // Reflogs, so that a failure can tell when a ref was made.
+        git(
+            &["config", "core.logAllRefUpdates", "always"],
+            Some(&server.repo_dir(REPO)),
+        );
         let mut proxy = None;
         if setup.faults {
             // receive-pack's gc runs inside the push that starts it (a detached one could
@@ -818,7 +823,19 @@ async fn final_checks(world: &World, model: &Model, folded: bool) -> Result<(), 
         Some(&repo),
     );
     if !refs.trim().is_empty() {
-        return Err(format!("locks left: {refs}"));
+        // Which lock, made when, and (reflogs are on) every update of its ref since it was
+        // last created: a lock made again after its release shows there.
+        let told: Vec<String> = refs
+            .lines()
+            .map(|name| {
+                let commit = git(&["log", "-1", "--format=%H %cd %s", name], Some(&repo));
+                let lock = name.trim_start_matches("refs/heads/locks/");
+                let file = git(&["show", &format!("{name}:{lock}.lock")], Some(&repo));
+                let reflog = git(&["reflog", "show", "--date=iso", name], Some(&repo));
+                format!("{name}: {commit}  {file}\n  reflog: {reflog}")
+            })
+            .collect();
+        return Err(format!("locks left:\n{}", told.join("\n")));
     }
     Ok(())
 }
@@ -936,6 +953,13 @@ async fn run(seed: u64, steps: usize, setup: Setup) -> Result<(Model, String), S
             .arg(&to)
             .status();
         eprintln!("repository kept in {} ({copied:?})", to.display());
+        let logs = Path::new(&keep).join(format!("{}-{seed}-serve", setup.state_refs));
+        let copied = std::process::Command::new("cp")
+            .arg("-r")
+            .arg(world._root.path())
+            .arg(&logs)
+            .status();
+        eprintln!("serve logs kept in {} ({copied:?})", logs.display());
     }
     outcome
 }

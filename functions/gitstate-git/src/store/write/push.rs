@@ -42,6 +42,15 @@ impl RefCommands {
         commands
     }
 
+    /// Without a branch to move: every ref goes alone, at once (see [`remove_after`]); those
+    /// left over.
+    pub(super) async fn remove_alone(self, remote: &Remote) -> Vec<String> {
+        let mut all = self.with;
+        all.extend(self.before);
+        all.extend(self.after);
+        remove_after(remote, all).await
+    }
+
     fn names(&self) -> impl Iterator<Item = &String> {
         self.with
             .iter()

@@ -110,7 +110,14 @@ impl Writer {
             ));
         }
         let (mut stages, chain) = self.plan_all(jobs, &start).await?;
-        let Some(head) = chain.head.filter(|_| !chain.commits.is_empty()) else {
+        let Some(head) = chain
+            .head
+            .filter(|head| !chain.commits.is_empty() || Some(*head) != tip)
+        else {
+            // The branch stays; a ref a delete removes first (without `atomic`) goes alone.
+            let refs = RefCommands::of(&chain.refs, start.mode);
+            let left = refs.remove_alone(&self.remote).await;
+            self.note_homes(jobs, &start, &stages, tip.unwrap_or_else(null), &left);
             return Ok(Outcome::decided(stages));
         };
         let commit_count = chain.commits.len();
@@ -221,15 +228,42 @@ impl Writer {
                 {
                     Stage::Fresh
                 }
+                // Without atomic push the ref's removal is the delete's point of decision: a
+                // write of the next holder that landed on the ref since this round's look makes
+                // it fail. So the unfolded writes are carried onto the branch first, the ref is
+                // removed by compare-and-swap once the branch has them, and the file goes in a
+                // later round, decided again from a fresh look (lock included).
+                Planned::Commit(None, _)
+                    if start.mode == WriteMode::BranchOnly
+                        && let Some(Home::At(state_tip)) = home =>
+                {
+                    if let Some(tip) = start.tip
+                        && !self.carry(&mut chain, tip, state_tip, &job.path).await?
+                    {
+                        stages.push(Stage::Done(Written::Refused(Refusal::Diverged)));
+                        continue;
+                    }
+                    let command = Command {
+                        old: state_tip,
+                        new: null(),
+                        name: remote.state_ref(&job.path),
+                    };
+                    chain.refs.push((command, false));
+                    Stage::Fresh
+                }
                 Planned::Commit(content, meta) => {
                     let state_tip = match home {
                         Some(Home::At(state_tip)) => Some(state_tip),
                         _ => None,
                     };
                     let deleting = content.is_none();
-                    if let (true, Some(state_tip), Some(tip)) = (deleting, state_tip, start.tip) {
-                        // A delete first carries the state's unfolded writes, as a fold would.
-                        self.carry(&mut chain, tip, state_tip, &job.path).await?;
+                    if let (true, Some(state_tip), Some(tip)) = (deleting, state_tip, start.tip)
+                        && !self.carry(&mut chain, tip, state_tip, &job.path).await?
+                    {
+                        // A delete first carries the state's unfolded writes, as a fold would;
+                        // one that cannot (see `carry`) is refused alone.
+                        stages.push(Stage::Done(Written::Refused(Refusal::Diverged)));
+                        continue;
                     }
                     let commit = remote
                         .commit(chain.head, job.path.clone(), content, meta)
@@ -255,23 +289,21 @@ impl Writer {
     }
 
     /// The unfolded writes of the state at `path` (its ref at `state_tip`), replayed onto the
-    /// chain as a fold would replay them.
+    /// chain as a fold would replay them. `false`: its file on the branch is not what the ref's
+    /// writes were made on (changed outside gitstate; a fold refuses it too), and the chain is
+    /// unchanged.
     async fn carry(
         &self,
         chain: &mut Chain,
         tip: ObjectId,
         state_tip: ObjectId,
         path: &str,
-    ) -> Result<(), Error> {
+    ) -> Result<bool, Error> {
         let remote = &*self.remote;
         let head = chain.head.unwrap_or(tip);
         let name = remote.state_ref(path);
         let Some(carried) = replay_one(remote, tip, head, name, state_tip, path).await? else {
-            return Err(crate::repository::Corruption::FoldRecord(format!(
-                "{path} is not deleted: its file on the branch is not what its state ref's \
-                 writes were made on (a fold refuses it too; see docs/operating.md, state refs)"
-            ))
-            .into());
+            return Ok(false);
         };
         if carried.head != head {
             chain.head = Some(carried.head);
@@ -281,7 +313,7 @@ impl Writer {
                 }
             }
         }
-        Ok(())
+        Ok(true)
     }
 
     /// What this process knows of each state's home after the round: a push that landed left
