@@ -267,6 +267,13 @@ impl GitServer {
         );
         git(&["config", "http.receivepack", "true"], Some(&dir));
         git(&["config", "receive.unpackLimit", "1"], Some(&dir));
+        // receive-pack's auto gc packs refs; git's files backend (2.47) can then bring back a
+        // ref deleted at that moment (pack-refs reads the loose ref before the delete unlinks it,
+        // after the delete found it unpacked), which shows as a lock still held after its
+        // release (seen in many_writers: the lock commit in packed-refs, no loose ref, no
+        // reflog). docs/operating.md tells operators to set the same; the tests check
+        // gitstate's rules, not that race.
+        git(&["config", "gc.packRefs", "false"], Some(&dir));
         if self.mode == PushMode::NoAtomic {
             git(&["config", "receive.advertiseAtomic", "false"], Some(&dir));
         }
