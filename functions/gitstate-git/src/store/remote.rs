@@ -144,7 +144,6 @@ impl Remote {
         lock(&self.looks).since(name, since)
     }
 
-
     /// Remember the state refs `advert` shows (see [`Transport::note_states`]).
     pub(super) fn note_states(&self, advert: &Advert, names: &[String]) {
         let mut known = lock(&self.known_states);
