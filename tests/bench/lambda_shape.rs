@@ -24,6 +24,9 @@ type Build = (std::path::PathBuf, String, Vec<(String, String)>);
 struct Side {
     label: String,
     repo: String,
+    /// Its processes do not fold after writes (`GITSTATE_FOLD_AFTER_WRITES=false`, as on
+    /// Lambda): one `gitstate fold` after the applies stands for the template's schedule.
+    scheduled: Option<ScheduledFold>,
     clients: Vec<Arc<Client>>,
     _procs: Vec<ServeProcess>,
     _proxy: FaultProxy,
@@ -77,13 +80,13 @@ struct Phase {
     lag: Duration,
 }
 
-/// The ref that takes state `path`'s writes in a build with state refs:
-/// `refs/gitstate/states/<sha1 of the path, lowercase hex>`.
+/// The ref that takes state `path`'s writes on branch `main` in a build with state refs:
+/// `refs/gitstate/states/main/<sha1 of the path, lowercase hex>`.
 fn state_ref(path: &str) -> String {
     use sha1::Digest as _;
     let digest = sha1::Sha1::digest(path.as_bytes());
     let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-    format!("refs/gitstate/states/{hex}")
+    format!("refs/gitstate/states/main/{hex}")
 }
 
 /// How many of the states `0..n` the branch does not have as their newest content yet: a state
@@ -118,6 +121,43 @@ fn unfolded(git: &GitServer, repo: &str, n: usize) -> usize {
         .count()
 }
 
+/// The scheduled fold of a side whose processes do not fold: the command, its warm cache.
+struct ScheduledFold {
+    binary: std::path::PathBuf,
+    url: String,
+    cache: std::path::PathBuf,
+}
+
+impl ScheduledFold {
+    /// One `gitstate fold`, as the template's schedule runs it; again while another holds the
+    /// lease. Whether it folded.
+    async fn run(&self) -> bool {
+        for _ in 0..20 {
+            let out = tokio::process::Command::new(&self.binary)
+                .args(["fold", "--repository", &self.url])
+                .env_clear()
+                .env("PATH", std::env::var("PATH").unwrap_or_default())
+                .env("HOME", &self.cache)
+                .env("GITSTATE_GIT_USERNAME", gitstate_tests::GIT_USER)
+                .env("GITSTATE_GIT_TOKEN", gitstate_tests::GIT_TOKEN)
+                .env("GITSTATE_CACHE_DIR", &self.cache)
+                .env("RUST_LOG", "warn")
+                .output()
+                .await
+                .expect("gitstate fold runs");
+            if out.status.success() {
+                return true;
+            }
+            eprintln!(
+                "gitstate fold: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        false
+    }
+}
+
 async fn phase(git: &GitServer, side: &Side, n: usize, serial: u64, write: bool) -> Phase {
     git.take_requests();
     let results = all_at_once(
@@ -132,6 +172,11 @@ async fn phase(git: &GitServer, side: &Side, n: usize, serial: u64, write: bool)
     // phase ends (and its requests are counted) once the branch has every state's newest
     // content. The time from the last answer until then is the branch's lag.
     let done = Instant::now();
+    if let Some(fold) = &side.scheduled
+        && write
+    {
+        assert!(fold.run().await, "the scheduled fold of {}", side.label);
+    }
     while unfolded(git, &side.repo, n) > 0 && done.elapsed() < Duration::from_secs(120) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -197,15 +242,15 @@ pub async fn lambda_shape(out: &mut String, binary: &std::path::Path) {
     {
         builds.push((binary.to_owned(), "this build".into(), Vec::new()));
     }
-    // `GITSTATE_BENCH_SIDE_ENV=NAME=VALUE`: this build once more, with that setting.
-    if let Ok(setting) = std::env::var("GITSTATE_BENCH_SIDE_ENV")
-        && let Some((key, value)) = setting.split_once('=')
-    {
-        builds.push((
-            binary.to_owned(),
-            format!("this build, {setting}"),
-            vec![(key.to_owned(), value.to_owned())],
-        ));
+    // `GITSTATE_BENCH_SIDE_ENV=NAME=VALUE[,NAME=VALUE…]`: this build once more, with those
+    // settings.
+    if let Ok(settings) = std::env::var("GITSTATE_BENCH_SIDE_ENV") {
+        let pairs: Vec<(String, String)> = settings
+            .split(',')
+            .filter_map(|s| s.split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        builds.push((binary.to_owned(), format!("this build, {settings}"), pairs));
     }
     let mut sides = Vec::new();
     for (index, (bin, label, extra)) in builds.into_iter().enumerate() {
@@ -226,9 +271,18 @@ pub async fn lambda_shape(out: &mut String, binary: &std::path::Path) {
             .iter()
             .map(|p| Arc::new(Client::new(&p.url)))
             .collect();
+        let scheduled = extra
+            .iter()
+            .any(|(k, v)| k == "GITSTATE_FOLD_AFTER_WRITES" && v == "false")
+            .then(|| ScheduledFold {
+                binary: bin.clone(),
+                url: url.clone(),
+                cache: root.path().join(format!("{repo}-fold-cache")),
+            });
         sides.push(Side {
             label,
             repo,
+            scheduled,
             clients,
             _procs: procs,
             _proxy: proxy,
@@ -258,7 +312,9 @@ pub async fn lambda_shape(out: &mut String, binary: &std::path::Path) {
          server, divided by the applies, until the branch has every write (a build that keeps \
          writes on refs of their own, `refs/gitstate/states/…`, folds them into the branch \
          later: branch lag = from the last answer until the branch's file of every state is \
-         its state ref's); times per apply. Each \
+         its state ref's; a build whose processes do not fold, `GITSTATE_FOLD_AFTER_WRITES=false` \
+         as on Lambda, gets one `gitstate fold` after the applies, as the template's schedule \
+         would run it, and its requests are counted too); times per apply. Each \
          build has its own repository and processes; the builds take turns row by row. \
          `GITSTATE_BENCH_SIDE_ENV=NAME=VALUE` adds this build once more with that setting.\n\n\
          | applies | gitstate | failed | git reqs per apply | p50 s | p95 s | max s | no-op reqs | no-op p95 s | p95 / no-op p95 | branch lag s |\n\

@@ -89,6 +89,11 @@ const DESCRIPTIONS: &[Described] = &[
         "`true`: every request of a Terraform run reaches this one process (one `serve` in front of its clients; `gitstate run` sets it itself), so the GET right after a LOCK is answered from what the LOCK push proved, without a git request. Leave it `false` with several processes behind one address, and on Lambda: a GET through the process that took the LOCK would not see a write made through another",
     ),
     describe_default(
+        "GITSTATE_FOLD_AFTER_WRITES",
+        "`true` (local), `false` (Lambda)",
+        "`true`: after a write to a state ref, the serving process folds the state refs onto the branch in the background ([state refs](#state-refs)); `false`: a scheduled `gitstate fold` does (the Lambda template's `FoldSchedule`, every minute), and the branch lags until it runs. On Lambda it cannot be `true`: a container is frozen once it has answered",
+    ),
+    describe_default(
         "GITSTATE_STATE_REFS",
         "`always` (Lambda), `auto` (local)",
         "where updates go: `always`, every update of an existing state to its own ref `refs/gitstate/states/<branch>/<sha1 of its path>` (created by its first update; on a host without atomic push as `never`), so writes of different states never share a compare-and-swap; `auto` and `never` (the same in this version), to the branch, except for a state that already has a ref. Creates and deletes go through the branch. Reads and folds look at state refs whatever this says ([state refs](#state-refs))",

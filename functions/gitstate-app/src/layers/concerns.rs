@@ -89,6 +89,7 @@ const CONCERNS: &[(Concern, &[&str])] = &[
             "GITSTATE_REQUIRE_ATOMIC",
             "GITSTATE_SINGLE_FRONT",
             "GITSTATE_STATE_REFS",
+            "GITSTATE_FOLD_AFTER_WRITES",
             "GITSTATE_GIT_MAX_RESPONSE_BYTES",
             "GITSTATE_GIT_WRITES_PER_PUSH",
             "GITSTATE_LOCK_REF_PREFIX",

@@ -83,6 +83,10 @@ pub const SETTINGS: &[Spec] = &[
         "every request of a Terraform run reaches this one process [false]",
     ),
     setting(
+        "GITSTATE_FOLD_AFTER_WRITES",
+        "fold state refs in the background after a write: true or false [true]",
+    ),
+    setting(
         "GITSTATE_STATE_REFS",
         "where updates go: always (own refs), auto or never (the branch) [auto]",
     ),

@@ -74,6 +74,9 @@ pub struct GitSettings {
     pub timeout: Duration,
     /// `GITSTATE_FOLD_LEASE_SECS`: a fold lease older than this is taken over (default 60).
     pub fold_lease_age: Duration,
+    /// `GITSTATE_FOLD_AFTER_WRITES`: fold the state refs in the background after a write to one
+    /// (default true locally; never on Lambda, where the template's schedule folds).
+    pub fold_after_writes: bool,
 }
 
 impl GitSettings {
@@ -128,6 +131,7 @@ impl GitSettings {
                 .map_or_else(|| PathBuf::from(".gitstate/repo.git"), PathBuf::from),
             timeout: Duration::from_secs(vars.number("GITSTATE_GIT_TIMEOUT_SECS", 20)?),
             fold_lease_age: Duration::from_secs(vars.number("GITSTATE_FOLD_LEASE_SECS", 60)?),
+            fold_after_writes: fold_after_writes(runtime, vars)?,
         })
     }
 
@@ -204,6 +208,26 @@ fn state_refs(runtime: Runtime, vars: &Vars<'_>) -> Result<StateRefs, ConfigErro
             var: "GITSTATE_STATE_REFS",
             reason: format!("{text:?} is none of `auto`, `always`, `never`"),
         }),
+    }
+}
+
+/// `GITSTATE_FOLD_AFTER_WRITES`: `true` by default locally. A Lambda container is frozen once
+/// it has answered, so a fold it started would stop halfway (holding the fold lease): there it
+/// is always `false`, and asking for `true` is refused.
+fn fold_after_writes(runtime: Runtime, vars: &Vars<'_>) -> Result<bool, ConfigError> {
+    const VAR: &str = "GITSTATE_FOLD_AFTER_WRITES";
+    let set = vars.get(VAR).is_some();
+    let fold = vars.flag(VAR)?;
+    match runtime {
+        Runtime::Local if !set => Ok(true),
+        Runtime::Local => Ok(fold),
+        Runtime::Lambda if fold => Err(ConfigError::Invalid {
+            var: VAR,
+            reason: "a Lambda container is frozen once it answers, so it cannot fold after a \
+                     write: the template's FoldSchedule folds every minute"
+                .into(),
+        }),
+        Runtime::Lambda => Ok(false),
     }
 }
 

@@ -77,6 +77,36 @@ fn state_refs_default_by_runtime() {
     }
 }
 
+/// Folds after writes: on locally unless set off; never on Lambda, where asking for them is
+/// refused by name (a frozen container would stop a fold halfway).
+#[test]
+fn folds_after_writes_by_runtime() {
+    let repository = ("GITSTATE_REPOSITORY", "https://h/o/r.git");
+    let read = |runtime, extra: Option<&str>| {
+        let mut vars = vec![repository];
+        vars.extend(extra.map(|v| ("GITSTATE_FOLD_AFTER_WRITES", v)));
+        settings(runtime, &vars).map(|s| s.git.fold_after_writes)
+    };
+    assert!(read(Runtime::Local, None).expect("valid"));
+    assert!(read(Runtime::Local, Some("true")).expect("valid"));
+    assert!(!read(Runtime::Local, Some("false")).expect("valid"));
+    assert!(!read(Runtime::Lambda, None).expect("valid"));
+    assert!(!read(Runtime::Lambda, Some("false")).expect("valid"));
+    let refused = read(Runtime::Lambda, Some("true")).expect_err("refused");
+    assert!(
+        refused.to_string().contains("GITSTATE_FOLD_AFTER_WRITES")
+            && refused.to_string().contains("FoldSchedule"),
+        "{refused}"
+    );
+    for runtime in [Runtime::Local, Runtime::Lambda] {
+        let bad = read(runtime, Some("yes")).expect_err("not a flag");
+        assert!(
+            bad.to_string().contains("GITSTATE_FOLD_AFTER_WRITES"),
+            "{bad}"
+        );
+    }
+}
+
 #[test]
 fn encryption_settings() {
     let s = settings(
