@@ -214,9 +214,7 @@ impl From<WriteError> for StoreError {
             WriteError::Remote(error) => classify(error),
             WriteError::Declined(_) => StoreError::Remote(Box::new(error)),
             WriteError::Contention { attempts } => StoreError::Contention { attempts },
-            WriteError::Unanswered | WriteError::Misrouted => {
-                StoreError::Internal(Box::new(error))
-            }
+            WriteError::Unanswered | WriteError::Misrouted => StoreError::Internal(Box::new(error)),
         }
     }
 }

@@ -468,7 +468,13 @@ fn every_operation_variant_has_a_case() {
     ];
     assert_eq!(
         writes.iter().map(write).collect::<BTreeSet<_>>(),
-        names(&["Remote", "Declined", "Contention", "Unanswered", "Misrouted"])
+        names(&[
+            "Remote",
+            "Declined",
+            "Contention",
+            "Unanswered",
+            "Misrouted"
+        ])
     );
     let folds = [
         FoldError::Remote(lower()),
