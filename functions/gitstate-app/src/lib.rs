@@ -168,7 +168,8 @@ fn store_settings(settings: &Settings) -> gitstate_git::GitSettings {
         max_history_depth: settings.limits.history_max_depth,
         writes_per_push: settings.limits.git_writes_per_push,
         fold_lease_age: settings.git.fold_lease_age,
-        fold_after_writes: git.fold_after_writes,
+        // Never on Lambda, whatever was read: a container is frozen once it has answered.
+        fold_after_writes: git.fold_after_writes && settings.runtime == Runtime::Local,
         state_refs: git.state_refs,
         single_front: git.single_front,
     }
