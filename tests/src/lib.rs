@@ -274,6 +274,9 @@ impl GitServer {
         // reflog). docs/operating.md tells operators to set the same; the tests check
         // gitstate's rules, not that race.
         git(&["config", "gc.packRefs", "false"], Some(&dir));
+        // The auto gc runs inside the push that starts it: a detached one still repacking when a
+        // test runs `git fsck` made fsck fail ("packfile index not opened").
+        git(&["config", "gc.autoDetach", "false"], Some(&dir));
         if self.mode == PushMode::NoAtomic {
             git(&["config", "receive.advertiseAtomic", "false"], Some(&dir));
         }
