@@ -129,7 +129,7 @@ impl GitStore {
         // from its own advertisement, and sends an update found there to the ref).
         let mut to_ref = self.options.state_refs == StateRefs::Always
             && matches!(change, Change::Put(_))
-            && !known_create(&remote, &self.lock_ref(name), path).await;
+            && !state::known_create(&remote, &self.lock_ref(name), path).await;
         for _ in 0..MAX_HOPS {
             match &change {
                 Change::Put(bytes) if to_ref => {
@@ -176,25 +176,4 @@ impl GitStore {
         }
         answer.await.unwrap_or(Err(WriteError::Unanswered))
     }
-}
-
-/// Whether a look at the state's home taken under this process's lock of it (the GET after the
-/// LOCK, say) found neither a ref nor, in the branch commit it saw, the file (read from the
-/// cache, no request): the write is a create. `false` when that is not known.
-async fn known_create(remote: &crate::store::remote::Remote, lock_ref: &str, path: &str) -> bool {
-    let Some((_, made)) = remote.made_lock_at(lock_ref) else {
-        return false;
-    };
-    let Some(seen) = remote.look_since(&remote.state_ref(path), made) else {
-        return false;
-    };
-    if seen.home != crate::store::known::Home::Absent {
-        return false;
-    }
-    let (cache, path) = (remote.cache.clone(), path.to_owned());
-    let absent = crate::store::blocking(move || {
-        Ok(cache.has(seen.branch)? && !cache.has_file(seen.branch, &path)?)
-    })
-    .await;
-    absent.unwrap_or(false)
 }

@@ -295,3 +295,22 @@ async fn push_state_commit(
         content: blob_id(update.bytes),
     })))
 }
+
+/// Whether a look at the state's home taken under this process's lock of it (the GET after the
+/// LOCK, say) found neither a ref nor, in the branch commit it saw, the file (read from the
+/// cache, no request): the write is a create. `false` when that is not known.
+pub(super) async fn known_create(remote: &Remote, lock_ref: &str, path: &str) -> bool {
+    let Some((_, made)) = remote.made_lock_at(lock_ref) else {
+        return false;
+    };
+    let Some(seen) = remote.look_since(&remote.state_ref(path), made) else {
+        return false;
+    };
+    if seen.home != Home::Absent {
+        return false;
+    }
+    let (cache, path) = (remote.cache.clone(), path.to_owned());
+    let absent =
+        blocking(move || Ok(cache.has(seen.branch)? && !cache.has_file(seen.branch, &path)?)).await;
+    absent.unwrap_or(false)
+}
