@@ -725,11 +725,11 @@ async fn a_single_front_lock_never_proves_a_state_without_a_ref_from_an_old_list
     );
 }
 
-/// F10: a version id the history API listed stays readable (`?at=`) and restorable after the
-/// state is deleted and created again (the console keeps such ids; on a branch alone they are
-/// commits of the branch's history for ever).
+/// F10: a version id the history API listed stays listed, readable (`?at=`) and restorable
+/// after the state is deleted and created again (the console keeps such ids; on a branch alone
+/// they are commits of the branch's history for ever). The delete replays the ref's writes onto
+/// the branch under new commits; each is listed under the state commit it replays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "F10 open: /work/notes/i27-findings.md"]
 async fn a_listed_version_id_stays_readable_after_a_delete() {
     use gitstate_tests::{Client, GitServer, state_json};
     let server = GitServer::start().await;
@@ -764,6 +764,36 @@ async fn a_listed_version_id_stays_readable_after_a_delete() {
             at.body
         );
     }
+    // The history after the delete lists each of them under the same id (a person copying an
+    // id from the console before the delete finds it after), and a restore of one lands.
+    let now = r.history(x, "").await.expect(200).history();
+    for version in &listed.versions {
+        assert!(
+            now.versions.iter().any(|v| v.version == version.version),
+            "{} (serial {:?}) is no longer listed: {:?}",
+            version.version,
+            version.serial,
+            now.versions
+                .iter()
+                .map(|v| (&v.version, v.serial))
+                .collect::<Vec<_>>()
+        );
+    }
+    let second = listed
+        .versions
+        .iter()
+        .find(|v| v.serial == Some(2))
+        .expect("serial 2 listed");
+    r.restore(x, &second.version).await.expect(200);
+    let restored = p.get_state(x).await.expect(200);
+    let restored: serde_json::Value = serde_json::from_str(&restored.body).expect("a state");
+    // A restore is a new write of that content, numbered above the stored serial.
+    assert_eq!(
+        (restored["lineage"].as_str(), restored["serial"].as_u64()),
+        (Some("l"), Some(3)),
+        "the restore of {} (serial 2 of the deleted state, over serial 1 of the new one)",
+        second.version
+    );
 }
 
 /// F7: one state name on two branches of one repository (`?ref=`, `GITSTATE_ALLOWED_REFS`).

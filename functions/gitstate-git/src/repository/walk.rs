@@ -38,6 +38,26 @@ pub enum Chain {
     },
 }
 
+/// Where a search for the branch commit that replays a state commit got (see
+/// [`Cache::replay_of`]).
+pub enum Replayed {
+    /// This branch commit carries the state commit.
+    At(ObjectId),
+    /// The chain is complete and no commit on it carries the state commit.
+    Absent,
+    /// The chain reaches `boundary`, whose parent the cache lacks, after `walked` commits.
+    Shallow { boundary: ObjectId, walked: usize },
+}
+
+/// The id a revision is listed under: the state commit a fold or a delete replayed onto the
+/// branch (its `State-commit` trailer, when that is a commit id), else the commit's own. A
+/// write keeps the id it was first listed under, whether its ref was folded or deleted since.
+fn listed_id(commit: ObjectId, message: &str) -> String {
+    gitstate_core::trailers::state_commit_of(message)
+        .filter(|id| ObjectId::from_hex(id.as_bytes()).is_ok())
+        .unwrap_or_else(|| commit.to_string())
+}
+
 /// How far a search for the newest revisions of several paths got.
 pub enum Latest {
     Done(HashMap<String, Revision>),
@@ -69,6 +89,33 @@ impl Cache {
                 }
                 Some(parent) => at = parent.detach(),
                 None => return Ok(Chain::Absent),
+            }
+        }
+    }
+
+    /// The commit on the first-parent chain of `tip` whose `State-commit` trailer names
+    /// `state_commit`: where a fold or a delete replayed that write onto the branch.
+    pub fn replay_of(&self, tip: ObjectId, state_commit: ObjectId) -> Result<Replayed, Error> {
+        let repo = self.repo()?;
+        let wanted = state_commit.to_string();
+        let mut at = tip;
+        let mut walked = 0usize;
+        loop {
+            let commit = repo.find_commit(at)?;
+            let message = commit.decode()?.message.to_string();
+            if gitstate_core::trailers::state_commit_of(&message).as_deref() == Some(&wanted) {
+                return Ok(Replayed::At(at));
+            }
+            walked += 1;
+            match commit.parent_ids().next() {
+                Some(parent) if !repo.has_object(parent) => {
+                    return Ok(Replayed::Shallow {
+                        boundary: at,
+                        walked,
+                    });
+                }
+                Some(parent) => at = parent.detach(),
+                None => return Ok(Replayed::Absent),
             }
         }
     }
@@ -113,7 +160,7 @@ impl Cache {
                     let found = repo.find_commit(commit)?;
                     let decoded = found.decode()?;
                     page.revisions.push(Revision {
-                        version: commit.to_string(),
+                        version: listed_id(commit, &decoded.message.to_string()),
                         time: decoded.committer()?.seconds(),
                         author: decoded.author()?.name.to_string(),
                         message: decoded.message.to_string(),
@@ -138,7 +185,7 @@ impl Cache {
         let found = repo.find_commit(commit)?;
         let decoded = found.decode()?;
         Ok(Revision {
-            version: commit.to_string(),
+            version: listed_id(commit, &decoded.message.to_string()),
             time: decoded.committer()?.seconds(),
             author: decoded.author()?.name.to_string(),
             message: decoded.message.to_string(),

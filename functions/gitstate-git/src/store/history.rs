@@ -12,7 +12,7 @@ use gitstate_core::ports::{HistoryPage, Location, Revision};
 
 use super::remote::Remote;
 use super::{Broken, GitStore, HistoryError, blocking, null};
-use crate::repository::{self, Chain, Latest, Walk};
+use crate::repository::{self, Chain, Latest, Replayed, Walk};
 use crate::sync::lock;
 
 /// History is fetched this many commits deep at first, then four times deeper each time a page
@@ -177,8 +177,14 @@ impl GitStore {
             on_seen_chain =
                 blocking(move || cache.find_on_chain(seen, commit)).await? == Chain::Found;
         }
+        let mut commit = commit;
         if !on_seen_chain && !self.find_revision(&remote, at, name, commit).await? {
-            return Ok(None);
+            // A write listed under its state commit, which a fold or a delete replayed onto the
+            // branch (its ref may be gone): read it where the branch carries it.
+            match self.find_replay(&remote, at, name, commit).await? {
+                Some(replay) => commit = replay,
+                None => return Ok(None),
+            }
         }
         let path = name.to_string();
         if remote.cache.is_commit(commit)? {
@@ -209,6 +215,36 @@ impl GitStore {
             }
         }
         Ok(false)
+    }
+
+    /// The branch commit that replays the state commit `state_commit` of `name` (see
+    /// [`crate::repository::Cache::replay_of`]), deepening the cache as far as this deployment
+    /// looks.
+    async fn find_replay(
+        &self,
+        remote: &Remote,
+        at: &Location,
+        name: &StateName,
+        state_commit: ObjectId,
+    ) -> Result<Option<ObjectId>, HistoryError> {
+        let (Some(tip), _) = self.branch_and_state(remote, at, name.as_str()).await? else {
+            return Ok(None);
+        };
+        let max = self.options.max_history_depth;
+        let mut depth = FIRST_HISTORY_DEPTH.min(max);
+        loop {
+            let cache = remote.cache.clone();
+            match blocking(move || cache.replay_of(tip, state_commit)).await? {
+                Replayed::At(replay) => return Ok(Some(replay)),
+                Replayed::Absent => return Ok(None),
+                Replayed::Shallow { boundary, walked } => {
+                    match deepen_past(remote, tip, Some(boundary), walked, depth, max).await? {
+                        Deeper::Fetched(next) => depth = next,
+                        Deeper::AtMost | Deeper::Whole => return Ok(None),
+                    }
+                }
+            }
+        }
     }
 
     /// Make the cache hold `commit` if it is on the first-parent chain of `tip` (a branch or
