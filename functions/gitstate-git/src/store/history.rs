@@ -8,6 +8,7 @@ use bytes::Bytes;
 use gix::ObjectId;
 
 use gitstate_core::StateName;
+use gitstate_core::fold::{FOLDED_PATH, FoldRecord};
 use gitstate_core::ports::{HistoryPage, Location, Revision};
 
 use super::remote::Remote;
@@ -181,7 +182,7 @@ impl GitStore {
         if !on_seen_chain && !self.find_revision(&remote, at, name, commit).await? {
             // A write listed under its state commit, which a fold or a delete replayed onto the
             // branch (its ref may be gone): read it where the branch carries it.
-            match self.find_replay(&remote, at, name, commit).await? {
+            match self.find_replay(&remote, name, commit).await? {
                 Some(replay) => commit = replay,
                 None => return Ok(None),
             }
@@ -218,18 +219,32 @@ impl GitStore {
     }
 
     /// The branch commit that replays the state commit `state_commit` of `name` (see
-    /// [`crate::repository::Cache::replay_of`]), deepening the cache as far as this deployment
-    /// looks.
+    /// [`crate::repository::Cache::replay_of`]), on the branch tip the lookup before it saw.
+    /// Only a state the fold record names ever had writes replayed: for any other (the record
+    /// read from the tip's tree, its blob fetched at most) an id nobody knows costs nothing more;
+    /// for one it names, the branch's history is searched as deep as this deployment looks.
     async fn find_replay(
         &self,
         remote: &Remote,
-        at: &Location,
         name: &StateName,
         state_commit: ObjectId,
     ) -> Result<Option<ObjectId>, HistoryError> {
-        let (Some(tip), _) = self.branch_and_state(remote, at, name.as_str()).await? else {
+        let Some(tip) = remote.recent_tip(Duration::MAX) else {
             return Ok(None);
         };
+        let (cache, path) = (remote.cache.clone(), name.to_string());
+        if !remote.cache.has(tip)? || !blocking(move || cache.has_file(tip, FOLDED_PATH)).await? {
+            return Ok(None);
+        }
+        remote.want_blobs(tip, vec![FOLDED_PATH.to_owned()]).await?;
+        let cache = remote.cache.clone();
+        let record = blocking(move || cache.read_path(tip, FOLDED_PATH)).await?;
+        let named = record
+            .and_then(|bytes| FoldRecord::parse(&bytes).ok())
+            .is_some_and(|record| record.last(&path).is_some());
+        if !named {
+            return Ok(None);
+        }
         let max = self.options.max_history_depth;
         let mut depth = FIRST_HISTORY_DEPTH.min(max);
         loop {
