@@ -15,7 +15,7 @@ use super::remote::Remote;
 use super::{GitStore, blocking};
 use crate::protocol::{Advert, Service};
 use crate::repository::Cache;
-use crate::store::RemoteError as Error;
+use crate::store::RemoteError;
 use crate::sync::lock;
 
 /// The ref that holds a state's newest content, and its tip.
@@ -34,7 +34,7 @@ impl GitStore {
     /// Knowing that a state has no state ref is as of the last listing of every ref: another
     /// process may have created one since, and a push cannot assert that a ref is absent without
     /// creating it. A caller that asserts the branch tip proves only that the branch did not move.
-    pub fn holder(&self, at: &Location, name: &StateName) -> Result<Option<Holder>, Error> {
+    pub fn holder(&self, at: &Location, name: &StateName) -> Result<Option<Holder>, RemoteError> {
         let remote = self.remote(at)?;
         let state = remote.state_ref(name.as_str());
         let known = lock(&remote.known_states).tip(&state);
@@ -57,7 +57,7 @@ impl GitStore {
         remote: &Remote,
         at: &Location,
         path: &str,
-    ) -> Result<(Option<ObjectId>, Option<ObjectId>), Error> {
+    ) -> Result<(Option<ObjectId>, Option<ObjectId>), RemoteError> {
         let branch = at.branch.full_ref();
         let state = remote.state_ref(path);
         let advert = remote
@@ -85,7 +85,7 @@ impl GitStore {
         remote: &Remote,
         at: &Location,
         names: &[StateName],
-    ) -> Result<(Option<ObjectId>, HashMap<String, Revision>), Error> {
+    ) -> Result<(Option<ObjectId>, HashMap<String, Revision>), RemoteError> {
         let branch = at.branch.full_ref();
         let wanted = std::iter::once(branch.clone())
             .chain(names.iter().map(|name| remote.state_ref(name.as_str())))
@@ -130,7 +130,7 @@ impl Remote {
     pub(super) async fn state_tips(
         &self,
         advert: &Advert,
-    ) -> Result<HashMap<String, ObjectId>, Error> {
+    ) -> Result<HashMap<String, ObjectId>, RemoteError> {
         let beside = self
             .transport
             .refs_beside(advert, &states_of(&self.branch))
@@ -151,7 +151,7 @@ impl Remote {
         &self,
         files: Vec<(String, ObjectId)>,
         states: &HashMap<String, ObjectId>,
-    ) -> Result<Vec<(String, ObjectId)>, Error> {
+    ) -> Result<Vec<(String, ObjectId)>, RemoteError> {
         if states.is_empty() {
             return Ok(files);
         }
@@ -179,7 +179,7 @@ impl Remote {
         tip: ObjectId,
         state: ObjectId,
         path: &str,
-    ) -> Result<Option<Vec<u8>>, Error> {
+    ) -> Result<Option<Vec<u8>>, RemoteError> {
         if !self.branch_has(tip, path).await? {
             return Ok(None);
         }
@@ -188,7 +188,7 @@ impl Remote {
     }
 
     /// Whether the branch commit `tip` has a file at `path` (its trees are fetched if missing).
-    pub(super) async fn branch_has(&self, tip: ObjectId, path: &str) -> Result<bool, Error> {
+    pub(super) async fn branch_has(&self, tip: ObjectId, path: &str) -> Result<bool, RemoteError> {
         self.ensure(vec![tip]).await?;
         let (cache, path) = (self.cache.clone(), path.to_owned());
         Ok(blocking(move || cache.has_file(tip, &path)).await?)
@@ -196,7 +196,7 @@ impl Remote {
 
     /// Make the cache hold the state commits `tips`, with their blobs (a state commit's tree
     /// holds one file): what the branch tip this process knows lacks comes in one request.
-    pub(super) async fn ensure_state(&self, tips: Vec<ObjectId>) -> Result<(), Error> {
+    pub(super) async fn ensure_state(&self, tips: Vec<ObjectId>) -> Result<(), RemoteError> {
         if tips.is_empty() {
             return Ok(());
         }

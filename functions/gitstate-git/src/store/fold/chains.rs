@@ -11,7 +11,7 @@ use gitstate_core::fold::{FOLDED_PATH, FoldRecord};
 
 use super::View;
 use crate::repository::{self, Cache, Corruption, StateCommit};
-use crate::store::RemoteError as Error;
+use crate::store::RemoteError;
 use crate::store::blocking;
 use crate::store::known::state_ref;
 use crate::store::remote::Remote;
@@ -51,7 +51,7 @@ struct Chain {
 
 /// Fetch the unfolded state commits of `view`, check each state against the branch, and
 /// replay those that pass onto the tip.
-pub(super) async fn plan(remote: &Arc<Remote>, view: &View) -> Result<Planned, Error> {
+pub(super) async fn plan(remote: &Arc<Remote>, view: &View) -> Result<Planned, RemoteError> {
     let branch = remote.branch.clone();
     let wants: Vec<ObjectId> = view.pending.iter().map(|(_, tip)| *tip).collect();
     let pending_names: HashSet<&str> = view.pending.iter().map(|(n, _)| n.as_str()).collect();
@@ -199,7 +199,7 @@ pub(in crate::store) async fn replay_one(
     name: String,
     state_tip: ObjectId,
     path: &str,
-) -> Result<Option<OneState>, Error> {
+) -> Result<Option<OneState>, RemoteError> {
     remote.want_blobs(tip, vec![FOLDED_PATH.to_owned()]).await?;
     let cache = remote.cache.clone();
     let record = blocking(move || match cache.read_path(head, FOLDED_PATH)? {

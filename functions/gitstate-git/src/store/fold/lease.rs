@@ -6,7 +6,7 @@ use gix::ObjectId;
 
 use super::Folder;
 use crate::protocol::{Advert, Command};
-use crate::store::RemoteError as Error;
+use crate::store::RemoteError;
 use crate::store::{blocking, null};
 
 /// The lease ref.
@@ -44,7 +44,7 @@ pub(super) enum Bid {
 impl Folder {
     /// Hold the lease, as `advert` shows it: keep it, create it, or take it over when it is
     /// older than the lease age.
-    pub(super) async fn hold_lease(&mut self, advert: &Advert) -> Result<Bid, Error> {
+    pub(super) async fn hold_lease(&mut self, advert: &Advert) -> Result<Bid, RemoteError> {
         if self.lease.is_some() {
             return Ok(Bid::Held);
         }
@@ -87,7 +87,7 @@ impl Folder {
     }
 
     /// Whether the lease commit `held` is older than the lease age (by its committer time).
-    async fn expired(&self, held: ObjectId) -> Result<bool, Error> {
+    async fn expired(&self, held: ObjectId) -> Result<bool, RemoteError> {
         self.remote.ensure_with(vec![held], true).await?;
         let cache = self.remote.cache.clone();
         let (_, since) = blocking(move || cache.commit_summary(held)).await?;

@@ -30,7 +30,7 @@ use super::remote::Remote;
 use super::{FoldError, GitStore, WriteMode, blocking};
 use crate::protocol::{Advert, Command, Service};
 use crate::repository::Corruption;
-use crate::store::RemoteError as Error;
+use crate::store::RemoteError;
 use chains::Planned;
 pub(super) use chains::replay_one;
 use lease::Bid;
@@ -93,7 +93,7 @@ struct View {
 
 impl Folder {
     /// Look, fold, push, until a look finds nothing left to fold; `None`: out of rounds.
-    async fn rounds(&mut self) -> Result<Option<FoldReport>, Error> {
+    async fn rounds(&mut self) -> Result<Option<FoldReport>, RemoteError> {
         let mut report = FoldReport::default();
         // States this fold will not fold (refused, or left over by a delete): not a reason to
         // look again.
@@ -127,7 +127,7 @@ impl Folder {
         &mut self,
         settled: &mut HashSet<(String, ObjectId)>,
         report: &mut FoldReport,
-    ) -> Result<Round, Error> {
+    ) -> Result<Round, RemoteError> {
         let Some(view) = self.look(settled).await? else {
             return Ok(Round::Done);
         };
@@ -160,7 +160,10 @@ impl Folder {
 
     /// The branch, the lease and every state ref, and the record at the tip. `None`: nothing
     /// to fold (no branch, no state ref, or every state ref's tip folded or settled).
-    async fn look(&mut self, settled: &HashSet<(String, ObjectId)>) -> Result<Option<View>, Error> {
+    async fn look(
+        &mut self,
+        settled: &HashSet<(String, ObjectId)>,
+    ) -> Result<Option<View>, RemoteError> {
         let remote = &self.remote;
         let names = vec![self.branch.clone(), lease::LEASE_REF.to_owned()];
         let mut advert = remote.refs(Service::ReceivePack, names).await?;
@@ -206,7 +209,7 @@ impl Folder {
     }
 
     /// The fold record at `tip` (fetched with the tip's trees and the index when missing).
-    async fn record_at(&self, tip: ObjectId) -> Result<FoldRecord, Error> {
+    async fn record_at(&self, tip: ObjectId) -> Result<FoldRecord, RemoteError> {
         let remote = &self.remote;
         remote.ensure(vec![tip]).await?;
         remote.saw_tip(tip);
@@ -225,7 +228,7 @@ impl Folder {
 
     /// Push the replays: the branch from the tip looked at to the last replay, and, on a remote
     /// that pushes atomically, the lease's release with it. Whether it landed.
-    async fn push(&mut self, view: &View, planned: &Planned) -> Result<bool, Error> {
+    async fn push(&mut self, view: &View, planned: &Planned) -> Result<bool, RemoteError> {
         let mut commands = vec![Command {
             old: view.tip,
             new: planned.head,

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::store::RemoteError as Error;
+use crate::store::RemoteError;
 use crate::store::WriteError;
 
 use super::queue::{Job, Routed, Stage};
@@ -104,7 +104,7 @@ impl Writer {
 }
 
 /// A round that failed before its push had a verdict.
-fn settle_failure(batch: &mut Vec<Job>, standing: &mut Standing, error: Error) {
+fn settle_failure(batch: &mut Vec<Job>, standing: &mut Standing, error: RemoteError) {
     standing.refused = None;
     // A tip that moved between advertisement and fetch ("not our ref"), a remote that hiccuped:
     // every round starts from what the remote says now, and a push that did land shows up as

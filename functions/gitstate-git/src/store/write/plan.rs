@@ -10,7 +10,7 @@ use gix::ObjectId;
 use gitstate_core::ports::{Change, CommitMeta, Refusal, Stored, Written};
 
 use super::queue::Job;
-use crate::store::RemoteError as Error;
+use crate::store::RemoteError;
 use crate::store::blocking;
 use crate::store::known::Home;
 use crate::store::remote::Remote;
@@ -34,7 +34,7 @@ pub(super) async fn plan_one(
     lock_tip: Option<ObjectId>,
     home: Option<Home>,
     always: bool,
-) -> Result<Planned, Error> {
+) -> Result<Planned, RemoteError> {
     // The tree rule, against the very tree the commit is built on: a concurrent writer that
     // slips a clashing path in makes the push lose the compare-and-swap, and the next round
     // sees it here. Writes in one round never overlap, so the tip's tree is the chain's.

@@ -8,7 +8,7 @@ use gitstate_core::ports::Written;
 
 use super::queue::Stage;
 use crate::protocol::{Command, Updates};
-use crate::store::RemoteError as Error;
+use crate::store::RemoteError;
 use crate::store::remote::Remote;
 use crate::store::{WriteMode, null};
 use crate::sync::lock;
@@ -83,7 +83,7 @@ pub(super) async fn push_chain(
     remote: &Remote,
     pushing: Pushing,
     stages: &mut [Stage],
-) -> Result<(Option<String>, Vec<String>), Error> {
+) -> Result<(Option<String>, Vec<String>), RemoteError> {
     let Pushing {
         tip,
         floor,

@@ -17,7 +17,7 @@ use crate::protocol::Command;
 use crate::protocol::{Advert, Service};
 use crate::repository::NewCommit;
 use crate::settings::StateRefs;
-use crate::store::RemoteError as Error;
+use crate::store::RemoteError;
 use crate::store::fold::replay_one;
 use crate::store::known::{Home, Seen};
 use crate::store::remote::Remote;
@@ -44,7 +44,7 @@ impl Writer {
         jobs: &[Job],
         lock_refs: &[Option<String>],
         floor: bool,
-    ) -> Result<Start, Error> {
+    ) -> Result<Start, RemoteError> {
         let (remote, at) = (&*self.remote, &self.at);
         let always = self.state_refs == StateRefs::Always;
         if floor && let Some(start) = floor_start(remote, jobs, lock_refs, always)? {
@@ -87,7 +87,7 @@ impl Writer {
     /// One round of a batch of writes (distinct, non-overlapping paths): each write's check and
     /// plan against the tip, one commit per write that changes something, chained on the tip,
     /// and one push of the chain. Where each job stands after it, in order: `Done` or `Fresh`.
-    pub(super) async fn write_round(&self, round: Round<'_>) -> Result<Outcome, Error> {
+    pub(super) async fn write_round(&self, round: Round<'_>) -> Result<Outcome, RemoteError> {
         let jobs = round.jobs;
         let lock_refs: Vec<Option<String>> = jobs
             .iter()
@@ -159,7 +159,7 @@ impl Writer {
     /// Bring into the cache what the round reads: the tip's trees (and, right after a lost race,
     /// what changed since), the writers' lock commits, the blobs of the written states and of
     /// the index.
-    async fn fetch_for(&self, round: &Round<'_>, start: &Start) -> Result<(), Error> {
+    async fn fetch_for(&self, round: &Round<'_>, start: &Start) -> Result<(), RemoteError> {
         let remote = &*self.remote;
         let tip = start.tip;
         let wants: Vec<ObjectId> = tip
@@ -204,7 +204,11 @@ impl Writer {
 
     /// Where each write stands against the round's start (`Done`, `Fresh`, or `Pushing` its
     /// commit), and the chain of those commits.
-    async fn plan_all(&self, jobs: &[Job], start: &Start) -> Result<(Vec<Stage>, Chain), Error> {
+    async fn plan_all(
+        &self,
+        jobs: &[Job],
+        start: &Start,
+    ) -> Result<(Vec<Stage>, Chain), RemoteError> {
         let remote = &*self.remote;
         // Without atomic push no state ref is created (`always` is `never` there): a delete could
         // not remove a ref and the branch's file as one.
@@ -298,7 +302,7 @@ impl Writer {
         tip: ObjectId,
         state_tip: ObjectId,
         path: &str,
-    ) -> Result<bool, Error> {
+    ) -> Result<bool, RemoteError> {
         let remote = &*self.remote;
         let head = chain.head.unwrap_or(tip);
         let name = remote.state_ref(path);
@@ -474,7 +478,7 @@ fn floor_start(
     jobs: &[Job],
     lock_refs: &[Option<String>],
     always: bool,
-) -> Result<Option<Start>, Error> {
+) -> Result<Option<Start>, RemoteError> {
     let Some(caps) = remote.floor_caps() else {
         return Ok(None);
     };

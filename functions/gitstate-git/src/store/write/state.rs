@@ -32,7 +32,7 @@ use super::queue::{MAX_WRITE_ATTEMPTS, WRITE_DEADLINE};
 use crate::protocol::{Command, Service, Updates};
 use crate::repository::NewCommit;
 use crate::settings::StateRefs;
-use crate::store::RemoteError as Error;
+use crate::store::RemoteError;
 use crate::store::known::{Home, Seen};
 use crate::store::remote::Remote;
 use crate::store::{GitStore, WriteError, WriteMode, blocking, null};
@@ -170,7 +170,7 @@ async fn ref_fresh(
     remote: &Remote,
     at: &Location,
     update: &Update<'_>,
-) -> Result<Option<Start>, Error> {
+) -> Result<Option<Start>, RemoteError> {
     let branch = at.branch.full_ref();
     let asked = Instant::now();
     let names = vec![
@@ -195,7 +195,11 @@ async fn ref_fresh(
 }
 
 /// One attempt: the plan against the newest stored content, the state commit, its push.
-async fn ref_round(remote: &Remote, update: &Update<'_>, start: &Start) -> Result<Step, Error> {
+async fn ref_round(
+    remote: &Remote,
+    update: &Update<'_>,
+    start: &Start,
+) -> Result<Step, RemoteError> {
     let path = update.name.as_str();
     // At the floor only a push rests on what this process remembers: anything else is decided
     // again from the remote.
@@ -253,7 +257,7 @@ async fn push_state_commit(
     start: &Start,
     state_tip: Option<ObjectId>,
     commit: NewCommit,
-) -> Result<Step, Error> {
+) -> Result<Step, RemoteError> {
     let command = Command {
         old: state_tip.unwrap_or_else(null),
         new: commit.id,
