@@ -337,6 +337,27 @@ async fn a_late_delete_never_takes_the_next_holders_write_with_it() {
     }
 }
 
+/// A git server with the repository `repo` (pushing as `push` says) and `count` serve processes
+/// on it, each with `env`: the server, the repository's URL, the processes' folder (kept while
+/// they run) and the processes.
+async fn site(
+    push: gitstate_tests::PushMode,
+    repo: &str,
+    count: usize,
+    env: &[(&str, &str)],
+) -> (
+    gitstate_tests::GitServer,
+    String,
+    tempfile::TempDir,
+    Vec<gitstate_tests::process::ServeProcess>,
+) {
+    let server = gitstate_tests::GitServer::start_in(push).await;
+    let url = server.create_repo(repo);
+    let root = tempfile::tempdir().expect("tempdir");
+    let procs = processes(&url, root.path(), count, env).await;
+    (server, url, root, procs)
+}
+
 /// Serve processes on `url`, each with `env` on top of the test defaults.
 async fn processes(
     url: &str,
@@ -381,12 +402,15 @@ async fn history_of(client: &gitstate_tests::Client, name: &str) -> Vec<(Option<
 /// and an accepted one keeps every revision in the history and folds onto the branch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_warm_process_never_judges_or_bases_a_write_on_a_state_deleted_since() {
-    use gitstate_tests::{Client, GitServer, state_json};
+    use gitstate_tests::{Client, state_json};
     for refs in ["always", "auto"] {
-        let server = GitServer::start().await;
-        let url = server.create_repo("warm");
-        let root = tempfile::tempdir().expect("tempdir");
-        let procs = processes(&url, root.path(), 3, &[("GITSTATE_STATE_REFS", refs)]).await;
+        let (server, url, _root, procs) = site(
+            gitstate_tests::PushMode::Atomic,
+            "warm",
+            3,
+            &[("GITSTATE_STATE_REFS", refs)],
+        )
+        .await;
         let clients: Vec<Client> = procs.iter().map(|p| Client::new(&p.url)).collect();
         let (q1, q2, r) = (&clients[0], &clients[1], &clients[2]);
         let x = "team/warm.tfstate";
@@ -465,23 +489,20 @@ async fn a_warm_process_never_judges_or_bases_a_write_on_a_state_deleted_since()
 /// never comes back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_after_a_delete_that_left_its_state_ref_reads_back() {
-    use gitstate_tests::{Client, GitServer, PushMode, state_json};
+    use gitstate_tests::{Client, PushMode, state_json};
     for (how, push) in [
         ("git rm by hand", PushMode::Atomic),
         ("git rm by hand", PushMode::NoAtomic),
         ("a DELETE whose ref delete failed", PushMode::NoAtomic),
     ] {
         for locked in [true, false] {
-            let server = GitServer::start_in(push).await;
-            let url = server.create_repo("left");
-            let dir = server.repo_dir("left");
-            let hook = Hold::install(&dir);
-            let root = tempfile::tempdir().expect("tempdir");
             let env = [
                 ("GITSTATE_STATE_REFS", "always"),
                 ("GITSTATE_ALLOW_UNLOCKED_WRITES", "true"),
             ];
-            let procs = processes(&url, root.path(), 3, &env).await;
+            let (server, _url, _root, procs) = site(push, "left", 3, &env).await;
+            let dir = server.repo_dir("left");
+            let hook = Hold::install(&dir);
             let c: Vec<Client> = procs.iter().map(|p| Client::new(&p.url)).collect();
             let x = "team/left.tfstate";
             let case = format!("{how}, {push:?}, locked {locked}");
@@ -542,11 +563,14 @@ async fn a_write_after_a_delete_that_left_its_state_ref_reads_back() {
 /// acknowledged write once, in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delete_through_the_locking_process_carries_a_write_made_through_another() {
-    use gitstate_tests::{Client, GitServer, state_json};
-    let server = GitServer::start().await;
-    let url = server.create_repo("carry");
-    let root = tempfile::tempdir().expect("tempdir");
-    let procs = processes(&url, root.path(), 3, &[("GITSTATE_STATE_REFS", "always")]).await;
+    use gitstate_tests::{Client, state_json};
+    let (server, url, _root, procs) = site(
+        gitstate_tests::PushMode::Atomic,
+        "carry",
+        3,
+        &[("GITSTATE_STATE_REFS", "always")],
+    )
+    .await;
     let c: Vec<Client> = procs.iter().map(|p| Client::new(&p.url)).collect();
     let (p, q, r) = (&c[0], &c[1], &c[2]);
     // Warm P (capabilities, tip): its next LOCK and writes go at the floor.
@@ -612,12 +636,15 @@ async fn a_delete_through_the_locking_process_carries_a_write_made_through_anoth
 /// state as it is (serial 10, same lineage) that write is stale: 409, nothing written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_through_the_locking_process_is_judged_against_a_create_made_through_another() {
-    use gitstate_tests::{Client, GitServer, state_json};
+    use gitstate_tests::{Client, state_json};
     for refs in ["always", "auto"] {
-        let server = GitServer::start().await;
-        let url = server.create_repo("judge");
-        let root = tempfile::tempdir().expect("tempdir");
-        let procs = processes(&url, root.path(), 2, &[("GITSTATE_STATE_REFS", refs)]).await;
+        let (_server, url, _root, procs) = site(
+            gitstate_tests::PushMode::Atomic,
+            "judge",
+            2,
+            &[("GITSTATE_STATE_REFS", refs)],
+        )
+        .await;
         let c: Vec<Client> = procs.iter().map(|p| Client::new(&p.url)).collect();
         let (p, r) = (&c[0], &c[1]);
         let warm = "warm/p.tfstate";
@@ -731,11 +758,14 @@ async fn a_single_front_lock_never_proves_a_state_without_a_ref_from_an_old_list
 /// the branch under new commits; each is listed under the state commit it replays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listed_version_id_stays_readable_after_a_delete() {
-    use gitstate_tests::{Client, GitServer, state_json};
-    let server = GitServer::start().await;
-    let url = server.create_repo("ids");
-    let root = tempfile::tempdir().expect("tempdir");
-    let procs = processes(&url, root.path(), 2, &[("GITSTATE_STATE_REFS", "always")]).await;
+    use gitstate_tests::{Client, state_json};
+    let (_server, _url, _root, procs) = site(
+        gitstate_tests::PushMode::Atomic,
+        "ids",
+        2,
+        &[("GITSTATE_STATE_REFS", "always")],
+    )
+    .await;
     let (p, r) = (Client::new(&procs[0].url), Client::new(&procs[1].url));
     let x = "team/ids.tfstate";
     p.lock(x, "h").await.expect(200);
@@ -801,15 +831,12 @@ async fn a_listed_version_id_stays_readable_after_a_delete() {
 /// lists or folds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_state_ref_belongs_to_its_branch() {
-    use gitstate_tests::{Client, GitServer, state_json};
-    let server = GitServer::start().await;
-    let url = server.create_repo("two");
-    let root = tempfile::tempdir().expect("tempdir");
+    use gitstate_tests::{Client, state_json};
     let env = [
         ("GITSTATE_STATE_REFS", "always"),
         ("GITSTATE_ALLOWED_REFS", "staging"),
     ];
-    let procs = processes(&url, root.path(), 2, &env).await;
+    let (server, url, _root, procs) = site(gitstate_tests::PushMode::Atomic, "two", 2, &env).await;
     let (p, r) = (Client::new(&procs[0].url), Client::new(&procs[1].url));
     let x = "team/two.tfstate";
     write_on(&p, x, "main", "m1", state_json("main", 1)).await;
@@ -873,18 +900,16 @@ async fn write_on(
 /// in the same process still land.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delete_that_cannot_carry_its_writes_is_refused_alone() {
-    use gitstate_tests::{Client, GitServer, state_json};
-    let server = GitServer::start().await;
-    let url = server.create_repo("stuck");
-    let dir = server.repo_dir("stuck");
-    let bare = Bare::new(&dir, "main");
-    hold_folds(&bare);
-    let root = tempfile::tempdir().expect("tempdir");
+    use gitstate_tests::{Client, state_json};
     let env = [
         ("GITSTATE_STATE_REFS", "always"),
         ("GITSTATE_ALLOW_UNLOCKED_WRITES", "true"),
     ];
-    let procs = processes(&url, root.path(), 1, &env).await;
+    let (server, _url, _root, procs) =
+        site(gitstate_tests::PushMode::Atomic, "stuck", 1, &env).await;
+    let dir = server.repo_dir("stuck");
+    let bare = Bare::new(&dir, "main");
+    hold_folds(&bare);
     let p = Client::new(&procs[0].url);
     let (x, others) = (
         "team/stuck.tfstate",
@@ -945,16 +970,19 @@ async fn a_delete_that_cannot_carry_its_writes_is_refused_alone() {
 /// then the removal, and every other state's is every write once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deletes_batched_in_one_push_each_carry_their_own_writes() {
-    use gitstate_tests::{Client, GitServer, state_json};
+    use gitstate_tests::{Client, state_json};
     let mut rng = rand::rngs::StdRng::seed_from_u64(0xba7c);
     for round in 0..3 {
-        let server = GitServer::start().await;
-        let url = server.create_repo("batch");
+        let (server, url, _root, procs) = site(
+            gitstate_tests::PushMode::Atomic,
+            "batch",
+            1,
+            &[("GITSTATE_STATE_REFS", "always")],
+        )
+        .await;
         let dir = server.repo_dir("batch");
         let bare = Bare::new(&dir, "main");
         hold_folds(&bare);
-        let root = tempfile::tempdir().expect("tempdir");
-        let procs = processes(&url, root.path(), 1, &[("GITSTATE_STATE_REFS", "always")]).await;
         let p = std::sync::Arc::new(Client::new(&procs[0].url));
         let names: Vec<String> = (0..rng.random_range(3..7))
             .map(|i| format!("batch/s{i}.tfstate"))
@@ -1020,13 +1048,16 @@ async fn deletes_batched_in_one_push_each_carry_their_own_writes() {
 /// behind), after a delete that carried them, and after the state is created again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_list_answers_the_newest_serial_of_unfolded_states() {
-    use gitstate_tests::{Client, GitServer, state_json};
-    let server = GitServer::start().await;
-    let url = server.create_repo("list");
+    use gitstate_tests::{Client, state_json};
+    let (server, _url, _root, procs) = site(
+        gitstate_tests::PushMode::Atomic,
+        "list",
+        2,
+        &[("GITSTATE_STATE_REFS", "always")],
+    )
+    .await;
     let bare = Bare::new(&server.repo_dir("list"), "main");
     hold_folds(&bare);
-    let root = tempfile::tempdir().expect("tempdir");
-    let procs = processes(&url, root.path(), 2, &[("GITSTATE_STATE_REFS", "always")]).await;
     let (p, q) = (Client::new(&procs[0].url), Client::new(&procs[1].url));
     let (x, y) = ("list/x.tfstate", "list/y.tfstate");
     let serial_listed = |listed: &serde_json::Value, name: &str| {
