@@ -825,13 +825,25 @@ async fn final_checks(world: &World, model: &Model, folded: bool) -> Result<(), 
     if !refs.trim().is_empty() {
         // Which lock, made when, and (reflogs are on) every update of its ref since it was
         // last created: a lock made again after its release shows there.
+        // Asked without failing, so that the answer is this message, whatever git says.
+        let said = |args: &[&str]| {
+            std::process::Command::new("git")
+                .args(args)
+                .current_dir(&repo)
+                .output()
+                .map(|out| {
+                    let text = [out.stdout, out.stderr].concat();
+                    String::from_utf8_lossy(&text).trim().to_owned()
+                })
+                .unwrap_or_else(|e| format!("git did not run: {e}"))
+        };
         let told: Vec<String> = refs
             .lines()
             .map(|name| {
-                let commit = git(&["log", "-1", "--format=%H %cd %s", name], Some(&repo));
+                let commit = said(&["log", "-1", "--format=%H %cd %s", name]);
                 let lock = name.trim_start_matches("refs/heads/locks/");
-                let file = git(&["show", &format!("{name}:{lock}.lock")], Some(&repo));
-                let reflog = git(&["reflog", "show", "--date=iso", name], Some(&repo));
+                let file = said(&["show", &format!("{name}:{lock}.lock")]);
+                let reflog = said(&["reflog", "show", "--date=iso", name]);
                 format!("{name}: {commit}  {file}\n  reflog: {reflog}")
             })
             .collect();

@@ -158,9 +158,11 @@ async fn remove_after(remote: &Remote, after: Vec<Command>) -> Vec<String> {
         }
     };
     if !left.is_empty() {
+        // A delete's own removal (the ref moved since: a later round decides again), or one
+        // after the branch moved (left over: the next create removes it).
         tracing::warn!(
             ?left,
-            "deleted states' refs left over; the next create removes them"
+            "state refs not removed: moved since the round looked, or refused by the remote"
         );
     }
     left

@@ -232,29 +232,6 @@ impl Writer {
                 {
                     Stage::Fresh
                 }
-                // Without atomic push the ref's removal is the delete's point of decision: a
-                // write of the next holder that landed on the ref since this round's look makes
-                // it fail. So the unfolded writes are carried onto the branch first, the ref is
-                // removed by compare-and-swap once the branch has them, and the file goes in a
-                // later round, decided again from a fresh look (lock included).
-                Planned::Commit(None, _)
-                    if start.mode == WriteMode::BranchOnly
-                        && let Some(Home::At(state_tip)) = home =>
-                {
-                    if let Some(tip) = start.tip
-                        && !self.carry(&mut chain, tip, state_tip, &job.path).await?
-                    {
-                        stages.push(Stage::Done(Written::Refused(Refusal::Diverged)));
-                        continue;
-                    }
-                    let command = Command {
-                        old: state_tip,
-                        new: null(),
-                        name: remote.state_ref(&job.path),
-                    };
-                    chain.refs.push((command, false));
-                    Stage::Fresh
-                }
                 Planned::Commit(content, meta) => {
                     let state_tip = match home {
                         Some(Home::At(state_tip)) => Some(state_tip),
@@ -269,6 +246,24 @@ impl Writer {
                         stages.push(Stage::Done(Written::Refused(Refusal::Diverged)));
                         continue;
                     }
+                    let remove_ref = |state_tip| Command {
+                        old: state_tip,
+                        new: null(),
+                        name: remote.state_ref(&job.path),
+                    };
+                    if let (true, Some(state_tip), WriteMode::BranchOnly) =
+                        (deleting, state_tip, start.mode)
+                    {
+                        // Without atomic push the ref's removal is the delete's point of
+                        // decision: a write of the next holder that landed on the ref since this
+                        // round's look makes it fail. So the branch takes the carried writes
+                        // first, the ref is removed by compare-and-swap once it has them, and the
+                        // file goes in a later round, decided again from a fresh look (the lock
+                        // included).
+                        chain.refs.push((remove_ref(state_tip), false));
+                        stages.push(Stage::Fresh);
+                        continue;
+                    }
                     let commit = remote
                         .commit(chain.head, job.path.clone(), content, meta)
                         .await?;
@@ -277,12 +272,7 @@ impl Writer {
                     if let Some(state_tip) = state_tip {
                         // A delete's ref goes with it; so does a ref a delete left behind, which
                         // a create must not leave to hide the new state.
-                        let command = Command {
-                            old: state_tip,
-                            new: null(),
-                            name: remote.state_ref(&job.path),
-                        };
-                        chain.refs.push((command, !deleting));
+                        chain.refs.push((remove_ref(state_tip), !deleting));
                     }
                     Stage::Pushing(id)
                 }
