@@ -277,7 +277,7 @@ async fn unfolded_writes_are_read_and_folded_as_documented() {
 }
 
 /// `gitstate fold` against `url`, as an operator runs it, with a cache and HOME under `work`.
-fn gitstate_fold(url: &str, work: &std::path::Path) -> std::process::Output {
+pub(crate) fn gitstate_fold(url: &str, work: &std::path::Path) -> std::process::Output {
     Command::new(crate::GITSTATE)
         .args(["fold", "--repository", url])
         .env("GITSTATE_GIT_USERNAME", gitstate_tests::GIT_USER)

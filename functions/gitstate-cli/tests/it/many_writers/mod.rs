@@ -372,7 +372,7 @@ fn restore(rng: &mut StdRng, model: &mut Model, name: &'static str) -> Option<Op
 /// today an unlocked write that advertised before a lock was taken still lands under that
 /// lock. A restore, numbered from what it read under the lock, then carries the same serial as
 /// the write and lands on top of it (seed 27); a holder whose GET is answered as of its LOCK
-/// then misses the write (long run seed 41). See /work/notes/issue-27-model.md.
+/// then misses the write (long run seed 41).
 fn second_of_pair(rng: &mut StdRng, model: &mut Model, first: &Op, other: usize) -> Option<Op> {
     let name = first.name();
     model.writes += 1;

@@ -512,7 +512,7 @@ fn failed(model: &Model, op: &Op) -> Effect {
     Effect::Unsure(name, wrote, false)
 }
 
-/// DELETE_404_AFTER_LOST_ANSWER (a bug, /work/notes/issue-27-model.md): when the answer to a
+/// DELETE_404_AFTER_LOST_ANSWER (a known bug, issue 27): when the answer to a
 /// delete's push is lost after the git server acted (the fault proxy's `LoseAnswer`), the store
 /// tries the round again, finds the state gone (its own delete) and answers 404 "no state
 /// stored". Such an answer is accepted here only if the delete did land, exactly once; a write
