@@ -4,9 +4,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use gitstate_core::StateName;
 use gitstate_core::access::Caller;
 use gitstate_core::service::Rekeyed;
+use gitstate_core::{ReadContext, StateName};
 use gitstate_sops::Envelope;
 use gitstate_tests::{
     Client, GitServer, Moto, TestBackend, commit_file, encrypted_app, init_tracing,
@@ -352,7 +352,12 @@ async fn migration_enforcement_rotation_and_rekey() {
     let caller = Caller::operator("rekey-test");
     let mut outcomes = Vec::new();
     for name in &names {
-        outcomes.push(backend.rekey(&caller, &at, name).await.expect("rekey"));
+        outcomes.push(
+            backend
+                .rekey(&caller, &at, name, &ReadContext::no_request())
+                .await
+                .expect("rekey"),
+        );
     }
     assert_eq!(
         outcomes,
@@ -366,7 +371,10 @@ async fn migration_enforcement_rotation_and_rekey() {
         ]
     );
     assert_eq!(
-        backend.rekey(&caller, &at, &names[0]).await.expect("again"),
+        backend
+            .rekey(&caller, &at, &names[0], &ReadContext::no_request())
+            .await
+            .expect("again"),
         Rekeyed::Current
     );
     for name in ["net/a.tfstate", "net/b.tfstate"] {
@@ -386,7 +394,12 @@ async fn migration_enforcement_rotation_and_rekey() {
         .lock("net/b.tfstate", "tf-run")
         .await
         .expect(200);
-    assert!(backend.rekey(&caller, &at, &names[1]).await.is_err());
+    assert!(
+        backend
+            .rekey(&caller, &at, &names[1], &ReadContext::no_request())
+            .await
+            .is_err()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -6,9 +6,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use gitstate_core::StateName;
 use gitstate_core::access::Caller;
 use gitstate_core::service::Rekeyed;
+use gitstate_core::{ReadContext, StateName};
 use gitstate_sops::{AgeKeys, Envelope, Error, Offline, PgpKeys};
 use gitstate_tests::{
     Client, GitServer, Moto, TestBackend, commit_file, encrypted_app, init_tracing, seal_setting,
@@ -307,13 +307,19 @@ async fn age_rotation_enforced_and_rekey() {
     let name = StateName::parse("rot/a.tfstate").expect("name");
     let caller = Caller::operator("rekey-test");
     assert_eq!(
-        backend.rekey(&caller, &at, &name).await.expect("rekey"),
+        backend
+            .rekey(&caller, &at, &name, &ReadContext::no_request())
+            .await
+            .expect("rekey"),
         Rekeyed::Rewritten {
             from: "sops binary mode"
         }
     );
     assert_eq!(
-        backend.rekey(&caller, &at, &name).await.expect("again"),
+        backend
+            .rekey(&caller, &at, &name, &ReadContext::no_request())
+            .await
+            .expect("again"),
         Rekeyed::Current
     );
     let doc = s.stored_json("rot/a.tfstate");
@@ -883,14 +889,20 @@ async fn pgp_rotation_enforced_rekey_and_pinning() {
         let state = generated_state(700 + i as u64, true);
         let parsed = StateName::parse(name).expect("name");
         assert_eq!(
-            backend.rekey(&caller, &at, &parsed).await.expect("rekey"),
+            backend
+                .rekey(&caller, &at, &parsed, &ReadContext::no_request())
+                .await
+                .expect("rekey"),
             Rekeyed::Rewritten {
                 from: "sops binary mode"
             },
             "{name}"
         );
         assert_eq!(
-            backend.rekey(&caller, &at, &parsed).await.expect("again"),
+            backend
+                .rekey(&caller, &at, &parsed, &ReadContext::no_request())
+                .await
+                .expect("again"),
             Rekeyed::Current
         );
         let doc = s.stored_json(name);

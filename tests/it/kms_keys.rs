@@ -10,9 +10,9 @@ use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
-use gitstate_core::StateName;
 use gitstate_core::access::Caller;
 use gitstate_core::service::Rekeyed;
+use gitstate_core::{ReadContext, StateName};
 use gitstate_tests::{
     AWS_REGION, Client, GitServer, Moto, TestBackend, capture_logs, captured_logs, commit_file,
     encrypted_app, settings_for, stored_file,
@@ -378,7 +378,7 @@ async fn enforced_mode_is_not_fooled_by_a_decoy_entry_naming_the_configured_key(
         }
         assert_eq!(body, state(1), "{what}");
         let outcome = backend
-            .rekey(&caller, &at, &state_name)
+            .rekey(&caller, &at, &state_name, &ReadContext::no_request())
             .await
             .unwrap_or_else(|e| panic!("{what}: {e}"));
         assert_eq!(
@@ -390,7 +390,7 @@ async fn enforced_mode_is_not_fooled_by_a_decoy_entry_naming_the_configured_key(
         );
         assert_eq!(
             backend
-                .rekey(&caller, &at, &state_name)
+                .rekey(&caller, &at, &state_name, &ReadContext::no_request())
                 .await
                 .expect("again"),
             Rekeyed::Current,

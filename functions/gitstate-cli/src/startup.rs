@@ -6,6 +6,7 @@ use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use gitstate_app::settings::ServerSettings;
+use gitstate_core::ReadContext;
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 use x509_cert::der::Decode;
@@ -130,7 +131,12 @@ pub async fn users(app: &gitstate_app::App, storage: &str) -> Found {
         Ok(at) => app
             .backend
             .store()
-            .read_config(&at, gitstate_core::access::ACCESS_PATH, Duration::ZERO)
+            .read_config(
+                &at,
+                gitstate_core::access::ACCESS_PATH,
+                Duration::ZERO,
+                &ReadContext::no_request(),
+            )
             .await
             .map(drop)
             .map_err(|e| gitstate_core::report::chain(&e)),
@@ -198,22 +204,25 @@ pub async fn ref_status(app: &gitstate_app::App, branch: &str) -> Vec<Found> {
         Ok(at) => at,
         Err(e) => return vec![Found::Problem(gitstate_core::report::chain(&e))],
     };
-    let mut found = vec![match app.backend.branch_status(&at).await {
+    let read = ReadContext::no_request();
+    let mut found = vec![match app.backend.branch_status(&at, &read).await {
         Ok(BranchStatus::Exists) => Found::Ok(format!("branch {branch} exists (GITSTATE_REF)")),
         Ok(BranchStatus::Missing { others, .. }) if others.is_empty() => Found::Ok(format!(
             "branch {branch}: the repository is empty, the first write creates it"
         )),
-        Ok(BranchStatus::Missing { others, .. }) => match app.backend.require_branch(&at).await {
-            Ok(()) => Found::Warning(format!(
-                "branch {branch} does not exist beside {}: the first write creates it \
+        Ok(BranchStatus::Missing { others, .. }) => {
+            match app.backend.require_branch(&at, &read).await {
+                Ok(()) => Found::Warning(format!(
+                    "branch {branch} does not exist beside {}: the first write creates it \
                  (GITSTATE_CREATE_REF=true)",
-                others.join(", ")
-            )),
-            Err(e) => Found::Problem(format!(
-                "{e}; every read and write is refused (400) until GITSTATE_REF names the branch \
+                    others.join(", ")
+                )),
+                Err(e) => Found::Problem(format!(
+                    "{e}; every read and write is refused (400) until GITSTATE_REF names the branch \
                  that holds the states"
-            )),
-        },
+                )),
+            }
+        }
         Err(e) => {
             return vec![Found::Problem(format!(
                 "the repository cannot be read ({})",

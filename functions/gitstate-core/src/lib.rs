@@ -12,9 +12,9 @@ mod name;
 pub mod password;
 pub mod ports;
 pub mod protocol;
+pub mod read_context;
 pub mod refs;
 pub mod report;
-pub mod scope;
 pub mod secret;
 pub mod service;
 #[cfg(any(test, feature = "test-util"))]
@@ -24,6 +24,7 @@ pub mod wording;
 
 pub use lock::{LockInfo, LockInfoError, UnlockRequest};
 pub use name::{BranchName, MAX_NAME_BYTES, NameError, StateName};
+pub use read_context::ReadContext;
 
 #[cfg(test)]
 mod tests {

@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use crate::refs::Clash;
-use crate::{BranchName, LockInfo, StateName};
+use crate::{BranchName, LockInfo, ReadContext, StateName};
 
 /// Where states live: one repository and one branch of it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -272,10 +272,12 @@ pub struct Listing {
 /// Storage of states and locks, keyed by location and state name.
 #[async_trait]
 pub trait StateStore: Send + Sync + 'static {
+    /// The state `name`; `read` says what the request it serves allows the store to reuse.
     async fn read_state(
         &self,
         at: &Location,
         name: &StateName,
+        read: &ReadContext,
     ) -> Result<Option<Bytes>, StoreError>;
 
     async fn read_lock(
@@ -382,8 +384,13 @@ pub trait StateStore: Send + Sync + 'static {
     }
 
     /// Whether the branch of `at` exists, and if not, the repository's default branch and other
-    /// refs. The default says it exists (a store without branches).
-    async fn branch_status(&self, _at: &Location) -> Result<BranchStatus, StoreError> {
+    /// refs (within a request, from an answer `read` allows reusing). The default says it exists
+    /// (a store without branches).
+    async fn branch_status(
+        &self,
+        _at: &Location,
+        _read: &ReadContext,
+    ) -> Result<BranchStatus, StoreError> {
         Ok(BranchStatus::Exists)
     }
 
@@ -406,12 +413,13 @@ pub trait StateStore: Send + Sync + 'static {
 
     /// A file of the backend's own configuration (e.g. the access file) at the branch tip.
     /// A process that saw the tip less than `fresh_within` ago may answer from that tip without
-    /// asking the remote again.
+    /// asking the remote again; otherwise the state `read` names may come along with it.
     async fn read_config(
         &self,
         at: &Location,
         path: &str,
         fresh_within: std::time::Duration,
+        read: &ReadContext,
     ) -> Result<Option<Bytes>, StoreError>;
 
     /// Commit a configuration file if, and only if, it does not exist yet. Returns whether it

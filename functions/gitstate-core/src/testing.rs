@@ -12,7 +12,7 @@ use crate::ports::{
     Revision, StateStore, StoreError, WritePlan, Written, user_from_message,
 };
 use crate::refs::{Clash, branch_clash, lock_clash, tree_clash};
-use crate::{LockInfo, StateName};
+use crate::{LockInfo, ReadContext, StateName};
 
 type Key = (Location, StateName);
 /// Locks are per repository, as the git store's lock refs are: not per branch.
@@ -137,6 +137,7 @@ impl StateStore for MemoryStore {
         &self,
         at: &Location,
         name: &StateName,
+        _: &ReadContext,
     ) -> Result<Option<Bytes>, StoreError> {
         self.with(|i| i.states.get(&key(at, name)).cloned())
     }
@@ -145,7 +146,11 @@ impl StateStore for MemoryStore {
         self.with(|i| i.tree_clash(at, name))
     }
 
-    async fn branch_status(&self, at: &Location) -> Result<BranchStatus, StoreError> {
+    async fn branch_status(
+        &self,
+        at: &Location,
+        _: &ReadContext,
+    ) -> Result<BranchStatus, StoreError> {
         self.with(|i| {
             let mut branches: Vec<String> = i
                 .revisions
@@ -292,6 +297,7 @@ impl StateStore for MemoryStore {
         _at: &Location,
         path: &str,
         _fresh_within: std::time::Duration,
+        _: &ReadContext,
     ) -> Result<Option<Bytes>, StoreError> {
         self.with(|i| i.configs.get(path).cloned())
     }

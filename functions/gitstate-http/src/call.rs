@@ -1,17 +1,18 @@
 //! What every handler is given: the caller ([`Authenticated`], the one place that authenticates),
-//! and for a resource of one state the whole [`Call`]; and the two layers every request passes
-//! through on its way to them: its deadline ([`within_deadline`]) and its scope ([`scoped`]).
+//! the request's [`ReadContext`] ([`Read`]), and for a resource of one state the whole [`Call`];
+//! and the two layers every request passes through on its way to them: its deadline
+//! ([`within_deadline`]) and the one that makes its read context ([`with_read_context`]).
 
+use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 
 use axum::extract::{ConnectInfo, FromRequest, FromRequestParts, Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use gitstate_core::StateName;
 use gitstate_core::access::Caller;
 use gitstate_core::ports::Location;
-use gitstate_core::scope::Scope;
+use gitstate_core::{ReadContext, StateName};
 use http::request::Parts;
 use http::{HeaderValue, Method, header};
 
@@ -19,7 +20,8 @@ use crate::body::write_body;
 use crate::request::Target;
 use crate::{ApiError, App, ClientAddr, Deadline, Limits};
 
-/// The caller, authenticated by the Basic credentials of a user of the access policy.
+/// The caller, authenticated by the Basic credentials of a user of the access policy (the
+/// access file read under the request's [`ReadContext`]).
 pub(crate) struct Authenticated(pub Caller);
 
 impl FromRequestParts<App> for Authenticated {
@@ -32,10 +34,32 @@ impl FromRequestParts<App> for Authenticated {
             .map(HeaderValue::as_bytes);
         let caller = app
             .access
-            .authenticate(authorization, client_address(parts))
+            .authenticate(authorization, client_address(parts), &read_context(parts))
             .await?;
         Ok(Self(caller))
     }
+}
+
+/// The request's [`ReadContext`], for handlers whose service calls read the store.
+pub(crate) struct Read(pub ReadContext);
+
+impl<S: Send + Sync> FromRequestParts<S> for Read {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Infallible> {
+        Ok(Self(read_context(parts)))
+    }
+}
+
+/// The context [`with_read_context`] made for this request. A request that did not pass that
+/// layer (none of the router's) is read as outside any request: nothing is reused, which costs
+/// requests to the remote but never freshness.
+pub(crate) fn read_context(parts: &Parts) -> ReadContext {
+    parts
+        .extensions
+        .get::<ReadContext>()
+        .cloned()
+        .unwrap_or_else(ReadContext::no_request)
 }
 
 fn client_address(parts: &Parts) -> Option<IpAddr> {
@@ -62,6 +86,8 @@ pub(crate) struct Call {
     pub target: Target,
     pub method: Method,
     pub body: Bytes,
+    /// What the store's reads for this request may reuse.
+    pub read: ReadContext,
 }
 
 impl FromRequest<App> for Call {
@@ -75,6 +101,7 @@ impl FromRequest<App> for Call {
         let at = app.backend.locate(target.repository(), target.branch())?;
         let limit = app.limits.max_body_bytes;
         let body = write_body(&parts.method, &parts.headers, body, limit).await?;
+        let read = read_context(&parts);
         Ok(Self {
             app: app.clone(),
             caller,
@@ -83,6 +110,7 @@ impl FromRequest<App> for Call {
             target,
             method: parts.method,
             body,
+            read,
         })
     }
 }
@@ -110,11 +138,12 @@ pub(crate) async fn within_deadline(
     }
 }
 
-/// Every request within its [`Scope`]: when it began, and the state it reads when it is a `GET`
-/// of a state at the configured location with credentials (its blob may then come with the
-/// access file's, see `gitstate_core::scope`). Its [`Target`] is read here, once, and kept for
-/// the handler, whose extractors report what is wrong with it after authentication.
-pub(crate) async fn scoped(request: Request, next: Next) -> Response {
+/// Every request with its [`ReadContext`], kept in its extensions for the extractors: when it
+/// began, and the state it reads when it is a `GET` of a state at the configured location with
+/// credentials (its blob may then come with the access file's, see
+/// `gitstate_core::read_context`). Its [`Target`] is read here, once, and kept for the handler,
+/// whose extractors report what is wrong with it after authentication.
+pub(crate) async fn with_read_context(request: Request, next: Next) -> Response {
     let began = std::time::Instant::now();
     let (mut parts, body) = request.into_parts();
     let target = Target::parse(&parts);
@@ -124,6 +153,6 @@ pub(crate) async fn scoped(request: Request, next: Next) -> Response {
         .and_then(|target| target.reads(&parts))
         .cloned();
     Target::keep(target, &mut parts);
-    let request = Request::from_parts(parts, body);
-    Scope { began, reads }.run(next.run(request)).await
+    parts.extensions.insert(ReadContext::request(began, reads));
+    next.run(Request::from_parts(parts, body)).await
 }

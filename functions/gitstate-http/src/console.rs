@@ -35,7 +35,7 @@ use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use sha2::Sha256;
 
 use crate::body::read_body;
-use crate::call::Authenticated;
+use crate::call::{Authenticated, Read, read_context};
 use crate::request::{Params, Target, named, route};
 use crate::{ApiError, App, MAX_QUERY_BYTES, guard, not_allowed};
 
@@ -93,6 +93,7 @@ async fn style_sheet(_: Authenticated, _: Target, method: Method) -> Result<Resp
 async fn state(
     State(app): State<App>,
     Authenticated(caller): Authenticated,
+    Read(read): Read,
     target: Target,
     method: Method,
     headers: HeaderMap,
@@ -101,7 +102,7 @@ async fn state(
     if !get(&method) {
         return Err(not_allowed(&method, "GET"));
     }
-    match state_page::state(&app, &caller, &headers, name, target.params()).await {
+    match state_page::state(&app, &caller, &read, &headers, name, target.params()).await {
         // A 404 only where a person reads it: to Terraform it would mean "no state".
         Err(error) if error.status() == StatusCode::NOT_FOUND && !browser(&headers) => {
             Err(ApiError::ConsoleNotFound)
@@ -254,6 +255,7 @@ async fn act(
     let (parts, body) = request.into_parts();
     let headers = &parts.headers;
     same_origin(headers)?;
+    let read = read_context(&parts);
     let body: Bytes = read_body(headers, body, MAX_QUERY_BYTES).await?;
     let form = Params::parse(&body)?;
     let expected = form_token(app, caller)?;
@@ -291,7 +293,7 @@ async fn act(
                 .get("version")
                 .ok_or_else(|| ApiError::Query("the form names no version".into()))?;
             backend
-                .restore(caller, &at, name, &Selector::parse(version)?)
+                .restore(caller, &at, name, &Selector::parse(version)?, &read)
                 .await?;
             "restored"
         }

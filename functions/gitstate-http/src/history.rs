@@ -85,6 +85,7 @@ async fn restore(call: &Call) -> Result<Response, ApiError> {
         at,
         name,
         target,
+        read,
         ..
     } = call;
     let selector = target
@@ -92,7 +93,7 @@ async fn restore(call: &Call) -> Result<Response, ApiError> {
         .ok_or_else(|| ApiError::Query("restore needs ?restore=<commit id or serial>".into()))?;
     let restored = app
         .backend
-        .restore(caller, at, name, &Selector::parse(selector)?)
+        .restore(caller, at, name, &Selector::parse(selector)?, read)
         .await?;
     Ok(json(StatusCode::OK, to_json(&restored)?))
 }

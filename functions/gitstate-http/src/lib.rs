@@ -24,8 +24,9 @@
 //! A request passes, outside in: [`log`]'s layer, which logs each outcome; [`guard`]'s layers,
 //! which refuse cross-site writes from browsers and put the security headers on every answer;
 //! [`request::decode_path_layer`], which decodes the path once before routing; the route table;
-//! [`call::within_deadline`] (a 504 at the deadline); [`call::scoped`], which reads the request's
-//! [`request::Target`] once and runs the rest in its scope; then the handler, whose extractors
+//! [`call::within_deadline`] (a 504 at the deadline); [`call::with_read_context`], which reads
+//! the request's [`request::Target`] once and makes its read context (what the store's reads
+//! for it may reuse), passed on explicitly by the extractors; then the handler, whose extractors
 //! authenticate ([`call::Authenticated`]) before the target's faults are told. [`error`] is the
 //! one place where errors become statuses; [`body`] reads what a request carries.
 
@@ -152,7 +153,7 @@ pub fn router(backend: Arc<Backend>, access: Arc<Access>, limits: Limits) -> Rou
         .route(route::HEALTH, any(health))
         .merge(console::routes())
         .fallback(no_route)
-        .layer(axum::middleware::from_fn(call::scoped))
+        .layer(axum::middleware::from_fn(call::with_read_context))
         .layer(axum::middleware::from_fn_with_state(
             limits,
             call::within_deadline,

@@ -188,9 +188,9 @@ pub(crate) fn nearest<'a>(name: &str, known: &[&'a str]) -> Option<&'a str> {
 /// means.
 const LOCATION_PARAMETERS: [&str; 2] = ["ref", "repository"];
 
-/// What a request addresses, read once per request (by [`crate::call::scoped`], for the handler's
-/// extractor to take): the resource of the route it matched, the state its path (or the seed
-/// address's `state=`) names, and its query parameters.
+/// What a request addresses, read once per request (by [`crate::call::with_read_context`], for
+/// the handler's extractor to take): the resource of the route it matched, the state its path
+/// (or the seed address's `state=`) names, and its query parameters.
 ///
 /// A path that names no route, a parameter the route does not take and an empty value are
 /// refused: an address with a typo must fail, never read as "no state" (see
@@ -282,7 +282,7 @@ impl Target {
     }
 
     /// The state a `GET` of it reads at the configured location, if that is what `parts` is
-    /// with credentials (see `gitstate_core::scope`).
+    /// with credentials (see `gitstate_core::read_context`).
     pub fn reads(&self, parts: &Parts) -> Option<&StateName> {
         let plain = self.resource == Resource::State
             && self.repository().is_none()

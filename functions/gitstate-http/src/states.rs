@@ -17,11 +17,12 @@ pub(crate) async fn serve(call: Call) -> Result<Response, ApiError> {
         ref target,
         ref method,
         ref body,
+        ref read,
     } = call;
     let lock_id = target.param("ID");
     match method.as_str() {
         "GET" => {
-            let state = app.backend.get_state(caller, at, name).await?;
+            let state = app.backend.get_state(caller, at, name, read).await?;
             app.limits.check_response(&state)?;
             Ok(json(StatusCode::OK, state))
         }
@@ -29,7 +30,7 @@ pub(crate) async fn serve(call: Call) -> Result<Response, ApiError> {
             // What is accepted can be read back: the same estimate and 413 as the read.
             app.limits.check_response(body)?;
             app.backend
-                .put_state(WriteRequest::new(caller, at, name, body.clone()).lock_id(lock_id))
+                .put_state(WriteRequest::new(caller, at, name, body.clone(), read).lock_id(lock_id))
                 .await?;
             Ok(StatusCode::OK.into_response())
         }
@@ -39,7 +40,9 @@ pub(crate) async fn serve(call: Call) -> Result<Response, ApiError> {
             if !body.is_empty() {
                 return Err(ServiceError::LockRequestToState("a DELETE with a body").into());
             }
-            app.backend.delete_state(caller, at, name, lock_id).await?;
+            app.backend
+                .delete_state(caller, at, name, lock_id, read)
+                .await?;
             Ok(StatusCode::OK.into_response())
         }
         "LOCK" => locks::lock(&call).await,

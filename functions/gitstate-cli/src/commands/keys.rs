@@ -5,9 +5,9 @@ use std::io::Write;
 use std::path::Path;
 
 use anyhow::{Context, bail};
-use gitstate_core::StateName;
 use gitstate_core::access::Caller;
 use gitstate_core::service::Rekeyed;
+use gitstate_core::{ReadContext, StateName};
 
 use crate::settings::SettingsArgs;
 
@@ -27,7 +27,10 @@ pub async fn rekey(prefix: &str, args: &SettingsArgs) -> anyhow::Result<()> {
     let caller = Caller::operator("gitstate-rekey");
     let (total, mut failed) = (names.len(), 0);
     for (i, name) in names.iter().enumerate() {
-        let outcome = match backend.rekey(&caller, &at, name).await {
+        let outcome = match backend
+            .rekey(&caller, &at, name, &ReadContext::no_request())
+            .await
+        {
             Ok(Rekeyed::Current) => "already current".to_owned(),
             Ok(Rekeyed::Rewritten { from }) => format!("re-encrypted (was {from})"),
             Ok(Rekeyed::Missing) => "gone".to_owned(),

@@ -7,6 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::{Access, AccessSource};
+use crate::ReadContext;
 use crate::access::{ACCESS_PATH, AccessError, Policy, User, entry_toml};
 use crate::ports::{BranchStatus, CommitMeta, StoreError};
 use crate::trailers::Trailers;
@@ -73,15 +74,17 @@ impl Access {
             )),
             ..meta
         };
+        // A command, within no request.
+        let read = ReadContext::no_request();
         for _ in 0..MAX_ATTEMPTS {
             let stored = self
                 .store
-                .read_config(&self.at, ACCESS_PATH, Duration::ZERO)
+                .read_config(&self.at, ACCESS_PATH, Duration::ZERO, &read)
                 .await?;
             let text = match &stored {
                 Some(bytes) => std::str::from_utf8(bytes).map_err(|_| AddUserError::NotText)?,
                 None => {
-                    self.branch_may_start().await?;
+                    self.branch_may_start(&read).await?;
                     super::first_admin::HEADER
                 }
             };
@@ -98,8 +101,8 @@ impl Access {
     }
 
     /// The access file's commit would start the branch: never beside the repository's others.
-    async fn branch_may_start(&self) -> Result<(), AddUserError> {
-        match self.store.branch_status(&self.at).await? {
+    async fn branch_may_start(&self, read: &ReadContext) -> Result<(), AddUserError> {
+        match self.store.branch_status(&self.at, read).await? {
             BranchStatus::Missing { others, .. } if !others.is_empty() => {
                 Err(AddUserError::NoBranch {
                     branch: self.at.branch.as_str().to_owned(),
@@ -268,7 +271,7 @@ mod tests {
         }
         let at = access(store.clone(), None).at.clone();
         let stored = store
-            .read_config(&at, ACCESS_PATH, Duration::ZERO)
+            .read_config(&at, ACCESS_PATH, Duration::ZERO, &ReadContext::no_request())
             .await
             .expect("read")
             .expect("file");

@@ -6,6 +6,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::{Access, AccessSource};
+use crate::ReadContext;
 use crate::access::{ACCESS_PATH, AccessError, Grant, Role};
 use crate::password::{generate_token, hash_secret};
 use crate::ports::{BranchStatus, CommitMeta, StoreError};
@@ -23,16 +24,18 @@ impl Access {
         if self.options.source != AccessSource::Repository || self.options.bootstrap.is_some() {
             return Ok(None);
         }
+        // `serve` calls this before it serves: within no request.
+        let read = ReadContext::no_request();
         let existing = self
             .store
-            .read_config(&self.at, ACCESS_PATH, Duration::ZERO)
+            .read_config(&self.at, ACCESS_PATH, Duration::ZERO, &read)
             .await?;
         if existing.is_some() {
             return Ok(None);
         }
         // The file's commit would start the branch: never beside the repository's others.
         if let BranchStatus::Missing { default, others } =
-            self.store.branch_status(&self.at).await?
+            self.store.branch_status(&self.at, &read).await?
             && !others.is_empty()
         {
             return Err(FirstAdminError::NoBranch {

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::{Access, AccessSource, AuthError, poisoned};
+use crate::ReadContext;
 use crate::access::{ACCESS_PATH, AccessError, Policy};
 
 /// A dummy hash with the strongest parameters among `hashes` (the policy's), so verifying an
@@ -48,8 +49,12 @@ impl Access {
         (policy, dummy)
     }
 
-    /// The current policy: for the repository source, re-read when the file changed.
-    pub(super) async fn policy(&self) -> Result<(Arc<Policy>, String), AuthError> {
+    /// The current policy: for the repository source, re-read (under `read`) when the file
+    /// changed.
+    pub(super) async fn policy(
+        &self,
+        read: &ReadContext,
+    ) -> Result<(Arc<Policy>, String), AuthError> {
         if self.options.source != AccessSource::Repository {
             let loaded = self.loaded.lock().map_err(poisoned)?;
             return match loaded.as_ref() {
@@ -59,7 +64,7 @@ impl Access {
         }
         let file = self
             .store
-            .read_config(&self.at, ACCESS_PATH, self.options.refresh)
+            .read_config(&self.at, ACCESS_PATH, self.options.refresh, read)
             .await
             .map_err(AuthError::Unavailable)?;
         {
@@ -142,9 +147,11 @@ impl Access {
     }
 
     /// How many users the current policy has (read from the repository when it lives there):
-    /// `serve` says at start when there are none, `gitstate config` reports it.
+    /// `serve` says at start when there are none, `gitstate config` reports it (never within a
+    /// request).
     pub async fn user_count(&self) -> Result<usize, AuthError> {
-        Ok(self.policy().await?.0.users().count())
+        let read = ReadContext::no_request();
+        Ok(self.policy(&read).await?.0.users().count())
     }
 }
 

@@ -25,6 +25,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::ReadContext;
 use crate::access::{AccessError, Caller, Policy};
 use crate::password::PasswordVerifier;
 use crate::ports::{Location, StateStore, StoreError};
@@ -175,11 +176,13 @@ impl Access {
         Ok(access)
     }
 
-    /// Check the request's credentials. `client` is the caller's address, when known.
+    /// Check the request's credentials. `client` is the caller's address, when known; `read`
+    /// the request's context, under which the access file is read from the repository.
     pub async fn authenticate(
         &self,
         header: Option<&[u8]>,
         client: Option<IpAddr>,
+        read: &ReadContext,
     ) -> Result<Caller, AuthError> {
         let address = client.map(AddressKey::of);
         let (user, secret) = match parse_basic(header) {
@@ -195,7 +198,7 @@ impl Access {
                 return Err(AuthError::Unauthenticated);
             }
         };
-        let (policy, dummy) = self.policy().await?;
+        let (policy, dummy) = self.policy(read).await?;
         let known = policy.user(&user);
         let hash = known.map_or(dummy, |u| u.hash.clone());
         let fingerprint = self.fingerprints.of(&user, &secret, &hash);

@@ -54,32 +54,52 @@ async fn unknown_users_and_wrong_passwords_both_run_argon2_and_successes_are_cac
     let count = || counter.0.load(Ordering::SeqCst);
     assert!(matches!(
         access
-            .authenticate(Some(&header("nobody", "x")), None)
+            .authenticate(
+                Some(&header("nobody", "x")),
+                None,
+                &ReadContext::no_request()
+            )
             .await,
         Err(AuthError::Unauthenticated)
     ));
     assert_eq!(count(), 1, "an unknown user is verified against the dummy");
     assert!(
         access
-            .authenticate(Some(&header("alice", "wrong")), None)
+            .authenticate(
+                Some(&header("alice", "wrong")),
+                None,
+                &ReadContext::no_request()
+            )
             .await
             .is_err()
     );
     assert_eq!(count(), 2);
     let caller = access
-        .authenticate(Some(&header("alice", "right")), None)
+        .authenticate(
+            Some(&header("alice", "right")),
+            None,
+            &ReadContext::no_request(),
+        )
         .await
         .expect("right password");
     assert_eq!(caller.user, "alice");
     assert_eq!(count(), 3);
     access
-        .authenticate(Some(&header("alice", "right")), None)
+        .authenticate(
+            Some(&header("alice", "right")),
+            None,
+            &ReadContext::no_request(),
+        )
         .await
         .expect("cached");
     assert_eq!(count(), 3, "a verified credential is not hashed again");
     assert!(
         access
-            .authenticate(Some(&header("alice", "wrong")), None)
+            .authenticate(
+                Some(&header("alice", "wrong")),
+                None,
+                &ReadContext::no_request()
+            )
             .await
             .is_err()
     );
@@ -88,7 +108,12 @@ async fn unknown_users_and_wrong_passwords_both_run_argon2_and_successes_are_cac
         4,
         "a different secret is never served from the cache"
     );
-    assert!(access.authenticate(Some(b"Basic !!"), None).await.is_err());
+    assert!(
+        access
+            .authenticate(Some(b"Basic !!"), None, &ReadContext::no_request())
+            .await
+            .is_err()
+    );
     assert_eq!(count(), 4, "malformed headers are refused before argon2");
 }
 
@@ -116,7 +141,11 @@ async fn throttled_names_and_addresses_are_429_without_argon2_but_cached_credent
     let count = || counter.0.load(Ordering::SeqCst);
     let client = Some(IpAddr::from([192, 0, 2, 7]));
     access
-        .authenticate(Some(&header("alice", "right")), client)
+        .authenticate(
+            Some(&header("alice", "right")),
+            client,
+            &ReadContext::no_request(),
+        )
         .await
         .expect("verified and remembered");
     // Seeded: the same names every run, a fresh one each attempt (as a flood would send).
@@ -124,7 +153,14 @@ async fn throttled_names_and_addresses_are_429_without_argon2_but_cached_credent
     let mut throttled = 0;
     for _ in 0..100 {
         let user = format!("u{}", rand::Rng::random::<u64>(&mut names));
-        match access.authenticate(Some(&header(&user, "x")), client).await {
+        match access
+            .authenticate(
+                Some(&header(&user, "x")),
+                client,
+                &ReadContext::no_request(),
+            )
+            .await
+        {
             Err(AuthError::Throttled { retry_after }) => {
                 assert!(retry_after <= FIRST_BLOCK);
                 throttled += 1;
@@ -138,16 +174,26 @@ async fn throttled_names_and_addresses_are_429_without_argon2_but_cached_credent
     // A known user with a wrong password answers the same 429 as an unknown one.
     assert!(matches!(
         access
-            .authenticate(Some(&header("alice", "wrong")), client)
+            .authenticate(
+                Some(&header("alice", "wrong")),
+                client,
+                &ReadContext::no_request()
+            )
             .await,
         Err(AuthError::Throttled { .. })
     ));
     assert!(matches!(
-        access.authenticate(Some(b"Basic !!"), client).await,
+        access
+            .authenticate(Some(b"Basic !!"), client, &ReadContext::no_request())
+            .await,
         Err(AuthError::Throttled { .. })
     ));
     access
-        .authenticate(Some(&header("alice", "right")), client)
+        .authenticate(
+            Some(&header("alice", "right")),
+            client,
+            &ReadContext::no_request(),
+        )
         .await
         .expect("a remembered credential passes the throttled address");
     assert_eq!(
@@ -160,7 +206,8 @@ async fn throttled_names_and_addresses_are_429_without_argon2_but_cached_credent
         access
             .authenticate(
                 Some(&header("bob", "x")),
-                Some(IpAddr::from([192, 0, 2, 8]))
+                Some(IpAddr::from([192, 0, 2, 8])),
+                &ReadContext::no_request()
             )
             .await,
         Err(AuthError::Unauthenticated)
@@ -196,7 +243,11 @@ async fn a_user_under_attack_logs_in_from_a_clean_address_and_a_full_table_refus
         let mut failures = 0;
         loop {
             match access
-                .authenticate(Some(&header("alice", "guess")), Some(*ip))
+                .authenticate(
+                    Some(&header("alice", "guess")),
+                    Some(*ip),
+                    &ReadContext::no_request(),
+                )
                 .await
             {
                 Err(AuthError::Unauthenticated) => failures += 1,
@@ -231,7 +282,9 @@ async fn a_user_under_attack_logs_in_from_a_clean_address_and_a_full_table_refus
     for _ in 0..(4 * CAPACITY) {
         let ip = fresh();
         assert!(matches!(
-            access.authenticate(Some(b"Basic !!!"), Some(ip)).await,
+            access
+                .authenticate(Some(b"Basic !!!"), Some(ip), &ReadContext::no_request())
+                .await,
             Err(AuthError::Unauthenticated)
         ));
     }
@@ -242,7 +295,11 @@ async fn a_user_under_attack_logs_in_from_a_clean_address_and_a_full_table_refus
         assert!(
             matches!(
                 access
-                    .authenticate(Some(&header(&format!("u{n}"), "x")), Some(ip))
+                    .authenticate(
+                        Some(&header(&format!("u{n}"), "x")),
+                        Some(ip),
+                        &ReadContext::no_request()
+                    )
                     .await,
                 Err(AuthError::Unauthenticated)
             ),
@@ -253,7 +310,11 @@ async fn a_user_under_attack_logs_in_from_a_clean_address_and_a_full_table_refus
         assert!(
             matches!(
                 access
-                    .authenticate(Some(&header("alice", "guess")), Some(*ip))
+                    .authenticate(
+                        Some(&header("alice", "guess")),
+                        Some(*ip),
+                        &ReadContext::no_request()
+                    )
                     .await,
                 Err(AuthError::Throttled { .. })
             ),
@@ -262,14 +323,22 @@ async fn a_user_under_attack_logs_in_from_a_clean_address_and_a_full_table_refus
     }
     let before = count();
     let caller = access
-        .authenticate(Some(&header("alice", "right")), Some(fresh()))
+        .authenticate(
+            Some(&header("alice", "right")),
+            Some(fresh()),
+            &ReadContext::no_request(),
+        )
         .await
         .expect("the right password from a clean address");
     assert_eq!(caller.user, "alice");
     assert_eq!(count(), before + 1);
     // Remembered: from a refused address too, without argon2.
     access
-        .authenticate(Some(&header("alice", "right")), Some(attackers[0]))
+        .authenticate(
+            Some(&header("alice", "right")),
+            Some(attackers[0]),
+            &ReadContext::no_request(),
+        )
         .await
         .expect("remembered");
     assert_eq!(count(), before + 1);
@@ -302,7 +371,11 @@ async fn remembered_credentials_survive_a_policy_change_that_keeps_the_hash() {
     .expect("valid");
     let count = || counter.0.load(Ordering::SeqCst);
     access
-        .authenticate(Some(&header("alice", "right")), None)
+        .authenticate(
+            Some(&header("alice", "right")),
+            None,
+            &ReadContext::no_request(),
+        )
         .await
         .expect("verified");
     assert_eq!(count(), 1);
@@ -311,14 +384,22 @@ async fn remembered_credentials_survive_a_policy_change_that_keeps_the_hash() {
         file(&format!("[users.bob]\nhash = \"{hash}\"\n"), &hash),
     );
     access
-        .authenticate(Some(&header("alice", "right")), None)
+        .authenticate(
+            Some(&header("alice", "right")),
+            None,
+            &ReadContext::no_request(),
+        )
         .await
         .expect("still remembered");
     assert_eq!(count(), 1, "the same hash: no argon2");
     let rotated = hash_secret(b"right").expect("hash");
     store.put_config(ACCESS_PATH, file("", &rotated));
     access
-        .authenticate(Some(&header("alice", "right")), None)
+        .authenticate(
+            Some(&header("alice", "right")),
+            None,
+            &ReadContext::no_request(),
+        )
         .await
         .expect("verified again");
     assert_eq!(count(), 2, "a new hash is checked again");
@@ -380,7 +461,11 @@ async fn a_hash_over_the_memory_budget_is_an_invalid_policy() {
     )
     .expect("valid");
     access
-        .authenticate(Some(&header("alice", "right")), None)
+        .authenticate(
+            Some(&header("alice", "right")),
+            None,
+            &ReadContext::no_request(),
+        )
         .await
         .expect("alice");
     store.put_config(
@@ -391,7 +476,11 @@ async fn a_hash_over_the_memory_budget_is_an_invalid_policy() {
         )),
     );
     access
-        .authenticate(Some(&header("alice", "right")), None)
+        .authenticate(
+            Some(&header("alice", "right")),
+            None,
+            &ReadContext::no_request(),
+        )
         .await
         .expect("the previous policy stays");
     assert!(access.stored_hash("big").is_none());
@@ -433,7 +522,11 @@ async fn repository_policy_is_reloaded_and_first_admin_created_once() {
         "only once"
     );
     let caller = access
-        .authenticate(Some(&header("admin", token.expose())), None)
+        .authenticate(
+            Some(&header("admin", token.expose())),
+            None,
+            &ReadContext::no_request(),
+        )
         .await
         .expect("first admin works");
     assert!(caller.may(
@@ -444,7 +537,11 @@ async fn repository_policy_is_reloaded_and_first_admin_created_once() {
     store.put_config(ACCESS_PATH, Bytes::from_static(b"[users]\n"));
     assert!(matches!(
         access
-            .authenticate(Some(&header("admin", token.expose())), None)
+            .authenticate(
+                Some(&header("admin", token.expose())),
+                None,
+                &ReadContext::no_request()
+            )
             .await,
         Err(AuthError::Unauthenticated)
     ));
@@ -530,14 +627,23 @@ async fn a_first_admin_with_a_dotted_name_can_log_in() {
         .expect("created")
         .expect("a token");
     let file = store
-        .read_config(&location(), ACCESS_PATH, Duration::ZERO)
+        .read_config(
+            &location(),
+            ACCESS_PATH,
+            Duration::ZERO,
+            &ReadContext::no_request(),
+        )
         .await
         .expect("read")
         .expect("written");
     let text = std::str::from_utf8(&file).expect("UTF-8");
     assert!(text.contains("[users.\"first.last\"]"), "{text}");
     let caller = access
-        .authenticate(Some(&header("first.last", "right")), None)
+        .authenticate(
+            Some(&header("first.last", "right")),
+            None,
+            &ReadContext::no_request(),
+        )
         .await
         .expect("the first admin logs in");
     assert!(caller.may(

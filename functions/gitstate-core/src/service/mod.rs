@@ -17,7 +17,7 @@ use crate::ports::{
     StateStore, StoreError,
 };
 use crate::refs::{Clash, RefPolicy, RefRefused};
-use crate::{BranchName, LockInfoError, NameError, StateName};
+use crate::{BranchName, LockInfoError, NameError, ReadContext, StateName};
 
 mod history;
 mod lock;
@@ -294,19 +294,27 @@ impl Backend {
 
     /// Whether the branch of `at` exists, and if not what the repository holds (for start-up
     /// checks: `serve`, `run` and `gitstate config` say what they found).
-    pub async fn branch_status(&self, at: &Location) -> Result<BranchStatus, ServiceError> {
-        Ok(self.store.branch_status(at).await?)
+    pub async fn branch_status(
+        &self,
+        at: &Location,
+        read: &ReadContext,
+    ) -> Result<BranchStatus, ServiceError> {
+        Ok(self.store.branch_status(at, read).await?)
     }
 
     /// The rule that a branch is never created by accident: `Ok` when the branch of `at` exists,
     /// when the repository is empty (nothing but gitstate's own refs), or when the deployment
     /// allows creating branches; otherwise [`ServiceError::NoBranch`] naming the remote's default
     /// branch and the setting that chose this one. A location passed once is not looked at again.
-    pub async fn require_branch(&self, at: &Location) -> Result<(), ServiceError> {
+    pub async fn require_branch(
+        &self,
+        at: &Location,
+        read: &ReadContext,
+    ) -> Result<(), ServiceError> {
         if self.branches.lock().is_ok_and(|known| known.contains(at)) {
             return Ok(());
         }
-        match self.store.branch_status(at).await? {
+        match self.store.branch_status(at, read).await? {
             BranchStatus::Missing { default, others }
                 if !others.is_empty() && !self.create_branches =>
             {

@@ -5,12 +5,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use super::{Backend, ServiceError, VersionInfo};
-use crate::StateName;
 use crate::access::{Caller, Role};
 use crate::changes::{Changes, Summary};
 use crate::index::{IndexEntry, StateIndex};
 use crate::ports::{HeldLock, Location};
 use crate::trailers::{Trailers, operation_of};
+use crate::{ReadContext, StateName};
 
 /// Entries worked out for states the index does not describe, and summaries of versions, kept
 /// per process (both are keyed by immutable content: a blob id, a commit id).
@@ -246,6 +246,7 @@ impl Backend {
         name: &StateName,
         page: usize,
         per_page: usize,
+        read: &ReadContext,
     ) -> Result<StatePage, ServiceError> {
         caller.require(Role::Read, name)?;
         let per_page = per_page.clamp(1, super::MAX_PAGE);
@@ -291,7 +292,7 @@ impl Backend {
         let current = match listed.first() {
             Some(newest) if page == 0 && newest.info.deleted => None,
             Some(_) if page == 0 => summaries.first().cloned().flatten(),
-            _ => match self.store.read_state(at, name).await? {
+            _ => match self.store.read_state(at, name, read).await? {
                 Some(stored) => match self.open(at, name, stored).await {
                     Ok(opened) => Summary::of(&opened.plaintext).map(Arc::new),
                     // The resources are unknown; reading the state itself reports the failure.

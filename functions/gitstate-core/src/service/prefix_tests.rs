@@ -12,7 +12,10 @@ use super::{Backend, Identity, MAX_PAGE, Repositories, Selector, ServiceError, W
 use crate::access::Caller;
 use crate::api::VersionInfo;
 use crate::testing::MemoryStore;
-use crate::{BranchName, StateName};
+use crate::{BranchName, ReadContext, StateName};
+
+/// Outside any request.
+static NO_REQUEST: ReadContext = ReadContext::no_request();
 
 const HEX: &[u8] = b"0123456789abcdef";
 
@@ -156,7 +159,7 @@ async fn commit_id_prefixes_name_one_revision_or_say_why_not() {
             let name = &names[index];
             let admin = Caller::operator("root");
             if rng.random_bool(0.15) {
-                let _ = b.delete_state(&admin, &at, name, None).await;
+                let _ = b.delete_state(&admin, &at, name, None, &NO_REQUEST).await;
             } else {
                 // Serials never go down; repeats make one serial name several revisions.
                 let serial = serials[index] + rng.random_range(0..2u64);
@@ -165,9 +168,15 @@ async fn commit_id_prefixes_name_one_revision_or_say_why_not() {
                     r#"{{"version":4,"lineage":"l","serial":{serial},"n":{}}}"#,
                     rng.random::<u32>()
                 );
-                b.put_state(WriteRequest::new(&admin, &at, name, Bytes::from(body)))
-                    .await
-                    .expect("write");
+                b.put_state(WriteRequest::new(
+                    &admin,
+                    &at,
+                    name,
+                    Bytes::from(body),
+                    &NO_REQUEST,
+                ))
+                .await
+                .expect("write");
             }
         }
         for name in &names {

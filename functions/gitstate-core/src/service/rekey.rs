@@ -3,9 +3,9 @@
 use super::lock::OwnLock;
 use super::state::Verb;
 use super::{Backend, ServiceError, Version, WriteRequest};
-use crate::StateName;
 use crate::access::{Caller, Role};
 use crate::ports::{Location, Protection};
+use crate::{ReadContext, StateName};
 
 /// What `rekey` did to one state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,6 +28,7 @@ impl Backend {
         caller: &Caller,
         at: &Location,
         name: &StateName,
+        read: &ReadContext,
     ) -> Result<Rekeyed, ServiceError> {
         caller.require(Role::Admin, name)?;
         let encryption = self
@@ -46,7 +47,7 @@ impl Backend {
             who: format!("{}@gitstate", caller.user),
         };
         self.under_lock(caller, at, name, lock, |id| async move {
-            let Some(stored) = self.store.read_state(at, name).await? else {
+            let Some(stored) = self.store.read_state(at, name, read).await? else {
                 return Ok(Rekeyed::Missing);
             };
             let opened = encryption.sealer.open(stored, at, name).await?;
@@ -54,7 +55,8 @@ impl Backend {
                 return Ok(Rekeyed::Current);
             }
             let sent = Version::of(&opened.plaintext);
-            let request = WriteRequest::new(caller, at, name, opened.plaintext).lock_id(Some(&id));
+            let request =
+                WriteRequest::new(caller, at, name, opened.plaintext, read).lock_id(Some(&id));
             self.write(request, sent, Verb::Rekey).await?;
             Ok(Rekeyed::Rewritten {
                 from: opened.format,

@@ -5,9 +5,9 @@ use bytes::Bytes;
 use super::lock::OwnLock;
 use super::state::Verb;
 use super::{Backend, Selector, ServiceError, Version, WriteRequest, clash_for};
-use crate::StateName;
 use crate::access::{Caller, Role};
 use crate::ports::Location;
+use crate::{ReadContext, StateName};
 
 /// The wire type the history route answers with.
 pub use crate::api::Restored;
@@ -23,6 +23,7 @@ impl Backend {
         at: &Location,
         name: &StateName,
         selector: &Selector,
+        read: &ReadContext,
     ) -> Result<Restored, ServiceError> {
         caller.require(Role::Admin, name)?;
         // The write below checks again against the tree it builds on; this answers before any
@@ -40,13 +41,13 @@ impl Backend {
         self.under_lock(caller, at, name, lock, |id| async move {
             // The current serial is read under the lock: read before it, a write landing in
             // between would leave the restore numbered as that write (two contents, one serial).
-            let current = match self.store.read_state(at, name).await? {
+            let current = match self.store.read_state(at, name, read).await? {
                 Some(stored) => Version::of(&self.open_revision(at, name, stored).await?).serial,
                 None => None,
             };
             let (body, sent) = renumbered(&from, &old, current)?;
             let serial = sent.serial.unwrap_or_default();
-            let request = WriteRequest::new(caller, at, name, body).lock_id(Some(&id));
+            let request = WriteRequest::new(caller, at, name, body, read).lock_id(Some(&id));
             self.write(request, sent, Verb::Restore { from: &from })
                 .await?;
             Ok(Restored { from, serial })

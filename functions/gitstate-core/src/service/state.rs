@@ -6,15 +6,15 @@ use bytes::Bytes;
 
 use super::sealed::SealedView;
 use super::{Backend, MAX_OPENS, ServiceError, Version, refused};
-use crate::StateName;
 use crate::access::{Caller, Role};
 use crate::ports::{
     Change, CommitMeta, HeldLock, Location, Refusal, StoreError, Stored, WritePlan, Written,
 };
 use crate::trailers::Trailers;
+use crate::{ReadContext, StateName};
 
-/// A state to write: who writes what, where, under which lock. (No `Debug`: the body is the
-/// state, secrets included.)
+/// A state to write: who writes what, where, under which lock, within which request. (No
+/// `Debug`: the body is the state, secrets included.)
 pub struct WriteRequest<'a> {
     pub caller: &'a Caller,
     pub at: &'a Location,
@@ -23,17 +23,26 @@ pub struct WriteRequest<'a> {
     pub lock_id: Option<&'a str>,
     /// The state, as Terraform sent it.
     pub body: Bytes,
+    /// What the store's reads before the write (the branch's status) may reuse.
+    pub read: &'a ReadContext,
 }
 
 impl<'a> WriteRequest<'a> {
     /// A write without a lock ID.
-    pub fn new(caller: &'a Caller, at: &'a Location, name: &'a StateName, body: Bytes) -> Self {
+    pub fn new(
+        caller: &'a Caller,
+        at: &'a Location,
+        name: &'a StateName,
+        body: Bytes,
+        read: &'a ReadContext,
+    ) -> Self {
         Self {
             caller,
             at,
             name,
             lock_id: None,
             body,
+            read,
         }
     }
 
@@ -50,11 +59,12 @@ impl Backend {
         caller: &Caller,
         at: &Location,
         name: &StateName,
+        read: &ReadContext,
     ) -> Result<Bytes, ServiceError> {
         caller.require(Role::Read, name)?;
-        let Some(stored) = self.store.read_state(at, name).await? else {
+        let Some(stored) = self.store.read_state(at, name, read).await? else {
             // "No state" only where the branch is there (or may be created).
-            self.require_branch(at).await?;
+            self.require_branch(at, read).await?;
             return Err(ServiceError::NotFound);
         };
         self.branch_seen(at);
@@ -92,8 +102,9 @@ impl Backend {
             name,
             lock_id,
             body,
+            read,
         } = request;
-        self.require_branch(at).await?;
+        self.require_branch(at, read).await?;
         if lock_id.is_none() && self.unlocked_writes {
             self.require_protocol(at).await?;
         }
@@ -207,9 +218,10 @@ impl Backend {
         at: &Location,
         name: &StateName,
         lock_id: Option<&str>,
+        read: &ReadContext,
     ) -> Result<(), ServiceError> {
         caller.require(Role::Admin, name)?;
-        self.require_branch(at).await?;
+        self.require_branch(at, read).await?;
         if lock_id.is_none() && self.unlocked_writes {
             self.require_protocol(at).await?;
         }

@@ -3,6 +3,9 @@ use crate::access::Grant;
 use crate::testing::MemoryStore;
 use std::sync::atomic::Ordering::SeqCst;
 
+/// Outside any request.
+static NO_REQUEST: ReadContext = ReadContext::no_request();
+
 fn admin() -> Caller {
     Caller::operator("root")
 }
@@ -92,37 +95,58 @@ async fn unlock_rules() {
 #[tokio::test]
 async fn write_rules() {
     let (b, at, name) = backend();
-    b.put_state(WriteRequest::new(&admin(), &at, &name, state("L", 1)))
-        .await
-        .expect("unlocked write without ID");
+    b.put_state(WriteRequest::new(
+        &admin(),
+        &at,
+        &name,
+        state("L", 1),
+        &NO_REQUEST,
+    ))
+    .await
+    .expect("unlocked write without ID");
     assert!(matches!(
-        b.put_state(WriteRequest::new(&admin(), &at, &name, state("L", 2)).lock_id(Some("X")))
-            .await,
+        b.put_state(
+            WriteRequest::new(&admin(), &at, &name, state("L", 2), &NO_REQUEST).lock_id(Some("X"))
+        )
+        .await,
         Err(ServiceError::NotLocked { .. })
     ));
     b.lock(&admin(), &at, &name, lock_body("A"))
         .await
         .expect("lock");
     assert!(matches!(
-        b.put_state(WriteRequest::new(&admin(), &at, &name, state("L", 2)))
-            .await,
+        b.put_state(WriteRequest::new(
+            &admin(),
+            &at,
+            &name,
+            state("L", 2),
+            &NO_REQUEST
+        ))
+        .await,
         Err(ServiceError::Locked(_))
     ));
     assert!(matches!(
-        b.put_state(WriteRequest::new(&admin(), &at, &name, state("L", 2)).lock_id(Some("B")))
-            .await,
+        b.put_state(
+            WriteRequest::new(&admin(), &at, &name, state("L", 2), &NO_REQUEST).lock_id(Some("B"))
+        )
+        .await,
         Err(ServiceError::LockMismatch(_))
     ));
-    b.put_state(WriteRequest::new(&admin(), &at, &name, state("L", 3)).lock_id(Some("A")))
-        .await
-        .expect("holder writes");
+    b.put_state(
+        WriteRequest::new(&admin(), &at, &name, state("L", 3), &NO_REQUEST).lock_id(Some("A")),
+    )
+    .await
+    .expect("holder writes");
     assert!(matches!(
-        b.put_state(WriteRequest::new(&admin(), &at, &name, state("L", 2)).lock_id(Some("A")))
-            .await,
+        b.put_state(
+            WriteRequest::new(&admin(), &at, &name, state("L", 2), &NO_REQUEST).lock_id(Some("A"))
+        )
+        .await,
         Err(ServiceError::Stale { stored: 3, sent: 2 })
     ));
     b.put_state(
-        WriteRequest::new(&admin(), &at, &name, state("other-lineage", 1)).lock_id(Some("A")),
+        WriteRequest::new(&admin(), &at, &name, state("other-lineage", 1), &NO_REQUEST)
+            .lock_id(Some("A")),
     )
     .await
     .expect("new lineage");
@@ -132,6 +156,7 @@ async fn write_rules() {
             &at,
             &name,
             Bytes::from_static(b"{\"encrypted_data\":\"x\"}"),
+            &NO_REQUEST,
         )
         .lock_id(Some("A")),
     )
@@ -139,13 +164,14 @@ async fn write_rules() {
     .expect("no serial");
     assert!(matches!(
         b.put_state(
-            WriteRequest::new(&admin(), &at, &name, Bytes::from_static(b"[]")).lock_id(Some("A"))
+            WriteRequest::new(&admin(), &at, &name, Bytes::from_static(b"[]"), &NO_REQUEST)
+                .lock_id(Some("A"))
         )
         .await,
         Err(ServiceError::InvalidState(_))
     ));
     assert_eq!(
-        b.get_state(&admin(), &at, &name)
+        b.get_state(&admin(), &at, &name, &NO_REQUEST)
             .await
             .expect("stored")
             .as_ref(),
@@ -163,9 +189,15 @@ async fn unlocked_writes_need_the_setting() {
                 for held in [false, true] {
                     let (b, at, name) = backend();
                     if stored {
-                        b.put_state(WriteRequest::new(&admin(), &at, &name, state("L", 1)))
-                            .await
-                            .expect("setup");
+                        b.put_state(WriteRequest::new(
+                            &admin(),
+                            &at,
+                            &name,
+                            state("L", 1),
+                            &NO_REQUEST,
+                        ))
+                        .await
+                        .expect("setup");
                     }
                     if held {
                         b.lock(&admin(), &at, &name, lock_body("A"))
@@ -173,12 +205,19 @@ async fn unlocked_writes_need_the_setting() {
                             .expect("lock");
                     }
                     let b = b.with_unlocked_writes(allowed);
-                    let before = b.get_state(&admin(), &at, &name).await.ok();
+                    let before = b.get_state(&admin(), &at, &name, &NO_REQUEST).await.ok();
                     let answer = if delete {
-                        b.delete_state(&admin(), &at, &name, None).await
-                    } else {
-                        b.put_state(WriteRequest::new(&admin(), &at, &name, state("L", 2)))
+                        b.delete_state(&admin(), &at, &name, None, &NO_REQUEST)
                             .await
+                    } else {
+                        b.put_state(WriteRequest::new(
+                            &admin(),
+                            &at,
+                            &name,
+                            state("L", 2),
+                            &NO_REQUEST,
+                        ))
+                        .await
                     };
                     let case =
                         format!("allowed={allowed} stored={stored} delete={delete} held={held}");
@@ -192,7 +231,7 @@ async fn unlocked_writes_need_the_setting() {
                         other => panic!("{case}: {other:?}"),
                     }
                     if !allowed || held {
-                        let after = b.get_state(&admin(), &at, &name).await.ok();
+                        let after = b.get_state(&admin(), &at, &name, &NO_REQUEST).await.ok();
                         assert_eq!(before, after, "{case}: nothing changed");
                     }
                 }
@@ -212,12 +251,18 @@ async fn missing_branches_beside_others_are_refused() {
         ..at.clone()
     };
     assert!(matches!(
-        b.get_state(&admin(), &at, &name).await,
+        b.get_state(&admin(), &at, &name, &NO_REQUEST).await,
         Err(ServiceError::NotFound)
     ));
-    b.put_state(WriteRequest::new(&admin(), &at, &name, state("L", 1)))
-        .await
-        .expect("the empty repository's first branch");
+    b.put_state(WriteRequest::new(
+        &admin(),
+        &at,
+        &name,
+        state("L", 1),
+        &NO_REQUEST,
+    ))
+    .await
+    .expect("the empty repository's first branch");
     let refused = |r: Result<_, ServiceError>| match r {
         Err(ServiceError::NoBranch {
             branch, setting, ..
@@ -226,33 +271,58 @@ async fn missing_branches_beside_others_are_refused() {
         }
         other => panic!("{other:?}"),
     };
-    refused(b.get_state(&admin(), &dev, &name).await.map(|_| ()));
     refused(
-        b.put_state(WriteRequest::new(&admin(), &dev, &name, state("L", 1)))
-            .await,
+        b.get_state(&admin(), &dev, &name, &NO_REQUEST)
+            .await
+            .map(|_| ()),
+    );
+    refused(
+        b.put_state(WriteRequest::new(
+            &admin(),
+            &dev,
+            &name,
+            state("L", 1),
+            &NO_REQUEST,
+        ))
+        .await,
     );
     let b = b.with_branch_creation(true);
-    b.put_state(WriteRequest::new(&admin(), &dev, &name, state("L", 1)))
+    b.put_state(WriteRequest::new(
+        &admin(),
+        &dev,
+        &name,
+        state("L", 1),
+        &NO_REQUEST,
+    ))
+    .await
+    .expect("created with the setting");
+    b.get_state(&admin(), &dev, &name, &NO_REQUEST)
         .await
-        .expect("created with the setting");
-    b.get_state(&admin(), &dev, &name).await.expect("there");
+        .expect("there");
 }
 
 #[tokio::test]
 async fn delete_requires_existing_state() {
     let (b, at, name) = backend();
     assert!(matches!(
-        b.delete_state(&admin(), &at, &name, None).await,
+        b.delete_state(&admin(), &at, &name, None, &NO_REQUEST)
+            .await,
         Err(ServiceError::NotFound)
     ));
-    b.put_state(WriteRequest::new(&admin(), &at, &name, state("L", 1)))
-        .await
-        .expect("write");
-    b.delete_state(&admin(), &at, &name, None)
+    b.put_state(WriteRequest::new(
+        &admin(),
+        &at,
+        &name,
+        state("L", 1),
+        &NO_REQUEST,
+    ))
+    .await
+    .expect("write");
+    b.delete_state(&admin(), &at, &name, None, &NO_REQUEST)
         .await
         .expect("delete");
     assert!(matches!(
-        b.get_state(&admin(), &at, &name).await,
+        b.get_state(&admin(), &at, &name, &NO_REQUEST).await,
         Err(ServiceError::NotFound)
     ));
 }
@@ -322,11 +392,13 @@ async fn writers_release_only_their_own_locks() {
         .expect("admin force-unlocks");
     let outside = StateName::parse("app/x.tfstate").expect("valid");
     assert!(matches!(
-        b.get_state(&writer("ann"), &at, &outside).await,
+        b.get_state(&writer("ann"), &at, &outside, &NO_REQUEST)
+            .await,
         Err(ServiceError::Forbidden(_))
     ));
     assert!(matches!(
-        b.delete_state(&writer("ann"), &at, &name, None).await,
+        b.delete_state(&writer("ann"), &at, &name, None, &NO_REQUEST)
+            .await,
         Err(ServiceError::Forbidden(_))
     ));
 }
@@ -351,9 +423,12 @@ async fn commits_are_authored_by_the_user() {
     b.lock(&writer("ann"), &at, &name, lock_body("A"))
         .await
         .expect("lock");
-    b.put_state(WriteRequest::new(&writer("ann"), &at, &name, state("L", 1)).lock_id(Some("A")))
-        .await
-        .expect("write");
+    b.put_state(
+        WriteRequest::new(&writer("ann"), &at, &name, state("L", 1), &NO_REQUEST)
+            .lock_id(Some("A")),
+    )
+    .await
+    .expect("write");
     let history = store.history();
     assert!(history.iter().all(|c| c.author_name == "ann"));
     assert!(history.iter().all(|c| c.message.contains("User: ann\n")));
@@ -374,22 +449,38 @@ async fn names_that_clash_with_the_tree_are_refused() {
         let (b, at, _) = backend();
         let existing = StateName::parse(existing).expect("valid");
         let name = StateName::parse(clashing).expect("valid");
-        b.put_state(WriteRequest::new(&admin(), &at, &existing, state("L", 1)))
-            .await
-            .expect("first state");
+        b.put_state(WriteRequest::new(
+            &admin(),
+            &at,
+            &existing,
+            state("L", 1),
+            &NO_REQUEST,
+        ))
+        .await
+        .expect("first state");
         let before = b.store().list_states(&at, "").await.expect("list");
         let is_clash = |r: Result<(), ServiceError>| matches!(r, Err(ServiceError::Clash(_)));
         assert!(is_clash(
-            b.put_state(WriteRequest::new(&admin(), &at, &name, state("M", 1)))
-                .await
+            b.put_state(WriteRequest::new(
+                &admin(),
+                &at,
+                &name,
+                state("M", 1),
+                &NO_REQUEST
+            ))
+            .await
         ));
         assert!(is_clash(b.lock(&admin(), &at, &name, lock_body("X")).await));
         assert!(is_clash(
             b.unlock(&admin(), &at, &name, &lock_body("X")).await
         ));
-        assert!(is_clash(b.delete_state(&admin(), &at, &name, None).await));
+        assert!(is_clash(
+            b.delete_state(&admin(), &at, &name, None, &NO_REQUEST)
+                .await
+        ));
         assert!(matches!(
-            b.restore(&admin(), &at, &name, &Selector::Serial(1)).await,
+            b.restore(&admin(), &at, &name, &Selector::Serial(1), &NO_REQUEST)
+                .await,
             Err(ServiceError::Clash(_))
         ));
         assert_eq!(b.store().list_states(&at, "").await.expect("list"), before);
@@ -438,19 +529,34 @@ async fn clashes_name_only_states_the_caller_may_read() {
             let name = StateName::parse(clashing).expect("valid");
             // in the tree
             let (b, at, _) = backend();
-            b.put_state(WriteRequest::new(&admin(), &at, &existing, state("L", 1)))
-                .await
-                .expect("first state");
+            b.put_state(WriteRequest::new(
+                &admin(),
+                &at,
+                &existing,
+                state("L", 1),
+                &NO_REQUEST,
+            ))
+            .await
+            .expect("first state");
             told(
-                b.put_state(WriteRequest::new(&caller, &at, &name, state("M", 1)))
-                    .await,
+                b.put_state(WriteRequest::new(
+                    &caller,
+                    &at,
+                    &name,
+                    state("M", 1),
+                    &NO_REQUEST,
+                ))
+                .await,
                 &what,
             );
             told(b.lock(&caller, &at, &name, lock_body("X")).await, &what);
             told(b.unlock(&caller, &at, &name, &lock_body("X")).await, &what);
-            told(b.delete_state(&caller, &at, &name, None).await, &what);
             told(
-                b.restore(&caller, &at, &name, &Selector::Serial(1))
+                b.delete_state(&caller, &at, &name, None, &NO_REQUEST).await,
+                &what,
+            );
+            told(
+                b.restore(&caller, &at, &name, &Selector::Serial(1), &NO_REQUEST)
                     .await
                     .map(drop),
                 &what,
@@ -518,11 +624,23 @@ async fn branches_that_clash_are_refused_generated() {
             branch: random_branch(),
             ..at.clone()
         };
-        b.put_state(WriteRequest::new(&admin(), &existing, &name, state("L", 1)))
-            .await
-            .expect("first branch");
+        b.put_state(WriteRequest::new(
+            &admin(),
+            &existing,
+            &name,
+            state("L", 1),
+            &NO_REQUEST,
+        ))
+        .await
+        .expect("first branch");
         let answer = b
-            .put_state(WriteRequest::new(&admin(), &new, &name, state("M", 1)))
+            .put_state(WriteRequest::new(
+                &admin(),
+                &new,
+                &name,
+                state("M", 1),
+                &NO_REQUEST,
+            ))
             .await;
         let clash = crate::refs::paths_clash(&existing.branch.full_ref(), &new.branch.full_ref());
         match answer {
@@ -572,14 +690,20 @@ async fn the_holders_id_from_another_user_is_locked() {
             Err(ServiceError::Locked(_))
         ));
         assert!(matches!(
-            b.put_state(WriteRequest::new(&caller, &at, &name, state("L", 1)).lock_id(Some("A")))
-                .await,
+            b.put_state(
+                WriteRequest::new(&caller, &at, &name, state("L", 1), &NO_REQUEST)
+                    .lock_id(Some("A"))
+            )
+            .await,
             Err(ServiceError::Locked(_))
         ));
     }
-    b.put_state(WriteRequest::new(&writer("ann"), &at, &name, state("L", 1)).lock_id(Some("A")))
-        .await
-        .expect("the holder writes");
+    b.put_state(
+        WriteRequest::new(&writer("ann"), &at, &name, state("L", 1), &NO_REQUEST)
+            .lock_id(Some("A")),
+    )
+    .await
+    .expect("the holder writes");
 }
 
 /// Seals by prefixing the current key's name; opens only what the current key sealed, like a
@@ -659,7 +783,7 @@ async fn unopenable_states_leave_lists_and_pages_working() {
             ))
         };
         for name in &names {
-            b.put_state(WriteRequest::new(&admin(), &at, name, body(1)))
+            b.put_state(WriteRequest::new(&admin(), &at, name, body(1), &NO_REQUEST))
                 .await
                 .expect("old key");
         }
@@ -671,9 +795,15 @@ async fn unopenable_states_leave_lists_and_pages_working() {
         for (name, again) in names.iter().zip(&rewritten) {
             if *again {
                 for serial in [2, 3] {
-                    b.put_state(WriteRequest::new(&admin(), &at, name, body(serial)))
-                        .await
-                        .expect("new key");
+                    b.put_state(WriteRequest::new(
+                        &admin(),
+                        &at,
+                        name,
+                        body(serial),
+                        &NO_REQUEST,
+                    ))
+                    .await
+                    .expect("new key");
                 }
             }
         }
@@ -689,7 +819,7 @@ async fn unopenable_states_leave_lists_and_pages_working() {
             assert!(rows.iter().all(|row| row.entry.is_some()));
             for (name, again) in names.iter().zip(&rewritten) {
                 let page = b
-                    .state_page(&admin(), &at, name, 0, 10)
+                    .state_page(&admin(), &at, name, 0, 10, &NO_REQUEST)
                     .await
                     .expect("the page is served");
                 let opens = |i: usize| !down && *again && i == 0;
@@ -724,8 +854,9 @@ impl StateStore for FlakyStore {
         &self,
         at: &Location,
         name: &StateName,
+        read: &ReadContext,
     ) -> Result<Option<Bytes>, StoreError> {
-        self.inner.read_state(at, name).await
+        self.inner.read_state(at, name, read).await
     }
     async fn read_lock(
         &self,
@@ -801,8 +932,9 @@ impl StateStore for FlakyStore {
         at: &Location,
         path: &str,
         fresh_within: std::time::Duration,
+        read: &ReadContext,
     ) -> Result<Option<Bytes>, StoreError> {
-        self.inner.read_config(at, path, fresh_within).await
+        self.inner.read_config(at, path, fresh_within, read).await
     }
     async fn create_config(
         &self,
@@ -863,9 +995,15 @@ async fn the_own_lock_is_always_released() {
             sealer: sealer.clone(),
             enforced: false,
         });
-    b.put_state(WriteRequest::new(&admin(), &at, &name, state("L", 1)))
-        .await
-        .expect("first write");
+    b.put_state(WriteRequest::new(
+        &admin(),
+        &at,
+        &name,
+        state("L", 1),
+        &NO_REQUEST,
+    ))
+    .await
+    .expect("first write");
     let mut seen = [0usize; 6];
     for round in 0..72 {
         let ending = [
@@ -877,7 +1015,10 @@ async fn the_own_lock_is_always_released() {
             Ending::RestoreReleaseFailsOnce,
         ][rng.random_range(0..6)];
         seen[ending as usize] += 1;
-        let before = b.get_state(&admin(), &at, &name).await.expect("readable");
+        let before = b
+            .get_state(&admin(), &at, &name, &NO_REQUEST)
+            .await
+            .expect("readable");
         let lock = || super::lock::OwnLock {
             id: format!("own-{round}"),
             operation: "OperationTypeTest",
@@ -911,7 +1052,9 @@ async fn the_own_lock_is_always_released() {
                 store
                     .fail_writes
                     .store(true, std::sync::atomic::Ordering::SeqCst);
-                let restored = b.restore(&admin(), &at, &name, &Selector::Serial(1)).await;
+                let restored = b
+                    .restore(&admin(), &at, &name, &Selector::Serial(1), &NO_REQUEST)
+                    .await;
                 store
                     .fail_writes
                     .store(false, std::sync::atomic::Ordering::SeqCst);
@@ -919,13 +1062,15 @@ async fn the_own_lock_is_always_released() {
             }
             Ending::RestoreReleaseFailsOnce => {
                 store.fail_releases.store(1, SeqCst);
-                let restored = b.restore(&admin(), &at, &name, &Selector::Serial(1)).await;
+                let restored = b
+                    .restore(&admin(), &at, &name, &Selector::Serial(1), &NO_REQUEST)
+                    .await;
                 assert_eq!(store.fail_releases.load(SeqCst), 0, "the release was tried");
                 restored.map(drop)
             }
             Ending::RekeyKeysDown => {
                 sealer.down.store(true, std::sync::atomic::Ordering::SeqCst);
-                let rekeyed = b.rekey(&admin(), &at, &name).await;
+                let rekeyed = b.rekey(&admin(), &at, &name, &NO_REQUEST).await;
                 sealer
                     .down
                     .store(false, std::sync::atomic::Ordering::SeqCst);
@@ -949,7 +1094,10 @@ async fn the_own_lock_is_always_released() {
             ),
             "{ending:?} left the lock"
         );
-        let after = b.get_state(&admin(), &at, &name).await.expect("readable");
+        let after = b
+            .get_state(&admin(), &at, &name, &NO_REQUEST)
+            .await
+            .expect("readable");
         if !matches!(ending, Ending::RestoreReleaseFailsOnce) {
             assert_eq!(after, before, "{ending:?}");
         }
@@ -975,9 +1123,15 @@ async fn commits_carry_their_trailers() {
     let b = Backend::new(store.clone(), b.repositories.clone(), b.committer.clone())
         .with_unlocked_writes(true);
     let last = || Trailers::parse(&store.history().last().expect("a commit").message);
-    b.put_state(WriteRequest::new(&writer("ann"), &at, &name, state("L", 1)))
-        .await
-        .expect("write");
+    b.put_state(WriteRequest::new(
+        &writer("ann"),
+        &at,
+        &name,
+        state("L", 1),
+        &NO_REQUEST,
+    ))
+    .await
+    .expect("write");
     let written = last();
     assert_eq!(
         (written.serial, written.lineage.as_deref()),
@@ -998,15 +1152,21 @@ async fn commits_carry_their_trailers() {
     assert_eq!(locked.who.as_deref(), Some("me  Serial: 99"));
     assert_eq!((locked.user.as_deref(), locked.serial), (Some("ann"), None));
     b.unlock(&admin(), &at, &name, b"").await.expect("force");
-    b.put_state(WriteRequest::new(&admin(), &at, &name, state("L", 2)))
-        .await
-        .expect("write");
+    b.put_state(WriteRequest::new(
+        &admin(),
+        &at,
+        &name,
+        state("L", 2),
+        &NO_REQUEST,
+    ))
+    .await
+    .expect("write");
     let (from, _) = b
         .get_version(&admin(), &at, &name, &Selector::Serial(1))
         .await
         .expect("serial 1");
     let restored = b
-        .restore(&admin(), &at, &name, &Selector::Serial(1))
+        .restore(&admin(), &at, &name, &Selector::Serial(1), &NO_REQUEST)
         .await
         .expect("restore");
     let log = store.history();
@@ -1019,7 +1179,7 @@ async fn commits_carry_their_trailers() {
     assert_eq!(trailers.restored_from.as_deref(), Some(from.as_str()));
     assert_eq!(trailers.serial, Some(restored.serial));
     assert_eq!(trailers.operation.as_deref(), Some("OperationTypeRestore"));
-    b.delete_state(&admin(), &at, &name, None)
+    b.delete_state(&admin(), &at, &name, None, &NO_REQUEST)
         .await
         .expect("delete");
     assert_eq!(last().user.as_deref(), Some("root"));
@@ -1044,16 +1204,28 @@ async fn rekey_rewrites_under_its_own_lock() {
             sealer: sealer.clone(),
             enforced: false,
         });
-    b.put_state(WriteRequest::new(&admin(), &at, &name, state("L", 4)))
-        .await
-        .expect("write");
+    b.put_state(WriteRequest::new(
+        &admin(),
+        &at,
+        &name,
+        state("L", 4),
+        &NO_REQUEST,
+    ))
+    .await
+    .expect("write");
     *sealer.key.lock().expect("not poisoned") = "new";
     sealer.previous.lock().expect("not poisoned").push("old");
     assert_eq!(
-        b.rekey(&admin(), &at, &name).await.expect("rekey"),
+        b.rekey(&admin(), &at, &name, &NO_REQUEST)
+            .await
+            .expect("rekey"),
         Rekeyed::Rewritten { from: "test" }
     );
-    let stored = b.store().read_state(&at, &name).await.expect("read");
+    let stored = b
+        .store()
+        .read_state(&at, &name, &NO_REQUEST)
+        .await
+        .expect("read");
     assert!(stored.expect("stored").starts_with(b"new:"));
     let log = store.history();
     let rekey = log
@@ -1067,12 +1239,16 @@ async fn rekey_rewrites_under_its_own_lock() {
         (Some("root@gitstate"), Some(4))
     );
     assert_eq!(
-        b.rekey(&admin(), &at, &name).await.expect("rekey"),
+        b.rekey(&admin(), &at, &name, &NO_REQUEST)
+            .await
+            .expect("rekey"),
         Rekeyed::Current
     );
     let missing = StateName::parse("net/none.tfstate").expect("valid");
     assert_eq!(
-        b.rekey(&admin(), &at, &missing).await.expect("rekey"),
+        b.rekey(&admin(), &at, &missing, &NO_REQUEST)
+            .await
+            .expect("rekey"),
         Rekeyed::Missing
     );
     for name in [&name, &missing] {
@@ -1082,7 +1258,7 @@ async fn rekey_rewrites_under_its_own_lock() {
         ));
     }
     assert!(matches!(
-        b.rekey(&writer("ann"), &at, &name).await,
+        b.rekey(&writer("ann"), &at, &name, &NO_REQUEST).await,
         Err(ServiceError::Forbidden(_))
     ));
 }

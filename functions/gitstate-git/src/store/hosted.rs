@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use gitstate_core::ReadContext;
 use gix::ObjectId;
 
 use super::known::KnownStates;
@@ -180,15 +181,14 @@ impl Transport for Hosted {
         Ok(advert)
     }
 
-    /// See `gitstate_core::scope`: an advertisement made since the request began reflects every
-    /// write that finished before the request.
-    fn advert_in_scope(&self) -> Option<(Advert, Instant)> {
-        let scope = gitstate_core::scope::Scope::current()?;
+    /// See `gitstate_core::read_context`: an advertisement made since the request began
+    /// reflects every write that finished before the request.
+    fn reusable_advert(&self, read: &ReadContext) -> Option<(Advert, Instant)> {
         let adverts = lock(&self.adverts);
         adverts
             .last
             .as_ref()
-            .filter(|(_, when)| *when >= scope.began)
+            .filter(|(_, when)| read.may_reuse(*when))
             .cloned()
     }
 
@@ -209,9 +209,9 @@ impl Transport for Hosted {
     }
 
     /// One upload-pack advertisement (its `symref=HEAD:` capability names `HEAD`'s ref).
-    async fn every_ref(&self) -> Result<(Advert, Option<String>), RemoteError> {
+    async fn every_ref(&self, read: &ReadContext) -> Result<(Advert, Option<String>), RemoteError> {
         // A read of this request just asked: its advertisement lists every ref.
-        let advert = match self.advert_in_scope() {
+        let advert = match self.reusable_advert(read) {
             Some((advert, _)) => advert,
             None => self.refs(Service::UploadPack, Vec::new()).await?,
         };

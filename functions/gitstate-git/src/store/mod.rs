@@ -38,7 +38,7 @@ use gitstate_core::ports::{
 };
 use gitstate_core::refs::Clash;
 use gitstate_core::secret::Secret;
-use gitstate_core::{LockInfo, StateName};
+use gitstate_core::{LockInfo, ReadContext, StateName};
 
 use crate::protocol::{Advert, SmartClient};
 use crate::repository::local::LocalRefs;
@@ -288,8 +288,9 @@ impl StateStore for GitStore {
         &self,
         at: &Location,
         name: &StateName,
+        read: &ReadContext,
     ) -> Result<Option<Bytes>, StoreError> {
-        Ok(GitStore::read_state(self, at, name).await?)
+        Ok(GitStore::read_state(self, at, name, read).await?)
     }
 
     async fn list_states(&self, at: &Location, prefix: &str) -> Result<Vec<StateName>, StoreError> {
@@ -313,8 +314,9 @@ impl StateStore for GitStore {
         at: &Location,
         path: &str,
         fresh_within: Duration,
+        read: &ReadContext,
     ) -> Result<Option<Bytes>, StoreError> {
-        Ok(GitStore::read_config(self, at, path, fresh_within).await?)
+        Ok(GitStore::read_config(self, at, path, fresh_within, read).await?)
     }
 
     async fn create_config(
@@ -361,8 +363,12 @@ impl StateStore for GitStore {
         Ok(GitStore::list_locks(self, at).await?)
     }
 
-    async fn branch_status(&self, at: &Location) -> Result<BranchStatus, StoreError> {
-        Ok(GitStore::branch_status(self, at).await?)
+    async fn branch_status(
+        &self,
+        at: &Location,
+        read: &ReadContext,
+    ) -> Result<BranchStatus, StoreError> {
+        Ok(GitStore::branch_status(self, at, read).await?)
     }
 
     async fn protocol(

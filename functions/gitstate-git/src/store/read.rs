@@ -6,9 +6,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use gix::ObjectId;
 
-use gitstate_core::StateName;
 use gitstate_core::ports::{BranchStatus, Listing, Location};
 use gitstate_core::refs::Clash;
+use gitstate_core::{ReadContext, StateName};
 
 use super::remote::Remote;
 use super::{GitStore, ListError, ReadError, RemoteError, blocking};
@@ -25,11 +25,12 @@ impl GitStore {
         &self,
         at: &Location,
         name: &StateName,
+        read: &ReadContext,
     ) -> Result<Option<Bytes>, ReadError> {
         if let Some(state) = self.read_proved(at, name).await? {
             return Ok(state);
         }
-        Ok(self.read_path(at, name.to_string()).await?)
+        Ok(self.read_path(at, name.to_string(), read).await?)
     }
 
     /// How this store's lock ref prefix stands against the repository's record of it.
@@ -166,25 +167,28 @@ impl GitStore {
         at: &Location,
         path: &str,
         fresh_within: Duration,
+        read: &ReadContext,
     ) -> Result<Option<Bytes>, ReadError> {
         let remote = self.remote(at)?;
         if let Some(tip) = remote.recent_tip(fresh_within) {
             return Ok(remote.read(tip, path.to_owned()).await?.map(Bytes::from));
         }
         // The state the request reads next, if it is one: its blob comes with this file's.
-        let also = gitstate_core::scope::Scope::current()
-            .and_then(|scope| scope.reads)
-            .map(|name| name.to_string());
-        Ok(self.read_path_with(at, path.to_owned(), also).await?)
+        let also = read.reads().map(ToString::to_string);
+        Ok(self.read_path_with(at, path.to_owned(), also, read).await?)
     }
 
     /// Whether the branch exists; if not, the remote's default branch (its `HEAD`) and its other
     /// refs, the lock refs and gitstate's own `refs/gitstate/` left out. Over HTTP this is the
-    /// upload-pack advertisement a read of the same request uses again.
-    pub(super) async fn branch_status(&self, at: &Location) -> Result<BranchStatus, ReadError> {
+    /// upload-pack advertisement a read of the same request (`read`) made, or one made now.
+    pub(super) async fn branch_status(
+        &self,
+        at: &Location,
+        read: &ReadContext,
+    ) -> Result<BranchStatus, ReadError> {
         let remote = self.remote(at)?;
         let branch = at.branch.full_ref();
-        let (advert, head) = remote.every_ref().await?;
+        let (advert, head) = remote.every_ref(read).await?;
         if advert.tip(&branch).is_some() {
             return Ok(BranchStatus::Exists);
         }
@@ -224,18 +228,20 @@ impl GitStore {
         &self,
         at: &Location,
         path: String,
+        read: &ReadContext,
     ) -> Result<Option<Bytes>, RemoteError> {
-        self.read_path_with(at, path, None).await
+        self.read_path_with(at, path, None, read).await
     }
 
     /// [`Self::read_path`], fetching the blob at `also` in the same request if the cache lacks
-    /// it. An advertisement made since the request began (see `gitstate_core::scope`) is used
-    /// rather than asking again.
+    /// it. An advertisement `read` may reuse (made since its request began) is used rather than
+    /// asking again.
     async fn read_path_with(
         &self,
         at: &Location,
         path: String,
         also: Option<String>,
+        read: &ReadContext,
     ) -> Result<Option<Bytes>, RemoteError> {
         let remote = self.remote(at)?;
         let branch = at.branch.full_ref();
@@ -243,7 +249,7 @@ impl GitStore {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let advert = match remote.advert_in_scope().filter(|_| attempt == 1) {
+            let advert = match remote.reusable_advert(read).filter(|_| attempt == 1) {
                 Some((advert, asked)) => {
                     remote.note_looks(&advert, std::slice::from_ref(&state), asked);
                     advert

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use gix::ObjectId;
 
+use gitstate_core::ReadContext;
 use gitstate_core::ports::{CommitMeta, HistoryPage};
 
 use super::known::{Home, KnownStates, Looks, STATE_REF_PREFIX, Seen, state_ref};
@@ -150,10 +151,10 @@ impl Remote {
         self.transport.note_states(&mut known, advert, names);
     }
 
-    /// The last full advertisement, if it came after the request being served began (see
-    /// `gitstate_core::scope`): it reflects every write that finished before the request.
-    pub(super) fn advert_in_scope(&self) -> Option<(Advert, Instant)> {
-        self.transport.advert_in_scope()
+    /// The last full advertisement, if `read` may reuse it (it came after the request being
+    /// served began): it reflects every write that finished before the request.
+    pub(super) fn reusable_advert(&self, read: &ReadContext) -> Option<(Advert, Instant)> {
+        self.transport.reusable_advert(read)
     }
 
     pub(super) fn saw_tip(&self, tip: ObjectId) {
@@ -177,9 +178,13 @@ impl Remote {
     }
 
     /// Every ref, and the ref `HEAD` names: one upload-pack advertisement over HTTP (its
-    /// `symref=HEAD:` capability), the repository's refs and `HEAD` when embedded.
-    pub(super) async fn every_ref(&self) -> Result<(Advert, Option<String>), RemoteError> {
-        let (advert, head) = self.transport.every_ref().await?;
+    /// `symref=HEAD:` capability, one `read` may reuse), the repository's refs and `HEAD` when
+    /// embedded.
+    pub(super) async fn every_ref(
+        &self,
+        read: &ReadContext,
+    ) -> Result<(Advert, Option<String>), RemoteError> {
+        let (advert, head) = self.transport.every_ref(read).await?;
         self.note_states(&advert, &[]);
         Ok((advert, head))
     }

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use gitstate_core::ReadContext;
 use gix::ObjectId;
 
 use super::known::{KnownStates, STATE_REF_PREFIX};
@@ -54,9 +55,9 @@ pub(super) trait Transport: Send + Sync {
     /// push of `service` has.
     async fn refs(&self, service: Service, names: Vec<String>) -> Result<Advert, RemoteError>;
 
-    /// The last full advertisement, if it came after the request being served began, and when
-    /// it was asked for.
-    fn advert_in_scope(&self) -> Option<(Advert, Instant)>;
+    /// The last full advertisement, if `read` may reuse it (it came after the request being
+    /// served began), and when it was asked for.
+    fn reusable_advert(&self, read: &ReadContext) -> Option<(Advert, Instant)>;
 
     /// The branch and every ref under `prefix`, from an advertisement less than `fresh` old
     /// when there is one.
@@ -67,8 +68,8 @@ pub(super) trait Transport: Send + Sync {
         fresh: Duration,
     ) -> Result<Advert, RemoteError>;
 
-    /// Every ref, and the ref `HEAD` names.
-    async fn every_ref(&self) -> Result<(Advert, Option<String>), RemoteError>;
+    /// Every ref, and the ref `HEAD` names (from an advertisement `read` may reuse, if any).
+    async fn every_ref(&self, read: &ReadContext) -> Result<(Advert, Option<String>), RemoteError>;
 
     /// Every ref under `prefix`.
     async fn refs_with_prefix(&self, prefix: &str) -> Result<Advert, RemoteError>;
@@ -189,7 +190,7 @@ impl Transport for Embedded {
         Ok(blocking(move || refs.list(&names)).await?)
     }
 
-    fn advert_in_scope(&self) -> Option<(Advert, Instant)> {
+    fn reusable_advert(&self, _: &ReadContext) -> Option<(Advert, Instant)> {
         None
     }
 
@@ -208,7 +209,7 @@ impl Transport for Embedded {
         .await?)
     }
 
-    async fn every_ref(&self) -> Result<(Advert, Option<String>), RemoteError> {
+    async fn every_ref(&self, _: &ReadContext) -> Result<(Advert, Option<String>), RemoteError> {
         let refs = self.0.clone();
         Ok(blocking(move || Ok((refs.list_prefix("refs/")?, refs.head_target()))).await?)
     }

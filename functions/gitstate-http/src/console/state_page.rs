@@ -6,10 +6,10 @@ use std::collections::HashMap;
 
 use askama::Template;
 use axum::response::Response;
-use gitstate_core::StateName;
 use gitstate_core::access::{Caller, Role};
 use gitstate_core::changes::Changes;
 use gitstate_core::service::{MAX_PAGE, StatePage, VersionChanges};
+use gitstate_core::{ReadContext, StateName};
 use http::{HeaderMap, header};
 use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
 
@@ -135,6 +135,7 @@ fn number(params: &Params, key: &str, default: usize, what: &str) -> Result<usiz
 pub(super) async fn state(
     app: &App,
     caller: &Caller,
+    read: &ReadContext,
     headers: &HeaderMap,
     name: &StateName,
     params: &Params,
@@ -145,7 +146,7 @@ pub(super) async fn state(
     let view = View::of(params)?;
     let found: StatePage = app
         .backend
-        .state_page(caller, &at, name, page, per_page)
+        .state_page(caller, &at, name, page, per_page, read)
         .await?;
     let admin = caller.may(Role::Admin, name);
     let notice = match params.get("done") {
