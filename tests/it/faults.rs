@@ -365,3 +365,53 @@ async fn a_hung_git_server_gets_a_504_at_the_request_deadline_and_leaves_nothing
     let refs = git(&["ls-remote", &server.url_with_credentials("hung")], None);
     assert!(!refs.contains("refs/heads/locks/"), "no lock left: {refs}");
 }
+
+/// An UNLOCK whose release push landed but whose answer was lost, with another holder locking
+/// the state before the UNLOCK's retry of the same delete: the lock asked for is gone, so the
+/// UNLOCK succeeds (it answered 409 naming the new holder, which invites a force-unlock of a
+/// live lock), and the new holder's lock stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unlock_whose_answer_was_lost_succeeds_and_spares_the_next_holder() {
+    let server = GitServer::start().await;
+    let url = server.create_repo("lost");
+    let proxy = FaultProxy::start(server.address, 5, 0.0, Vec::new()).await;
+    let (through_proxy, direct) = (
+        TestBackend::start(&proxy.url("lost"), &[]).await,
+        TestBackend::start(&url, &[]).await,
+    );
+    let (a, b) = (Client::new(&through_proxy.url), Client::new(&direct.url));
+    let name = "lost/app.tfstate";
+    // A warm process that made the lock: its UNLOCK is one conditional delete, no look first.
+    a.lock(name, "a-0").await.expect(200);
+    a.write_locked(name, "a-0", &state_json("lineage-lost", 1))
+        .await
+        .expect(200);
+    a.unlock(name, "a-0").await.expect(200);
+    a.lock(name, "a-1").await.expect(200);
+    server.take_requests();
+
+    let (release, forwarded) = proxy.lose_next_answer_held();
+    let unlock = tokio::spawn(async move { a.unlock(name, "a-1").await });
+    forwarded.notified().await;
+    let first = server.take_requests();
+    assert_eq!(
+        first
+            .iter()
+            .map(gitstate_tests::Seen::label)
+            .collect::<Vec<_>>(),
+        ["POST receive-pack"],
+        "the UNLOCK's first request is its delete"
+    );
+    // The delete landed; its answer is held. Another holder locks meanwhile.
+    b.lock(name, "b-1").await.expect(200);
+    release.notify_one();
+    unlock.await.expect("unlock task").expect(200);
+    let held = b.send("GET", &format!("/locks/{name}"), None).await;
+    assert_eq!(held.status, 200, "{}", held.body);
+    assert!(
+        held.body.contains("\"b-1\""),
+        "the next holder's lock stays: {}",
+        held.body
+    );
+    b.unlock(name, "b-1").await.expect(200);
+}

@@ -3,6 +3,7 @@
 //! answered 500 (the server acted, the client is told it failed), cut mid-body, stalled past the
 //! client's timeout, or slowed down.
 
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -32,11 +33,21 @@ pub enum Fault {
     Slow(Duration),
 }
 
+/// A fault for the next request, then what to do before answering.
+struct Scripted {
+    fault: Fault,
+    /// Held until this is notified, after forwarding and before answering.
+    hold: Option<Arc<tokio::sync::Notify>>,
+    /// Notified once the request has been forwarded and answered upstream.
+    forwarded: Option<Arc<tokio::sync::Notify>>,
+}
+
 #[derive(Clone)]
 struct Proxy {
     upstream: SocketAddr,
     client: reqwest::Client,
     plan: Arc<Mutex<Plan>>,
+    script: Arc<Mutex<VecDeque<Scripted>>>,
     enabled: Arc<AtomicBool>,
 }
 
@@ -52,6 +63,7 @@ struct Plan {
 pub struct FaultProxy {
     pub address: SocketAddr,
     plan: Arc<Mutex<Plan>>,
+    script: Arc<Mutex<VecDeque<Scripted>>>,
     enabled: Arc<AtomicBool>,
     _task: tokio::task::JoinHandle<()>,
 }
@@ -67,10 +79,12 @@ impl FaultProxy {
             seen: Vec::new(),
         }));
         let enabled = Arc::new(AtomicBool::new(true));
+        let script = Arc::new(Mutex::new(VecDeque::new()));
         let state = Proxy {
             upstream,
             client: reqwest::Client::new(),
             plan: plan.clone(),
+            script: script.clone(),
             enabled: enabled.clone(),
         };
         let app = axum::Router::new().fallback(forward).with_state(state);
@@ -78,9 +92,26 @@ impl FaultProxy {
         Self {
             address,
             plan,
+            script,
             enabled,
             _task: task,
         }
+    }
+
+    /// The next request (whatever the plan and even when disabled) forwards and then loses its
+    /// answer (500), answering only once the returned `release` is notified; `forwarded` is
+    /// notified as soon as the server has answered it. A test acts in between.
+    pub fn lose_next_answer_held(&self) -> (Arc<tokio::sync::Notify>, Arc<tokio::sync::Notify>) {
+        let (release, forwarded) = (
+            Arc::new(tokio::sync::Notify::new()),
+            Arc::new(tokio::sync::Notify::new()),
+        );
+        self.script.lock().expect("script").push_back(Scripted {
+            fault: Fault::LoseAnswer,
+            hold: Some(release.clone()),
+            forwarded: Some(forwarded.clone()),
+        });
+        (release, forwarded)
     }
 
     /// The URL of repository `name` through the proxy.
@@ -120,7 +151,11 @@ async fn forward(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let fault = choose(&state);
+    let scripted = state.script.lock().expect("script").pop_front();
+    let (fault, hold, forwarded) = match scripted {
+        Some(s) => (s.fault, s.hold, s.forwarded),
+        None => (choose(&state), None, None),
+    };
     match fault {
         Fault::Refuse(status) => {
             return Response::builder()
@@ -155,6 +190,12 @@ async fn forward(
     let status = upstream.status();
     let content_type = upstream.headers().get(http::header::CONTENT_TYPE).cloned();
     let bytes = upstream.bytes().await.unwrap_or_default();
+    if let Some(forwarded) = forwarded {
+        forwarded.notify_one();
+    }
+    if let Some(hold) = hold {
+        hold.notified().await;
+    }
     if fault == Fault::LoseAnswer {
         return Response::builder()
             .status(500)

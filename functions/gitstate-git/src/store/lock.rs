@@ -311,14 +311,24 @@ impl GitStore {
                 remote.remember_lock(&lock_ref, None);
             }
         }
-        let report = match remote
+        let (report, unanswered) = match remote
             .push_at_floor(vec![command.clone()], Vec::new(), Updates::Atomic)
             .await?
         {
-            Some(report) => report,
-            None => remote.push(vec![command.clone()], Vec::new()).await?,
+            Some(report) => (report, false),
+            None => (remote.push(vec![command.clone()], Vec::new()).await?, true),
         };
         Ok(if report.all_ok(&[command]) {
+            Release::Released
+        } else if unanswered {
+            // The first push got no report (its answer lost on the way back, or an error
+            // status): it may have deleted the lock, and the same delete now finds the ref
+            // elsewhere. The lock asked for is gone either way (by that push, or by a
+            // force-unlock); what holds the ref now is another lock, not this one to refuse.
+            tracing::info!(
+                lock = held.info.id(),
+                "the lock's release was unanswered and the lock is gone since: released"
+            );
             Release::Released
         } else {
             Release::Changed
