@@ -264,10 +264,11 @@ async fn single_front_on_refs(url: &str) -> TestBackend {
 
 /// Updates of a state's own ref (`GITSTATE_STATE_REFS=always`, the Lambda's default; here with
 /// the Lambda's settings, which fold on a schedule, not after each write): the first update of a
-/// state creates its ref from a fresh advertisement (the create-only push proves it absent), and
-/// every update after it is one push at the floor, `T → S` with the lock ref asserted: an
-/// update apply is 4 git requests (LOCK, GET, write, UNLOCK), the Lambda shape's floor, and 3
-/// with a single front, whose LOCK push asserts the state's ref (so the GET asks nothing).
+/// state creates its ref with one create-only push that asserts the branch the GET saw (a fresh
+/// advertisement when the branch moved since), and every update after it is one push at the
+/// floor, `T → S` with the lock ref asserted: an update apply is 4 git requests (LOCK, GET,
+/// write, UNLOCK), the Lambda shape's floor, and 3 with a single front, whose LOCK push asserts
+/// the state's ref (so the GET asks nothing).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn state_ref_updates_are_at_the_floor() {
     init_tracing();
@@ -309,8 +310,8 @@ async fn state_ref_updates_are_at_the_floor() {
         let tip = gitstate_tests::states::ref_tip(&server.repo_dir("states"), &reference);
         assert!(tip.is_some(), "{reference}");
 
-        // Another state, updated for the first time: its write advertises, then creates its
-        // ref with a create-only push.
+        // Another state, updated for the first time: its ref is created by one create-only
+        // push that also asserts the branch the GET under the lock saw.
         let other = "team/s0008.tfstate";
         client.lock(other, "b-1").await.expect(200);
         get(&client, other).await;
@@ -324,13 +325,42 @@ async fn state_ref_updates_are_at_the_floor() {
             200,
         )
         .await;
-        assert_eq!(
-            seen(&server).0,
-            [PUSH_ADVERT, PUSH],
-            "a state's first update"
-        );
+        assert_eq!(seen(&server).0, [PUSH], "a state's first update");
         client.unlock(other, "b-1").await.expect(200);
         assert_eq!(get(&client, other).await, state);
+
+        // The branch moved between the GET and the first update (another process created a
+        // state): the assertion refuses the push, and the write lands from a fresh look.
+        let third = "team/s0009.tfstate";
+        client.lock(third, "c-1").await.expect(200);
+        get(&client, third).await;
+        let elsewhere = TestBackend::start(&url, &[]).await;
+        let created = "team/new.tfstate";
+        let maker = Client::new(&elsewhere.url);
+        maker.lock(created, "n-1").await.expect(200);
+        maker
+            .write_locked(created, "n-1", &realistic_state(1, 3, 1))
+            .await
+            .expect(200);
+        maker.unlock(created, "n-1").await.expect(200);
+        server.take_requests();
+        let state = realistic_state(9, 60, 2);
+        send(
+            &client,
+            "POST",
+            &format!("/states/{third}?ID=c-1"),
+            Some(&state),
+            200,
+        )
+        .await;
+        assert_eq!(
+            seen(&server).0,
+            [PUSH, PUSH_ADVERT, FETCH, PUSH],
+            "a first update after the branch moved (the fresh look fetches the new tip)"
+        );
+        client.unlock(third, "c-1").await.expect(200);
+        assert_eq!(get(&client, third).await, state);
+        assert_eq!(get(&maker, created).await, realistic_state(1, 3, 1));
     }
 }
 

@@ -10,12 +10,17 @@
 //!   against the newest stored content. No write ever lands where a newer one would hide it.
 //!
 //! At the floor (no advertisement) the write rests on a look taken under this process's lock
-//! (the GET after its LOCK, its LOCK's assertion, or its own last push) that found the ref's
-//! tip: the push names it, so a write the same Terraform run made meanwhile through another
-//! process makes it fail. A ref believed absent is created only from a fresh advertisement, on
-//! the branch tip it shows (the file the state commit replaces, and what the plan judges). Writes to different states never share a compare-and-swap point, so
-//! they need no group commit; each runs in its caller's request (a caller that goes away takes
-//! its write with it) with the same attempts and deadline as a branch write.
+//! (the GET after its LOCK, its LOCK's assertion, or its own last push):
+//! - one that found the ref's tip: the push names it, so a write the same Terraform run made
+//!   meanwhile through another process makes it fail;
+//! - one that found no ref: the create-only push also asserts the branch at the commit the look
+//!   saw (the file the state commit replaces, and what the plan judged), so a delete or a write
+//!   of the state through the branch since, or any other move of the branch (a fold, another
+//!   state's create), refuses it and the write decides again from a fresh advertisement.
+//!
+//! Writes to different states never share a compare-and-swap point, so they need no group
+//! commit; each runs in its caller's request (a caller that goes away takes its write with it)
+//! with the same attempts and deadline as a branch write.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -70,6 +75,8 @@ struct Start {
 /// One update's fixed parts.
 struct Update<'a> {
     name: &'a StateName,
+    /// The branch's full ref name.
+    branch_ref: String,
     state_ref: String,
     lock_ref: String,
     bytes: &'a Bytes,
@@ -90,6 +97,7 @@ impl GitStore {
     ) -> Result<Hop, WriteError> {
         let update = Update {
             name,
+            branch_ref: at.branch.full_ref(),
             state_ref: remote.state_ref(name.as_str()),
             lock_ref: self.lock_ref(name),
             bytes,
@@ -140,7 +148,7 @@ impl GitStore {
 }
 
 /// An attempt at the floor: the lock this process made, and a look under it that knows the
-/// state's home (a ref believed absent only when a create-only push may settle it).
+/// state's home (a ref believed absent only when the create-only push may settle it).
 fn ref_floor(remote: &Remote, update: &Update<'_>) -> Option<Start> {
     let caps = remote.floor_caps()?;
     if WriteMode::of(&caps) != WriteMode::Atomic {
@@ -148,10 +156,15 @@ fn ref_floor(remote: &Remote, update: &Update<'_>) -> Option<Start> {
     }
     let (lock_tip, made) = remote.made_lock_at(&update.lock_ref)?;
     let seen = remote.look_since(&update.state_ref, made)?;
-    // Only a known tip: the push names it, so nothing written since through another process of
-    // the same Terraform run can be missed (see `round::usable_at_floor`). A ref believed
-    // absent is created only from a fresh look.
-    if !matches!(seen.home, Home::At(_)) || !remote.cache.has(seen.branch).ok()? {
+    // A known tip: the push names it, so nothing written since through another process of the
+    // same Terraform run can be missed (see `round::usable_at_floor`). No ref, under `always`:
+    // the push creates it and asserts the branch the look saw (`push_state_commit`).
+    let settled_by_push = match seen.home {
+        Home::At(_) => true,
+        Home::Absent => update.always,
+        Home::Unknown => false,
+    };
+    if !settled_by_push || !remote.cache.has(seen.branch).ok()? {
         return None;
     }
     Some(Start {
@@ -250,7 +263,8 @@ async fn ref_round(
 }
 
 /// Push the state commit `commit` to the state's ref by compare-and-swap from `state_tip`
-/// (create-only when `None`), with the lock ref unchanged where the push is atomic.
+/// (create-only when `None`), with the lock ref unchanged where the push is atomic, and at the
+/// floor a create with the branch unchanged since the look it rests on.
 async fn push_state_commit(
     remote: &Remote,
     update: &Update<'_>,
@@ -270,6 +284,15 @@ async fn push_state_commit(
             old: lock_tip,
             new: lock_tip,
             name: update.lock_ref.clone(),
+        });
+    }
+    if start.floor && state_tip.is_none() {
+        // No ref, as of a look under the lock: the file it replaces is the branch's, judged
+        // at the commit that look saw. Still there, or the push is refused.
+        commands.push(Command {
+            old: start.branch,
+            new: start.branch,
+            name: update.branch_ref.clone(),
         });
     }
     lock(&remote.looks).unknown(&update.state_ref, start.branch);
