@@ -76,6 +76,8 @@ struct Phase {
     failed: usize,
     each: Sample,
     requests: usize,
+    /// The requests by kind (`GET refs/upload-pack`, …), in name order.
+    kinds: std::collections::BTreeMap<String, usize>,
     /// From the last answer until the branch had every write.
     lag: Duration,
 }
@@ -181,7 +183,11 @@ async fn phase(git: &GitServer, side: &Side, n: usize, serial: u64, write: bool)
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let lag = done.elapsed();
-    let requests = git.take_requests().len();
+    let taken = git.take_requests();
+    let mut kinds = std::collections::BTreeMap::new();
+    for request in &taken {
+        *kinds.entry(request.label()).or_default() += 1;
+    }
     let mut each = Sample::default();
     for t in results.iter().flatten() {
         each.add(*t, 0);
@@ -189,7 +195,8 @@ async fn phase(git: &GitServer, side: &Side, n: usize, serial: u64, write: bool)
     Phase {
         failed: results.iter().filter(|r| r.is_none()).count(),
         each,
-        requests,
+        requests: taken.len(),
+        kinds,
         lag,
     }
 }
@@ -314,11 +321,12 @@ pub async fn lambda_shape(out: &mut String, binary: &std::path::Path) {
          later: branch lag = from the last answer until the branch's file of every state is \
          its state ref's; a build whose processes do not fold, `GITSTATE_FOLD_AFTER_WRITES=false` \
          as on Lambda, gets one `gitstate fold` after the applies, as the template's schedule \
-         would run it, and its requests are counted too); times per apply. Each \
+         would run it, and its requests are counted too; the last column splits an update apply's \
+         requests by kind, the fold's share included); times per apply. Each \
          build has its own repository and processes; the builds take turns row by row. \
          `GITSTATE_BENCH_SIDE_ENV=NAME=VALUE` adds this build once more with that setting.\n\n\
-         | applies | gitstate | failed | git reqs per apply | p50 s | p95 s | max s | no-op reqs | no-op p95 s | p95 / no-op p95 | branch lag s |\n\
-         |---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+         | applies | gitstate | failed | git reqs per apply | p50 s | p95 s | max s | no-op reqs | no-op p95 s | p95 / no-op p95 | branch lag s | update reqs per apply, by kind |\n\
+         |---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
         DELAY.as_millis()
     ));
     for (serial, &n) in (2..).zip(levels.iter()) {
@@ -327,7 +335,7 @@ pub async fn lambda_shape(out: &mut String, binary: &std::path::Path) {
             let noop = phase(&git, side, n, serial, false).await;
             let (p95, base) = (update.each.pct(0.95), noop.each.pct(0.95));
             out.push_str(&format!(
-                "| {n} | {} | {} | {:.1} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} |\n",
+                "| {n} | {} | {} | {:.1} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} | {} |\n",
                 side.label,
                 update.failed,
                 update.requests as f64 / n as f64,
@@ -338,6 +346,12 @@ pub async fn lambda_shape(out: &mut String, binary: &std::path::Path) {
                 base.as_secs_f64(),
                 p95.as_secs_f64() / base.as_secs_f64().max(f64::EPSILON),
                 update.lag.as_secs_f64(),
+                update
+                    .kinds
+                    .iter()
+                    .map(|(kind, count)| format!("{kind} {:.2}", *count as f64 / n as f64))
+                    .collect::<Vec<_>>()
+                    .join(", "),
             ));
         }
     }
