@@ -4,8 +4,11 @@
 //! (`/lambda-url/gitstate-lambda/…`).
 //!
 //! cargo-lambda comes from tests/tools/deploy-venv (installed by `tests/run`) or PATH; without it
-//! the test fails. The binary is built with the dev profile from the workspace root, so it shares
-//! every dependency artifact with `cargo test --workspace`.
+//! the test fails. The emulator serves only the Lambda APIs (`--only-lambda-apis`); the test
+//! starts the function itself: the `gitstate-lambda` binary `cargo test --workspace` built beside
+//! this test (for the package's own tests), with the workspace's test features. Letting watch
+//! `cargo run` it instead built it again with the package's own features: about 220 crates a
+//! second time, minutes of a fresh CI run.
 
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -16,7 +19,8 @@ use base64::Engine;
 use gitstate_tests::counting::{Requests, count_warm_applies};
 use gitstate_tests::{GIT_TOKEN, GIT_USER, GitServer, access_file, git, init_tracing};
 
-const FUNCTION: &str = "gitstate-lambda";
+/// The function's name in the emulator (any name: it serves the one runtime that polls).
+const FUNCTION: &str = "_";
 
 /// Git requests per apply through a warm container: as `gitstate serve` by default, whose
 /// assembly it shares. Not the floor ([`gitstate_tests::counting::FLOOR`]): each request of a
@@ -90,28 +94,40 @@ fn cargo_command(program: &Path) -> Command {
     command
 }
 
-/// `cargo lambda watch` on a loopback port, in its own process group, killed with the test.
+/// `cargo lambda watch --only-lambda-apis` on a loopback port, in its own process group, and
+/// the `gitstate-lambda` binary polling it; both killed with the test, both writing one log.
 struct Watch {
     port: u16,
     child: Child,
+    /// Started once the emulator listens (its runtime API must answer the first poll).
+    function: Option<Child>,
     log: tempfile::NamedTempFile,
+}
+
+/// The `gitstate-lambda` binary beside this test binary (`target/debug/`), as
+/// `cargo test --workspace` built it.
+fn function_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("own path");
+    let binary = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/debug/deps/it-*")
+        .join("gitstate-lambda");
+    assert!(
+        binary.is_file(),
+        "{} is missing: `cargo test --workspace` builds it (the package's tests need it)",
+        binary.display()
+    );
+    binary
 }
 
 impl Watch {
     fn start(env: &[(&str, String)]) -> Self {
-        // Build first, exactly as watch's `cargo run --manifest-path Cargo.toml --bin …` will
-        // (workspace root, dev profile, workspace-wide features): watch then only runs it.
-        let build = cargo_command(&cargo())
-            .args(["build", "--manifest-path", "Cargo.toml", "--bin", FUNCTION])
-            .status()
-            .expect("cargo runs");
-        assert!(build.success(), "cargo build --bin {FUNCTION} failed");
-
         let port = gitstate_tests::free_port();
         let log = tempfile::NamedTempFile::new().expect("log file");
         let mut command = cargo_command(&cargo_lambda());
         command
-            .args(["lambda", "watch", "--ignore-changes", "--invoke-address"])
+            .args(["lambda", "watch", "--only-lambda-apis", "--invoke-address"])
             .arg("127.0.0.1")
             .arg("--invoke-port")
             .arg(port.to_string())
@@ -121,12 +137,32 @@ impl Watch {
             .stdout(log.reopen().expect("log"))
             .stderr(log.reopen().expect("log"));
         std::os::unix::process::CommandExt::process_group(&mut command, 0);
-        for (key, value) in env {
-            command.env(key, value);
-        }
         let child = command.spawn().expect("cargo-lambda starts");
-        let mut watch = Self { port, child, log };
+        let mut function = Command::new(function_binary());
+        function
+            .env(
+                "AWS_LAMBDA_RUNTIME_API",
+                format!("http://127.0.0.1:{port}/.rt"),
+            )
+            .env("AWS_LAMBDA_FUNCTION_NAME", FUNCTION)
+            .env("AWS_LAMBDA_FUNCTION_VERSION", "1")
+            .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "1024")
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(log.reopen().expect("log"))
+            .stderr(log.reopen().expect("log"));
+        for (key, value) in env {
+            function.env(key, value);
+        }
+        let mut watch = Self {
+            port,
+            child,
+            function: None,
+            log,
+        };
         watch.wait_until_listening(Duration::from_secs(60));
+        watch.function = Some(function.spawn().expect("the Lambda binary starts"));
         watch
     }
 
@@ -188,12 +224,16 @@ impl Watch {
 
 impl Drop for Watch {
     fn drop(&mut self) {
-        // watch, the `cargo run` it started and the function all share the process group.
+        // watch and what it started share the process group; the function is the test's.
         let _ = Command::new("kill")
             .args(["-KILL", "--", &format!("-{}", self.child.id())])
             .status();
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if let Some(function) = &mut self.function {
+            let _ = function.kill();
+            let _ = function.wait();
+        }
         if std::thread::panicking() {
             eprintln!("cargo lambda watch output:\n{}", self.output());
         }
@@ -248,7 +288,7 @@ async fn the_lambda_binary_answers_every_event_and_terraform_under_cargo_lambda_
         ),
     ]);
 
-    // The first request starts the function (cargo run of the binary built above).
+    // The function polls the emulator from the start.
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(120))
         .build()
