@@ -33,13 +33,12 @@ pub enum Fault {
     Slow(Duration),
 }
 
-/// A fault for the next request, then what to do before answering.
-struct Scripted {
-    fault: Fault,
-    /// Held until this is notified, after forwarding and before answering.
-    hold: Option<Arc<tokio::sync::Notify>>,
-    /// Notified once the request has been forwarded and answered upstream.
-    forwarded: Option<Arc<tokio::sync::Notify>>,
+/// A request whose answer is lost, and held until the test has acted.
+struct HeldLoss {
+    /// Notified once the server has answered the request.
+    forwarded: Arc<tokio::sync::Notify>,
+    /// The 500 goes back once this is notified.
+    release: Arc<tokio::sync::Notify>,
 }
 
 #[derive(Clone)]
@@ -47,7 +46,7 @@ struct Proxy {
     upstream: SocketAddr,
     client: reqwest::Client,
     plan: Arc<Mutex<Plan>>,
-    script: Arc<Mutex<VecDeque<Scripted>>>,
+    held: Arc<Mutex<VecDeque<HeldLoss>>>,
     enabled: Arc<AtomicBool>,
 }
 
@@ -63,7 +62,7 @@ struct Plan {
 pub struct FaultProxy {
     pub address: SocketAddr,
     plan: Arc<Mutex<Plan>>,
-    script: Arc<Mutex<VecDeque<Scripted>>>,
+    held: Arc<Mutex<VecDeque<HeldLoss>>>,
     enabled: Arc<AtomicBool>,
     _task: tokio::task::JoinHandle<()>,
 }
@@ -79,12 +78,12 @@ impl FaultProxy {
             seen: Vec::new(),
         }));
         let enabled = Arc::new(AtomicBool::new(true));
-        let script = Arc::new(Mutex::new(VecDeque::new()));
+        let held = Arc::new(Mutex::new(VecDeque::new()));
         let state = Proxy {
             upstream,
             client: reqwest::Client::new(),
             plan: plan.clone(),
-            script: script.clone(),
+            held: held.clone(),
             enabled: enabled.clone(),
         };
         let app = axum::Router::new().fallback(forward).with_state(state);
@@ -92,7 +91,7 @@ impl FaultProxy {
         Self {
             address,
             plan,
-            script,
+            held,
             enabled,
             _task: task,
         }
@@ -106,10 +105,9 @@ impl FaultProxy {
             Arc::new(tokio::sync::Notify::new()),
             Arc::new(tokio::sync::Notify::new()),
         );
-        self.script.lock().expect("script").push_back(Scripted {
-            fault: Fault::LoseAnswer,
-            hold: Some(release.clone()),
-            forwarded: Some(forwarded.clone()),
+        self.held.lock().expect("held").push_back(HeldLoss {
+            forwarded: forwarded.clone(),
+            release: release.clone(),
         });
         (release, forwarded)
     }
@@ -151,10 +149,10 @@ async fn forward(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let scripted = state.script.lock().expect("script").pop_front();
-    let (fault, hold, forwarded) = match scripted {
-        Some(s) => (s.fault, s.hold, s.forwarded),
-        None => (choose(&state), None, None),
+    let held = state.held.lock().expect("held").pop_front();
+    let fault = match held {
+        Some(_) => Fault::LoseAnswer,
+        None => choose(&state),
     };
     match fault {
         Fault::Refuse(status) => {
@@ -190,11 +188,9 @@ async fn forward(
     let status = upstream.status();
     let content_type = upstream.headers().get(http::header::CONTENT_TYPE).cloned();
     let bytes = upstream.bytes().await.unwrap_or_default();
-    if let Some(forwarded) = forwarded {
-        forwarded.notify_one();
-    }
-    if let Some(hold) = hold {
-        hold.notified().await;
+    if let Some(held) = held {
+        held.forwarded.notify_one();
+        held.release.notified().await;
     }
     if fault == Fault::LoseAnswer {
         return Response::builder()
