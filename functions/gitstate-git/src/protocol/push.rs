@@ -94,6 +94,27 @@ impl PushReport {
         })
     }
 
+    /// Each command's verdict, in the order sent: the report answers commands in that order,
+    /// so the n-th command naming a ref takes the n-th verdict on it (a push may name a ref
+    /// twice, each command standing alone). A command the report does not answer is refused.
+    pub fn verdicts(&self, commands: &[Command]) -> Vec<bool> {
+        commands
+            .iter()
+            .enumerate()
+            .map(|(i, command)| {
+                let before = commands[..i]
+                    .iter()
+                    .filter(|c| c.name == command.name)
+                    .count();
+                self.refs
+                    .iter()
+                    .filter(|(name, _)| *name == command.name)
+                    .nth(before)
+                    .is_some_and(|(_, status)| status.is_ok())
+            })
+            .collect()
+    }
+
     /// Parse report-status (`unpack ok`, then `ok <ref>` / `ng <ref> <reason>` lines).
     pub fn parse(data: &[u8]) -> Result<Self, PushError> {
         let mut reader = pkt::Reader::new(data);

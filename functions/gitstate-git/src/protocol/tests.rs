@@ -75,6 +75,38 @@ fn malformed_advertisements_are_protocol_errors() {
     }
 }
 
+/// A ref named twice in one push: each command takes its own verdict, in order.
+#[test]
+fn verdicts_follow_the_order_of_commands() {
+    let id = |n: u8| ObjectId::from_bytes_or_panic(&[n; 20]);
+    let command = |name: &str, old: u8, new: u8| Command {
+        old: id(old),
+        new: id(new),
+        name: name.to_owned(),
+    };
+    let commands = [
+        command("refs/a", 0, 1),
+        command("refs/b", 0, 1),
+        command("refs/a", 1, 0),
+        command("refs/c", 2, 2),
+    ];
+    let mut data = Vec::new();
+    pkt::write(&mut data, b"unpack ok\n");
+    pkt::write(&mut data, b"ok refs/a\n");
+    pkt::write(&mut data, b"ng refs/b failed to update ref\n");
+    pkt::write(&mut data, b"ng refs/a failed to update ref\n");
+    pkt::flush(&mut data);
+    let report = PushReport::parse(&data).expect("valid");
+    assert_eq!(report.verdicts(&commands), [true, false, false, false]);
+    let mut data = Vec::new();
+    pkt::write(&mut data, b"unpack ok\n");
+    pkt::write(&mut data, b"ng refs/a failed to update ref\n");
+    pkt::write(&mut data, b"ok refs/a\n");
+    pkt::flush(&mut data);
+    let report = PushReport::parse(&data).expect("valid");
+    assert_eq!(report.verdicts(&commands), [false, false, true, false]);
+}
+
 #[test]
 fn parses_report_status() {
     let mut data = Vec::new();

@@ -7,22 +7,24 @@
 //! refused push makes the caller run the normal path (advertise, re-read, retry). A remote that
 //! answers such a push with an error rather than a report is not pushed to at the floor again.
 //!
-//! A LOCK push also proves the state, when the state has a ref of its own that this process
-//! knows: after the command that creates the lock ref, the same push carries a command
-//! `old == new` on the state's ref at the tip this process knows (never the zero id: `0 → 0`
-//! would be an unchecked delete). A state without a ref is not proved: asserting the branch
-//! cannot show that nobody created the state's ref since this process last listed the refs
-//! (a push cannot assert that a ref is absent), so its GET asks the remote. The two stand each alone, applied in the
-//! order sent, so once the lock is created nobody else may write the state, and an accepted
-//! assertion shows that the tip still held the state's newest content at that moment. The GET
-//! that follows (Terraform's, right after its LOCK) is then answered from the cache, without a
-//! request ([`GitStore::read_proved`]). A refused assertion costs nothing: the lock stands on
-//! its own verdict, and the GET asks the remote. Only remotes that push atomically get the
-//! assertion: there every write of a state under a lock asserts that lock ref unchanged in
-//! the same atomic push, so no write of the state can land once the lock is someone else's.
-//! (Without `atomic`, a write checks the lock only as of its advertisement: a GET there
-//! always asks.)
+//! A LOCK push also proves the state, where this process is the single front of its clients
+//! (every request of a Terraform run reaches it). After the command that creates the lock ref,
+//! the same push asserts where the state's newest content is: its own ref, when this process
+//! knows one, by a command `old == new` at the tip it knows (never the zero id: `0 → 0` would
+//! be an unchecked delete); otherwise the branch at the tip it knows, and the state ref's
+//! absence, which no command asserts, by a probe ([`Probe`]). The commands stand each alone,
+//! applied in the order sent, so once the lock is created nobody else may write the state, and
+//! accepted assertions show that the state's newest content was where this process knew it at
+//! that moment. The reads that follow (Terraform's GET right after its LOCK, and a second one
+//! when it found no state) are then answered from the cache, without a request
+//! ([`GitStore::read_proved`]), until this process writes the state or the lock goes. A refused
+//! assertion costs nothing: the lock stands on its own verdict, and the GET asks the remote.
+//! Only remotes that push atomically get the assertion: there every write of a state under a
+//! lock asserts that lock ref unchanged in the same atomic push, so no write of the state can
+//! land once the lock is someone else's. (Without `atomic`, a write checks the lock only as of
+//! its advertisement: a GET there always asks.)
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use gix::ObjectId;
@@ -32,7 +34,7 @@ use gitstate_core::{LockInfo, StateName};
 
 use super::known::{Home, Seen};
 use super::remote::{Proof, Remote};
-use super::{GitStore, RemoteError, UnlockError, WriteMode, blocking};
+use super::{GitStore, RemoteError, UnlockError, WriteMode, blocking, null};
 use crate::protocol::{Advert, Command, PushReport, Updates};
 use crate::sync::lock;
 
@@ -93,10 +95,10 @@ impl Remote {
         proofs.insert(lock_ref.to_owned(), proof);
     }
 
-    /// What a LOCK of `lock_ref` proved, taken: one read rests on it, while this process still
-    /// holds that lock (as far as it knows) and the proof is recent.
-    pub(super) fn take_proof(&self, lock_ref: &str) -> Option<Proof> {
-        let proof = lock(&self.proofs).remove(lock_ref)?;
+    /// What a LOCK of `lock_ref` proved: reads rest on it while this process still holds that
+    /// lock (as far as it knows), has not written the state since, and the proof is recent.
+    pub(super) fn proof(&self, lock_ref: &str) -> Option<Proof> {
+        let proof = *lock(&self.proofs).get(lock_ref)?;
         let holds = self.made_lock(lock_ref) == Some(proof.lock);
         (holds && proof.made.elapsed() < PROOF_LIFETIME).then_some(proof)
     }
@@ -104,6 +106,37 @@ impl Remote {
     /// A write of the state, or its lock gone: what its LOCK proved no longer stands.
     pub(super) fn forget_proof(&self, lock_ref: &str) {
         lock(&self.proofs).remove(lock_ref);
+    }
+
+    /// Whether a LOCK push may show a state ref's absence (see [`Probe`]).
+    pub(super) fn probes_work(&self) -> bool {
+        !self.no_probes.load(Ordering::Relaxed)
+    }
+
+    /// The remote does not enforce directory/file conflicts between refs: no more probes.
+    fn probes_off(&self) {
+        self.no_probes.store(true, Ordering::Relaxed);
+    }
+
+    /// Delete the refs a probe left behind (see [`Probe`]), each alone. A failure is logged:
+    /// such a ref only keeps the state from getting a ref of its own until someone deletes it.
+    pub(super) async fn delete_leftovers(&self, leftovers: Vec<Command>) {
+        if leftovers.is_empty() {
+            return;
+        }
+        let names: Vec<String> = leftovers.iter().map(|c| c.name.clone()).collect();
+        let deleted = self.push_each(leftovers.clone(), Vec::new()).await;
+        match deleted {
+            Ok(report) if report.all_ok(&leftovers) => {}
+            Ok(report) => tracing::warn!(
+                ?names,
+                ?report,
+                "a probe ref of a LOCK was left behind; delete it by hand"
+            ),
+            Err(error) => {
+                tracing::warn!(?names, error = %gitstate_core::report::chain(&error), "a probe ref of a LOCK was left behind; delete it by hand")
+            }
+        }
     }
 
     /// A push at the floor: `Ok(None)` when the remote answered it with an error instead of a
@@ -159,44 +192,67 @@ impl GitStore {
         }
         let lock_ref = self.lock_ref(name);
         let (command, commit) = remote.lock_commit(name, lock, meta, &lock_ref).await?;
-        let proving = match self.holder(at, name)? {
-            // Only a state whose ref this process knows: an assertion of the branch cannot show
-            // that no state ref was created since this process last listed them.
-            Some(held)
-                if self.options.single_front
-                    && WriteMode::of(&caps) == WriteMode::Atomic
-                    && held.name != at.branch.full_ref() =>
-            {
-                let state = (held.name != at.branch.full_ref()).then_some(held.tip);
-                let proving = Proving::new(&held.name, held.tip, tip, state);
-                Some(proving.of(remote.state_ref(name.as_str())))
-            }
-            _ => None,
-        };
+        let proving = self.proving(remote, at, name, tip, commit.id, &caps);
         let commands = lock_commands(command.clone(), proving.as_ref());
-        match remote
+        let Some(report) = remote
             .push_at_floor(commands.clone(), commit.objects, Updates::EachAlone)
             .await?
+        else {
+            return Ok(false);
+        };
+        let landed = report.all_ok(&[command]);
+        if landed {
+            remote.remember_lock(&lock_ref, Some(commit.id));
+        }
+        let made = landed.then_some((lock_ref.as_str(), commit.id));
+        let leftovers = remember_proved(remote, &report, &commands, made, proving);
+        remote.delete_leftovers(leftovers).await;
+        Ok(landed)
+    }
+
+    /// What a LOCK push of `name`, whose lock commit is `lock_commit`, asserts after the lock's
+    /// create (see the module doc), where this process is the single front of its clients and
+    /// the remote (capabilities `caps`) pushes atomically: the state's own ref at the tip this
+    /// process knows, or, knowing of none, the branch at `branch` and the ref's absence.
+    pub(super) fn proving(
+        &self,
+        remote: &Remote,
+        at: &Location,
+        name: &StateName,
+        branch: ObjectId,
+        lock_commit: ObjectId,
+        caps: &Advert,
+    ) -> Option<Proving> {
+        if !self.options.single_front
+            || !remote.transport.proves_for_reads()
+            || WriteMode::of(caps) != WriteMode::Atomic
         {
-            Some(report) if report.all_ok(&[command]) => {
-                remote.remember_lock(&lock_ref, Some(commit.id));
-                remember_proved(remote, &report, (&lock_ref, commit.id), proving);
-                Ok(true)
-            }
-            _ => Ok(false),
+            return None;
+        }
+        let state_ref = remote.state_ref(name.as_str());
+        let known = lock(&remote.known_states).tip(&state_ref);
+        match known {
+            Some(Some(tip)) => Some(Proving::new(&state_ref, tip, branch, Some(tip)).of(state_ref)),
+            _ if remote.probes_work() => Some(Proving::absent(
+                &at.branch.full_ref(),
+                branch,
+                &state_ref,
+                lock_commit,
+            )),
+            _ => None,
         }
     }
 
     /// A read of `name` right after this process's LOCK of it: the state at the tip that LOCK
     /// proved, from the cache (its blob fetched if the cache lacks it). `None`: nothing proved
-    /// stands (taken by an earlier read, a write or UNLOCK since, or never made): ask the remote.
+    /// stands (a write or UNLOCK since, too old, or never made): ask the remote.
     pub(super) async fn read_proved(
         &self,
         at: &Location,
         name: &StateName,
     ) -> Result<Option<Option<bytes::Bytes>>, RemoteError> {
         let remote = self.remote(at)?;
-        let Some(proof) = remote.take_proof(&self.lock_ref(name)) else {
+        let Some(proof) = remote.proof(&self.lock_ref(name)) else {
             return Ok(None);
         };
         let wanted = std::iter::once(proof.branch).chain(proof.state);
@@ -234,13 +290,54 @@ impl GitStore {
 }
 
 /// What a LOCK push asserts after the lock's create: the ref that holds the state's newest
-/// content (its state ref, or the branch) at the tip this process knows.
+/// content (its state ref, or the branch) at the tip this process knows, and, for a state
+/// believed to have no ref, that it has none ([`Probe`]).
 pub(super) struct Proving {
     assert: Command,
     branch: ObjectId,
     state: Option<ObjectId>,
     /// The state's ref (whether `assert` names it or the branch).
     state_ref: String,
+    probe: Option<Probe>,
+}
+
+/// How a push shows that a ref is absent, which no command can assert: it creates a ref inside
+/// the state ref's name (`<state ref>/absent`), which git refuses while the state ref exists
+/// (a directory/file conflict), and deletes it again in the same push. A ref inside that one
+/// (`…/absent/check`), sent between the two, must be refused: a host that accepts it does not
+/// enforce those conflicts, so there the probe proves nothing, and it is not sent again.
+/// Each command stands alone and they apply in the order sent, after the lock's create: once
+/// the lock is this process's, nobody else creates the state's ref, so "absent" stays true
+/// while the lock is held.
+struct Probe {
+    create: Command,
+    check: Command,
+    delete: Command,
+}
+
+impl Probe {
+    fn new(state_ref: &str, commit: ObjectId) -> Self {
+        let probe = format!("{state_ref}/absent");
+        let command = |name: &str, old, new| Command {
+            old,
+            new,
+            name: name.to_owned(),
+        };
+        Self {
+            create: command(&probe, null(), commit),
+            check: command(&format!("{probe}/check"), null(), commit),
+            delete: command(&probe, commit, null()),
+        }
+    }
+}
+
+/// What the verdicts on a LOCK push's assertion (and probe) say.
+struct Judged {
+    proved: bool,
+    /// Refs the probe left behind, to delete.
+    leftovers: Vec<Command>,
+    /// The host accepted a ref inside another: probes prove nothing there.
+    unenforced: bool,
 }
 
 impl Proving {
@@ -262,6 +359,22 @@ impl Proving {
             branch,
             state,
             state_ref: String::new(),
+            probe: None,
+        }
+    }
+
+    /// A state without a ref of its own, on `branch_ref` at `branch`: the branch asserted, the
+    /// ref's absence probed with the lock commit `lock`.
+    pub(super) fn absent(
+        branch_ref: &str,
+        branch: ObjectId,
+        state_ref: &str,
+        lock: ObjectId,
+    ) -> Self {
+        let proving = Self::new(branch_ref, branch, branch, None).of(state_ref.to_owned());
+        Self {
+            probe: Some(Probe::new(state_ref, lock)),
+            ..proving
         }
     }
 
@@ -269,48 +382,153 @@ impl Proving {
     pub(super) fn of(self, state_ref: String) -> Self {
         Self { state_ref, ..self }
     }
+
+    /// The commands after the lock's create.
+    fn commands(&self) -> Vec<Command> {
+        let probe = self
+            .probe
+            .iter()
+            .flat_map(|p| [p.create.clone(), p.check.clone(), p.delete.clone()]);
+        std::iter::once(self.assert.clone()).chain(probe).collect()
+    }
+
+    /// Judge the verdicts on [`Self::commands`], in their order.
+    fn judge(&self, verdicts: &[bool]) -> Judged {
+        let ok = |i: usize| verdicts.get(i).copied().unwrap_or(false);
+        let Some(probe) = &self.probe else {
+            return Judged {
+                proved: ok(0),
+                leftovers: Vec::new(),
+                unenforced: false,
+            };
+        };
+        let (made, checked, deleted) = (ok(1), ok(2), ok(3));
+        let mut leftovers = Vec::new();
+        if checked {
+            leftovers.push(Command {
+                old: probe.check.new,
+                new: null(),
+                name: probe.check.name.clone(),
+            });
+        }
+        if made && !deleted {
+            leftovers.push(probe.delete.clone());
+        }
+        Judged {
+            proved: ok(0) && made && !checked,
+            leftovers,
+            unenforced: checked,
+        }
+    }
 }
 
-/// The commands of a LOCK push: the lock ref's create, then, when `proving`, its assertion,
-/// each standing alone.
+/// The commands of a LOCK push: the lock ref's create, then, when `proving`, its assertion
+/// (and probe), each standing alone.
 pub(super) fn lock_commands(create: Command, proving: Option<&Proving>) -> Vec<Command> {
-    let assert = proving.map(|p| p.assert.clone());
-    std::iter::once(create).chain(assert).collect()
+    let proving = proving.map(Proving::commands).unwrap_or_default();
+    std::iter::once(create).chain(proving).collect()
 }
 
-/// After a LOCK push that created `lock_commit` at `lock_ref`: remember what its assertion
-/// proved, if it carried one and the remote accepted it.
+/// After a LOCK push of `commands` (see [`lock_commands`]), which `made` its lock commit at
+/// its lock ref or not: remember what its assertion proved, if it carried one and the remote
+/// accepted it. Returns the refs a probe left behind, which the caller deletes.
 pub(super) fn remember_proved(
     remote: &Remote,
     report: &PushReport,
-    (lock_ref, lock_commit): (&str, ObjectId),
+    commands: &[Command],
+    made: Option<(&str, ObjectId)>,
     proving: Option<Proving>,
-) {
+) -> Vec<Command> {
     let Some(proving) = proving else {
-        return;
+        return Vec::new();
     };
-    if report.all_ok(std::slice::from_ref(&proving.assert)) {
-        if proving.state.is_none() {
-            // The branch itself was asserted: its tip is current, a write may start there.
-            remote.saw_tip(proving.branch);
-        }
-        let proof = Proof {
-            lock: lock_commit,
-            branch: proving.branch,
-            state: proving.state,
-            made: Instant::now(),
-        };
-        remote.remember_proof(lock_ref, proof);
-        // Asserted after the lock was created: a look under the lock (see `known::Seen`).
-        if let Some(state) = proving.state {
-            let seen = Seen {
-                branch: proving.branch,
-                home: Home::At(state),
-                at: Instant::now(),
-            };
-            lock(&remote.looks).saw(&proving.state_ref, seen);
-        }
-    } else {
+    let verdicts = report.verdicts(commands);
+    let judged = proving.judge(verdicts.get(1..).unwrap_or_default());
+    if judged.unenforced {
+        tracing::warn!(
+            "the remote accepted a ref inside another ref's name (no directory/file conflicts): \
+             a LOCK cannot show there that a state has no ref, so the GET after it asks the remote"
+        );
+        remote.probes_off();
+    }
+    let Some((lock_ref, lock_commit)) = made else {
+        return judged.leftovers;
+    };
+    if !judged.proved {
         tracing::debug!(?report, "the state moved since this process last saw it");
+        return judged.leftovers;
+    }
+    if proving.state.is_none() {
+        // The branch itself was asserted: its tip is current, a write may start there.
+        remote.saw_tip(proving.branch);
+    }
+    let proof = Proof {
+        lock: lock_commit,
+        branch: proving.branch,
+        state: proving.state,
+        made: Instant::now(),
+    };
+    remote.remember_proof(lock_ref, proof);
+    // Asserted after the lock was created: a look under the lock (see `known::Seen`).
+    let seen = Seen {
+        branch: proving.branch,
+        home: proving.state.map_or(Home::Absent, Home::At),
+        at: Instant::now(),
+    };
+    lock(&remote.looks).saw(&proving.state_ref, seen);
+    judged.leftovers
+}
+
+#[cfg(test)]
+mod tests {
+    use gix::ObjectId;
+
+    use super::Proving;
+    use crate::store::null;
+
+    fn id(n: u8) -> ObjectId {
+        ObjectId::from_bytes_or_panic(&[n; 20])
+    }
+
+    /// Every combination of verdicts on an absent state's assertion and probe (the branch's
+    /// assertion, the probe's create, its check, its delete): proved only when the branch held,
+    /// the probe was made and its check refused; a check that was accepted turns probes off and
+    /// is deleted, as is a probe made and not deleted.
+    #[test]
+    fn a_probe_proves_absence_only_where_refs_conflict() {
+        let state_ref = format!("refs/gitstate/states/main/{}", "ab".repeat(20));
+        let proving = Proving::absent("refs/heads/main", id(1), &state_ref, id(2));
+        let commands = proving.commands();
+        let names: Vec<&str> = commands.iter().map(|c| c.name.as_str()).collect();
+        let probe = format!("{state_ref}/absent");
+        let check = format!("{probe}/check");
+        assert_eq!(names, ["refs/heads/main", &probe, &check, &probe]);
+        assert_eq!((commands[1].old, commands[1].new), (null(), id(2)));
+        assert_eq!((commands[3].old, commands[3].new), (id(2), null()));
+        for bits in 0..16u8 {
+            let verdicts: Vec<bool> = (0..4).map(|i| bits & (1 << i) != 0).collect();
+            let (held, made, checked, deleted) =
+                (verdicts[0], verdicts[1], verdicts[2], verdicts[3]);
+            let judged = proving.judge(&verdicts);
+            assert_eq!(judged.proved, held && made && !checked, "{verdicts:?}");
+            assert_eq!(judged.unenforced, checked, "{verdicts:?}");
+            let left: Vec<(&str, ObjectId, ObjectId)> = judged
+                .leftovers
+                .iter()
+                .map(|c| (c.name.as_str(), c.old, c.new))
+                .collect();
+            let mut expected = Vec::new();
+            if checked {
+                expected.push((check.as_str(), id(2), null()));
+            }
+            if made && !deleted {
+                expected.push((probe.as_str(), id(2), null()));
+            }
+            assert_eq!(left, expected, "{verdicts:?}");
+        }
+        // A state's own ref: its assertion alone.
+        let own = Proving::new(&state_ref, id(3), id(1), Some(id(3))).of(state_ref.clone());
+        assert_eq!(own.commands().len(), 1);
+        assert!(own.judge(&[true]).proved && !own.judge(&[false]).proved);
     }
 }

@@ -12,11 +12,9 @@ use gitstate_core::ports::{Acquire, CommitMeta, HeldLock, Location, Release, use
 use gitstate_core::refs::{Clash, branch_clash, lock_clash};
 use gitstate_core::{BranchName, LockInfo, StateName};
 
-use super::floor::{Proving, lock_commands, remember_proved};
+use super::floor::{lock_commands, remember_proved};
 use super::remote::Remote;
-use super::{
-    GitStore, ListError, LockError, ReadError, RemoteError, UnlockError, WriteMode, blocking, null,
-};
+use super::{GitStore, ListError, LockError, ReadError, RemoteError, UnlockError, blocking, null};
 use crate::protocol::Command;
 use crate::protocol::{Advert, Service, Updates};
 use crate::repository::Corruption;
@@ -56,30 +54,6 @@ impl GitStore {
             advert.refs.extend(beside.refs);
         }
         Ok(advert)
-    }
-
-    /// What a LOCK decided from `advert` asserts after its create, so that the GET that follows
-    /// needs no request (see the `floor` module): the state's own ref at its advertised tip,
-    /// when it has one.
-    fn proving(
-        &self,
-        remote: &Remote,
-        at: &Location,
-        name: &StateName,
-        advert: &Advert,
-    ) -> Option<Proving> {
-        if !self.options.single_front
-            || !remote.transport.proves_for_reads()
-            || WriteMode::of(advert) != WriteMode::Atomic
-        {
-            return None;
-        }
-        let branch = advert.tip(&at.branch.full_ref())?;
-        let state_ref = remote.state_ref(name.as_str());
-        // Only a state that has a ref: its absence, seen before the lock was taken, may be out
-        // of date by the time the lock lands, and no push can assert that a ref is absent.
-        let state = advert.tip(&state_ref)?;
-        Some(Proving::new(&state_ref, state, branch, Some(state)).of(state_ref))
     }
 
     /// The protocol rule of a LOCK, from the advertisement it decides on: a record of another
@@ -260,12 +234,20 @@ impl GitStore {
                 }
             }
             let (command, commit) = remote.lock_commit(name, lock, meta, &lock_ref).await?;
-            let proving = self.proving(&remote, at, name, &advert);
+            // (An advertisement lists every ref: the state ref's tip or absence is known.)
+            let proving = advert
+                .tip(&at.branch.full_ref())
+                .and_then(|branch| self.proving(&remote, at, name, branch, commit.id, &advert));
             let commands = lock_commands(command.clone(), proving.as_ref());
             let report = remote.push_each(commands.clone(), commit.objects).await?;
-            if report.all_ok(&[command]) {
+            let landed = report.all_ok(&[command]);
+            if landed {
                 remote.remember_lock(&lock_ref, Some(commit.id));
-                remember_proved(&remote, &report, (&lock_ref, commit.id), proving);
+            }
+            let made = landed.then_some((lock_ref.as_str(), commit.id));
+            let leftovers = remember_proved(&remote, &report, &commands, made, proving);
+            remote.delete_leftovers(leftovers).await;
+            if landed {
                 if unrecorded {
                     self.record_protocol(&remote, at, meta).await;
                 }

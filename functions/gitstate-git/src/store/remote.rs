@@ -12,7 +12,7 @@ use gix::ObjectId;
 use gitstate_core::ReadContext;
 use gitstate_core::ports::{CommitMeta, HistoryPage};
 
-use super::known::{Home, KnownStates, Looks, STATE_REF_PREFIX, Seen, state_ref};
+use super::known::{Home, KnownStates, Looks, STATE_REF_PREFIX, Seen, is_state_ref_of, state_ref};
 use super::transport::{Fetch, KnownTip, Transport};
 use super::write::Batcher;
 use super::{RemoteError, blocking};
@@ -68,6 +68,9 @@ pub(super) struct Remote {
     pub(super) made_locks: Mutex<HashMap<String, (ObjectId, Instant)>>,
     /// What the LOCK pushes of this process proved, by lock ref (see the `floor` module).
     pub(super) proofs: Mutex<HashMap<String, Proof>>,
+    /// The remote was seen to accept a ref inside another's name: a LOCK push cannot show a
+    /// ref's absence there (see the `floor` module).
+    pub(super) no_probes: AtomicBool,
     /// Writes waiting to be pushed together (see the `write` module).
     pub(super) batcher: Batcher,
     /// The state refs this process has seen (see the `states` module).
@@ -94,6 +97,7 @@ impl Remote {
             deep_changes: Mutex::default(),
             made_locks: Mutex::default(),
             proofs: Mutex::default(),
+            no_probes: AtomicBool::new(false),
             batcher,
             known_states: Mutex::default(),
             looks: Mutex::default(),
@@ -343,18 +347,18 @@ impl Remote {
     /// remembered.
     fn note_pushed(&self, commands: &[Command], report: &PushReport) {
         let mut known = lock(&self.known_states);
-        for command in commands.iter().filter(|c| {
-            c.name.starts_with(STATE_REF_PREFIX) && report.all_ok(std::slice::from_ref(*c))
-        }) {
+        let verdicts = report.verdicts(commands);
+        // State refs only (a LOCK's probe is a ref inside one's name).
+        let states = commands
+            .iter()
+            .zip(verdicts)
+            .filter(|(c, ok)| *ok && is_state_ref_of(&self.branch, &c.name));
+        let mut wrote_state = false;
+        for (command, _) in states {
             known.saw(&command.name, Some(command.new).filter(|id| !id.is_null()));
+            wrote_state |= !command.new.is_null() && command.old != command.new;
         }
         drop(known);
-        let wrote_state = commands.iter().any(|c| {
-            c.name.starts_with(STATE_REF_PREFIX)
-                && !c.new.is_null()
-                && c.old != c.new
-                && report.all_ok(std::slice::from_ref(c))
-        });
         if wrote_state {
             self.folds.wrote_state();
         }
