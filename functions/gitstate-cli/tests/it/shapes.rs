@@ -25,15 +25,17 @@ const SERVE: Requests = Requests {
 };
 
 /// One `serve` in front of its clients (`GITSTATE_SINGLE_FRONT=true`), with the default
-/// `GITSTATE_STATE_REFS=auto`: as [`SERVE`]. A LOCK push proves only a state that has a ref of
-/// its own (it asserts the ref's tip); for a state on the branch it cannot show that nobody
-/// created the state's ref since this process listed the refs, so the GET asks. (With a ref,
-/// the floor: `floor::state_ref_updates_are_at_the_floor` in the tests crate.)
-const SERVE_SINGLE_FRONT: Requests = SERVE;
+/// `GITSTATE_STATE_REFS=auto`: the floor. The LOCK push asserts the branch at the tip this
+/// process knows and shows that the state has no ref of its own (a probe that a ref of that
+/// name refuses), or asserts the state's ref at its known tip: the GETs after it ask nothing.
+const SERVE_SINGLE_FRONT: Requests = FLOOR;
 
 /// The same with KMS encryption: the write's plan knows the sealed stored state by its blob id
 /// (the service remembers the version of what it wrote), so the write needs no second round.
 const SERVE_KMS: Requests = SERVE;
+
+/// [`SERVE_SINGLE_FRONT`] with KMS encryption: the floor too.
+const SERVE_KMS_SINGLE_FRONT: Requests = FLOOR;
 
 /// A single front (see [`SERVE_SINGLE_FRONT`]).
 fn single_front() -> (&'static str, String) {
@@ -41,18 +43,16 @@ fn single_front() -> (&'static str, String) {
 }
 
 /// `gitstate run -- terraform apply`, the whole command: each is a new, cold process in front of
-/// Terraform, so on top of the apply's own requests come the wrapper's look at the repository
-/// when it starts (one advertisement: the branch and the protocol record) and the first LOCK's
-/// advertisement. The wrapper is the single front of its Terraform (`GITSTATE_SINGLE_FRONT`),
-/// but its LOCK push proves only a state's own ref at its tip; with the default
-/// `GITSTATE_STATE_REFS=auto` a state has none, so the GET asks (one request more than when
-/// the LOCK asserted the branch, which could not show that nobody had created the state's ref),
-/// and the write goes at the floor on what that GET found. Terraform reads a state it does not
-/// find twice, and the write of a new file in a cold process fetches what it builds on.
+/// Terraform, so on top of the apply's own requests (at the floor: the wrapper is the single
+/// front of its Terraform, see [`SERVE_SINGLE_FRONT`]) come the wrapper's look at the
+/// repository when it starts (one advertisement: the branch and the protocol record) and the
+/// first LOCK's advertisement. The create's two GETs rest on its LOCK too; on top come the
+/// record of the lock ref prefix (the repository's first LOCK, one push) and one advertisement
+/// before the write of a new file in a cold process.
 const RUN: Requests = Requests {
-    create: 8,
-    update: 6,
-    no_op: 5,
+    create: 7,
+    update: 5,
+    no_op: 4,
 };
 
 const STATE: &str = "shapes/app.tfstate";
@@ -89,8 +89,8 @@ async fn serve_with_kms_applies_are_at_the_floor() {
     let moto = Moto::start().await;
     moto.create_key("shapes").await;
     for (shape, single, bound) in [
-        ("serve + KMS", false, SERVE),
-        ("serve + KMS, single front", true, SERVE_KMS),
+        ("serve + KMS", false, SERVE_KMS),
+        ("serve + KMS, single front", true, SERVE_KMS_SINGLE_FRONT),
     ] {
         let server = GitServer::start().await;
         let root = tempfile::tempdir().expect("tempdir");
