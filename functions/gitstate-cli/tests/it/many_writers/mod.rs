@@ -85,6 +85,10 @@ struct Setup {
     /// Half the processes reach the git server through a proxy that fails some of its requests
     /// ([`FAULTS`]).
     faults: bool,
+    /// Every process is the single front of the actors it serves (`GITSTATE_SINGLE_FRONT`):
+    /// each actor's requests all reach one process (actor `a` through process `a % PROCESSES`),
+    /// and a GET after a LOCK may rest on what the LOCK proved there.
+    single_front: bool,
 }
 
 /// Share of git requests of the faulty processes that fail, and how (never a stall: each would
@@ -125,6 +129,8 @@ struct World {
     /// of the test's own folds runs, so no background fold of a `serve` moves the branch right
     /// after a write (the Lambda shape, where folds run on a schedule).
     lambda_folds: bool,
+    /// See [`Setup::single_front`].
+    single_front: bool,
     _root: tempfile::TempDir,
 }
 
@@ -208,6 +214,10 @@ impl World {
         // test's own pace).
         let proof_window = match knows_variable(binary, "GITSTATE_SINGLE_FRONT", "false").await {
             _ if setup.push == PushMode::NoAtomic => None,
+            true if setup.single_front => {
+                extra.push(("GITSTATE_SINGLE_FRONT", "true"));
+                Some(Duration::from_secs(65))
+            }
             true => None,
             false => Some(Duration::from_secs(65)),
         };
@@ -244,6 +254,7 @@ impl World {
             proxy,
             proof_window,
             lambda_folds,
+            single_front: setup.single_front,
             _root: root,
         }
     }
@@ -532,7 +543,15 @@ fn as_of_lock(
     let mut out = answers.to_vec();
     for (((_, op), p), answer) in round.iter().zip(procs).zip(&mut out) {
         let name = op.name();
-        let Some((proved, at)) = model.proofs.remove(&(*p, name)) else {
+        // With a single front, what a LOCK proved answers every GET until the process writes
+        // the state or the lock goes; else only the first.
+        let kept = model.proof_kept_by_reads && matches!(op, Op::Get { .. });
+        let proof = if kept {
+            model.proofs.get(&(*p, name)).cloned()
+        } else {
+            model.proofs.remove(&(*p, name))
+        };
+        let Some((proved, at)) = proof else {
             continue;
         };
         let got = (answer.0 == 200).then(|| Version::of(&answer.1)).flatten();
@@ -895,6 +914,9 @@ async fn round(
     let round = plan_round(rng, model, actors);
     let mut procs: Vec<usize> = (0..PROCESSES).collect();
     procs.shuffle(rng);
+    if world.single_front {
+        procs = round.iter().map(|(who, _)| who % PROCESSES).collect();
+    }
     let tasks: Vec<_> = round
         .iter()
         .zip(&procs)
@@ -985,6 +1007,7 @@ async fn steps_and_checks(
     let mut rng = StdRng::seed_from_u64(seed);
     let mut model = Model {
         proof_window: world.proof_window,
+        proof_kept_by_reads: world.single_front,
         ..Model::default()
     };
     let mut actors = vec![Actor::Idle; ACTORS];
@@ -1056,6 +1079,7 @@ async fn interleaved_writers_never_read_stale_and_never_lose_a_write() {
         push: PushMode::Atomic,
         state_refs: "auto",
         faults: false,
+        single_front: false,
     };
     many_writers(setup, CI_STEPS).await;
 }
@@ -1067,6 +1091,7 @@ async fn interleaved_writers_with_state_refs_always() {
         push: PushMode::Atomic,
         state_refs: "always",
         faults: false,
+        single_front: false,
     };
     many_writers(setup, CI_STEPS).await;
 }
@@ -1079,6 +1104,7 @@ async fn interleaved_writers_without_atomic_push() {
         push: PushMode::NoAtomic,
         state_refs: "auto",
         faults: false,
+        single_front: false,
     };
     many_writers(setup, CI_STEPS * 2 / 3).await;
 }
@@ -1092,6 +1118,21 @@ async fn interleaved_writers_with_git_faults() {
         push: PushMode::Atomic,
         state_refs: "auto",
         faults: true,
+        single_front: false,
+    };
+    many_writers(setup, CI_STEPS / 2).await;
+}
+
+/// Each process the single front of the actors it serves: GETs after a LOCK rest on what the
+/// LOCK push proved (its probe of an absent state ref included), with force-unlocks, unlocked
+/// writes and folds through the others; half the requests in CI.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interleaved_writers_each_behind_a_single_front() {
+    let setup = Setup {
+        push: PushMode::Atomic,
+        state_refs: "auto",
+        faults: false,
+        single_front: true,
     };
     many_writers(setup, CI_STEPS / 2).await;
 }
@@ -1104,6 +1145,7 @@ async fn interleaved_writers_always_without_atomic_push() {
         push: PushMode::NoAtomic,
         state_refs: "always",
         faults: false,
+        single_front: false,
     };
     many_writers(setup, CI_STEPS * 2 / 3).await;
 }
@@ -1116,6 +1158,7 @@ async fn interleaved_writers_always_with_git_faults() {
         push: PushMode::Atomic,
         state_refs: "always",
         faults: true,
+        single_front: false,
     };
     many_writers(setup, CI_STEPS / 2).await;
 }
