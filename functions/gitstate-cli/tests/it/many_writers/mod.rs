@@ -23,8 +23,8 @@
 //!
 //! Asserted: every GET (a lock holder's right after its LOCK included) answers the newest
 //! acknowledged version of the name (a process whose GET rests on its own LOCK's proof answers
-//! as of that LOCK, see [`as_of_lock`]; these processes have no single front, so none does on
-//! a binary that knows `GITSTATE_SINGLE_FRONT`); every acknowledged write is in the state's
+//! as of that LOCK, see [`as_of_lock`]; only processes declared single fronts do so on a
+//! binary that knows `GITSTATE_SINGLE_FRONT`, see [`Setup::single_front`]); every acknowledged write is in the state's
 //! history exactly once and in order, through the history API and, after the final fold, through `git log` of
 //! the branch on the bare repository; a write answered with a 5xx either left the state
 //! unchanged or changed it exactly once (decided from the history) and, if it did not land,
