@@ -1106,3 +1106,59 @@ async fn the_list_answers_the_newest_serial_of_unfolded_states() {
     );
     let_folds_go(&bare);
 }
+
+/// F19 (a create at the floor under `always`): a create may rest on a look under the lock that
+/// saw no state ref only on the very branch tip that look saw. Here P takes the lock and reads
+/// (no state, no ref); through Q the same holder creates the state and updates it (its ref is
+/// made); a person removes the file by hand (`git rm`, the ref stays behind); P then learns the
+/// new branch tip from a read of another state, while its look at this one still says "no
+/// ref". P's create must not land on the branch beside the left-over ref: every process reads
+/// it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_at_the_floor_never_lands_beside_a_ref_left_since_its_look() {
+    use gitstate_tests::{Client, state_json};
+    let env = [
+        ("GITSTATE_STATE_REFS", "always"),
+        ("GITSTATE_FOLD_AFTER_WRITES", "false"),
+    ];
+    let (server, _url, _root, procs) =
+        site(gitstate_tests::PushMode::Atomic, "beside", 2, &env).await;
+    let dir = server.repo_dir("beside");
+    let bare = Bare::new(&dir, "main");
+    hold_folds(&bare);
+    let (p, q) = (Client::new(&procs[0].url), Client::new(&procs[1].url));
+    let (x, y) = ("team/beside.tfstate", "team/other.tfstate");
+    // Another state, through which P learns a branch tip without looking at x again.
+    q.lock(y, "y").await.expect(200);
+    q.write_locked(y, "y", &state_json("y", 1))
+        .await
+        .expect(200);
+    q.unlock(y, "y").await.expect(200);
+    p.lock(x, "h").await.expect(200);
+    p.get_state(x).await.expect(404);
+    for serial in 1..=2 {
+        q.write_locked(x, "h", &state_json("l", serial))
+            .await
+            .expect(200);
+    }
+    let reference = gitstate_tests::states::state_ref("main", x);
+    assert!(
+        gitstate_tests::states::ref_tip(&dir, &reference).is_some(),
+        "the update made the state's ref"
+    );
+    bare.branch_write(x, None, &write(x, "", 1_700_000_000));
+    assert!(bare.file(x).is_none(), "the file is gone by hand");
+    p.get_state(y).await.expect(200);
+    let fresh = state_json("l", 3);
+    let wrote = p.write_locked(x, "h", &fresh).await;
+    p.unlock(x, "h").await.expect(200);
+    assert_eq!(wrote.status, 200, "the create: {}", wrote.body);
+    for (i, client) in [p, q].iter().enumerate() {
+        let read = client.get_state(x).await;
+        assert_eq!(
+            (read.status, read.body.as_str()),
+            (200, fresh.as_str()),
+            "the acknowledged create, read through process {i}"
+        );
+    }
+}

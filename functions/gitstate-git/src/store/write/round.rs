@@ -8,7 +8,7 @@ use std::time::Instant;
 use gix::ObjectId;
 
 use gitstate_core::StateName;
-use gitstate_core::ports::{Location, Refusal, Written};
+use gitstate_core::ports::{Change, Location, Refusal, Written};
 
 use super::plan::{Planned, plan_one, written_id};
 use super::push::{Pushing, RefCommands, push_chain};
@@ -488,8 +488,13 @@ fn floor_start(
                 };
                 // A ref's tip is checked by the push (compare-and-swap); its absence cannot be
                 // (see `usable_at_floor`).
-                match remote.look_since(&remote.state_ref(&job.path), made) {
-                    Some(seen) if usable_at_floor(seen.home, always) => {
+                let look = remote.look_since(&remote.state_ref(&job.path), made);
+                // A create on the very tip the look saw (see `usable_at_floor`).
+                let creates = look.is_some_and(|seen| seen.branch == tip)
+                    && !matches!(job.change, Change::Delete)
+                    && !remote.cache.has_file(tip, &job.path)?;
+                match look {
+                    Some(seen) if usable_at_floor(seen.home, always, creates) => {
                         (Some(commit), Some((seen.home, seen.at)))
                     }
                     _ => return Ok(None),
@@ -515,11 +520,15 @@ fn floor_start(
 /// whatever happened since, as every push names it as the old id (a ref moved or removed
 /// refuses the push). "No ref" is safe only where no process behind this one creates refs
 /// (`auto`, `never`: every process serving one Terraform run has the same setting); with
-/// `always` another process of the run may have created the ref since, so a write advertises.
-fn usable_at_floor(home: Home, always: bool) -> bool {
+/// `always` another process of the run may have created the ref since, so an update
+/// advertises. A create may rest on it whatever the setting (`creates`: the look saw the very
+/// tip the write starts on, which lacks the file): a state ref is only made for a state the
+/// branch has, so none can be made without the branch moving first (the file's create, or a
+/// break-glass delete that leaves a ref behind), which the push's compare-and-swap refuses.
+fn usable_at_floor(home: Home, always: bool, creates: bool) -> bool {
     match home {
         Home::At(_) => true,
-        Home::Absent => !always,
+        Home::Absent => !always || creates,
         Home::Unknown => false,
     }
 }
