@@ -46,11 +46,11 @@ fn single_front() -> (&'static str, String) {
 /// Terraform, so on top of the apply's own requests (at the floor: the wrapper is the single
 /// front of its Terraform, see [`SERVE_SINGLE_FRONT`]) come the wrapper's look at the
 /// repository when it starts (one advertisement: the branch and the protocol record) and the
-/// first LOCK's advertisement. The create's two GETs rest on its LOCK too; on top come the
-/// record of the lock ref prefix (the repository's first LOCK, one push) and one advertisement
-/// before the write of a new file in a cold process.
+/// first LOCK's advertisement. The create's two GETs rest on its LOCK too (and its write on the
+/// branch the start-up look found); on top comes the record of the lock ref prefix (the
+/// repository's first LOCK, one push).
 const RUN: Requests = Requests {
-    create: 7,
+    create: 6,
     update: 5,
     no_op: 4,
 };

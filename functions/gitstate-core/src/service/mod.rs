@@ -293,13 +293,18 @@ impl Backend {
     }
 
     /// Whether the branch of `at` exists, and if not what the repository holds (for start-up
-    /// checks: `serve`, `run` and `gitstate config` say what they found).
+    /// checks: `serve`, `run` and `gitstate config` say what they found). A branch found is
+    /// not looked for again (see [`Self::require_branch`]).
     pub async fn branch_status(
         &self,
         at: &Location,
         read: &ReadContext,
     ) -> Result<BranchStatus, ServiceError> {
-        Ok(self.store.branch_status(at, read).await?)
+        let status = self.store.branch_status(at, read).await?;
+        if status == BranchStatus::Exists {
+            self.branch_seen(at);
+        }
+        Ok(status)
     }
 
     /// The rule that a branch is never created by accident: `Ok` when the branch of `at` exists,
