@@ -235,6 +235,9 @@ struct World {
     kms: CountingProxy,
     serve: ServeProcess,
     serve_kms: ServeProcess,
+    /// `serve` and `serve + KMS` as single fronts (`GITSTATE_SINGLE_FRONT=true`).
+    single: ServeProcess,
+    single_kms: ServeProcess,
     lambda: Container,
     seed: Seed,
     run_env: Vec<(String, String)>,
@@ -280,6 +283,17 @@ impl World {
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
         let serve_kms = serve_in(binary, &root.join("kms"), &repo("kms"), &kms_settings).await;
+        let front = [("GITSTATE_SINGLE_FRONT", "true")];
+        let single = serve_in(binary, &root.join("single"), &repo("single"), &front).await;
+        let mut single_kms_settings = kms_settings.clone();
+        single_kms_settings.extend(front);
+        let single_kms = serve_in(
+            binary,
+            &root.join("single-kms"),
+            &repo("single-kms"),
+            &single_kms_settings,
+        )
+        .await;
         let lambda_env: Vec<(&str, String)> = kms_env
             .iter()
             .map(|(k, v)| (k.as_str(), v.clone()))
@@ -319,6 +333,8 @@ impl World {
             kms,
             serve,
             serve_kms,
+            single,
+            single_kms,
             lambda,
             seed,
             run_env,
@@ -357,6 +373,12 @@ impl World {
         match shape {
             "serve" => Drive::Block(terraform_backend_block(&self.serve.url, state, "")),
             "serve + KMS" => Drive::Block(terraform_backend_block(&self.serve_kms.url, state, "")),
+            "serve, single front" => {
+                Drive::Block(terraform_backend_block(&self.single.url, state, ""))
+            }
+            "serve + KMS, single front" => {
+                Drive::Block(terraform_backend_block(&self.single_kms.url, state, ""))
+            }
             "Lambda + KMS" => Drive::Block(terraform_backend_block(&self.lambda.url(), state, "")),
             "S3, use_lockfile" => Drive::Block(self.s3_block(state)),
             _ => Drive::Wrapper(gitstate.to_owned(), self.run_env.clone()),
@@ -373,9 +395,11 @@ impl World {
 }
 
 /// Shapes Terraform drives, in the table's order.
-const TERRAFORM_SHAPES: [&str; 5] = [
+const TERRAFORM_SHAPES: [&str; 7] = [
     "serve",
     "serve + KMS",
+    "serve, single front",
+    "serve + KMS, single front",
     "`gitstate run`",
     "Lambda + KMS",
     "S3, use_lockfile",
@@ -546,7 +570,9 @@ fn report(out: &mut String, rows: &Rows, runs: usize) {
          {runs} runs each, the median shown. Shapes driven by Terraform ({}, one \
          `terraform_data` resource; `terraform init` before, not counted) run `terraform apply \
          -auto-approve`: \"serve\" through one warm `gitstate serve`, \"serve + KMS\" the same \
-         sealing every state with a KMS key of moto's, \"`gitstate run`\" as `gitstate run \
+         sealing every state with a KMS key of moto's, \", single front\" each of them with \
+         `GITSTATE_SINGLE_FRONT=true` (the GETs after a LOCK answered from what the LOCK push \
+         proved), \"`gitstate run`\" as `gitstate run \
          --state … -- terraform apply` (a new wrapper process each apply, its cache in the \
          working directory), \"Lambda + KMS\" the release `gitstate-lambda` as one warm \
          container under `cargo lambda watch --only-lambda-apis`, sealing with KMS as deployed \
