@@ -630,3 +630,42 @@ async fn a_cold_read_with_the_policy_in_the_repository() {
         ]
     );
 }
+
+/// A host that declines a whole push naming a ref outside branches and tags (a pre-receive
+/// hook: some hosts allow only those). A single front's LOCK, whose probe is such a ref, goes
+/// once more alone and lands; from then on no LOCK probes there and the GET after it asks the
+/// remote, as without a proof. The protocol record, which the host declines too, is pushed
+/// once; the LOCK after that finds none still and goes on without it, and the next is one
+/// push at the floor. Every answer is the state's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_that_allows_only_branches_and_tags_still_locks_a_single_front() {
+    use std::os::unix::fs::PermissionsExt;
+    init_tracing();
+    let server = GitServer::start().await;
+    let url = realistic_repo(&server, "states", STATES, true);
+    let hook = server.repo_dir("states").join("hooks/pre-receive");
+    let script = "#!/bin/sh\nwhile read old new ref; do\n  case \"$ref\" in\n    refs/heads/*|refs/tags/*) ;;\n    *) echo \"only branches and tags: $ref\" >&2; exit 1 ;;\n  esac\ndone\n";
+    std::fs::write(&hook, script).expect("hook");
+    std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let backend = TestBackend::start(&url, SINGLE_FRONT).await;
+    let client = Client::new(&backend.url);
+    let first = apply(&server, &client, "a-1", Some(&realistic_state(7, 60, 2))).await;
+    let pushes = first[0].1.iter().filter(|l| *l == PUSH).count();
+    // The declined LOCK push, the lock alone, and the record of the lock ref prefix (the
+    // repository's first LOCK), which this host declines too (a warning).
+    assert_eq!(pushes, 3, "{first:?}");
+    // The next LOCK finds no record still: the host declines it, and it is not pushed again.
+    let second = apply(&server, &client, "a-2", Some(&realistic_state(7, 60, 3))).await;
+    assert_eq!(second[0].1, [PUSH_ADVERT, PUSH], "{second:?}");
+    let update = apply(&server, &client, "a-3", Some(&realistic_state(7, 60, 4))).await;
+    assert_eq!(
+        labels(&update),
+        [
+            step("LOCK", &[PUSH]),
+            step("GET", &[FETCH_ADVERT]),
+            step("write", &[PUSH]),
+            step("UNLOCK", &[PUSH]),
+        ]
+    );
+    assert_eq!(get(&client, NAME).await, realistic_state(7, 60, 4));
+}

@@ -139,6 +139,61 @@ impl Remote {
         }
     }
 
+    /// A LOCK push: the lock's create (with the objects of its commit), then `proving`'s
+    /// commands, each alone; `floor`: without a fresh advertisement (`None`: the remote wants
+    /// one). A push that carried a probe and had every command refused may have been declined
+    /// whole (a hook that allows only branches and tags): the lock goes once more alone, and
+    /// if it lands then, probes are off for this remote.
+    pub(super) async fn push_lock(
+        &self,
+        (create, objects): (Command, Vec<ObjectId>),
+        proving: Option<Proving>,
+        floor: bool,
+    ) -> Result<Option<LockPush>, RemoteError> {
+        let send = |commands: Vec<Command>| {
+            let objects = objects.clone();
+            async move {
+                if floor {
+                    self.push_at_floor(commands, objects, Updates::EachAlone)
+                        .await
+                } else {
+                    self.push_each(commands, objects).await.map(Some)
+                }
+            }
+        };
+        let commands = lock_commands(create.clone(), proving.as_ref());
+        let Some(report) = send(commands.clone()).await? else {
+            return Ok(None);
+        };
+        let probed = proving.as_ref().is_some_and(|p| p.probe.is_some());
+        if !probed || report.verdicts(&commands).contains(&true) {
+            return Ok(Some(LockPush {
+                create,
+                commands,
+                report,
+                proving,
+            }));
+        }
+        let alone = vec![create.clone()];
+        let Some(again) = send(alone.clone()).await? else {
+            return Ok(None);
+        };
+        if again.all_ok(&alone) {
+            tracing::warn!(
+                "the remote declined a LOCK push that probed for a state ref and took the lock \
+                 alone: a LOCK does not show there that a state has no ref, so the GET after it \
+                 asks the remote"
+            );
+            self.probes_off();
+        }
+        Ok(Some(LockPush {
+            create,
+            commands: alone,
+            report: again,
+            proving: None,
+        }))
+    }
+
     /// A push at the floor: `Ok(None)` when the remote answered it with an error instead of a
     /// report (it wants a fresh advertisement first), and the floor is off for this remote.
     pub(super) async fn push_at_floor(
@@ -193,21 +248,13 @@ impl GitStore {
         let lock_ref = self.lock_ref(name);
         let (command, commit) = remote.lock_commit(name, lock, meta, &lock_ref).await?;
         let proving = self.proving(remote, at, name, tip, commit.id, &caps);
-        let commands = lock_commands(command.clone(), proving.as_ref());
-        let Some(report) = remote
-            .push_at_floor(commands.clone(), commit.objects, Updates::EachAlone)
-            .await?
-        else {
-            return Ok(false);
-        };
-        let landed = report.all_ok(&[command]);
-        if landed {
-            remote.remember_lock(&lock_ref, Some(commit.id));
+        let pushed = remote
+            .push_lock((command, commit.objects), proving, true)
+            .await?;
+        match pushed {
+            Some(pushed) => Ok(pushed.settle(remote, &lock_ref).await.is_none()),
+            None => Ok(false),
         }
-        let made = landed.then_some((lock_ref.as_str(), commit.id));
-        let leftovers = remember_proved(remote, &report, &commands, made, proving);
-        remote.delete_leftovers(leftovers).await;
-        Ok(landed)
     }
 
     /// What a LOCK push of `name`, whose lock commit is `lock_commit`, asserts after the lock's
@@ -422,9 +469,33 @@ impl Proving {
     }
 }
 
+/// A LOCK push as sent, and its report.
+pub(super) struct LockPush {
+    create: Command,
+    commands: Vec<Command>,
+    pub(super) report: PushReport,
+    proving: Option<Proving>,
+}
+
+impl LockPush {
+    /// Remember the lock commit if its create landed at `lock_ref`, and what the push proved;
+    /// delete what a probe left behind. `None`: the lock landed; else the refused report.
+    pub(super) async fn settle(self, remote: &Remote, lock_ref: &str) -> Option<PushReport> {
+        let landed = self.report.all_ok(std::slice::from_ref(&self.create));
+        let commit = self.create.new;
+        if landed {
+            remote.remember_lock(lock_ref, Some(commit));
+        }
+        let made = landed.then_some((lock_ref, commit));
+        let leftovers = remember_proved(remote, &self.report, &self.commands, made, self.proving);
+        remote.delete_leftovers(leftovers).await;
+        (!landed).then_some(self.report)
+    }
+}
+
 /// The commands of a LOCK push: the lock ref's create, then, when `proving`, its assertion
 /// (and probe), each standing alone.
-pub(super) fn lock_commands(create: Command, proving: Option<&Proving>) -> Vec<Command> {
+fn lock_commands(create: Command, proving: Option<&Proving>) -> Vec<Command> {
     let proving = proving.map(Proving::commands).unwrap_or_default();
     std::iter::once(create).chain(proving).collect()
 }
@@ -432,7 +503,7 @@ pub(super) fn lock_commands(create: Command, proving: Option<&Proving>) -> Vec<C
 /// After a LOCK push of `commands` (see [`lock_commands`]), which `made` its lock commit at
 /// its lock ref or not: remember what its assertion proved, if it carried one and the remote
 /// accepted it. Returns the refs a probe left behind, which the caller deletes.
-pub(super) fn remember_proved(
+fn remember_proved(
     remote: &Remote,
     report: &PushReport,
     commands: &[Command],

@@ -12,7 +12,6 @@ use gitstate_core::ports::{Acquire, CommitMeta, HeldLock, Location, Release, use
 use gitstate_core::refs::{Clash, branch_clash, lock_clash};
 use gitstate_core::{BranchName, LockInfo, StateName};
 
-use super::floor::{lock_commands, remember_proved};
 use super::remote::Remote;
 use super::{GitStore, ListError, LockError, ReadError, RemoteError, UnlockError, blocking, null};
 use crate::protocol::Command;
@@ -75,6 +74,13 @@ impl GitStore {
                 lock(&self.protocol_agreed).insert(at.repository.clone());
                 Ok(false)
             }
+            // This process's record was refused and none is there since: the host declines
+            // the ref (some allow only branches and tags). Locking goes on without a record,
+            // at the floor too, and does not push it again.
+            Protocol::Unrecorded if lock(&self.protocol_declined).contains(&at.repository) => {
+                lock(&self.protocol_agreed).insert(at.repository.clone());
+                Ok(false)
+            }
             Protocol::Unrecorded => Ok(true),
         }
     }
@@ -112,8 +118,15 @@ impl GitStore {
             Ok(true) => {
                 lock(&self.protocol_agreed).insert(at.repository.clone());
             }
-            // Another backend recorded first: the next LOCK compares with its record.
-            Ok(false) => {}
+            // Another backend recorded first (the next LOCK compares with its record), or the
+            // host declines the ref (the next LOCK finds none).
+            Ok(false) => {
+                tracing::warn!(
+                    "the lock ref prefix could not be recorded in the repository (the push was \
+                     refused): a backend with another GITSTATE_LOCK_REF_PREFIX would not be told"
+                );
+                lock(&self.protocol_declined).insert(at.repository.clone());
+            }
             Err(error) => tracing::warn!(
                 error = %gitstate_core::report::chain(&error),
                 "the lock ref prefix could not be recorded in the repository"
@@ -238,21 +251,20 @@ impl GitStore {
             let proving = advert
                 .tip(&at.branch.full_ref())
                 .and_then(|branch| self.proving(&remote, at, name, branch, commit.id, &advert));
-            let commands = lock_commands(command.clone(), proving.as_ref());
-            let report = remote.push_each(commands.clone(), commit.objects).await?;
-            let landed = report.all_ok(&[command]);
-            if landed {
-                remote.remember_lock(&lock_ref, Some(commit.id));
-            }
-            let made = landed.then_some((lock_ref.as_str(), commit.id));
-            let leftovers = remember_proved(&remote, &report, &commands, made, proving);
-            remote.delete_leftovers(leftovers).await;
-            if landed {
+            let pushed = remote
+                .push_lock((command, commit.objects), proving, false)
+                .await?;
+            // (Only a push at the floor goes unanswered: look again.)
+            let Some(pushed) = pushed else {
+                last_attempt = attempt_started.elapsed();
+                continue;
+            };
+            let Some(report) = pushed.settle(&remote, &lock_ref).await else {
                 if unrecorded {
                     self.record_protocol(&remote, at, meta).await;
                 }
                 return Ok(Acquire::Acquired);
-            }
+            };
             refused = Some(report);
             last_attempt = attempt_started.elapsed();
         }

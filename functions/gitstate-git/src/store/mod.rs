@@ -123,6 +123,8 @@ pub struct GitStore {
     /// Repositories whose protocol record a LOCK of this process found agreeing (or pushed):
     /// only then may a LOCK skip the advertisement (the protocol floor).
     protocol_agreed: Mutex<HashSet<String>>,
+    /// Repositories where this process's push of the protocol record was refused.
+    protocol_declined: Mutex<HashSet<String>>,
 }
 
 /// The repository's work `f`, on a blocking thread.
@@ -168,6 +170,7 @@ impl GitStore {
                     local: None,
                     remotes: Mutex::default(),
                     protocol_agreed: Mutex::default(),
+                    protocol_declined: Mutex::default(),
                 },
                 url.clone(),
             )),
@@ -183,6 +186,7 @@ impl GitStore {
                         local: Some((id.clone(), refs, cache)),
                         remotes: Mutex::default(),
                         protocol_agreed: Mutex::default(),
+                        protocol_declined: Mutex::default(),
                     },
                     id,
                 ))
