@@ -86,7 +86,7 @@ const DESCRIPTIONS: &[Described] = &[
     ),
     describe(
         "GITSTATE_SINGLE_FRONT",
-        "`true`: every request of a Terraform run reaches this one process (one `serve` in front of its clients; `gitstate run` sets it itself), so the GETs right after a LOCK are answered from what the LOCK push proved, without a git request (until the run writes the state). Leave it `false` with several processes behind one address, and on Lambda: a GET through the process that took the LOCK would not see a write made through another",
+        "`true`: every request of a Terraform run reaches this one process (one `serve` in front of its clients; `gitstate run` sets it itself), so the GET right after a LOCK is answered from what the LOCK push proved, without a git request. Leave it `false` with several processes behind one address, and on Lambda: a GET through the process that took the LOCK would not see a write made through another",
     ),
     describe_default(
         "GITSTATE_FOLD_AFTER_WRITES",

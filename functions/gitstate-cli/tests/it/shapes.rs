@@ -27,7 +27,8 @@ const SERVE: Requests = Requests {
 /// One `serve` in front of its clients (`GITSTATE_SINGLE_FRONT=true`), with the default
 /// `GITSTATE_STATE_REFS=auto`: the floor. The LOCK push asserts the branch at the tip this
 /// process knows and shows that the state has no ref of its own (a probe that a ref of that
-/// name refuses), or asserts the state's ref at its known tip: the GETs after it ask nothing.
+/// name refuses), or asserts the state's ref at its known tip: the GET after it asks nothing.
+/// (Terraform's create sends a second GET of the state it did not find, which asks: 4.)
 const SERVE_SINGLE_FRONT: Requests = FLOOR;
 
 /// The same with KMS encryption: the write's plan knows the sealed stored state by its blob id
@@ -46,11 +47,11 @@ fn single_front() -> (&'static str, String) {
 /// Terraform, so on top of the apply's own requests (at the floor: the wrapper is the single
 /// front of its Terraform, see [`SERVE_SINGLE_FRONT`]) come the wrapper's look at the
 /// repository when it starts (one advertisement: the branch and the protocol record) and the
-/// first LOCK's advertisement. The create's two GETs rest on its LOCK too (and its write on the
-/// branch the start-up look found); on top comes the record of the lock ref prefix (the
-/// repository's first LOCK, one push).
+/// first LOCK's advertisement. A create adds the record of the lock ref prefix (the
+/// repository's first LOCK, one push) and Terraform's second GET of a state it did not find,
+/// which asks (what a LOCK proved answers one GET).
 const RUN: Requests = Requests {
-    create: 6,
+    create: 7,
     update: 5,
     no_op: 4,
 };

@@ -13,11 +13,10 @@
 //! knows one, by a command `old == new` at the tip it knows (never the zero id: `0 → 0` would
 //! be an unchecked delete); otherwise the branch at the tip it knows, and the state ref's
 //! absence, which no command asserts, by a probe ([`Probe`]). The commands stand each alone,
-//! applied in the order sent, so once the lock is created nobody else may write the state, and
-//! accepted assertions show that the state's newest content was where this process knew it at
-//! that moment. The reads that follow (Terraform's GET right after its LOCK, and a second one
-//! when it found no state) are then answered from the cache, without a request
-//! ([`GitStore::read_proved`]), until this process writes the state or the lock goes. A refused
+//! judged with the lock's create (older git applies them in the order sent, git 2.51 and later
+//! in one batch), so once the lock is created nobody else may write the state, and accepted
+//! assertions show that the state's newest content was where this process knew it then. The GET that follows (Terraform's, right after its LOCK) is then answered from
+//! the cache, without a request ([`GitStore::read_proved`]); a later one asks. A refused
 //! assertion costs nothing: the lock stands on its own verdict, and the GET asks the remote.
 //! Only remotes that push atomically get the assertion: there every write of a state under a
 //! lock asserts that lock ref unchanged in the same atomic push, so no write of the state can
@@ -36,14 +35,16 @@ use super::known::{Home, Seen};
 use super::remote::{Proof, Remote};
 use super::{GitStore, RemoteError, UnlockError, WriteMode, blocking, null};
 use crate::protocol::{Advert, Command, PushReport, Updates};
+use crate::settings::StateRefs;
 use crate::sync::lock;
 
 /// Lock commits a process remembers having made.
 const MAX_REMEMBERED_LOCKS: usize = 4096;
 
 /// How long what a LOCK proved answers the GET that follows it (Terraform reads right after it
-/// locks): a lock broken by force meanwhile is the only way the state could have moved on.
-const PROOF_LIFETIME: Duration = Duration::from_secs(60);
+/// locks): a lock broken by force meanwhile is the only way the state could have moved on, so
+/// the window is kept short; a GET later than that asks.
+const PROOF_LIFETIME: Duration = Duration::from_secs(5);
 
 impl Remote {
     /// The receive-pack capabilities, if this process may push to the remote without a fresh
@@ -95,10 +96,11 @@ impl Remote {
         proofs.insert(lock_ref.to_owned(), proof);
     }
 
-    /// What a LOCK of `lock_ref` proved: reads rest on it while this process still holds that
-    /// lock (as far as it knows), has not written the state since, and the proof is recent.
-    pub(super) fn proof(&self, lock_ref: &str) -> Option<Proof> {
-        let proof = *lock(&self.proofs).get(lock_ref)?;
+    /// What a LOCK of `lock_ref` proved, taken: one read rests on it (Terraform's, right after
+    /// its LOCK), while this process still holds that lock (as far as it knows) and the proof is
+    /// a few seconds old at most.
+    pub(super) fn take_proof(&self, lock_ref: &str) -> Option<Proof> {
+        let proof = lock(&self.proofs).remove(lock_ref)?;
         let holds = self.made_lock(lock_ref) == Some(proof.lock);
         (holds && proof.made.elapsed() < PROOF_LIFETIME).then_some(proof)
     }
@@ -106,6 +108,25 @@ impl Remote {
     /// A write of the state, or its lock gone: what its LOCK proved no longer stands.
     pub(super) fn forget_proof(&self, lock_ref: &str) {
         lock(&self.proofs).remove(lock_ref);
+    }
+
+    /// The probe the LOCK of `lock_ref` made stands: `delete` removes it (see [`Probe`]).
+    fn remember_probe(&self, lock_ref: &str, delete: Command) {
+        let mut probes = lock(&self.probes);
+        if probes.len() >= MAX_REMEMBERED_LOCKS {
+            probes.clear();
+        }
+        probes.insert(lock_ref.to_owned(), delete);
+    }
+
+    /// The delete of the probe the LOCK of `lock_ref` made with the lock commit `commit`, taken
+    /// (the lock's release carries it).
+    pub(super) fn take_probe(&self, lock_ref: &str, commit: ObjectId) -> Option<Command> {
+        let mut probes = lock(&self.probes);
+        match probes.get(lock_ref) {
+            Some(delete) if delete.old == commit => probes.remove(lock_ref),
+            _ => None,
+        }
     }
 
     /// Whether a LOCK push may show a state ref's absence (see [`Probe`]).
@@ -280,26 +301,26 @@ impl GitStore {
         let known = lock(&remote.known_states).tip(&state_ref);
         match known {
             Some(Some(tip)) => Some(Proving::new(&state_ref, tip, branch, Some(tip)).of(state_ref)),
-            _ if remote.probes_work() => Some(Proving::absent(
-                &at.branch.full_ref(),
-                branch,
-                &state_ref,
-                lock_commit,
-            )),
+            // Not where this process creates state refs itself (`always`): its own probe
+            // would stand in the way of its first update.
+            _ if remote.probes_work() && self.options.state_refs != StateRefs::Always => Some(
+                Proving::absent(&at.branch.full_ref(), branch, &state_ref, lock_commit),
+            ),
             _ => None,
         }
     }
 
     /// A read of `name` right after this process's LOCK of it: the state at the tip that LOCK
     /// proved, from the cache (its blob fetched if the cache lacks it). `None`: nothing proved
-    /// stands (a write or UNLOCK since, too old, or never made): ask the remote.
+    /// stands (taken by an earlier read, a write or UNLOCK since, too old, or never made): ask
+    /// the remote.
     pub(super) async fn read_proved(
         &self,
         at: &Location,
         name: &StateName,
     ) -> Result<Option<Option<bytes::Bytes>>, RemoteError> {
         let remote = self.remote(at)?;
-        let Some(proof) = remote.proof(&self.lock_ref(name)) else {
+        let Some(proof) = remote.take_proof(&self.lock_ref(name)) else {
             return Ok(None);
         };
         let wanted = std::iter::once(proof.branch).chain(proof.state);
@@ -348,43 +369,41 @@ pub(super) struct Proving {
     probe: Option<Probe>,
 }
 
-/// How a push shows that a ref is absent, which no command can assert: it creates a ref inside
-/// the state ref's name (`<state ref>/absent`), which git refuses while the state ref exists
-/// (a directory/file conflict), and deletes it again in the same push. A ref inside that one
-/// (`…/absent/check`), sent between the two, must be refused: a host that accepts it does not
-/// enforce those conflicts, so there the probe proves nothing, and it is not sent again.
-/// Each command stands alone and they apply in the order sent, after the lock's create: once
-/// the lock is this process's, nobody else creates the state's ref, so "absent" stays true
-/// while the lock is held.
+/// How a LOCK push shows that a state has no ref, which no command asserts: it creates a ref
+/// inside the state ref's name, `<state ref>/absent`, pointing at the lock commit, which git
+/// refuses while the state ref exists (a directory/file conflict, in the files and reftable
+/// backends alike) and which keeps anyone from creating the state ref while it stands. It
+/// stands while the lock is held: this process deletes it with the lock's release (the two
+/// deletes in one push), and a write that creates the state ref deletes one left behind (a
+/// lock released elsewhere) first. Whether git applies a push's commands one by one or in
+/// batches (git 2.51 and later), the create is judged with the lock's create, so "absent" holds
+/// from the moment the lock is this process's.
 struct Probe {
     create: Command,
-    check: Command,
-    delete: Command,
 }
 
 impl Probe {
     fn new(state_ref: &str, commit: ObjectId) -> Self {
-        let probe = format!("{state_ref}/absent");
-        let command = |name: &str, old, new| Command {
-            old,
-            new,
-            name: name.to_owned(),
-        };
         Self {
-            create: command(&probe, null(), commit),
-            check: command(&format!("{probe}/check"), null(), commit),
-            delete: command(&probe, commit, null()),
+            create: Command {
+                old: null(),
+                new: commit,
+                name: probe_ref(state_ref),
+            },
         }
     }
+}
+
+/// The ref a LOCK's probe creates for the state whose ref is `state_ref` (see [`Probe`]).
+pub(super) fn probe_ref(state_ref: &str) -> String {
+    format!("{state_ref}/absent")
 }
 
 /// What the verdicts on a LOCK push's assertion (and probe) say.
 struct Judged {
     proved: bool,
-    /// Refs the probe left behind, to delete.
-    leftovers: Vec<Command>,
-    /// The host accepted a ref inside another: probes prove nothing there.
-    unenforced: bool,
+    /// The probe stands (to delete with the lock, or at once when the lock did not land).
+    probe: Option<Command>,
 }
 
 impl Proving {
@@ -432,10 +451,7 @@ impl Proving {
 
     /// The commands after the lock's create.
     fn commands(&self) -> Vec<Command> {
-        let probe = self
-            .probe
-            .iter()
-            .flat_map(|p| [p.create.clone(), p.check.clone(), p.delete.clone()]);
+        let probe = self.probe.iter().map(|p| p.create.clone());
         std::iter::once(self.assert.clone()).chain(probe).collect()
     }
 
@@ -445,26 +461,16 @@ impl Proving {
         let Some(probe) = &self.probe else {
             return Judged {
                 proved: ok(0),
-                leftovers: Vec::new(),
-                unenforced: false,
+                probe: None,
             };
         };
-        let (made, checked, deleted) = (ok(1), ok(2), ok(3));
-        let mut leftovers = Vec::new();
-        if checked {
-            leftovers.push(Command {
-                old: probe.check.new,
-                new: null(),
-                name: probe.check.name.clone(),
-            });
-        }
-        if made && !deleted {
-            leftovers.push(probe.delete.clone());
-        }
         Judged {
-            proved: ok(0) && made && !checked,
-            leftovers,
-            unenforced: checked,
+            proved: ok(0) && ok(1),
+            probe: ok(1).then(|| Command {
+                old: probe.create.new,
+                new: null(),
+                name: probe.create.name.clone(),
+            }),
         }
     }
 }
@@ -515,19 +521,16 @@ fn remember_proved(
     };
     let verdicts = report.verdicts(commands);
     let judged = proving.judge(verdicts.get(1..).unwrap_or_default());
-    if judged.unenforced {
-        tracing::warn!(
-            "the remote accepted a ref inside another ref's name (no directory/file conflicts): \
-             a LOCK cannot show there that a state has no ref, so the GET after it asks the remote"
-        );
-        remote.probes_off();
-    }
     let Some((lock_ref, lock_commit)) = made else {
-        return judged.leftovers;
+        // The lock is someone else's: a probe made anyway goes at once.
+        return judged.probe.into_iter().collect();
     };
+    if let Some(probe) = judged.probe {
+        remote.remember_probe(lock_ref, probe);
+    }
     if !judged.proved {
         tracing::debug!(?report, "the state moved since this process last saw it");
-        return judged.leftovers;
+        return Vec::new();
     }
     if proving.state.is_none() {
         // The branch itself was asserted: its tip is current, a write may start there.
@@ -547,55 +550,41 @@ fn remember_proved(
         at: Instant::now(),
     };
     lock(&remote.looks).saw(&proving.state_ref, seen);
-    judged.leftovers
+    Vec::new()
 }
 
 #[cfg(test)]
 mod tests {
     use gix::ObjectId;
 
-    use super::Proving;
+    use super::{Proving, probe_ref};
     use crate::store::null;
 
     fn id(n: u8) -> ObjectId {
         ObjectId::from_bytes_or_panic(&[n; 20])
     }
 
-    /// Every combination of verdicts on an absent state's assertion and probe (the branch's
-    /// assertion, the probe's create, its check, its delete): proved only when the branch held,
-    /// the probe was made and its check refused; a check that was accepted turns probes off and
-    /// is deleted, as is a probe made and not deleted.
+    /// Every combination of verdicts on an absent state's assertion and probe: proved only when
+    /// both were accepted; a probe that was made stands (to delete with the lock) whatever the
+    /// branch did.
     #[test]
-    fn a_probe_proves_absence_only_where_refs_conflict() {
+    fn a_probe_proves_absence_with_the_branch_held() {
         let state_ref = format!("refs/gitstate/states/main/{}", "ab".repeat(20));
         let proving = Proving::absent("refs/heads/main", id(1), &state_ref, id(2));
         let commands = proving.commands();
         let names: Vec<&str> = commands.iter().map(|c| c.name.as_str()).collect();
-        let probe = format!("{state_ref}/absent");
-        let check = format!("{probe}/check");
-        assert_eq!(names, ["refs/heads/main", &probe, &check, &probe]);
+        let probe = probe_ref(&state_ref);
+        assert_eq!(names, ["refs/heads/main", probe.as_str()]);
+        assert_eq!((commands[0].old, commands[0].new), (id(1), id(1)));
         assert_eq!((commands[1].old, commands[1].new), (null(), id(2)));
-        assert_eq!((commands[3].old, commands[3].new), (id(2), null()));
-        for bits in 0..16u8 {
-            let verdicts: Vec<bool> = (0..4).map(|i| bits & (1 << i) != 0).collect();
-            let (held, made, checked, deleted) =
-                (verdicts[0], verdicts[1], verdicts[2], verdicts[3]);
+        for bits in 0..4u8 {
+            let verdicts: Vec<bool> = (0..2).map(|i| bits & (1 << i) != 0).collect();
+            let (held, made) = (verdicts[0], verdicts[1]);
             let judged = proving.judge(&verdicts);
-            assert_eq!(judged.proved, held && made && !checked, "{verdicts:?}");
-            assert_eq!(judged.unenforced, checked, "{verdicts:?}");
-            let left: Vec<(&str, ObjectId, ObjectId)> = judged
-                .leftovers
-                .iter()
-                .map(|c| (c.name.as_str(), c.old, c.new))
-                .collect();
-            let mut expected = Vec::new();
-            if checked {
-                expected.push((check.as_str(), id(2), null()));
-            }
-            if made && !deleted {
-                expected.push((probe.as_str(), id(2), null()));
-            }
-            assert_eq!(left, expected, "{verdicts:?}");
+            assert_eq!(judged.proved, held && made, "{verdicts:?}");
+            let standing = judged.probe.map(|c| (c.name, c.old, c.new));
+            let expected = made.then(|| (probe.clone(), id(2), null()));
+            assert_eq!(standing, expected, "{verdicts:?}");
         }
         // A state's own ref: its assertion alone.
         let own = Proving::new(&state_ref, id(3), id(1), Some(id(3))).of(state_ref.clone());

@@ -74,13 +74,6 @@ impl GitStore {
                 lock(&self.protocol_agreed).insert(at.repository.clone());
                 Ok(false)
             }
-            // This process's record was refused and none is there since: the host declines
-            // the ref (some allow only branches and tags). Locking goes on without a record,
-            // at the floor too, and does not push it again.
-            Protocol::Unrecorded if lock(&self.protocol_declined).contains(&at.repository) => {
-                lock(&self.protocol_agreed).insert(at.repository.clone());
-                Ok(false)
-            }
             Protocol::Unrecorded => Ok(true),
         }
     }
@@ -118,15 +111,11 @@ impl GitStore {
             Ok(true) => {
                 lock(&self.protocol_agreed).insert(at.repository.clone());
             }
-            // Another backend recorded first (the next LOCK compares with its record), or the
-            // host declines the ref (the next LOCK finds none).
-            Ok(false) => {
-                tracing::warn!(
-                    "the lock ref prefix could not be recorded in the repository (the push was \
-                     refused): a backend with another GITSTATE_LOCK_REF_PREFIX would not be told"
-                );
-                lock(&self.protocol_declined).insert(at.repository.clone());
-            }
+            // Another backend recorded first: the next LOCK compares with its record. (A host
+            // that declines the ref gets the push again with each LOCK, which goes on
+            // advertising: a refusal may be passing, and a LOCK that stopped looking for a
+            // record would never see another prefix's.)
+            Ok(false) => {}
             Err(error) => tracing::warn!(
                 error = %gitstate_core::report::chain(&error),
                 "the lock ref prefix could not be recorded in the repository"
@@ -298,6 +287,15 @@ impl GitStore {
             new: null(),
             name: lock_ref.clone(),
         };
+        // The probe this process's LOCK left standing goes with the lock, each delete alone
+        // (see the `floor` module).
+        let probe = remote.take_probe(&lock_ref, old);
+        let commands: Vec<Command> = std::iter::once(command.clone()).chain(probe).collect();
+        let updates = if commands.len() > 1 {
+            Updates::EachAlone
+        } else {
+            Updates::Atomic
+        };
         // Gone or changed either way: a later look asks the remote. Lock refs are the
         // repository's, so a lock taken through another branch's address is forgotten there too.
         for remote in self.remotes_of(&at.repository) {
@@ -306,11 +304,11 @@ impl GitStore {
             }
         }
         let (report, unanswered) = match remote
-            .push_at_floor(vec![command.clone()], Vec::new(), Updates::Atomic)
+            .push_at_floor(commands.clone(), Vec::new(), updates)
             .await?
         {
             Some(report) => (report, false),
-            None => (remote.push(vec![command.clone()], Vec::new()).await?, true),
+            None => (remote.push_each(commands, Vec::new()).await?, true),
         };
         Ok(if report.all_ok(&[command]) {
             Release::Released

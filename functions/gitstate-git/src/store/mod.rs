@@ -123,8 +123,6 @@ pub struct GitStore {
     /// Repositories whose protocol record a LOCK of this process found agreeing (or pushed):
     /// only then may a LOCK skip the advertisement (the protocol floor).
     protocol_agreed: Mutex<HashSet<String>>,
-    /// Repositories where this process's push of the protocol record was refused.
-    protocol_declined: Mutex<HashSet<String>>,
 }
 
 /// The repository's work `f`, on a blocking thread.
@@ -170,7 +168,6 @@ impl GitStore {
                     local: None,
                     remotes: Mutex::default(),
                     protocol_agreed: Mutex::default(),
-                    protocol_declined: Mutex::default(),
                 },
                 url.clone(),
             )),
@@ -186,7 +183,6 @@ impl GitStore {
                         local: Some((id.clone(), refs, cache)),
                         remotes: Mutex::default(),
                         protocol_agreed: Mutex::default(),
-                        protocol_declined: Mutex::default(),
                     },
                     id,
                 ))

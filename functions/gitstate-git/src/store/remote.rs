@@ -68,8 +68,11 @@ pub(super) struct Remote {
     pub(super) made_locks: Mutex<HashMap<String, (ObjectId, Instant)>>,
     /// What the LOCK pushes of this process proved, by lock ref (see the `floor` module).
     pub(super) proofs: Mutex<HashMap<String, Proof>>,
-    /// The remote was seen to accept a ref inside another's name: a LOCK push cannot show a
-    /// ref's absence there (see the `floor` module).
+    /// The probes of this process's LOCKs that stand, by lock ref: the delete of each (see the
+    /// `floor` module).
+    pub(super) probes: Mutex<HashMap<String, Command>>,
+    /// The remote declined a LOCK push for its probe: no LOCK probes there (see the `floor`
+    /// module).
     pub(super) no_probes: AtomicBool,
     /// Writes waiting to be pushed together (see the `write` module).
     pub(super) batcher: Batcher,
@@ -97,6 +100,7 @@ impl Remote {
             deep_changes: Mutex::default(),
             made_locks: Mutex::default(),
             proofs: Mutex::default(),
+            probes: Mutex::default(),
             no_probes: AtomicBool::new(false),
             batcher,
             known_states: Mutex::default(),

@@ -216,7 +216,7 @@ impl World {
             _ if setup.push == PushMode::NoAtomic => None,
             true if setup.single_front => {
                 extra.push(("GITSTATE_SINGLE_FRONT", "true"));
-                Some(Duration::from_secs(65))
+                Some(Duration::from_secs(6))
             }
             true => None,
             false => Some(Duration::from_secs(65)),
@@ -543,15 +543,7 @@ fn as_of_lock(
     let mut out = answers.to_vec();
     for (((_, op), p), answer) in round.iter().zip(procs).zip(&mut out) {
         let name = op.name();
-        // With a single front, what a LOCK proved answers every GET until the process writes
-        // the state or the lock goes; else only the first.
-        let kept = model.proof_kept_by_reads && matches!(op, Op::Get { .. });
-        let proof = if kept {
-            model.proofs.get(&(*p, name)).cloned()
-        } else {
-            model.proofs.remove(&(*p, name))
-        };
-        let Some((proved, at)) = proof else {
+        let Some((proved, at)) = model.proofs.remove(&(*p, name)) else {
             continue;
         };
         let got = (answer.0 == 200).then(|| Version::of(&answer.1)).flatten();
@@ -1007,7 +999,6 @@ async fn steps_and_checks(
     let mut rng = StdRng::seed_from_u64(seed);
     let mut model = Model {
         proof_window: world.proof_window,
-        proof_kept_by_reads: world.single_front,
         ..Model::default()
     };
     let mut actors = vec![Actor::Idle; ACTORS];

@@ -203,8 +203,6 @@ pub struct Model {
     /// How long a LOCK's proof answers the first GET after it through that process; `None`:
     /// never (a host without atomic push, or `GITSTATE_LOCK_PROOF=false`).
     pub proof_window: Option<std::time::Duration>,
-    /// A GET leaves the proof standing (a single front); else the first GET ends it.
-    pub proof_kept_by_reads: bool,
 }
 
 impl Model {

@@ -38,6 +38,7 @@ use crate::protocol::{Command, Service, Updates};
 use crate::repository::NewCommit;
 use crate::settings::StateRefs;
 use crate::store::RemoteError;
+use crate::store::floor::probe_ref;
 use crate::store::known::{Home, Seen};
 use crate::store::remote::Remote;
 use crate::store::{GitStore, WriteError, WriteMode, blocking, null};
@@ -70,6 +71,8 @@ struct Start {
     floor: bool,
     /// When the look it rests on was asked for.
     at: Instant,
+    /// A LOCK's probe standing in the state ref's name (see the `floor` module), at this tip.
+    probe: Option<ObjectId>,
 }
 
 /// One update's fixed parts.
@@ -174,6 +177,7 @@ fn ref_floor(remote: &Remote, update: &Update<'_>) -> Option<Start> {
         mode: WriteMode::Atomic,
         floor: true,
         at: seen.at,
+        probe: None,
     })
 }
 
@@ -204,6 +208,7 @@ async fn ref_fresh(
         mode: WriteMode::of(&advert),
         floor: false,
         at: asked,
+        probe: advert.tip(&probe_ref(&update.state_ref)),
     }))
 }
 
@@ -256,10 +261,32 @@ async fn ref_round(
     if stored.as_deref() == Some(update.bytes.as_ref()) {
         return Ok(decided(Hop::Done(Written::Unchanged)));
     }
+    if let (None, Some(probe)) = (state_tip, start.probe) {
+        clear_probe(remote, update, probe).await?;
+    }
     let parent = state_tip.unwrap_or(start.branch);
     let (cache, owned, bytes) = (remote.cache.clone(), path.to_owned(), update.bytes.clone());
     let commit = blocking(move || cache.state_commit_on(parent, &owned, &bytes, &meta)).await?;
     push_state_commit(remote, update, start, state_tip, commit).await
+}
+
+/// Delete a LOCK's probe at `tip` that stands in the way of creating the state's ref: this write
+/// decided under the state's lock, or with no lock held, so the probe is of a lock released
+/// since (elsewhere, or by force) or of this very lock, whose holder is writing. A refusal is
+/// left to the create-only push that follows, which then loses and looks again.
+async fn clear_probe(
+    remote: &Remote,
+    update: &Update<'_>,
+    tip: ObjectId,
+) -> Result<(), RemoteError> {
+    let delete = Command {
+        old: tip,
+        new: null(),
+        name: probe_ref(&update.state_ref),
+    };
+    tracing::info!(probe = %delete.name, "deleting a LOCK's probe left standing in a state ref's name");
+    remote.push_each(vec![delete], Vec::new()).await?;
+    Ok(())
 }
 
 /// Push the state commit `commit` to the state's ref by compare-and-swap from `state_tip`
