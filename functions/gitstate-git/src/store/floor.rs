@@ -119,14 +119,29 @@ impl Remote {
         probes.insert(lock_ref.to_owned(), delete);
     }
 
-    /// The delete of the probe the LOCK of `lock_ref` made with the lock commit `commit`, taken
-    /// (the lock's release carries it).
-    pub(super) fn take_probe(&self, lock_ref: &str, commit: ObjectId) -> Option<Command> {
+    /// The delete of the probe of the lock commit `commit` at `lock_ref`, for the lock's release
+    /// to carry: the one this process's LOCK made (taken), or one at that commit in the last
+    /// listing of the state's refs (a lock another process made, released here by force).
+    pub(super) fn probe_of(
+        &self,
+        lock_ref: &str,
+        state_ref: &str,
+        commit: ObjectId,
+    ) -> Option<Command> {
         let mut probes = lock(&self.probes);
-        match probes.get(lock_ref) {
-            Some(delete) if delete.old == commit => probes.remove(lock_ref),
-            _ => None,
+        if let Some(delete) = probes.get(lock_ref)
+            && delete.old == commit
+        {
+            return probes.remove(lock_ref);
         }
+        drop(probes);
+        let name = probe_ref(state_ref);
+        let seen = lock(&self.known_states).tip(&name).flatten();
+        (seen == Some(commit)).then_some(Command {
+            old: commit,
+            new: null(),
+            name,
+        })
     }
 
     /// Whether a LOCK push may show a state ref's absence (see [`Probe`]).
@@ -298,14 +313,23 @@ impl GitStore {
             return None;
         }
         let state_ref = remote.state_ref(name.as_str());
-        let known = lock(&remote.known_states).tip(&state_ref);
+        let (known, left) = {
+            let known = lock(&remote.known_states);
+            let left = known.tip(&probe_ref(&state_ref)).flatten();
+            (known.tip(&state_ref), left)
+        };
         match known {
             Some(Some(tip)) => Some(Proving::new(&state_ref, tip, branch, Some(tip)).of(state_ref)),
             // Not where this process creates state refs itself (`always`): its own probe
             // would stand in the way of its first update.
-            _ if remote.probes_work() && self.options.state_refs != StateRefs::Always => Some(
-                Proving::absent(&at.branch.full_ref(), branch, &state_ref, lock_commit),
-            ),
+            _ if remote.probes_work() && self.options.state_refs != StateRefs::Always => {
+                Some(Proving::absent(
+                    &at.branch.full_ref(),
+                    branch,
+                    &state_ref,
+                    (lock_commit, left),
+                ))
+            }
             _ => None,
         }
     }
@@ -383,10 +407,13 @@ struct Probe {
 }
 
 impl Probe {
-    fn new(state_ref: &str, commit: ObjectId) -> Self {
+    /// The probe of the lock commit `commit`: created, or moved from `left` where this process
+    /// saw one left behind (at that tip it exists, so the state ref cannot; it then goes with
+    /// this lock's release).
+    fn new(state_ref: &str, commit: ObjectId, left: Option<ObjectId>) -> Self {
         Self {
             create: Command {
-                old: null(),
+                old: left.unwrap_or_else(null),
                 new: commit,
                 name: probe_ref(state_ref),
             },
@@ -435,11 +462,11 @@ impl Proving {
         branch_ref: &str,
         branch: ObjectId,
         state_ref: &str,
-        lock: ObjectId,
+        (lock, left): (ObjectId, Option<ObjectId>),
     ) -> Self {
         let proving = Self::new(branch_ref, branch, branch, None).of(state_ref.to_owned());
         Self {
-            probe: Some(Probe::new(state_ref, lock)),
+            probe: Some(Probe::new(state_ref, lock, left)),
             ..proving
         }
     }
@@ -570,7 +597,7 @@ mod tests {
     #[test]
     fn a_probe_proves_absence_with_the_branch_held() {
         let state_ref = format!("refs/gitstate/states/main/{}", "ab".repeat(20));
-        let proving = Proving::absent("refs/heads/main", id(1), &state_ref, id(2));
+        let proving = Proving::absent("refs/heads/main", id(1), &state_ref, (id(2), None));
         let commands = proving.commands();
         let names: Vec<&str> = commands.iter().map(|c| c.name.as_str()).collect();
         let probe = probe_ref(&state_ref);
@@ -586,6 +613,10 @@ mod tests {
             let expected = made.then(|| (probe.clone(), id(2), null()));
             assert_eq!(standing, expected, "{verdicts:?}");
         }
+        // A probe left behind at a tip this process saw is moved, not created.
+        let left = Proving::absent("refs/heads/main", id(1), &state_ref, (id(2), Some(id(9))));
+        let moved = &left.commands()[1];
+        assert_eq!((moved.old, moved.new), (id(9), id(2)));
         // A state's own ref: its assertion alone.
         let own = Proving::new(&state_ref, id(3), id(1), Some(id(3))).of(state_ref.clone());
         assert_eq!(own.commands().len(), 1);

@@ -289,7 +289,7 @@ impl GitStore {
         };
         // The probe this process's LOCK left standing goes with the lock, each delete alone
         // (see the `floor` module).
-        let probe = remote.take_probe(&lock_ref, old);
+        let probe = remote.probe_of(&lock_ref, &remote.state_ref(name.as_str()), old);
         let commands: Vec<Command> = std::iter::once(command.clone()).chain(probe).collect();
         let updates = if commands.len() > 1 {
             Updates::EachAlone
