@@ -700,12 +700,18 @@ async fn a_probe_left_behind_never_keeps_a_state_from_its_ref() {
     let settings = settings_for(&url, cache.path(), &[("GITSTATE_STATE_REFS", "always")]);
     let other = TestBackend::serve(app(&settings).await, cache).await;
     let other = Client::new(&other.url);
-    // Warm (capabilities, tip), then a LOCK that probes: its probe stands until the release.
+    // Warm (capabilities, tip), then a LOCK that probes: its probe stands until the release. A
+    // second GET under the lock (Terraform's create sends one) asks and sees the probe; the
+    // next LOCK still probes afresh, and its GET asks nothing.
     apply(&server, &front, "a-1", Some(&realistic_state(7, 60, 2))).await;
     front.lock(NAME, "a-2").await.expect(200);
     assert!(probe_tip().is_some(), "{probe}");
+    get(&front, NAME).await;
+    get(&front, NAME).await;
     front.unlock(NAME, "a-2").await.expect(200);
     assert_eq!(probe_tip(), None, "released with the lock");
+    let next = apply(&server, &front, "a-2b", None).await;
+    assert_eq!(next[1].1, Vec::<String>::new(), "{next:?}");
     front.lock(NAME, "a-3").await.expect(200);
     other.force_unlock(NAME).await.expect(200);
     assert_eq!(

@@ -352,15 +352,17 @@ impl Remote {
     fn note_pushed(&self, commands: &[Command], report: &PushReport) {
         let mut known = lock(&self.known_states);
         let verdicts = report.verdicts(commands);
-        // State refs only (a LOCK's probe is a ref inside one's name).
-        let states = commands
+        let landed = commands
             .iter()
             .zip(verdicts)
-            .filter(|(c, ok)| *ok && is_state_ref_of(&self.branch, &c.name));
+            .filter(|(c, ok)| *ok && c.name.starts_with(STATE_REF_PREFIX));
         let mut wrote_state = false;
-        for (command, _) in states {
+        for (command, _) in landed {
             known.saw(&command.name, Some(command.new).filter(|id| !id.is_null()));
-            wrote_state |= !command.new.is_null() && command.old != command.new;
+            // A state's write, not a LOCK's probe (a ref inside a state ref's name).
+            wrote_state |= is_state_ref_of(&self.branch, &command.name)
+                && !command.new.is_null()
+                && command.old != command.new;
         }
         drop(known);
         if wrote_state {
