@@ -208,10 +208,10 @@ impl World {
         if state_refs {
             extra.push(("GITSTATE_STATE_REFS", setup.state_refs));
         }
-        // Where the binary knows `GITSTATE_SINGLE_FRONT`, a GET never rests on a LOCK's proof
-        // unless a single front is declared (never here: requests spread over the processes);
-        // before that, the floor's first proof answered for 60 s (a few seconds more for the
-        // test's own pace).
+        // Where the binary knows `GITSTATE_SINGLE_FRONT`, a GET rests on a LOCK's proof only
+        // where a single front is declared ([`Setup::single_front`]), for 5 s (a second more
+        // for the test's own pace); before that setting, the floor's first proof answered for
+        // 60 s (a few seconds more).
         let proof_window = match knows_variable(binary, "GITSTATE_SINGLE_FRONT", "false").await {
             _ if setup.push == PushMode::NoAtomic => None,
             true if setup.single_front => {
