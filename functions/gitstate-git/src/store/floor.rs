@@ -149,13 +149,14 @@ impl Remote {
         !self.no_probes.load(Ordering::Relaxed)
     }
 
-    /// The remote does not enforce directory/file conflicts between refs: no more probes.
+    /// The remote declined a LOCK push for its probe's name: no more probes.
     fn probes_off(&self) {
         self.no_probes.store(true, Ordering::Relaxed);
     }
 
-    /// Delete the refs a probe left behind (see [`Probe`]), each alone. A failure is logged:
-    /// such a ref only keeps the state from getting a ref of its own until someone deletes it.
+    /// Delete probes that must not stand (made by a LOCK push whose lock did not land), each
+    /// alone. A failure is logged: such a probe costs the state's next GET after a LOCK a look
+    /// until a single front takes it over or a write that creates the state's ref deletes it.
     pub(super) async fn delete_leftovers(&self, leftovers: Vec<Command>) {
         if leftovers.is_empty() {
             return;
