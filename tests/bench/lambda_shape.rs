@@ -80,6 +80,37 @@ struct Phase {
     kinds: std::collections::BTreeMap<String, usize>,
     /// From the last answer until the branch had every write.
     lag: Duration,
+    /// Processor time while the applies ran (until the last answer): the git server's
+    /// processes, and the side's `gitstate serve` processes.
+    cpu: (Duration, Duration),
+}
+
+/// Processor time (user and system) in `/proc/<pid>/stat`: the process's own (`own`), or
+/// that of its children it has waited for (the git server's `git http-backend` and what they
+/// ran, for the bench process).
+fn cpu_of(pid: &str, own: bool) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command name, which is in parentheses and may hold spaces.
+    let rest = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<u64> = rest
+        .split_whitespace()
+        .map(|f| f.parse().unwrap_or(0))
+        .collect();
+    // utime and stime are fields 14 and 15, cutime and cstime 16 and 17 (1-based, counting the
+    // pid and the name); in clock ticks of 1/100 s (Linux's USER_HZ).
+    let at = if own { 11 } else { 13 };
+    let ticks = fields.get(at).copied().unwrap_or(0) + fields.get(at + 1).copied().unwrap_or(0);
+    Duration::from_millis(ticks * 10)
+}
+
+/// The side's serve processes' processor time, and the git server's so far.
+fn cpu_now(side: &Side) -> (Duration, Duration) {
+    let serve = side
+        ._procs
+        .iter()
+        .map(|p| cpu_of(&p.pid.to_string(), true))
+        .sum();
+    (cpu_of("self", false), serve)
 }
 
 /// The ref that takes state `path`'s writes on branch `main` in a build with state refs:
@@ -162,6 +193,7 @@ impl ScheduledFold {
 
 async fn phase(git: &GitServer, side: &Side, n: usize, serial: u64, write: bool) -> Phase {
     git.take_requests();
+    let cpu_before = cpu_now(side);
     let results = all_at_once(
         side,
         0..n,
@@ -174,6 +206,11 @@ async fn phase(git: &GitServer, side: &Side, n: usize, serial: u64, write: bool)
     // phase ends (and its requests are counted) once the branch has every state's newest
     // content. The time from the last answer until then is the branch's lag.
     let done = Instant::now();
+    let cpu_after = cpu_now(side);
+    let cpu = (
+        cpu_after.0.saturating_sub(cpu_before.0),
+        cpu_after.1.saturating_sub(cpu_before.1),
+    );
     if let Some(fold) = &side.scheduled
         && write
     {
@@ -198,6 +235,7 @@ async fn phase(git: &GitServer, side: &Side, n: usize, serial: u64, write: bool)
         requests: taken.len(),
         kinds,
         lag,
+        cpu,
     }
 }
 
@@ -221,6 +259,12 @@ async fn all_at_once(
         results.push(handle.await.expect("apply task"));
     }
     results
+}
+
+/// Processor time per apply of an update phase and a no-op phase, in milliseconds.
+fn per_apply(update: Duration, noop: Duration, n: usize) -> String {
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0 / n as f64;
+    format!("{:.0} / {:.0}", ms(update), ms(noop))
 }
 
 /// `1 … 200` concurrent applies in the Lambda shape at +50 ms per git request: update applies
@@ -322,11 +366,14 @@ pub async fn lambda_shape(out: &mut String, binary: &std::path::Path) {
          its state ref's; a build whose processes do not fold, `GITSTATE_FOLD_AFTER_WRITES=false` \
          as on Lambda, gets one `gitstate fold` after the applies, as the template's schedule \
          would run it, and its requests are counted too; the last column splits an update apply's \
-         requests by kind, the fold's share included); times per apply. Each \
+         requests by kind, the fold's share included); times per apply. Processor time per apply, \
+         from the start of a row's applies until the last answer (the scheduled fold not \
+         included): the git server's (`git http-backend` and every git process it ran, the \
+         auto gc included) and the side's `gitstate serve` processes'. Each \
          build has its own repository and processes; the builds take turns row by row. \
          `GITSTATE_BENCH_SIDE_ENV=NAME=VALUE` adds this build once more with that setting.\n\n\
-         | applies | gitstate | failed | git reqs per apply | p50 s | p95 s | max s | no-op reqs | no-op p95 s | p95 / no-op p95 | branch lag s | update reqs per apply, by kind |\n\
-         |---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+         | applies | gitstate | failed | git reqs per apply | p50 s | p95 s | max s | no-op reqs | no-op p95 s | p95 / no-op p95 | git server CPU ms per apply, update / no-op | gitstate CPU ms per apply, update / no-op | branch lag s | update reqs per apply, by kind |\n\
+         |---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
         DELAY.as_millis()
     ));
     for (serial, &n) in (2..).zip(levels.iter()) {
@@ -335,7 +382,7 @@ pub async fn lambda_shape(out: &mut String, binary: &std::path::Path) {
             let noop = phase(&git, side, n, serial, false).await;
             let (p95, base) = (update.each.pct(0.95), noop.each.pct(0.95));
             out.push_str(&format!(
-                "| {n} | {} | {} | {:.1} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} | {} |\n",
+                "| {n} | {} | {} | {:.1} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} | {} | {} | {:.2} | {} |\n",
                 side.label,
                 update.failed,
                 update.requests as f64 / n as f64,
@@ -345,6 +392,8 @@ pub async fn lambda_shape(out: &mut String, binary: &std::path::Path) {
                 noop.requests as f64 / n as f64,
                 base.as_secs_f64(),
                 p95.as_secs_f64() / base.as_secs_f64().max(f64::EPSILON),
+                per_apply(update.cpu.0, noop.cpu.0, n),
+                per_apply(update.cpu.1, noop.cpu.1, n),
                 update.lag.as_secs_f64(),
                 update
                     .kinds
