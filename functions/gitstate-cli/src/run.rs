@@ -109,7 +109,7 @@ pub async fn run(
         .context("assembling the backend")?;
     // The branch and the protocol record are checked before the program starts: a run that
     // would be refused on its first request does not start Terraform.
-    for found in crate::startup::ref_status(&app, &branch).await {
+    for found in crate::startup::ref_status(&app, &branch, true).await {
         match found {
             crate::startup::Found::Problem(problem) => {
                 bail!("gitstate run: refusing to start the program: {problem}")

@@ -184,7 +184,7 @@ pub async fn store(settings: &mut gitstate_app::Settings) -> Vec<Found> {
     match gitstate_app::build(settings.clone()).await {
         Ok(app) => {
             let mut found = vec![users(&app, &storage).await];
-            found.extend(ref_status(&app, &branch).await);
+            found.extend(ref_status(&app, &branch, false).await);
             found
         }
         Err(e) => vec![Found::Problem(format!(
@@ -198,14 +198,31 @@ pub async fn store(settings: &mut gitstate_app::Settings) -> Vec<Found> {
 /// protocol: the branch exists; the repository is empty (the first write creates it); it is
 /// missing beside others (refused, naming the remote's default branch, unless
 /// GITSTATE_CREATE_REF allows it); the lock ref prefix differs from the recorded one.
-pub async fn ref_status(app: &gitstate_app::App, branch: &str) -> Vec<Found> {
+/// `writes`: the process is about to write (the wrapper), so its one look is the one its first
+/// push needs, and a look refused to pushes is a warning.
+pub async fn ref_status(app: &gitstate_app::App, branch: &str, writes: bool) -> Vec<Found> {
     use gitstate_core::ports::BranchStatus;
     let at = match app.backend.locate(None, None) {
         Ok(at) => at,
         Err(e) => return vec![Found::Problem(gitstate_core::report::chain(&e))],
     };
-    let read = ReadContext::no_request();
-    let mut found = vec![match app.backend.branch_status(&at, &read).await {
+    // The start-up's looks are one request: the later ones reuse the first's answer.
+    let read = ReadContext::request(std::time::Instant::now(), None);
+    let mut found = Vec::new();
+    if writes {
+        match app.backend.ready_to_write(&at, &read).await {
+            Ok(None) => {}
+            Ok(Some(reason)) => found.push(Found::Warning(format!(
+                "the repository refused the look that pushes begin with ({reason}): locks and \
+                 writes may be refused (does the token allow pushing?)"
+            ))),
+            Err(e) => found.push(Found::Warning(format!(
+                "the look that pushes begin with failed ({}): the first LOCK looks again",
+                gitstate_core::report::chain(&e)
+            ))),
+        }
+    }
+    found.push(match app.backend.branch_status(&at, &read).await {
         Ok(BranchStatus::Exists) => Found::Ok(format!("branch {branch} exists (GITSTATE_REF)")),
         Ok(BranchStatus::Missing { others, .. }) if others.is_empty() => Found::Ok(format!(
             "branch {branch}: the repository is empty, the first write creates it"
@@ -224,12 +241,13 @@ pub async fn ref_status(app: &gitstate_app::App, branch: &str) -> Vec<Found> {
             }
         }
         Err(e) => {
-            return vec![Found::Problem(format!(
+            found.push(Found::Problem(format!(
                 "the repository cannot be read ({})",
                 gitstate_core::report::chain(&e)
-            ))];
+            )));
+            return found;
         }
-    }];
+    });
     match app.backend.protocol_status(&at).await {
         Ok(gitstate_core::protocol::Protocol::Differs {
             setting,

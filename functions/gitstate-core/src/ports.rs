@@ -394,6 +394,19 @@ pub trait StateStore: Send + Sync + 'static {
         Ok(BranchStatus::Exists)
     }
 
+    /// Before the first request of a process that is about to write to `at` (the wrapper, as it
+    /// starts): learn what its first push needs in one look (within the request `read` stands
+    /// for, so that the start-up's other looks reuse it). `Ok(Some(reason))`: that look failed,
+    /// and pushes may be refused (a token that may only read); reads go on. The default: a store
+    /// with nothing to learn.
+    async fn ready_to_write(
+        &self,
+        _at: &Location,
+        _read: &ReadContext,
+    ) -> Result<Option<String>, StoreError> {
+        Ok(None)
+    }
+
     /// Replay the writes kept on the states' own refs onto the branch (see [`crate::fold`]).
     /// The default: a store without such refs has nothing to fold.
     async fn fold(&self, _at: &Location) -> Result<crate::fold::FoldReport, StoreError> {

@@ -57,7 +57,7 @@ pub async fn serve(state: Option<&str>, args: &SettingsArgs) -> anyhow::Result<(
     } else {
         Some(startup::users(&app, &storage).await)
     };
-    let branch = startup::ref_status(&app, &branch).await;
+    let branch = startup::ref_status(&app, &branch, false).await;
     let mut out = std::io::stdout().lock();
     let base = format!("{}://{address}", listening.scheme());
     writeln!(out, "gitstate serving states from {storage} on {base}")?;

@@ -45,15 +45,16 @@ fn single_front() -> (&'static str, String) {
 
 /// `gitstate run -- terraform apply`, the whole command: each is a new, cold process in front of
 /// Terraform, so on top of the apply's own requests (at the floor: the wrapper is the single
-/// front of its Terraform, see [`SERVE_SINGLE_FRONT`]) come the wrapper's look at the
-/// repository when it starts (one advertisement: the branch and the protocol record) and the
-/// first LOCK's advertisement. A create adds the record of the lock ref prefix (the
-/// repository's first LOCK, one push) and Terraform's second GET of a state it did not find,
-/// which asks (what a LOCK proved answers one GET).
+/// front of its Terraform, see [`SERVE_SINGLE_FRONT`]) comes the wrapper's look at the
+/// repository when it starts: one receive-pack advertisement, which shows the branch and the
+/// protocol record and carries what the first LOCK needs to push without an advertisement of
+/// its own. The create here is the repository's first LOCK: it looks again (nothing recorded
+/// yet) and records the lock ref prefix (one push); Terraform's second GET of a state it did
+/// not find asks (what a LOCK proved answers one GET).
 const RUN: Requests = Requests {
     create: 7,
-    update: 5,
-    no_op: 4,
+    update: 4,
+    no_op: 3,
 };
 
 const STATE: &str = "shapes/app.tfstate";
@@ -122,6 +123,11 @@ fn config(dir: &Path, input: &str) {
 
 /// `gitstate run --state STATE -- terraform <args>` in `dir`: its git requests.
 async fn run(server: &GitServer, dir: &Path, args: &[&str]) -> Vec<String> {
+    run_and_say(server, dir, args).await.0
+}
+
+/// [`run`], and what the command wrote to its standard error.
+async fn run_and_say(server: &GitServer, dir: &Path, args: &[&str]) -> (Vec<String>, String) {
     server.take_requests();
     let out = tokio::process::Command::new(crate::GITSTATE)
         .args(["run", "--state", STATE, "--"])
@@ -148,7 +154,8 @@ async fn run(server: &GitServer, dir: &Path, args: &[&str]) -> Vec<String> {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    server.take_requests().iter().map(Seen::label).collect()
+    let labels = server.take_requests().iter().map(Seen::label).collect();
+    (labels, String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
 /// Real Terraform through the wrapper: the first apply creates the state, a changed input
@@ -189,5 +196,33 @@ async fn run_applies_stay_within_todays_git_requests() {
     assert_eq!(
         stored["serial"], 2,
         "create and update wrote, the no-op did not"
+    );
+    // A token that may only read: the wrapper's look for pushes is refused (403), it says so
+    // before Terraform starts, looks the way reads do, and a plan without a lock reads the state.
+    let repo = server.repo_dir("shapes");
+    let refuse = std::process::Command::new("git")
+        .args(["config", "http.receivepack", "false"])
+        .current_dir(&repo)
+        .status()
+        .expect("git config");
+    assert!(refuse.success());
+    let (labels, said) = run_and_say(
+        &server,
+        dir,
+        &["plan", "-lock=false", "-input=false", "-detailed-exitcode"],
+    )
+    .await;
+    eprintln!("gitstate run: a plan with a token that may only read: {labels:?}\n{said}");
+    assert!(
+        said.contains("refused the look that pushes begin with") && said.contains("403"),
+        "no warning that pushes may be refused: {said}"
+    );
+    assert_eq!(
+        labels
+            .iter()
+            .filter(|l| *l == "GET refs/upload-pack")
+            .count(),
+        labels.len() - 1,
+        "one refused push look, then reads: {labels:?}"
     );
 }

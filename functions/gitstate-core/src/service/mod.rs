@@ -307,6 +307,16 @@ impl Backend {
         Ok(status)
     }
 
+    /// Before a process that is about to write serves its first request (the wrapper, as it
+    /// starts): see [`crate::ports::StateStore::ready_to_write`].
+    pub async fn ready_to_write(
+        &self,
+        at: &Location,
+        read: &ReadContext,
+    ) -> Result<Option<String>, ServiceError> {
+        Ok(self.store.ready_to_write(at, read).await?)
+    }
+
     /// The rule that a branch is never created by accident: `Ok` when the branch of `at` exists,
     /// when the repository is empty (nothing but gitstate's own refs), or when the deployment
     /// allows creating branches; otherwise [`ServiceError::NoBranch`] naming the remote's default

@@ -58,6 +58,12 @@ impl Advert {
         self.refs.get(name).copied()
     }
 
+    /// Whether this is a receive-pack advertisement (the only kind that offers
+    /// `report-status`), which names no `HEAD`.
+    pub fn is_for_pushes(&self) -> bool {
+        self.has_cap("report-status")
+    }
+
     pub fn has_cap(&self, cap: &str) -> bool {
         self.caps
             .iter()

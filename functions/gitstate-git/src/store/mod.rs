@@ -371,6 +371,14 @@ impl StateStore for GitStore {
         Ok(GitStore::branch_status(self, at, read).await?)
     }
 
+    async fn ready_to_write(
+        &self,
+        at: &Location,
+        read: &ReadContext,
+    ) -> Result<Option<String>, StoreError> {
+        Ok(GitStore::ready_to_write(self, at, read).await?)
+    }
+
     async fn protocol(
         &self,
         at: &Location,

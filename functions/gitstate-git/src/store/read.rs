@@ -188,9 +188,14 @@ impl GitStore {
     ) -> Result<BranchStatus, ReadError> {
         let remote = self.remote(at)?;
         let branch = at.branch.full_ref();
-        let (advert, head) = remote.every_ref(read).await?;
+        let (mut advert, mut head) = remote.every_ref(read).await?;
         if advert.tip(&branch).is_some() {
             return Ok(BranchStatus::Exists);
+        }
+        // The look `read` reused was for pushes ([`Self::ready_to_write`]), which does not name
+        // `HEAD`: the branch is missing, so ask the look that does.
+        if head.is_none() && advert.is_for_pushes() {
+            (advert, head) = remote.every_ref(&ReadContext::no_request()).await?;
         }
         let locks = self.options.lock_ref_prefix.as_str();
         let mut others: Vec<String> = advert
@@ -203,6 +208,41 @@ impl GitStore {
             .filter(|head| others.contains(head))
             .map(|head| head.trim_start_matches("refs/heads/").to_owned());
         Ok(BranchStatus::Missing { default, others })
+    }
+
+    /// Before the first request of a process that is about to write (the wrapper, as it
+    /// starts): one receive-pack advertisement, which lists every ref as the start-up's other
+    /// looks need (within `read`, they reuse it) and carries the push capabilities, so the first
+    /// LOCK may go at the floor (see the `floor` module) without an advertisement of its own:
+    /// the branch tip is brought into the cache, and a protocol record that agrees is noted as
+    /// a LOCK's look would. `Some(reason)`: the advertisement failed (a token that may only
+    /// read is refused it); the start-up's looks go on without it.
+    pub(super) async fn ready_to_write(
+        &self,
+        at: &Location,
+        _read: &ReadContext,
+    ) -> Result<Option<String>, ReadError> {
+        let remote = self.remote(at)?;
+        let branch = at.branch.full_ref();
+        let advert = match remote
+            .refs(Service::ReceivePack, vec![branch.clone()])
+            .await
+        {
+            Ok(advert) => advert,
+            Err(error) => return Ok(Some(gitstate_core::report::chain(&error))),
+        };
+        if gitstate_core::protocol::check(
+            &self.options.lock_ref_prefix,
+            advert.refs.keys().map(String::as_str),
+        ) == gitstate_core::protocol::Protocol::Agrees
+        {
+            crate::sync::lock(&self.protocol_agreed).insert(at.repository.clone());
+        }
+        if let Some(tip) = advert.tip(&branch) {
+            remote.ensure(vec![tip]).await?;
+            remote.saw_tip(tip);
+        }
+        Ok(None)
     }
 
     /// The advertised tip of the branch, fetched into the cache.
