@@ -1162,3 +1162,84 @@ async fn a_create_at_the_floor_never_lands_beside_a_ref_left_since_its_look() {
         );
     }
 }
+
+/// F12: a state's own ref moved by hand to a commit without the state's file, while the branch
+/// has the file. Neither "no state" (404: Terraform would plan against an empty state) nor the
+/// branch's older file is the answer: every read and write of that state fails loudly (500,
+/// the backend's log naming the ref) and changes nothing, in a warm process and in a cold one,
+/// until a person mends the ref.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_ref_without_the_state_s_file_never_reads_as_no_state() {
+    use gitstate_tests::{Client, state_json};
+    let env = [("GITSTATE_STATE_REFS", "always")];
+    let (server, url, root, procs) = site(gitstate_tests::PushMode::Atomic, "bad", 1, &env).await;
+    let warm = Client::new(&procs[0].url);
+    let x = "team/bad.tfstate";
+    for serial in 1..=2 {
+        write_on(
+            &warm,
+            x,
+            "main",
+            &format!("w{serial}"),
+            state_json("bad", serial),
+        )
+        .await;
+    }
+    let bare = Bare::new(&server.repo_dir("bad"), "main");
+    let name = bare.state_ref(x);
+    let good = bare
+        .tip(&name)
+        .expect("the second write made the state's ref");
+    // A commit whose tree has another file only.
+    let blob = bare.git(&["hash-object", "-w", "--stdin"], &[], b"not a state\n");
+    let tree = bare.git(
+        &["mktree"],
+        &[],
+        format!("100644 blob {}\tother.txt\n", blob.trim()).as_bytes(),
+    );
+    let wrong = bare.git(&["commit-tree", tree.trim(), "-m", "by hand"], &[], b"");
+    bare.git(&["update-ref", &name, wrong.trim(), &good], &[], b"");
+    let cold = processes(&url, &root.path().join("cold"), 1, &env).await;
+    let cold_client = Client::new(&cold[0].url);
+    for (who, client, log) in [
+        ("warm", &warm, &procs[0].log),
+        ("cold", &cold_client, &cold[0].log),
+    ] {
+        let got = client.get_state(x).await;
+        assert_eq!(
+            got.status, 500,
+            "{who}: GET of a state whose ref lacks its file: {}",
+            got.body
+        );
+        let logged = std::fs::read_to_string(log).expect("the log");
+        assert!(
+            logged.contains(&format!(
+                "the state ref {name} (commit {}) has no file",
+                wrong.trim()
+            )),
+            "{who}: the log does not name the ref: {logged}"
+        );
+        let id = format!("{who}-lock");
+        assert_eq!(client.lock(x, &id).await.status, 200, "{who}: LOCK");
+        let wrote = client.write_locked(x, &id, &state_json("bad", 3)).await;
+        assert_eq!(
+            wrote.status, 500,
+            "{who}: a write over a state whose ref lacks its file: {} {}",
+            wrote.status, wrote.body
+        );
+        assert_eq!(client.unlock(x, &id).await.status, 200, "{who}: UNLOCK");
+        assert_eq!(
+            bare.tip(&name).as_deref(),
+            Some(wrong.trim()),
+            "{who}: the ref is as the person left it"
+        );
+    }
+    assert_eq!(
+        bare.file(x).as_deref(),
+        Some(state_json("bad", 1).as_bytes()),
+        "the branch's file is untouched"
+    );
+    // Mended by hand, the state reads as its newest write again.
+    bare.git(&["update-ref", &name, &good, wrong.trim()], &[], b"");
+    assert_eq!(cold_client.get_state(x).await.body, state_json("bad", 2));
+}

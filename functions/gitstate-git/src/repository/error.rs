@@ -43,6 +43,17 @@ pub enum Corruption {
     /// The index of a pack just received cannot be read back.
     #[error("the index of a received pack: {0}")]
     PackIndex(String),
+    /// A state's own ref whose commit lacks the state's file while the branch has it: a ref
+    /// gitstate did not make (a state commit's tree holds its one file), so neither "no
+    /// state" nor the branch's older file is the answer.
+    #[error(
+        "the state ref {name} (commit {commit}) has no file {path}, but the branch has it: the ref was not made by gitstate; delete it or point it at the state's newest commit"
+    )]
+    StateRef {
+        name: String,
+        commit: gix::ObjectId,
+        path: String,
+    },
     /// The fold record on the branch is not a record: folding from it could replay writes
     /// twice or refuse states wrongly, so no fold runs until a person mends it.
     #[error(

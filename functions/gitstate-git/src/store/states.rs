@@ -14,7 +14,7 @@ use super::known::{is_state_ref_of, states_of};
 use super::remote::Remote;
 use super::{GitStore, blocking};
 use crate::protocol::{Advert, Service};
-use crate::repository::Cache;
+use crate::repository::{Cache, Corruption};
 use crate::store::RemoteError;
 use crate::sync::lock;
 
@@ -183,8 +183,26 @@ impl Remote {
         if !self.branch_has(tip, path).await? {
             return Ok(None);
         }
+        self.read_state_commit(state, path).await.map(Some)
+    }
+
+    /// `path` as the state commit `state` holds it, for a state the branch has: a state commit
+    /// without the file is a damaged ref ([`Corruption::StateRef`]), never "no state".
+    pub(super) async fn read_state_commit(
+        &self,
+        state: ObjectId,
+        path: &str,
+    ) -> Result<Vec<u8>, RemoteError> {
         self.ensure_state(vec![state]).await?;
-        self.read(state, path.to_owned()).await
+        match self.read(state, path.to_owned()).await? {
+            Some(content) => Ok(content),
+            None => Err(Corruption::StateRef {
+                name: self.state_ref(path),
+                commit: state,
+                path: path.to_owned(),
+            }
+            .into()),
+        }
     }
 
     /// Whether the branch commit `tip` has a file at `path` (its trees are fetched if missing).

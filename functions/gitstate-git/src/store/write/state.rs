@@ -239,10 +239,7 @@ async fn ref_round(
         _ => return Ok(decided(Hop::Branch)),
     };
     let stored = match state_tip {
-        Some(state_tip) => {
-            remote.ensure_state(vec![state_tip]).await?;
-            remote.read(state_tip, path.to_owned()).await?
-        }
+        Some(state_tip) => Some(remote.read_state_commit(state_tip, path).await?),
         None => remote.read(start.branch, path.to_owned()).await?,
     };
     let held = match start.lock_tip {
