@@ -1626,9 +1626,11 @@ fn invariants(
     for name in after.refs.keys() {
         let allowed = match name.strip_prefix(prefix) {
             Some(state) => valid_path(state),
-            // The record of the lock ref prefix, and only this backend's.
+            // The record of the lock ref prefix, and only this backend's (and the fence of a
+            // backend that writes states to their own refs).
             None if name.starts_with(gitstate_core::protocol::PROTOCOL_PREFIX) => {
                 *name == gitstate_core::protocol::lock_prefix_record(prefix)
+                    || *name == gitstate_core::protocol::STATE_REFS_FENCE
             }
             None => name
                 .strip_prefix("refs/heads/")

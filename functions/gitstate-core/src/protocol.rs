@@ -14,6 +14,29 @@ const LOCK_PREFIX_RECORD: &str = "refs/gitstate/protocol/lock-ref-prefix/";
 /// The file in a record's commit.
 pub const PROTOCOL_FILE: &str = "protocol.json";
 
+/// The fence: a record among the lock ref prefix records whose value is no lock ref prefix.
+/// Versions of gitstate from before states had refs of their own (which would read the branch
+/// and write behind a state's ref) read it as another deployment's prefix, so they refuse to
+/// lock (412) and to start, naming it; this version ignores it. A backend that may write states
+/// to their own refs records it with its first LOCK of the repository.
+pub const STATE_REFS_FENCE: &str =
+    "refs/gitstate/protocol/lock-ref-prefix/upgrade-gitstate-states-live-on-refs";
+
+/// What the fence's commit holds, for whoever looks at it with git.
+pub fn fence_file() -> Vec<u8> {
+    let mut text = serde_json::to_vec_pretty(&serde_json::json!({
+        "fence": "states of this repository may live on refs/gitstate/states/<branch>/<sha1 of the path>: gitstate versions that do not read them refuse to lock here",
+    }))
+    .unwrap_or_default();
+    text.push(b'\n');
+    text
+}
+
+/// Whether `refs` (any refs) hold the fence.
+pub fn fenced<'a>(refs: impl IntoIterator<Item = &'a str>) -> bool {
+    refs.into_iter().any(|r| r == STATE_REFS_FENCE)
+}
+
 /// How a backend's settings stand against the repository's record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Protocol {
@@ -51,6 +74,7 @@ pub fn record_file(lock_ref_prefix: &str) -> Vec<u8> {
 pub fn check<'a>(lock_ref_prefix: &str, refs: impl IntoIterator<Item = &'a str>) -> Protocol {
     let mut recorded: Vec<String> = refs
         .into_iter()
+        .filter(|r| *r != STATE_REFS_FENCE)
         .filter_map(|r| r.strip_prefix(LOCK_PREFIX_RECORD))
         .map(|value| format!("{value}/"))
         .collect();
@@ -71,6 +95,42 @@ pub fn check<'a>(lock_ref_prefix: &str, refs: impl IntoIterator<Item = &'a str>)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The check of versions from before the fence: this one, without the fence's exclusion.
+    fn check_before_the_fence<'a>(prefix: &str, refs: impl IntoIterator<Item = &'a str>) -> bool {
+        refs.into_iter()
+            .filter_map(|r| r.strip_prefix(LOCK_PREFIX_RECORD))
+            .any(|value| format!("{value}/") != prefix)
+    }
+
+    #[test]
+    fn the_fence_stops_versions_before_it_and_no_other() {
+        for ours in ["refs/heads/locks/", "refs/locks/", "refs/a/b/c/"] {
+            let record = lock_prefix_record(ours);
+            // This version: the fence changes nothing, recorded or not.
+            for refs in [
+                vec![record.as_str()],
+                vec![record.as_str(), STATE_REFS_FENCE],
+            ] {
+                assert_eq!(check(ours, refs.iter().copied()), Protocol::Agrees);
+            }
+            assert_eq!(check(ours, [STATE_REFS_FENCE]), Protocol::Unrecorded);
+            assert!(fenced([record.as_str(), STATE_REFS_FENCE]));
+            assert!(!fenced([record.as_str()]));
+            // A version before it reads the fence as another deployment's prefix, whatever its own.
+            assert!(!check_before_the_fence(ours, [record.as_str()]));
+            assert!(check_before_the_fence(
+                ours,
+                [record.as_str(), STATE_REFS_FENCE]
+            ));
+        }
+        // No lock ref prefix can be the fence's value (prefixes start with `refs/`), and the
+        // fence is no folder or file of any prefix's record (no directory/file conflict).
+        let value = STATE_REFS_FENCE
+            .strip_prefix(LOCK_PREFIX_RECORD)
+            .expect("a record");
+        assert!(!value.starts_with("refs") && !value.contains('/'));
+    }
 
     #[test]
     fn records_name_their_value_and_differences_name_both() {

@@ -1243,3 +1243,59 @@ async fn a_state_ref_without_the_state_s_file_never_reads_as_no_state() {
     bare.git(&["update-ref", &name, &good, wrong.trim()], &[], b"");
     assert_eq!(cold_client.get_state(x).await.body, state_json("bad", 2));
 }
+
+/// F9: gitstate versions from before states had refs of their own would read the branch and
+/// write behind a state's ref. A backend that may write states to their own refs
+/// (`GITSTATE_STATE_REFS=always` on a host that pushes atomically) records the fence with its
+/// first LOCK of the repository: those versions read it as another deployment's lock ref prefix
+/// and refuse to lock and to start (the protocol's unit test shows how such a version reads
+/// it). It is added beside a prefix recorded before it came; backends that never make state refs
+/// (`auto`, or no atomic push) do not record it; and this version locks as before either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backends_that_write_states_to_refs_fence_off_versions_that_do_not_read_them() {
+    use gitstate_core::protocol::{STATE_REFS_FENCE, lock_prefix_record};
+    use gitstate_tests::{Client, PushMode};
+    let record = lock_prefix_record("refs/heads/locks/");
+    for (push, refs, fenced) in [
+        (PushMode::Atomic, "always", true),
+        (PushMode::Atomic, "auto", false),
+        (PushMode::NoAtomic, "always", false),
+    ] {
+        let what = format!("{push:?}, {refs}");
+        let env = [("GITSTATE_STATE_REFS", refs)];
+        let (server, url, root, procs) = site(push, "fence", 1, &[]).await;
+        let bare = Bare::new(&server.repo_dir("fence"), "main");
+        // A backend that never makes state refs (as versions before the fence) locked first.
+        let before = Client::new(&procs[0].url);
+        before.lock("a.tfstate", "first").await.expect(200);
+        before.unlock("a.tfstate", "first").await.expect(200);
+        assert!(
+            bare.tip(&record).is_some(),
+            "{what}: the prefix is recorded"
+        );
+        assert_eq!(bare.tip(STATE_REFS_FENCE), None, "{what}: no fence yet");
+        let now = processes(&url, &root.path().join("now"), 1, &env).await;
+        let client = Client::new(&now[0].url);
+        for round in 0..2 {
+            let id = format!("now-{round}");
+            client.lock("a.tfstate", &id).await.expect(200);
+            client.unlock("a.tfstate", &id).await.expect(200);
+        }
+        assert_eq!(
+            bare.tip(STATE_REFS_FENCE).is_some(),
+            fenced,
+            "{what}: the fence after a LOCK"
+        );
+        if fenced {
+            let why = bare.git(
+                &["show", &format!("{STATE_REFS_FENCE}:protocol.json")],
+                &[],
+                b"",
+            );
+            assert!(why.contains("refs/gitstate/states/"), "{what}: {why}");
+        }
+        // Backends of this version lock as before beside the fence, whatever their setting.
+        before.lock("a.tfstate", "after").await.expect(200);
+        before.unlock("a.tfstate", "after").await.expect(200);
+    }
+}

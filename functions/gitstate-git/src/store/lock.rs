@@ -13,12 +13,31 @@ use gitstate_core::refs::{Clash, branch_clash, lock_clash};
 use gitstate_core::{BranchName, LockInfo, StateName};
 
 use super::remote::Remote;
-use super::{GitStore, ListError, LockError, ReadError, RemoteError, UnlockError, blocking, null};
+use super::{
+    GitStore, ListError, LockError, ReadError, RemoteError, UnlockError, WriteMode, blocking, null,
+};
 use crate::protocol::Command;
 use crate::protocol::{Advert, Service, Updates};
 use crate::repository::Corruption;
 use crate::repository::NewCommit;
+use crate::settings::StateRefs;
 use crate::sync::lock;
+
+/// What a LOCK records in the repository once it holds the lock (see
+/// [`GitStore::protocol_for_lock`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ToRecord {
+    /// The lock ref prefix: nothing is recorded yet.
+    prefix: bool,
+    /// The fence: this backend may write states to their own refs.
+    fence: bool,
+}
+
+impl ToRecord {
+    fn nothing(self) -> bool {
+        !self.prefix && !self.fence
+    }
+}
 
 /// How often a LOCK looks again after its tree check raced a write or its push was refused
 /// without a holder or a clashing lock to show for it.
@@ -56,11 +75,21 @@ impl GitStore {
     }
 
     /// The protocol rule of a LOCK, from the advertisement it decides on: a record of another
-    /// lock ref prefix refuses it ([`LockError::ProtocolMismatch`]); `Ok(true)`: nothing is
-    /// recorded yet, the LOCK records this prefix once it holds the lock.
-    fn protocol_for_lock(&self, at: &Location, advert: &Advert) -> Result<bool, LockError> {
+    /// lock ref prefix refuses it ([`LockError::ProtocolMismatch`]); otherwise what the LOCK
+    /// records once it holds the lock: this prefix, where nothing is recorded yet, and the fence
+    /// ([`gitstate_core::protocol::STATE_REFS_FENCE`]), where this backend may write states to
+    /// their own refs and the repository lacks it.
+    pub(super) fn protocol_for_lock(
+        &self,
+        at: &Location,
+        advert: &Advert,
+    ) -> Result<ToRecord, LockError> {
         let prefix = &self.options.lock_ref_prefix;
-        match gitstate_core::protocol::check(prefix, advert.refs.keys().map(String::as_str)) {
+        let refs = || advert.refs.keys().map(String::as_str);
+        let fence = self.options.state_refs == StateRefs::Always
+            && WriteMode::of(advert) == WriteMode::Atomic
+            && !gitstate_core::protocol::fenced(refs());
+        match gitstate_core::protocol::check(prefix, refs()) {
             Protocol::Differs {
                 setting,
                 ours,
@@ -71,41 +100,71 @@ impl GitStore {
                 recorded,
             }),
             Protocol::Agrees => {
-                lock(&self.protocol_agreed).insert(at.repository.clone());
-                Ok(false)
+                if !fence {
+                    lock(&self.protocol_agreed).insert(at.repository.clone());
+                }
+                Ok(ToRecord {
+                    prefix: false,
+                    fence,
+                })
             }
-            Protocol::Unrecorded => Ok(true),
+            Protocol::Unrecorded => Ok(ToRecord {
+                prefix: true,
+                fence,
+            }),
         }
     }
 
-    /// Record this store's lock ref prefix in the repository: a create-only push of its record
-    /// ref, once per repository. A host that refuses the ref (some allow only branches and tags)
-    /// gets a warning; locking goes on as before.
-    async fn record_protocol(&self, remote: &Remote, at: &Location, meta: &CommitMeta) {
+    /// Record what `what` names in the repository: create-only pushes of their record refs,
+    /// each alone, once per repository. A host that refuses them (some allow only branches and
+    /// tags) gets a warning; locking goes on as before.
+    async fn record_protocol(
+        &self,
+        remote: &Remote,
+        at: &Location,
+        meta: &CommitMeta,
+        what: ToRecord,
+    ) {
         let prefix = &self.options.lock_ref_prefix;
         let record = async {
-            let meta = CommitMeta {
-                message: format!(
-                    "record the lock ref prefix {prefix}
-"
-                ),
-                ..meta.clone()
-            };
-            let commit = remote
-                .commit(
-                    None,
-                    PROTOCOL_FILE.to_owned(),
-                    Some(Bytes::from(gitstate_core::protocol::record_file(prefix))),
-                    meta,
-                )
-                .await?;
-            let command = Command {
-                old: null(),
-                new: commit.id,
-                name: gitstate_core::protocol::lock_prefix_record(prefix),
-            };
-            let report = remote.push(vec![command.clone()], commit.objects).await?;
-            Ok::<bool, RemoteError>(report.all_ok(&[command]))
+            let mut records = Vec::new();
+            if what.prefix {
+                records.push((
+                    gitstate_core::protocol::lock_prefix_record(prefix),
+                    format!("record the lock ref prefix {prefix}\n"),
+                    gitstate_core::protocol::record_file(prefix),
+                ));
+            }
+            if what.fence {
+                records.push((
+                    gitstate_core::protocol::STATE_REFS_FENCE.to_owned(),
+                    "fence off gitstate versions that do not read states' own refs\n".to_owned(),
+                    gitstate_core::protocol::fence_file(),
+                ));
+            }
+            let (mut commands, mut objects) = (Vec::new(), Vec::new());
+            for (name, message, file) in records {
+                let meta = CommitMeta {
+                    message,
+                    ..meta.clone()
+                };
+                let commit = remote
+                    .commit(
+                        None,
+                        PROTOCOL_FILE.to_owned(),
+                        Some(Bytes::from(file)),
+                        meta,
+                    )
+                    .await?;
+                commands.push(Command {
+                    old: null(),
+                    new: commit.id,
+                    name,
+                });
+                objects.extend(commit.objects);
+            }
+            let report = remote.push_each(commands.clone(), objects).await?;
+            Ok::<bool, RemoteError>(report.all_ok(&commands))
         };
         match record.await {
             Ok(true) => {
@@ -214,7 +273,7 @@ impl GitStore {
             }
             let attempt_started = Instant::now();
             let advert = self.lock_advert(&remote, at, &lock_ref).await?;
-            let unrecorded = self.protocol_for_lock(at, &advert)?;
+            let to_record = self.protocol_for_lock(at, &advert)?;
             if let Some(tip) = advert.tip(&lock_ref) {
                 return Ok(Acquire::Held(self.held(&remote, tip, name).await?));
             }
@@ -249,8 +308,8 @@ impl GitStore {
                 continue;
             };
             let Some(report) = pushed.settle(&remote, &lock_ref).await else {
-                if unrecorded {
-                    self.record_protocol(&remote, at, meta).await;
+                if !to_record.nothing() {
+                    self.record_protocol(&remote, at, meta, to_record).await;
                 }
                 return Ok(Acquire::Acquired);
             };

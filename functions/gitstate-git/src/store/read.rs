@@ -231,13 +231,9 @@ impl GitStore {
             Ok(advert) => advert,
             Err(error) => return Ok(Some(gitstate_core::report::chain(&error))),
         };
-        if gitstate_core::protocol::check(
-            &self.options.lock_ref_prefix,
-            advert.refs.keys().map(String::as_str),
-        ) == gitstate_core::protocol::Protocol::Agrees
-        {
-            crate::sync::lock(&self.protocol_agreed).insert(at.repository.clone());
-        }
+        // Notes the protocol as agreed when nothing is left to record, as a LOCK's look would;
+        // a mismatch or a record to make is the first LOCK's, on its normal path.
+        let _ = self.protocol_for_lock(at, &advert);
         if let Some(tip) = advert.tip(&branch) {
             remote.ensure(vec![tip]).await?;
             remote.saw_tip(tip);
