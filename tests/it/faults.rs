@@ -415,3 +415,50 @@ async fn an_unlock_whose_answer_was_lost_succeeds_and_spares_the_next_holder() {
     );
     b.unlock(name, "b-1").await.expect(200);
 }
+
+/// A DELETE whose push landed but whose answer was lost: the retry finds the state gone, by its
+/// own push, and the DELETE answers 200 (it answered 404 "no state stored", which Terraform and
+/// a person read as "nothing was deleted"). The state is deleted once, and a DELETE of a state
+/// that is not there still answers 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_whose_answer_was_lost_answers_that_it_deleted() {
+    let server = GitServer::start().await;
+    server.create_repo("gone");
+    let proxy = FaultProxy::start(server.address, 5, 0.0, Vec::new()).await;
+    let backend = TestBackend::start(&proxy.url("gone"), &[]).await;
+    let a = Client::new(&backend.url);
+    let name = "gone/app.tfstate";
+    a.lock(name, "a-0").await.expect(200);
+    for serial in 1..=2 {
+        a.write_locked(name, "a-0", &state_json("lineage-gone", serial))
+            .await
+            .expect(200);
+    }
+    // The next request is the delete's push (a warm process decides at the floor): it lands,
+    // and its answer is lost.
+    server.take_requests();
+    let (release, _forwarded) = proxy.lose_next_answer_held();
+    release.notify_one();
+    let deleted = a.delete_state(name, Some("a-0")).await;
+    assert_eq!(deleted.status, 200, "{}", deleted.body);
+    let labels: Vec<String> = server
+        .take_requests()
+        .iter()
+        .map(gitstate_tests::Seen::label)
+        .collect();
+    assert_eq!(
+        labels.first().map(String::as_str),
+        Some("POST receive-pack"),
+        "{labels:?}"
+    );
+    a.get_state(name).await.expect(404);
+    let history = a.history(name, "per_page=10").await.expect(200).history();
+    let deletes = history.versions.iter().filter(|v| v.deleted).count();
+    assert_eq!(deletes, 1, "deleted once: {history:?}");
+    assert_eq!(
+        a.delete_state(name, Some("a-0")).await.status,
+        404,
+        "a DELETE of a state that is not there"
+    );
+    a.unlock(name, "a-0").await.expect(200);
+}

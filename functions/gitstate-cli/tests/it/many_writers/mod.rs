@@ -446,8 +446,7 @@ fn plan_round(rng: &mut StdRng, model: &mut Model, actors: &[Actor]) -> Vec<(usi
 
 /// A request answered with a 5xx, to settle against the repository: the name, what it may have
 /// written (`Some(None)`: a delete), and how long the name's history was before the round.
-/// With `true`, it must have landed.
-type Unsure = (&'static str, Option<Option<Version>>, usize, bool);
+type Unsure = (&'static str, Option<Option<Version>>, usize);
 
 /// Judge a round's answers against the model as it was before the round, then apply them.
 fn settle_round(
@@ -509,9 +508,9 @@ fn settle_round(
     }
     let mut unsure = Vec::new();
     for effect in &effects {
-        if let Effect::Unsure(name, wrote, landed) = effect {
+        if let Effect::Unsure(name, wrote) = effect {
             let before = model.history.get(name).map_or(0, Vec::len);
-            unsure.push((*name, wrote.clone(), before, *landed));
+            unsure.push((*name, wrote.clone(), before));
         }
     }
     for effect in &effects {
@@ -599,14 +598,10 @@ async fn settle_unsure(
         return Ok(());
     }
     world.server.quiesce().await;
-    for (name, wrote, before, landed) in unsure {
-        model.count(if landed {
-            "DELETE answered 404 after it landed (DELETE_404_AFTER_LOST_ANSWER)"
-        } else {
-            "5xx settled"
-        });
+    for (name, wrote, before) in unsure {
+        model.count("5xx settled");
         if let Some(wrote) = wrote {
-            settle_write(world, model, name, wrote, before, landed).await?;
+            settle_write(world, model, name, wrote, before).await?;
         }
         let held = held_lock_id(&world.repo(), name);
         if held.as_ref() != model.locks.get(name) {
@@ -649,17 +644,11 @@ async fn settle_write(
     name: &'static str,
     wrote: Option<Version>,
     before: usize,
-    landed: bool,
 ) -> Result<(), String> {
     let got = api_serials(&world.clients[0], name).await;
     let want = model.serials(name);
     let serial = wrote.as_ref().map(|v| v.serial);
     eprintln!("5xx {name} {wrote:?}: history {got:?}, model {want:?}");
-    if got == want && landed {
-        return Err(format!(
-            "{name}: a DELETE answered 404 while the state was stored"
-        ));
-    }
     if got == want {
         // A write's own content never appears later (the history comparisons, exact, also say
         // so); a restore's content is an older version's, which a later restore may write

@@ -316,9 +316,8 @@ pub enum Effect {
     Deleted(&'static str),
     /// A 5xx: settled against the repository once the round is over. What the request may
     /// have written (`Some(None)`: a delete) landed once or never; its lock, or the lock the
-    /// backend took for it, is read again. With `true`, it must have landed (a request that
-    /// answered as if it had not, see [`DELETE_404_AFTER_LOST_ANSWER`]).
-    Unsure(&'static str, Option<Option<Version>>, bool),
+    /// backend took for it, is read again.
+    Unsure(&'static str, Option<Option<Version>>),
 }
 
 fn expect(want: &[u16], status: u16, body: &str, op: &Op) -> Result<(), String> {
@@ -375,9 +374,6 @@ pub fn judge(model: &Model, (op, status, body): Answered<'_>) -> Result<Effect, 
             }
         }
         Op::WriteUnlocked { version, .. } => judge_unlocked_write(model, op, version, status, body),
-        Op::Delete { .. } if deleted_answered_404(model, op, status) => {
-            Ok(Effect::Unsure(name, Some(None), true))
-        }
         Op::Delete { id, .. } => {
             if holder != Some(id) {
                 return expect(&[409, 423], status, body, op).map(|()| Effect::None);
@@ -509,18 +505,7 @@ fn failed(model: &Model, op: &Op) -> Effect {
             .only_version(name, *serial)
             .map(|from| Some(restored(model, name, from))),
     };
-    Effect::Unsure(name, wrote, false)
-}
-
-/// DELETE_404_AFTER_LOST_ANSWER (a known bug, issue 27): when the answer to a
-/// delete's push is lost after the git server acted (the fault proxy's `LoseAnswer`), the store
-/// tries the round again, finds the state gone (its own delete) and answers 404 "no state
-/// stored". Such an answer is accepted here only if the delete did land, exactly once; a write
-/// in the same spot finds its content unchanged and answers 200, as it should.
-fn deleted_answered_404(model: &Model, op: &Op, status: u16) -> bool {
-    matches!(op, Op::Delete { id, name } if status == 404
-        && model.locks.get(name) == Some(id)
-        && model.newest(name).is_some())
+    Effect::Unsure(name, wrote)
 }
 
 fn judge_history(model: &Model, op: &Op, status: u16, body: &str) -> Result<Effect, String> {

@@ -3,6 +3,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
@@ -60,6 +61,9 @@ pub(super) struct Job {
     pub(super) started: Instant,
     /// The last transient failure, the answer if the write runs out of attempts.
     pub(super) last_error: Option<WriteError>,
+    /// A push of this write's commit went out: it may have landed, whatever the round heard
+    /// back (an answer lost on the way, a refusal of a second push after the first's error).
+    pub(super) sent: AtomicBool,
     reply: oneshot::Sender<Reply>,
 }
 
@@ -82,6 +86,7 @@ impl Job {
             attempts: 0,
             started,
             last_error: None,
+            sent: AtomicBool::new(false),
             reply,
         };
         (job, answer)

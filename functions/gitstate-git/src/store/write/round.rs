@@ -3,6 +3,7 @@
 //! with compare-and-swap.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use gix::ObjectId;
@@ -133,6 +134,12 @@ impl Writer {
             objects,
             refs,
         };
+        // From here the writes in the chain may land, whatever this round hears back.
+        for (stage, job) in stages.iter().zip(jobs) {
+            if matches!(stage, Stage::Pushing(_)) {
+                job.sent.store(true, Ordering::SeqCst);
+            }
+        }
         let (lost, left) = push_chain(&self.remote, pushing, &mut stages).await?;
         let lost = lost.map(|reason| Lost {
             on: tip,
