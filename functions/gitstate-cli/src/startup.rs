@@ -213,13 +213,16 @@ pub async fn ref_status(app: &gitstate_app::App, branch: &str, writes: bool) -> 
         match app.backend.ready_to_write(&at, &read).await {
             Ok(None) => {}
             Ok(Some(reason)) => found.push(Found::Warning(format!(
-                "the repository refused the look that pushes begin with ({reason}): locks and \
-                 writes may be refused (does the token allow pushing?)"
+                "the look that pushes begin with failed ({reason}): locks and writes may fail \
+                 (a token or key that may only read is refused it)"
             ))),
-            Err(e) => found.push(Found::Warning(format!(
-                "the look that pushes begin with failed ({}): the first LOCK looks again",
-                gitstate_core::report::chain(&e)
-            ))),
+            Err(e) => {
+                found.push(Found::Problem(format!(
+                    "the repository cannot take this backend's pushes ({})",
+                    gitstate_core::report::chain(&e)
+                )));
+                return found;
+            }
         }
     }
     found.push(match app.backend.branch_status(&at, &read).await {

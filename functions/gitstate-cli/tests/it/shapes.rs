@@ -214,7 +214,7 @@ async fn run_applies_stay_within_todays_git_requests() {
     .await;
     eprintln!("gitstate run: a plan with a token that may only read: {labels:?}\n{said}");
     assert!(
-        said.contains("refused the look that pushes begin with") && said.contains("403"),
+        said.contains("the look that pushes begin with failed") && said.contains("403"),
         "no warning that pushes may be refused: {said}"
     );
     assert_eq!(

@@ -568,3 +568,45 @@ fn gitstate_fold_over_ssh() {
         }
     }
 }
+
+/// The wrapper's start-up look is the one a push begins with: over SSH, a key that may only read
+/// (receive-pack refused, as a read-only deploy key) still runs `plan -lock=false`, with a
+/// warning that names the refusal.
+#[test]
+fn gitstate_run_with_a_key_that_may_only_read_still_plans_without_a_lock() {
+    let sshd = Sshd::start();
+    let repo = sshd.bare_repo("ro");
+    let url = sshd.url(&repo, false);
+    let ssh = sshd.ssh_command(false);
+    let work = apply_once(&repo, &url, &ssh, "ro");
+    let d = sshd.dir.path();
+    let script = d.join("ro.sh");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\ncase \"$SSH_ORIGINAL_COMMAND\" in\n  git-receive-pack*) echo 'ERROR: this key may only read' >&2; exit 1;;\nesac\nexec sh -c \"$SSH_ORIGINAL_COMMAND\"\n",
+    )
+    .expect("script");
+    Command::new("chmod")
+        .arg("+x")
+        .arg(&script)
+        .status()
+        .expect("chmod");
+    let key = std::fs::read_to_string(d.join("client_key.pub")).expect("key");
+    std::fs::write(
+        d.join("authorized_keys"),
+        format!("command=\"{}\" {key}", script.display()),
+    )
+    .expect("authorized");
+    let (ok, out) = terraform_run(
+        work.path(),
+        &url,
+        &ssh,
+        &["plan", "-lock=false", "-input=false", "-detailed-exitcode"],
+    );
+    eprintln!("{out}");
+    assert!(ok, "a plan without a lock with a read-only key: {out}");
+    assert!(
+        out.contains("may only read"),
+        "the warning names the refusal: {out}"
+    );
+}

@@ -1165,9 +1165,9 @@ async fn a_create_at_the_floor_never_lands_beside_a_ref_left_since_its_look() {
 
 /// F12: a state's own ref moved by hand to a commit without the state's file, while the branch
 /// has the file. Neither "no state" (404: Terraform would plan against an empty state) nor the
-/// branch's older file is the answer: every read and write of that state fails loudly (500,
-/// the backend's log naming the ref) and changes nothing, in a warm process and in a cold one,
-/// until a person mends the ref.
+/// branch's older file is the answer: every read, write, delete and history of that state fails
+/// loudly (500, the backend's log naming the ref) and changes nothing, in a warm process and in
+/// a cold one, until a person mends the ref.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_state_ref_without_the_state_s_file_never_reads_as_no_state() {
     use gitstate_tests::{Client, state_json};
@@ -1175,6 +1175,9 @@ async fn a_state_ref_without_the_state_s_file_never_reads_as_no_state() {
     let (server, url, root, procs) = site(gitstate_tests::PushMode::Atomic, "bad", 1, &env).await;
     let warm = Client::new(&procs[0].url);
     let x = "team/bad.tfstate";
+    let bare = Bare::new(&server.repo_dir("bad"), "main");
+    // The branch keeps serial 1: no background fold replays the ref's write onto it.
+    hold_folds(&bare);
     for serial in 1..=2 {
         write_on(
             &warm,
@@ -1185,7 +1188,6 @@ async fn a_state_ref_without_the_state_s_file_never_reads_as_no_state() {
         )
         .await;
     }
-    let bare = Bare::new(&server.repo_dir("bad"), "main");
     let name = bare.state_ref(x);
     let good = bare
         .tip(&name)
@@ -1227,7 +1229,19 @@ async fn a_state_ref_without_the_state_s_file_never_reads_as_no_state() {
             "{who}: a write over a state whose ref lacks its file: {} {}",
             wrote.status, wrote.body
         );
+        let deleted = client.delete_state(x, Some(&id)).await;
+        assert_eq!(
+            deleted.status, 500,
+            "{who}: a DELETE of a state whose ref lacks its file: {}",
+            deleted.body
+        );
         assert_eq!(client.unlock(x, &id).await.status, 200, "{who}: UNLOCK");
+        let history = client.history(x, "per_page=100").await;
+        assert_eq!(
+            history.status, 500,
+            "{who}: the history of a state whose ref lacks its file: {}",
+            history.body
+        );
         assert_eq!(
             bare.tip(&name).as_deref(),
             Some(wrong.trim()),

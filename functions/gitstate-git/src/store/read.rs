@@ -215,8 +215,10 @@ impl GitStore {
     /// looks need (within `read`, they reuse it) and carries the push capabilities, so the first
     /// LOCK may go at the floor (see the `floor` module) without an advertisement of its own:
     /// the branch tip is brought into the cache, and a protocol record that agrees is noted as
-    /// a LOCK's look would. `Some(reason)`: the advertisement failed (a token that may only
-    /// read is refused it); the start-up's looks go on without it.
+    /// a LOCK's look would. `Some(reason)`: the advertisement failed (a token or key that may
+    /// only read is refused it; a remote that is down fails the start-up's next look too); the
+    /// start-up's looks go on without it. `GITSTATE_REQUIRE_ATOMIC` on a remote without atomic
+    /// push is an error.
     pub(super) async fn ready_to_write(
         &self,
         at: &Location,
@@ -229,6 +231,8 @@ impl GitStore {
             .await
         {
             Ok(advert) => advert,
+            // A setting this remote cannot meet: the first LOCK would fail on it.
+            Err(error @ RemoteError::AtomicRequired) => return Err(error.into()),
             Err(error) => return Ok(Some(gitstate_core::report::chain(&error))),
         };
         // Notes the protocol as agreed when nothing is left to record, as a LOCK's look would;

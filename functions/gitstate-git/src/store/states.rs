@@ -71,6 +71,14 @@ impl GitStore {
         let state_tip = match advert.tip(&state) {
             Some(state_tip) if remote.branch_has(tip, path).await? => {
                 remote.ensure_state(vec![state_tip]).await?;
+                if !remote.cache.has_file(state_tip, path)? {
+                    return Err(Corruption::StateRef {
+                        name: state,
+                        commit: state_tip,
+                        path: path.to_owned(),
+                    }
+                    .into());
+                }
                 Some(state_tip)
             }
             _ => None,

@@ -60,8 +60,7 @@ pub(super) async fn plan_one(
     // file is left over by a delete and holds no state.
     let stored = match (tip, state_tip) {
         (Some(_), Some(state_tip)) if on_branch => {
-            remote.ensure_state(vec![state_tip]).await?;
-            remote.read(state_tip, job.path.clone()).await?
+            Some(remote.read_state_commit(state_tip, &job.path).await?)
         }
         (Some(tip), _) if on_branch => remote.read(tip, job.path.clone()).await?,
         _ => None,
