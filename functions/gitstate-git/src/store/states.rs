@@ -169,10 +169,20 @@ impl Remote {
             let repo = cache.repo()?;
             let mut files = files;
             for (path, blob) in &mut files {
-                if let Some(tip) = states.get(&super::known::state_ref(&branch, path))
-                    && let Some(newest) = Cache::blob_id(&repo, *tip, path)?
-                {
-                    *blob = newest;
+                let name = super::known::state_ref(&branch, path);
+                let Some(tip) = states.get(&name) else {
+                    continue;
+                };
+                match Cache::blob_id(&repo, *tip, path)? {
+                    Some(newest) => *blob = newest,
+                    // A damaged ref (see `Corruption::StateRef`): reads and writes of the state
+                    // fail on it; a listing of every state shows the branch's file, and says so.
+                    None => tracing::warn!(
+                        state_ref = %name,
+                        commit = %tip,
+                        path = %path,
+                        "a state ref whose commit lacks the state's file: the listing shows the branch's file; reads and writes of the state fail until a person mends the ref"
+                    ),
                 }
             }
             Ok(files)
