@@ -462,3 +462,58 @@ async fn a_delete_whose_answer_was_lost_answers_that_it_deleted() {
     );
     a.unlock(name, "a-0").await.expect(200);
 }
+
+/// A locked write whose push landed but whose answer was lost, with the lock broken by force
+/// before the write's retry: the retry finds its own content stored and answers 200 (it answered
+/// 409, "not locked", for a write that is in the state's history). The same write's content
+/// stays, once; on the branch (`auto`) and on the state's own ref (`always`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_whose_answer_was_lost_answers_that_it_wrote_after_a_force_unlock() {
+    for refs in ["auto", "always"] {
+        let server = GitServer::start().await;
+        let url = server.create_repo("kept");
+        let proxy = FaultProxy::start(server.address, 5, 0.0, Vec::new()).await;
+        let env = [("GITSTATE_STATE_REFS", refs)];
+        let (through_proxy, direct) = (
+            TestBackend::start(&proxy.url("kept"), &env).await,
+            TestBackend::start(&url, &env).await,
+        );
+        let (a, b) = (Client::new(&through_proxy.url), Client::new(&direct.url));
+        let name = "kept/app.tfstate";
+        a.lock(name, "a-0").await.expect(200);
+        a.write_locked(name, "a-0", &state_json("lineage-kept", 1))
+            .await
+            .expect(200);
+        server.take_requests();
+        let (release, forwarded) = proxy.lose_next_answer_held();
+        let written = state_json("lineage-kept", 2);
+        let write = {
+            let written = written.clone();
+            tokio::spawn(async move { a.write_locked(name, "a-0", &written).await })
+        };
+        forwarded.notified().await;
+        let first: Vec<String> = server
+            .take_requests()
+            .iter()
+            .map(gitstate_tests::Seen::label)
+            .collect();
+        assert_eq!(
+            first,
+            ["POST receive-pack"],
+            "{refs}: the write's first request is its push"
+        );
+        // The write landed; its answer is held. Someone breaks the lock meanwhile.
+        b.force_unlock(name).await.expect(200);
+        release.notify_one();
+        let answer = write.await.expect("write task");
+        assert_eq!(answer.status, 200, "{refs}: {}", answer.body);
+        assert_eq!(b.get_state(name).await.expect(200).body, written, "{refs}");
+        let history = b.history(name, "per_page=10").await.expect(200).history();
+        let serials: Vec<Option<u64>> = history.versions.iter().map(|v| v.serial).collect();
+        assert_eq!(
+            serials,
+            [Some(2), Some(1)],
+            "{refs}: written once: {history:?}"
+        );
+    }
+}

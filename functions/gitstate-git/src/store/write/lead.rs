@@ -2,10 +2,7 @@
 //! each round's end means for its writes and for the next round.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
-
-use gitstate_core::ports::{Change, Refusal, Written};
 
 use crate::store::RemoteError;
 use crate::store::WriteError;
@@ -147,16 +144,6 @@ fn settle(batch: &mut Vec<Job>, standing: &mut Standing, outcome: Outcome) {
     for (mut job, stage) in std::mem::take(batch).into_iter().zip(outcome.stages) {
         job.attempts += 1;
         match stage {
-            // A delete whose push went out, and the state is gone since: that push landed (under the caller's lock nobody else removes the state; without a
-            // lock, whoever did left what the caller asked for). Not "no such state".
-            Stage::Done(Written::Refused(Refusal::NotFound))
-                if matches!(job.change, Change::Delete) && job.sent.load(Ordering::SeqCst) =>
-            {
-                tracing::info!(
-                    "a delete's push went unanswered and the state is gone since: deleted"
-                );
-                job.answer(Ok(Routed::Written(Written::Unchanged)));
-            }
             Stage::Done(written) => job.answer(Ok(Routed::Written(written))),
             Stage::ToRef => job.answer(Ok(Routed::ToRef)),
             _ if let Some(reason) = &declined => {

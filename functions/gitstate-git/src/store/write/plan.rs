@@ -4,6 +4,8 @@
 //! also removes a ref left over by a delete, a delete that first carries the state's unfolded
 //! writes).
 
+use std::sync::atomic::Ordering;
+
 use bytes::Bytes;
 use gix::ObjectId;
 
@@ -65,6 +67,13 @@ pub(super) async fn plan_one(
         (Some(tip), _) if on_branch => remote.read(tip, job.path.clone()).await?,
         _ => None,
     };
+    // A push of this write went out before (its answer lost, say) and what the write asks for
+    // is stored: that push landed, under the lock it asserted, whatever the lock is now (a
+    // force-unlock since would make the rules refuse what is already written).
+    if job.sent.load(Ordering::SeqCst) && asked_for_is_stored(&job.change, stored.as_deref()) {
+        tracing::info!(state = %job.path, "a write's earlier push landed though its answer was lost");
+        return Ok(Planned::Decided(Written::Unchanged));
+    }
     let id = stored.as_deref().and_then(blob_id);
     let judged = stored.as_deref().map(|content| Stored {
         content,
@@ -83,6 +92,14 @@ pub(super) async fn plan_one(
         Change::Put(bytes) => Planned::Commit(Some(bytes.clone()), meta),
         Change::Delete => Planned::Commit(None, meta),
     })
+}
+
+/// Whether what `change` asks for is what is stored (`stored`: the state's newest content).
+pub(super) fn asked_for_is_stored(change: &Change, stored: Option<&[u8]>) -> bool {
+    match change {
+        Change::Put(bytes) => stored == Some(bytes.as_ref()),
+        Change::Delete => stored.is_none(),
+    }
 }
 
 /// The git blob id of `content` (what a plan and the service know a stored state by); none if

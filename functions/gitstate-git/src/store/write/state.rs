@@ -23,6 +23,7 @@
 //! with the same attempts and deadline as a branch write.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -85,6 +86,8 @@ struct Update<'a> {
     bytes: &'a Bytes,
     plan: &'a WritePlan,
     always: bool,
+    /// A push of this write went out (see `queue::Job::sent`).
+    sent: AtomicBool,
 }
 
 impl GitStore {
@@ -106,6 +109,7 @@ impl GitStore {
             bytes,
             plan,
             always: self.options.state_refs == StateRefs::Always,
+            sent: AtomicBool::new(false),
         };
         let (mut floor, mut attempts, mut losses) = (true, 0u32, 0u32);
         let mut last_error: Option<WriteError> = None;
@@ -242,6 +246,11 @@ async fn ref_round(
         Some(state_tip) => Some(remote.read_state_commit(state_tip, path).await?),
         None => remote.read(start.branch, path.to_owned()).await?,
     };
+    // This write's earlier push landed (see `plan::plan_one`).
+    if update.sent.load(Ordering::SeqCst) && stored.as_deref() == Some(update.bytes.as_ref()) {
+        tracing::info!(state = %update.name, "a write's earlier push landed though its answer was lost");
+        return Ok(decided(Hop::Done(Written::Unchanged)));
+    }
     let held = match start.lock_tip {
         Some(lock_tip) => Some(remote.held(lock_tip, update.name).await?),
         None => None,
@@ -320,6 +329,7 @@ async fn push_state_commit(
         });
     }
     lock(&remote.looks).unknown(&update.state_ref, start.branch);
+    update.sent.store(true, Ordering::SeqCst);
     let report = if start.floor {
         match remote
             .push_at_floor(commands.clone(), commit.objects, Updates::Atomic)
