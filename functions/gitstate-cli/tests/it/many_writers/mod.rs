@@ -89,6 +89,10 @@ struct Setup {
     /// each actor's requests all reach one process (actor `a` through process `a % PROCESSES`),
     /// and a GET after a LOCK may rest on what the LOCK proved there.
     single_front: bool,
+    /// The Lambda's folds: no serve process folds after its writes (the fold lease is held by
+    /// hand, see [`World::lambda_folds`]); only the test's own `gitstate fold` runs, at random
+    /// points, as the template's schedule would. Also `GITSTATE_MANY_WRITERS_LAMBDA_FOLDS=1`.
+    lambda_folds: bool,
 }
 
 /// Share of git requests of the faulty processes that fail, and how (never a stall: each would
@@ -125,7 +129,7 @@ struct World {
     proxy: Option<FaultProxy>,
     /// How long a LOCK's proof answers a GET in these processes (see [`as_of_lock`]).
     proof_window: Option<Duration>,
-    /// `GITSTATE_MANY_WRITERS_LAMBDA_FOLDS=1`: the fold lease is held by hand except while one
+    /// [`Setup::lambda_folds`]: the fold lease is held by hand except while one
     /// of the test's own folds runs, so no background fold of a `serve` moves the branch right
     /// after a write (the Lambda shape, where folds run on a schedule).
     lambda_folds: bool,
@@ -241,7 +245,8 @@ impl World {
             env.push(("GITSTATE_CACHE_DIR".into(), cache.display().to_string()));
             env
         });
-        let lambda_folds = env_number("GITSTATE_MANY_WRITERS_LAMBDA_FOLDS") == Some(1);
+        let lambda_folds =
+            setup.lambda_folds || env_number("GITSTATE_MANY_WRITERS_LAMBDA_FOLDS") == Some(1);
         if lambda_folds {
             hold_folds(&server.repo_dir(REPO));
         }
@@ -1060,6 +1065,7 @@ async fn interleaved_writers_never_read_stale_and_never_lose_a_write() {
         state_refs: "auto",
         faults: false,
         single_front: false,
+        lambda_folds: false,
     };
     many_writers(setup, CI_STEPS).await;
 }
@@ -1072,6 +1078,7 @@ async fn interleaved_writers_with_state_refs_always() {
         state_refs: "always",
         faults: false,
         single_front: false,
+        lambda_folds: false,
     };
     many_writers(setup, CI_STEPS).await;
 }
@@ -1085,6 +1092,7 @@ async fn interleaved_writers_without_atomic_push() {
         state_refs: "auto",
         faults: false,
         single_front: false,
+        lambda_folds: false,
     };
     many_writers(setup, CI_STEPS * 2 / 3).await;
 }
@@ -1099,6 +1107,7 @@ async fn interleaved_writers_with_git_faults() {
         state_refs: "auto",
         faults: true,
         single_front: false,
+        lambda_folds: false,
     };
     many_writers(setup, CI_STEPS / 2).await;
 }
@@ -1113,6 +1122,22 @@ async fn interleaved_writers_each_behind_a_single_front() {
         state_refs: "auto",
         faults: false,
         single_front: true,
+        lambda_folds: false,
+    };
+    many_writers(setup, CI_STEPS / 2).await;
+}
+
+/// `always` with the Lambda's folds (F16): no process folds after its writes, so a write stays
+/// on its state's ref until one of the test's folds runs, and races that a fold right after
+/// each write would end stay open; half the requests in CI.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interleaved_writers_with_folds_on_a_schedule() {
+    let setup = Setup {
+        push: PushMode::Atomic,
+        state_refs: "always",
+        faults: false,
+        single_front: false,
+        lambda_folds: true,
     };
     many_writers(setup, CI_STEPS / 2).await;
 }
@@ -1126,6 +1151,7 @@ async fn interleaved_writers_always_without_atomic_push() {
         state_refs: "always",
         faults: false,
         single_front: false,
+        lambda_folds: false,
     };
     many_writers(setup, CI_STEPS * 2 / 3).await;
 }
@@ -1139,6 +1165,7 @@ async fn interleaved_writers_always_with_git_faults() {
         state_refs: "always",
         faults: true,
         single_front: false,
+        lambda_folds: false,
     };
     many_writers(setup, CI_STEPS / 2).await;
 }
