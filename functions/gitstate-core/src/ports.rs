@@ -356,9 +356,10 @@ pub trait StateStore: Send + Sync + 'static {
     /// configuration under `.gitstate/` excluded).
     async fn list_states(&self, at: &Location, prefix: &str) -> Result<Vec<StateName>, StoreError>;
 
-    /// The state files, the index and the locks, as one read sees them. The default lists files
-    /// and locks without content ids or index.
-    async fn listing(&self, at: &Location) -> Result<Listing, StoreError> {
+    /// The state files, the index and the locks, as one read sees them (an answer of the remote
+    /// `read` allows reusing may serve). The default lists files and locks without content ids
+    /// or index.
+    async fn listing(&self, at: &Location, _read: &ReadContext) -> Result<Listing, StoreError> {
         let files = self.list_states(at, "").await?;
         Ok(Listing {
             files: files.into_iter().map(|name| (name, None)).collect(),

@@ -74,13 +74,14 @@ async fn redirect(_: Authenticated, _: Target) -> Response {
 async fn list(
     State(app): State<App>,
     Authenticated(caller): Authenticated,
+    Read(read): Read,
     target: Target,
     method: Method,
 ) -> Result<Response, ApiError> {
     if !get(&method) {
         return Err(not_allowed(&method, "GET"));
     }
-    pages::list(&app, &caller, target.params()).await
+    pages::list(&app, &caller, &read, target.params()).await
 }
 
 async fn style_sheet(_: Authenticated, _: Target, method: Method) -> Result<Response, ApiError> {

@@ -8,7 +8,7 @@ use gitstate_core::api::{ListedLock, ListedState};
 use gitstate_core::ports::HeldLock;
 use http::{Method, StatusCode};
 
-use crate::call::Authenticated;
+use crate::call::{Authenticated, Read};
 use crate::request::Target;
 use crate::{ApiError, App, json, not_allowed, now_seconds, to_json};
 
@@ -27,6 +27,7 @@ fn listed_lock(name: &StateName, held: &HeldLock, now: i64) -> ListedLock {
 pub(crate) async fn states(
     State(app): State<App>,
     Authenticated(caller): Authenticated,
+    Read(read): Read,
     target: Target,
     method: Method,
 ) -> Result<Response, ApiError> {
@@ -34,7 +35,7 @@ pub(crate) async fn states(
         return Err(not_allowed(&method, "GET"));
     }
     let at = &app.backend.locate(target.repository(), target.branch())?;
-    let rows = app.backend.list_states(&caller, at).await?;
+    let rows = app.backend.list_states(&caller, at, &read).await?;
     let now = now_seconds();
     let listed: Vec<ListedState> = rows
         .iter()

@@ -1068,8 +1068,8 @@ async fn the_list_answers_the_newest_serial_of_unfolded_states() {
         p.write_locked(y, "k", &state_json("y", serial * 10))
             .await
             .expect(200);
-        // A list trusts an advertisement younger than 1 s (read.rs LIST_REFS_FRESH).
-        tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+        // Q listed a moment ago (F18): its advertisement from then, younger than a second,
+        // must not answer this list, which began after the writes.
         let listed = q.send("GET", "/states", None).await.expect(200).json();
         assert_eq!(
             (serial_listed(&listed, x), serial_listed(&listed, y)),
@@ -1078,7 +1078,6 @@ async fn the_list_answers_the_newest_serial_of_unfolded_states() {
         );
     }
     p.delete_state(x, Some("h")).await.expect(200);
-    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
     let listed = q.send("GET", "/states", None).await.expect(200).json();
     // Still locked: listed for its lock, with no state.
     assert_eq!(
@@ -1097,7 +1096,6 @@ async fn the_list_answers_the_newest_serial_of_unfolded_states() {
     p.write_locked(x, "h", &state_json("x2", 8))
         .await
         .expect(200);
-    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
     let listed = q.send("GET", "/states", None).await.expect(200).json();
     assert_eq!(
         serial_listed(&listed, x),

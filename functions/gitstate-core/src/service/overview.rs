@@ -81,8 +81,9 @@ impl Backend {
         &self,
         caller: &Caller,
         at: &Location,
+        read: &ReadContext,
     ) -> Result<Vec<StateRow>, ServiceError> {
-        let listing = self.store.listing(at).await?;
+        let listing = self.store.listing(at, read).await?;
         let mut index = listing
             .index
             .as_deref()

@@ -812,7 +812,7 @@ async fn unopenable_states_leave_lists_and_pages_working() {
         for down in [true, false] {
             sealer.down.store(down, std::sync::atomic::Ordering::SeqCst);
             let rows = b
-                .list_states(&admin(), &at)
+                .list_states(&admin(), &at, &ReadContext::no_request())
                 .await
                 .expect("the list is served");
             assert_eq!(rows.len(), names.len(), "every state is listed");

@@ -297,8 +297,8 @@ impl StateStore for GitStore {
         Ok(GitStore::list_states(self, at, prefix).await?)
     }
 
-    async fn listing(&self, at: &Location) -> Result<Listing, StoreError> {
-        Ok(GitStore::listing(self, at).await?)
+    async fn listing(&self, at: &Location, read: &ReadContext) -> Result<Listing, StoreError> {
+        Ok(GitStore::listing(self, at, read).await?)
     }
 
     async fn last_changes(

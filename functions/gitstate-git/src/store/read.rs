@@ -14,8 +14,8 @@ use super::remote::Remote;
 use super::{GitStore, ListError, ReadError, RemoteError, blocking};
 use crate::protocol::Service;
 
-/// A list of states trusts a ref advertisement this recent (in a cold process: the one the
-/// access check just made) instead of asking again.
+/// A look at the protocol record trusts a ref advertisement this recent (at start-up, the
+/// branch's look just made) instead of asking again.
 pub(super) const LIST_REFS_FRESH: Duration = Duration::from_secs(1);
 
 impl GitStore {
@@ -89,16 +89,30 @@ impl GitStore {
             .collect())
     }
 
-    pub(super) async fn listing(&self, at: &Location) -> Result<Listing, ListError> {
+    pub(super) async fn listing(
+        &self,
+        at: &Location,
+        read: &ReadContext,
+    ) -> Result<Listing, ListError> {
         let remote = self.remote(at)?;
         let branch = at.branch.full_ref();
         let prefix = self.options.lock_ref_prefix.as_str();
-        let mut fresh = LIST_REFS_FRESH;
+        // An advertisement asked for since the request began (in a cold process, the one the
+        // access check just made) shows every write that finished before the request; an older
+        // one may not, whatever its age.
+        let mut reuse = true;
         let mut attempt = 0;
         // One advertisement, then one fetch of the tip and every lock commit the cache lacks.
         let (advert, tip, states) = loop {
             attempt += 1;
-            let advert = remote.branch_and_prefix(&branch, prefix, fresh).await?;
+            let advert = match remote.reusable_advert(read).filter(|_| reuse) {
+                Some((advert, _)) => advert,
+                None => {
+                    remote
+                        .branch_and_prefix(&branch, prefix, Duration::ZERO)
+                        .await?
+                }
+            };
             let tip = advert.tip(&branch);
             // The states' own refs: their tips' trees give the newest content ids.
             let states = remote.state_tips(&advert).await?;
@@ -115,7 +129,7 @@ impl GitStore {
                 // A ref moved between advertisement and fetch: look again.
                 Err(error) if error.refused() && attempt < 4 => {
                     tracing::debug!(error = %gitstate_core::report::chain(&error), "refs moved during a list, retrying");
-                    fresh = Duration::ZERO;
+                    reuse = false;
                 }
                 Err(other) => return Err(other.into()),
             }

@@ -123,6 +123,25 @@ impl Remote {
         Ok(advert)
     }
 
+    /// Whether the first-parent chain from `tip` holds one of `commits`, as far as the cache
+    /// reaches (a chain cut short by a shallow cache does not).
+    pub(super) async fn carries_one_of(
+        &self,
+        tip: ObjectId,
+        commits: Vec<ObjectId>,
+    ) -> Result<bool, RemoteError> {
+        let cache = self.cache.clone();
+        Ok(blocking(move || {
+            for commit in commits {
+                if matches!(cache.find_on_chain(tip, commit)?, crate::repository::Chain::Found) {
+                    return Ok(true);
+                }
+            }
+            Ok(false)
+        })
+        .await?)
+    }
+
     /// The state ref of the file at `path` on this branch.
     pub(super) fn state_ref(&self, path: &str) -> String {
         state_ref(&self.branch, path)

@@ -5,7 +5,7 @@ use axum::response::Response;
 use gitstate_core::access::Caller;
 use gitstate_core::ports::HeldLock;
 use gitstate_core::service::StateRow;
-use gitstate_core::wording;
+use gitstate_core::{ReadContext, wording};
 
 use super::html;
 use crate::request::Params;
@@ -90,10 +90,11 @@ struct ListPage {
 pub(super) async fn list(
     app: &App,
     caller: &Caller,
+    read: &ReadContext,
     params: &Params,
 ) -> Result<Response, ApiError> {
     let at = app.backend.locate(None, params.get("ref"))?;
-    let rows: Vec<StateRow> = app.backend.list_states(caller, &at).await?;
+    let rows: Vec<StateRow> = app.backend.list_states(caller, &at, read).await?;
     let filter = params.get("q").unwrap_or_default().trim().to_owned();
     let needle = filter.to_lowercase();
     let now = now_seconds();

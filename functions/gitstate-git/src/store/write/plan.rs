@@ -4,8 +4,6 @@
 //! also removes a ref left over by a delete, a delete that first carries the state's unfolded
 //! writes).
 
-use std::sync::atomic::Ordering;
-
 use bytes::Bytes;
 use gix::ObjectId;
 
@@ -67,10 +65,16 @@ pub(super) async fn plan_one(
         (Some(tip), _) if on_branch => remote.read(tip, job.path.clone()).await?,
         _ => None,
     };
-    // A push of this write went out before (its answer lost, say) and what the write asks for
-    // is stored: that push landed, under the lock it asserted, whatever the lock is now (a
-    // force-unlock since would make the rules refuse what is already written).
-    if job.sent.load(Ordering::SeqCst) && asked_for_is_stored(&job.change, stored.as_deref()) {
+    // A push of this write went out before (its answer lost, say), what the write asks for is
+    // stored, and the branch carries that push's commit: it landed, under the lock it asserted,
+    // whatever the lock is now (a force-unlock since would make the rules refuse what is
+    // already written).
+    let pushed = crate::sync::lock(&job.pushed).clone();
+    if let Some(tip) = tip
+        && !pushed.is_empty()
+        && asked_for_is_stored(&job.change, stored.as_deref())
+        && remote.carries_one_of(tip, pushed).await?
+    {
         tracing::info!(state = %job.path, "a write's earlier push landed though its answer was lost");
         return Ok(Planned::Decided(Written::Unchanged));
     }

@@ -3,7 +3,6 @@
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
-use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
@@ -61,9 +60,9 @@ pub(super) struct Job {
     pub(super) started: Instant,
     /// The last transient failure, the answer if the write runs out of attempts.
     pub(super) last_error: Option<WriteError>,
-    /// A push of this write's commit went out: it may have landed, whatever the round heard
-    /// back (an answer lost on the way, a refusal of a second push after the first's error).
-    pub(super) sent: AtomicBool,
+    /// The commits of this write that pushes carried: one may have landed, whatever the round
+    /// heard back (an answer lost on the way).
+    pub(super) pushed: Mutex<Vec<gix::ObjectId>>,
     reply: oneshot::Sender<Reply>,
 }
 
@@ -86,7 +85,7 @@ impl Job {
             attempts: 0,
             started,
             last_error: None,
-            sent: AtomicBool::new(false),
+            pushed: Mutex::default(),
             reply,
         };
         (job, answer)

@@ -3,7 +3,6 @@
 //! with compare-and-swap.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use gix::ObjectId;
@@ -136,8 +135,8 @@ impl Writer {
         };
         // From here the writes in the chain may land, whatever this round hears back.
         for (stage, job) in stages.iter().zip(jobs) {
-            if matches!(stage, Stage::Pushing(_)) {
-                job.sent.store(true, Ordering::SeqCst);
+            if let Stage::Pushing(commit) = stage {
+                lock(&job.pushed).push(*commit);
             }
         }
         let (lost, left) = push_chain(&self.remote, pushing, &mut stages).await?;

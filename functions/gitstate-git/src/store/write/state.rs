@@ -22,8 +22,7 @@
 //! commit; each runs in its caller's request (a caller that goes away takes its write with it)
 //! with the same attempts and deadline as a branch write.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -86,8 +85,8 @@ struct Update<'a> {
     bytes: &'a Bytes,
     plan: &'a WritePlan,
     always: bool,
-    /// A push of this write went out (see `queue::Job::sent`).
-    sent: AtomicBool,
+    /// The commits of this write that pushes carried (see `queue::Job::pushed`).
+    pushed: Mutex<Vec<ObjectId>>,
 }
 
 impl GitStore {
@@ -109,7 +108,7 @@ impl GitStore {
             bytes,
             plan,
             always: self.options.state_refs == StateRefs::Always,
-            sent: AtomicBool::new(false),
+            pushed: Mutex::default(),
         };
         let (mut floor, mut attempts, mut losses) = (true, 0u32, 0u32);
         let mut last_error: Option<WriteError> = None;
@@ -246,8 +245,13 @@ async fn ref_round(
         Some(state_tip) => Some(remote.read_state_commit(state_tip, path).await?),
         None => remote.read(start.branch, path.to_owned()).await?,
     };
-    // This write's earlier push landed (see `plan::plan_one`).
-    if update.sent.load(Ordering::SeqCst) && stored.as_deref() == Some(update.bytes.as_ref()) {
+    // This write's earlier push landed: its commit is on the state's ref (see `plan::plan_one`).
+    let pushed = lock(&update.pushed).clone();
+    if let Some(state_tip) = state_tip
+        && !pushed.is_empty()
+        && stored.as_deref() == Some(update.bytes.as_ref())
+        && remote.carries_one_of(state_tip, pushed).await?
+    {
         tracing::info!(state = %update.name, "a write's earlier push landed though its answer was lost");
         return Ok(decided(Hop::Done(Written::Unchanged)));
     }
@@ -329,7 +333,7 @@ async fn push_state_commit(
         });
     }
     lock(&remote.looks).unknown(&update.state_ref, start.branch);
-    update.sent.store(true, Ordering::SeqCst);
+    lock(&update.pushed).push(commit.id);
     let report = if start.floor {
         match remote
             .push_at_floor(commands.clone(), commit.objects, Updates::Atomic)
