@@ -517,3 +517,80 @@ async fn a_write_whose_answer_was_lost_answers_that_it_wrote_after_a_force_unloc
         );
     }
 }
+
+/// REVIEW: a deposed holder's write whose push went out but was refused (its lock was broken
+/// and taken by another, who wrote the same content or deleted the state, before the push
+/// reached the server) must not be answered 200: it did not land, and its lock is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_a_deposed_holders_refused_push_is_not_acknowledged() {
+    let mut wrong = Vec::new();
+    let cases = [
+        ("auto", false, None),
+        ("always", false, None),
+        ("auto", true, None),
+        ("auto", false, Some(503)),
+        ("always", false, Some(503)),
+        ("auto", true, Some(503)),
+    ];
+    for (refs, delete, refuse) in cases {
+        let server = GitServer::start().await;
+        let url = server.create_repo("kept");
+        let proxy = FaultProxy::start(server.address, 5, 0.0, Vec::new()).await;
+        let env = [("GITSTATE_STATE_REFS", refs)];
+        let (through_proxy, direct) = (
+            TestBackend::start(&proxy.url("kept"), &env).await,
+            TestBackend::start(&url, &env).await,
+        );
+        let (a, b) = (Client::new(&through_proxy.url), Client::new(&direct.url));
+        let name = "kept/app.tfstate";
+        a.lock(name, "a-0").await.expect(200);
+        a.write_locked(name, "a-0", &state_json("lineage-kept", 1))
+            .await
+            .expect(200);
+        server.take_requests();
+        let (release, arrived) = proxy.hold_next_before(refuse);
+        let written = state_json("lineage-kept", 2);
+        let write = {
+            let written = written.clone();
+            tokio::spawn(async move {
+                if delete {
+                    a.delete_state(name, Some("a-0")).await
+                } else {
+                    a.write_locked(name, "a-0", &written).await
+                }
+            })
+        };
+        arrived.notified().await;
+        // A's push waits at the proxy. Its lock is broken and taken; the new holder writes the
+        // very same content (or deletes the state).
+        b.force_unlock(name).await.expect(200);
+        b.lock(name, "b-1").await.expect(200);
+        if delete {
+            b.delete_state(name, Some("b-1")).await.expect(200);
+        } else {
+            b.write_locked(name, "b-1", &written).await.expect(200);
+        }
+        release.notify_one();
+        let answer = write.await.expect("write task");
+        let seen: Vec<String> = server
+            .take_requests()
+            .iter()
+            .map(gitstate_tests::Seen::label)
+            .collect();
+        eprintln!(
+            "{refs} delete={delete} refuse={refuse:?}: A answered {} {} after {seen:?}",
+            answer.status,
+            answer.body.trim()
+        );
+        if ![409, 423].contains(&answer.status) {
+            wrong.push(format!(
+                "{refs} delete={delete} refuse={refuse:?}: {}",
+                answer.status
+            ));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "a deposed holder's write that did not land was answered: {wrong:?}"
+    );
+}

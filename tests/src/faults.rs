@@ -47,6 +47,7 @@ struct Proxy {
     client: reqwest::Client,
     plan: Arc<Mutex<Plan>>,
     held: Arc<Mutex<VecDeque<HeldLoss>>>,
+    before: Arc<Mutex<VecDeque<(HeldLoss, Option<u16>)>>>,
     enabled: Arc<AtomicBool>,
 }
 
@@ -63,6 +64,7 @@ pub struct FaultProxy {
     pub address: SocketAddr,
     plan: Arc<Mutex<Plan>>,
     held: Arc<Mutex<VecDeque<HeldLoss>>>,
+    before: Arc<Mutex<VecDeque<(HeldLoss, Option<u16>)>>>,
     enabled: Arc<AtomicBool>,
     _task: tokio::task::JoinHandle<()>,
 }
@@ -79,11 +81,13 @@ impl FaultProxy {
         }));
         let enabled = Arc::new(AtomicBool::new(true));
         let held = Arc::new(Mutex::new(VecDeque::new()));
+        let before = Arc::new(Mutex::new(VecDeque::new()));
         let state = Proxy {
             upstream,
             client: reqwest::Client::new(),
             plan: plan.clone(),
             held: held.clone(),
+            before: before.clone(),
             enabled: enabled.clone(),
         };
         let app = axum::Router::new().fallback(forward).with_state(state);
@@ -92,6 +96,7 @@ impl FaultProxy {
             address,
             plan,
             held,
+            before,
             enabled,
             _task: task,
         }
@@ -110,6 +115,27 @@ impl FaultProxy {
             release: release.clone(),
         });
         (release, forwarded)
+    }
+
+    /// The next request waits before it is forwarded: `arrived` is notified when it reaches the
+    /// proxy, and it passes through once `release` is notified (with `refuse`, it is answered
+    /// that status instead, never reaching the server).
+    pub fn hold_next_before(
+        &self,
+        refuse: Option<u16>,
+    ) -> (Arc<tokio::sync::Notify>, Arc<tokio::sync::Notify>) {
+        let (release, arrived) = (
+            Arc::new(tokio::sync::Notify::new()),
+            Arc::new(tokio::sync::Notify::new()),
+        );
+        self.before.lock().expect("before").push_back((
+            HeldLoss {
+                forwarded: arrived.clone(),
+                release: release.clone(),
+            },
+            refuse,
+        ));
+        (release, arrived)
     }
 
     /// The URL of repository `name` through the proxy.
@@ -149,6 +175,17 @@ async fn forward(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
+    let before = state.before.lock().expect("before").pop_front();
+    if let Some((before, refuse)) = before {
+        before.forwarded.notify_one();
+        before.release.notified().await;
+        if let Some(status) = refuse {
+            return Response::builder()
+                .status(status)
+                .body(Body::from("injected failure\n"))
+                .expect("static response");
+        }
+    }
     let held = state.held.lock().expect("held").pop_front();
     let fault = match held {
         Some(_) => Fault::LoseAnswer,
