@@ -518,11 +518,13 @@ async fn a_write_whose_answer_was_lost_answers_that_it_wrote_after_a_force_unloc
     }
 }
 
-/// REVIEW: a deposed holder's write whose push went out but was refused (its lock was broken
-/// and taken by another, who wrote the same content or deleted the state, before the push
-/// reached the server) must not be answered 200: it did not land, and its lock is gone.
+/// The other side of the two tests above: a deposed holder's write whose push went out but did
+/// not land (its lock was broken and taken by another, who wrote the same content or deleted the
+/// state, before the push reached the server; the server refused it, or it never got there) is
+/// not answered 200: the content is there, but not by its push, and its lock is gone. Only a
+/// push whose own commit is on the branch or the state's ref counts as landed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn review_a_deposed_holders_refused_push_is_not_acknowledged() {
+async fn a_deposed_holders_push_that_did_not_land_is_not_acknowledged() {
     let mut wrong = Vec::new();
     let cases = [
         ("auto", false, None),

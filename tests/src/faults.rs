@@ -41,13 +41,17 @@ struct HeldLoss {
     release: Arc<tokio::sync::Notify>,
 }
 
+/// Requests held before they are forwarded, each with the status to answer instead (`None`:
+/// forward it once released).
+type HeldBefore = Arc<Mutex<VecDeque<(HeldLoss, Option<u16>)>>>;
+
 #[derive(Clone)]
 struct Proxy {
     upstream: SocketAddr,
     client: reqwest::Client,
     plan: Arc<Mutex<Plan>>,
     held: Arc<Mutex<VecDeque<HeldLoss>>>,
-    before: Arc<Mutex<VecDeque<(HeldLoss, Option<u16>)>>>,
+    before: HeldBefore,
     enabled: Arc<AtomicBool>,
 }
 
@@ -64,7 +68,7 @@ pub struct FaultProxy {
     pub address: SocketAddr,
     plan: Arc<Mutex<Plan>>,
     held: Arc<Mutex<VecDeque<HeldLoss>>>,
-    before: Arc<Mutex<VecDeque<(HeldLoss, Option<u16>)>>>,
+    before: HeldBefore,
     enabled: Arc<AtomicBool>,
     _task: tokio::task::JoinHandle<()>,
 }
