@@ -610,7 +610,7 @@ async fn lists_keep_the_last_changes_found_within_the_depth() {
         assert_eq!(rows.len(), old.len() + 1 + written.count(), "{listed}");
         let labels = server.take_labels();
         println!(
-            "list {round}: {} git requests, {:?}",
+            "list {round}: {} git requests, {:?}: {labels:?}",
             labels.len(),
             started.elapsed()
         );

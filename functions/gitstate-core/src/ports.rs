@@ -368,12 +368,14 @@ pub trait StateStore: Send + Sync + 'static {
         })
     }
 
-    /// The newest revision of each of `names` on the branch (names never written are left out).
-    /// The default asks the history of each; a store can find them all in one walk.
+    /// The newest revision of each of `names` on the branch (names never written are left out;
+    /// an answer of the remote `read` allows reusing may serve). The default asks the history
+    /// of each; a store can find them all in one walk.
     async fn last_changes(
         &self,
         at: &Location,
         names: &[StateName],
+        _read: &ReadContext,
     ) -> Result<Vec<(StateName, Revision)>, StoreError> {
         let mut found = Vec::new();
         for name in names {

@@ -114,7 +114,7 @@ impl Backend {
         }
         let stale_names: std::collections::HashSet<StateName> =
             stale.iter().map(|(name, _)| name.clone()).collect();
-        let mut worked_out = self.work_out(at, stale).await?;
+        let mut worked_out = self.work_out(at, stale, read).await?;
         let mut rows = Vec::with_capacity(files.len());
         for name in files {
             let entry = match worked_out.remove(&name) {
@@ -140,6 +140,7 @@ impl Backend {
         &self,
         at: &Location,
         stale: Vec<(StateName, Option<String>)>,
+        read: &ReadContext,
     ) -> Result<HashMap<StateName, IndexEntry>, ServiceError> {
         let mut done = HashMap::new();
         let mut todo = Vec::new();
@@ -158,7 +159,7 @@ impl Backend {
         let names: Vec<StateName> = todo.iter().map(|(name, _)| name.clone()).collect();
         let mut newest: HashMap<StateName, crate::ports::Revision> = self
             .store
-            .last_changes(at, &names)
+            .last_changes(at, &names, read)
             .await?
             .into_iter()
             .collect();

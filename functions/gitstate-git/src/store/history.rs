@@ -7,9 +7,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use gix::ObjectId;
 
-use gitstate_core::StateName;
 use gitstate_core::fold::{FOLDED_PATH, FoldRecord};
 use gitstate_core::ports::{HistoryPage, Location, Revision};
+use gitstate_core::{ReadContext, StateName};
 
 use super::remote::Remote;
 use super::{Broken, GitStore, HistoryError, blocking, null};
@@ -29,9 +29,10 @@ impl GitStore {
         &self,
         at: &Location,
         names: &[StateName],
+        read: &ReadContext,
     ) -> Result<Vec<(StateName, Revision)>, HistoryError> {
         let remote = self.remote(at)?;
-        let (tip, newest) = self.newest_of_states(&remote, at, names).await?;
+        let (tip, newest) = self.newest_of_states(&remote, at, names, read).await?;
         let Some(tip) = tip else {
             return Ok(Vec::new());
         };

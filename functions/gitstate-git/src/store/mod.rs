@@ -305,8 +305,9 @@ impl StateStore for GitStore {
         &self,
         at: &Location,
         names: &[StateName],
+        read: &ReadContext,
     ) -> Result<Vec<(StateName, Revision)>, StoreError> {
-        Ok(GitStore::last_changes(self, at, names).await?)
+        Ok(GitStore::last_changes(self, at, names, read).await?)
     }
 
     async fn read_config(

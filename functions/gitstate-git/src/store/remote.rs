@@ -133,7 +133,10 @@ impl Remote {
         let cache = self.cache.clone();
         Ok(blocking(move || {
             for commit in commits {
-                if matches!(cache.find_on_chain(tip, commit)?, crate::repository::Chain::Found) {
+                if matches!(
+                    cache.find_on_chain(tip, commit)?,
+                    crate::repository::Chain::Found
+                ) {
                     return Ok(true);
                 }
             }

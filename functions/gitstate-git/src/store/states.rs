@@ -7,8 +7,8 @@ use std::collections::HashMap;
 
 use gix::ObjectId;
 
-use gitstate_core::StateName;
 use gitstate_core::ports::{Location, Revision};
+use gitstate_core::{ReadContext, StateName};
 
 use super::known::{is_state_ref_of, states_of};
 use super::remote::Remote;
@@ -93,12 +93,17 @@ impl GitStore {
         remote: &Remote,
         at: &Location,
         names: &[StateName],
+        read: &ReadContext,
     ) -> Result<(Option<ObjectId>, HashMap<String, Revision>), RemoteError> {
         let branch = at.branch.full_ref();
         let wanted = std::iter::once(branch.clone())
             .chain(names.iter().map(|name| remote.state_ref(name.as_str())))
             .collect();
-        let advert = remote.refs(Service::UploadPack, wanted).await?;
+        // (A list's own look, made in this request, lists every ref these need.)
+        let advert = match remote.reusable_advert(read) {
+            Some((advert, _)) => advert,
+            None => remote.refs(Service::UploadPack, wanted).await?,
+        };
         let Some(tip) = advert.tip(&branch) else {
             return Ok((None, HashMap::new()));
         };
