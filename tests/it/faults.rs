@@ -463,6 +463,49 @@ async fn a_delete_whose_answer_was_lost_answers_that_it_deleted() {
     a.unlock(name, "a-0").await.expect(200);
 }
 
+/// The state the lost-answer tests write.
+const KEPT: &str = "kept/app.tfstate";
+
+/// A git server with the repository `kept`, a backend A reaching it through a fault proxy and
+/// a backend B reaching it directly (both with `GITSTATE_STATE_REFS=refs`); A holds the lock
+/// `a-0` of [`KEPT`] and has written serial 1 under it.
+struct Kept {
+    server: GitServer,
+    proxy: FaultProxy,
+    a: std::sync::Arc<Client>,
+    b: Client,
+    _backends: (TestBackend, TestBackend),
+}
+
+impl Kept {
+    async fn start(refs: &str) -> Self {
+        let server = GitServer::start().await;
+        let url = server.create_repo("kept");
+        let proxy = FaultProxy::start(server.address, 5, 0.0, Vec::new()).await;
+        let env = [("GITSTATE_STATE_REFS", refs)];
+        let backends = (
+            TestBackend::start(&proxy.url("kept"), &env).await,
+            TestBackend::start(&url, &env).await,
+        );
+        let (a, b) = (
+            std::sync::Arc::new(Client::new(&backends.0.url)),
+            Client::new(&backends.1.url),
+        );
+        a.lock(KEPT, "a-0").await.expect(200);
+        a.write_locked(KEPT, "a-0", &state_json("lineage-kept", 1))
+            .await
+            .expect(200);
+        server.take_requests();
+        Self {
+            server,
+            proxy,
+            a,
+            b,
+            _backends: backends,
+        }
+    }
+}
+
 /// A locked write whose push landed but whose answer was lost, with the lock broken by force
 /// before the write's retry: the retry finds its own content stored and answers 200 (it answered
 /// 409, "not locked", for a write that is in the state's history). The same write's content
@@ -470,21 +513,9 @@ async fn a_delete_whose_answer_was_lost_answers_that_it_deleted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_whose_answer_was_lost_answers_that_it_wrote_after_a_force_unlock() {
     for refs in ["auto", "always"] {
-        let server = GitServer::start().await;
-        let url = server.create_repo("kept");
-        let proxy = FaultProxy::start(server.address, 5, 0.0, Vec::new()).await;
-        let env = [("GITSTATE_STATE_REFS", refs)];
-        let (through_proxy, direct) = (
-            TestBackend::start(&proxy.url("kept"), &env).await,
-            TestBackend::start(&url, &env).await,
-        );
-        let (a, b) = (Client::new(&through_proxy.url), Client::new(&direct.url));
-        let name = "kept/app.tfstate";
-        a.lock(name, "a-0").await.expect(200);
-        a.write_locked(name, "a-0", &state_json("lineage-kept", 1))
-            .await
-            .expect(200);
-        server.take_requests();
+        let kept = Kept::start(refs).await;
+        let (server, proxy, b, name) = (&kept.server, &kept.proxy, &kept.b, KEPT);
+        let a = kept.a.clone();
         let (release, forwarded) = proxy.lose_next_answer_held();
         let written = state_json("lineage-kept", 2);
         let write = {
@@ -535,21 +566,9 @@ async fn a_deposed_holders_push_that_did_not_land_is_not_acknowledged() {
         ("auto", true, Some(503)),
     ];
     for (refs, delete, refuse) in cases {
-        let server = GitServer::start().await;
-        let url = server.create_repo("kept");
-        let proxy = FaultProxy::start(server.address, 5, 0.0, Vec::new()).await;
-        let env = [("GITSTATE_STATE_REFS", refs)];
-        let (through_proxy, direct) = (
-            TestBackend::start(&proxy.url("kept"), &env).await,
-            TestBackend::start(&url, &env).await,
-        );
-        let (a, b) = (Client::new(&through_proxy.url), Client::new(&direct.url));
-        let name = "kept/app.tfstate";
-        a.lock(name, "a-0").await.expect(200);
-        a.write_locked(name, "a-0", &state_json("lineage-kept", 1))
-            .await
-            .expect(200);
-        server.take_requests();
+        let kept = Kept::start(refs).await;
+        let (server, proxy, b, name) = (&kept.server, &kept.proxy, &kept.b, KEPT);
+        let a = kept.a.clone();
         let (release, arrived) = proxy.hold_next_before(refuse);
         let written = state_json("lineage-kept", 2);
         let write = {
