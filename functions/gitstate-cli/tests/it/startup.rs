@@ -525,3 +525,43 @@ async fn the_configured_branch_is_checked_at_start() {
     );
     let _ = child.kill().await;
 }
+
+/// `gitstate run` on a host without atomic push where `GITSTATE_REQUIRE_ATOMIC=true`: its one
+/// look at start-up (the one a push begins with) shows the host cannot push atomically, so the
+/// program never starts; without the setting it runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_refuses_to_start_on_a_host_without_the_atomic_push_it_requires() {
+    let server = GitServer::start_in(gitstate_tests::PushMode::NoAtomic).await;
+    let url = server.create_repo("plain");
+    let work = tempfile::tempdir().expect("tempdir");
+    for require in [true, false] {
+        let env: Vec<(&str, String)> = vec![
+            ("GITSTATE_REPOSITORY", url.clone()),
+            ("GITSTATE_GIT_USERNAME", GIT_USER.into()),
+            ("GITSTATE_GIT_TOKEN", GIT_TOKEN.into()),
+            ("GITSTATE_REQUIRE_ATOMIC", require.to_string()),
+        ];
+        let out = gitstate(
+            work.path(),
+            &[
+                "run",
+                "--state",
+                "team/app.tfstate",
+                "--workdir",
+                ".",
+                "--",
+                "true",
+            ],
+            &env,
+        );
+        let said = text(&out);
+        assert_eq!(out.status.success(), !require, "require {require}: {said}");
+        if require {
+            assert!(
+                said.contains("refusing to start the program")
+                    && said.contains("GITSTATE_REQUIRE_ATOMIC"),
+                "{said}"
+            );
+        }
+    }
+}
