@@ -507,12 +507,18 @@ impl Kept {
 }
 
 /// A locked write whose push landed but whose answer was lost, with the lock broken by force
-/// before the write's retry: the retry finds its own content stored and answers 200 (it answered
-/// 409, "not locked", for a write that is in the state's history). The same write's content
-/// stays, once; on the branch (`auto`) and on the state's own ref (`always`).
+/// before the write's retry (and, where `overwritten`, taken by another who wrote a newer
+/// state): the retry finds its own commit on the branch or the state's ref and answers 200 (it
+/// answered 409, "not locked", for a write that is in the state's history). Each write is in
+/// the history once; on the branch (`auto`) and on the state's own ref (`always`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_whose_answer_was_lost_answers_that_it_wrote_after_a_force_unlock() {
-    for refs in ["auto", "always"] {
+    for (refs, overwritten) in [
+        ("auto", false),
+        ("always", false),
+        ("auto", true),
+        ("always", true),
+    ] {
         let kept = Kept::start(refs).await;
         let (server, proxy, b, name) = (&kept.server, &kept.proxy, &kept.b, KEPT);
         let a = kept.a.clone();
@@ -533,19 +539,27 @@ async fn a_write_whose_answer_was_lost_answers_that_it_wrote_after_a_force_unloc
             ["POST receive-pack"],
             "{refs}: the write's first request is its push"
         );
-        // The write landed; its answer is held. Someone breaks the lock meanwhile.
+        // The write landed; its answer is held. Someone breaks the lock meanwhile, and takes
+        // it and writes a newer state too, where `overwritten`.
         b.force_unlock(name).await.expect(200);
+        let newer = state_json("lineage-kept", 3);
+        if overwritten {
+            b.lock(name, "b-1").await.expect(200);
+            b.write_locked(name, "b-1", &newer).await.expect(200);
+        }
         release.notify_one();
         let answer = write.await.expect("write task");
-        assert_eq!(answer.status, 200, "{refs}: {}", answer.body);
-        assert_eq!(b.get_state(name).await.expect(200).body, written, "{refs}");
+        let what = format!("{refs}, overwritten {overwritten}");
+        assert_eq!(answer.status, 200, "{what}: {}", answer.body);
+        let (now, want): (_, &[Option<u64>]) = if overwritten {
+            (newer, &[Some(3), Some(2), Some(1)])
+        } else {
+            (written, &[Some(2), Some(1)])
+        };
+        assert_eq!(b.get_state(name).await.expect(200).body, now, "{what}");
         let history = b.history(name, "per_page=10").await.expect(200).history();
         let serials: Vec<Option<u64>> = history.versions.iter().map(|v| v.serial).collect();
-        assert_eq!(
-            serials,
-            [Some(2), Some(1)],
-            "{refs}: written once: {history:?}"
-        );
+        assert_eq!(serials, want, "{what}: each write once: {history:?}");
     }
 }
 

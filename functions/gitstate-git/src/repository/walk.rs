@@ -93,6 +93,30 @@ impl Cache {
         }
     }
 
+    /// Whether `commit`, pushed on top of `base`, is on the first-parent chain from `tip`: the
+    /// walk stops at `commit`, at `base` (below which it cannot sit), or where the cache ends.
+    pub fn landed_on_chain(
+        &self,
+        tip: ObjectId,
+        commit: ObjectId,
+        base: Option<ObjectId>,
+    ) -> Result<bool, Error> {
+        let repo = self.repo()?;
+        let mut at = tip;
+        loop {
+            if at == commit {
+                return Ok(true);
+            }
+            if Some(at) == base {
+                return Ok(false);
+            }
+            match repo.find_commit(at)?.parent_ids().next() {
+                Some(parent) if repo.has_object(parent) => at = parent.detach(),
+                _ => return Ok(false),
+            }
+        }
+    }
+
     /// The commit on the first-parent chain of `tip` whose `State-commit` trailer names
     /// `state_commit`: where a fold or a delete replayed that write onto the branch.
     pub fn replay_of(&self, tip: ObjectId, state_commit: ObjectId) -> Result<Replayed, Error> {

@@ -123,20 +123,17 @@ impl Remote {
         Ok(advert)
     }
 
-    /// Whether the first-parent chain from `tip` holds one of `commits`, as far as the cache
-    /// reaches (a chain cut short by a shallow cache does not).
+    /// Whether the first-parent chain from `tip` holds one of `commits`, each pushed on top of
+    /// its base (see `Cache::landed_on_chain`; a chain cut short by a shallow cache does not).
     pub(super) async fn carries_one_of(
         &self,
         tip: ObjectId,
-        commits: Vec<ObjectId>,
+        commits: Vec<(ObjectId, Option<ObjectId>)>,
     ) -> Result<bool, RemoteError> {
         let cache = self.cache.clone();
         Ok(blocking(move || {
-            for commit in commits {
-                if matches!(
-                    cache.find_on_chain(tip, commit)?,
-                    crate::repository::Chain::Found
-                ) {
+            for (commit, base) in commits {
+                if cache.landed_on_chain(tip, commit, base)? {
                     return Ok(true);
                 }
             }

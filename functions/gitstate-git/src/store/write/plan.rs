@@ -65,14 +65,13 @@ pub(super) async fn plan_one(
         (Some(tip), _) if on_branch => remote.read(tip, job.path.clone()).await?,
         _ => None,
     };
-    // A push of this write went out before (its answer lost, say), what the write asks for is
-    // stored, and the branch carries that push's commit: it landed, under the lock it asserted,
-    // whatever the lock is now (a force-unlock since would make the rules refuse what is
-    // already written).
+    // A push of this write went out before (its answer lost, say) and the branch carries that
+    // push's commit: it landed, under the lock it asserted, whatever the lock is now and
+    // whatever was written after it (the rules would refuse, or write again, what is already
+    // written).
     let pushed = crate::sync::lock(&job.pushed).clone();
     if let Some(tip) = tip
         && !pushed.is_empty()
-        && asked_for_is_stored(&job.change, stored.as_deref())
         && remote.carries_one_of(tip, pushed).await?
     {
         tracing::info!(state = %job.path, "a write's earlier push landed though its answer was lost");
@@ -96,14 +95,6 @@ pub(super) async fn plan_one(
         Change::Put(bytes) => Planned::Commit(Some(bytes.clone()), meta),
         Change::Delete => Planned::Commit(None, meta),
     })
-}
-
-/// Whether what `change` asks for is what is stored (`stored`: the state's newest content).
-pub(super) fn asked_for_is_stored(change: &Change, stored: Option<&[u8]>) -> bool {
-    match change {
-        Change::Put(bytes) => stored == Some(bytes.as_ref()),
-        Change::Delete => stored.is_none(),
-    }
 }
 
 /// The git blob id of `content` (what a plan and the service know a stored state by); none if

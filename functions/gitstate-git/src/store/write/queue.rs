@@ -60,9 +60,10 @@ pub(super) struct Job {
     pub(super) started: Instant,
     /// The last transient failure, the answer if the write runs out of attempts.
     pub(super) last_error: Option<WriteError>,
-    /// The commits of this write that pushes carried: one may have landed, whatever the round
-    /// heard back (an answer lost on the way).
-    pub(super) pushed: Mutex<Vec<gix::ObjectId>>,
+    /// The commits of this write that pushes carried, each with the branch tip its push
+    /// started from: one may have landed, whatever the round heard back (an answer lost on the
+    /// way).
+    pub(super) pushed: Mutex<Vec<(gix::ObjectId, Option<gix::ObjectId>)>>,
     reply: oneshot::Sender<Reply>,
 }
 

@@ -136,7 +136,7 @@ impl Writer {
         // From here the writes in the chain may land, whatever this round hears back.
         for (stage, job) in stages.iter().zip(jobs) {
             if let Stage::Pushing(commit) = stage {
-                lock(&job.pushed).push(*commit);
+                lock(&job.pushed).push((*commit, tip));
             }
         }
         let (lost, left) = push_chain(&self.remote, pushing, &mut stages).await?;

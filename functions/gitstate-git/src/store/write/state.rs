@@ -85,8 +85,9 @@ struct Update<'a> {
     bytes: &'a Bytes,
     plan: &'a WritePlan,
     always: bool,
-    /// The commits of this write that pushes carried (see `queue::Job::pushed`).
-    pushed: Mutex<Vec<ObjectId>>,
+    /// The commits of this write that pushes carried, each with its parent (see
+    /// `queue::Job::pushed`).
+    pushed: Mutex<Vec<(ObjectId, Option<ObjectId>)>>,
 }
 
 impl GitStore {
@@ -249,7 +250,6 @@ async fn ref_round(
     let pushed = lock(&update.pushed).clone();
     if let Some(state_tip) = state_tip
         && !pushed.is_empty()
-        && stored.as_deref() == Some(update.bytes.as_ref())
         && remote.carries_one_of(state_tip, pushed).await?
     {
         tracing::info!(state = %update.name, "a write's earlier push landed though its answer was lost");
@@ -333,7 +333,7 @@ async fn push_state_commit(
         });
     }
     lock(&remote.looks).unknown(&update.state_ref, start.branch);
-    lock(&update.pushed).push(commit.id);
+    lock(&update.pushed).push((commit.id, Some(state_tip.unwrap_or(start.branch))));
     let report = if start.floor {
         match remote
             .push_at_floor(commands.clone(), commit.objects, Updates::Atomic)
