@@ -73,6 +73,20 @@ enum Store {
     EmbeddedAbsent,
 }
 
+/// `gitstate run --state team/app.tfstate -- true` in `dir`: whether the program starts.
+fn run_true(dir: &Path, env: &[(&str, String)]) -> Output {
+    let args = [
+        "run",
+        "--state",
+        "team/app.tfstate",
+        "--workdir",
+        ".",
+        "--",
+        "true",
+    ];
+    gitstate(dir, &args, env)
+}
+
 fn gitstate(dir: &Path, args: &[&str], env: &[(&str, String)]) -> Output {
     let mut command = Command::new(crate::GITSTATE);
     command
@@ -447,19 +461,7 @@ async fn the_configured_branch_is_checked_at_start() {
             }
             assert_eq!(out.status.success(), !problem, "{label}");
             // run: the program starts only where requests would be served.
-            let out = gitstate(
-                work.path(),
-                &[
-                    "run",
-                    "--state",
-                    "team/app.tfstate",
-                    "--workdir",
-                    ".",
-                    "--",
-                    "true",
-                ],
-                &env,
-            );
+            let out = run_true(work.path(), &env);
             assert_eq!(
                 out.status.success(),
                 !problem,
@@ -541,19 +543,7 @@ async fn run_refuses_to_start_on_a_host_without_the_atomic_push_it_requires() {
             ("GITSTATE_GIT_TOKEN", GIT_TOKEN.into()),
             ("GITSTATE_REQUIRE_ATOMIC", require.to_string()),
         ];
-        let out = gitstate(
-            work.path(),
-            &[
-                "run",
-                "--state",
-                "team/app.tfstate",
-                "--workdir",
-                ".",
-                "--",
-                "true",
-            ],
-            &env,
-        );
+        let out = run_true(work.path(), &env);
         let said = text(&out);
         assert_eq!(out.status.success(), !require, "require {require}: {said}");
         if require {
