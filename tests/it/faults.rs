@@ -629,3 +629,50 @@ async fn a_deposed_holders_push_that_did_not_land_is_not_acknowledged() {
         "a deposed holder's write that did not land was answered: {wrong:?}"
     );
 }
+
+/// Review (round 3): the lost-answer rule with more than one write after the lost one. A
+/// locked write whose push landed but whose answer was lost, its lock broken and taken by
+/// another who writes two newer states before the retry: the write is in the state's history
+/// (under the lock it asserted), so by the rule it answers 200. The retry's fetch is shallow
+/// (depth 1), so the first-parent walk from the new tip stops at the commit between it and the
+/// lost write's commit, finds nothing, and the rules answer 409 for a write that landed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_a_lost_answer_with_two_newer_writes_after_it_still_answers_that_it_wrote() {
+    let mut wrong = Vec::new();
+    for refs in ["auto", "always"] {
+        let kept = Kept::start(refs).await;
+        let (proxy, b, name) = (&kept.proxy, &kept.b, KEPT);
+        let a = kept.a.clone();
+        let (release, forwarded) = proxy.lose_next_answer_held();
+        let written = state_json("lineage-kept", 2);
+        let write = {
+            let written = written.clone();
+            tokio::spawn(async move { a.write_locked(name, "a-0", &written).await })
+        };
+        forwarded.notified().await;
+        // A's push landed; its answer is held. B breaks the lock, takes it, writes twice.
+        b.force_unlock(name).await.expect(200);
+        b.lock(name, "b-1").await.expect(200);
+        for serial in [3, 4] {
+            b.write_locked(name, "b-1", &state_json("lineage-kept", serial))
+                .await
+                .expect(200);
+        }
+        release.notify_one();
+        let answer = write.await.expect("write task");
+        let history = b.history(name, "per_page=10").await.expect(200).history();
+        let serials: Vec<Option<u64>> = history.versions.iter().map(|v| v.serial).collect();
+        assert_eq!(
+            serials,
+            [Some(4), Some(3), Some(2), Some(1)],
+            "{refs}: A's write (serial 2) landed once"
+        );
+        if answer.status != 200 {
+            wrong.push(format!("{refs}: {} {}", answer.status, answer.body.trim()));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "a write whose push landed was answered as refused: {wrong:?}"
+    );
+}
