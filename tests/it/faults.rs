@@ -676,3 +676,51 @@ async fn review_a_lost_answer_with_two_newer_writes_after_it_still_answers_that_
         "a write whose push landed was answered as refused: {wrong:?}"
     );
 }
+
+/// Review (round 3): the lost-answer rule for a write to a state's own ref whose state was then
+/// deleted. With `always`, A's update goes to the state's ref; its push lands and its answer is
+/// lost. The lock is broken and taken by B, who deletes the state: the delete carries A's write
+/// onto the branch (its history lists it) and removes the ref. A's retry finds no ref, hops to
+/// the branch as a new queued write that remembers no push, and the rules answer 409 for a
+/// write that landed (with `auto` the branch keeps A's own commit and the retry answers 200).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_a_lost_answer_on_a_state_ref_then_deleted_by_the_next_holder_answers_that_it_wrote()
+{
+    let mut wrong = Vec::new();
+    for refs in ["auto", "always"] {
+        let kept = Kept::start(refs).await;
+        let (proxy, b, name) = (&kept.proxy, &kept.b, KEPT);
+        let a = kept.a.clone();
+        let (release, forwarded) = proxy.lose_next_answer_held();
+        let written = state_json("lineage-kept", 2);
+        let write = {
+            let written = written.clone();
+            tokio::spawn(async move { a.write_locked(name, "a-0", &written).await })
+        };
+        forwarded.notified().await;
+        b.force_unlock(name).await.expect(200);
+        b.lock(name, "b-1").await.expect(200);
+        b.delete_state(name, Some("b-1")).await.expect(200);
+        release.notify_one();
+        let answer = write.await.expect("write task");
+        let history = b.history(name, "per_page=10").await.expect(200).history();
+        let serials: Vec<Option<u64>> = history
+            .versions
+            .iter()
+            .filter(|v| !v.deleted)
+            .map(|v| v.serial)
+            .collect();
+        assert_eq!(
+            serials,
+            [Some(2), Some(1)],
+            "{refs}: A's write (serial 2) is in the history once: {history:?}"
+        );
+        if answer.status != 200 {
+            wrong.push(format!("{refs}: {} {}", answer.status, answer.body.trim()));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "a write whose push landed was answered as refused: {wrong:?}"
+    );
+}
