@@ -724,3 +724,74 @@ async fn review_a_lost_answer_on_a_state_ref_then_deleted_by_the_next_holder_ans
         "a write whose push landed was answered as refused: {wrong:?}"
     );
 }
+
+/// Review (round 3): a GET after a LOCK answered from the LOCK's proof says "no state" for a
+/// state that exists. One process P in front of its clients (`GITSTATE_SINGLE_FRONT`, states on
+/// their own refs) serves a list whose fetch is slow; meanwhile a run creates the state `s` and
+/// updates it (to its own ref `T`) through P. The list then ends and notes the branch tip its
+/// advertisement showed, which predates `s`, as the tip P last saw. The next run's LOCK at the
+/// floor proves `s` at `T` (its ref asserted, the branch not), with that stale tip as the
+/// proof's branch; the GET reads the state ref only if that branch has the file, which it
+/// lacks, and answers 404: Terraform plans against an empty state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_a_get_after_a_proved_lock_never_says_no_state_for_a_state_that_exists() {
+    let server = GitServer::start().await;
+    let url = server.create_repo("front");
+    let proxy = FaultProxy::start(server.address, 7, 0.0, Vec::new()).await;
+    let env = [
+        ("GITSTATE_SINGLE_FRONT", "true"),
+        ("GITSTATE_STATE_REFS", "always"),
+        ("GITSTATE_FOLD_AFTER_WRITES", "false"),
+    ];
+    let p = TestBackend::start(&proxy.url("front"), &env).await;
+    let q = TestBackend::start(&url, &env).await;
+    let (pc, qc) = (Arc::new(Client::new(&p.url)), Client::new(&q.url));
+    // Warm P: its lock records the protocol, its write puts the tip in its cache.
+    let warm = "front/warm.tfstate";
+    pc.lock(warm, "w-0").await.expect(200);
+    pc.write_locked(warm, "w-0", &state_json("lineage-warm", 1))
+        .await
+        .expect(200);
+    pc.unlock(warm, "w-0").await.expect(200);
+    // Another backend holds a lock P has not seen: P's list must fetch its commit.
+    qc.lock("front/other.tfstate", "q-0").await.expect(200);
+    let (release, arrived) = proxy.hold_next_fetch();
+    let list = {
+        let pc = pc.clone();
+        tokio::spawn(async move { pc.send("GET", "/states", None).await })
+    };
+    arrived.notified().await;
+    // While the list's fetch waits: a run creates `s` and updates it (to its own ref), through P.
+    let name = "front/s.tfstate";
+    let step = Duration::from_secs(20);
+    let run = async {
+        pc.lock(name, "r-1").await.expect(200);
+        pc.get_state(name).await.expect(404);
+        for serial in [1, 2] {
+            pc.write_locked(name, "r-1", &state_json("lineage-s", serial))
+                .await
+                .expect(200);
+        }
+        pc.unlock(name, "r-1").await.expect(200);
+    };
+    tokio::time::timeout(step, run)
+        .await
+        .expect("the run through P finished while the list's fetch waited");
+    release.notify_one();
+    let listed = tokio::time::timeout(step, list)
+        .await
+        .expect("the list finished")
+        .expect("list task");
+    assert_eq!(listed.status, 200, "{}", listed.body);
+    // The next run: LOCK, then Terraform's GET.
+    pc.lock(name, "r-2").await.expect(200);
+    let read = pc.get_state(name).await;
+    let direct = qc.get_state(name).await;
+    assert_eq!(direct.status, 200, "the state exists: {}", direct.body);
+    assert_eq!(
+        (read.status, read.body.as_str()),
+        (200, direct.body.as_str()),
+        "the GET after the LOCK answered an existing state as absent"
+    );
+    pc.unlock(name, "r-2").await.expect(200);
+}

@@ -52,6 +52,7 @@ struct Proxy {
     plan: Arc<Mutex<Plan>>,
     held: Arc<Mutex<VecDeque<HeldLoss>>>,
     before: HeldBefore,
+    before_fetch: Arc<Mutex<VecDeque<HeldLoss>>>,
     enabled: Arc<AtomicBool>,
 }
 
@@ -69,6 +70,7 @@ pub struct FaultProxy {
     plan: Arc<Mutex<Plan>>,
     held: Arc<Mutex<VecDeque<HeldLoss>>>,
     before: HeldBefore,
+    before_fetch: Arc<Mutex<VecDeque<HeldLoss>>>,
     enabled: Arc<AtomicBool>,
     _task: tokio::task::JoinHandle<()>,
 }
@@ -86,12 +88,14 @@ impl FaultProxy {
         let enabled = Arc::new(AtomicBool::new(true));
         let held = Arc::new(Mutex::new(VecDeque::new()));
         let before = Arc::new(Mutex::new(VecDeque::new()));
+        let before_fetch = Arc::new(Mutex::new(VecDeque::new()));
         let state = Proxy {
             upstream,
             client: reqwest::Client::new(),
             plan: plan.clone(),
             held: held.clone(),
             before: before.clone(),
+            before_fetch: before_fetch.clone(),
             enabled: enabled.clone(),
         };
         let app = axum::Router::new().fallback(forward).with_state(state);
@@ -101,6 +105,7 @@ impl FaultProxy {
             plan,
             held,
             before,
+            before_fetch,
             enabled,
             _task: task,
         }
@@ -142,6 +147,24 @@ impl FaultProxy {
         (release, arrived)
     }
 
+    /// The next fetch (a POST to `git-upload-pack`) waits before it is forwarded, whatever other
+    /// requests pass meanwhile: `arrived` is notified when it reaches the proxy, and it passes
+    /// through once `release` is notified.
+    pub fn hold_next_fetch(&self) -> (Arc<tokio::sync::Notify>, Arc<tokio::sync::Notify>) {
+        let (release, arrived) = (
+            Arc::new(tokio::sync::Notify::new()),
+            Arc::new(tokio::sync::Notify::new()),
+        );
+        self.before_fetch
+            .lock()
+            .expect("before fetch")
+            .push_back(HeldLoss {
+                forwarded: arrived.clone(),
+                release: release.clone(),
+            });
+        (release, arrived)
+    }
+
     /// The URL of repository `name` through the proxy.
     pub fn url(&self, name: &str) -> String {
         format!("http://{}/{name}.git", self.address)
@@ -179,6 +202,13 @@ async fn forward(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
+    if method == Method::POST && uri.path().ends_with("/git-upload-pack") {
+        let held = state.before_fetch.lock().expect("before fetch").pop_front();
+        if let Some(held) = held {
+            held.forwarded.notify_one();
+            held.release.notified().await;
+        }
+    }
     let before = state.before.lock().expect("before").pop_front();
     if let Some((before, refuse)) = before {
         before.forwarded.notify_one();
