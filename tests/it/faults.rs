@@ -795,3 +795,35 @@ async fn review_a_get_after_a_proved_lock_never_says_no_state_for_a_state_that_e
     );
     pc.unlock(name, "r-2").await.expect(200);
 }
+
+/// Review (round 3): a DELETE whose push landed but whose answer was lost answers 200 (the rule
+/// of `a_delete_whose_answer_was_lost_answers_that_it_deleted`) also when other states were
+/// written meanwhile. No lock is broken here: two writes of other states through another
+/// backend land between the delete's push and its retry. The retry's fetch is shallow, so the
+/// walk from the new tip stops at the commit between it and the delete's own commit, and the
+/// rules answer 404 "no state stored" for a DELETE that deleted it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_a_delete_whose_answer_was_lost_answers_200_when_other_states_moved_the_branch() {
+    let kept = Kept::start("auto").await;
+    let (proxy, b, name) = (&kept.proxy, &kept.b, KEPT);
+    let a = kept.a.clone();
+    let (release, forwarded) = proxy.lose_next_answer_held();
+    let delete = tokio::spawn(async move { a.delete_state(name, Some("a-0")).await });
+    forwarded.notified().await;
+    // The delete landed; its answer is held. Other states are written meanwhile.
+    for other in ["kept/other-1.tfstate", "kept/other-2.tfstate"] {
+        b.lock(other, "b-1").await.expect(200);
+        b.write_locked(other, "b-1", &state_json("lineage-other", 1))
+            .await
+            .expect(200);
+        b.unlock(other, "b-1").await.expect(200);
+    }
+    release.notify_one();
+    let answer = delete.await.expect("delete task");
+    b.get_state(name).await.expect(404);
+    assert_eq!(
+        answer.status, 200,
+        "a DELETE that deleted the state: {}",
+        answer.body
+    );
+}
