@@ -725,16 +725,16 @@ async fn review_a_lost_answer_on_a_state_ref_then_deleted_by_the_next_holder_ans
     );
 }
 
-/// Review (round 3): a GET after a LOCK answered from the LOCK's proof says "no state" for a
-/// state that exists. One process P in front of its clients (`GITSTATE_SINGLE_FRONT`, states on
-/// their own refs) serves a list whose fetch is slow; meanwhile a run creates the state `s` and
-/// updates it (to its own ref `T`) through P. The list then ends and notes the branch tip its
+/// A GET after a LOCK answered from the LOCK's proof never says "no state" for a state that
+/// exists. One process P in front of its clients (`GITSTATE_SINGLE_FRONT`, states on their own
+/// refs) serves a list whose fetch is slow; meanwhile a run creates the state `s` and updates it
+/// (to its own ref `T`) through P. The list then ends and notes the branch tip its
 /// advertisement showed, which predates `s`, as the tip P last saw. The next run's LOCK at the
-/// floor proves `s` at `T` (its ref asserted, the branch not), with that stale tip as the
-/// proof's branch; the GET reads the state ref only if that branch has the file, which it
-/// lacks, and answers 404: Terraform plans against an empty state.
+/// floor asserts `s`'s ref at `T` and the branch at that stale tip: the branch's assertion fails,
+/// so the GET asks the remote rather than read "no file at that tip" as "no state" (which
+/// Terraform would plan against). Found by review.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn review_a_get_after_a_proved_lock_never_says_no_state_for_a_state_that_exists() {
+async fn a_get_after_a_proved_lock_never_says_no_state_for_a_state_that_exists() {
     let server = GitServer::start().await;
     let url = server.create_repo("front");
     let proxy = FaultProxy::start(server.address, 7, 0.0, Vec::new()).await;

@@ -320,7 +320,7 @@ impl GitStore {
             (known.tip(&state_ref), left)
         };
         match known {
-            Some(Some(tip)) => Some(Proving::new(&state_ref, tip, branch, Some(tip)).of(state_ref)),
+            Some(Some(tip)) => Some(Proving::own(&state_ref, tip, &at.branch.full_ref(), branch)),
             // Not where this process creates state refs itself (`always`): its own probe
             // would stand in the way of its first update.
             _ if remote.probes_work() && self.options.state_refs != StateRefs::Always => {
@@ -386,7 +386,11 @@ impl GitStore {
 /// content (its state ref, or the branch) at the tip this process knows, and, for a state
 /// believed to have no ref, that it has none ([`Probe`]).
 pub(super) struct Proving {
-    assert: Command,
+    /// The ref that holds the state's newest content, at the tip this process knows; where that
+    /// is the state's own ref, the branch at its known tip too, since the branch's file says
+    /// whether the state exists (a tip this process last saw may predate the state's create,
+    /// or a person's delete on the branch).
+    asserts: Vec<Command>,
     branch: ObjectId,
     state: Option<ObjectId>,
     /// The state's ref (whether `assert` names it or the branch).
@@ -422,6 +426,16 @@ impl Probe {
     }
 }
 
+/// A command that asserts `name` at `tip` and changes nothing (never the zero id: `0 → 0`
+/// would be a delete without a check).
+fn unchanged(name: &str, tip: ObjectId) -> Command {
+    Command {
+        old: tip,
+        new: tip,
+        name: name.to_owned(),
+    }
+}
+
 /// The ref a LOCK's probe creates for the state whose ref is `state_ref` (see [`Probe`]).
 pub(super) fn probe_ref(state_ref: &str) -> String {
     format!("{state_ref}/absent")
@@ -435,26 +449,31 @@ struct Judged {
 }
 
 impl Proving {
-    /// The ref `held` at `tip`: the branch at `branch`, or the state ref (`state`: its tip).
-    pub(super) fn new(
-        held: &str,
-        tip: ObjectId,
-        branch: ObjectId,
-        state: Option<ObjectId>,
-    ) -> Self {
-        // Never the zero id: `0 → 0` is a delete without a check.
-        let assert = Command {
-            old: tip,
-            new: tip,
-            name: held.to_owned(),
-        };
+    /// The branch `branch_ref` at `branch`: a state that has no ref of its own (see
+    /// [`Self::absent`]).
+    fn new(branch_ref: &str, branch: ObjectId) -> Self {
         Self {
-            assert,
+            asserts: vec![unchanged(branch_ref, branch)],
             branch,
-            state,
+            state: None,
             state_ref: String::new(),
             probe: None,
         }
+    }
+
+    /// The state's own ref `state_ref` at `state`, and the branch `branch_ref` at `branch`.
+    pub(super) fn own(
+        state_ref: &str,
+        state: ObjectId,
+        branch_ref: &str,
+        branch: ObjectId,
+    ) -> Self {
+        Self {
+            asserts: vec![unchanged(state_ref, state), unchanged(branch_ref, branch)],
+            state: Some(state),
+            ..Self::new(branch_ref, branch)
+        }
+        .of(state_ref.to_owned())
     }
 
     /// A state without a ref of its own, on `branch_ref` at `branch`: the branch asserted, the
@@ -465,7 +484,7 @@ impl Proving {
         state_ref: &str,
         (lock, left): (ObjectId, Option<ObjectId>),
     ) -> Self {
-        let proving = Self::new(branch_ref, branch, branch, None).of(state_ref.to_owned());
+        let proving = Self::new(branch_ref, branch).of(state_ref.to_owned());
         Self {
             probe: Some(Probe::new(state_ref, lock, left)),
             ..proving
@@ -480,21 +499,23 @@ impl Proving {
     /// The commands after the lock's create.
     fn commands(&self) -> Vec<Command> {
         let probe = self.probe.iter().map(|p| p.create.clone());
-        std::iter::once(self.assert.clone()).chain(probe).collect()
+        self.asserts.iter().cloned().chain(probe).collect()
     }
 
     /// Judge the verdicts on [`Self::commands`], in their order.
     fn judge(&self, verdicts: &[bool]) -> Judged {
         let ok = |i: usize| verdicts.get(i).copied().unwrap_or(false);
+        let held = (0..self.asserts.len()).all(ok);
         let Some(probe) = &self.probe else {
             return Judged {
-                proved: ok(0),
+                proved: held,
                 probe: None,
             };
         };
+        let made = ok(self.asserts.len());
         Judged {
-            proved: ok(0) && ok(1),
-            probe: ok(1).then(|| Command {
+            proved: held && made,
+            probe: made.then(|| Command {
                 old: probe.create.new,
                 new: null(),
                 name: probe.create.name.clone(),
@@ -560,10 +581,8 @@ fn remember_proved(
         tracing::debug!(?report, "the state moved since this process last saw it");
         return Vec::new();
     }
-    if proving.state.is_none() {
-        // The branch itself was asserted: its tip is current, a write may start there.
-        remote.saw_tip(proving.branch);
-    }
+    // The branch was asserted: its tip is current, a write may start there.
+    remote.saw_tip(proving.branch);
     let proof = Proof {
         lock: lock_commit,
         branch: proving.branch,
@@ -618,9 +637,25 @@ mod tests {
         let left = Proving::absent("refs/heads/main", id(1), &state_ref, (id(2), Some(id(9))));
         let moved = &left.commands()[1];
         assert_eq!((moved.old, moved.new), (id(9), id(2)));
-        // A state's own ref: its assertion alone.
-        let own = Proving::new(&state_ref, id(3), id(1), Some(id(3))).of(state_ref.clone());
-        assert_eq!(own.commands().len(), 1);
-        assert!(own.judge(&[true]).proved && !own.judge(&[false]).proved);
+        // A state's own ref: it and the branch asserted, proved only when both held.
+        let own = Proving::own(&state_ref, id(3), "refs/heads/main", id(1));
+        let asserted: Vec<_> = own
+            .commands()
+            .into_iter()
+            .map(|c| (c.name, c.old, c.new))
+            .collect();
+        assert_eq!(
+            asserted,
+            [
+                (state_ref.clone(), id(3), id(3)),
+                ("refs/heads/main".to_owned(), id(1), id(1)),
+            ]
+        );
+        for bits in 0..4u8 {
+            let verdicts: Vec<bool> = (0..2).map(|i| bits & (1 << i) != 0).collect();
+            let judged = own.judge(&verdicts);
+            assert_eq!(judged.proved, verdicts[0] && verdicts[1], "{verdicts:?}");
+            assert!(judged.probe.is_none());
+        }
     }
 }
