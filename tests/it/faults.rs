@@ -630,14 +630,14 @@ async fn a_deposed_holders_push_that_did_not_land_is_not_acknowledged() {
     );
 }
 
-/// Review (round 3): the lost-answer rule with more than one write after the lost one. A
-/// locked write whose push landed but whose answer was lost, its lock broken and taken by
-/// another who writes two newer states before the retry: the write is in the state's history
-/// (under the lock it asserted), so by the rule it answers 200. The retry's fetch is shallow
-/// (depth 1), so the first-parent walk from the new tip stops at the commit between it and the
-/// lost write's commit, finds nothing, and the rules answer 409 for a write that landed.
+/// The lost-answer rule with more than one write after the lost one. A locked write whose push
+/// landed but whose answer was lost, its lock broken and taken by another who writes two newer
+/// states before the retry: the write is in the state's history (under the lock it asserted),
+/// so it answers 200. The retry's fetch of the new tip is shallow: the walk for the write's
+/// commit fetches the history deeper where the cache's ends (found by review: it stopped there,
+/// and the rules answered 409 for a write that landed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn review_a_lost_answer_with_two_newer_writes_after_it_still_answers_that_it_wrote() {
+async fn a_write_whose_answer_was_lost_answers_that_it_wrote_after_two_newer_writes() {
     let mut wrong = Vec::new();
     for refs in ["auto", "always"] {
         let kept = Kept::start(refs).await;
@@ -677,15 +677,14 @@ async fn review_a_lost_answer_with_two_newer_writes_after_it_still_answers_that_
     );
 }
 
-/// Review (round 3): the lost-answer rule for a write to a state's own ref whose state was then
-/// deleted. With `always`, A's update goes to the state's ref; its push lands and its answer is
-/// lost. The lock is broken and taken by B, who deletes the state: the delete carries A's write
-/// onto the branch (its history lists it) and removes the ref. A's retry finds no ref, hops to
-/// the branch as a new queued write that remembers no push, and the rules answer 409 for a
-/// write that landed (with `auto` the branch keeps A's own commit and the retry answers 200).
+/// The lost-answer rule for a write to a state's own ref whose state was then deleted. With
+/// `always`, A's update goes to the state's ref; its push lands and its answer is lost. The lock
+/// is broken and taken by B, who deletes the state: the delete carries A's write onto the branch
+/// (its history lists it) and removes the ref. A's retry finds no ref and goes to the branch,
+/// with the record of every push of this write, and finds the commit that carried its own: 200
+/// (found by review: the branch's queue knew no push of it, and answered 409).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn review_a_lost_answer_on_a_state_ref_then_deleted_by_the_next_holder_answers_that_it_wrote()
-{
+async fn a_write_whose_answer_was_lost_answers_that_it_wrote_though_the_next_holder_deleted_it() {
     let mut wrong = Vec::new();
     for refs in ["auto", "always"] {
         let kept = Kept::start(refs).await;
@@ -796,14 +795,13 @@ async fn a_get_after_a_proved_lock_never_says_no_state_for_a_state_that_exists()
     pc.unlock(name, "r-2").await.expect(200);
 }
 
-/// Review (round 3): a DELETE whose push landed but whose answer was lost answers 200 (the rule
-/// of `a_delete_whose_answer_was_lost_answers_that_it_deleted`) also when other states were
-/// written meanwhile. No lock is broken here: two writes of other states through another
-/// backend land between the delete's push and its retry. The retry's fetch is shallow, so the
-/// walk from the new tip stops at the commit between it and the delete's own commit, and the
-/// rules answer 404 "no state stored" for a DELETE that deleted it.
+/// A DELETE whose push landed but whose answer was lost answers 200 (the rule of
+/// `a_delete_whose_answer_was_lost_answers_that_it_deleted`) also when other states were written
+/// meanwhile: two writes of other states through another backend land between the delete's
+/// push and its retry, whose shallow fetch the walk for the delete's commit deepens (found by
+/// review: the walk stopped there, and the rules answered 404 for a DELETE that deleted).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn review_a_delete_whose_answer_was_lost_answers_200_when_other_states_moved_the_branch() {
+async fn a_delete_whose_answer_was_lost_answers_that_it_deleted_after_other_writes() {
     let kept = Kept::start("auto").await;
     let (proxy, b, name) = (&kept.proxy, &kept.b, KEPT);
     let a = kept.a.clone();

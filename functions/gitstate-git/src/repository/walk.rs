@@ -93,26 +93,42 @@ impl Cache {
         }
     }
 
-    /// Whether `commit`, pushed on top of `base`, is on the first-parent chain from `tip`: the
-    /// walk stops at `commit`, at `base` (below which it cannot sit), or where the cache ends.
+    /// Whether `commit`, pushed on top of `base`, landed on the first-parent chain from `tip`:
+    /// the chain holds it, or a commit whose `State-commit` trailer names it (a fold or a delete
+    /// carried it there from its state's ref). The walk stops there, at `base` (below which it
+    /// cannot sit), at the root, or where the cache ends.
     pub fn landed_on_chain(
         &self,
         tip: ObjectId,
         commit: ObjectId,
         base: Option<ObjectId>,
-    ) -> Result<bool, Error> {
+    ) -> Result<Chain, Error> {
         let repo = self.repo()?;
+        let wanted = commit.to_string();
         let mut at = tip;
+        let mut walked = 0usize;
         loop {
             if at == commit {
-                return Ok(true);
+                return Ok(Chain::Found);
             }
             if Some(at) == base {
-                return Ok(false);
+                return Ok(Chain::Absent);
             }
-            match repo.find_commit(at)?.parent_ids().next() {
-                Some(parent) if repo.has_object(parent) => at = parent.detach(),
-                _ => return Ok(false),
+            let found = repo.find_commit(at)?;
+            let message = found.decode()?.message.to_string();
+            if gitstate_core::trailers::state_commit_of(&message).as_deref() == Some(&wanted) {
+                return Ok(Chain::Found);
+            }
+            walked += 1;
+            match found.parent_ids().next() {
+                Some(parent) if !repo.has_object(parent) => {
+                    return Ok(Chain::Shallow {
+                        boundary: at,
+                        walked,
+                    });
+                }
+                Some(parent) => at = parent.detach(),
+                None => return Ok(Chain::Absent),
             }
         }
     }

@@ -14,12 +14,16 @@ use gitstate_core::ports::{CommitMeta, HistoryPage};
 
 use super::known::{Home, KnownStates, Looks, STATE_REF_PREFIX, Seen, is_state_ref_of, state_ref};
 use super::transport::{Fetch, KnownTip, Transport};
-use super::write::Batcher;
+use super::write::{Batcher, Sent};
 use super::{RemoteError, blocking};
 use crate::protocol::{Advert, Service};
 use crate::protocol::{Command, PushReport};
-use crate::repository::{Cache, NewCommit};
+use crate::repository::{Cache, Chain, NewCommit};
 use crate::sync::lock;
+
+/// How deep a retry looks for a write's earlier push on a chain whose history the cache lacks
+/// (commits from the tip): the writes that can land between a push and its retry.
+const LANDED_DEPTH: u32 = 1024;
 
 /// One remote's folds in the background of this process (see the `fold` module).
 #[derive(Debug, Default)]
@@ -123,23 +127,40 @@ impl Remote {
         Ok(advert)
     }
 
-    /// Whether the first-parent chain from `tip` holds one of `commits`, each pushed on top of
-    /// its base (see `Cache::landed_on_chain`; a chain cut short by a shallow cache does not).
+    /// Whether one of a write's pushes `sent` landed on the first-parent chain from `tip`, the
+    /// branch's (`on_branch`: its commit, or a commit that carried it there from its state's
+    /// ref) or a state ref's (see `Cache::landed_on_chain`). Where the cache's history ends
+    /// first (a shallow fetch of a tip several writes on), it is fetched deeper, up to
+    /// [`LANDED_DEPTH`] commits: a busy branch does not hide a write that landed.
     pub(super) async fn carries_one_of(
         &self,
         tip: ObjectId,
-        commits: Vec<(ObjectId, Option<ObjectId>)>,
+        sent: Vec<Sent>,
+        on_branch: bool,
     ) -> Result<bool, RemoteError> {
-        let cache = self.cache.clone();
-        Ok(blocking(move || {
-            for (commit, base) in commits {
-                if cache.landed_on_chain(tip, commit, base)? {
-                    return Ok(true);
+        for push in sent {
+            let base = if on_branch { push.branch } else { push.base };
+            let mut reached = 0usize;
+            loop {
+                let cache = self.cache.clone();
+                let chain = blocking(move || cache.landed_on_chain(tip, push.commit, base)).await?;
+                let Chain::Shallow { boundary, walked } = chain else {
+                    if chain == Chain::Found {
+                        return Ok(true);
+                    }
+                    break;
+                };
+                let depth = u32::try_from(walked).unwrap_or(u32::MAX);
+                if !self.transport.deepens() || walked <= reached || depth >= LANDED_DEPTH {
+                    tracing::warn!(commit = %push.commit, walked, "a write's earlier push was not found within the history looked at: the write is judged again");
+                    break;
                 }
+                reached = walked;
+                let deeper = depth.saturating_mul(2).max(depth + 16).min(LANDED_DEPTH);
+                self.deepen(tip, boundary, deeper).await?;
             }
-            Ok(false)
-        })
-        .await?)
+        }
+        Ok(false)
     }
 
     /// The state ref of the file at `path` on this branch.

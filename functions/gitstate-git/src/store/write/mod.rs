@@ -40,8 +40,8 @@ use crate::settings::StateRefs;
 use crate::store::{GitStore, WriteError};
 
 pub(super) use lead::backoff;
-pub(super) use queue::Batcher;
-use queue::{Job, Routed};
+pub(super) use queue::{Batcher, Sent};
+use queue::{Job, Routed, Sends};
 use round::Writer;
 use state::Hop;
 
@@ -116,8 +116,14 @@ impl GitStore {
     ) -> Result<Written, WriteError> {
         let remote = self.remote(at)?;
         let started = Instant::now();
+        // Every push of this write, on whichever ref: a retry after a lost answer looks for
+        // them all (the state's ref may be gone by then, its writes carried onto the branch).
+        let pushed = Sends::default();
         let Some(name) = lock else {
-            return match self.queued(at, path, None, (change, plan), started).await? {
+            return match self
+                .queued(at, path, None, (change, plan), (started, &pushed))
+                .await?
+            {
                 Routed::Written(written) => Ok(written),
                 Routed::ToRef => Err(WriteError::Misrouted),
             };
@@ -134,7 +140,7 @@ impl GitStore {
             match &change {
                 Change::Put(bytes) if to_ref => {
                     match self
-                        .write_to_ref(&remote, at, name, bytes, &plan, started)
+                        .write_to_ref(&remote, at, name, bytes, &plan, (started, &pushed))
                         .await?
                     {
                         Hop::Done(written) => return Ok(written),
@@ -143,7 +149,10 @@ impl GitStore {
                 }
                 _ => {
                     let write = (change.clone(), plan.clone());
-                    match self.queued(at, path, Some(name), write, started).await? {
+                    match self
+                        .queued(at, path, Some(name), write, (started, &pushed))
+                        .await?
+                    {
                         Routed::Written(written) => return Ok(written),
                         Routed::ToRef => to_ref = true,
                     }
@@ -160,10 +169,10 @@ impl GitStore {
         path: &str,
         lock: Option<&StateName>,
         (change, plan): (Change, WritePlan),
-        started: Instant,
+        (started, pushed): (Instant, &Sends),
     ) -> Result<Routed, WriteError> {
         let remote = self.remote(at)?;
-        let (job, answer) = Job::new(path, lock, change, plan, started);
+        let (job, answer) = Job::new(path, lock, change, plan, started, pushed.clone());
         remote.batcher.push(job);
         if remote.batcher.claim() {
             let writer = Writer {

@@ -72,7 +72,7 @@ pub(super) async fn plan_one(
     let pushed = crate::sync::lock(&job.pushed).clone();
     if let Some(tip) = tip
         && !pushed.is_empty()
-        && remote.carries_one_of(tip, pushed).await?
+        && remote.carries_one_of(tip, pushed, true).await?
     {
         tracing::info!(state = %job.path, "a write's earlier push landed though its answer was lost");
         return Ok(Planned::Decided(Written::Unchanged));

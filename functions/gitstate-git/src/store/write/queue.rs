@@ -47,6 +47,22 @@ pub(super) enum Routed {
 /// What a caller waits for.
 pub(super) type Reply = Result<Routed, WriteError>;
 
+/// A push that carried one of a write's commits: it may have landed, whatever the caller heard
+/// back (an answer lost on the way).
+#[derive(Debug, Clone, Copy)]
+pub(in crate::store) struct Sent {
+    pub(in crate::store) commit: gix::ObjectId,
+    /// The tip of the ref it went to when it left: the commit cannot sit below it.
+    pub(in crate::store) base: Option<gix::ObjectId>,
+    /// The branch tip known when it left: a fold or a delete that carried it onto the branch
+    /// (a commit whose `State-commit` trailer names it) sits above it.
+    pub(in crate::store) branch: Option<gix::ObjectId>,
+}
+
+/// Every push of one write, wherever it went (its state's ref, then the branch, or back): one
+/// record for all its hops.
+pub(super) type Sends = std::sync::Arc<Mutex<Vec<Sent>>>;
+
 /// One queued write and how far it got.
 pub(super) struct Job {
     pub(super) path: String,
@@ -60,10 +76,8 @@ pub(super) struct Job {
     pub(super) started: Instant,
     /// The last transient failure, the answer if the write runs out of attempts.
     pub(super) last_error: Option<WriteError>,
-    /// The commits of this write that pushes carried, each with the branch tip its push
-    /// started from: one may have landed, whatever the round heard back (an answer lost on the
-    /// way).
-    pub(super) pushed: Mutex<Vec<(gix::ObjectId, Option<gix::ObjectId>)>>,
+    /// The pushes that carried this write's commits, on the branch and on its state's ref.
+    pub(super) pushed: Sends,
     reply: oneshot::Sender<Reply>,
 }
 
@@ -75,6 +89,7 @@ impl Job {
         change: Change,
         plan: WritePlan,
         started: Instant,
+        pushed: Sends,
     ) -> (Self, oneshot::Receiver<Reply>) {
         let (reply, answer) = oneshot::channel();
         let job = Self {
@@ -86,7 +101,7 @@ impl Job {
             attempts: 0,
             started,
             last_error: None,
-            pushed: Mutex::default(),
+            pushed,
             reply,
         };
         (job, answer)

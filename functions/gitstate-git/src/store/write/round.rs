@@ -12,7 +12,7 @@ use gitstate_core::ports::{Change, Location, Refusal, Written};
 
 use super::plan::{Planned, plan_one, written_id};
 use super::push::{Pushing, RefCommands, push_chain};
-use super::queue::{Job, Stage};
+use super::queue::{Job, Sent, Stage};
 use crate::protocol::Command;
 use crate::protocol::{Advert, Service};
 use crate::repository::NewCommit;
@@ -136,7 +136,11 @@ impl Writer {
         // From here the writes in the chain may land, whatever this round hears back.
         for (stage, job) in stages.iter().zip(jobs) {
             if let Stage::Pushing(commit) = stage {
-                lock(&job.pushed).push((*commit, tip));
+                lock(&job.pushed).push(Sent {
+                    commit: *commit,
+                    base: tip,
+                    branch: tip,
+                });
             }
         }
         let (lost, left) = push_chain(&self.remote, pushing, &mut stages).await?;

@@ -22,7 +22,7 @@
 //! commit; each runs in its caller's request (a caller that goes away takes its write with it)
 //! with the same attempts and deadline as a branch write.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -33,7 +33,7 @@ use gitstate_core::ports::{Location, Stored, WritePlan, Written};
 
 use super::lead::backoff;
 use super::plan::blob_id;
-use super::queue::{MAX_WRITE_ATTEMPTS, WRITE_DEADLINE};
+use super::queue::{MAX_WRITE_ATTEMPTS, Sends, Sent, WRITE_DEADLINE};
 use crate::protocol::{Command, Service, Updates};
 use crate::repository::NewCommit;
 use crate::settings::StateRefs;
@@ -85,9 +85,8 @@ struct Update<'a> {
     bytes: &'a Bytes,
     plan: &'a WritePlan,
     always: bool,
-    /// The commits of this write that pushes carried, each with its parent (see
-    /// `queue::Job::pushed`).
-    pushed: Mutex<Vec<(ObjectId, Option<ObjectId>)>>,
+    /// The pushes of this write, on this ref and on the branch (see `queue::Sent`).
+    pushed: Sends,
 }
 
 impl GitStore {
@@ -99,7 +98,7 @@ impl GitStore {
         name: &StateName,
         bytes: &Bytes,
         plan: &WritePlan,
-        started: Instant,
+        (started, pushed): (Instant, &Sends),
     ) -> Result<Hop, WriteError> {
         let update = Update {
             name,
@@ -109,7 +108,7 @@ impl GitStore {
             bytes,
             plan,
             always: self.options.state_refs == StateRefs::Always,
-            pushed: Mutex::default(),
+            pushed: pushed.clone(),
         };
         let (mut floor, mut attempts, mut losses) = (true, 0u32, 0u32);
         let mut last_error: Option<WriteError> = None;
@@ -250,7 +249,7 @@ async fn ref_round(
     let pushed = lock(&update.pushed).clone();
     if let Some(state_tip) = state_tip
         && !pushed.is_empty()
-        && remote.carries_one_of(state_tip, pushed).await?
+        && remote.carries_one_of(state_tip, pushed, false).await?
     {
         tracing::info!(state = %update.name, "a write's earlier push landed though its answer was lost");
         return Ok(decided(Hop::Done(Written::Unchanged)));
@@ -333,7 +332,11 @@ async fn push_state_commit(
         });
     }
     lock(&remote.looks).unknown(&update.state_ref, start.branch);
-    lock(&update.pushed).push((commit.id, Some(state_tip.unwrap_or(start.branch))));
+    lock(&update.pushed).push(Sent {
+        commit: commit.id,
+        base: Some(state_tip.unwrap_or(start.branch)),
+        branch: Some(start.branch),
+    });
     let report = if start.floor {
         match remote
             .push_at_floor(commands.clone(), commit.objects, Updates::Atomic)
