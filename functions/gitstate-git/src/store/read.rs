@@ -253,7 +253,10 @@ impl GitStore {
         // a mismatch or a record to make is the first LOCK's, on its normal path.
         let _ = self.protocol_for_lock(at, &advert);
         if let Some(tip) = advert.tip(&branch) {
-            remote.ensure(vec![tip]).await?;
+            // A fetch that fails here is the first LOCK's to make again, on its normal path.
+            if let Err(error) = remote.ensure(vec![tip]).await {
+                return Ok(Some(gitstate_core::report::chain(&error)));
+            }
             remote.saw_tip(tip);
         }
         Ok(None)

@@ -148,7 +148,12 @@ impl Remote {
             .transport
             .refs_beside(advert, &states_of(&self.branch))
             .await?;
-        self.note_states(&beside, &[]);
+        // (An advertisement that lists every ref was noted when it came: nothing is beside it,
+        // and noting that empty answer as every ref would forget every state ref.)
+        let names: Vec<String> = beside.refs.keys().cloned().collect();
+        if !names.is_empty() {
+            self.note_states(&beside, &names);
+        }
         Ok(advert
             .refs
             .iter()
