@@ -1250,3 +1250,52 @@ async fn a_lock_proof_never_answers_after_a_write_through_another_process() {
     );
     q.unlock(name, "apply-1").await.expect(200);
 }
+
+/// The replay of seed 1001 (`interleaved_writers_with_git_faults`, 3000 steps) in its smallest
+/// form, without faults: Terraform's DELETE of a state under its lock reaches another process
+/// (200); the same DELETE again, within the same second, reaches the process that took the LOCK,
+/// which goes at the floor on the tip it cached before the first DELETE. Its commit is byte for
+/// byte the first DELETE's (same parent, tree, trailers, author and second), so its push is
+/// refused (the tip moved) and the next round finds "its own" commit on the branch: the rule for
+/// a push whose answer was lost answers 200 for a DELETE of a state that is not there (404).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_delete_is_not_taken_for_its_own_landed_push() {
+    let server = GitServer::start().await;
+    let url = server.create_repo(REPO);
+    let root = tempfile::tempdir().expect("tempdir");
+    let mut procs = Vec::new();
+    for i in 0..2 {
+        let dir = root.path().join(format!("serve-{i}"));
+        std::fs::create_dir_all(&dir).expect("server dir");
+        let env = serve_env(&url, &[]);
+        procs.push(ServeProcess::start(Path::new(crate::GITSTATE), &dir, env).await);
+    }
+    let (p, q) = (Client::new(&procs[0].url), Client::new(&procs[1].url));
+    let mut answers = Vec::new();
+    for round in 0..3 {
+        let name = format!("del/{round}.tfstate");
+        let id = format!("apply-{round}");
+        let version = Version {
+            serial: 1,
+            marker: id.clone(),
+        };
+        // p takes the lock and writes: it made the lock and caches the tip (the floor).
+        p.lock(&name, &id).await.expect(200);
+        p.get_state(&name).await.expect(404);
+        p.write_locked(&name, &id, &version.body(&name))
+            .await
+            .expect(200);
+        // Start both DELETEs just after a second begins, so that they share the second.
+        let now = jiff::Timestamp::now();
+        let into = u64::try_from(now.subsec_nanosecond()).expect("positive");
+        tokio::time::sleep(Duration::from_nanos(1_000_000_000 - into + 20_000_000)).await;
+        q.delete_state(&name, Some(&id)).await.expect(200);
+        let again = p.delete_state(&name, Some(&id)).await;
+        answers.push((name.clone(), again.status, again.body.clone()));
+        p.unlock(&name, &id).await.expect(200);
+    }
+    assert!(
+        answers.iter().all(|(_, status, _)| *status == 404),
+        "a DELETE of a state the same lock's DELETE removed answered other than 404: {answers:?}"
+    );
+}
