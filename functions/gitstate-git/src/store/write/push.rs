@@ -73,6 +73,17 @@ pub(super) struct Pushing {
     pub(super) refs: RefCommands,
 }
 
+/// How a round's push ended (see [`push_chain`]).
+pub(super) struct ChainEnd {
+    /// Refused after an advertisement: what the remote said.
+    pub(super) lost: Option<String>,
+    /// State refs a delete could not remove after the branch moved.
+    pub(super) left: Vec<String>,
+    /// The remote's report refused the chain's commits: none of them landed by this push (a
+    /// push with no report, or one the host answered with an error, may have).
+    pub(super) refused: bool,
+}
+
 /// Push the chain with compare-and-swap on the round's tip, atomically with the unchanged lock
 /// refs when the remote allows, and move the writes `Pushing` their commits on: `Done` if it
 /// landed, else `Fresh` (the next round advertises). Refused at the floor, or by a remote that
@@ -83,7 +94,7 @@ pub(super) async fn push_chain(
     remote: &Remote,
     pushing: Pushing,
     stages: &mut [Stage],
-) -> Result<(Option<String>, Vec<String>), RemoteError> {
+) -> Result<ChainEnd, RemoteError> {
     let Pushing {
         tip,
         floor,
@@ -103,7 +114,11 @@ pub(super) async fn push_chain(
         let report = remote.push_each(refs.before.clone(), Vec::new()).await?;
         if !report.all_ok(&refs.before) {
             land(stages, false);
-            return Ok((Some(reason(&report)), Vec::new()));
+            return Ok(ChainEnd {
+                lost: Some(reason(&report)),
+                left: Vec::new(),
+                refused: true,
+            });
         }
     }
     let report = if floor {
@@ -112,9 +127,13 @@ pub(super) async fn push_chain(
             .await?
         {
             Some(report) if report.all_ok(&commands) => report,
-            _ => {
+            answer => {
                 land(stages, false);
-                return Ok((None, Vec::new()));
+                return Ok(ChainEnd {
+                    lost: None,
+                    left: Vec::new(),
+                    refused: answer.is_some_and(|report| refused_head(&report, &commands)),
+                });
             }
         }
     } else {
@@ -123,11 +142,25 @@ pub(super) async fn push_chain(
     if report.all_ok(&commands) {
         remote.saw_tip(head);
         land(stages, true);
-        return Ok((None, remove_after(remote, refs.after).await));
+        return Ok(ChainEnd {
+            lost: None,
+            left: remove_after(remote, refs.after).await,
+            refused: false,
+        });
     }
     tracing::debug!(?report, "write push lost a race");
     land(stages, false);
-    Ok((Some(reason(&report)), Vec::new()))
+    Ok(ChainEnd {
+        lost: Some(reason(&report)),
+        left: Vec::new(),
+        refused: refused_head(&report, &commands),
+    })
+}
+
+/// Whether `report` refused the branch's update, the first of `commands`: its chain did not
+/// land (with `atomic`, nothing did; without, the branch did not move to it).
+fn refused_head(report: &crate::protocol::PushReport, commands: &[Command]) -> bool {
+    !report.verdicts(commands).first().copied().unwrap_or(false)
 }
 
 /// What the remote said of the first ref it refused.

@@ -59,6 +59,15 @@ pub(in crate::store) struct Sent {
     pub(in crate::store) branch: Option<gix::ObjectId>,
 }
 
+/// Forget the last push of `commit` in `pushed`: the remote refused it with its report, so it
+/// landed nothing. (An earlier push of the same commit, whose answer was lost, stays.)
+pub(super) fn forget_refused(pushed: &Sends, commit: gix::ObjectId) {
+    let mut pushed = lock(pushed);
+    if let Some(last) = pushed.iter().rposition(|sent| sent.commit == commit) {
+        pushed.remove(last);
+    }
+}
+
 /// Every push of one write, wherever it went (its state's ref, then the branch, or back): one
 /// record for all its hops.
 pub(super) type Sends = std::sync::Arc<Mutex<Vec<Sent>>>;

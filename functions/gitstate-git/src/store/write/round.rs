@@ -11,8 +11,8 @@ use gitstate_core::StateName;
 use gitstate_core::ports::{Change, Location, Refusal, Written};
 
 use super::plan::{Planned, plan_one, written_id};
-use super::push::{Pushing, RefCommands, push_chain};
-use super::queue::{Job, Sent, Stage};
+use super::push::{ChainEnd, Pushing, RefCommands, push_chain};
+use super::queue::{Job, Sent, Stage, forget_refused};
 use crate::protocol::Command;
 use crate::protocol::{Advert, Service};
 use crate::repository::NewCommit;
@@ -134,6 +134,7 @@ impl Writer {
             refs,
         };
         // From here the writes in the chain may land, whatever this round hears back.
+        let mut carried = Vec::new();
         for (stage, job) in stages.iter().zip(jobs) {
             if let Stage::Pushing(commit) = stage {
                 lock(&job.pushed).push(Sent {
@@ -141,9 +142,21 @@ impl Writer {
                     base: tip,
                     branch: tip,
                 });
+                carried.push((job, *commit));
             }
         }
-        let (lost, left) = push_chain(&self.remote, pushing, &mut stages).await?;
+        let ChainEnd {
+            lost,
+            left,
+            refused,
+        } = push_chain(&self.remote, pushing, &mut stages).await?;
+        if refused {
+            // The remote refused these commits: a commit like one of them found on the branch
+            // later is another request's (the same change, parent and second), not this write's.
+            for (job, commit) in carried {
+                forget_refused(&job.pushed, commit);
+            }
+        }
         let lost = lost.map(|reason| Lost {
             on: tip,
             state_tips: start

@@ -33,7 +33,7 @@ use gitstate_core::ports::{Location, Stored, WritePlan, Written};
 
 use super::lead::backoff;
 use super::plan::blob_id;
-use super::queue::{MAX_WRITE_ATTEMPTS, Sends, Sent, WRITE_DEADLINE};
+use super::queue::{MAX_WRITE_ATTEMPTS, Sends, Sent, WRITE_DEADLINE, forget_refused};
 use crate::protocol::{Command, Service, Updates};
 use crate::repository::NewCommit;
 use crate::settings::StateRefs;
@@ -349,6 +349,8 @@ async fn push_state_commit(
         remote.push(commands.clone(), commit.objects).await?
     };
     if !report.all_ok(&commands) {
+        // Refused with a report (atomic): it landed nothing (see `queue::forget_refused`).
+        forget_refused(&update.pushed, commit.id);
         tracing::debug!(?report, "state ref write lost a race");
         return Ok(if start.floor { Step::Fresh } else { Step::Lost });
     }
