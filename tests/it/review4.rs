@@ -93,3 +93,145 @@ async fn a_ref_write_at_the_floor_after_a_break_glass_delete_reads_back() {
         }
     }
 }
+
+/// A `pre-receive` hook that, once armed (a file `armed`), holds the first push that creates a
+/// state ref (`0 -> S` under `refs/gitstate/states/`) until the test resumes it (at most 8 s).
+/// receive-pack checks the old ids after the hook, so what lands meanwhile is what the held push
+/// is judged against.
+const HOLD_CREATES: &str = r#"#!/bin/sh
+Z=0000000000000000000000000000000000000000
+hold=0
+while read old new ref; do
+  case "$ref" in
+    refs/gitstate/states/*/absent) ;;
+    refs/gitstate/states/*) [ "$old" = "$Z" ] && [ -e "$GIT_DIR/armed" ] && hold=1 ;;
+  esac
+done
+if [ $hold = 1 ] && mv "$GIT_DIR/armed" "$GIT_DIR/holding" 2>/dev/null; then
+  i=0
+  while [ ! -e "$GIT_DIR/resume" ] && [ $i -lt 160 ]; do sleep 0.05; i=$((i+1)); done
+  rm -f "$GIT_DIR/resume" "$GIT_DIR/holding"
+fi
+exit 0
+"#;
+
+fn install_hook(dir: &std::path::Path, hook: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join("hooks/pre-receive");
+    std::fs::create_dir_all(dir.join("hooks")).expect("hooks dir");
+    std::fs::write(&path, hook).expect("hook");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+}
+
+async fn wait_for(path: &std::path::Path, secs: u64) -> bool {
+    for _ in 0..secs * 20 {
+        if path.exists() {
+            return true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    false
+}
+
+/// A backend and its store (for folds).
+struct Built {
+    client: Client,
+    store: std::sync::Arc<dyn gitstate_core::ports::StateStore>,
+    at: gitstate_core::ports::Location,
+    _served: TestBackend,
+}
+
+async fn built(url: &str, env: &[(&str, &str)]) -> Built {
+    let cache = tempfile::tempdir().expect("tempdir");
+    let settings = gitstate_tests::settings_for(url, cache.path(), env);
+    let app = gitstate_app::build(settings).await.expect("backend");
+    let store = app.backend.store().clone();
+    let at = app.backend.locate(None, None).expect("primary");
+    let served = TestBackend::serve(app.router(), cache).await;
+    Built {
+        client: Client::new(&served.url),
+        store,
+        at,
+        _served: served,
+    }
+}
+
+/// Unlocked writes (`GITSTATE_ALLOW_UNLOCKED_WRITES=true`, documented as compare-and-swaps of
+/// the state's ref too): an `always` backend's first update of a state creates its ref by a
+/// create-only push `0 -> S` planned on the branch's file as an advertisement showed it; the
+/// push proves the ref absent but not the branch's file unchanged. Another backend's write of the
+/// same state that lands on the branch in between (an unlocked DELETE; or the update of a backend
+/// with `auto`, which writes a state without a ref to the branch) is then not seen by the ref's
+/// write, and both are acknowledged:
+/// - after the DELETE, the acknowledged update lives only on a ref the branch's missing file
+///   makes a leftover: the state reads 404 and no history has the write;
+/// - after the branch update, the ref's write hides it (its plan judged the older file: a lost
+///   update), and every fold refuses the state as if a person had edited the branch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_refs_create_only_push_never_loses_a_branch_write_made_since_its_look() {
+    for (other, deletes) in [("auto", false), ("always", true)] {
+        let case = format!("the other backend {other}, deletes {deletes}");
+        let server = GitServer::start_in(PushMode::Atomic).await;
+        let url = server.create_repo("race");
+        let dir = server.repo_dir("race");
+        let fold_off = ("GITSTATE_FOLD_AFTER_WRITES", "false");
+        let a = built(&url, &[("GITSTATE_STATE_REFS", "always"), fold_off]).await;
+        let b = built(&url, &[("GITSTATE_STATE_REFS", other), fold_off]).await;
+        let x = "team/race.tfstate";
+        b.client.write(x, &state_json("l", 1)).await.expect(200);
+        let bare = Bare::new(&dir, "main");
+        assert!(bare.tip(&bare.state_ref(x)).is_none(), "{case}: no ref yet");
+        install_hook(&dir, HOLD_CREATES);
+        std::fs::write(dir.join("armed"), "").expect("arm");
+        let v2 = state_json("l", 2);
+        let writing = {
+            let (client, v2) = (Client::new(&a._served.url), v2.clone());
+            tokio::spawn(async move { client.write(x, &v2).await })
+        };
+        assert!(
+            wait_for(&dir.join("holding"), 5).await,
+            "{case}: the ref's create-only push was held"
+        );
+        let v3 = state_json("l", 3);
+        let other_answer = if deletes {
+            b.client.delete_state(x, None).await
+        } else {
+            b.client.write(x, &v3).await
+        };
+        std::fs::write(dir.join("resume"), "").expect("resume");
+        let wrote = writing.await.expect("write task");
+        eprintln!(
+            "{case}: ref write {} {}, other {} {}",
+            wrote.status, wrote.body, other_answer.status, other_answer.body
+        );
+        if wrote.status != 200 || other_answer.status != 200 {
+            // One of them was refused: nothing lost.
+            continue;
+        }
+        let report = a.store.fold(&a.at).await.expect("fold");
+        let read = a.client.get_state(x).await;
+        let log: Vec<Option<String>> = gitstate_tests::states::file_log(&dir, "refs/heads/main", x)
+            .into_iter()
+            .map(|(_, c)| c.map(|c| String::from_utf8_lossy(&c).into_owned()))
+            .collect();
+        let newest = gitstate_tests::states::newest_stored(&dir, "main", x)
+            .map(|b| String::from_utf8_lossy(&b).into_owned());
+        let kept = |state: &str| {
+            newest.as_deref() == Some(state) || log.iter().any(|c| c.as_deref() == Some(state))
+        };
+        assert!(
+            kept(&v2),
+            "{case}: the ref's acknowledged write is in neither the state nor its history: the \
+             state reads {} {}, the branch's log {log:?}",
+            read.status,
+            read.body
+        );
+        if !deletes {
+            assert!(kept(&v3), "{case}: the branch's acknowledged write is lost");
+            assert!(
+                report.refused.is_empty(),
+                "{case}: a fold refuses a state nobody edited by hand: {report:?}"
+            );
+        }
+    }
+}
