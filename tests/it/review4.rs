@@ -235,3 +235,49 @@ async fn a_state_refs_create_only_push_never_loses_a_branch_write_made_since_its
         }
     }
 }
+
+/// Break-glass: a person removes a state's file by hand (`git rm`; its ref stays behind, which
+/// "is left over from a delete and is not a state"), and later puts a state at that path back
+/// by hand (a state restored from a backup, or `git mv` of another state onto the name). The
+/// left-over ref of the deleted state then hides the new file: every read answers the deleted
+/// state's old content, and no fold refuses anything (the ref's tip is what the record names),
+/// so nobody is told. gitstate's own create removes such a ref for this reason ("a create must
+/// not leave it to hide the new state"); the branch's file is the newest write here too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_put_back_by_hand_is_not_hidden_by_the_ref_its_delete_left() {
+    let server = GitServer::start_in(PushMode::Atomic).await;
+    let url = server.create_repo("back");
+    let dir = server.repo_dir("back");
+    let env = [
+        ("GITSTATE_STATE_REFS", "always"),
+        ("GITSTATE_FOLD_AFTER_WRITES", "false"),
+    ];
+    let a = built(&url, &env).await;
+    let x = "team/back.tfstate";
+    a.client.lock(x, "h0").await.expect(200);
+    for serial in 1..=2 {
+        a.client
+            .write_locked(x, "h0", &state_json("old", serial))
+            .await
+            .expect(200);
+    }
+    a.client.unlock(x, "h0").await.expect(200);
+    let report = a.store.fold(&a.at).await.expect("fold");
+    assert!(report.refused.is_empty(), "{report:?}");
+    let bare = Bare::new(&dir, "main");
+    assert!(bare.tip(&bare.state_ref(x)).is_some(), "the state's ref");
+    // By hand: removed, then put back with other content.
+    bare.branch_write(x, None, &by_hand(x));
+    let restored = state_json("backup", 7);
+    let mut put_back = by_hand(x);
+    put_back.message = format!("break-glass: restore {x} from a backup\n");
+    bare.branch_write(x, Some(restored.as_bytes()), &put_back);
+    let report = a.store.fold(&a.at).await.expect("fold");
+    let cold = TestBackend::start(&url, &env).await;
+    let read = Client::new(&cold.url).get_state(x).await;
+    assert_eq!(
+        (read.status, read.body.as_str()),
+        (200, restored.as_str()),
+        "the file put back by hand, read through a cold process (the fold after it: {report:?})"
+    );
+}
