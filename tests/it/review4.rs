@@ -281,3 +281,65 @@ async fn a_state_put_back_by_hand_is_not_hidden_by_the_ref_its_delete_left() {
         "the file put back by hand, read through a cold process (the fold after it: {report:?})"
     );
 }
+
+/// A fold whose push of the lease `refs/gitstate/fold` lands but whose answer is lost (a proxy's
+/// 500, a connection cut after the server acted) looks again, finds the lease it just made, does
+/// not know it for its own, and ends as "another fold holds the lease": nothing is folded, and
+/// the lease stays behind for the lease age (60 s), during which every fold (`gitstate fold`,
+/// the Lambda's schedule, a `gitstate run` waiting before it exits) gives up as busy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fold_whose_lease_answer_was_lost_neither_gives_up_nor_leaves_the_lease() {
+    let server = GitServer::start_in(PushMode::Atomic).await;
+    server.create_repo("lease");
+    let proxy = gitstate_tests::faults::FaultProxy::start(server.address, 1, 0.0, vec![]).await;
+    let url = proxy.url("lease");
+    let env = [
+        ("GITSTATE_STATE_REFS", "always"),
+        ("GITSTATE_FOLD_AFTER_WRITES", "false"),
+    ];
+    let a = built(&url, &env).await;
+    let x = "team/lease.tfstate";
+    a.client.lock(x, "h").await.expect(200);
+    for serial in 1..=2 {
+        a.client
+            .write_locked(x, "h", &state_json("l", serial))
+            .await
+            .expect(200);
+    }
+    a.client.unlock(x, "h").await.expect(200);
+    let dir = server.repo_dir("lease");
+    let bare = Bare::new(&dir, "main");
+    assert!(bare.tip(&bare.state_ref(x)).is_some(), "a write to fold");
+    server.take_labels();
+    // The fold's look passes; the request after it (the lease's create) lands, its answer lost.
+    let (look_go, look_here) = proxy.hold_next_before(None);
+    let (push_go, push_here) = proxy.hold_next_before(None);
+    let folding = {
+        let (store, at) = (a.store.clone(), a.at.clone());
+        tokio::spawn(async move { store.fold(&at).await })
+    };
+    look_here.notified().await;
+    look_go.notify_one();
+    push_here.notified().await;
+    let (lost_go, lost_done) = proxy.lose_next_answer_held();
+    push_go.notify_one();
+    lost_done.notified().await;
+    lost_go.notify_one();
+    let report = folding.await.expect("fold task");
+    let labels = server.take_labels();
+    assert_eq!(
+        labels.get(1).map(String::as_str),
+        Some("POST receive-pack"),
+        "the second request of the fold is the lease's push: {labels:?}"
+    );
+    let lease = bare.tip("refs/gitstate/fold");
+    assert!(
+        lease.is_none(),
+        "the lease is left behind (fold answered {report:?}, requests {labels:?})"
+    );
+    let report = report.expect("the fold");
+    assert!(
+        !report.busy && report.writes == 1,
+        "the fold gave up on its own lease: {report:?}"
+    );
+}
