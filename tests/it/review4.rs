@@ -343,3 +343,53 @@ async fn a_fold_whose_lease_answer_was_lost_neither_gives_up_nor_leaves_the_leas
         "the fold gave up on its own lease: {report:?}"
     );
 }
+
+/// A write to a state's ref whose push lands but whose answer is lost is acknowledged on its
+/// retry (the retry finds its commit on the ref). The background fold that follows a write to a
+/// state ref (`gitstate serve`, and `gitstate run`, which waits for it before it exits: "branch
+/// lag: none once gitstate run has exited") is started only by a push this process heard land,
+/// so this write is never folded here: after `finish_folds` the branch still lacks it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ref_write_whose_answer_was_lost_is_folded_in_the_background_too() {
+    let server = GitServer::start_in(PushMode::Atomic).await;
+    server.create_repo("bg");
+    let proxy = gitstate_tests::faults::FaultProxy::start(server.address, 2, 0.0, vec![]).await;
+    let url = proxy.url("bg");
+    let a = built(&url, &[("GITSTATE_STATE_REFS", "always")]).await;
+    let x = "team/bg.tfstate";
+    a.client.lock(x, "h").await.expect(200);
+    a.client
+        .write_locked(x, "h", &state_json("l", 1))
+        .await
+        .expect(200);
+    server.take_labels();
+    // The write goes at the protocol floor (the create's push was a look under the lock): its
+    // first request is its push to the state's ref, which lands, the answer lost.
+    let (push_go, push_here) = proxy.hold_next_before(None);
+    let v2 = state_json("l", 2);
+    let writing = {
+        let (client, v2) = (Client::new(&a._served.url), v2.clone());
+        tokio::spawn(async move { client.write_locked(x, "h", &v2).await })
+    };
+    push_here.notified().await;
+    let (lost_go, lost_done) = proxy.lose_next_answer_held();
+    push_go.notify_one();
+    lost_done.notified().await;
+    lost_go.notify_one();
+    let wrote = writing.await.expect("write task");
+    let labels = server.take_labels();
+    assert_eq!(wrote.status, 200, "{}: {labels:?}", wrote.body);
+    a.client.unlock(x, "h").await.expect(200);
+    let bare = Bare::new(&server.repo_dir("bg"), "main");
+    assert!(
+        bare.tip(&bare.state_ref(x)).is_some(),
+        "the write went to the state's ref: {labels:?}"
+    );
+    a.store.finish_folds().await;
+    assert_eq!(
+        bare.file(x)
+            .map(|b| String::from_utf8_lossy(&b).into_owned()),
+        Some(v2),
+        "the background folds are done and the branch lacks the acknowledged write ({labels:?})"
+    );
+}
