@@ -24,7 +24,7 @@ mod lambda_watch;
 mod misconfigured;
 mod model;
 mod protocol;
-mod review4;
+mod races;
 mod sops_oracle;
 mod state_refs;
 mod terraform;

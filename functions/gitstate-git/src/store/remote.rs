@@ -36,7 +36,7 @@ pub(super) struct Background {
 
 impl Background {
     /// A push wrote a state ref.
-    fn wrote_state(&self) {
+    pub(super) fn wrote_state(&self) {
         self.unfolded.store(true, Ordering::SeqCst);
     }
 }

@@ -58,6 +58,7 @@ async fn fold_while_unfolded(remote: Arc<Remote>, branch: String, lease_age: Dur
                 branch: branch.clone(),
                 lease_age,
                 lease: None,
+                sent: None,
             };
             let outcome = folder.rounds().await;
             folder.let_go().await;

@@ -48,6 +48,11 @@ impl Folder {
         if self.lease.is_some() {
             return Ok(Bid::Held);
         }
+        // The lease this fold pushed, whose answer was lost, landed: it is this fold's.
+        if self.sent.is_some() && advert.tip(LEASE_REF) == self.sent {
+            self.lease = self.sent.take();
+            return Ok(Bid::Held);
+        }
         let old = match advert.tip(LEASE_REF) {
             None => null(),
             Some(held) => match self.expired(held).await {
@@ -73,10 +78,14 @@ impl Folder {
             new: commit.id,
             name: LEASE_REF.to_owned(),
         };
+        // Until an answer comes, the lease may be this fold's: a look that finds it takes it
+        // (see above), and letting go deletes it.
+        self.sent = Some(commit.id);
         let report = self
             .remote
             .push(vec![command.clone()], commit.objects)
             .await?;
+        self.sent = None;
         if report.all_ok(&[command]) {
             self.lease = Some(commit.id);
             return Ok(Bid::Held);
@@ -98,7 +107,9 @@ impl Folder {
     /// Let go of the lease if this fold still holds it. A failure only delays the next fold by
     /// the lease age: logged, not returned.
     pub(super) async fn let_go(&mut self) {
-        let Some(lease) = self.lease.take() else {
+        // (A lease whose push's answer was lost is let go of too: the delete names it, so one
+        // that did not land, or that another took over since, is left alone.)
+        let Some(lease) = self.lease.take().or(self.sent.take()) else {
             return;
         };
         let command = release(lease);

@@ -48,6 +48,7 @@ impl GitStore {
             branch: at.branch.full_ref(),
             lease_age: self.options.fold_lease_age,
             lease: None,
+            sent: None,
         };
         let outcome = folder.rounds().await;
         folder.let_go().await;
@@ -68,6 +69,8 @@ struct Folder {
     lease_age: Duration,
     /// The lease commit, while this fold holds it.
     lease: Option<ObjectId>,
+    /// A lease commit whose push's answer was lost: it may stand (see `lease::hold_lease`).
+    sent: Option<ObjectId>,
 }
 
 /// How one round ended.

