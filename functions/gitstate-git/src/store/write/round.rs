@@ -133,30 +133,8 @@ impl Writer {
             objects,
             refs,
         };
-        // From here the writes in the chain may land, whatever this round hears back.
-        let mut carried = Vec::new();
-        for (stage, job) in stages.iter().zip(jobs) {
-            if let Stage::Pushing(commit) = stage {
-                lock(&job.pushed).push(Sent {
-                    commit: *commit,
-                    base: tip,
-                    branch: tip,
-                });
-                carried.push((job, *commit));
-            }
-        }
-        let ChainEnd {
-            lost,
-            left,
-            refused,
-        } = push_chain(&self.remote, pushing, &mut stages).await?;
-        if refused {
-            // The remote refused these commits: a commit like one of them found on the branch
-            // later is another request's (the same change, parent and second), not this write's.
-            for (job, commit) in carried {
-                forget_refused(&job.pushed, commit);
-            }
-        }
+        let ChainEnd { lost, left, .. } =
+            push_recorded(&self.remote, jobs, pushing, &mut stages).await?;
         let lost = lost.map(|reason| Lost {
             on: tip,
             state_tips: start
@@ -554,4 +532,35 @@ fn usable_at_floor(home: Home, always: bool, creates: bool) -> bool {
         Home::Absent => !always || creates,
         Home::Unknown => false,
     }
+}
+
+/// Push a round's chain (see [`push_chain`]), each write's commit in it recorded first in the
+/// write's record of pushes (from here it may land, whatever the round hears back) and struck
+/// from it again when the remote's report refused the chain (a commit like it found on the
+/// branch later is another request's: the same change, parent and second).
+async fn push_recorded(
+    remote: &Remote,
+    jobs: &[Job],
+    pushing: Pushing,
+    stages: &mut [Stage],
+) -> Result<ChainEnd, RemoteError> {
+    let tip = pushing.tip;
+    let mut carried = Vec::new();
+    for (stage, job) in stages.iter().zip(jobs) {
+        if let Stage::Pushing(commit) = stage {
+            lock(&job.pushed).push(Sent {
+                commit: *commit,
+                base: tip,
+                branch: tip,
+            });
+            carried.push((job, *commit));
+        }
+    }
+    let end = push_chain(remote, pushing, stages).await?;
+    if end.refused {
+        for (job, commit) in carried {
+            forget_refused(&job.pushed, commit);
+        }
+    }
+    Ok(end)
 }
