@@ -1299,3 +1299,56 @@ async fn a_repeated_delete_is_not_taken_for_its_own_landed_push() {
         "a DELETE of a state the same lock's DELETE removed answered other than 404: {answers:?}"
     );
 }
+
+/// Seed 1003 (`interleaved_writers_with_git_faults`, 3000 steps) in its smallest form, without
+/// faults: the holder's DELETE through another process (200), its write that creates the state
+/// again (200), then its DELETE again, within the same second, through the process that took the
+/// LOCK (at the floor, on the tip it cached before the first DELETE). That DELETE's commit is
+/// byte for byte the first one's; its push is refused and the next round takes the first
+/// DELETE's commit, below the new write, for its own landed push: 200, and the state is still
+/// there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_answered_200_leaves_no_state_behind() {
+    let server = GitServer::start().await;
+    let url = server.create_repo(REPO);
+    let root = tempfile::tempdir().expect("tempdir");
+    let mut procs = Vec::new();
+    for i in 0..2 {
+        let dir = root.path().join(format!("serve-{i}"));
+        std::fs::create_dir_all(&dir).expect("server dir");
+        let env = serve_env(&url, &[]);
+        procs.push(ServeProcess::start(Path::new(crate::GITSTATE), &dir, env).await);
+    }
+    let (p, q) = (Client::new(&procs[0].url), Client::new(&procs[1].url));
+    let mut left = Vec::new();
+    for round in 0..3 {
+        let name = format!("del/{round}.tfstate");
+        let id = format!("apply-{round}");
+        let version = |serial| Version {
+            serial,
+            marker: format!("{id}-{serial}"),
+        };
+        p.lock(&name, &id).await.expect(200);
+        p.get_state(&name).await.expect(404);
+        p.write_locked(&name, &id, &version(1).body(&name))
+            .await
+            .expect(200);
+        let now = jiff::Timestamp::now();
+        let into = u64::try_from(now.subsec_nanosecond()).expect("positive");
+        tokio::time::sleep(Duration::from_nanos(1_000_000_000 - into + 20_000_000)).await;
+        q.delete_state(&name, Some(&id)).await.expect(200);
+        q.write_locked(&name, &id, &version(2).body(&name))
+            .await
+            .expect(200);
+        let deleted = p.delete_state(&name, Some(&id)).await;
+        let read = q.get_state(&name).await;
+        if deleted.status == 200 && read.status != 404 {
+            left.push((name.clone(), read.status, Version::of(&read.body)));
+        }
+        p.unlock(&name, &id).await.expect(200);
+    }
+    assert!(
+        left.is_empty(),
+        "a DELETE answered 200 and the state is still there: {left:?}"
+    );
+}
