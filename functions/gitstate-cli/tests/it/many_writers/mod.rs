@@ -1256,8 +1256,9 @@ async fn a_lock_proof_never_answers_after_a_write_through_another_process() {
 /// (200); the same DELETE again, within the same second, reaches the process that took the LOCK,
 /// which goes at the floor on the tip it cached before the first DELETE. Its commit is byte for
 /// byte the first DELETE's (same parent, tree, trailers, author and second), so its push is
-/// refused (the tip moved) and the next round finds "its own" commit on the branch: the rule for
-/// a push whose answer was lost answers 200 for a DELETE of a state that is not there (404).
+/// refused (the tip moved). A refused push landed nothing and leaves the record: the next round
+/// does not take the first DELETE's commit for its own (it did, and the rule for a push whose
+/// answer was lost answered 200 for a DELETE of a state that is not there: 404).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_repeated_delete_is_not_taken_for_its_own_landed_push() {
     let server = GitServer::start().await;
@@ -1304,9 +1305,9 @@ async fn a_repeated_delete_is_not_taken_for_its_own_landed_push() {
 /// faults: the holder's DELETE through another process (200), its write that creates the state
 /// again (200), then its DELETE again, within the same second, through the process that took the
 /// LOCK (at the floor, on the tip it cached before the first DELETE). That DELETE's commit is
-/// byte for byte the first one's; its push is refused and the next round takes the first
-/// DELETE's commit, below the new write, for its own landed push: 200, and the state is still
-/// there.
+/// byte for byte the first one's; its push is refused, which strikes it from the DELETE's record
+/// of pushes, so the next round does not take the first DELETE's commit, below the new write,
+/// for its own landed push (it did: 200, and the state was still there).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delete_answered_200_leaves_no_state_behind() {
     let server = GitServer::start().await;
