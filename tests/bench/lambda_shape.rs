@@ -221,6 +221,21 @@ async fn phase(git: &GitServer, side: &Side, n: usize, serial: u64, write: bool)
     }
     let lag = done.elapsed();
     let taken = git.take_requests();
+    // `GITSTATE_BENCH_WARM_READS=1`: after a phase, every process reads its state once (not
+    // counted), so the next phase's GETs find the tip they know, whatever the fold moved: an
+    // update phase and a no-op phase then differ by the write alone.
+    if std::env::var_os("GITSTATE_BENCH_WARM_READS").is_some() {
+        let reads: Vec<_> = (0..side.clients.len())
+            .map(|i| {
+                let client = side.clients[i].clone();
+                tokio::spawn(async move { client.get_state(&state(i)).await.status })
+            })
+            .collect();
+        for read in reads {
+            assert_eq!(read.await.expect("warm read"), 200, "a warm read");
+        }
+        git.take_requests();
+    }
     let mut kinds = std::collections::BTreeMap::new();
     for request in &taken {
         *kinds.entry(request.label()).or_default() += 1;
@@ -307,6 +322,13 @@ pub async fn lambda_shape(out: &mut String, binary: &std::path::Path) {
     for (index, (bin, label, extra)) in builds.into_iter().enumerate() {
         let repo = format!("lambda-{index}");
         git.create_repo(&repo);
+        // `GITSTATE_BENCH_GIT_CONFIG=KEY=VALUE[,KEY=VALUE…]`: the served repository's settings
+        // changed from the tests' server (another host's housekeeping).
+        if let Ok(config) = std::env::var("GITSTATE_BENCH_GIT_CONFIG") {
+            for (key, value) in config.split(',').filter_map(|s| s.split_once('=')) {
+                gitstate_tests::git(&["config", key, value], Some(&git.repo_dir(&repo)));
+            }
+        }
         let proxy = FaultProxy::start(git.address, 1, 1.0, vec![Fault::Slow(DELAY)]).await;
         let url = proxy.url(&repo);
         let mut procs = Vec::with_capacity(most);
