@@ -96,7 +96,13 @@ impl Client {
 
     pub fn with_credentials(base: &str, credentials: Option<(&str, &str)>) -> Self {
         Self {
-            http: reqwest::Client::new(),
+            // A connection idle for 5 s is dropped here before `gitstate serve` closes it (at
+            // its 10 s header timeout): reusing one the server is closing at that moment fails
+            // the request (`IncompleteMessage`), a race of the harness, not of the backend.
+            http: reqwest::Client::builder()
+                .pool_idle_timeout(std::time::Duration::from_secs(5))
+                .build()
+                .expect("HTTP client"),
             base: base.trim_end_matches('/').to_owned(),
             credentials: credentials.map(|(u, p)| (u.to_owned(), p.to_owned())),
         }
