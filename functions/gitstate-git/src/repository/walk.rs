@@ -49,6 +49,19 @@ pub enum Replayed {
     Shallow { boundary: ObjectId, walked: usize },
 }
 
+/// Where a search of a first-parent chain ended (see [`Cache::search_chain`]).
+enum Search {
+    Found(ObjectId),
+    Absent,
+    Shallow { boundary: ObjectId, walked: usize },
+}
+
+/// Whether a commit's `message` says it carries the state commit `wanted` (its `State-commit`
+/// trailer: a fold or a delete replayed that write onto the branch).
+fn carries(message: &str, wanted: &str) -> bool {
+    gitstate_core::trailers::state_commit_of(message).as_deref() == Some(wanted)
+}
+
 /// The id a revision is listed under: the state commit a fold or a delete replayed onto the
 /// branch (its `State-commit` trailer, when that is a commit id), else the commit's own. A
 /// write keeps the id it was first listed under, whether its ref was folded or deleted since.
@@ -103,59 +116,63 @@ impl Cache {
         commit: ObjectId,
         base: Option<ObjectId>,
     ) -> Result<Chain, Error> {
-        let repo = self.repo()?;
         let wanted = commit.to_string();
-        let mut at = tip;
-        let mut walked = 0usize;
-        loop {
-            if at == commit {
-                return Ok(Chain::Found);
+        let found = self.search_chain(tip, |at, message| {
+            if at == commit || carries(message, &wanted) {
+                Some(true)
+            } else {
+                (Some(at) == base).then_some(false)
             }
-            if Some(at) == base {
-                return Ok(Chain::Absent);
-            }
-            let found = repo.find_commit(at)?;
-            let message = found.decode()?.message.to_string();
-            if gitstate_core::trailers::state_commit_of(&message).as_deref() == Some(&wanted) {
-                return Ok(Chain::Found);
-            }
-            walked += 1;
-            match found.parent_ids().next() {
-                Some(parent) if !repo.has_object(parent) => {
-                    return Ok(Chain::Shallow {
-                        boundary: at,
-                        walked,
-                    });
-                }
-                Some(parent) => at = parent.detach(),
-                None => return Ok(Chain::Absent),
-            }
-        }
+        })?;
+        Ok(match found {
+            Search::Found(_) => Chain::Found,
+            Search::Absent => Chain::Absent,
+            Search::Shallow { boundary, walked } => Chain::Shallow { boundary, walked },
+        })
     }
 
     /// The commit on the first-parent chain of `tip` whose `State-commit` trailer names
     /// `state_commit`: where a fold or a delete replayed that write onto the branch.
     pub fn replay_of(&self, tip: ObjectId, state_commit: ObjectId) -> Result<Replayed, Error> {
-        let repo = self.repo()?;
         let wanted = state_commit.to_string();
+        let found =
+            self.search_chain(tip, |_, message| carries(message, &wanted).then_some(true))?;
+        Ok(match found {
+            Search::Found(at) => Replayed::At(at),
+            Search::Absent => Replayed::Absent,
+            Search::Shallow { boundary, walked } => Replayed::Shallow { boundary, walked },
+        })
+    }
+
+    /// Walk the first-parent chain from `tip`, asking `judge` of each commit (its id and
+    /// message): `Some(true)` ends the walk there, found; `Some(false)` ends it, not found;
+    /// `None` goes on to the parent. The root ends it too, and so does the cache's end.
+    fn search_chain(
+        &self,
+        tip: ObjectId,
+        mut judge: impl FnMut(ObjectId, &str) -> Option<bool>,
+    ) -> Result<Search, Error> {
+        let repo = self.repo()?;
         let mut at = tip;
         let mut walked = 0usize;
         loop {
             let commit = repo.find_commit(at)?;
             let message = commit.decode()?.message.to_string();
-            if gitstate_core::trailers::state_commit_of(&message).as_deref() == Some(&wanted) {
-                return Ok(Replayed::At(at));
+            match judge(at, &message) {
+                Some(true) => return Ok(Search::Found(at)),
+                Some(false) => return Ok(Search::Absent),
+                None => {}
             }
             walked += 1;
             match commit.parent_ids().next() {
                 Some(parent) if !repo.has_object(parent) => {
-                    return Ok(Replayed::Shallow {
+                    return Ok(Search::Shallow {
                         boundary: at,
                         walked,
                     });
                 }
                 Some(parent) => at = parent.detach(),
-                None => return Ok(Replayed::Absent),
+                None => return Ok(Search::Absent),
             }
         }
     }
