@@ -507,59 +507,86 @@ impl Kept {
 }
 
 /// A locked write whose push landed but whose answer was lost, with the lock broken by force
-/// before the write's retry (and, where `overwritten`, taken by another who wrote a newer
-/// state): the retry finds its own commit on the branch or the state's ref and answers 200 (it
-/// answered 409, "not locked", for a write that is in the state's history). Each write is in
-/// the history once; on the branch (`auto`) and on the state's own ref (`always`).
+/// before the write's retry and then, by another who takes the lock, nothing more, one to three
+/// newer states written, or the state deleted (the delete carries an unfolded write onto the
+/// branch): the retry finds its own commit, or the commit that carried it, on the branch or the
+/// state's ref, and answers 200. Each write is in the history once; on the branch (`auto`) and
+/// on the state's own ref (`always`). Before, it answered 409 ("not locked") for a write in
+/// the history; with two or more writes after it, the walk stopped where the retry's shallow
+/// fetch ended; after a delete, the retry went to the branch with no record of its push.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_whose_answer_was_lost_answers_that_it_wrote_after_a_force_unlock() {
-    for (refs, overwritten) in [
-        ("auto", false),
-        ("always", false),
-        ("auto", true),
-        ("always", true),
-    ] {
-        let kept = Kept::start(refs).await;
-        let (server, proxy, b, name) = (&kept.server, &kept.proxy, &kept.b, KEPT);
-        let a = kept.a.clone();
-        let (release, forwarded) = proxy.lose_next_answer_held();
-        let written = state_json("lineage-kept", 2);
-        let write = {
-            let written = written.clone();
-            tokio::spawn(async move { a.write_locked(name, "a-0", &written).await })
-        };
-        forwarded.notified().await;
-        let first: Vec<String> = server
-            .take_requests()
-            .iter()
-            .map(gitstate_tests::Seen::label)
-            .collect();
-        assert_eq!(
-            first,
-            ["POST receive-pack"],
-            "{refs}: the write's first request is its push"
-        );
-        // The write landed; its answer is held. Someone breaks the lock meanwhile, and takes
-        // it and writes a newer state too, where `overwritten`.
-        b.force_unlock(name).await.expect(200);
-        let newer = state_json("lineage-kept", 3);
-        if overwritten {
-            b.lock(name, "b-1").await.expect(200);
-            b.write_locked(name, "b-1", &newer).await.expect(200);
+    // What the next holder does before the retry: write this many newer states, or delete.
+    #[derive(Debug, Clone, Copy)]
+    enum Then {
+        Writes(u64),
+        Delete,
+    }
+    for refs in ["auto", "always"] {
+        for then in [
+            Then::Writes(0),
+            Then::Writes(1),
+            Then::Writes(2),
+            Then::Writes(3),
+            Then::Delete,
+        ] {
+            let kept = Kept::start(refs).await;
+            let (server, proxy, b, name) = (&kept.server, &kept.proxy, &kept.b, KEPT);
+            let a = kept.a.clone();
+            let (release, forwarded) = proxy.lose_next_answer_held();
+            let written = state_json("lineage-kept", 2);
+            let write = {
+                let written = written.clone();
+                tokio::spawn(async move { a.write_locked(name, "a-0", &written).await })
+            };
+            forwarded.notified().await;
+            let first: Vec<String> = server
+                .take_requests()
+                .iter()
+                .map(gitstate_tests::Seen::label)
+                .collect();
+            assert_eq!(
+                first,
+                ["POST receive-pack"],
+                "{refs}: the write's first request is its push"
+            );
+            // The write landed; its answer is held. Someone breaks the lock meanwhile.
+            b.force_unlock(name).await.expect(200);
+            let mut newest = written.clone();
+            let mut want = vec![Some(2), Some(1)];
+            match then {
+                Then::Writes(0) => {}
+                Then::Writes(count) => {
+                    b.lock(name, "b-1").await.expect(200);
+                    for serial in 3..3 + count {
+                        newest = state_json("lineage-kept", serial);
+                        b.write_locked(name, "b-1", &newest).await.expect(200);
+                        want.insert(0, Some(serial));
+                    }
+                }
+                Then::Delete => {
+                    b.lock(name, "b-1").await.expect(200);
+                    b.delete_state(name, Some("b-1")).await.expect(200);
+                }
+            }
+            release.notify_one();
+            let answer = write.await.expect("write task");
+            let what = format!("{refs}, then {then:?}");
+            assert_eq!(answer.status, 200, "{what}: {}", answer.body);
+            let read = b.get_state(name).await;
+            match then {
+                Then::Delete => assert_eq!(read.status, 404, "{what}: deleted"),
+                Then::Writes(_) => assert_eq!(read.expect(200).body, newest, "{what}"),
+            }
+            let history = b.history(name, "per_page=10").await.expect(200).history();
+            let serials: Vec<Option<u64>> = history
+                .versions
+                .iter()
+                .filter(|v| !v.deleted)
+                .map(|v| v.serial)
+                .collect();
+            assert_eq!(serials, want, "{what}: each write once: {history:?}");
         }
-        release.notify_one();
-        let answer = write.await.expect("write task");
-        let what = format!("{refs}, overwritten {overwritten}");
-        assert_eq!(answer.status, 200, "{what}: {}", answer.body);
-        let (now, want): (_, &[Option<u64>]) = if overwritten {
-            (newer, &[Some(3), Some(2), Some(1)])
-        } else {
-            (written, &[Some(2), Some(1)])
-        };
-        assert_eq!(b.get_state(name).await.expect(200).body, now, "{what}");
-        let history = b.history(name, "per_page=10").await.expect(200).history();
-        let serials: Vec<Option<u64>> = history.versions.iter().map(|v| v.serial).collect();
-        assert_eq!(serials, want, "{what}: each write once: {history:?}");
     }
 }
 
@@ -627,100 +654,6 @@ async fn a_deposed_holders_push_that_did_not_land_is_not_acknowledged() {
     assert!(
         wrong.is_empty(),
         "a deposed holder's write that did not land was answered: {wrong:?}"
-    );
-}
-
-/// The lost-answer rule with more than one write after the lost one. A locked write whose push
-/// landed but whose answer was lost, its lock broken and taken by another who writes two newer
-/// states before the retry: the write is in the state's history (under the lock it asserted),
-/// so it answers 200. The retry's fetch of the new tip is shallow: the walk for the write's
-/// commit fetches the history deeper where the cache's ends (found by review: it stopped there,
-/// and the rules answered 409 for a write that landed).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_write_whose_answer_was_lost_answers_that_it_wrote_after_two_newer_writes() {
-    let mut wrong = Vec::new();
-    for refs in ["auto", "always"] {
-        let kept = Kept::start(refs).await;
-        let (proxy, b, name) = (&kept.proxy, &kept.b, KEPT);
-        let a = kept.a.clone();
-        let (release, forwarded) = proxy.lose_next_answer_held();
-        let written = state_json("lineage-kept", 2);
-        let write = {
-            let written = written.clone();
-            tokio::spawn(async move { a.write_locked(name, "a-0", &written).await })
-        };
-        forwarded.notified().await;
-        // A's push landed; its answer is held. B breaks the lock, takes it, writes twice.
-        b.force_unlock(name).await.expect(200);
-        b.lock(name, "b-1").await.expect(200);
-        for serial in [3, 4] {
-            b.write_locked(name, "b-1", &state_json("lineage-kept", serial))
-                .await
-                .expect(200);
-        }
-        release.notify_one();
-        let answer = write.await.expect("write task");
-        let history = b.history(name, "per_page=10").await.expect(200).history();
-        let serials: Vec<Option<u64>> = history.versions.iter().map(|v| v.serial).collect();
-        assert_eq!(
-            serials,
-            [Some(4), Some(3), Some(2), Some(1)],
-            "{refs}: A's write (serial 2) landed once"
-        );
-        if answer.status != 200 {
-            wrong.push(format!("{refs}: {} {}", answer.status, answer.body.trim()));
-        }
-    }
-    assert!(
-        wrong.is_empty(),
-        "a write whose push landed was answered as refused: {wrong:?}"
-    );
-}
-
-/// The lost-answer rule for a write to a state's own ref whose state was then deleted. With
-/// `always`, A's update goes to the state's ref; its push lands and its answer is lost. The lock
-/// is broken and taken by B, who deletes the state: the delete carries A's write onto the branch
-/// (its history lists it) and removes the ref. A's retry finds no ref and goes to the branch,
-/// with the record of every push of this write, and finds the commit that carried its own: 200
-/// (found by review: the branch's queue knew no push of it, and answered 409).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_write_whose_answer_was_lost_answers_that_it_wrote_though_the_next_holder_deleted_it() {
-    let mut wrong = Vec::new();
-    for refs in ["auto", "always"] {
-        let kept = Kept::start(refs).await;
-        let (proxy, b, name) = (&kept.proxy, &kept.b, KEPT);
-        let a = kept.a.clone();
-        let (release, forwarded) = proxy.lose_next_answer_held();
-        let written = state_json("lineage-kept", 2);
-        let write = {
-            let written = written.clone();
-            tokio::spawn(async move { a.write_locked(name, "a-0", &written).await })
-        };
-        forwarded.notified().await;
-        b.force_unlock(name).await.expect(200);
-        b.lock(name, "b-1").await.expect(200);
-        b.delete_state(name, Some("b-1")).await.expect(200);
-        release.notify_one();
-        let answer = write.await.expect("write task");
-        let history = b.history(name, "per_page=10").await.expect(200).history();
-        let serials: Vec<Option<u64>> = history
-            .versions
-            .iter()
-            .filter(|v| !v.deleted)
-            .map(|v| v.serial)
-            .collect();
-        assert_eq!(
-            serials,
-            [Some(2), Some(1)],
-            "{refs}: A's write (serial 2) is in the history once: {history:?}"
-        );
-        if answer.status != 200 {
-            wrong.push(format!("{refs}: {} {}", answer.status, answer.body.trim()));
-        }
-    }
-    assert!(
-        wrong.is_empty(),
-        "a write whose push landed was answered as refused: {wrong:?}"
     );
 }
 
