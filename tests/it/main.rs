@@ -14,6 +14,7 @@ mod faults;
 mod floor;
 mod fold;
 mod fuzz_corpus;
+mod hand_edits;
 mod history;
 mod hostile;
 mod hosts;

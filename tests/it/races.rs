@@ -6,7 +6,7 @@ use gitstate_tests::handmade::{Bare, Stamp, StateWrite};
 use gitstate_tests::{Client, GitServer, PushMode, TestBackend, state_json};
 
 /// A commit by a person with the git CLI (break-glass).
-fn by_hand(path: &str) -> StateWrite {
+pub(crate) fn by_hand(path: &str) -> StateWrite {
     let stamp = Stamp {
         name: "ann".into(),
         email: "ann@example.invalid".into(),
@@ -136,14 +136,14 @@ async fn wait_for(path: &std::path::Path, secs: u64) -> bool {
 }
 
 /// A backend and its store (for folds).
-struct Built {
-    client: Client,
-    store: std::sync::Arc<dyn gitstate_core::ports::StateStore>,
-    at: gitstate_core::ports::Location,
-    _served: TestBackend,
+pub(crate) struct Built {
+    pub(crate) client: Client,
+    pub(crate) store: std::sync::Arc<dyn gitstate_core::ports::StateStore>,
+    pub(crate) at: gitstate_core::ports::Location,
+    pub(crate) _served: TestBackend,
 }
 
-async fn built(url: &str, env: &[(&str, &str)]) -> Built {
+pub(crate) async fn built(url: &str, env: &[(&str, &str)]) -> Built {
     let cache = tempfile::tempdir().expect("tempdir");
     let settings = gitstate_tests::settings_for(url, cache.path(), env);
     let app = gitstate_app::build(settings).await.expect("backend");

@@ -256,6 +256,10 @@ pub enum StoreError {
     Corrupt(String),
     #[error("internal storage failure")]
     Internal(#[source] BoxError),
+    /// The state's file was changed outside the backend while the backend keeps the state apart
+    /// from it (a git state ref): a person must settle which is the state.
+    #[error("the state was changed outside gitstate while gitstate keeps it apart")]
+    Diverged,
 }
 
 /// What a list of states reads: the state files at the branch tip, the index, the locks.

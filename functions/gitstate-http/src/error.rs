@@ -108,6 +108,7 @@ impl ApiError {
             Self::Service(S::Store(
                 told @ (StoreError::Incompatible(_) | StoreError::ProtocolMismatch { .. }),
             )) => told.to_string(),
+            Self::Service(S::Store(StoreError::Diverged)) => S::Diverged.to_string(),
             Self::Service(S::Store(_)) | Self::Render(_) => {
                 "internal error; see the backend's log".to_owned()
             }
@@ -176,7 +177,9 @@ fn service_status(error: &ServiceError) -> StatusCode {
         // GITSTATE_KMS_PREVIOUS_KEY_IDS), not the gateway's.
         S::Seal(SealError::ForeignKey(_)) => StatusCode::INTERNAL_SERVER_ERROR,
         // The operator must rekey; the message says so.
-        S::Unprotected { .. } | S::Diverged => StatusCode::CONFLICT,
+        S::Unprotected { .. } | S::Diverged | S::Store(StoreError::Diverged) => {
+            StatusCode::CONFLICT
+        }
     }
 }
 

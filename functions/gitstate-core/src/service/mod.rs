@@ -116,7 +116,7 @@ pub enum ServiceError {
     #[error(transparent)]
     Forbidden(#[from] Denied),
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Store(StoreError),
     #[error(transparent)]
     Seal(#[from] SealError),
     #[error(
@@ -126,9 +126,19 @@ pub enum ServiceError {
     #[error("no KMS key is configured (GITSTATE_KMS_KEY_IDS)")]
     NoKeys,
     #[error(
-        "the state's file on the branch was changed outside gitstate after its newest writes went to its state ref, so neither a fold nor this request may replace it: settle it by hand (docs/operating.md, state refs)"
+        "the state's file on the branch was changed outside gitstate after its newest writes went to its state ref: a person settles which of them is the state (docs/operating.md, state refs)"
     )]
     Diverged,
+}
+
+impl From<StoreError> for ServiceError {
+    /// A state changed outside the backend is the refusal a write meets too: one answer.
+    fn from(error: StoreError) -> Self {
+        match error {
+            StoreError::Diverged => Self::Diverged,
+            other => Self::Store(other),
+        }
+    }
 }
 
 impl From<Refusal> for ServiceError {

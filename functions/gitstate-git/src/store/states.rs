@@ -7,6 +7,7 @@ use std::collections::HashMap;
 
 use gix::ObjectId;
 
+use gitstate_core::index::{INDEX_PATH, StateIndex};
 use gitstate_core::ports::{Location, Revision};
 use gitstate_core::{ReadContext, StateName};
 
@@ -201,7 +202,9 @@ impl Remote {
     }
 
     /// `path` as the state ref at `state` holds it, if the branch at `tip` has the file (else
-    /// the ref is a leftover: no such state). Fetches what the cache lacks.
+    /// the ref is a leftover: no such state). Fetches what the cache lacks. A branch file
+    /// changed outside gitstate since the ref's writes is [`RemoteError::EditedOutside`]: the
+    /// ref's content would hide that edit (see [`Self::edited_outside`]).
     pub(super) async fn read_state_ref(
         &self,
         tip: ObjectId,
@@ -211,7 +214,46 @@ impl Remote {
         if !self.branch_has(tip, path).await? {
             return Ok(None);
         }
-        self.read_state_commit(state, path).await.map(Some)
+        let content = self.read_state_commit(state, path).await?;
+        if self.edited_outside(tip, state, path).await? {
+            return Err(RemoteError::EditedOutside(path.to_owned()));
+        }
+        Ok(Some(content))
+    }
+
+    /// Whether the branch's file at `tip` was written outside gitstate while the state ref at
+    /// `state` holds the state (a person's commit, terraform-backend-git, a restore with the git
+    /// CLI). The branch's file is the ref's content, or (the branch lags the ref's unfolded
+    /// writes) what gitstate last left there, which the state index at `tip` names: every commit
+    /// gitstate makes records there the content it leaves, and other tools do not. An index that
+    /// does not name the state (none yet, a repository of an older version) proves nothing:
+    /// `false`. Costs no request unless the branch lags, then at most one (the index's blob, once
+    /// per branch tip).
+    async fn edited_outside(
+        &self,
+        tip: ObjectId,
+        state: ObjectId,
+        path: &str,
+    ) -> Result<bool, RemoteError> {
+        let (cache, at) = (self.cache.clone(), path.to_owned());
+        let (on_branch, on_ref) = blocking(move || {
+            Ok::<_, crate::repository::Error>((
+                cache.blob_at(tip, &at)?,
+                cache.blob_at(state, &at)?,
+            ))
+        })
+        .await?;
+        let Some(on_branch) = on_branch.filter(|blob| Some(*blob) != on_ref) else {
+            return Ok(false);
+        };
+        self.want_blobs(tip, vec![INDEX_PATH.to_owned()]).await?;
+        let cache = self.cache.clone();
+        let index = blocking(move || cache.read_path(tip, INDEX_PATH)).await?;
+        let left = index
+            .as_deref()
+            .and_then(StateIndex::parse)
+            .and_then(|index| index.states.get(path).map(|entry| entry.content.clone()));
+        Ok(left.is_some_and(|left| on_branch != left.as_str()))
     }
 
     /// `path` as the state commit `state` holds it, for a state the branch has: a state commit

@@ -44,7 +44,8 @@ fn held(rng: &mut StdRng) -> HeldLock {
 }
 
 fn store_error(rng: &mut StdRng) -> StoreError {
-    match rng.random_range(0..7) {
+    match rng.random_range(0..8) {
+        7 => StoreError::Diverged,
         6 => StoreError::ProtocolMismatch {
             setting: "GITSTATE_LOCK_REF_PREFIX",
             ours: word(rng),
@@ -202,6 +203,7 @@ fn expected(error: &ApiError) -> (StatusCode, &'static str) {
                 StoreError::Corrupt(_) => (C::INTERNAL_SERVER_ERROR, "corrupt"),
                 StoreError::ProtocolMismatch { .. } => (C::PRECONDITION_FAILED, "protocol"),
                 StoreError::Internal(_) => (C::INTERNAL_SERVER_ERROR, "internal"),
+                StoreError::Diverged => (C::CONFLICT, "diverged"),
             },
             S::Seal(seal) => match seal {
                 SealError::Unavailable(_) => (C::SERVICE_UNAVAILABLE, "kms unavailable"),

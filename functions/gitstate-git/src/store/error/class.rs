@@ -16,6 +16,7 @@ pub(super) enum Class {
     Incompatible,
     Corrupt,
     Internal,
+    Diverged,
 }
 
 impl Class {
@@ -29,6 +30,7 @@ impl Class {
             RemoteError::AtomicRequired => Self::Incompatible,
             RemoteError::Connect(_) => Self::Internal,
             RemoteError::Repository(error) => Self::of_repository(error),
+            RemoteError::EditedOutside(_) => Self::Diverged,
         }
     }
 
@@ -88,6 +90,10 @@ where
         Class::Incompatible => StoreError::Incompatible(error.to_string()),
         Class::Corrupt => StoreError::Corrupt(corrupt_text(error.borrow())),
         Class::Internal => StoreError::Internal(Box::new(error)),
+        Class::Diverged => {
+            tracing::warn!(error = %error, "a state's file on the branch was written outside gitstate");
+            StoreError::Diverged
+        }
     }
 }
 

@@ -31,6 +31,10 @@ pub enum RemoteError {
     /// The cache (or the embedded repository) failed.
     #[error(transparent)]
     Repository(#[from] repository::Error),
+    /// The state's file on the branch (this path) was written outside gitstate while its state
+    /// ref holds the state: answering either would hide the other.
+    #[error("{0}: the branch's file was written outside gitstate while the state's ref holds it")]
+    EditedOutside(String),
 }
 
 impl RemoteError {
@@ -44,7 +48,8 @@ impl RemoteError {
             Self::Connect(_)
             | Self::AtomicRequired
             | Self::Undelivered(_)
-            | Self::Repository(_) => None,
+            | Self::Repository(_)
+            | Self::EditedOutside(_) => None,
         }
     }
 
@@ -57,7 +62,10 @@ impl RemoteError {
             Self::Fetch(error) => error.refused(),
             Self::Push(error) => error.refused(),
             Self::Undelivered(_) => true,
-            Self::Connect(_) | Self::AtomicRequired | Self::Repository(_) => false,
+            Self::Connect(_)
+            | Self::AtomicRequired
+            | Self::Repository(_)
+            | Self::EditedOutside(_) => false,
         }
     }
 
@@ -70,7 +78,10 @@ impl RemoteError {
             Self::Fetch(error) => error.garbled(),
             Self::Push(error) => error.garbled(),
             Self::Repository(error) => error.garbled(),
-            Self::Connect(_) | Self::AtomicRequired | Self::Undelivered(_) => false,
+            Self::Connect(_)
+            | Self::AtomicRequired
+            | Self::Undelivered(_)
+            | Self::EditedOutside(_) => false,
         }
     }
 

@@ -32,6 +32,8 @@ enum Kind {
     Corrupt(String),
     /// 500
     Internal,
+    /// 409, a person settles it.
+    Diverged,
 }
 
 fn kind(error: &StoreError) -> Kind {
@@ -43,6 +45,7 @@ fn kind(error: &StoreError) -> Kind {
         StoreError::ProtocolMismatch { .. } => Kind::ProtocolMismatch,
         StoreError::Corrupt(what) => Kind::Corrupt(what.clone()),
         StoreError::Internal(_) => Kind::Internal,
+        StoreError::Diverged => Kind::Diverged,
     }
 }
 
@@ -131,6 +134,7 @@ fn lower() -> Vec<Lower> {
         ),
         row(|| RemoteError::Undelivered("commits"), "Undelivered", "git remote reports: the fetch did not deliver the requested commits", Kind::Remote, (true, false, true)),
         row(|| RemoteError::Undelivered("blobs"), "Undelivered", "git remote reports: the fetch did not deliver the requested blobs", Kind::Remote, (true, false, true)),
+        row(|| RemoteError::EditedOutside("a/b.tfstate".into()), "EditedOutside", "a/b.tfstate: the branch's file was written outside gitstate while the state's ref holds it", Kind::Diverged, (false, false, false)),
         row(
             || repo(repository::Error::Git(gix::Error::from_error(std::io::Error::other("odb")))),
             "Git",
@@ -176,6 +180,7 @@ fn lower_variant(error: &RemoteError) -> &'static str {
         RemoteError::Push(_) => "Push",
         RemoteError::AtomicRequired => "AtomicRequired",
         RemoteError::Undelivered(_) => "Undelivered",
+        RemoteError::EditedOutside(_) => "EditedOutside",
         RemoteError::Repository(error) => match error {
             repository::Error::Git(_) => "Git",
             repository::Error::Pack(_) => "Pack",
@@ -217,7 +222,9 @@ fn every_lower_failure_keeps_its_text_decisions_and_kind() {
             assert_eq!(kind(&store_error), row.kind, "{what}: shared");
             // The whole failure is the source, as the first caller's is (the echo's text).
             let expected = match &row.kind {
-                Kind::Incompatible(_) | Kind::Corrupt(_) => store_error.to_string(),
+                Kind::Incompatible(_) | Kind::Corrupt(_) | Kind::Diverged => {
+                    store_error.to_string()
+                }
                 _ => format!("{store_error}: {failure}"),
             };
             assert_eq!(chain(&store_error), expected, "{what}: shared");
@@ -244,6 +251,7 @@ fn every_lower_failure_keeps_its_text_decisions_and_kind() {
         "Push",
         "AtomicRequired",
         "Undelivered",
+        "EditedOutside",
         "Git",
         "Pack",
         "Corrupt",

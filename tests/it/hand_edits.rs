@@ -1,0 +1,141 @@
+//! A state's file changed on the branch outside gitstate (a person with the git CLI,
+//! terraform-backend-git still writing the repository) while the state's own ref holds the
+//! state, against the real `git http-backend`. Reads answered the ref's content, so the edit was
+//! hidden: Terraform planned against a state the person had just replaced, and every later fold
+//! refused the state in a log nobody reads. Now a read answers 409 naming what to do, until a
+//! person settles it; an edit that leaves the state's file as gitstate left it still reads.
+
+use gitstate_tests::handmade::Bare;
+use gitstate_tests::{GitServer, PushMode, TestBackend, state_json};
+
+use crate::races::{built, by_hand};
+
+/// What a person does on the branch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Edit {
+    /// Puts new content in the state's file.
+    NewContent,
+    /// Puts back the state's first version (a rollback with `git checkout OLD -- PATH`).
+    Rollback,
+    /// Removes the file in one commit and puts other content back in a later one.
+    RemoveThenPutBack,
+    /// Puts in the file exactly what the state's ref holds.
+    SameAsRef,
+    /// Changes another file: the state's file stays as gitstate left it.
+    OtherFile,
+}
+
+impl Edit {
+    const ALL: [Self; 5] = [
+        Self::NewContent,
+        Self::Rollback,
+        Self::RemoveThenPutBack,
+        Self::SameAsRef,
+        Self::OtherFile,
+    ];
+
+    /// Whether the state's file ends up other than both the ref's content and what gitstate
+    /// last left on the branch.
+    fn hides(self) -> bool {
+        matches!(
+            self,
+            Self::NewContent | Self::Rollback | Self::RemoveThenPutBack
+        )
+    }
+
+    fn apply(self, bare: &Bare, path: &str, on_ref: &str) {
+        let hand = state_json("l", 90);
+        let mut commit = by_hand(path);
+        commit.message = format!("{self:?} by hand\n");
+        match self {
+            Self::NewContent => bare.branch_write(path, Some(hand.as_bytes()), &commit),
+            Self::Rollback => bare.branch_write(path, Some(state_json("l", 1).as_bytes()), &commit),
+            Self::RemoveThenPutBack => {
+                bare.branch_write(path, None, &commit);
+                bare.branch_write(path, Some(hand.as_bytes()), &commit)
+            }
+            Self::SameAsRef => bare.branch_write(path, Some(on_ref.as_bytes()), &commit),
+            Self::OtherFile => bare.branch_write("README.md", Some(b"notes\n"), &commit),
+        };
+    }
+}
+
+/// Every edit, on a state whose ref is folded into the branch and on one whose ref is ahead of
+/// the branch by an unfolded write (the branch lags). The state's GET, through the process that
+/// wrote it and through a cold one, answers 409 for an edit that would be hidden and the ref's
+/// content otherwise. A fold refuses such a state too (when it has writes to fold). Deleting the
+/// state's ref by hand (the documented way to keep the branch's file) settles it: the branch's
+/// file reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_file_changed_outside_gitstate_is_never_hidden_behind_its_ref() {
+    let env = [
+        ("GITSTATE_STATE_REFS", "always"),
+        ("GITSTATE_FOLD_AFTER_WRITES", "false"),
+    ];
+    for lags in [false, true] {
+        for edit in Edit::ALL {
+            let case = format!("{edit:?}, the branch lagging the ref: {lags}");
+            let server = GitServer::start_in(PushMode::Atomic).await;
+            let url = server.create_repo("edit");
+            let a = built(&url, &env).await;
+            let x = "team/edit.tfstate";
+            a.client.apply(x, "h1", &state_json("l", 1)).await;
+            a.client.apply(x, "h2", &state_json("l", 2)).await;
+            let report = a.store.fold(&a.at).await.expect("fold");
+            assert!(report.refused.is_empty(), "{case}: {report:?}");
+            let mut on_ref = state_json("l", 2);
+            if lags {
+                on_ref = state_json("l", 3);
+                a.client.apply(x, "h3", &on_ref).await;
+            }
+            let bare = Bare::new(&server.repo_dir("edit"), "main");
+            let state_ref = bare.state_ref(x);
+            assert!(
+                bare.tip(&state_ref).is_some(),
+                "{case}: the state has its ref"
+            );
+            edit.apply(&bare, x, &on_ref);
+            let cold = TestBackend::start(&url, &env).await;
+            let cold_client = gitstate_tests::Client::new(&cold.url);
+            for (who, client) in [("the writer", &a.client), ("a cold process", &cold_client)] {
+                let read = client.get_state(x).await;
+                if edit.hides() {
+                    assert_eq!(read.status, 409, "{case}, through {who}: {}", read.body);
+                    assert!(
+                        read.body.contains("changed outside gitstate"),
+                        "{case}, through {who}: the reason says what happened: {}",
+                        read.body
+                    );
+                } else {
+                    assert_eq!(
+                        (read.status, read.body.as_str()),
+                        (200, on_ref.as_str()),
+                        "{case}, through {who}"
+                    );
+                }
+            }
+            if !edit.hides() {
+                continue;
+            }
+            if lags {
+                let report = a.store.fold(&a.at).await.expect("fold");
+                assert_eq!(
+                    report.refused,
+                    vec![x.to_owned()],
+                    "{case}: the fold agrees"
+                );
+            }
+            // The person keeps the branch's file: the ref goes.
+            bare.git(&["update-ref", "-d", &state_ref], &[], b"");
+            let kept = bare.file(x).expect("the branch has the file");
+            for (who, client) in [("the writer", &a.client), ("a cold process", &cold_client)] {
+                let read = client.get_state(x).await.expect(200);
+                assert_eq!(
+                    read.body.as_bytes(),
+                    kept.as_slice(),
+                    "{case}, through {who}: settled, the branch's file reads"
+                );
+            }
+        }
+    }
+}
