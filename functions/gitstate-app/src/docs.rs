@@ -219,7 +219,7 @@ const DESCRIPTIONS: &[Described] = &[
     ),
     describe(
         "GITSTATE_BODY_TIMEOUT_SECS",
-        "`gitstate serve`: the longest wait for the next piece of a request body; then 400",
+        "`gitstate serve`: the longest wait for the next piece of a request body (then 400), or for a client to take more of its answer (then the connection is closed)",
     ),
     describe(
         "GITSTATE_MAX_CONNECTIONS",

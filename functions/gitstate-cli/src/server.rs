@@ -4,7 +4,8 @@
 //! Connections are bounded so that slow or numerous clients cannot hold the server: hyper's
 //! header read timer closes a connection that has not sent a whole request head in time (just
 //! opened, or idle between requests); tower-http's body timeout ends a request whose body
-//! stalls; at most so many connections are open, in total and per client address, and one over
+//! stalls, and a stalled answer ([`stall`]) closes a connection whose client stopped reading; at
+//! most so many connections are open, in total and per client address, and one over
 //! either cap is answered 503 (plain) or closed (TLS) at once, never queued.
 
 use std::collections::HashMap;
@@ -22,6 +23,9 @@ use gitstate_core::auth::AddressKey;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tower::ServiceExt;
+
+mod stall;
+use stall::Stalled;
 
 /// How long a client may take over its TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -172,6 +176,8 @@ pub async fn serve_until(
         );
         tokio::spawn(async move {
             let _ticket = ticket;
+            // A client that stops reading its answers is held to the body's timeout too.
+            let tcp = Stalled::new(tcp, limits.body_timeout);
             connection(tcp, peer, acceptor, app, watcher, http, scheme).await;
         });
     }
@@ -189,7 +195,7 @@ pub async fn serve_until(
 
 /// One admitted connection, served until it closes or the server drains.
 async fn connection(
-    tcp: tokio::net::TcpStream,
+    tcp: Stalled<tokio::net::TcpStream>,
     peer: SocketAddr,
     acceptor: Option<tokio_rustls::TlsAcceptor>,
     app: axum::Router,
@@ -231,9 +237,9 @@ fn with_scheme<B>(mut request: http::Request<B>, scheme: &'static str) -> http::
 
 async fn handshake(
     acceptor: &tokio_rustls::TlsAcceptor,
-    tcp: tokio::net::TcpStream,
+    tcp: Stalled<tokio::net::TcpStream>,
     peer: SocketAddr,
-) -> Option<tokio_rustls::server::TlsStream<tokio::net::TcpStream>> {
+) -> Option<tokio_rustls::server::TlsStream<Stalled<tokio::net::TcpStream>>> {
     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
         Ok(Ok(stream)) => Some(stream),
         Ok(Err(e)) => {

@@ -206,7 +206,7 @@ pub const SETTINGS: &[Spec] = &[
     ),
     setting(
         "GITSTATE_BODY_TIMEOUT_SECS",
-        "serve: longest wait for the next piece of a body [20]",
+        "serve: longest wait for the next piece of a body, or for a client to read its answer [20]",
     ),
     setting(
         "GITSTATE_MAX_CONNECTIONS",

@@ -37,7 +37,7 @@ pub struct ConnectionSettings {
     /// handshake) or idle after an answer (the keep-alive timeout too).
     pub header_timeout: Duration,
     /// `GITSTATE_BODY_TIMEOUT_SECS` (default 20): the longest wait for the next piece of a
-    /// request body.
+    /// request body, or for the client to take more of its answer.
     pub body_timeout: Duration,
     /// `GITSTATE_MAX_CONNECTIONS` (default 1024, and never more than the open-file limit allows):
     /// connections open at once; more are answered 503 and closed.

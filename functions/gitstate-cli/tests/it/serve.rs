@@ -676,3 +676,95 @@ fn stalled_bodies_idle_connections_and_the_total_cap() {
     child.kill().expect("kill");
     let _ = child.wait();
 }
+
+/// A connection from 127.0.0.1 whose receive window is as small as the system allows, so that
+/// answers the client does not read soon fill it and the server's own send buffer.
+fn connect_small_window(address: &str) -> TcpStream {
+    let to: std::net::SocketAddr = address.parse().expect("address");
+    let stream = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(async {
+            let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+            socket.set_recv_buffer_size(4096).expect("receive buffer");
+            socket
+                .connect(to)
+                .await
+                .expect("connect")
+                .into_std()
+                .expect("std")
+        });
+    stream.set_nonblocking(false).expect("blocking");
+    stream
+}
+
+/// A slow read on the binary: a client without credentials pipelines many `GET /health` (free
+/// for it, and no failed login) and never reads the answers, so the server's writes stall; it
+/// sends no head the header timeout could catch. Such connections must not hold their places
+/// under the caps for ever: the server closes a connection whose answer has not moved for the
+/// body timeout, and the address is served again.
+#[test]
+fn a_client_that_stops_reading_its_answers_is_closed() {
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut child, address, _) = start_serve(
+        dir.path(),
+        &[
+            ("GITSTATE_HEADER_TIMEOUT_SECS", "1"),
+            ("GITSTATE_BODY_TIMEOUT_SECS", "1"),
+            ("GITSTATE_MAX_CONNECTIONS_PER_ADDRESS", "2"),
+        ],
+    );
+    let health = |stream: &mut TcpStream| -> String {
+        write!(
+            stream,
+            "GET /health HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+        )
+        .expect("send");
+        let mut answer = String::new();
+        let _ = stream.read_to_string(&mut answer);
+        answer
+    };
+    let requests = format!("GET /health HTTP/1.1\r\nHost: {address}\r\n\r\n").repeat(20_000);
+    let readers: Vec<TcpStream> = (0..2)
+        .map(|_| {
+            let mut stream = connect_small_window(&address);
+            stream
+                .set_write_timeout(Some(Duration::from_secs(3)))
+                .expect("timeout");
+            // The server stops reading once its answers stall: the rest may not go.
+            let _ = stream.write_all(requests.as_bytes());
+            stream
+        })
+        .collect();
+    // They hold the address's two places.
+    let over = health(&mut TcpStream::connect(&address).expect("connect"));
+    assert!(over.starts_with("HTTP/1.1 503"), "{over}");
+    // Far past both timeouts the server has closed them, and the address is served again.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let served = loop {
+        let answer = health(&mut TcpStream::connect(&address).expect("connect"));
+        if answer.starts_with("HTTP/1.1 200") || Instant::now() > deadline {
+            break answer;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        served.starts_with("HTTP/1.1 200"),
+        "connections that stopped reading still hold the address's places: {served}"
+    );
+    for mut stream in readers {
+        stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .expect("timeout");
+        let mut rest = Vec::new();
+        match stream.read_to_end(&mut rest) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            Err(e) => panic!("the server keeps a connection that stopped reading: {e}"),
+        }
+    }
+    child.kill().expect("kill");
+    let _ = child.wait();
+}
