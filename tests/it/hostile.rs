@@ -1482,3 +1482,51 @@ async fn a_branch_clash_created_during_the_push_is_409_not_502() {
         assert!(!refs.contains("n.tfstate"), "{refs}");
     }
 }
+
+/// A writer with a narrow grant (`write:team/`) sends a LOCK whose LockInfo carries a megabyte
+/// (Terraform's is a few hundred bytes). The lock commit would hold it byte for byte, and every
+/// list of every user (`GET /states`, `GET /locks`, the console) fetches every lock commit
+/// whatever the caller may read: some such locks would make each cold process's list fetch
+/// them all, past the git answer cap (a 502 for everyone). The LOCK is refused (400 naming the
+/// limit, nothing pushed), and a cold administrator's list fetches a few kilobytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_lock_info_is_refused_and_lists_stay_small() {
+    use rand::{Rng, SeedableRng};
+    let server = GitServer::start().await;
+    let url = server.create_repo("big-locks");
+    let access = integrity_access();
+    let extra = [("GITSTATE_ACCESS", access.as_str())];
+    let backend = TestBackend::start(&url, &extra).await;
+    let team = Client::with_credentials(&backend.url, Some(TEAM));
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x10c4);
+    let noise: String = (0..1 << 20)
+        .map(|_| char::from(b"0123456789abcdef"[rng.random_range(0..16)]))
+        .collect();
+    let body = serde_json::json!({
+        "ID": "big-1", "Operation": "OperationTypeApply", "Info": noise,
+        "Who": "team@host", "Version": "1.11.4", "Created": "2026-12-07T00:00:00Z", "Path": "",
+    })
+    .to_string();
+    let dir = server.repo_dir("big-locks");
+    let before = snapshot(&dir);
+    let answer = team
+        .send("LOCK", "/states/team/x.tfstate", Some(&body))
+        .await;
+    assert_eq!(answer.status, 400, "{}", answer.body);
+    assert!(answer.body.contains("lock info"), "{}", answer.body);
+    assert_eq!(snapshot(&dir), before, "a refused LOCK pushes nothing");
+    // Terraform's own LockInfo still locks.
+    team.lock("team/x.tfstate", "small-1").await.expect(200);
+
+    let cold = TestBackend::start(&url, &extra).await;
+    server.take_requests();
+    Client::new(&cold.url)
+        .send("GET", "/states", None)
+        .await
+        .expect(200);
+    let fetched: u64 = server.take_requests().iter().map(|seen| seen.bytes).sum();
+    assert!(
+        fetched < 64 * 1024,
+        "a cold list fetched {fetched} bytes from the remote"
+    );
+}

@@ -3,6 +3,11 @@
 use bytes::Bytes;
 use serde_json::Value;
 
+/// Largest LockInfo a LOCK may send. Terraform's and OpenTofu's are a few hundred bytes; the
+/// lock commit keeps the body byte for byte, and every list fetches every lock commit whatever
+/// its caller may read, so one writer's oversized locks would cost every user's lists.
+pub const MAX_LOCK_INFO_BYTES: usize = 64 * 1024;
+
 /// A lock request or a held lock: the client's JSON, byte for byte, plus the fields we read.
 ///
 /// Terraform treats the body as opaque apart from `ID`, and so do we: the stored lock file is
@@ -23,6 +28,8 @@ pub enum LockInfoError {
     NotAnObject,
     #[error("lock info has no non-empty string \"ID\"")]
     MissingId,
+    #[error("lock info is {size} bytes; at most {MAX_LOCK_INFO_BYTES} are taken")]
+    TooLarge { size: usize },
 }
 
 impl LockInfo {
@@ -47,6 +54,15 @@ impl LockInfo {
             operation: field("Operation"),
             raw,
         })
+    }
+
+    /// The LockInfo a LOCK sends: as [`Self::parse`], within [`MAX_LOCK_INFO_BYTES`]. (Locks
+    /// already held are read whatever their size: they must stay releasable.)
+    pub fn parse_sent(raw: Bytes) -> Result<Self, LockInfoError> {
+        if raw.len() > MAX_LOCK_INFO_BYTES {
+            return Err(LockInfoError::TooLarge { size: raw.len() });
+        }
+        Self::parse(raw)
     }
 
     pub fn id(&self) -> &str {
@@ -103,6 +119,32 @@ mod tests {
             ("a-1", "me@host", "OperationTypeApply")
         );
         assert_eq!(info.as_bytes(), &raw);
+    }
+
+    /// A sent LockInfo of exactly the limit is taken, one byte more is not; a held lock of any
+    /// size is still read (so it can be released).
+    #[test]
+    fn sent_lock_info_is_bounded_and_held_locks_are_not() {
+        let sized = |size: usize| {
+            let frame = r#"{"ID":"a-1","Info":""}"#;
+            let pad = "x".repeat(size - frame.len());
+            Bytes::from(format!(r#"{{"ID":"a-1","Info":"{pad}"}}"#))
+        };
+        for size in [100, MAX_LOCK_INFO_BYTES - 1, MAX_LOCK_INFO_BYTES] {
+            let raw = sized(size);
+            assert_eq!(raw.len(), size);
+            assert_eq!(
+                LockInfo::parse_sent(raw).expect("within the limit").id(),
+                "a-1"
+            );
+        }
+        for size in [MAX_LOCK_INFO_BYTES + 1, 6 << 20] {
+            assert_eq!(
+                LockInfo::parse_sent(sized(size)),
+                Err(LockInfoError::TooLarge { size })
+            );
+            assert_eq!(LockInfo::parse(sized(size)).expect("held").id(), "a-1");
+        }
     }
 
     #[test]

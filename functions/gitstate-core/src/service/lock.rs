@@ -69,7 +69,7 @@ impl Backend {
         body: Bytes,
     ) -> Result<(), ServiceError> {
         caller.require(Role::Write, name)?;
-        let info = LockInfo::parse(body)?;
+        let info = LockInfo::parse_sent(body)?;
         tracing::Span::current().record("lock_id", info.id());
         let meta = self.meta(
             caller,
