@@ -10,8 +10,9 @@ use axum::extract::{ConnectInfo, FromRequest, FromRequestParts, Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use gitstate_core::access::Caller;
+use gitstate_core::access::{Caller, Role};
 use gitstate_core::ports::Location;
+use gitstate_core::service::ServiceError;
 use gitstate_core::{ReadContext, StateName};
 use http::request::Parts;
 use http::{HeaderValue, Method, header};
@@ -75,8 +76,9 @@ fn client_address(parts: &Parts) -> Option<IpAddr> {
         })
 }
 
-/// A request to a resource of one state: authenticated, then its target read, located and its
-/// body (if its method carries one) read and checked, in that order.
+/// A request to a resource of one state: authenticated, then its target read and located, the
+/// write grant required of a method that carries a body, and that body read and checked, in
+/// that order.
 pub(crate) struct Call {
     pub app: App,
     pub caller: Caller,
@@ -99,6 +101,14 @@ impl FromRequest<App> for Call {
         let mut target = Target::from_request_parts(&mut parts, app).await?;
         let name = target.name.take().ok_or(ApiError::NoRoute)?;
         let at = app.backend.locate(target.repository(), target.branch())?;
+        // Every method that carries a body changes the state or its lock, and takes at least
+        // the write grant: a caller without it is refused before the body is read (up to the
+        // limit, megabytes, held while it trickles in).
+        if !matches!(parts.method, Method::GET | Method::HEAD) {
+            caller
+                .require(Role::Write, &name)
+                .map_err(ServiceError::from)?;
+        }
         let limit = app.limits.max_body_bytes;
         let body = write_body(&parts.method, &parts.headers, body, limit).await?;
         let read = read_context(&parts);

@@ -785,6 +785,75 @@ async fn bodies_are_checked_before_anything_changes() {
     assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
 }
 
+/// A caller without the write grant on a state is refused before the body of a request that
+/// would change it is read: a body declared over the limit (which would be 413 once read) and
+/// one whose stream fails (400 once read) are both 403, for every method that carries a body,
+/// on the state's, the lock's, the seed address's and the history's routes; a writer on
+/// another prefix likewise. The same requests from a writer of the state reach the body.
+#[tokio::test]
+async fn callers_who_may_not_write_are_refused_before_the_body_is_read() {
+    let router = app_with(Limits {
+        max_body_bytes: 100,
+        ..LIMITS
+    });
+    let seed = format!("/?type=git&repository={PRIMARY}&state={STATE}");
+    let addresses = [
+        (
+            format!("/states/{STATE}"),
+            &["POST", "PUT", "DELETE", "LOCK", "UNLOCK"][..],
+        ),
+        (
+            format!("/locks/{STATE}"),
+            &["POST", "DELETE", "LOCK", "UNLOCK"][..],
+        ),
+        (seed, &["POST", "LOCK", "UNLOCK"][..]),
+        (format!("/history/{STATE}?restore=1"), &["POST"][..]),
+    ];
+    let failing = || {
+        let (sender, body) = http_body_util::channel::Channel::<Bytes, std::io::Error>::new(1);
+        sender.abort(std::io::Error::other("the client went away"));
+        Body::new(body)
+    };
+    let mut cases = 0;
+    for (uri, methods) in &addresses {
+        for method in *methods {
+            let request = || {
+                http::Request::builder()
+                    .method(Method::from_bytes(method.as_bytes()).expect("method"))
+                    .uri(uri)
+            };
+            let oversized = || request().header(header::CONTENT_LENGTH, "1000");
+            for user in ["rita", "wes"] {
+                let (expected, also) = match user {
+                    // rita may only read; wes may write under team/, which STATE is.
+                    "rita" => (StatusCode::FORBIDDEN, StatusCode::FORBIDDEN),
+                    _ => (StatusCode::PAYLOAD_TOO_LARGE, StatusCode::BAD_REQUEST),
+                };
+                let answer = send(&router, oversized(), Some(user), "x".repeat(1000)).await;
+                assert_eq!(
+                    answer.status,
+                    expected,
+                    "{user} {method} {uri}: {}",
+                    answer.text()
+                );
+                let answer = send(&router, request(), Some(user), failing()).await;
+                assert_eq!(
+                    answer.status,
+                    also,
+                    "{user} {method} {uri}: {}",
+                    answer.text()
+                );
+                cases += 1;
+            }
+        }
+        // A writer of another prefix, on this state.
+        let other = "/states/other/app.tfstate";
+        let answer = call(&router, "POST", other, "wes", "x".repeat(1000)).await;
+        assert_eq!(answer.status, StatusCode::FORBIDDEN, "{}", answer.text());
+    }
+    assert_eq!(cases, 26);
+}
+
 /// What is accepted can be read back: generated states around a buffered Function URL's limit,
 /// rich in what JSON escapes, are either written and then read (state and revision) byte for
 /// byte, or refused at the write with the 413 a read would give, saying how to read them.
