@@ -18,6 +18,20 @@ fn dummy_for<'a>(hashes: impl Iterator<Item = &'a str>) -> String {
     format!("$argon2id$v=19$m={m},t={t},p={p}${SALT_AND_HASH}")
 }
 
+/// The users whose hashes are cheaper to check than the dummy an unknown name is checked
+/// against (parameters below the policy's strongest): how long a failed login takes tells their
+/// names from unknown ones.
+fn cheaper_than_unknown(policy: &Policy) -> Vec<&str> {
+    let strongest = crate::password::strongest_params(policy.users().map(|u| u.hash.as_str()));
+    policy
+        .users()
+        .filter(|u| {
+            crate::password::strongest_params(std::iter::once(u.hash.as_str())) != strongest
+        })
+        .map(|u| u.name.as_str())
+        .collect()
+}
+
 pub(super) struct Loaded {
     /// The access file last read from the repository (`None`: there is none).
     file: Option<Bytes>,
@@ -144,6 +158,16 @@ impl Access {
                 ""
             }
         );
+        let cheaper = cheaper_than_unknown(policy);
+        if !cheaper.is_empty() {
+            tracing::warn!(
+                users = %cheaper.join(", "),
+                "these users' hashes have weaker argon2 parameters than the policy's strongest, \
+                 against which unknown names are checked: a wrong password for them is answered \
+                 sooner, which tells their names exist; hash every user's secret with the same \
+                 parameters (gitstate user add, gitstate hash-password)"
+            );
+        }
     }
 
     /// How many users the current policy has (read from the repository when it lives there):
@@ -169,5 +193,29 @@ mod tests {
             "{dummy}"
         );
         crate::password::check_phc(&dummy).expect("a well-formed hash argon2 really runs");
+    }
+
+    /// Users whose hashes are weaker than the strongest are named (a failed login's time tells
+    /// them from unknown names); a policy whose hashes share their parameters names nobody.
+    #[test]
+    fn users_cheaper_to_check_than_an_unknown_name_are_named() {
+        let weak = "$argon2id$v=19$m=19456,t=2,p=1$c29tZXNhbHQ$RdescudvJCsgt3ub+b+dWRWJTmaaJObG";
+        let strong = "$argon2id$v=19$m=65536,t=3,p=1$c29tZXNhbHQ$RdescudvJCsgt3ub+b+dWRWJTmaaJObG";
+        let more_lanes =
+            "$argon2id$v=19$m=65536,t=3,p=2$c29tZXNhbHQ$RdescudvJCsgt3ub+b+dWRWJTmaaJObG";
+        let policy = |users: &[(&str, &str)]| {
+            let text: String = users
+                .iter()
+                .map(|(name, hash)| format!("[users.{name}]\nhash = \"{hash}\"\n"))
+                .collect();
+            Policy::parse(&text).expect("a valid policy")
+        };
+        let uniform = policy(&[("a", weak), ("b", weak)]);
+        assert!(cheaper_than_unknown(&uniform).is_empty());
+        let mixed = policy(&[("a", weak), ("b", strong), ("c", weak)]);
+        assert_eq!(cheaper_than_unknown(&mixed), ["a", "c"]);
+        let lanes = policy(&[("a", strong), ("b", more_lanes)]);
+        assert_eq!(cheaper_than_unknown(&lanes), ["a"]);
+        assert!(cheaper_than_unknown(&Policy::default()).is_empty());
     }
 }
