@@ -20,6 +20,8 @@
 //! - argon2 runs at most `available_parallelism` at a time and within a memory budget (half of
 //!   what the process has), so a flood queues behind that limit instead of taking every blocking
 //!   thread and all the memory.
+//! - A check, once begun, runs to the end with its permits held and its outcome recorded, even
+//!   when the request is dropped meanwhile (a client that hangs up right after sending).
 
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
@@ -119,12 +121,12 @@ pub struct Access {
     fingerprints: Fingerprints,
     loaded: Mutex<Option<Loaded>>,
     /// The credentials argon2 accepted.
-    verified: Mutex<Verified>,
-    throttle: Mutex<Throttle>,
+    verified: Arc<Mutex<Verified>>,
+    throttle: Arc<Mutex<Throttle>>,
     /// At most this many argon2 verifications at once (the machine's parallelism).
-    argon2_slots: tokio::sync::Semaphore,
+    argon2_slots: Arc<tokio::sync::Semaphore>,
     /// The memory budget of the verifications running, in MiB (`memory_mib` in all).
-    argon2_memory: tokio::sync::Semaphore,
+    argon2_memory: Arc<tokio::sync::Semaphore>,
     memory_mib: u32,
 }
 
@@ -157,12 +159,12 @@ impl Access {
             verifier,
             fingerprints: Fingerprints::new(),
             loaded: Mutex::new(None),
-            verified: Mutex::default(),
-            throttle: Mutex::default(),
-            argon2_slots: tokio::sync::Semaphore::new(
+            verified: Arc::default(),
+            throttle: Arc::default(),
+            argon2_slots: Arc::new(tokio::sync::Semaphore::new(
                 std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
-            ),
-            argon2_memory: tokio::sync::Semaphore::new(memory_mib as usize),
+            )),
+            argon2_memory: Arc::new(tokio::sync::Semaphore::new(memory_mib as usize)),
             memory_mib,
         };
         if let AccessSource::Text(text) = &access.options.source {
@@ -215,10 +217,16 @@ impl Access {
         }
         let pair = self.fingerprints.pair(&user, address);
         self.refuse_if_throttled(address, Some(&pair), &user, client)?;
-        let _slot = self.argon2_slots.acquire().await.map_err(poisoned)?;
-        let _memory = self
+        let slot = self
+            .argon2_slots
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(poisoned)?;
+        let memory = self
             .argon2_memory
-            .acquire_many(
+            .clone()
+            .acquire_many_owned(
                 crate::password::memory_kib(&hash)
                     .map_or(1, mib)
                     .min(self.memory_mib),
@@ -227,26 +235,31 @@ impl Access {
             .map_err(poisoned)?;
         // Checked again with the slot held: failures that finished while this one queued count.
         self.refuse_if_throttled(address, Some(&pair), &user, client)?;
-        let verifier = self.verifier.clone();
-        let verified =
-            tokio::task::spawn_blocking(move || verifier.verify(&hash, secret.expose().as_bytes()))
-                .await
-                .unwrap_or(false);
+        let check = Check {
+            verifier: self.verifier.clone(),
+            hash,
+            secret,
+            known: known.is_some(),
+            fingerprint,
+            verified: self.verified.clone(),
+            throttle: self.throttle.clone(),
+            address,
+            pair,
+            user: printable(&user),
+            client,
+            span: tracing::Span::current(),
+            dispatch: tracing::dispatcher::get_default(Clone::clone),
+        };
+        // The check and its bookkeeping run to the end on their own thread with the permits
+        // held, even if this request is dropped meanwhile (its client gone, its deadline):
+        // otherwise a client that hangs up after sending would have its failures never counted
+        // and its argon2 run outside the limits.
+        let verified = tokio::task::spawn_blocking(move || check.run(slot, memory))
+            .await
+            .unwrap_or(false);
         match known {
-            Some(found) if verified => {
-                if let Ok(mut remembered) = self.verified.lock() {
-                    remembered.remember(fingerprint);
-                }
-                if let Ok(mut throttle) = self.throttle.lock() {
-                    throttle.succeeded(&pair);
-                }
-                Ok(Caller::new(user, found.grants.clone()))
-            }
-            _ => {
-                tracing::warn!(user = %printable(&user), client = %ClientAddress(client), "authentication failed");
-                self.failed(address, Some(pair));
-                Err(AuthError::Unauthenticated)
-            }
+            Some(found) if verified => Ok(Caller::new(user, found.grants.clone())),
+            _ => Err(AuthError::Unauthenticated),
         }
     }
 
@@ -285,6 +298,59 @@ impl Access {
         if let Ok(mut throttle) = self.throttle.lock() {
             throttle.failed(address, pair);
         }
+    }
+}
+
+/// One argon2 check and what it leaves behind: a verified credential remembered and its pair's
+/// failures cleared, or a failure counted against the address and the pair.
+struct Check {
+    verifier: Arc<dyn PasswordVerifier>,
+    hash: String,
+    secret: Secret,
+    /// Whether the user is in the policy (else `hash` is the dummy).
+    known: bool,
+    fingerprint: verified::Fingerprint,
+    verified: Arc<Mutex<Verified>>,
+    throttle: Arc<Mutex<Throttle>>,
+    address: Option<AddressKey>,
+    pair: throttle::PairKey,
+    /// The user name as log lines show it.
+    user: String,
+    client: Option<IpAddr>,
+    /// The request's span and subscriber, for the log line written on the blocking thread.
+    span: tracing::Span,
+    dispatch: tracing::Dispatch,
+}
+
+impl Check {
+    /// Verify, holding the argon2 permits until done, and record the outcome.
+    fn run(
+        self,
+        _slot: tokio::sync::OwnedSemaphorePermit,
+        _memory: tokio::sync::OwnedSemaphorePermit,
+    ) -> bool {
+        let dispatch = self.dispatch.clone();
+        tracing::dispatcher::with_default(&dispatch, || {
+            let _entered = self.span.enter();
+            let verified = self
+                .verifier
+                .verify(&self.hash, self.secret.expose().as_bytes())
+                && self.known;
+            if verified {
+                if let Ok(mut remembered) = self.verified.lock() {
+                    remembered.remember(self.fingerprint);
+                }
+                if let Ok(mut throttle) = self.throttle.lock() {
+                    throttle.succeeded(&self.pair);
+                }
+            } else {
+                tracing::warn!(user = %self.user, client = %ClientAddress(self.client), "authentication failed");
+                if let Ok(mut throttle) = self.throttle.lock() {
+                    throttle.failed(self.address, Some(self.pair));
+                }
+            }
+            verified
+        })
     }
 }
 

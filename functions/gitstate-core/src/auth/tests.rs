@@ -236,7 +236,7 @@ async fn a_user_under_attack_logs_in_from_a_clean_address_and_a_full_table_refus
     let text = format!("[users.alice]\nhash = \"{hash}\"\ngrants = [\"read:*\"]\n");
     let counter = Arc::new(Cheap::default());
     let mut access = access_with(text, counter.clone());
-    access.throttle = Mutex::new(Throttle::with_capacity(CAPACITY));
+    access.throttle = Arc::new(Mutex::new(Throttle::with_capacity(CAPACITY)));
     let count = || counter.0.load(Ordering::SeqCst);
     let attackers: Vec<IpAddr> = (0..40u8).map(|n| IpAddr::from([198, 51, 100, n])).collect();
     for ip in &attackers {
@@ -673,4 +673,112 @@ fn throttled_reasons_and_addresses_read_well() {
     let address = IpAddr::from([192, 0, 2, 7]);
     assert_eq!(super::ClientAddress(Some(address)).to_string(), "192.0.2.7");
     assert_eq!(super::ClientAddress(None).to_string(), "unknown");
+}
+
+/// Accepts nothing, each check taking `pause_ms`; counts the checks started, finished and under
+/// way, and the most under way at once.
+#[derive(Default)]
+struct Slow {
+    pause_ms: std::sync::atomic::AtomicU64,
+    started: AtomicUsize,
+    finished: AtomicUsize,
+    running: AtomicUsize,
+    most: AtomicUsize,
+}
+
+impl PasswordVerifier for Slow {
+    fn verify(&self, _phc: &str, _secret: &[u8]) -> bool {
+        self.started.fetch_add(1, Ordering::SeqCst);
+        let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(self.pause_ms.load(Ordering::SeqCst)));
+        self.running.fetch_sub(1, Ordering::SeqCst);
+        self.finished.fetch_add(1, Ordering::SeqCst);
+        false
+    }
+}
+
+impl Slow {
+    /// Wait (at most 20 s) until `counter` reaches `n`.
+    async fn until(&self, counter: &AtomicUsize, n: usize) {
+        for _ in 0..2000 {
+            if counter.load(Ordering::SeqCst) >= n {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("only {} of {n}", counter.load(Ordering::SeqCst));
+    }
+}
+
+/// Requests dropped while their argon2 check runs, as when a client hangs up right after
+/// sending (hyper then drops the request) or a deadline passes. The check goes on on its
+/// blocking thread whatever happens to the request; it must keep its argon2 slot until it ends
+/// (else clients that hang up run any number of checks at once, past the limits on threads and
+/// memory), and its failure must count (else they are never throttled: measured on `serve`, 40
+/// such requests from one address and the next was still 401, not 429).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_dropped_during_their_check_keep_the_limit_and_count_their_failures() {
+    let hash = hash_secret(b"right").expect("hash");
+    let text = format!("[users.alice]\nhash = \"{hash}\"\ngrants = [\"read:*\"]\n");
+    let slow = Arc::new(Slow::default());
+    let access = access_with(text, slow.clone());
+    let slots = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    let read = ReadContext::no_request();
+    // Dropped once its check has started, or after 200 ms in the queue.
+    let drop_once_checking = |user: String, client: IpAddr| {
+        let (access, slow, read) = (&access, slow.clone(), read.clone());
+        async move {
+            let before = slow.started.load(Ordering::SeqCst);
+            let attempt = async {
+                access
+                    .authenticate(Some(&header(&user, "wrong")), Some(client), &read)
+                    .await
+            };
+            let started = slow.until(&slow.started, before + 1);
+            let _ = tokio::time::timeout(Duration::from_millis(200), async {
+                tokio::select! {
+                    outcome = attempt => panic!("answered before it was dropped: {outcome:?}"),
+                    () = started => {}
+                }
+            })
+            .await;
+        }
+    };
+
+    // More dropped requests than there are slots, each check lasting well past the others.
+    slow.pause_ms.store(1500, Ordering::SeqCst);
+    for i in 0..slots + 3 {
+        drop_once_checking(format!("u{i}"), IpAddr::from([192, 0, 2, 1])).await;
+    }
+    let begun = slow.started.load(Ordering::SeqCst);
+    slow.until(&slow.finished, begun).await;
+    let most = slow.most.load(Ordering::SeqCst);
+    assert!(
+        most <= slots,
+        "{most} checks ran at once, past the {slots} slots"
+    );
+
+    // One name from another address: each dropped request's failure counts, so after the
+    // pair's budget the next is refused without a check.
+    slow.pause_ms.store(100, Ordering::SeqCst);
+    let client = IpAddr::from([192, 0, 2, 2]);
+    for _ in 0..FREE_PAIR_FAILURES {
+        let before = slow.finished.load(Ordering::SeqCst);
+        drop_once_checking("alice".into(), client).await;
+        slow.until(&slow.finished, before + 1).await;
+    }
+    let checks = slow.started.load(Ordering::SeqCst);
+    let next = access
+        .authenticate(Some(&header("alice", "wrong")), Some(client), &read)
+        .await;
+    assert!(
+        matches!(next, Err(AuthError::Throttled { .. })),
+        "after {FREE_PAIR_FAILURES} dropped failures: {next:?}"
+    );
+    assert_eq!(
+        slow.started.load(Ordering::SeqCst),
+        checks,
+        "refused without a check"
+    );
 }
