@@ -230,6 +230,10 @@ const DESCRIPTIONS: &[Described] = &[
         "`gitstate serve`: connections open at once from one client address (IPv6: its /64); more are answered 503 and closed",
     ),
     describe(
+        "GITSTATE_TRUSTED_PROXIES",
+        "`gitstate serve`: reverse proxies in front of it (addresses or CIDR blocks, comma-separated). A connection from one counts under `GITSTATE_MAX_CONNECTIONS` only, and each of its requests counts in the login throttle under the nearest `X-Forwarded-For` address that is not itself a trusted proxy; anyone else's `X-Forwarded-For` is ignored ([throttling](#throttling-failed-logins))",
+    ),
+    describe(
         "GITSTATE_COMMITTER_NAME",
         "commit committer name (the author is the authenticated user)",
     ),

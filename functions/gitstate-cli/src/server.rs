@@ -6,7 +6,9 @@
 //! opened, or idle between requests); tower-http's body timeout ends a request whose body
 //! stalls, and a stalled answer ([`stall`]) closes a connection whose client stopped reading; at
 //! most so many connections are open, in total and per client address, and one over
-//! either cap is answered 503 (plain) or closed (TLS) at once, never queued.
+//! either cap is answered 503 (plain) or closed (TLS) at once, never queued. A trusted reverse
+//! proxy ([`proxy`]) counts under the total cap only, and its requests under their clients'
+//! addresses.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -20,11 +22,14 @@ use axum::extract::ConnectInfo;
 use base64::Engine;
 use gitstate_app::settings::{ConnectionSettings, ServerSettings};
 use gitstate_core::auth::AddressKey;
+use gitstate_http::ClientAddr;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tower::ServiceExt;
 
+mod proxy;
 mod stall;
+pub use proxy::Proxies;
 use stall::Stalled;
 
 /// How long a client may take over its TLS handshake.
@@ -43,6 +48,7 @@ pub struct Listening {
     pub tls: Option<Arc<rustls::ServerConfig>>,
     pub access_log: bool,
     pub connections: ConnectionSettings,
+    pub proxies: Proxies,
 }
 
 impl Listening {
@@ -68,6 +74,7 @@ impl Listening {
             tls,
             access_log: server.access_log,
             connections: server.connections,
+            proxies: Proxies::new(&server.trusted_proxies),
         })
     }
 
@@ -164,7 +171,8 @@ pub async fn serve_until(
             },
             () = &mut shutdown => break,
         };
-        let Some(ticket) = gate.admit(peer.ip()) else {
+        let proxies = listening.proxies.clone();
+        let Some(ticket) = gate.admit(peer.ip(), proxies.trusts(peer.ip())) else {
             refuse(tcp, peer, acceptor.is_some(), &gate);
             continue;
         };
@@ -178,7 +186,12 @@ pub async fn serve_until(
             let _ticket = ticket;
             // A client that stops reading its answers is held to the body's timeout too.
             let tcp = Stalled::new(tcp, limits.body_timeout);
-            connection(tcp, peer, acceptor, app, watcher, http, scheme).await;
+            let served = Served {
+                peer,
+                scheme,
+                proxies,
+            };
+            connection(tcp, served, acceptor, app, watcher, http).await;
         });
     }
     if tokio::time::timeout(DRAIN, graceful.shutdown())
@@ -193,19 +206,32 @@ pub async fn serve_until(
     Ok(())
 }
 
+/// Who a connection is from, and how its requests are marked.
+struct Served {
+    peer: SocketAddr,
+    scheme: &'static str,
+    proxies: Proxies,
+}
+
 /// One admitted connection, served until it closes or the server drains.
 async fn connection(
     tcp: Stalled<tokio::net::TcpStream>,
-    peer: SocketAddr,
+    served: Served,
     acceptor: Option<tokio_rustls::TlsAcceptor>,
     app: axum::Router,
     watcher: hyper_util::server::graceful::Watcher,
     http: hyper::server::conn::http1::Builder,
-    scheme: &'static str,
 ) {
+    let Served {
+        peer,
+        scheme,
+        proxies,
+    } = served;
     let service =
         hyper::service::service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
+            let client = proxies.client(peer.ip(), request.headers());
             request.extensions_mut().insert(ConnectInfo(peer));
+            request.extensions_mut().insert(ClientAddr(client));
             app.clone().oneshot(with_scheme(request, scheme))
         });
     let result = match acceptor {
@@ -329,13 +355,15 @@ impl Gate {
         }
     }
 
-    /// A place for a connection from `ip`, if neither cap is reached.
-    fn admit(&self, ip: IpAddr) -> Option<Ticket> {
+    /// A place for a connection from `ip`, if neither cap is reached (a trusted `proxy` is
+    /// under the total cap only: it carries many clients).
+    fn admit(&self, ip: IpAddr, proxy: bool) -> Option<Ticket> {
         let address = AddressKey::of(ip);
         let mut open = self.per_address.lock().ok()?;
-        if open
-            .get(&address)
-            .is_some_and(|n| *n >= self.max_per_address)
+        if !proxy
+            && open
+                .get(&address)
+                .is_some_and(|n| *n >= self.max_per_address)
         {
             return None;
         }

@@ -144,6 +144,7 @@ const CONCERNS: &[(Concern, &[&str])] = &[
             "GITSTATE_BODY_TIMEOUT_SECS",
             "GITSTATE_MAX_CONNECTIONS",
             "GITSTATE_MAX_CONNECTIONS_PER_ADDRESS",
+            "GITSTATE_TRUSTED_PROXIES",
         ],
     ),
     (

@@ -217,6 +217,10 @@ pub const SETTINGS: &[Spec] = &[
         "serve: connections open at once from one address [64]",
     ),
     setting(
+        "GITSTATE_TRUSTED_PROXIES",
+        "serve: reverse proxies (addresses, CIDR blocks) whose X-Forwarded-For names the client",
+    ),
+    setting(
         "GITSTATE_COMMITTER_NAME",
         "commit committer name [gitstate]",
     ),

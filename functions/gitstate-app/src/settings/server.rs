@@ -27,6 +27,11 @@ pub struct ServerSettings {
     pub response_streaming: bool,
     /// How `gitstate serve` treats connections.
     pub connections: ConnectionSettings,
+    /// `GITSTATE_TRUSTED_PROXIES`: addresses or CIDR blocks of reverse proxies in front of
+    /// `gitstate serve`. A connection from one of them counts under the total cap only, and each
+    /// of its requests is the client's that `X-Forwarded-For` names (the nearest address not
+    /// itself a trusted proxy); the header of anyone else is ignored.
+    pub trusted_proxies: Vec<ipnet::IpNet>,
 }
 
 /// `gitstate serve`'s bounds on connections, so slow or numerous clients cannot hold them all.
@@ -89,8 +94,26 @@ impl ServerSettings {
             ),
             response_streaming: vars.flag("GITSTATE_RESPONSE_STREAMING")?,
             connections: ConnectionSettings::read(vars)?,
+            trusted_proxies: trusted_proxies(vars)?,
         })
     }
+}
+
+/// `GITSTATE_TRUSTED_PROXIES`: `10.0.0.5`, `10.0.0.0/8`, `fd00::/8`… (an address alone is its
+/// own block).
+fn trusted_proxies(vars: &Vars<'_>) -> Result<Vec<ipnet::IpNet>, ConfigError> {
+    vars.list("GITSTATE_TRUSTED_PROXIES")
+        .iter()
+        .map(|entry| {
+            entry
+                .parse::<ipnet::IpNet>()
+                .or_else(|_| entry.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+                .map_err(|_| ConfigError::Invalid {
+                    var: "GITSTATE_TRUSTED_PROXIES",
+                    reason: format!("{entry:?} is not an address or a CIDR block like 10.0.0.0/8"),
+                })
+        })
+        .collect()
 }
 
 impl ConnectionSettings {

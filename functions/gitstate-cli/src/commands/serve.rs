@@ -123,6 +123,8 @@ pub async fn run(
         tls: None,
         access_log: layered.flag_on("GITSTATE_ACCESS_LOG")?,
         connections: settings.server.connections,
+        // The wrapper's server is for the Terraform it starts, on loopback: no proxy.
+        proxies: server::Proxies::default(),
     };
     let status = run::run(settings, listening, state, program, workdir).await?;
     std::process::exit(run::exit_code(status));

@@ -771,56 +771,69 @@ fn a_client_that_stops_reading_its_answers_is_closed() {
 
 /// `gitstate serve` behind a reverse proxy (the docs suggest one in front of a `serve` that
 /// untrusted networks reach, and the container image may run behind a TLS proxy): every request
-/// comes from the proxy's address, so the login throttle's keys (the address, and the user name
-/// from the address) are the same for every client. A stranger's five wrong passwords for
-/// `admin` through the proxy then refuse the real administrator's first login through it, from
-/// another client: the lockout by user name that the throttle is designed never to allow. The
-/// fix needs a way to name trusted proxies whose `X-Forwarded-For` gives the client's address
-/// (here the intended `GITSTATE_TRUSTED_PROXIES`); the proxy is played by requests from
-/// 127.0.0.1 carrying that header.
+/// comes from the proxy's address, so without `GITSTATE_TRUSTED_PROXIES` the login throttle's
+/// keys (the address, and the user name from the address) were the same for every client, and a
+/// stranger's five wrong passwords for `admin` refused the real administrator's first login
+/// through the proxy. With the proxy trusted, each request counts under the address the proxy
+/// appended to `X-Forwarded-For`; what the stranger writes further left (here the
+/// administrator's own address) is not believed. Without the setting the header is ignored
+/// altogether: a stranger cannot escape the throttle by naming new addresses. The proxy is played
+/// by requests from 127.0.0.1.
 #[test]
-#[ignore = "open: serve has no setting for trusted proxies; behind one, failures through it \
-            lock a user name out for every client (see the report of branch review6)"]
-fn behind_a_proxy_a_strangers_failures_do_not_lock_out_a_user() {
+fn behind_a_trusted_proxy_a_strangers_failures_do_not_lock_out_a_user() {
     use base64::Engine as _;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (mut child, address, printed) =
-        start_serve(dir.path(), &[("GITSTATE_TRUSTED_PROXIES", "127.0.0.1")]);
-    let password = printed
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("export TF_HTTP_PASSWORD="))
-        .expect("password")
-        .to_owned();
-    let basic = |secret: &str| {
-        format!(
-            "Basic {}",
-            base64::engine::general_purpose::STANDARD.encode(format!("admin:{secret}"))
-        )
-    };
-    let through_proxy = |client: &str, authorization: &str| -> u16 {
-        let mut stream = TcpStream::connect(&address).expect("connect");
-        write!(
-            stream,
-            "GET /states/proxied.tfstate HTTP/1.1\r\nHost: {address}\r\nX-Forwarded-For: {client}\r\nAuthorization: {authorization}\r\nConnection: close\r\n\r\n"
-        )
-        .expect("send");
-        let mut answer = String::new();
-        stream.read_to_string(&mut answer).expect("read");
-        answer
-            .split(' ')
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .expect("status line")
-    };
-    for guess in 0..6 {
-        let status = through_proxy("198.51.100.7", &basic(&format!("guess-{guess}")));
-        assert!(status == 401 || status == 429, "guess {guess}: {status}");
+    for trusted in [true, false] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let env: &[(&str, &str)] = if trusted {
+            &[("GITSTATE_TRUSTED_PROXIES", "127.0.0.0/8,::1")]
+        } else {
+            &[]
+        };
+        let (mut child, address, printed) = start_serve(dir.path(), env);
+        let password = printed
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("export TF_HTTP_PASSWORD="))
+            .expect("password")
+            .to_owned();
+        let basic = |secret: &str| {
+            format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD.encode(format!("admin:{secret}"))
+            )
+        };
+        let through_proxy = |forwarded: &str, authorization: &str| -> u16 {
+            let mut stream = TcpStream::connect(&address).expect("connect");
+            write!(
+                stream,
+                "GET /states/proxied.tfstate HTTP/1.1\r\nHost: {address}\r\nX-Forwarded-For: {forwarded}\r\nAuthorization: {authorization}\r\nConnection: close\r\n\r\n"
+            )
+            .expect("send");
+            let mut answer = String::new();
+            stream.read_to_string(&mut answer).expect("read");
+            answer
+                .split(' ')
+                .nth(1)
+                .and_then(|s| s.parse().ok())
+                .expect("status line")
+        };
+        // The stranger (198.51.100.7, as the proxy appends it) claims the administrator's
+        // address on the left, and, without a trusted proxy, a new address each time.
+        for guess in 0..6 {
+            let forwarded = if trusted {
+                "203.0.113.9, 198.51.100.7".to_owned()
+            } else {
+                format!("192.0.2.{guess}")
+            };
+            let status = through_proxy(&forwarded, &basic(&format!("guess-{guess}")));
+            assert!(status == 401 || status == 429, "guess {guess}: {status}");
+        }
+        let first_login = through_proxy("203.0.113.9", &basic(&password));
+        let want = if trusted { 404 } else { 429 };
+        assert_eq!(
+            first_login, want,
+            "the administrator's first login from another client, proxy trusted: {trusted}"
+        );
+        child.kill().expect("kill");
+        let _ = child.wait();
     }
-    assert_eq!(
-        through_proxy("203.0.113.9", &basic(&password)),
-        404,
-        "the administrator's first login, from another client behind the proxy"
-    );
-    child.kill().expect("kill");
-    let _ = child.wait();
 }
