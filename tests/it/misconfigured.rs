@@ -533,6 +533,96 @@ async fn a_stored_file_that_is_not_a_state_fails_the_plan() {
     eprintln!("not a state: {runs} terraform/tofu runs");
 }
 
+/// Generated states in folders (`a/b/c.tfstate`, `a/b.tfstate`, `d`), written through one backend:
+/// every folder that holds one (`a`, `a/b`) and every name below one (`d/x`) is a 409 naming
+/// the state in the way on GET, through the writing backend and a cold one, never the 404
+/// Terraform reads as "no state"; a name that is neither is 404 (the control). terraform and
+/// OpenTofu pointed at a folder fail `plan -lock=false` instead of planning to create it all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_folder_of_states_is_never_no_state() {
+    init_tracing();
+    let server = GitServer::start().await;
+    let url = server.create_repo("infra");
+    let writer = TestBackend::start(&url, &[]).await;
+    let cold = TestBackend::start(&url, &[]).await;
+    let mut rng = StdRng::seed_from_u64(seed("folders"));
+    let mut states: Vec<String> = Vec::new();
+    while states.len() < 4 {
+        let depth = rng.random_range(1..=3);
+        let mut segments: Vec<String> = (0..depth).map(|_| word(&mut rng)).collect();
+        if rng.random_bool(0.5)
+            && let Some(last) = segments.last_mut()
+        {
+            last.push_str(".tfstate");
+        }
+        let name = segments.join("/");
+        let related = |other: &String| {
+            *other == name
+                || other.starts_with(&format!("{name}/"))
+                || name.starts_with(&format!("{other}/"))
+        };
+        if !states.iter().any(related) {
+            let state = gitstate_tests::state_json(&word(&mut rng), 1);
+            Client::new(&writer.url).apply(&name, "setup", &state).await;
+            states.push(name);
+        }
+    }
+    let mut cases = Vec::new();
+    for state in &states {
+        let segments: Vec<&str> = state.split('/').collect();
+        for end in 1..segments.len() {
+            cases.push((segments[..end].join("/"), "a folder holding the state"));
+        }
+        cases.push((format!("{state}/{}", word(&mut rng)), "below the state"));
+    }
+    for backend in [&writer, &cold] {
+        let client = Client::new(&backend.url);
+        for (name, why) in &cases {
+            let answer = client.get_state(name).await;
+            assert_eq!(answer.status, 409, "GET {name}: {}", answer.body);
+            assert!(
+                answer.body.contains(why) && states.iter().any(|s| answer.body.contains(s)),
+                "GET {name}: the reason names the state in the way: {}",
+                answer.body
+            );
+        }
+        client.get_state("absent/neither.tfstate").await.expect(404);
+    }
+
+    let (folder, _) = &cases[rng.random_range(0..cases.len())];
+    for (label, cli) in [
+        ("terraform", Cli::new(terraform_binary())),
+        ("tofu", Cli::new(tofu_binary())),
+    ] {
+        let work = tempfile::tempdir().expect("tempdir");
+        let dir = work.path();
+        let block = config(&cold.url, &format!("/states/{folder}"));
+        std::fs::write(dir.join("main.tf"), format!("{block}{ONE_RESOURCE}")).expect("main.tf");
+        let init = cli.run(dir, &["init", "-no-color", "-input=false"]).await;
+        let plan = cli
+            .run(dir, &["plan", "-no-color", "-input=false", "-lock=false"])
+            .await;
+        let text = format!("{}{}", transcript(&init), transcript(&plan));
+        assert!(
+            !init.status.success() || !plan.status.success(),
+            "{label} must fail on the folder {folder}:\n{text}"
+        );
+        assert!(
+            text.contains("409"),
+            "{label}: the status is shown:\n{text}"
+        );
+        assert!(
+            !text.contains("to add"),
+            "{label} planned against no state:\n{text}"
+        );
+    }
+    eprintln!(
+        "folders: {} states, {} folder or below names",
+        states.len(),
+        cases.len()
+    );
+}
+
 /// How a generated backend block leaves out the lock, or not.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Locking {

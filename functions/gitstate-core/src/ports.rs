@@ -294,6 +294,16 @@ pub trait StateStore: Send + Sync + 'static {
     /// inside the folder it names), if it does.
     async fn clash(&self, at: &Location, name: &StateName) -> Result<Option<Clash>, StoreError>;
 
+    /// [`Self::clash`] for a name a read just found absent, judged at the branch tip that read
+    /// saw where the store keeps it (so it asks the remote nothing more).
+    async fn clash_seen(
+        &self,
+        at: &Location,
+        name: &StateName,
+    ) -> Result<Option<Clash>, StoreError> {
+        self.clash(at, name).await
+    }
+
     /// Create the lock if and only if no lock exists; otherwise report the holder. A lock whose
     /// ref would clash with another lock ref, or whose name clashes with the branch's tree, is
     /// not created ([`Acquire::Clash`]).

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::sealed::SealedView;
-use super::{Backend, MAX_OPENS, ServiceError, Version, refused};
+use super::{Backend, MAX_OPENS, ServiceError, Version, clash_for, refused};
 use crate::access::{Caller, Role};
 use crate::ports::{
     Change, CommitMeta, HeldLock, Location, Refusal, StoreError, Stored, WritePlan, Written,
@@ -63,8 +63,13 @@ impl Backend {
     ) -> Result<Bytes, ServiceError> {
         caller.require(Role::Read, name)?;
         let Some(stored) = self.store.read_state(at, name, read).await? else {
-            // "No state" only where the branch is there (or may be created).
+            // "No state" only where the branch is there (or may be created), and only for a
+            // name that is no folder of states and lies below none: Terraform pointed at one
+            // would plan against nothing.
             self.require_branch(at, read).await?;
+            if let Some(clash) = self.store.clash_seen(at, name).await? {
+                return Err(clash_for(caller, clash));
+            }
             return Err(ServiceError::NotFound);
         };
         self.branch_seen(at);

@@ -391,6 +391,14 @@ impl StateStore for GitStore {
         Ok(GitStore::clash(self, at, name).await?)
     }
 
+    async fn clash_seen(
+        &self,
+        at: &Location,
+        name: &StateName,
+    ) -> Result<Option<Clash>, StoreError> {
+        Ok(GitStore::clash_seen(self, at, name).await?)
+    }
+
     async fn read_lock(
         &self,
         at: &Location,

@@ -66,6 +66,21 @@ impl GitStore {
         Ok(self.tree_clash(&remote, tip, name.as_str()).await?)
     }
 
+    /// How `name` clashes with the files at the branch tip this process saw last (the read
+    /// just made sets it), from the cache: no git request. None without such a tip.
+    pub(super) async fn clash_seen(
+        &self,
+        at: &Location,
+        name: &StateName,
+    ) -> Result<Option<Clash>, ReadError> {
+        let remote = self.remote(at)?;
+        let Some(tip) = remote.cached_tip()? else {
+            return Ok(None);
+        };
+        let (cache, path) = (remote.cache.clone(), name.to_string());
+        Ok(blocking(move || cache.path_clash(tip, &path)).await?)
+    }
+
     pub(super) async fn list_states(
         &self,
         at: &Location,
