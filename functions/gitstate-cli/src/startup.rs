@@ -288,6 +288,34 @@ pub fn new_store(settings: &gitstate_app::Settings) -> Option<String> {
     ))
 }
 
+/// [`new_store`] for `serve`, which starts one with a warning, but refuses to where `settings`
+/// carry a hosted repository's credentials and name no repository: that repository was meant,
+/// and Terraform would plan against the new store's nothing and keep its state where nobody
+/// looks.
+pub fn new_store_to_serve(settings: &gitstate_app::Settings) -> anyhow::Result<Option<String>> {
+    let git = &settings.git;
+    let given: Vec<&str> = [
+        ("GITSTATE_GIT_TOKEN", git.token.is_some()),
+        ("GITSTATE_GIT_TOKEN_KMS", git.token_kms.is_some()),
+        ("GITSTATE_GIT_USERNAME", git.username.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(name, set)| set.then_some(name))
+    .collect();
+    match new_store(settings) {
+        Some(warning) if !given.is_empty() => {
+            let names = given.join(" and ");
+            let verb = if given.len() > 1 { "are" } else { "is" };
+            anyhow::bail!(
+                "{names} {verb} set, but no repository (GITSTATE_REPOSITORY or --repository): \
+                 {warning}. Name the repository, or unset {names} to start a new, empty store \
+                 here"
+            )
+        }
+        new => Ok(new),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

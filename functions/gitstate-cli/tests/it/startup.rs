@@ -3,7 +3,8 @@
 //! with users, without users, unreachable; embedded present or absent) reports each problem and
 //! ends with "ok" only when all hold; the listener's fix parses; `serve` on a hosted repository
 //! without users says how to make the first administrator; the access policy line names where
-//! users came from.
+//! users came from; `serve` with a hosted repository's credentials but no repository refuses to
+//! start a new, empty store.
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -553,5 +554,89 @@ async fn run_refuses_to_start_on_a_host_without_the_atomic_push_it_requires() {
                 "{said}"
             );
         }
+    }
+}
+
+/// `serve` with a hosted repository's credentials but no repository (`GITSTATE_REPOSITORY` left
+/// out of a CI job, or a `gitstate.toml` naming it in a directory the job does not run under):
+/// it would start a new, empty embedded store in the working directory, where
+/// Terraform, let in by an access policy from the environment, would find no state, plan to
+/// create everything and keep the new state in a directory the job throws away. It refuses to
+/// start, naming the settings, and creates nothing; without those settings (the control) its
+/// first run starts the store as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_refuses_a_new_store_when_a_hosted_repository_was_meant() {
+    let seed = std::env::var("STARTUP_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random::<u64>);
+    eprintln!("STARTUP_TEST_SEED={seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let hosted: [(&str, &str); 3] = [
+        ("GITSTATE_GIT_TOKEN", GIT_TOKEN),
+        ("GITSTATE_GIT_USERNAME", GIT_USER),
+        ("GITSTATE_GIT_TOKEN_KMS", "AQICAHh0ZXN0"),
+    ];
+    for round in 0..5 {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut env = vec![
+            ("GITSTATE_ADMIN_USER", "ci".to_owned()),
+            ("GITSTATE_ADMIN_HASH", hash_of(PASSWORD)),
+            (
+                "GITSTATE_LISTEN",
+                format!("127.0.0.1:{}", gitstate_tests::free_port()),
+            ),
+        ];
+        let control = round == 0;
+        let mut given = Vec::new();
+        if !control {
+            let (name, value) = hosted[rng.random_range(0..hosted.len())];
+            env.push((name, value.to_owned()));
+            given.push(name);
+        }
+        let out_file = dir.path().join("serve.out");
+        let mut child = Command::new(crate::GITSTATE)
+            .arg("serve")
+            .current_dir(dir.path())
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("HOME", dir.path())
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&out_file).expect("out"))
+            .stderr(std::fs::File::create(dir.path().join("serve.err")).expect("err"))
+            .spawn()
+            .expect("serve");
+        let mut exited = None;
+        let mut printed = String::new();
+        for _ in 0..200 {
+            printed = std::fs::read_to_string(&out_file).unwrap_or_default()
+                + &std::fs::read_to_string(dir.path().join("serve.err")).unwrap_or_default();
+            exited = child.try_wait().expect("wait");
+            if exited.is_some() || printed.contains("backend \"http\"") {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        let created = dir.path().join(".gitstate/repo.git").exists();
+        let what = format!("round {round}, {given:?}, {env:?}");
+        if control {
+            assert!(created && exited.is_none(), "{what}: {printed}");
+            continue;
+        }
+        assert!(
+            exited.is_some_and(|status| !status.success()),
+            "{what}: serve must refuse to start: {printed}"
+        );
+        assert!(!created, "{what}: no store is created");
+        for word in given.iter().chain(&["GITSTATE_REPOSITORY", "--repository"]) {
+            assert!(
+                printed.contains(word),
+                "{what}: {word:?} is named: {printed}"
+            );
+        }
+        assert!(!printed.contains(GIT_TOKEN), "{what}: {printed}");
     }
 }
