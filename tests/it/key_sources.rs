@@ -242,11 +242,14 @@ async fn age_states_open_with_sops311_and_copies_are_refused() {
         Err(Error::Unbound)
     ));
 
-    // pinning: the identity is held, but the configured recipient is another one
+    // pinning: the identity is held, but the configured recipient is another one (whose
+    // identity the deployment holds too, or it would not start)
+    let both = key_file(s.keys.path(), "pinned.txt", &[&key, &other]);
+    let both = both.display().to_string();
     let pinned = s
         .backend(&[
             ("GITSTATE_AGE_RECIPIENTS", other.recipient.as_str()),
-            ("GITSTATE_AGE_IDENTITY_FILE", file.as_str()),
+            ("GITSTATE_AGE_IDENTITY_FILE", both.as_str()),
         ])
         .await;
     let refused = Client::new(&pinned.url).get_state("age/s200.tfstate").await;
@@ -400,17 +403,23 @@ async fn key_groups_with_a_threshold_both_ways_with_sops311() {
         .output()
         .expect("sops runs");
     assert!(!kms_alone.status.success(), "one share of two opened it");
-    let no_identity = s
-        .backend(&[
+    // nor does a deployment holding the KMS share alone: it could not open its own writes, so
+    // it does not start (one share of gitstate's reading is refused below, "KMS alone")
+    let cache = tempfile::tempdir().expect("tempdir");
+    let no_identity = settings_for(
+        &s.url,
+        cache.path(),
+        &[
             ("GITSTATE_KMS_KEY_IDS", "alias/tfstate"),
             ("GITSTATE_AGE_RECIPIENTS", a.recipient.as_str()),
             ("GITSTATE_SOPS_SHAMIR_THRESHOLD", "2"),
-        ])
-        .await;
-    let refused = Client::new(&no_identity.url)
-        .get_state("groups/s300.tfstate")
-        .await;
-    assert!(refused.status >= 500, "{}", refused.body);
+        ],
+    );
+    let refused = gitstate_app::build_with(no_identity, Some(s.moto.kms().await)).await;
+    assert!(matches!(
+        refused,
+        Err(gitstate_app::BuildError::Unopenable(_))
+    ));
 
     // one group of both keys: either opens
     let either = s
@@ -741,7 +750,7 @@ async fn sealed_private_keys_open_only_for_their_purpose_and_team() {
             list: "pgp",
         },
     ];
-    let (mut started, mut refused) = (0, 0);
+    let (mut started, mut refused) = (0u64, 0u64);
     for source in &sources {
         // (sealed under purpose, sealed for team, deployment's team): starts?
         let cases: [(bool, Option<&str>, Option<&str>, bool); 7] = [
@@ -960,4 +969,140 @@ async fn pgp_rotation_enforced_rekey_and_pinning() {
     let got = client.get_state("rot/left.tfstate").await.expect(200);
     assert!(got.body == generated_state(799, true));
     eprintln!("MEASURE OpenPGP rotation: {cases} states rekeyed, 1 refused when pinned");
+}
+
+/// What one source of a generated deployment holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Held {
+    /// The source is not configured.
+    Absent,
+    /// Its recipients (fingerprints and public keys for OpenPGP), no private side.
+    SealOnly,
+    /// A private side, but of another key than the one it seals for.
+    OtherKey,
+    /// The private side of the key it seals for.
+    Own,
+}
+
+/// Deployments that could not open what they seal do not start: generated over KMS (which always
+/// opens), age and OpenPGP each absent, sealing only, holding another key's private side or
+/// their own, and no threshold or one of 2 or 3 groups. Before, such a deployment accepted a
+/// new state's write (sealed for keys it lacks) and answered 500 on every later read and write of
+/// it: Terraform's apply succeeded and every plan after it failed. The refusal names the
+/// setting that lacks its private side, never a key; every deployment that starts reads back
+/// what it wrote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deployment_that_cannot_open_what_it_seals_does_not_start() {
+    let s = setup().await;
+    s.moto.create_key("tfstate").await;
+    let age_own = age_key(s.keys.path(), "own.txt");
+    let age_other = age_key(s.keys.path(), "other.txt");
+    let pgp_own = gpg_key_as(
+        "own <own@example.invalid>",
+        "future-default",
+        "",
+        "--export-secret-keys",
+    );
+    let pgp_other = gpg_key_as(
+        "other <other@example.invalid>",
+        "future-default",
+        "",
+        "--export-secret-keys",
+    );
+    let path = |p: &Path| p.display().to_string();
+    let (age_own_file, age_other_file) = (path(&age_own.file), path(&age_other.file));
+    let (pgp_public, pgp_own_secret, pgp_other_secret) = (
+        path(&pgp_own.public),
+        path(&pgp_own.secret),
+        path(&pgp_other.secret),
+    );
+    let (mut started, mut refused) = (0u64, 0u64);
+    let helds = [Held::Absent, Held::SealOnly, Held::OtherKey, Held::Own];
+    for kms in [false, true] {
+        for age in helds {
+            for pgp in helds {
+                for threshold in [None, Some(2), Some(3)] {
+                    let sealing = usize::from(kms)
+                        + usize::from(age != Held::Absent)
+                        + usize::from(pgp != Held::Absent);
+                    if sealing == 0 || threshold.is_some_and(|t| t > sealing) {
+                        continue;
+                    }
+                    let opening = usize::from(kms)
+                        + usize::from(age == Held::Own)
+                        + usize::from(pgp == Held::Own);
+                    let starts = opening >= threshold.unwrap_or(1);
+                    let mut vars: Vec<(&str, String)> = Vec::new();
+                    if kms {
+                        vars.push(("GITSTATE_KMS_KEY_IDS", "alias/tfstate".into()));
+                    }
+                    if age != Held::Absent {
+                        vars.push(("GITSTATE_AGE_RECIPIENTS", age_own.recipient.clone()));
+                    }
+                    match age {
+                        Held::OtherKey => {
+                            vars.push(("GITSTATE_AGE_IDENTITY_FILE", age_other_file.clone()))
+                        }
+                        Held::Own => {
+                            vars.push(("GITSTATE_AGE_IDENTITY_FILE", age_own_file.clone()))
+                        }
+                        Held::Absent | Held::SealOnly => {}
+                    }
+                    if pgp != Held::Absent {
+                        vars.push(("GITSTATE_PGP_FINGERPRINTS", pgp_own.fp.clone()));
+                        vars.push(("GITSTATE_PGP_PUBLIC_KEYS_FILE", pgp_public.clone()));
+                    }
+                    match pgp {
+                        Held::OtherKey => {
+                            vars.push(("GITSTATE_PGP_SECRET_KEYS_FILE", pgp_other_secret.clone()))
+                        }
+                        Held::Own => {
+                            vars.push(("GITSTATE_PGP_SECRET_KEYS_FILE", pgp_own_secret.clone()))
+                        }
+                        Held::Absent | Held::SealOnly => {}
+                    }
+                    if let Some(t) = threshold {
+                        vars.push(("GITSTATE_SOPS_SHAMIR_THRESHOLD", t.to_string()));
+                    }
+                    let what = format!("kms={kms} age={age:?} pgp={pgp:?} threshold={threshold:?}");
+                    let cache = tempfile::tempdir().expect("tempdir");
+                    let vars: Vec<(&str, &str)> =
+                        vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
+                    let settings = settings_for(&s.url, cache.path(), &vars);
+                    let built = gitstate_app::build_with(settings, Some(s.moto.kms().await)).await;
+                    match built {
+                        Ok(app) if starts => {
+                            started += 1;
+                            let backend = TestBackend::serve(app.router(), cache).await;
+                            let client = Client::new(&backend.url);
+                            let name = format!("opens/{started}.tfstate");
+                            let state = generated_state(started, true);
+                            client.write(&name, &state).await.expect(200);
+                            let read = client.get_state(&name).await.expect(200);
+                            assert!(read.body == state, "{what}: reads back what it wrote");
+                        }
+                        Err(error) if !starts => {
+                            refused += 1;
+                            let message = gitstate_core::report::chain(&error);
+                            for (held, setting) in [
+                                (age, "GITSTATE_AGE_RECIPIENTS"),
+                                (pgp, "GITSTATE_PGP_FINGERPRINTS"),
+                            ] {
+                                let lacks = matches!(held, Held::SealOnly | Held::OtherKey);
+                                assert_eq!(message.contains(setting), lacks, "{what}: {message}");
+                            }
+                            assert!(!message.contains("AGE-SECRET-KEY"), "{what}: {message}");
+                        }
+                        Ok(_) => panic!("{what}: must not start, it cannot open what it seals"),
+                        Err(error) => panic!(
+                            "{what}: must start: {}",
+                            gitstate_core::report::chain(&error)
+                        ),
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("unopenable: {started} deployments started, {refused} refused");
+    assert!(started > 0 && refused > 0);
 }

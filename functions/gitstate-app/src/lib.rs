@@ -51,6 +51,8 @@ pub enum BuildError {
     Primary(String),
     #[error("access policy: {0}")]
     Access(String),
+    #[error("encryption: {0}")]
+    Unopenable(String),
 }
 
 /// The application `settings` describe, with KMS (for the git token and for encryption, when
@@ -61,7 +63,22 @@ pub async fn build(settings: Settings) -> Result<App, BuildError> {
 
 /// [`build`], with KMS calls going to `kms` when given (tests point it at a local KMS): states
 /// are then sealed through it as `settings.encryption` says, even when that names no key.
-pub async fn build_with(mut settings: Settings, kms: Option<Arc<Kms>>) -> Result<App, BuildError> {
+pub async fn build_with(settings: Settings, kms: Option<Arc<Kms>>) -> Result<App, BuildError> {
+    open(settings, kms, true).await
+}
+
+/// [`build`] for `gitstate rekey`, which may re-encrypt every state for keys whose private side
+/// is kept elsewhere (the deployment's): it opens with the previous keys alone.
+pub async fn build_to_rekey(settings: Settings) -> Result<App, BuildError> {
+    open(settings, None, false).await
+}
+
+/// [`build_with`]; a process that `serves` must open what it seals.
+async fn open(
+    mut settings: Settings,
+    kms: Option<Arc<Kms>>,
+    serves: bool,
+) -> Result<App, BuildError> {
     let seal = kms.is_some() || settings.encryption.is_configured();
     let needs_kms = settings.git.token_kms.is_some()
         || settings.access.bootstrap_kms.is_some()
@@ -90,6 +107,9 @@ pub async fn build_with(mut settings: Settings, kms: Option<Arc<Kms>>) -> Result
     }
     gitstate_kms::open_private_keys(kms.as_deref(), team.as_deref(), &mut settings.encryption)
         .await?;
+    if let Some(why) = settings.encryption.unopenable().filter(|_| serves) {
+        return Err(BuildError::Unopenable(why));
+    }
     let (store, primary) = GitStore::new(&store_settings(&settings))?;
     assemble(&settings, Arc::new(store), primary, kms.filter(|_| seal))
 }

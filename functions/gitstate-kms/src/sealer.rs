@@ -110,6 +110,55 @@ impl EncryptionSettings {
             || !self.pgp_fingerprints.is_empty()
     }
 
+    /// Why this deployment could not open what it seals, if it could not: every write is sealed
+    /// for the current keys (one key group, or one per source with a threshold), and a source
+    /// opens only holding the private side of one of its current keys (a KMS key always does).
+    /// Such a deployment would take a new state's write, then refuse every read and write of it.
+    pub fn unopenable(&self) -> Option<String> {
+        let holds = |current: &[String], source: &dyn KeySource, held: Vec<String>| {
+            current
+                .iter()
+                .any(|id| source.recipient(id).is_ok_and(|id| held.contains(&id)))
+        };
+        let age = (!self.age_recipients.is_empty()).then(|| {
+            self.age_identities
+                .as_ref()
+                .is_some_and(|keys| holds(&self.age_recipients, &**keys, keys.recipients()))
+        });
+        let pgp = (!self.pgp_fingerprints.is_empty()).then(|| {
+            self.pgp_keys
+                .as_ref()
+                .is_some_and(|keys| holds(&self.pgp_fingerprints, &**keys, keys.fingerprints()))
+        });
+        let kms = (!self.kms_key_ids.is_empty()).then_some(true);
+        let sources = [kms, age, pgp];
+        let sealing = sources.iter().flatten().count();
+        let opening = sources.iter().flatten().filter(|opens| **opens).count();
+        let needed = self.shamir_threshold.unwrap_or(1).max(1);
+        if sealing == 0 || opening >= needed {
+            return None;
+        }
+        let lacking = [
+            (
+                age,
+                "GITSTATE_AGE_RECIPIENTS: no identity here (GITSTATE_AGE_IDENTITY, _FILE or _KMS, or SOPS_AGE_KEY(_FILE)) is one of them",
+            ),
+            (
+                pgp,
+                "GITSTATE_PGP_FINGERPRINTS: no secret key here (GITSTATE_PGP_SECRET_KEYS, _FILE or _KMS) is one of them",
+            ),
+        ];
+        let lacking: Vec<&str> = lacking
+            .iter()
+            .filter_map(|(opens, why)| (*opens == Some(false)).then_some(*why))
+            .collect();
+        Some(format!(
+            "this deployment could not open the states it writes ({opening} of its {sealing} key \
+             sources open here, {needed} needed): {}",
+            lacking.join("; ")
+        ))
+    }
+
     /// The sources other than KMS as configured (age, then OpenPGP): their recipients, and the
     /// private keys that open.
     pub fn offline(&self) -> Vec<Offline> {

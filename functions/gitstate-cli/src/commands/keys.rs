@@ -18,7 +18,7 @@ pub async fn rekey(prefix: &str, args: &SettingsArgs) -> anyhow::Result<()> {
             "none of GITSTATE_KMS_KEY_IDS, GITSTATE_AGE_RECIPIENTS and GITSTATE_PGP_FINGERPRINTS names a key to re-encrypt under"
         );
     }
-    let backend = gitstate_app::build(settings)
+    let backend = gitstate_app::build_to_rekey(settings)
         .await
         .context("assembling the backend")?
         .backend;
