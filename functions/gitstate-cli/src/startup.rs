@@ -288,11 +288,11 @@ pub fn new_store(settings: &gitstate_app::Settings) -> Option<String> {
     ))
 }
 
-/// [`new_store`] for `serve`, which starts one with a warning, but refuses to where `settings`
-/// carry a hosted repository's credentials and name no repository: that repository was meant,
-/// and Terraform would plan against the new store's nothing and keep its state where nobody
-/// looks.
-pub fn new_store_to_serve(settings: &gitstate_app::Settings) -> anyhow::Result<Option<String>> {
+/// [`new_store`] for `serve` and `run`, which start one (with a warning, or `--new-store`), but
+/// refused where `settings` carry a hosted repository's credentials and name no repository:
+/// that repository was meant, and Terraform would plan against the new store's nothing and keep
+/// its state where nobody looks.
+pub fn new_store_checked(settings: &gitstate_app::Settings) -> anyhow::Result<Option<String>> {
     let git = &settings.git;
     let given: Vec<&str> = [
         ("GITSTATE_GIT_TOKEN", git.token.is_some()),

@@ -25,7 +25,7 @@ pub async fn serve(state: Option<&str>, args: &SettingsArgs) -> anyhow::Result<(
         .clone()
         .unwrap_or_else(|| format!("{} (embedded)", settings.git.local_repository.display()));
     let embedded = settings.git.repository.is_none();
-    let new_store = startup::new_store_to_serve(&settings)?;
+    let new_store = startup::new_store_checked(&settings)?;
     let branch = settings.git.branch.to_string();
     let app = gitstate_app::build(settings)
         .await
@@ -112,7 +112,7 @@ pub async fn run(
         )?,
     };
     let state = state.as_str();
-    if let Some(warning) = startup::new_store(&settings) {
+    if let Some(warning) = startup::new_store_checked(&settings)? {
         if !new_store {
             anyhow::bail!("gitstate run: {warning}. To start a new store here, pass --new-store");
         }

@@ -3,8 +3,8 @@
 //! with users, without users, unreachable; embedded present or absent) reports each problem and
 //! ends with "ok" only when all hold; the listener's fix parses; `serve` on a hosted repository
 //! without users says how to make the first administrator; the access policy line names where
-//! users came from; `serve` with a hosted repository's credentials but no repository refuses to
-//! start a new, empty store.
+//! users came from; `serve` and `run --new-store` with a hosted repository's credentials but no
+//! repository refuse to start a new, empty store.
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -557,15 +557,15 @@ async fn run_refuses_to_start_on_a_host_without_the_atomic_push_it_requires() {
     }
 }
 
-/// `serve` with a hosted repository's credentials but no repository (`GITSTATE_REPOSITORY` left
-/// out of a CI job, or a `gitstate.toml` naming it in a directory the job does not run under):
-/// it would start a new, empty embedded store in the working directory, where
-/// Terraform, let in by an access policy from the environment, would find no state, plan to
-/// create everything and keep the new state in a directory the job throws away. It refuses to
-/// start, naming the settings, and creates nothing; without those settings (the control) its
-/// first run starts the store as before.
+/// `serve` and `run --new-store` with a hosted repository's credentials but no repository
+/// (`GITSTATE_REPOSITORY` left out of a CI job, or a `gitstate.toml` naming it in a directory the
+/// job does not run under): each would start a new, empty embedded store in the working
+/// directory, where Terraform, let in by an access policy from the environment (or the run's own
+/// credential), would find no state, plan to create everything and keep the new state in a
+/// directory the job throws away. Both refuse, naming the settings, and create nothing; without
+/// those settings (the control) both start the store as before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn serve_refuses_a_new_store_when_a_hosted_repository_was_meant() {
+async fn no_new_store_starts_when_a_hosted_repository_was_meant() {
     let seed = std::env::var("STARTUP_TEST_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -622,21 +622,45 @@ async fn serve_refuses_a_new_store_when_a_hosted_repository_was_meant() {
         let _ = child.wait();
         let created = dir.path().join(".gitstate/repo.git").exists();
         let what = format!("round {round}, {given:?}, {env:?}");
+        // `run --new-store` (the README's first run, copied into a job) the same way.
+        let run_dir = tempfile::tempdir().expect("tempdir");
+        let args = [
+            "run",
+            "--new-store",
+            "--state",
+            "team/app.tfstate",
+            "--workdir",
+            ".",
+        ];
+        let run = gitstate(run_dir.path(), &[&args[..], &["--", "true"]].concat(), &env);
+        let run_created = run_dir.path().join(".gitstate/repo.git").exists();
         if control {
             assert!(created && exited.is_none(), "{what}: {printed}");
+            assert!(
+                run.status.success() && run_created,
+                "{what}: {}",
+                text(&run)
+            );
             continue;
         }
         assert!(
             exited.is_some_and(|status| !status.success()),
             "{what}: serve must refuse to start: {printed}"
         );
-        assert!(!created, "{what}: no store is created");
-        for word in given.iter().chain(&["GITSTATE_REPOSITORY", "--repository"]) {
-            assert!(
-                printed.contains(word),
-                "{what}: {word:?} is named: {printed}"
-            );
+        assert!(
+            !run.status.success(),
+            "{what}: run must refuse: {}",
+            text(&run)
+        );
+        assert!(!created && !run_created, "{what}: no store is created");
+        for printed in [printed, text(&run)] {
+            for word in given.iter().chain(&["GITSTATE_REPOSITORY", "--repository"]) {
+                assert!(
+                    printed.contains(word),
+                    "{what}: {word:?} is named: {printed}"
+                );
+            }
+            assert!(!printed.contains(GIT_TOKEN), "{what}: {printed}");
         }
-        assert!(!printed.contains(GIT_TOKEN), "{what}: {printed}");
     }
 }
