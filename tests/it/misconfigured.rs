@@ -623,6 +623,100 @@ async fn a_folder_of_states_is_never_no_state() {
     );
 }
 
+/// A state's path the repository holds as something other than a file, committed behind the
+/// backend's back: a symbolic link (a person aliasing `env/prod.tfstate` to another state) or a
+/// submodule. Neither is "no state" (404, which Terraform plans against): each is a 500 whose
+/// log names the path and what it is, and terraform and OpenTofu fail `plan -lock=false`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_path_that_is_no_file_is_never_no_state() {
+    init_tracing();
+    gitstate_tests::capture_logs();
+    let server = GitServer::start().await;
+    let url = server.create_repo("infra");
+    let backend = TestBackend::start(&url, &[]).await;
+    let client = Client::new(&backend.url);
+    let mut rng = StdRng::seed_from_u64(seed("no file"));
+    let real = format!("env/{}.tfstate", word(&mut rng));
+    client
+        .apply(&real, "setup", &gitstate_tests::state_json("L", 1))
+        .await;
+    let work = tempfile::tempdir().expect("tempdir");
+    let clone = work.path().join("clone");
+    let clone_str = clone.to_str().expect("utf-8");
+    let git = |args: &[&str]| gitstate_tests::git(args, Some(&clone));
+    gitstate_tests::git(
+        &[
+            "clone",
+            "-q",
+            &server.url_with_credentials("infra"),
+            clone_str,
+        ],
+        None,
+    );
+    let link = format!("env/link-{}.tfstate", word(&mut rng));
+    let target = real.trim_start_matches("env/");
+    std::os::unix::fs::symlink(target, clone.join(&link)).expect("symlink");
+    git(&["add", &link]);
+    let head = git(&["rev-parse", "HEAD"]);
+    let module = format!("env/module-{}.tfstate", word(&mut rng));
+    git(&[
+        "update-index",
+        "--add",
+        "--cacheinfo",
+        &format!("160000,{},{module}", head.trim()),
+    ]);
+    git(&[
+        "-c",
+        "user.name=t",
+        "-c",
+        "user.email=t@t",
+        "commit",
+        "-q",
+        "-m",
+        "not files",
+    ]);
+    git(&["push", "-q", "origin", "HEAD:main"]);
+
+    for (name, what) in [(&link, "symbolic link"), (&module, "submodule")] {
+        let answer = client.get_state(name).await;
+        assert_eq!(answer.status, 500, "GET {name}: {}", answer.body);
+        let logs = gitstate_tests::captured_logs();
+        assert!(
+            logs.lines()
+                .any(|l| l.contains(name.as_str()) && l.contains(what)),
+            "GET {name}: the log names the path and the {what}"
+        );
+    }
+    client.get_state(&real).await.expect(200);
+    for (label, cli) in [
+        ("terraform", Cli::new(terraform_binary())),
+        ("tofu", Cli::new(tofu_binary())),
+    ] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let block = config(&backend.url, &format!("/states/{link}"));
+        std::fs::write(dir.path().join("main.tf"), format!("{block}{ONE_RESOURCE}"))
+            .expect("main.tf");
+        let init = cli
+            .run(dir.path(), &["init", "-no-color", "-input=false"])
+            .await;
+        let plan = cli
+            .run(
+                dir.path(),
+                &["plan", "-no-color", "-input=false", "-lock=false"],
+            )
+            .await;
+        let text = format!("{}{}", transcript(&init), transcript(&plan));
+        assert!(
+            !init.status.success() || !plan.status.success(),
+            "{label} must fail on the link {link}:\n{text}"
+        );
+        assert!(
+            !text.contains("to add"),
+            "{label} planned against no state:\n{text}"
+        );
+    }
+}
+
 /// A name that differs from a stored state's only in letter case (`Network/Prod.tfstate` beside
 /// `network/prod.tfstate`, a typo in the backend block) reads as "no state" (404) and its LOCK
 /// is granted, so Terraform plans to create every resource again and the apply starts a second

@@ -54,6 +54,10 @@ pub enum Corruption {
         commit: gix::ObjectId,
         path: String,
     },
+    /// A path read as a file (a state, a configuration file) that the tree holds as something
+    /// else, put there behind gitstate's back: never "no state".
+    #[error("{path} is a {what} in the repository, not a file: replace it with the file itself")]
+    NotAFile { path: String, what: &'static str },
     /// The fold record on the branch is not a record: folding from it could replay writes
     /// twice or refuse states wrongly, so no fold runs until a person mends it.
     #[error(

@@ -93,15 +93,28 @@ impl Cache {
         Ok(repo.has_object(id) && repo.find_header(id)?.kind() == Kind::Commit)
     }
 
-    /// The content of `path` in the tree of `commit`, or `None` if the path does not exist.
+    /// The content of `path` in the tree of `commit`, or `None` if the path does not exist (or
+    /// is a folder). A symbolic link or a submodule there is an error.
     pub fn read_path(&self, commit: ObjectId, path: &str) -> Result<Option<Vec<u8>>, Error> {
         let repo = self.repo()?;
         let tree = repo.find_commit(commit)?.tree()?;
         let Some(entry) = tree.lookup_entry_by_path(path)? else {
             return Ok(None);
         };
-        if !entry.mode().is_blob() {
+        let mode = entry.mode();
+        if mode.is_tree() {
             return Ok(None);
+        }
+        if !mode.is_blob() {
+            let what = if mode.is_link() {
+                "symbolic link"
+            } else {
+                "submodule"
+            };
+            return Err(Error::Corrupt(Corruption::NotAFile {
+                path: path.to_owned(),
+                what,
+            }));
         }
         let blob = entry.object()?;
         Ok(Some(blob.detach().data))
