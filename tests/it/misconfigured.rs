@@ -806,8 +806,6 @@ async fn a_seed_address_without_ref_never_reads_another_branch_as_no_state() {
 /// state; a checkout of the repository on macOS or Windows cannot even hold both files. It
 /// should be refused (409 naming the stored state) on GET, LOCK and write, as a folder clash is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "case variants are distinct states by design today (the many_writers model writes \
-            env/App.tfstate beside env/app.tfstate): refusing them is a design decision"]
 async fn a_name_differing_only_in_case_is_never_no_state() {
     init_tracing();
     let server = GitServer::start().await;

@@ -33,11 +33,14 @@ const FSCK_EVERY: usize = 100;
 const REPO: &str = "model";
 
 // ---------------------------------------------------------------------------------------------
-// The alphabets. Names collide as files and folders (`a`, `a/b`, `a/b/c.tfstate`), refs include
+// The alphabets. Names collide as files and folders (`a`, `a/b`, `a/b/c.tfstate`) and by letter
+// case (`A.tfstate`, `a.tfstate`), refs include
 // the configured branch, allowlisted ones, lock-like names, parents and children of each, and
 // garbage.
 
-const NAMES: [&str; 10] = [
+const NAMES: [&str; 12] = [
+    "A.tfstate",
+    "B/a.tfstate",
     "a",
     "a/b",
     "a/b/c.tfstate",
@@ -735,10 +738,17 @@ impl Model {
 
         let empty = Branch::default();
         let tree = self.branches.get(&branch).unwrap_or(&empty);
+        // A folder or file in the way; else, for a name that is no state, one that differs only
+        // in letter case.
         let tree_clash = tree
             .states
             .keys()
             .find(|s| s.as_str() != name && path_clash(s, name))
+            .or_else(|| {
+                let variant = |s: &&String| s.as_str() != name && s.eq_ignore_ascii_case(name);
+                let absent = !tree.states.contains_key(name);
+                absent.then(|| tree.states.keys().find(variant)).flatten()
+            })
             .cloned();
         let lock_clash = self
             .locks

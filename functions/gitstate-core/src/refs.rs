@@ -40,6 +40,11 @@ pub enum Clash {
     /// The name is a folder holding states (`team/app` while `team/app/prod.tfstate` exists).
     #[error("it is a folder holding the state {0:?}")]
     Folder(String),
+    /// The name is not a state, but differs from one only in letter case (`Team/App.tfstate`
+    /// while `team/app.tfstate` exists): a typo in a backend address, or a second state that a
+    /// checkout on a case-insensitive file system (macOS, Windows) cannot hold beside the first.
+    #[error("it differs only in letter case from the state {0:?}")]
+    CaseVariant(String),
     /// The name's lock ref would clash with the lock held on this state.
     #[error("its lock ref would clash with the lock held on {0:?}")]
     LockRef(String),
@@ -59,7 +64,10 @@ impl Clash {
     /// caller may read it. A branch clash names a branch, not a state, and is kept.
     pub fn told(self, readable: impl Fn(&str) -> bool) -> Self {
         match &self {
-            Self::BelowState(other) | Self::Folder(other) | Self::LockRef(other)
+            Self::BelowState(other)
+            | Self::Folder(other)
+            | Self::CaseVariant(other)
+            | Self::LockRef(other)
                 if !readable(other) =>
             {
                 Self::Unreadable
@@ -69,9 +77,12 @@ impl Clash {
     }
 }
 
-/// The tree rule: how `name` clashes with the files `files` of a branch, if it does.
+/// The tree rule: how `name` clashes with the files `files` of a branch, if it does (a name
+/// that is a file never clashes by case).
 pub fn tree_clash<'a>(files: impl IntoIterator<Item = &'a str>, name: &str) -> Option<Clash> {
     let mut folder: Option<&str> = None;
+    let mut variant: Option<&str> = None;
+    let mut exists = false;
     for file in files {
         if is_parent(file, name) {
             return Some(Clash::BelowState(file.to_owned()));
@@ -79,8 +90,16 @@ pub fn tree_clash<'a>(files: impl IntoIterator<Item = &'a str>, name: &str) -> O
         if is_parent(name, file) && folder.is_none_or(|f| file < f) {
             folder = Some(file);
         }
+        exists |= file == name;
+        if file != name && file.eq_ignore_ascii_case(name) && variant.is_none_or(|v| file < v) {
+            variant = Some(file);
+        }
     }
-    folder.map(|f| Clash::Folder(f.to_owned()))
+    folder.map(|f| Clash::Folder(f.to_owned())).or_else(|| {
+        variant
+            .filter(|_| !exists)
+            .map(|v| Clash::CaseVariant(v.to_owned()))
+    })
 }
 
 /// The lock rule: the held lock (by state name) whose ref would clash with the lock of `name`.

@@ -30,6 +30,47 @@ pub(super) fn first_file(
     Ok(None)
 }
 
+/// A file below `tree` (at `dir`) whose path is `segments` in other letter case, if there is one
+/// (the first in tree order). Only entries matching a segment, ignoring ASCII case, are read.
+pub(super) fn case_variant(
+    repo: &gix::Repository,
+    tree: ObjectId,
+    dir: &str,
+    segments: &[&str],
+) -> Result<Option<String>, Error> {
+    let Some((segment, rest)) = segments.split_first() else {
+        return Ok(None);
+    };
+    let tree = repo.find_tree(tree)?;
+    let decoded = tree.decode().map_err(|e| {
+        Error::Corrupt(Corruption::Tree {
+            id: tree.id,
+            why: e.to_string(),
+        })
+    })?;
+    for entry in &decoded.entries {
+        let name = entry.filename.to_string();
+        if !name.eq_ignore_ascii_case(segment) {
+            continue;
+        }
+        let path = if dir.is_empty() {
+            name
+        } else {
+            format!("{dir}/{name}")
+        };
+        match (entry.mode.is_tree(), rest.is_empty()) {
+            (false, true) => return Ok(Some(path)),
+            (true, false) => {
+                if let Some(found) = case_variant(repo, entry.oid.to_owned(), &path, rest)? {
+                    return Ok(Some(found));
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(None)
+}
+
 /// The blob paths that differ between two trees (either may be absent), below `prefix`.
 pub(super) fn changed_paths(
     repo: &gix::Repository,

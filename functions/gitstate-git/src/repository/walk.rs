@@ -11,7 +11,7 @@ use gitstate_core::refs::Clash;
 
 use super::Cache;
 use super::Error;
-use super::trees::{changed_paths, first_file};
+use super::trees::{case_variant, changed_paths, first_file};
 
 /// How far a walk of the history got.
 pub enum Walk {
@@ -251,10 +251,13 @@ impl Cache {
     }
 
     /// How `path` clashes with the tree of `commit`: a proper prefix of it is a file, or it is a
-    /// folder (then the first file inside it is named). Only the trees along `path` are read.
+    /// folder (then the first file inside it is named), or, when it is not a file, a file's path
+    /// differs from it only in letter case. Only the trees along `path` are read (and, when it is
+    /// missing, those whose names match its folders ignoring case).
     pub fn path_clash(&self, commit: ObjectId, path: &str) -> Result<Option<Clash>, Error> {
         let repo = self.repo()?;
-        let mut tree = repo.find_commit(commit)?.tree_id()?.detach();
+        let root = repo.find_commit(commit)?.tree_id()?.detach();
+        let mut tree = root;
         let mut walked = String::new();
         let mut segments = path.split('/').peekable();
         while let Some(segment) = segments.next() {
@@ -263,7 +266,8 @@ impl Cache {
                 .find_entry(segment)
                 .map(|e| (e.mode().is_tree(), e.object_id()))
             else {
-                return Ok(None);
+                let all: Vec<&str> = path.split('/').collect();
+                return Ok(case_variant(&repo, root, "", &all)?.map(Clash::CaseVariant));
             };
             walked.push_str(segment);
             let last = segments.peek().is_none();

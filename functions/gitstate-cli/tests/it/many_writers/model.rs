@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use gitstate_tests::Client;
 
 /// States several actors share (so they contend): folders of one another (`a`, `a/b`,
-/// `a/b/c.tfstate`), case variants, and plain names; then one state per actor that only that
+/// `a/b/c.tfstate`), case variants (only one of which can be a state), and plain names; then one state per actor that only that
 /// actor touches.
 pub const NAMES: [&str; 14] = [
     "a",
@@ -236,12 +236,15 @@ impl Model {
         found.next().is_none().then_some(first)
     }
 
-    /// Whether a stored state is in the name's folder or has the name as a folder (the tree's
-    /// rule, checked first by every request).
+    /// Whether a stored state is in the name's folder or has the name as a folder, or, when the
+    /// name is no state, differs from it only in letter case (the tree's rule, checked first by
+    /// every request).
     pub fn tree_clash(&self, name: &str) -> bool {
-        NAMES
-            .iter()
-            .any(|other| related(name, other) && self.newest(other).is_some())
+        let variant = |other: &str| other != name && other.eq_ignore_ascii_case(name);
+        let absent = self.newest(name).is_none();
+        NAMES.iter().any(|other| {
+            (related(name, other) || (absent && variant(other))) && self.newest(other).is_some()
+        })
     }
 
     /// Whether a held lock's ref is in the name's folder or has it as a folder (found when the
