@@ -5,25 +5,45 @@ use gix::ObjectId;
 
 use super::{Corruption, Error};
 
-/// The first file (in tree order) below the folder `tree` at `dir`.
-pub(super) fn first_file(
-    repo: &gix::Repository,
-    tree: ObjectId,
-    dir: &str,
-) -> Result<Option<String>, Error> {
-    let tree = repo.find_tree(tree)?;
+/// One entry of a tree, owned.
+struct Entry {
+    name: String,
+    tree: bool,
+    oid: ObjectId,
+}
+
+/// The entries of the tree `id`, in tree order.
+fn entries(repo: &gix::Repository, id: ObjectId) -> Result<Vec<Entry>, Error> {
+    let tree = repo.find_tree(id)?;
     let decoded = tree.decode().map_err(|e| {
         Error::Corrupt(Corruption::Tree {
             id: tree.id,
             why: e.to_string(),
         })
     })?;
-    for entry in &decoded.entries {
-        let path = format!("{dir}/{}", entry.filename);
-        if !entry.mode.is_tree() {
+    Ok(decoded
+        .entries
+        .iter()
+        .map(|entry| Entry {
+            name: entry.filename.to_string(),
+            tree: entry.mode.is_tree(),
+            oid: entry.oid.to_owned(),
+        })
+        .collect())
+}
+
+/// The first file (in tree order) below the folder `tree` at `dir`.
+pub(super) fn first_file(
+    repo: &gix::Repository,
+    tree: ObjectId,
+    dir: &str,
+) -> Result<Option<String>, Error> {
+    for entry in entries(repo, tree)? {
+        let path = format!("{dir}/{}", entry.name);
+        if !entry.tree {
             return Ok(Some(path));
         }
-        if let Some(found) = first_file(repo, entry.oid.to_owned(), &path)? {
+        if let Some(found) = first_file(repo, entry.oid, &path)? {
             return Ok(Some(found));
         }
     }
@@ -41,27 +61,19 @@ pub(super) fn case_variant(
     let Some((segment, rest)) = segments.split_first() else {
         return Ok(None);
     };
-    let tree = repo.find_tree(tree)?;
-    let decoded = tree.decode().map_err(|e| {
-        Error::Corrupt(Corruption::Tree {
-            id: tree.id,
-            why: e.to_string(),
-        })
-    })?;
-    for entry in &decoded.entries {
-        let name = entry.filename.to_string();
-        if !name.eq_ignore_ascii_case(segment) {
+    for entry in entries(repo, tree)? {
+        if !entry.name.eq_ignore_ascii_case(segment) {
             continue;
         }
         let path = if dir.is_empty() {
-            name
+            entry.name
         } else {
-            format!("{dir}/{name}")
+            format!("{dir}/{}", entry.name)
         };
-        match (entry.mode.is_tree(), rest.is_empty()) {
+        match (entry.tree, rest.is_empty()) {
             (false, true) => return Ok(Some(path)),
             (true, false) => {
-                if let Some(found) = case_variant(repo, entry.oid.to_owned(), &path, rest)? {
+                if let Some(found) = case_variant(repo, entry.oid, &path, rest)? {
                     return Ok(Some(found));
                 }
             }
