@@ -350,3 +350,86 @@ async fn a_ref_write_whose_answer_was_lost_is_folded_in_the_background_too() {
         "the background folds are done and the branch lacks the acknowledged write ({labels:?})"
     );
 }
+
+/// A state written back to a content it had before (a `terraform state push` of the state it
+/// replaced: the same serial, or another lineage, passes the stale rule), after a fold carried
+/// that earlier write: the new state commit's tree is the earlier one's, object for object. A
+/// fold, or a DELETE that carries the state's unfolded writes, fetches them "beyond" the branch
+/// tip and the last folded state commit; a process whose cache lacks that commit (any other than
+/// the one that folded it, or one started since) must still get the repeated tree.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_that_repeats_a_folded_state_is_folded_and_deleted_by_a_cold_process() {
+    let state = |marker: &str| {
+        format!(
+            r#"{{"version":4,"terraform_version":"1.11.4","serial":1,"lineage":"l","outputs":{{"m":{{"value":"{marker}","type":"string"}}}},"resources":[]}}"#
+        )
+    };
+    for how in ["delete", "fold"] {
+        let server = GitServer::start_in(PushMode::Atomic).await;
+        let url = server.create_repo("again");
+        let env = [
+            ("GITSTATE_STATE_REFS", "always"),
+            ("GITSTATE_FOLD_AFTER_WRITES", "false"),
+        ];
+        let a = built(&url, &env).await;
+        let x = "team/again.tfstate";
+        a.client.lock(x, "h").await.expect(200);
+        // The create (the branch), then the first update (the state's ref), folded.
+        for marker in ["created", "first"] {
+            a.client
+                .write_locked(x, "h", &state(marker))
+                .await
+                .expect(200);
+        }
+        let folded = a.store.fold(&a.at).await.expect("fold");
+        assert_eq!(folded.writes, 1, "{how}: {folded:?}");
+        // Another content, the first one again (its state commit's tree is the folded one's), and
+        // one more on top.
+        for marker in ["other", "first", "last"] {
+            a.client
+                .write_locked(x, "h", &state(marker))
+                .await
+                .expect(200);
+        }
+        a.client.unlock(x, "h").await.expect(200);
+        let bare = Bare::new(&server.repo_dir("again"), "main");
+        let cold = built(&url, &env).await;
+        if how == "fold" {
+            let report = cold.store.fold(&cold.at).await;
+            assert!(
+                matches!(&report, Ok(r) if r.writes == 3 && r.refused.is_empty()),
+                "a fold in another process: {report:?}"
+            );
+            assert_eq!(
+                bare.file(x)
+                    .map(|b| String::from_utf8_lossy(&b).into_owned()),
+                Some(state("last")),
+                "the branch after the fold"
+            );
+        } else {
+            cold.client.lock(x, "d").await.expect(200);
+            let deleted = cold.client.delete_state(x, Some("d")).await;
+            cold.client.unlock(x, "d").await.expect(200);
+            assert_eq!(
+                deleted.status, 200,
+                "a DELETE in another process: {}",
+                deleted.body
+            );
+            assert!(bare.file(x).is_none(), "deleted");
+            let log: Vec<Option<String>> =
+                gitstate_tests::states::file_log(&server.repo_dir("again"), "refs/heads/main", x)
+                    .into_iter()
+                    .map(|(_, c)| c.map(|c| String::from_utf8_lossy(&c).into_owned()))
+                    .collect();
+            assert!(
+                log.iter()
+                    .filter(|c| c.as_deref() == Some(&state("first")))
+                    .count()
+                    == 2
+                    && log.iter().any(|c| c.as_deref() == Some(&state("other")))
+                    && log.iter().any(|c| c.as_deref() == Some(&state("last"))),
+                "the DELETE carried every write onto the branch: {log:?}"
+            );
+        }
+    }
+}

@@ -196,6 +196,27 @@ impl Cache {
         Ok(out)
     }
 
+    /// Whether a tree of `commit` (its root or one below it) is missing from the cache.
+    pub fn lacks_trees(&self, commit: ObjectId) -> Result<bool, Error> {
+        let repo = self.repo()?;
+        let mut pending = vec![repo.find_commit(commit)?.tree_id()?.detach()];
+        while let Some(id) = pending.pop() {
+            if !repo.has_object(id) {
+                return Ok(true);
+            }
+            let tree = repo.find_tree(id)?;
+            let decoded = tree.decode().map_err(|e| {
+                Error::Corrupt(Corruption::Tree {
+                    id,
+                    why: e.to_string(),
+                })
+            })?;
+            let below = decoded.entries.iter().filter(|e| e.mode.is_tree());
+            pending.extend(below.map(|entry| entry.oid.to_owned()));
+        }
+        Ok(false)
+    }
+
     /// The message of a commit and its committer time (seconds since the epoch).
     pub fn commit_summary(&self, id: ObjectId) -> Result<(String, i64), Error> {
         let repo = self.repo()?;

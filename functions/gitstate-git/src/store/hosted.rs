@@ -349,16 +349,46 @@ impl Transport for Hosted {
         let pack = self.http.fetch_beyond(&wants, &haves).await?;
         let held = index_listing(cache, pack).await?;
         let reader = cache.clone();
-        Ok(blocking(move || {
-            let mut commits = HashSet::new();
+        let (commits, lacking) = blocking(move || {
+            let (mut commits, mut lacking) = (HashSet::new(), Vec::new());
             for id in held {
                 if reader.is_commit(id)? {
+                    if reader.lacks_trees(id)? {
+                        lacking.push(id);
+                    }
                     commits.insert(id);
                 }
             }
-            Ok(commits)
+            Ok((commits, lacking))
         })
-        .await?)
+        .await?;
+        if lacking.is_empty() {
+            return Ok(commits);
+        }
+        // The remote left out the trees it takes the haves to hold: a write that repeats a state
+        // of the last folded commit (or of the branch's history, which this shallow cache lacks)
+        // has that commit's very trees. Such commits come again whole, alone (a state commit's
+        // tree is one file).
+        tracing::debug!(
+            commits = lacking.len(),
+            "fetching the trees a fold's fetch left out"
+        );
+        let pack = self.http.fetch(&lacking, &[], self.blobs()).await?;
+        index(cache, pack).await?;
+        let reader = cache.clone();
+        let still = blocking(move || {
+            for id in lacking {
+                if reader.lacks_trees(id)? {
+                    return Ok(true);
+                }
+            }
+            Ok(false)
+        })
+        .await?;
+        if still {
+            return Err(RemoteError::Undelivered("trees"));
+        }
+        Ok(commits)
     }
 
     async fn start_over(
