@@ -41,6 +41,10 @@
 //! `GITSTATE_MANY_WRITERS_SEED=5 GITSTATE_MANY_WRITERS_STEPS=3000 cargo test -p gitstate-cli
 //! --test it many_writers:: -- --nocapture`. A failure prints the replay line (seed, steps) and
 //! every round so far.
+//!
+//! `GITSTATE_MANY_WRITERS_CROWD=1` (by hand, not with a single front) sends each request of a
+//! round to the first or the last process at random, so the requests of a round meet in one
+//! process: concurrent reads and LOCKs share its looks, and writes its group commit.
 
 mod model;
 
@@ -902,6 +906,17 @@ async fn round(
     procs.shuffle(rng);
     if world.single_front {
         procs = round.iter().map(|(who, _)| who % PROCESSES).collect();
+    } else if env_number("GITSTATE_MANY_WRITERS_CROWD") == Some(1) {
+        procs = round
+            .iter()
+            .map(|_| {
+                if rng.random_bool(0.5) {
+                    0
+                } else {
+                    PROCESSES - 1
+                }
+            })
+            .collect();
     }
     let tasks: Vec<_> = round
         .iter()
