@@ -176,19 +176,12 @@ impl Cache {
         let mut out = Vec::new();
         let mut pending = vec![(root, String::new())];
         while let Some((id, dir)) = pending.pop() {
-            let tree = repo.find_tree(id)?;
-            let decoded = tree.decode().map_err(|e| {
-                Error::Corrupt(Corruption::Tree {
-                    id,
-                    why: e.to_string(),
-                })
-            })?;
-            for entry in &decoded.entries {
-                let path = format!("{dir}{}", entry.filename);
-                if entry.mode.is_tree() {
-                    pending.push((entry.oid.to_owned(), format!("{path}/")));
-                } else if entry.mode.is_blob() {
-                    out.push((path, entry.oid.to_owned()));
+            for entry in trees::entries(&repo, id)? {
+                let path = format!("{dir}{}", entry.name);
+                if entry.tree {
+                    pending.push((entry.oid, format!("{path}/")));
+                } else if entry.blob {
+                    out.push((path, entry.oid));
                 }
             }
         }
@@ -204,15 +197,8 @@ impl Cache {
             if !repo.has_object(id) {
                 return Ok(true);
             }
-            let tree = repo.find_tree(id)?;
-            let decoded = tree.decode().map_err(|e| {
-                Error::Corrupt(Corruption::Tree {
-                    id,
-                    why: e.to_string(),
-                })
-            })?;
-            let below = decoded.entries.iter().filter(|e| e.mode.is_tree());
-            pending.extend(below.map(|entry| entry.oid.to_owned()));
+            let below = trees::entries(&repo, id)?.into_iter().filter(|e| e.tree);
+            pending.extend(below.map(|entry| entry.oid));
         }
         Ok(false)
     }

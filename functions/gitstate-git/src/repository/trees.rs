@@ -6,14 +6,16 @@ use gix::ObjectId;
 use super::{Corruption, Error};
 
 /// One entry of a tree, owned.
-struct Entry {
-    name: String,
-    tree: bool,
-    oid: ObjectId,
+pub(super) struct Entry {
+    pub(super) name: String,
+    pub(super) tree: bool,
+    /// A plain file (not a tree, a symbolic link or a submodule).
+    pub(super) blob: bool,
+    pub(super) oid: ObjectId,
 }
 
-/// The entries of the tree `id`, in tree order.
-fn entries(repo: &gix::Repository, id: ObjectId) -> Result<Vec<Entry>, Error> {
+/// The entries of the tree `id`, in tree order (a tree that does not decode is corrupt).
+pub(super) fn entries(repo: &gix::Repository, id: ObjectId) -> Result<Vec<Entry>, Error> {
     let tree = repo.find_tree(id)?;
     let decoded = tree.decode().map_err(|e| {
         Error::Corrupt(Corruption::Tree {
@@ -27,6 +29,7 @@ fn entries(repo: &gix::Repository, id: ObjectId) -> Result<Vec<Entry>, Error> {
         .map(|entry| Entry {
             name: entry.filename.to_string(),
             tree: entry.mode.is_tree(),
+            blob: entry.mode.is_blob(),
             oid: entry.oid.to_owned(),
         })
         .collect())
