@@ -1220,14 +1220,7 @@ async fn many_writers(setup: Setup, ci_steps: usize) {
 async fn a_lock_proof_never_answers_after_a_write_through_another_process() {
     let server = GitServer::start().await;
     let url = server.create_repo(REPO);
-    let root = tempfile::tempdir().expect("tempdir");
-    let mut procs = Vec::new();
-    for i in 0..2 {
-        let dir = root.path().join(format!("serve-{i}"));
-        std::fs::create_dir_all(&dir).expect("server dir");
-        let env = serve_env(&url, &[]);
-        procs.push(ServeProcess::start(Path::new(crate::GITSTATE), &dir, env).await);
-    }
+    let (_root, procs) = two_processes(&url).await;
     let (p, q) = (Client::new(&procs[0].url), Client::new(&procs[1].url));
     let name = "env/app.tfstate";
     // Warm both processes (capabilities and tip known: the LOCK goes at the floor).
@@ -1266,6 +1259,20 @@ async fn a_lock_proof_never_answers_after_a_write_through_another_process() {
     q.unlock(name, "apply-1").await.expect(200);
 }
 
+/// Two `gitstate serve` processes of the repository at `url`, each with its own directory
+/// (kept while the returned directory lives).
+async fn two_processes(url: &str) -> (tempfile::TempDir, Vec<ServeProcess>) {
+    let root = tempfile::tempdir().expect("tempdir");
+    let mut procs = Vec::new();
+    for i in 0..2 {
+        let dir = root.path().join(format!("serve-{i}"));
+        std::fs::create_dir_all(&dir).expect("server dir");
+        let env = serve_env(url, &[]);
+        procs.push(ServeProcess::start(Path::new(crate::GITSTATE), &dir, env).await);
+    }
+    (root, procs)
+}
+
 /// The replay of seed 1001 (`interleaved_writers_with_git_faults`, 3000 steps) in its smallest
 /// form, without faults: Terraform's DELETE of a state under its lock reaches another process
 /// (200); the same DELETE again, within the same second, reaches the process that took the LOCK,
@@ -1278,14 +1285,7 @@ async fn a_lock_proof_never_answers_after_a_write_through_another_process() {
 async fn a_repeated_delete_is_not_taken_for_its_own_landed_push() {
     let server = GitServer::start().await;
     let url = server.create_repo(REPO);
-    let root = tempfile::tempdir().expect("tempdir");
-    let mut procs = Vec::new();
-    for i in 0..2 {
-        let dir = root.path().join(format!("serve-{i}"));
-        std::fs::create_dir_all(&dir).expect("server dir");
-        let env = serve_env(&url, &[]);
-        procs.push(ServeProcess::start(Path::new(crate::GITSTATE), &dir, env).await);
-    }
+    let (_root, procs) = two_processes(&url).await;
     let (p, q) = (Client::new(&procs[0].url), Client::new(&procs[1].url));
     let mut answers = Vec::new();
     for round in 0..3 {
@@ -1327,14 +1327,7 @@ async fn a_repeated_delete_is_not_taken_for_its_own_landed_push() {
 async fn a_delete_answered_200_leaves_no_state_behind() {
     let server = GitServer::start().await;
     let url = server.create_repo(REPO);
-    let root = tempfile::tempdir().expect("tempdir");
-    let mut procs = Vec::new();
-    for i in 0..2 {
-        let dir = root.path().join(format!("serve-{i}"));
-        std::fs::create_dir_all(&dir).expect("server dir");
-        let env = serve_env(&url, &[]);
-        procs.push(ServeProcess::start(Path::new(crate::GITSTATE), &dir, env).await);
-    }
+    let (_root, procs) = two_processes(&url).await;
     let (p, q) = (Client::new(&procs[0].url), Client::new(&procs[1].url));
     let mut left = Vec::new();
     for round in 0..3 {
