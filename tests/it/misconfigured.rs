@@ -721,11 +721,10 @@ async fn a_state_path_that_is_no_file_is_never_no_state() {
 /// tool's days, meant its default branch `master`. Served by a gitstate configured with its own
 /// names (`GITSTATE_REPOSITORY`, so `GITSTATE_REF` defaults to `main`) on a repository that has
 /// both, the states on `master` and other content on `main`, the same address reads `main` and
-/// answers 404: Terraform plans to create every resource the seed's state holds. It should fail
-/// (or read `master`) instead.
+/// answered 404: Terraform planned to create every resource the seed's state holds. Now such a
+/// read fails naming `master`; a name `master` lacks too is still "no state", and an address
+/// that names its branch is read as it says.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "the seed format's missing ref= means the configured branch by design (docs/terraform.md); \
-            reading master or refusing where main lacks the state is a design decision"]
 async fn a_seed_address_without_ref_never_reads_another_branch_as_no_state() {
     init_tracing();
     let server = GitServer::start().await;
@@ -793,11 +792,37 @@ async fn a_seed_address_without_ref_never_reads_another_branch_as_no_state() {
         ])
     );
     let answer = client.send("GET", &without_ref, None).await;
-    assert_ne!(
-        answer.status, 404,
-        "the seed's state on master read as no state: {}",
+    assert_eq!(
+        answer.status, 400,
+        "the seed's state on master must not read as no state: {}",
         answer.body
     );
+    assert!(
+        answer.body.contains("\"master\"") && answer.body.contains("ref=master"),
+        "the reason names the branch and the fix: {}",
+        answer.body
+    );
+    let seed_address = |state: &str, branch: Option<&str>| {
+        let mut params = vec![
+            ("type".into(), "git".into()),
+            ("repository".into(), url.clone()),
+            ("state".into(), state.into()),
+        ];
+        params.extend(branch.map(|b| ("ref".into(), b.into())));
+        format!("/?{}", query(&params))
+    };
+    let elsewhere = client
+        .send("GET", &seed_address("my/other.json", None), None)
+        .await;
+    assert_eq!(
+        elsewhere.status, 404,
+        "on neither branch: {}",
+        elsewhere.body
+    );
+    let named = client
+        .send("GET", &seed_address("my/state.json", Some("main")), None)
+        .await;
+    assert_eq!(named.status, 404, "ref=main says main: {}", named.body);
 }
 
 /// A name that differs from a stored state's only in letter case (`Network/Prod.tfstate` beside

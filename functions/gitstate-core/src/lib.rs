@@ -23,7 +23,7 @@ pub mod trailers;
 pub mod wording;
 
 pub use lock::{LockInfo, LockInfoError, UnlockRequest};
-pub use name::{BranchName, MAX_NAME_BYTES, NameError, StateName};
+pub use name::{BranchName, MAX_NAME_BYTES, NameError, SEED_BRANCH, StateName};
 pub use read_context::ReadContext;
 
 #[cfg(test)]

@@ -109,6 +109,9 @@ impl fmt::Display for StateName {
     }
 }
 
+/// terraform-backend-git's branch when neither its settings nor its address name one.
+pub const SEED_BRANCH: &str = "master";
+
 /// A branch of the state repository (`main`, `env/prod`), without `refs/heads/`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BranchName(String);

@@ -272,6 +272,12 @@ impl Target {
         self.params.get("ref")
     }
 
+    /// The seed tool's address format without `ref=` (which the seed read as its default
+    /// branch, and gitstate as the configured one).
+    pub fn is_seed_without_ref(&self) -> bool {
+        self.resource == Resource::Seed && self.branch().is_none()
+    }
+
     /// A query parameter the route takes, such as Terraform's `?ID=` on writes.
     pub fn param(&self, key: &str) -> Option<&str> {
         self.params.get(key)

@@ -3,6 +3,7 @@
 
 use axum::response::{IntoResponse, Response};
 use gitstate_core::service::{ServiceError, WriteRequest};
+use gitstate_core::{BranchName, SEED_BRANCH};
 use http::StatusCode;
 
 use crate::call::Call;
@@ -22,7 +23,19 @@ pub(crate) async fn serve(call: Call) -> Result<Response, ApiError> {
     let lock_id = target.param("ID");
     match method.as_str() {
         "GET" => {
-            let state = app.backend.get_state(caller, at, name, read).await?;
+            let state = match app.backend.get_state(caller, at, name, read).await {
+                // The seed's address without `ref=` meant its default branch to the seed: a state
+                // there is never "no state" here.
+                Err(ServiceError::NotFound) if target.is_seed_without_ref() => {
+                    let seed_branch =
+                        BranchName::parse(SEED_BRANCH).map_err(ServiceError::Branch)?;
+                    app.backend
+                        .absent_beside(at, name, &seed_branch, read)
+                        .await?;
+                    return Err(ServiceError::NotFound.into());
+                }
+                other => other?,
+            };
             app.limits.check_response(&state)?;
             Ok(json(StatusCode::OK, state))
         }

@@ -19,7 +19,7 @@ pub const HCL_FILE: &str = "terraform-backend-git.hcl";
 pub const SEED_LISTEN: &str = "127.0.0.1:6061";
 
 /// The seed's branch when none is given.
-pub const SEED_REF: &str = "master";
+pub const SEED_REF: &str = gitstate_core::SEED_BRANCH;
 
 /// The seed's names that other tools use too (a CI job exports `GITHUB_TOKEN` for every step):
 /// read only where the seed is in use ([`Seed::in_use`]), so that a gitstate set-up never sends

@@ -68,6 +68,17 @@ pub enum ServiceError {
         /// What chose the branch: `GITSTATE_REF` or the request's `?ref=`.
         setting: &'static str,
     },
+    /// A state absent from the branch an address resolved to, held by another branch the
+    /// address most likely meant (terraform-backend-git's default, for its address format
+    /// without `ref=`): planning against "no state" would start it anew beside the real one.
+    #[error(
+        "state {name:?} is not on branch {branch:?} but is on {elsewhere:?}, terraform-backend-git's default branch: an address without ref= reads the backend's branch (GITSTATE_REF); add ref={elsewhere} to the address (and the branch to GITSTATE_ALLOWED_REFS), or set GITSTATE_REF={elsewhere}"
+    )]
+    OnAnotherBranch {
+        name: String,
+        branch: String,
+        elsewhere: String,
+    },
     #[error("repository {0:?} is not served by this backend (not on its allowlist)")]
     RepositoryNotAllowed(String),
     #[error(transparent)]

@@ -11,7 +11,7 @@ use crate::ports::{
     Change, CommitMeta, HeldLock, Location, Refusal, StoreError, Stored, WritePlan, Written,
 };
 use crate::trailers::Trailers;
-use crate::{ReadContext, StateName};
+use crate::{BranchName, ReadContext, StateName};
 
 /// A state to write: who writes what, where, under which lock, within which request. (No
 /// `Debug`: the body is the state, secrets included.)
@@ -76,6 +76,33 @@ impl Backend {
         let state = self.open(at, name, stored).await?.plaintext;
         check_stored(&state)?;
         Ok(state)
+    }
+
+    /// For a read of `name` at `at` that found no state: refuse it when `elsewhere`, another
+    /// branch of the same repository, holds a state by that name (one look at that branch,
+    /// reusing what `read` allows).
+    pub async fn absent_beside(
+        &self,
+        at: &Location,
+        name: &StateName,
+        elsewhere: &BranchName,
+        read: &ReadContext,
+    ) -> Result<(), ServiceError> {
+        if *elsewhere == at.branch {
+            return Ok(());
+        }
+        let other = Location {
+            repository: at.repository.clone(),
+            branch: elsewhere.clone(),
+        };
+        match self.store.read_state(&other, name, read).await? {
+            Some(_) => Err(ServiceError::OnAnotherBranch {
+                name: name.to_string(),
+                branch: at.branch.as_str().to_owned(),
+                elsewhere: elsewhere.as_str().to_owned(),
+            }),
+            None => Ok(()),
+        }
     }
 
     /// Write a state, under the lock rule (`lock_id` must be the holder's) and the stale-serial

@@ -74,7 +74,12 @@ fn seal_error(rng: &mut StdRng) -> SealError {
 
 fn service_error(rng: &mut StdRng) -> ServiceError {
     use ServiceError as S;
-    match rng.random_range(0..27) {
+    match rng.random_range(0..28) {
+        27 => S::OnAnotherBranch {
+            name: word(rng),
+            branch: word(rng),
+            elsewhere: word(rng),
+        },
         26 => S::Diverged,
         25 => S::NoBranch {
             branch: word(rng),
@@ -187,6 +192,7 @@ fn expected(error: &ApiError) -> (StatusCode, &'static str) {
             S::NotLocked { .. } => (C::CONFLICT, "not locked"),
             S::Unlocked => (C::PRECONDITION_REQUIRED, "unlocked"),
             S::NoBranch { .. } => (C::BAD_REQUEST, "no branch"),
+            S::OnAnotherBranch { .. } => (C::BAD_REQUEST, "on another branch"),
             S::Stale { .. } => (C::CONFLICT, "stale"),
             S::NotFound => (C::NOT_FOUND, "not found"),
             S::NoLock => (C::CONFLICT, "no lock"),
@@ -242,7 +248,7 @@ fn expected(error: &ApiError) -> (StatusCode, &'static str) {
 }
 
 /// The arms of [`expected`].
-const ARMS: usize = 57;
+const ARMS: usize = 58;
 
 #[tokio::test]
 async fn every_error_variant_maps_to_its_status_body_and_headers() {
