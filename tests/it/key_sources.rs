@@ -1106,3 +1106,71 @@ async fn a_deployment_that_cannot_open_what_it_seals_does_not_start() {
     eprintln!("unopenable: {started} deployments started, {refused} refused");
     assert!(started > 0 && refused > 0);
 }
+
+/// A backend configured with no keys at all (a wrapper run without the team's key settings),
+/// on states sealed in every sops shape this repository can hold: gitstate's own under age, and
+/// terraform-backend-git's tree mode made by sops 3.11. Every read of them, current or past, is
+/// 500 naming the missing keys, never the ciphertext answered as the state; a write (which would
+/// find no serial to compare in the sealed file) and a restore change nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_backend_without_keys_never_serves_or_overwrites_a_sealed_state() {
+    let s = setup().await;
+    let key = age_key(s.keys.path(), "a.txt");
+    let file = key.file.display().to_string();
+    let sealing = s
+        .backend(&[
+            ("GITSTATE_AGE_RECIPIENTS", key.recipient.as_str()),
+            ("GITSTATE_AGE_IDENTITY_FILE", file.as_str()),
+        ])
+        .await;
+    let sealer = Client::new(&sealing.url);
+    let own = "sealed/own.tfstate";
+    for seed in 1..=2 {
+        sealer
+            .write(own, &generated_state(seed, true))
+            .await
+            .expect(200);
+    }
+    let tree = "sealed/seed-tree.tfstate";
+    let by_seed = sops(
+        &[
+            "encrypt",
+            "--age",
+            &key.recipient,
+            "--input-type",
+            "json",
+            "--output-type",
+            "json",
+        ],
+        generated_state(3, true).as_bytes(),
+        &[],
+    );
+    commit_file(&s.server, "infra", tree, &by_seed);
+    let plain = TestBackend::start(&s.url, &[]).await;
+    let client = Client::new(&plain.url);
+    for name in [own, tree] {
+        let stored = s.stored(name);
+        let got = client.get_state(name).await;
+        assert_eq!(got.status, 500, "{name}: {}", got.body);
+        assert!(
+            got.body.contains("no keys configured"),
+            "{name}: the reason says why: {}",
+            got.body
+        );
+        let newer = generated_state(9, false);
+        let written = client.write(name, &newer).await;
+        assert_eq!(written.status, 500, "{name}: {}", written.body);
+        let page = client.history(name, "").await.expect(200).history();
+        if let Some(oldest) = page.versions.last() {
+            let past = client
+                .history(name, &format!("at={}", oldest.version))
+                .await;
+            assert_eq!(past.status, 500, "{name}: a past revision: {}", past.body);
+            let restored = client.restore(name, &oldest.version).await;
+            assert_eq!(restored.status, 500, "{name}: {}", restored.body);
+        }
+        assert!(s.stored(name) == stored, "{name}: the sealed file changed");
+    }
+    // The same states read through a backend that holds the key.
+    assert_eq!(sealer.get_state(own).await.status, 200);
+}

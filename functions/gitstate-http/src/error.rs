@@ -170,9 +170,9 @@ fn service_status(error: &ServiceError) -> StatusCode {
         // a tampered or unreadable state is ours; none is the client's.
         S::Seal(SealError::Unavailable(_)) => StatusCode::SERVICE_UNAVAILABLE,
         S::Seal(SealError::Refused(_)) => StatusCode::BAD_GATEWAY,
-        S::Seal(SealError::Integrity(_) | SealError::Unreadable(_)) | S::NoKeys => {
-            StatusCode::INTERNAL_SERVER_ERROR
-        }
+        S::Seal(SealError::Integrity(_) | SealError::Unreadable(_))
+        | S::NoKeys
+        | S::SealedWithoutKeys => StatusCode::INTERNAL_SERVER_ERROR,
         // Sealed under a key the deployment lacks: never unwrapped, ours to fix (rekey or
         // GITSTATE_KMS_PREVIOUS_KEY_IDS), not the gateway's.
         S::Seal(SealError::ForeignKey(_)) => StatusCode::INTERNAL_SERVER_ERROR,

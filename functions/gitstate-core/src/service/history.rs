@@ -106,7 +106,7 @@ impl Backend {
                             (serial, lineage) = (version.serial, version.lineage);
                         }
                         // Listed without a serial; reading that version reports the failure.
-                        Err(ServiceError::Seal(error)) => {
+                        Err(error @ (ServiceError::Seal(_) | ServiceError::SealedWithoutKeys)) => {
                             tracing::warn!(version = %revision.version, error = %error, "a version does not open: listed without a serial");
                         }
                         Err(other) => return Err(other),

@@ -136,6 +136,11 @@ pub enum ServiceError {
     Unprotected { format: &'static str },
     #[error("no KMS key is configured (GITSTATE_KMS_KEY_IDS)")]
     NoKeys,
+    /// A stored state sealed with sops, read by a backend configured with no keys at all.
+    #[error(
+        "the state is encrypted (sops) and this backend has no keys configured: set the keys of the deployment that wrote it (GITSTATE_KMS_KEY_IDS, GITSTATE_AGE_RECIPIENTS with GITSTATE_AGE_IDENTITY, or GITSTATE_PGP_FINGERPRINTS)"
+    )]
+    SealedWithoutKeys,
     #[error(
         "the state's file on the branch was changed outside gitstate after its newest writes went to its state ref: a person settles which of them is the state (docs/operating.md, state refs)"
     )]
@@ -472,6 +477,7 @@ impl Backend {
     ) -> Result<Bytes, ServiceError> {
         match &self.encryption {
             Some(encryption) => Ok(encryption.sealer.open(stored, at, name).await?.plaintext),
+            None if state::sealed_by_sops(&stored) => Err(ServiceError::SealedWithoutKeys),
             None => Ok(stored),
         }
     }
@@ -484,6 +490,9 @@ impl Backend {
         stored: Bytes,
     ) -> Result<Opened, ServiceError> {
         let Some(encryption) = &self.encryption else {
+            if state::sealed_by_sops(&stored) {
+                return Err(ServiceError::SealedWithoutKeys);
+            }
             return Ok(Opened {
                 plaintext: stored,
                 protection: Protection::Unprotected,

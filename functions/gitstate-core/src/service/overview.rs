@@ -182,7 +182,7 @@ impl Backend {
                         (serial, lineage) = (version.serial, version.lineage);
                     }
                     // Listed without a serial; reading the state itself reports the failure.
-                    Err(ServiceError::Seal(error)) => {
+                    Err(error @ (ServiceError::Seal(_) | ServiceError::SealedWithoutKeys)) => {
                         tracing::warn!(state = %name, error = %error, "listed without a serial: its newest version does not open");
                     }
                     Err(other) => return Err(other),
@@ -226,7 +226,7 @@ impl Backend {
             Some(stored) => match self.open_revision(at, name, stored).await {
                 Ok(plain) => Summary::of(&plain).map(Arc::new),
                 // That version's changes are unknown; the page still shows the others.
-                Err(ServiceError::Seal(error)) => {
+                Err(error @ (ServiceError::Seal(_) | ServiceError::SealedWithoutKeys)) => {
                     tracing::warn!(state = %name, version = %version.version, error = %error, "a version does not open: its changes are unknown");
                     return Ok(None);
                 }
@@ -298,7 +298,7 @@ impl Backend {
                 Some(stored) => match self.open(at, name, stored).await {
                     Ok(opened) => Summary::of(&opened.plaintext).map(Arc::new),
                     // The resources are unknown; reading the state itself reports the failure.
-                    Err(ServiceError::Seal(_)) => None,
+                    Err(ServiceError::Seal(_) | ServiceError::SealedWithoutKeys) => None,
                     Err(other) => return Err(other),
                 },
                 None => None,

@@ -220,6 +220,10 @@ impl Backend {
                             format: "unencrypted",
                         });
                     }
+                    // No keys here: opening it says so (it has no serial to compare).
+                    None if sealed_by_sops(stored) => {
+                        return Err(Refusal::Sealed(Bytes::copy_from_slice(stored)));
+                    }
                     _ => Version::of(stored),
                 };
                 if let Some(stored) = stale(&current, &sent) {
@@ -340,6 +344,25 @@ pub(crate) fn check_stored(state: &[u8]) -> Result<(), ServiceError> {
         return Err(ServiceError::NotAState("the file is not a JSON object"));
     }
     Ok(())
+}
+
+/// The top level of a sops file: a `sops` object carrying its `mac`.
+#[derive(serde::Deserialize)]
+struct SopsProbe {
+    sops: Option<SopsMetadata>,
+}
+
+#[derive(serde::Deserialize)]
+struct SopsMetadata {
+    mac: Option<serde::de::IgnoredAny>,
+}
+
+/// Whether a stored file is sealed with sops (gitstate's own states under keys, or
+/// terraform-backend-git's): a backend without keys must never serve it as the state, nor write
+/// over it as if it were none (it has no serial to compare).
+pub(super) fn sealed_by_sops(stored: &[u8]) -> bool {
+    serde_json::from_slice::<SopsProbe>(stored)
+        .is_ok_and(|probe| probe.sops.is_some_and(|sops| sops.mac.is_some()))
 }
 
 /// What a write is for: the subject of its commit, and the rules it is held to.

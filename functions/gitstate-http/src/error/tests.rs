@@ -74,7 +74,8 @@ fn seal_error(rng: &mut StdRng) -> SealError {
 
 fn service_error(rng: &mut StdRng) -> ServiceError {
     use ServiceError as S;
-    match rng.random_range(0..28) {
+    match rng.random_range(0..29) {
+        28 => S::SealedWithoutKeys,
         27 => S::OnAnotherBranch {
             name: word(rng),
             branch: word(rng),
@@ -220,6 +221,7 @@ fn expected(error: &ApiError) -> (StatusCode, &'static str) {
             },
             S::Unprotected { .. } => (C::CONFLICT, "unprotected"),
             S::NoKeys => (C::INTERNAL_SERVER_ERROR, "no keys"),
+            S::SealedWithoutKeys => (C::INTERNAL_SERVER_ERROR, "sealed without keys"),
             S::Diverged => (C::CONFLICT, "diverged"),
         },
         ApiError::Auth(auth) => match auth {
@@ -248,7 +250,7 @@ fn expected(error: &ApiError) -> (StatusCode, &'static str) {
 }
 
 /// The arms of [`expected`].
-const ARMS: usize = 58;
+const ARMS: usize = 59;
 
 #[tokio::test]
 async fn every_error_variant_maps_to_its_status_body_and_headers() {
