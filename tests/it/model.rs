@@ -738,14 +738,13 @@ impl Model {
 
         let empty = Branch::default();
         let tree = self.branches.get(&branch).unwrap_or(&empty);
-        // A folder or file in the way; else, for a name that is no state, one that differs only
-        // in letter case.
+        // A folder or file in the way; else, for a name that is no state, a near name of it.
         let tree_clash = tree
             .states
             .keys()
             .find(|s| s.as_str() != name && path_clash(s, name))
             .or_else(|| {
-                let variant = |s: &&String| s.as_str() != name && s.eq_ignore_ascii_case(name);
+                let variant = |s: &&String| gitstate_core::refs::near_name(name, s);
                 let absent = !tree.states.contains_key(name);
                 absent.then(|| tree.states.keys().find(variant)).flatten()
             })

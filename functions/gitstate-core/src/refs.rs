@@ -40,11 +40,14 @@ pub enum Clash {
     /// The name is a folder holding states (`team/app` while `team/app/prod.tfstate` exists).
     #[error("it is a folder holding the state {0:?}")]
     Folder(String),
-    /// The name is not a state, but differs from one only in letter case (`Team/App.tfstate`
-    /// while `team/app.tfstate` exists): a typo in a backend address, or a second state that a
-    /// checkout on a case-insensitive file system (macOS, Windows) cannot hold beside the first.
-    #[error("it differs only in letter case from the state {0:?}")]
-    CaseVariant(String),
+    /// The name is not a state, but is a [`near_name`] of one (`Team/App.tfstate`, `team/app`
+    /// or `team/app.tfstate.tfstate` while `team/app.tfstate` exists): a typo in a backend
+    /// address, or a second state that a checkout on a case-insensitive file system (macOS,
+    /// Windows) cannot hold beside the first.
+    #[error(
+        "it is no state, but differs only in letter case or in a .tfstate or .json ending from the state {0:?}"
+    )]
+    NearName(String),
     /// The name's lock ref would clash with the lock held on this state.
     #[error("its lock ref would clash with the lock held on {0:?}")]
     LockRef(String),
@@ -66,7 +69,7 @@ impl Clash {
         match &self {
             Self::BelowState(other)
             | Self::Folder(other)
-            | Self::CaseVariant(other)
+            | Self::NearName(other)
             | Self::LockRef(other)
                 if !readable(other) =>
             {
@@ -77,8 +80,37 @@ impl Clash {
     }
 }
 
+/// Whether `other` is a near name of `name`: another name that a slip in an address makes of it.
+/// Both have the same folders, ignoring ASCII letter case, and the same file name, ignoring
+/// ASCII letter case and any `.tfstate` or `.json` endings (`Network/Prod`, `network/prod.json`
+/// and `network/prod.tfstate.tfstate` beside `network/prod.tfstate`).
+pub fn near_name(name: &str, other: &str) -> bool {
+    let ((folder, file), (other_folder, other_file)) =
+        (folder_and_file(name), folder_and_file(other));
+    name != other
+        && folder.eq_ignore_ascii_case(other_folder)
+        && file_stem(file).eq_ignore_ascii_case(file_stem(other_file))
+}
+
+fn folder_and_file(name: &str) -> (&str, &str) {
+    name.rsplit_once('/').unwrap_or(("", name))
+}
+
+/// A file name without its `.tfstate` and `.json` endings, however many and in any case.
+pub fn file_stem(file: &str) -> &str {
+    let mut stem = file;
+    while let Some(cut) = [".tfstate", ".json"].iter().find_map(|ending| {
+        let at = stem.len().checked_sub(ending.len())?;
+        let tail = stem.get(at..)?;
+        tail.eq_ignore_ascii_case(ending).then(|| &stem[..at])
+    }) {
+        stem = cut;
+    }
+    stem
+}
+
 /// The tree rule: how `name` clashes with the files `files` of a branch, if it does (a name
-/// that is a file never clashes by case).
+/// that is a file is never a near name).
 pub fn tree_clash<'a>(files: impl IntoIterator<Item = &'a str>, name: &str) -> Option<Clash> {
     let mut folder: Option<&str> = None;
     let mut variant: Option<&str> = None;
@@ -91,14 +123,14 @@ pub fn tree_clash<'a>(files: impl IntoIterator<Item = &'a str>, name: &str) -> O
             folder = Some(file);
         }
         exists |= file == name;
-        if file != name && file.eq_ignore_ascii_case(name) && variant.is_none_or(|v| file < v) {
+        if near_name(name, file) && variant.is_none_or(|v| file < v) {
             variant = Some(file);
         }
     }
     folder.map(|f| Clash::Folder(f.to_owned())).or_else(|| {
         variant
             .filter(|_| !exists)
-            .map(|v| Clash::CaseVariant(v.to_owned()))
+            .map(|v| Clash::NearName(v.to_owned()))
     })
 }
 
@@ -333,6 +365,58 @@ mod tests {
 
     fn branch(name: &str) -> BranchName {
         BranchName::parse(name).expect("valid branch")
+    }
+
+    /// Every slip of a generated name is a near name of it, and of nothing unrelated: a name
+    /// whose file or folders differ beyond case and endings is not.
+    #[test]
+    fn a_name_is_near_its_slips_and_nothing_else() {
+        let mut rng = StdRng::seed_from_u64(61);
+        let endings = [
+            "",
+            ".tfstate",
+            ".json",
+            ".TFSTATE",
+            ".tfstate.tfstate",
+            ".json.tfstate",
+        ];
+        for _ in 0..2000 {
+            let folder = random_path(&mut rng);
+            let stem = ["app", "x", "prod.v2", ".tfstate"][rng.random_range(0..4)];
+            let name = format!(
+                "{folder}/{stem}{}",
+                endings[rng.random_range(0..endings.len())]
+            );
+            let case = |text: &str, rng: &mut StdRng| -> String {
+                text.chars()
+                    .map(|c| match rng.random_bool(0.3) {
+                        true => c.to_ascii_uppercase(),
+                        false => c,
+                    })
+                    .collect()
+            };
+            let ending = endings[rng.random_range(0..endings.len())];
+            let slip = format!(
+                "{}/{}{ending}",
+                case(&folder, &mut rng),
+                case(stem, &mut rng)
+            );
+            assert_eq!(near_name(&name, &slip), name != slip, "{name} / {slip}");
+            assert_eq!(
+                near_name(&slip, &name),
+                name != slip,
+                "symmetric: {name} / {slip}"
+            );
+            let elsewhere = format!("{folder}x/{stem}{ending}");
+            assert!(!near_name(&name, &elsewhere), "{name} / {elsewhere}");
+            let other_file = format!("{folder}/{stem}s{ending}");
+            assert!(!near_name(&name, &other_file), "{name} / {other_file}");
+            let deeper = format!("{folder}/{stem}/{stem}{ending}");
+            assert!(!near_name(&name, &deeper), "{name} / {deeper}");
+        }
+        assert_eq!(file_stem("prod.tfstate.json.TFSTATE"), "prod");
+        assert_eq!(file_stem("prod.tfstates"), "prod.tfstates");
+        assert_eq!(file_stem("é.json"), "é");
     }
 
     /// A random path over a tiny alphabet, so that prefixes and clashes are frequent.

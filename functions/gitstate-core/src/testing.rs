@@ -234,7 +234,8 @@ impl StateStore for MemoryStore {
     ) -> Result<Written, StoreError> {
         self.with(|i| {
             let k = key(at, name);
-            if let Some(clash) = i.tree_clash(at, name) {
+            // As git finds them: the branch the write would create, the tree, then the plan.
+            if let Some(clash) = i.branch_clash(at).or_else(|| i.tree_clash(at, name)) {
                 return Written::Refused(Refusal::Clash(clash));
             }
             let stored = i.states.get(&k).map(|b| crate::ports::Stored {
@@ -245,9 +246,6 @@ impl StateStore for MemoryStore {
                 Ok(meta) => meta,
                 Err(refusal) => return Written::Refused(refusal),
             };
-            if let Some(clash) = i.branch_clash(at) {
-                return Written::Refused(Refusal::Clash(clash));
-            }
             let content = match change {
                 Change::Put(bytes) if i.states.get(&k) == Some(&bytes) => {
                     return Written::Unchanged;

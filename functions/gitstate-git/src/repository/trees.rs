@@ -1,6 +1,7 @@
 //! Reading trees of the cache: the first file below a folder, the paths two trees differ in,
 //! a subtree by name.
 
+use gitstate_core::refs::file_stem;
 use gix::ObjectId;
 
 use super::{Corruption, Error};
@@ -53,9 +54,10 @@ pub(super) fn first_file(
     Ok(None)
 }
 
-/// A file below `tree` (at `dir`) whose path is `segments` in other letter case, if there is one
-/// (the first in tree order). Only entries matching a segment, ignoring ASCII case, are read.
-pub(super) fn case_variant(
+/// A file below `tree` (at `dir`) whose path is a near name of `segments` (see
+/// [`gitstate_core::refs::near_name`]), if there is one (the first in tree order). Only folders
+/// matching a segment, ignoring ASCII case, are read.
+pub(super) fn near_name(
     repo: &gix::Repository,
     tree: ObjectId,
     dir: &str,
@@ -65,7 +67,11 @@ pub(super) fn case_variant(
         return Ok(None);
     };
     for entry in entries(repo, tree)? {
-        if !entry.name.eq_ignore_ascii_case(segment) {
+        let near = match rest.is_empty() {
+            true => file_stem(&entry.name).eq_ignore_ascii_case(file_stem(segment)),
+            false => entry.name.eq_ignore_ascii_case(segment),
+        };
+        if !near {
             continue;
         }
         let path = if dir.is_empty() {
@@ -76,7 +82,7 @@ pub(super) fn case_variant(
         match (entry.tree, rest.is_empty()) {
             (false, true) => return Ok(Some(path)),
             (true, false) => {
-                if let Some(found) = case_variant(repo, entry.oid, &path, rest)? {
+                if let Some(found) = near_name(repo, entry.oid, &path, rest)? {
                     return Ok(Some(found));
                 }
             }

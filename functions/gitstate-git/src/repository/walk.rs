@@ -11,7 +11,7 @@ use gitstate_core::refs::Clash;
 
 use super::Cache;
 use super::Error;
-use super::trees::{case_variant, changed_paths, first_file};
+use super::trees::{changed_paths, first_file, near_name};
 
 /// How far a walk of the history got.
 pub enum Walk {
@@ -252,7 +252,7 @@ impl Cache {
 
     /// How `path` clashes with the tree of `commit`: a proper prefix of it is a file, or it is a
     /// folder (then the first file inside it is named), or, when it is not a file, a file's path
-    /// differs from it only in letter case. Only the trees along `path` are read (and, when it is
+    /// is a near name of it. Only the trees along `path` are read (and, when it is
     /// missing, those whose names match its folders ignoring case).
     pub fn path_clash(&self, commit: ObjectId, path: &str) -> Result<Option<Clash>, Error> {
         let repo = self.repo()?;
@@ -267,7 +267,7 @@ impl Cache {
                 .map(|e| (e.mode().is_tree(), e.object_id()))
             else {
                 let all: Vec<&str> = path.split('/').collect();
-                return Ok(case_variant(&repo, root, "", &all)?.map(Clash::CaseVariant));
+                return Ok(near_name(&repo, root, "", &all)?.map(Clash::NearName));
             };
             walked.push_str(segment);
             let last = segments.peek().is_none();

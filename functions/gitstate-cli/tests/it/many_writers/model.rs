@@ -237,10 +237,10 @@ impl Model {
     }
 
     /// Whether a stored state is in the name's folder or has the name as a folder, or, when the
-    /// name is no state, differs from it only in letter case (the tree's rule, checked first by
+    /// name is no state, is a near name of it (the tree's rule, checked first by
     /// every request).
     pub fn tree_clash(&self, name: &str) -> bool {
-        let variant = |other: &str| other != name && other.eq_ignore_ascii_case(name);
+        let variant = |other: &str| gitstate_core::refs::near_name(name, other);
         let absent = self.newest(name).is_none();
         NAMES.iter().any(|other| {
             (related(name, other) || (absent && variant(other))) && self.newest(other).is_some()
