@@ -19,6 +19,8 @@ enum Edit {
     Rollback,
     /// Removes the file in one commit and puts other content back in a later one.
     RemoveThenPutBack,
+    /// Removes the file (`git rm`, or the first half of `git mv`).
+    Remove,
     /// Puts in the file exactly what the state's ref holds.
     SameAsRef,
     /// Changes another file: the state's file stays as gitstate left it.
@@ -26,21 +28,24 @@ enum Edit {
 }
 
 impl Edit {
-    const ALL: [Self; 5] = [
+    const ALL: [Self; 6] = [
         Self::NewContent,
         Self::Rollback,
         Self::RemoveThenPutBack,
+        Self::Remove,
         Self::SameAsRef,
         Self::OtherFile,
     ];
 
     /// Whether the state's file ends up other than both the ref's content and what gitstate
-    /// last left on the branch.
-    fn hides(self) -> bool {
-        matches!(
-            self,
-            Self::NewContent | Self::Rollback | Self::RemoveThenPutBack
-        )
+    /// last left on the branch. A removal hides writes only when the ref holds some the branch
+    /// never had (`lags`); otherwise it is a person's delete of the state, which stands.
+    fn hides(self, lags: bool) -> bool {
+        match self {
+            Self::NewContent | Self::Rollback | Self::RemoveThenPutBack => true,
+            Self::Remove => lags,
+            Self::SameAsRef | Self::OtherFile => false,
+        }
     }
 
     fn apply(self, bare: &Bare, path: &str, on_ref: &str) {
@@ -54,6 +59,7 @@ impl Edit {
                 bare.branch_write(path, None, &commit);
                 bare.branch_write(path, Some(hand.as_bytes()), &commit)
             }
+            Self::Remove => bare.branch_write(path, None, &commit),
             Self::SameAsRef => bare.branch_write(path, Some(on_ref.as_bytes()), &commit),
             Self::OtherFile => bare.branch_write("README.md", Some(b"notes\n"), &commit),
         };
@@ -99,13 +105,15 @@ async fn a_state_file_changed_outside_gitstate_is_never_hidden_behind_its_ref() 
             let cold_client = gitstate_tests::Client::new(&cold.url);
             for (who, client) in [("the writer", &a.client), ("a cold process", &cold_client)] {
                 let read = client.get_state(x).await;
-                if edit.hides() {
+                if edit.hides(lags) {
                     assert_eq!(read.status, 409, "{case}, through {who}: {}", read.body);
                     assert!(
                         read.body.contains("changed outside gitstate"),
                         "{case}, through {who}: the reason says what happened: {}",
                         read.body
                     );
+                } else if edit == Edit::Remove {
+                    assert_eq!(read.status, 404, "{case}, through {who}: {}", read.body);
                 } else {
                     assert_eq!(
                         (read.status, read.body.as_str()),
@@ -114,7 +122,7 @@ async fn a_state_file_changed_outside_gitstate_is_never_hidden_behind_its_ref() 
                     );
                 }
             }
-            if !edit.hides() {
+            if !edit.hides(lags) {
                 continue;
             }
             if lags {
@@ -125,16 +133,23 @@ async fn a_state_file_changed_outside_gitstate_is_never_hidden_behind_its_ref() 
                     "{case}: the fold agrees"
                 );
             }
-            // The person keeps the branch's file: the ref goes.
+            // The person keeps the branch's file (or its absence): the ref goes.
             bare.git(&["update-ref", "-d", &state_ref], &[], b"");
-            let kept = bare.file(x).expect("the branch has the file");
+            let kept = bare.file(x);
             for (who, client) in [("the writer", &a.client), ("a cold process", &cold_client)] {
-                let read = client.get_state(x).await.expect(200);
-                assert_eq!(
-                    read.body.as_bytes(),
-                    kept.as_slice(),
-                    "{case}, through {who}: settled, the branch's file reads"
-                );
+                let read = client.get_state(x).await;
+                match &kept {
+                    Some(kept) => assert_eq!(
+                        (read.status, read.body.as_bytes()),
+                        (200, kept.as_slice()),
+                        "{case}, through {who}: settled, the branch's file reads"
+                    ),
+                    None => assert_eq!(
+                        read.status, 404,
+                        "{case}, through {who}: settled, the state is gone: {}",
+                        read.body
+                    ),
+                }
             }
         }
     }

@@ -212,6 +212,9 @@ impl Remote {
         path: &str,
     ) -> Result<Option<Vec<u8>>, RemoteError> {
         if !self.branch_has(tip, path).await? {
+            if self.removed_outside(tip, state, path).await? {
+                return Err(RemoteError::EditedOutside(path.to_owned()));
+            }
             return Ok(None);
         }
         let content = self.read_state_commit(state, path).await?;
@@ -219,6 +222,40 @@ impl Remote {
             return Err(RemoteError::EditedOutside(path.to_owned()));
         }
         Ok(Some(content))
+    }
+
+    /// Whether the branch at `tip`, which lacks `path`, lost it outside gitstate while the state
+    /// ref at `state` holds writes the branch never had: the state index at `tip` still names
+    /// the state (gitstate's own delete removes it there, after replaying the ref's writes), with
+    /// other content than the ref's. A person's removal of a state whose writes were all folded
+    /// stands: `false`. Costs at most one request (the index's blob, once per branch tip).
+    async fn removed_outside(
+        &self,
+        tip: ObjectId,
+        state: ObjectId,
+        path: &str,
+    ) -> Result<bool, RemoteError> {
+        self.ensure_state(vec![state]).await?;
+        let (cache, at) = (self.cache.clone(), path.to_owned());
+        let on_ref = blocking(move || cache.blob_at(state, &at)).await?;
+        let left = self.left_on_branch(tip, path).await?;
+        Ok(left.is_some_and(|left| on_ref.is_none_or(|on_ref| on_ref != left.as_str())))
+    }
+
+    /// The content the state index at `tip` says gitstate last left at `path` (`None`: the
+    /// index does not name the state, or there is no index).
+    async fn left_on_branch(
+        &self,
+        tip: ObjectId,
+        path: &str,
+    ) -> Result<Option<String>, RemoteError> {
+        self.want_blobs(tip, vec![INDEX_PATH.to_owned()]).await?;
+        let cache = self.cache.clone();
+        let index = blocking(move || cache.read_path(tip, INDEX_PATH)).await?;
+        Ok(index
+            .as_deref()
+            .and_then(StateIndex::parse)
+            .and_then(|index| index.states.get(path).map(|entry| entry.content.clone())))
     }
 
     /// Whether the branch's file at `tip` was written outside gitstate while the state ref at
@@ -246,13 +283,7 @@ impl Remote {
         let Some(on_branch) = on_branch.filter(|blob| Some(*blob) != on_ref) else {
             return Ok(false);
         };
-        self.want_blobs(tip, vec![INDEX_PATH.to_owned()]).await?;
-        let cache = self.cache.clone();
-        let index = blocking(move || cache.read_path(tip, INDEX_PATH)).await?;
-        let left = index
-            .as_deref()
-            .and_then(StateIndex::parse)
-            .and_then(|index| index.states.get(path).map(|entry| entry.content.clone()));
+        let left = self.left_on_branch(tip, path).await?;
         Ok(left.is_some_and(|left| on_branch != left.as_str()))
     }
 

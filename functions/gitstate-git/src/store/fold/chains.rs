@@ -141,7 +141,14 @@ fn replay(
             Some(base) => cache.blob_at(base, &path)?,
             None => None,
         };
-        if on_branch.is_none() {
+        if on_branch.is_none() && written_on.is_some() {
+            // The file the ref's writes were made on was removed from the branch with writes
+            // still unfolded: not gitstate's delete (which replays them first), but a person's
+            // (`git rm`, `git mv`). Folding would bring the state back; leaving the ref would
+            // drop acknowledged writes: a person decides, as for an edit.
+            planned.refused.push(path);
+            planned.settled.push((chain.name, chain.tip));
+        } else if on_branch.is_none() {
             // The branch lacks the state: a delete left this ref behind; nothing to fold.
             tracing::debug!(state = %path, "state ref of a deleted state left as it is");
             planned.settled.push((chain.name, chain.tip));
