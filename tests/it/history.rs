@@ -621,3 +621,138 @@ async fn lists_keep_the_last_changes_found_within_the_depth() {
         "a second list walks and fetches no deeper: {requests:?}"
     );
 }
+
+/// A serial that several revisions of a state hold (a `state push -force` of an older serial, a
+/// new lineage, a state removed and pushed again) names none of them: `?at=` and `?restore=`
+/// answer 409 naming the candidates and change nothing, never the newest in silence. Generated
+/// histories (serials drawn from a few values, 7-digit ones included since they also read as
+/// commit-id prefixes); `GITSTATE_TEST_SEED` replays one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_serial_several_revisions_hold_is_refused_naming_them() {
+    use rand::{Rng as _, SeedableRng as _};
+    let seed = crate::misconfigured::seed("a_serial_several_revisions_hold_is_refused_naming_them");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let server = GitServer::start().await;
+    let url = server.create_repo("shared");
+    let backend = TestBackend::start(&url, &[]).await;
+    let c = Client::new(&backend.url);
+    let bare = server.repo_dir("shared");
+    let refs = || {
+        git(
+            &["--git-dir", bare.to_str().expect("utf-8"), "for-each-ref"],
+            None,
+        )
+    };
+    let pool = [1u64, 2, 3, 1_234_567];
+    // A serial above the pool, written once at the end of each history.
+    let last = 9_999_999;
+    let (mut shared, mut single) = (0, 0);
+    for round in 0..3 {
+        let name = format!("r{round}/prod.tfstate");
+        let mut history = SharedSerials::default();
+        for _ in 0..rng.random_range(3..9) {
+            if history.current.is_some() && rng.random_bool(0.15) {
+                c.delete_state(&name, None).await.expect(200);
+                history.current = None;
+            } else {
+                let serial = pool[rng.random_range(0..pool.len())];
+                history.write(&c, &name, serial, &mut rng).await;
+            }
+        }
+        // At least one serial held twice: pushed again under a new lineage.
+        if !pool.iter().any(|s| history.holders(*s) > 1) {
+            let again = history.written[rng.random_range(0..history.written.len())].0;
+            history.current = None;
+            history.write(&c, &name, again, &mut rng).await;
+        }
+        history.write(&c, &name, last, &mut rng).await;
+        let versions = c
+            .history(&name, "per_page=100")
+            .await
+            .expect(200)
+            .history()
+            .versions;
+        for serial in pool.into_iter().chain([last]) {
+            let holders: Vec<&str> = versions
+                .iter()
+                .filter(|v| v.serial == Some(serial) && !v.deleted)
+                .map(|v| v.version.as_str())
+                .collect();
+            assert_eq!(
+                holders.len(),
+                history.holders(serial),
+                "seed {seed}: {name} {serial}"
+            );
+            let at = c.history(&name, &format!("at={serial}")).await;
+            match holders.as_slice() {
+                [] => {
+                    at.expect(400);
+                    c.restore(&name, &serial.to_string()).await.expect(400);
+                }
+                [_] => {
+                    single += 1;
+                    let want = history.written.iter().find(|(s, _)| *s == serial);
+                    assert_eq!(
+                        Some(&at.expect(200).body),
+                        want.map(|w| &w.1),
+                        "seed {seed}"
+                    );
+                }
+                many => {
+                    shared += 1;
+                    let before = refs();
+                    let restore = c.restore(&name, &serial.to_string()).await;
+                    for answer in [at, restore] {
+                        let body = answer.expect(409).body;
+                        assert_eq!(body.trim_end().lines().count(), 1, "one line: {body}");
+                        let count = format!("serial {serial} names {} revisions", many.len());
+                        assert!(body.contains(&count), "seed {seed}: {count}: {body}");
+                        for id in many.iter().take(5) {
+                            assert!(body.contains(&id[..12]), "seed {seed}: names {id}: {body}");
+                        }
+                    }
+                    assert_eq!(
+                        refs(),
+                        before,
+                        "seed {seed}: a refused restore changes nothing"
+                    );
+                }
+            }
+        }
+    }
+    assert!(
+        shared > 0 && single > 0,
+        "seed {seed}: {shared} shared, {single} single"
+    );
+}
+
+/// What a generated history wrote: each write's serial and body, oldest first, and the stored
+/// state's lineage and serial (`None` after a removal).
+#[derive(Default)]
+struct SharedSerials {
+    written: Vec<(u64, String)>,
+    current: Option<(String, u64)>,
+}
+
+impl SharedSerials {
+    /// Write `serial` with new content: in the stored lineage when that is not stale (mostly),
+    /// else in a new one, as `terraform state push -force` of another lineage would.
+    async fn write(&mut self, c: &Client, name: &str, serial: u64, rng: &mut impl rand::Rng) {
+        let lineage = match &self.current {
+            Some((lineage, stored)) if *stored <= serial && rng.random_bool(0.7) => lineage.clone(),
+            _ => format!("lineage-{}", self.written.len()),
+        };
+        let outputs = format!(
+            r#""outputs":{{"n":{{"value":{},"type":"number"}}}}"#,
+            rng.random::<u32>()
+        );
+        let body = state_json(&lineage, serial).replace(r#""outputs":{}"#, &outputs);
+        c.write(name, &body).await.expect(200);
+        self.written.push((serial, body));
+        self.current = Some((lineage, serial));
+    }
+
+    fn holders(&self, serial: u64) -> usize {
+        self.written.iter().filter(|(s, _)| *s == serial).count()
+    }
+}

@@ -15,7 +15,7 @@ use crate::terraform::{Cli, terraform_binary, tofu_binary, transcript};
 const NAME: &str = "env/prod.tfstate";
 
 /// The seed of this run: `GITSTATE_TEST_SEED`, or the clock; printed so a failure can be replayed.
-fn seed(test: &str) -> u64 {
+pub(crate) fn seed(test: &str) -> u64 {
     let seed = std::env::var("GITSTATE_TEST_SEED")
         .ok()
         .and_then(|s| s.parse().ok())

@@ -544,16 +544,18 @@ struct Branch {
 }
 
 impl Branch {
-    /// The newest revision of `name` with `serial` that is not a deletion, as `?at=` and restore
-    /// find it.
-    fn revision(&self, name: &str, serial: u64) -> Option<&Vec<u8>> {
+    /// The revisions of `name` holding `serial` that are not deletions, newest first: `?at=` and
+    /// restore read the one, and refuse several (409) as they refuse none (400).
+    fn revisions(&self, name: &str, serial: u64) -> Vec<&Vec<u8>> {
         self.history
-            .get(name)?
+            .get(name)
+            .map(Vec::as_slice)
+            .unwrap_or_default()
             .iter()
             .rev()
-            .find(|r| r.serial == Some(serial) && r.bytes.is_some())?
-            .bytes
-            .as_ref()
+            .filter(|r| r.serial == Some(serial))
+            .filter_map(|r| r.bytes.as_ref())
+            .collect()
     }
 }
 
@@ -894,9 +896,13 @@ impl Model {
                         .collect(),
                 ));
             }
-            Op::At { serial } => match tree.revision(name, *serial) {
-                Some(bytes) => p.answer = Some(Expected::Bytes(bytes.clone(), None)),
-                None => p.refuse(400, format!("no revision with serial {serial}")),
+            Op::At { serial } => match tree.revisions(name, *serial).as_slice() {
+                [bytes] => p.answer = Some(Expected::Bytes((*bytes).clone(), None)),
+                [] => p.refuse(400, format!("no revision with serial {serial}")),
+                many => p.refuse(
+                    409,
+                    format!("{} revisions hold serial {serial}", many.len()),
+                ),
             },
             Op::ListLocks => {
                 p.answer = Some(Expected::Locks(
@@ -914,8 +920,15 @@ impl Model {
                 ));
             }
             Op::Restore { serial } => {
-                let revision = tree.revision(name, *serial);
-                let Some(old) = revision else {
+                let revisions = tree.revisions(name, *serial);
+                if revisions.len() > 1 {
+                    p.refuse(
+                        409,
+                        format!("{} revisions hold serial {serial}", revisions.len()),
+                    );
+                    return p;
+                }
+                let Some(old) = revisions.first().copied() else {
                     p.refuse(400, format!("no revision with serial {serial}"));
                     if let Some(c) = tree_clash {
                         p.tolerate(409, format!("state {c} is in the way"));

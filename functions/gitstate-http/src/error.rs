@@ -142,7 +142,8 @@ fn service_status(error: &ServiceError) -> StatusCode {
         // What the repository holds is broken, not the request; the reason says what to fix.
         S::NotAState(_) => StatusCode::INTERNAL_SERVER_ERROR,
         S::RepositoryNotAllowed(_) | S::RefNotAllowed(_) | S::Forbidden(_) => StatusCode::FORBIDDEN,
-        S::Exists | S::Clash(_) => StatusCode::CONFLICT,
+        // The request is well formed; the history holds several answers to it.
+        S::Exists | S::Clash(_) | S::SharedSerial { .. } => StatusCode::CONFLICT,
         // Never 404 (Terraform's "no state"), nor 409/423 (a lock conflict to Terraform): the
         // reason names the default branch and the setting.
         S::NoBranch { .. } | S::OnAnotherBranch { .. } => StatusCode::BAD_REQUEST,

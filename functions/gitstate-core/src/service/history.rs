@@ -147,42 +147,52 @@ impl Backend {
         };
         let by_serial = match serial {
             Some(serial) => self.by_serial(at, name, serial).await?,
-            None => None,
+            None => Vec::new(),
         };
-        match (by_prefix, by_serial) {
-            (Some(a), Some(b)) if a != b => Err(ServiceError::AmbiguousVersion {
+        match (by_prefix, by_serial.as_slice()) {
+            // Which of them the caller means is theirs to say, whatever a prefix matched too.
+            (_, [_, _, ..]) => Err(ServiceError::SharedSerial {
+                serial: serial.unwrap_or_default(),
+                state: name.as_str().to_owned(),
+                revisions: by_serial,
+            }),
+            (Some(a), [b]) if a != *b => Err(ServiceError::AmbiguousVersion {
                 prefix: prefix.unwrap_or_default().to_owned(),
                 count: 2,
             }),
-            (Some(found), _) | (None, Some(found)) => Ok(found),
-            (None, None) => Err(ServiceError::NoSuchVersion(match (prefix, serial) {
+            (Some(found), _) => Ok(found),
+            (None, [found]) => Ok(found.clone()),
+            (None, []) => Err(ServiceError::NoSuchVersion(match (prefix, serial) {
                 (Some(prefix), _) => prefix.to_owned(),
                 (None, serial) => format!("serial {}", serial.unwrap_or_default()),
             })),
         }
     }
 
-    /// The newest revision holding `serial`.
+    /// Every revision holding `serial` that is not a removal, newest first. The whole history
+    /// (as deep as the store reads it) is walked: a serial is no order once a state was pushed
+    /// back to an older one or given a new lineage, so a holder may lie anywhere.
     async fn by_serial(
         &self,
         at: &Location,
         name: &StateName,
         serial: u64,
-    ) -> Result<Option<String>, ServiceError> {
+    ) -> Result<Vec<String>, ServiceError> {
         let operator = Caller::operator("history");
+        let mut holders = Vec::new();
         for page in 0.. {
             let (versions, more) = self.history(&operator, at, name, page, MAX_PAGE).await?;
-            if let Some(found) = versions
-                .iter()
-                .find(|v| v.serial == Some(serial) && !v.deleted)
-            {
-                return Ok(Some(found.version.clone()));
-            }
+            holders.extend(
+                versions
+                    .into_iter()
+                    .filter(|v| v.serial == Some(serial) && !v.deleted)
+                    .map(|v| v.version),
+            );
             if !more {
                 break;
             }
         }
-        Ok(None)
+        Ok(holders)
     }
 
     /// The one revision of the state whose id starts with `prefix`: the whole history (as deep

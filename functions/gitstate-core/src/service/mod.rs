@@ -124,6 +124,19 @@ pub enum ServiceError {
         "{prefix:?} is the start of {count} revisions of this state: give more of the commit id"
     )]
     AmbiguousVersion { prefix: String, count: usize },
+    /// A serial that several revisions hold (an older serial pushed again with `-force`, a new
+    /// lineage, a state removed and written again): reading or restoring one of them would be a
+    /// guess. The reason lists them, newest first, for the caller to name one by its id.
+    #[error(
+        "serial {serial} names {count} revisions of {state}: name one by its commit id (?at=<id>, ?restore=<id>, or <state>@<id> with the CLI): {listed}",
+        count = .revisions.len(),
+        listed = short_ids(.revisions)
+    )]
+    SharedSerial {
+        serial: u64,
+        state: String,
+        revisions: Vec<String>,
+    },
     #[error(transparent)]
     Forbidden(#[from] Denied),
     #[error(transparent)]
@@ -145,6 +158,24 @@ pub enum ServiceError {
         "the state's file on the branch was changed outside gitstate after its newest writes went to its state ref: a person settles which of them is the state (docs/operating.md, state refs)"
     )]
     Diverged,
+}
+
+/// Revisions shown in a reason: the first few, 12 hex digits each, then how many more.
+const SHOWN_IDS: usize = 8;
+
+fn short_ids(ids: &[String]) -> String {
+    let shown: Vec<&str> = ids
+        .iter()
+        .take(SHOWN_IDS)
+        .map(|id| id.get(..12).unwrap_or(id))
+        .collect();
+    match ids.len().saturating_sub(SHOWN_IDS) {
+        0 => shown.join(", "),
+        more => format!(
+            "{} and {more} more (/history/<name> lists them)",
+            shown.join(", ")
+        ),
+    }
 }
 
 impl From<StoreError> for ServiceError {

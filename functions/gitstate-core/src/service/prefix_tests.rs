@@ -89,10 +89,19 @@ async fn all_revisions(b: &Backend, name: &StateName) -> Vec<VersionInfo> {
 enum Expected {
     One(String),
     Ambiguous,
+    /// A serial several revisions hold (this many).
+    SharedSerial(usize),
     Absent,
     /// The selector names a removal: there is no content to read.
     Removed,
     Bad,
+}
+
+fn prefix_matches(text: &str, revisions: &[VersionInfo]) -> usize {
+    revisions
+        .iter()
+        .filter(|v| v.version.starts_with(text))
+        .count()
 }
 
 fn expected(text: &str, revisions: &[VersionInfo]) -> Expected {
@@ -104,10 +113,19 @@ fn expected(text: &str, revisions: &[VersionInfo]) -> Expected {
     let text = text.to_ascii_lowercase();
     let by_serial = if decimal && text.len() < 20 {
         let serial: u64 = text.parse().expect("digits");
-        revisions
+        let holders: Vec<&VersionInfo> = revisions
             .iter()
-            .find(|v| v.serial == Some(serial) && !v.deleted)
-            .map(|v| v.version.clone())
+            .filter(|v| v.serial == Some(serial) && !v.deleted)
+            .collect();
+        match holders.as_slice() {
+            [] => None,
+            [one] => Some(one.version.clone()),
+            // Unless the digits are also the start of several ids: that is answered first.
+            _ if !(text.len() >= 7 && prefix_matches(&text, revisions) > 1) => {
+                return Expected::SharedSerial(holders.len());
+            }
+            _ => None,
+        }
     } else {
         None
     };
@@ -229,6 +247,9 @@ async fn commit_id_prefixes_name_one_revision_or_say_why_not() {
                                 );
                                 "ambiguous".to_owned()
                             }
+                            ServiceError::SharedSerial { ref revisions, .. } => {
+                                format!("shared {}", revisions.len())
+                            }
                             ServiceError::NoSuchVersion(_) => "absent".to_owned(),
                             other => panic!("{text}: {other}"),
                         }),
@@ -236,6 +257,7 @@ async fn commit_id_prefixes_name_one_revision_or_say_why_not() {
                 let (index, ok) = match (&want, &got) {
                     (Expected::One(id), Ok(got)) => (0, id == got),
                     (Expected::Ambiguous, Err(e)) => (1, e == "ambiguous"),
+                    (Expected::SharedSerial(n), Err(e)) => (1, *e == format!("shared {n}")),
                     (Expected::Absent | Expected::Removed, Err(e)) => (2, e == "absent"),
                     (Expected::Bad, Err(e)) => (3, e == "bad"),
                     _ => (4, false),

@@ -111,7 +111,12 @@ fn service_error(rng: &mut StdRng) -> ServiceError {
         12 => S::NoLock,
         13 => S::Exists,
         14 => S::NoSuchVersion(word(rng)),
-        15 if rng.random() => S::BadSelector(word(rng)),
+        15 if rng.random_bool(0.3) => S::BadSelector(word(rng)),
+        15 if rng.random() => S::SharedSerial {
+            serial: rng.random(),
+            state: word(rng),
+            revisions: (0..rng.random_range(2..12)).map(|_| word(rng)).collect(),
+        },
         15 => S::AmbiguousVersion {
             prefix: word(rng),
             count: rng.random_range(2..9),
@@ -201,6 +206,7 @@ fn expected(error: &ApiError) -> (StatusCode, &'static str) {
             S::NoSuchVersion(_) => (C::BAD_REQUEST, "no such version"),
             S::BadSelector(_) => (C::BAD_REQUEST, "selector"),
             S::AmbiguousVersion { .. } => (C::BAD_REQUEST, "ambiguous version"),
+            S::SharedSerial { .. } => (C::CONFLICT, "shared serial"),
             S::Forbidden(_) => (C::FORBIDDEN, "forbidden"),
             S::Store(store) => match store {
                 StoreError::Unavailable(_) => (C::SERVICE_UNAVAILABLE, "store unavailable"),
@@ -250,7 +256,7 @@ fn expected(error: &ApiError) -> (StatusCode, &'static str) {
 }
 
 /// The arms of [`expected`].
-const ARMS: usize = 59;
+const ARMS: usize = 60;
 
 #[tokio::test]
 async fn every_error_variant_maps_to_its_status_body_and_headers() {
