@@ -154,3 +154,83 @@ async fn a_state_file_changed_outside_gitstate_is_never_hidden_behind_its_ref() 
         }
     }
 }
+
+/// Every edit, as above; then the changes a client can send: a write under a lock (through the
+/// writer, after its GET, and through a cold process that did not read), a DELETE, a restore.
+/// Where the edit would be hidden, each is the reads' 409, and the branch and the state's ref
+/// are left as the edit left them: a write would bury the edit behind the ref exactly as a read
+/// would hide it. Otherwise the write lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_to_a_state_file_changed_outside_gitstate_are_refused_and_push_nothing() {
+    let env = [
+        ("GITSTATE_STATE_REFS", "always"),
+        ("GITSTATE_FOLD_AFTER_WRITES", "false"),
+    ];
+    let next = state_json("l", 100);
+    for lags in [false, true] {
+        for edit in Edit::ALL {
+            let case = format!("{edit:?}, the branch lagging the ref: {lags}");
+            let server = GitServer::start_in(PushMode::Atomic).await;
+            let url = server.create_repo("edit");
+            let a = built(&url, &env).await;
+            let x = "team/edit.tfstate";
+            a.client.apply(x, "h1", &state_json("l", 1)).await;
+            a.client.apply(x, "h2", &state_json("l", 2)).await;
+            let report = a.store.fold(&a.at).await.expect("fold");
+            assert!(report.refused.is_empty(), "{case}: {report:?}");
+            let mut on_ref = state_json("l", 2);
+            if lags {
+                on_ref = state_json("l", 3);
+                a.client.apply(x, "h3", &on_ref).await;
+            }
+            let bare = Bare::new(&server.repo_dir("edit"), "main");
+            let state_ref = bare.state_ref(x);
+            edit.apply(&bare, x, &on_ref);
+            let homes = || (bare.tip("refs/heads/main"), bare.tip(&state_ref));
+            let before = homes();
+            let cold = TestBackend::start(&url, &env).await;
+            let cold = gitstate_tests::Client::new(&cold.url);
+            let first = a.client.history(x, "").await.expect(200).history();
+            let oldest = first.versions.last().expect("a version").version.clone();
+            let refused = |what: &str, answer: gitstate_tests::Answer| {
+                assert_eq!(answer.status, 409, "{case}: {what}: {}", answer.body);
+                assert!(
+                    answer.body.contains("changed outside gitstate"),
+                    "{case}: {what}: the reason says what happened: {}",
+                    answer.body
+                );
+            };
+            // Through the writer: its LOCK, its GET (the look a write at the floor rests on),
+            // the write.
+            a.client.lock(x, "w").await.expect(200);
+            let read = a.client.get_state(x).await;
+            let write = a.client.write_locked(x, "w", &next).await;
+            if !edit.hides() {
+                assert_eq!(
+                    (read.status, write.status),
+                    (200, 200),
+                    "{case}: {}",
+                    write.body
+                );
+                a.client.unlock(x, "w").await.expect(200);
+                let landed = bare.git(&["show", &format!("{state_ref}:{x}")], &[], b"");
+                assert_eq!(
+                    landed.trim_end(),
+                    next,
+                    "{case}: the write is on the state's ref"
+                );
+                continue;
+            }
+            refused("the writer's write", write);
+            let delete = a.client.delete_state(x, Some("w")).await;
+            refused("the writer's delete", delete);
+            a.client.unlock(x, "w").await.expect(200);
+            cold.lock(x, "c").await.expect(200);
+            refused("a cold write", cold.write_locked(x, "c", &next).await);
+            refused("a cold delete", cold.delete_state(x, Some("c")).await);
+            cold.unlock(x, "c").await.expect(200);
+            refused("a restore", a.client.restore(x, &oldest).await);
+            assert_eq!(homes(), before, "{case}: nothing was pushed");
+        }
+    }
+}

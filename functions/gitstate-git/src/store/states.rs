@@ -265,8 +265,8 @@ impl Remote {
     /// gitstate makes records there the content it leaves, and other tools do not. An index that
     /// does not name the state (none yet, a repository of an older version) proves nothing:
     /// `false`. Costs no request unless the branch lags, then at most one (the index's blob, once
-    /// per branch tip).
-    async fn edited_outside(
+    /// per branch tip). Reads answer such a state 409; so do writes to its ref (`write::state`).
+    pub(super) async fn edited_outside(
         &self,
         tip: ObjectId,
         state: ObjectId,

@@ -77,6 +77,13 @@ pub(super) async fn plan_one(
         tracing::info!(state = %job.path, "a write's earlier push landed though its answer was lost");
         return Ok(Planned::Decided(Written::Unchanged));
     }
+    // The branch's file written outside gitstate since the ref's writes: a delete or a write
+    // would bury that edit (see `Remote::edited_outside`), so it is the reads' refusal.
+    if let (Some(tip), Some(state_tip), true) = (tip, state_tip, on_branch)
+        && remote.edited_outside(tip, state_tip, &job.path).await?
+    {
+        return Ok(Planned::Decided(Written::Refused(Refusal::Diverged)));
+    }
     let id = stored.as_deref().and_then(blob_id);
     let judged = stored.as_deref().map(|content| Stored {
         content,

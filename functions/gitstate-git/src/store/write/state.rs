@@ -32,7 +32,7 @@ use bytes::Bytes;
 use gix::ObjectId;
 
 use gitstate_core::StateName;
-use gitstate_core::ports::{Location, Stored, WritePlan, Written};
+use gitstate_core::ports::{Location, Refusal, Stored, WritePlan, Written};
 
 use super::lead::backoff;
 use super::plan::blob_id;
@@ -258,6 +258,15 @@ async fn ref_round(
         // It is on the state's ref: a write for the fold, as if its answer had come.
         remote.folds.wrote_state();
         return Ok(decided(Hop::Done(Written::Unchanged)));
+    }
+    // The branch's file written outside gitstate since the ref's writes: a write on the ref
+    // would bury that edit as a read would hide it (`Remote::edited_outside`), so it is the
+    // reads' refusal. No request where a read of this tip looked already (the GET after the
+    // LOCK): the index's blob is in the cache.
+    if let Some(state_tip) = state_tip
+        && remote.edited_outside(start.branch, state_tip, path).await?
+    {
+        return Ok(decided(Hop::Done(Written::Refused(Refusal::Diverged))));
     }
     let held = match start.lock_tip {
         Some(lock_tip) => Some(remote.held(lock_tip, update.name).await?),
