@@ -1039,6 +1039,8 @@ async fn writes_without_a_lock_are_refused_by_default() {
 enum Shape {
     /// A state Terraform wrote, on this branch, which `HEAD` names.
     StatesOn(String),
+    /// A branch without states (a README), which `HEAD` names: a code repository.
+    CodeOn(String),
     /// Nothing at all.
     Empty,
     /// Only a lock ref of gitstate's (another state's lock).
@@ -1058,12 +1060,13 @@ fn branches(dir: &Path) -> Vec<String> {
 }
 
 /// A branch is never created by accident: generated repositories (a state on `master`, on a
-/// random branch name, an empty repository, one with only a lock ref) × the configured ref (the
-/// default `main`, the states' branch, a random missing name) × `GITSTATE_CREATE_REF`, with real
-/// terraform or OpenTofu. Where the configured branch is missing and the repository has others,
-/// `plan` fails (400, never "to add"), the reason names the default branch and `GITSTATE_REF`,
-/// and `apply` creates no branch; where it exists, the plan sees the state; in an empty
-/// repository (or with the setting) the first apply creates it.
+/// random branch name, a branch of code without states, an empty repository, one with only a
+/// lock ref) × the configured ref (the default `main`, the states' branch, a random missing
+/// name: a typo) × `GITSTATE_CREATE_REF` (always set for the typo). Where the configured branch
+/// is missing and the repository has others, `plan` fails (400, never "to add"), the reason
+/// names the branch to use and `GITSTATE_REF`, and `apply` creates no branch; where it exists,
+/// the plan sees the state; in an empty repository, or with the setting where no other branch
+/// holds states, the first apply creates it. The setting never starts a branch beside states.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_branch_is_never_created_by_accident() {
     init_tracing();
@@ -1077,6 +1080,7 @@ async fn a_branch_is_never_created_by_accident() {
     let shapes = [
         Shape::StatesOn("master".into()),
         Shape::StatesOn(format!("b-{}", word(&mut rng))),
+        Shape::CodeOn(format!("c-{}", word(&mut rng))),
         Shape::Empty,
         Shape::OnlyLocks,
     ];
@@ -1087,9 +1091,7 @@ async fn a_branch_is_never_created_by_accident() {
             let url = server.create_repo(&repo);
             let dir = server.repo_dir(&repo);
             let (label, cli) = &clis[rng.random_range(0..2)];
-            // The first case (states on master, the backend on main) never creates: every run
-            // has a refusal to check, whatever the seed.
-            let create = cases > 1 && rng.random_bool(0.3);
+            let create = configured == 2 || rng.random_bool(0.3);
             match shape {
                 Shape::StatesOn(branch) => {
                     // Terraform writes the state on `branch` of the still empty repository.
@@ -1113,6 +1115,15 @@ async fn a_branch_is_never_created_by_accident() {
                         Some(&dir),
                     );
                 }
+                Shape::CodeOn(branch) => {
+                    let bare = gitstate_tests::handmade::Bare::new(&dir, branch);
+                    let readme = crate::races::by_hand("README.md");
+                    bare.branch_write("README.md", Some(b"code\n"), &readme);
+                    gitstate_tests::git(
+                        &["symbolic-ref", "HEAD", &format!("refs/heads/{branch}")],
+                        Some(&dir),
+                    );
+                }
                 Shape::Empty => {}
                 Shape::OnlyLocks => {
                     let setup = TestBackend::start(&url, &[]).await;
@@ -1126,13 +1137,18 @@ async fn a_branch_is_never_created_by_accident() {
                 Shape::StatesOn(branch) => Some(branch.clone()),
                 _ => None,
             };
+            let other = match shape {
+                Shape::StatesOn(branch) | Shape::CodeOn(branch) => Some(branch.clone()),
+                _ => None,
+            };
             let branch = match configured {
                 0 => "main".to_owned(),
-                1 => states_on.clone().unwrap_or_else(|| "main".to_owned()),
+                1 => other.clone().unwrap_or_else(|| "main".to_owned()),
                 _ => format!("m-{}", word(&mut rng)),
             };
-            let exists = states_on.as_deref() == Some(branch.as_str());
-            let may_create = exists || states_on.is_none() || create;
+            let exists = other.as_deref() == Some(branch.as_str());
+            let has_state = states_on.as_deref() == Some(branch.as_str());
+            let may_create = exists || other.is_none() || (create && states_on.is_none());
             let mut extra = vec![("GITSTATE_REF", branch.as_str())];
             if create {
                 extra.push(("GITSTATE_CREATE_REF", "true"));
@@ -1173,7 +1189,7 @@ async fn a_branch_is_never_created_by_accident() {
                 assert!(apply.status.success(), "{what}:\n{}", transcript(&apply));
                 assert_eq!(
                     text.contains("1 to add"),
-                    !exists,
+                    !has_state,
                     "{what}: a plan sees the state exactly where it is:\n{text}"
                 );
                 assert!(
@@ -1197,7 +1213,9 @@ async fn a_branch_is_never_created_by_accident() {
                 assert!(!apply.status.success(), "{what}: {}", transcript(&apply));
                 assert_eq!(before, after, "{what}: no branch appears");
                 let answer = Client::new(&backend.url).get_state(NAME).await;
-                let default = states_on.clone().unwrap_or_default();
+                // The branch to use: the remote's default, or (with the setting) the one
+                // holding the states.
+                let default = other.clone().unwrap_or_default();
                 assert!(
                     answer.status == 400
                         && answer.body.contains("GITSTATE_REF")

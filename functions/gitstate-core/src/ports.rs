@@ -411,6 +411,19 @@ pub trait StateStore: Send + Sync + 'static {
         Ok(BranchStatus::Exists)
     }
 
+    /// Which of `others` (full ref names, as [`BranchStatus::Missing`] lists them) are branches
+    /// whose tip holds states: the state index ([`crate::index::INDEX_PATH`]), or a `.tfstate`
+    /// file (states another tool, or a version before the index, wrote). Asked only before a write would create the branch of `at` beside them. The
+    /// default: none (a store without branches).
+    async fn branches_with_states(
+        &self,
+        _at: &Location,
+        _others: &[String],
+        _read: &ReadContext,
+    ) -> Result<Vec<String>, StoreError> {
+        Ok(Vec::new())
+    }
+
     /// Before the first request of a process that is about to write to `at` (the wrapper, as it
     /// starts): learn what its first push needs in one look (within the request `read` stands
     /// for, so that the start-up's other looks reuse it). `Ok(Some(reason))`: that look failed,

@@ -146,6 +146,27 @@ impl StateStore for MemoryStore {
         self.with(|i| i.tree_clash(at, name))
     }
 
+    /// Every branch written through the store holds states (the git store's index stays).
+    async fn branches_with_states(
+        &self,
+        at: &Location,
+        others: &[String],
+        _: &ReadContext,
+    ) -> Result<Vec<String>, StoreError> {
+        self.with(|i| {
+            let mut holding: Vec<String> = i
+                .revisions
+                .keys()
+                .filter(|(l, _)| l.repository == at.repository)
+                .map(|(l, _)| l.branch.full_ref())
+                .filter(|branch| others.contains(branch))
+                .collect();
+            holding.sort();
+            holding.dedup();
+            holding
+        })
+    }
+
     async fn branch_status(
         &self,
         at: &Location,

@@ -60,9 +60,10 @@ pub struct GitSettings {
     /// otherwise they are refused with 428.
     pub allow_unlocked_writes: bool,
     /// `GITSTATE_CREATE_REF` (default false): let the first write create a missing branch (the
-    /// configured one or an allowlisted `?ref=`) in a repository that has other branches;
-    /// otherwise requests to it are refused (400) naming the repository's default branch. An
-    /// empty repository's branch is always created.
+    /// configured one, while no other branch holds states, or an allowlisted `?ref=`) in a
+    /// repository that has other branches; otherwise requests to it are refused (400) naming
+    /// the repository's default branch, or the branches holding states. An empty repository's
+    /// branch is always created.
     pub create_ref: bool,
     /// `GITSTATE_COMMITTER_NAME` / `GITSTATE_COMMITTER_EMAIL`: who commits are written as.
     pub committer: Identity,

@@ -369,7 +369,8 @@ fn refused(
             "missing-branch",
             format!("{answered}: {why}"),
             "point the backend (GITSTATE_REF) or the address (?ref=) at the branch that holds \
-             the states; the reason names the remote's default branch"
+             the states; the reason names the remote's default branch, or the branches that \
+             hold states"
                 .to_owned(),
         )
         .says("Unexpected HTTP response code 4xx"),

@@ -396,9 +396,10 @@ async fn serve_says_where_users_come_from_and_how_to_make_the_first() {
 
 /// The configured branch is checked at start: generated repositories (states on `master`, as
 /// terraform-backend-git keeps them, or empty) × GITSTATE_REF (master, main, a random missing
-/// name) × GITSTATE_CREATE_REF. `gitstate config` reports what it found, `gitstate run` refuses
-/// to start the program where every request would be refused, and `gitstate doctor` against a
-/// `serve` so configured names the missing branch.
+/// name) × GITSTATE_CREATE_REF, which never starts a branch beside states. `gitstate config`
+/// reports what it found, `gitstate run` refuses to start the program where every request
+/// would be refused, and `gitstate doctor` against a `serve` so configured names the missing
+/// branch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_configured_branch_is_checked_at_start() {
     let seed = std::env::var("STARTUP_TEST_SEED")
@@ -443,13 +444,11 @@ async fn the_configured_branch_is_checked_at_start() {
             let label =
                 format!("{repository} ref {branch} create {create} (seed {seed}): {printed}");
             let exists = has_states && branch == "master";
-            let problem = has_states && !exists && !create;
+            let problem = has_states && !exists;
             if !has_states {
                 assert!(printed.contains("the repository is empty"), "{label}");
             } else if exists {
                 assert!(printed.contains("branch master exists"), "{label}");
-            } else if create {
-                assert!(printed.contains("the first write creates it"), "{label}");
             } else {
                 let line = printed
                     .lines()

@@ -78,6 +78,17 @@ pub enum ServiceError {
         name: String,
         branch: String,
         elsewhere: String,
+    /// The configured branch does not exist, and other branches of the repository hold states
+    /// (their tips have the state index or `.tfstate` files): with `GITSTATE_CREATE_REF` the first write would
+    /// start a branch beside them (a typo in `GITSTATE_REF`, a renamed branch), and every read
+    /// would see no state until then.
+    #[error(
+        "branch {branch:?} (GITSTATE_REF) does not exist, and GITSTATE_CREATE_REF=true creates it only in a repository where no branch holds states yet: {} hold them; set GITSTATE_REF to the branch the states are on, or create {branch:?} with git if a new branch of states is meant",
+        quoted(holding)
+    )]
+    BranchBesideStates {
+        branch: String,
+        holding: Vec<String>,
     },
     #[error("repository {0:?} is not served by this backend (not on its allowlist)")]
     RepositoryNotAllowed(String),
@@ -158,6 +169,12 @@ pub enum ServiceError {
         "the state's file on the branch was changed outside gitstate after its newest writes went to its state ref: a person settles which of them is the state (docs/operating.md, state refs)"
     )]
     Diverged,
+}
+
+/// Branch names in a reason, each quoted.
+fn quoted(names: &[String]) -> String {
+    let quoted: Vec<String> = names.iter().map(|name| format!("{name:?}")).collect();
+    quoted.join(", ")
 }
 
 /// Revisions shown in a reason: the first few, 12 hex digits each, then how many more.
@@ -377,7 +394,11 @@ impl Backend {
     /// The rule that a branch is never created by accident: `Ok` when the branch of `at` exists,
     /// when the repository is empty (nothing but gitstate's own refs), or when the deployment
     /// allows creating branches; otherwise [`ServiceError::NoBranch`] naming the remote's default
-    /// branch and the setting that chose this one. A location passed once is not looked at again.
+    /// branch and the setting that chose this one. Creating the configured branch
+    /// (`GITSTATE_REF`, not an allowlisted `?ref=`, whose allowlist says which may be made) is
+    /// allowed only while no other branch holds states: else
+    /// [`ServiceError::BranchBesideStates`] names those (one fetch of their tips' trees, on this
+    /// path only). A location passed once is not looked at again.
     pub async fn require_branch(
         &self,
         at: &Location,
@@ -399,6 +420,22 @@ impl Backend {
                         "the address's ?ref="
                     },
                 })
+            }
+            BranchStatus::Missing { others, .. }
+                if !others.is_empty() && at.branch == self.repositories.default_branch =>
+            {
+                let holding = self.store.branches_with_states(at, &others, read).await?;
+                if !holding.is_empty() {
+                    return Err(ServiceError::BranchBesideStates {
+                        branch: at.branch.as_str().to_owned(),
+                        holding: holding
+                            .iter()
+                            .map(|b| b.trim_start_matches("refs/heads/").to_owned())
+                            .collect(),
+                    });
+                }
+                self.branch_seen(at);
+                Ok(())
             }
             BranchStatus::Exists | BranchStatus::Missing { .. } => {
                 self.branch_seen(at);

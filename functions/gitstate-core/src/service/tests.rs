@@ -301,6 +301,80 @@ async fn missing_branches_beside_others_are_refused() {
         .expect("there");
 }
 
+/// `GITSTATE_CREATE_REF` creates the configured branch only while no other branch holds states:
+/// a typo in `GITSTATE_REF` reads and writes as a 400 naming the branches that do. An
+/// allowlisted `?ref=` is still created beside them.
+#[tokio::test]
+async fn the_setting_never_starts_the_configured_branch_beside_states() {
+    let (first, _, name) = backend();
+    let store = first.store().clone();
+    let dev = Location {
+        branch: BranchName::parse("dev").expect("valid"),
+        ..first.locate(None, None).expect("primary")
+    };
+    first
+        .put_state(WriteRequest::new(
+            &admin(),
+            &dev,
+            &name,
+            state("L", 1),
+            &NO_REQUEST,
+        ))
+        .await
+        .expect("the empty repository's first branch");
+    let repos = Repositories {
+        primary: "https://git.example/org/state.git".into(),
+        default_branch: BranchName::parse("mian").expect("valid"),
+        allowed: vec![],
+    };
+    let identity = Identity {
+        name: "gitstate".into(),
+        email: "gitstate@localhost".into(),
+    };
+    let typo = Backend::new(store, repos, identity)
+        .with_unlocked_writes(true)
+        .with_branch_creation(true);
+    let at = typo.locate(None, None).expect("primary");
+    let refused = |r: Result<(), ServiceError>| match r {
+        Err(e @ ServiceError::BranchBesideStates { .. }) => {
+            let text = e.to_string();
+            assert!(
+                text.contains("\"mian\"") && text.contains("\"dev\""),
+                "{text}"
+            );
+        }
+        other => panic!("{other:?}"),
+    };
+    refused(
+        typo.get_state(&admin(), &at, &name, &NO_REQUEST)
+            .await
+            .map(|_| ()),
+    );
+    refused(
+        typo.put_state(WriteRequest::new(
+            &admin(),
+            &at,
+            &name,
+            state("L", 2),
+            &NO_REQUEST,
+        ))
+        .await,
+    );
+    let qa = Location {
+        branch: BranchName::parse("qa").expect("valid"),
+        ..at.clone()
+    };
+    typo.put_state(WriteRequest::new(
+        &admin(),
+        &qa,
+        &name,
+        state("L", 1),
+        &NO_REQUEST,
+    ))
+    .await
+    .expect("another branch than the configured one is created beside states");
+}
+
 #[tokio::test]
 async fn delete_requires_existing_state() {
     let (b, at, name) = backend();

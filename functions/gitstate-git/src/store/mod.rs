@@ -372,6 +372,15 @@ impl StateStore for GitStore {
         Ok(GitStore::branch_status(self, at, read).await?)
     }
 
+    async fn branches_with_states(
+        &self,
+        at: &Location,
+        others: &[String],
+        read: &ReadContext,
+    ) -> Result<Vec<String>, StoreError> {
+        Ok(GitStore::branches_with_states(self, at, others, read).await?)
+    }
+
     async fn ready_to_write(
         &self,
         at: &Location,

@@ -239,6 +239,50 @@ impl GitStore {
         Ok(BranchStatus::Missing { default, others })
     }
 
+    /// Which of `others` are branches whose tip holds states: the state index, or a `.tfstate`
+    /// file anywhere (terraform-backend-git's states, a repository of a version before the
+    /// index). One fetch of those tips (their trees, no blobs where the host filters) into the
+    /// cache of `at`, whose branch is missing, after the advertisement `read` allows reusing.
+    /// Tags and other refs hold no states.
+    pub(super) async fn branches_with_states(
+        &self,
+        at: &Location,
+        others: &[String],
+        read: &ReadContext,
+    ) -> Result<Vec<String>, ReadError> {
+        let remote = self.remote(at)?;
+        let (advert, _) = remote.every_ref(read).await?;
+        let tips: Vec<(String, ObjectId)> = others
+            .iter()
+            .filter(|name| name.starts_with("refs/heads/"))
+            .filter_map(|name| Some((name.clone(), advert.tip(name)?)))
+            .collect();
+        if tips.is_empty() {
+            return Ok(Vec::new());
+        }
+        remote
+            .ensure(tips.iter().map(|(_, tip)| *tip).collect())
+            .await?;
+        let cache = remote.cache.clone();
+        let holding = blocking(move || {
+            let mut holding = Vec::new();
+            for (name, tip) in tips {
+                if cache.has_file(tip, gitstate_core::index::INDEX_PATH)?
+                    || cache
+                        .list_files(tip)?
+                        .iter()
+                        .any(|path| path.ends_with(".tfstate"))
+                {
+                    holding.push(name);
+                }
+            }
+            Ok::<_, crate::repository::Error>(holding)
+        })
+        .await
+        .map_err(RemoteError::from)?;
+        Ok(holding)
+    }
+
     /// Before the first request of a process that is about to write (the wrapper, as it
     /// starts): one receive-pack advertisement, which lists every ref as the start-up's other
     /// looks need (within `read`, they reuse it) and carries the push capabilities, so the first

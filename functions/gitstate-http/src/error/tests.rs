@@ -82,6 +82,10 @@ fn service_error(rng: &mut StdRng) -> ServiceError {
             elsewhere: word(rng),
         },
         26 => S::Diverged,
+        25 if rng.random_bool(0.3) => S::BranchBesideStates {
+            branch: word(rng),
+            holding: (0..rng.random_range(1..4)).map(|_| word(rng)).collect(),
+        },
         25 => S::NoBranch {
             branch: word(rng),
             default: rng.random_bool(0.5).then(|| word(rng)),
@@ -199,6 +203,7 @@ fn expected(error: &ApiError) -> (StatusCode, &'static str) {
             S::Unlocked => (C::PRECONDITION_REQUIRED, "unlocked"),
             S::NoBranch { .. } => (C::BAD_REQUEST, "no branch"),
             S::OnAnotherBranch { .. } => (C::BAD_REQUEST, "on another branch"),
+            S::BranchBesideStates { .. } => (C::BAD_REQUEST, "branch beside states"),
             S::Stale { .. } => (C::CONFLICT, "stale"),
             S::NotFound => (C::NOT_FOUND, "not found"),
             S::NoLock => (C::CONFLICT, "no lock"),
@@ -256,7 +261,7 @@ fn expected(error: &ApiError) -> (StatusCode, &'static str) {
 }
 
 /// The arms of [`expected`].
-const ARMS: usize = 60;
+const ARMS: usize = 61;
 
 #[tokio::test]
 async fn every_error_variant_maps_to_its_status_body_and_headers() {
