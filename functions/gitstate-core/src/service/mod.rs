@@ -78,6 +78,7 @@ pub enum ServiceError {
         name: String,
         branch: String,
         elsewhere: String,
+    },
     /// The configured branch does not exist, and other branches of the repository hold states
     /// (their tips have the state index or `.tfstate` files): with `GITSTATE_CREATE_REF` the first write would
     /// start a branch beside them (a typo in `GITSTATE_REF`, a renamed branch), and every read

@@ -229,7 +229,7 @@ impl Remote {
     /// the state (gitstate's own delete removes it there, after replaying the ref's writes), with
     /// other content than the ref's. A person's removal of a state whose writes were all folded
     /// stands: `false`. Costs at most one request (the index's blob, once per branch tip).
-    async fn removed_outside(
+    pub(super) async fn removed_outside(
         &self,
         tip: ObjectId,
         state: ObjectId,

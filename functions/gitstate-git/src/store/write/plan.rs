@@ -79,10 +79,16 @@ pub(super) async fn plan_one(
     }
     // The branch's file written outside gitstate since the ref's writes: a delete or a write
     // would bury that edit (see `Remote::edited_outside`), so it is the reads' refusal.
-    if let (Some(tip), Some(state_tip), true) = (tip, state_tip, on_branch)
-        && remote.edited_outside(tip, state_tip, &job.path).await?
-    {
-        return Ok(Planned::Decided(Written::Refused(Refusal::Diverged)));
+    // Or the file removed outside gitstate while the ref holds writes the branch never had
+    // (`Remote::removed_outside`): a create would drop them with the leftover ref.
+    if let (Some(tip), Some(state_tip)) = (tip, state_tip) {
+        let outside = match on_branch {
+            true => remote.edited_outside(tip, state_tip, &job.path).await?,
+            false => remote.removed_outside(tip, state_tip, &job.path).await?,
+        };
+        if outside {
+            return Ok(Planned::Decided(Written::Refused(Refusal::Diverged)));
+        }
     }
     let id = stored.as_deref().and_then(blob_id);
     let judged = stored.as_deref().map(|content| Stored {
