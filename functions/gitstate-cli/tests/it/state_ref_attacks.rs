@@ -1110,8 +1110,9 @@ async fn the_list_answers_the_newest_serial_of_unfolded_states() {
 /// (no state, no ref); through Q the same holder creates the state and updates it (its ref is
 /// made); a person removes the file by hand (`git rm`, the ref stays behind); P then learns the
 /// new branch tip from a read of another state, while its look at this one still says "no
-/// ref". P's create must not land on the branch beside the left-over ref: every process reads
-/// it back.
+/// ref". P's create must not land on the branch beside the left-over ref: while the ref holds
+/// the write the removal dropped, the create is refused (the hand edit's 409); once a person
+/// deletes the ref, it lands and every process reads it back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_create_at_the_floor_never_lands_beside_a_ref_left_since_its_look() {
     use gitstate_tests::{Client, state_json};
@@ -1148,6 +1149,16 @@ async fn a_create_at_the_floor_never_lands_beside_a_ref_left_since_its_look() {
     assert!(bare.file(x).is_none(), "the file is gone by hand");
     p.get_state(y).await.expect(200);
     let fresh = state_json("l", 3);
+    // The removal dropped a write the branch never had (serial 2, on the ref): like any edit made
+    // outside gitstate on an older view, it is refused until a person settles it, and the create
+    // lands nowhere.
+    let tips = || (bare.tip("refs/heads/main"), bare.tip(&reference));
+    let before = tips();
+    let refused = p.write_locked(x, "h", &fresh).await;
+    assert_eq!(refused.status, 409, "the create: {}", refused.body);
+    assert_eq!(tips(), before, "the refused create pushed nothing");
+    // The person settles for the removal: the ref goes. The create lands, and reads back.
+    bare.git(&["update-ref", "-d", &reference], &[], b"");
     let wrote = p.write_locked(x, "h", &fresh).await;
     p.unlock(x, "h").await.expect(200);
     assert_eq!(wrote.status, 200, "the create: {}", wrote.body);
