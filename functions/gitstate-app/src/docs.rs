@@ -46,7 +46,7 @@ const DESCRIPTIONS: &[Described] = &[
     ),
     describe(
         "GITSTATE_STATE",
-        "locally: the state `run` serves and `serve` prints a block for when `--state` is not given (gitstate.toml `state`, terraform-backend-git's `git.state`)",
+        "locally: the state `run` serves and `serve` prints a block for when `--state` is not given (gitstate.toml `state`, terraform-backend-git's `git.state`; `run` takes a file's only where Terraform runs in that file's directory)",
     ),
     describe(
         "GITSTATE_GIT_USERNAME",

@@ -17,8 +17,10 @@ use gitstate_core::secret::Secret;
 use tokio::signal::unix::{SignalKind, signal};
 
 mod backend_check;
+mod chosen;
 
 pub use backend_check::{GENERATED as TEMPORARY_BACKEND, GENERATED_FILE as TEMPORARY_BACKEND_FILE};
+pub use chosen::Chosen;
 
 /// Removes the temporary backend file when dropped, if this run created it.
 struct TemporaryFile(Option<PathBuf>);
@@ -70,11 +72,11 @@ const FOLD_WAIT: Duration = Duration::from_secs(60);
 pub async fn run(
     mut settings: Settings,
     listening: crate::server::Listening,
-    state: &str,
+    chosen: &Chosen,
     program: &[String],
     workdir: Option<&Path>,
 ) -> anyhow::Result<ExitStatus> {
-    let name = StateName::parse(state).context("--state")?;
+    let name = StateName::parse(&chosen.state).context("--state")?;
     if program.is_empty() {
         bail!(
             "name the program to run after `--`, e.g. gitstate run --state x.tfstate -- terraform plan"
@@ -89,6 +91,8 @@ pub async fn run(
     // Terraform runs on this run's backend, or not at all.
     let proof = backend_check::prove(program, workdir, &|name| std::env::var(name).ok())
         .context("gitstate run: refusing to start the program")?;
+    // The state a file names is that directory's, wherever the file was found.
+    chosen.check_dir(&proof.dir)?;
     let _temporary = if proof.add_file {
         Some(add_backend_file(&proof.dir)?)
     } else {

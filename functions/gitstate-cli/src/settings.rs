@@ -41,6 +41,11 @@ impl SettingsArgs {
         }
     }
 
+    /// The file `--config` names, if any.
+    pub fn named_file(&self) -> Option<&std::path::Path> {
+        self.config.as_deref()
+    }
+
     /// `--config PATH`: a `.hcl` file is terraform-backend-git's, anything else a gitstate.toml.
     fn config_files(&self) -> (Option<&std::path::Path>, Option<&std::path::Path>) {
         match self.config.as_deref() {

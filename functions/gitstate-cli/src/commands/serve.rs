@@ -95,7 +95,8 @@ pub async fn serve(state: Option<&str>, args: &SettingsArgs) -> anyhow::Result<(
 }
 
 /// `gitstate run`: the program's exit code becomes ours. The state is `--state`, else the
-/// `state` setting (gitstate.toml, terraform-backend-git's `git.state` or its variable).
+/// `state` setting (gitstate.toml, terraform-backend-git's `git.state` or its variable; from a
+/// file found above Terraform's directory, refused: [`run::Chosen`]).
 pub async fn run(
     state: Option<&str>,
     args: &SettingsArgs,
@@ -104,14 +105,7 @@ pub async fn run(
     new_store: bool,
 ) -> anyhow::Result<()> {
     let (layered, mut settings) = args.settings()?;
-    let state = match state {
-        Some(state) => state.to_owned(),
-        None => layered.get("GITSTATE_STATE").context(
-            "no state: give --state, `state` in gitstate.toml, git.state in \
-             terraform-backend-git.hcl or TF_BACKEND_GIT_GIT_STATE",
-        )?,
-    };
-    let state = state.as_str();
+    let chosen = run::Chosen::new(state, &layered, args.named_file())?;
     if let Some(warning) = startup::new_store_checked(&settings)? {
         if !new_store {
             anyhow::bail!("gitstate run: {warning}. To start a new store here, pass --new-store");
@@ -126,7 +120,7 @@ pub async fn run(
         // The wrapper's server is for the Terraform it starts, on loopback: no proxy.
         proxies: server::Proxies::default(),
     };
-    let status = run::run(settings, listening, state, program, workdir).await?;
+    let status = run::run(settings, listening, &chosen, program, workdir).await?;
     std::process::exit(run::exit_code(status));
 }
 

@@ -25,3 +25,4 @@ mod state_ref_attacks;
 mod store;
 mod tls;
 mod users;
+mod which_state;

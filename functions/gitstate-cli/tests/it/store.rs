@@ -1,7 +1,9 @@
 //! One store, whatever the directory: generated directory layouts around an embedded store, and
 //! `gitstate run -- terraform [-chdir=…] plan` from every directory of them sees the same
 //! state (a new, empty store would make the plan want to create it); from outside, the run
-//! refuses to start a new store unless `--new-store` says so.
+//! refuses to start a new store unless `--new-store` says so. A `state` in the root's
+//! gitstate.toml is the root configuration's: taken where Terraform runs at the root, refused
+//! (naming the file) for a configuration below it.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -87,10 +89,13 @@ fn one_store_from_every_directory_and_no_new_one_by_accident() {
     )
     .expect("main.tf");
     // Half the layouts name the state in a gitstate.toml at the root, which must be found too.
+    // Its `state` names the root configuration's state: taken only where Terraform runs at the
+    // root (from any directory, through -chdir); for a configuration below, --state names it.
     let toml = rng.random_bool(0.5);
     if toml {
         std::fs::write(root.join("gitstate.toml"), format!("state = \"{STATE}\"\n")).expect("toml");
     }
+    let file_state = toml && config == root;
     let chdir = |from: &Path| -> Vec<String> {
         if from == config {
             Vec::new()
@@ -108,7 +113,7 @@ fn one_store_from_every_directory_and_no_new_one_by_accident() {
         all.extend(chdir(from));
         all.extend(args.iter().map(|s| (*s).to_owned()));
         let all: Vec<&str> = all.iter().map(String::as_str).collect();
-        run(from, &tfrc, &all, !toml)
+        run(from, &tfrc, &all, !file_state)
     };
     // The store is made once, from the root, on purpose.
     for (args, extra) in [
@@ -140,6 +145,22 @@ fn one_store_from_every_directory_and_no_new_one_by_accident() {
         places.push(other);
     }
     for from in &places {
+        if toml && !file_state {
+            // The root file's state, for the configuration below: refused before Terraform.
+            let mut all = vec!["--".to_owned(), "terraform".to_owned()];
+            all.extend(chdir(from));
+            all.push("plan".into());
+            let all: Vec<&str> = all.iter().map(String::as_str).collect();
+            let out = run(from, &tfrc, &all, false);
+            let refused = text(&out);
+            assert!(
+                !out.status.success()
+                    && refused.contains(&root.join("gitstate.toml").display().to_string())
+                    && refused.contains("--state"),
+                "from {} (seed {seed}): the root file's state is refused: {refused}",
+                from.display()
+            );
+        }
         let out = terraform(from, &["plan", "-detailed-exitcode", "-input=false"], &[]);
         assert_eq!(
             out.status.code(),
@@ -216,5 +237,9 @@ fn one_store_from_every_directory_and_no_new_one_by_accident() {
     );
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(outside.join(".gitstate/repo.git").is_dir());
-    eprintln!("store: {} directories, one store", places.len());
+    eprintln!(
+        "store: {} directories, one store; configuration {depth} below the root, state in \
+         gitstate.toml: {toml}",
+        places.len()
+    );
 }
