@@ -2,13 +2,14 @@
 //! Its variables (`TF_BACKEND_GIT_*`, `GIT_USERNAME`, `GIT_PASSWORD`/`GITHUB_TOKEN`, …) and its
 //! `terraform-backend-git.hcl` each stand for one gitstate setting. They fill only what
 //! gitstate's own names (flag, `GITSTATE_*` variable, `gitstate.toml`) leave unset, and
-//! `gitstate config` names the seed source a value came from. Where the seed's interface is used,
+//! `gitstate config` names the seed source a value came from; one that gitstate.toml sets to
+//! another value is an error naming both. Where the seed's interface is used,
 //! its defaults apply: branch `master`, port 6061.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::{LayerError, Layered, Origin, SETTINGS};
+use super::{LayerError, Layered, Origin, SETTINGS, Spec};
 
 pub mod ssh;
 
@@ -149,9 +150,6 @@ impl Layered {
         };
         let in_use = seed.in_use();
         for spec in SETTINGS {
-            if self.values.contains_key(spec.var) {
-                continue;
-            }
             let sops = provider.as_deref() == Some("sops");
             let from_env = seed_variable(seed, spec.var, in_use, sops);
             let chosen = from_env.or_else(|| {
@@ -159,13 +157,24 @@ impl Layered {
                 let value = hcl.get(spec.var)?.clone();
                 Some((value, Origin::SeedFile(path.to_path_buf())))
             });
-            if let Some((value, origin)) = chosen {
-                let value = if spec.var == "GITSTATE_LISTEN" {
-                    listen_address(&value)
-                } else {
-                    value
-                };
-                self.values.insert(spec.var, (value, origin));
+            let Some((value, origin)) = chosen else {
+                continue;
+            };
+            let value = if spec.var == "GITSTATE_LISTEN" {
+                listen_address(&value)
+            } else {
+                value
+            };
+            match self.values.get(spec.var) {
+                None => {
+                    self.values.insert(spec.var, (value, origin));
+                }
+                Some((own, Origin::File(file))) if !same(spec, own, &value) => {
+                    return Err(disagreement(spec, (own, file), (&value, &origin)));
+                }
+                // A flag or GITSTATE_* variable outranks the seed's names; an agreeing file
+                // keeps its origin.
+                Some(_) => {}
             }
         }
         if provider.as_deref() == Some("aes") && !self.values.contains_key("GITSTATE_PASSPHRASE") {
@@ -204,6 +213,64 @@ impl Layered {
         }
         Ok(self)
     }
+}
+
+/// Whether a gitstate.toml value and a seed value of `spec` mean the same.
+fn same(spec: &Spec, own: &str, seed: &str) -> bool {
+    let (own, seed) = (own.trim(), seed.trim());
+    let switch = |v: &str| match v {
+        "true" | "1" => Some(true),
+        "false" | "0" => Some(false),
+        _ => None,
+    };
+    if let (true, Some(own), Some(seed)) = (spec.switch, switch(own), switch(seed)) {
+        own == seed
+    } else if spec.var == "GITSTATE_LISTEN" {
+        listen_address(own) == seed
+    } else {
+        own == seed
+    }
+}
+
+/// A seed variable (or `terraform-backend-git.hcl` key) set to another value than gitstate.toml
+/// gives the same setting: neither is taken. The file used to win silently, so a CI job's
+/// `TF_BACKEND_GIT_GIT_STATE` lost to a file added for local use. Secrets are named, never shown.
+fn disagreement(
+    spec: &Spec,
+    (own, file): (&str, &Path),
+    (value, origin): (&str, &Origin),
+) -> LayerError {
+    let seed = match origin {
+        Origin::SeedFile(path) => {
+            let key = HCL_KEYS
+                .iter()
+                .find(|(_, var)| *var == spec.var)
+                .map_or("?", |(key, _)| key);
+            format!("`{key}` in {}", path.display())
+        }
+        Origin::SeedEnv(var) => (*var).to_owned(),
+        other => other.to_string(),
+    };
+    let file = format!("`{}` in {}", spec.key(), file.display());
+    let both = if spec.secret {
+        format!("{seed} and {file} hold different values")
+    } else {
+        format!(
+            "{seed} says {:?} but {file} says {:?}",
+            super::redact_userinfo(value),
+            super::redact_userinfo(own)
+        )
+    };
+    let flag = if spec.secret {
+        String::new()
+    } else {
+        format!(" (or --{})", spec.flag())
+    };
+    LayerError::Seed(format!(
+        "{both}: which one is meant is not clear, so neither is taken. Make them agree, unset \
+         one, or choose with {}{flag}, which outranks both",
+        spec.var,
+    ))
 }
 
 /// The first of the seed's variables for gitstate's `var` that is set, and where it came from.
@@ -516,16 +583,18 @@ mod tests {
         }
     }
 
-    /// For every seed variable and every combination of sources: gitstate's own flag, variable
-    /// or file wins; else the seed's variable; else its file; `config` names the one used.
+    /// For every seed variable and every combination of sources: gitstate's own flag or
+    /// variable wins; a gitstate.toml value that the seed's variable or file contradicts is an
+    /// error naming both (never showing a secret); else the file, the seed's variable, its
+    /// file; `config` names the one used.
     #[test]
-    fn gitstate_names_win_over_the_seeds_for_every_variable() {
+    fn gitstate_names_win_over_the_seeds_and_the_file_must_agree_with_them() {
         for (seed_var, var) in SEED_VARIABLES {
-            let key = super::super::SETTINGS
+            let spec = super::super::SETTINGS
                 .iter()
                 .find(|s| s.var == *var)
-                .expect("the variable names a setting")
-                .key();
+                .expect("the variable names a setting");
+            let key = spec.key();
             let hcl_key = HCL_KEYS.iter().find(|(_, v)| v == var).map(|(k, _)| *k);
             let generic = GENERIC_VARIABLES.contains(seed_var);
             for mask in 0..32u8 {
@@ -547,23 +616,44 @@ mod tests {
                     .as_deref()
                     .filter(|_| mask & 8 != 0)
                     .map(|t| (Path::new("terraform-backend-git.hcl"), t));
-                let layered = layered
-                    .with_seed(&Seed {
-                        env: &env,
-                        hcl,
-                        interface,
-                    })
-                    .expect("valid");
+                let layered = layered.with_seed(&Seed {
+                    env: &env,
+                    hcl,
+                    interface,
+                });
                 let in_use = interface
                     || hcl.is_some()
                     || (mask & 4 != 0 && seed_var.starts_with("TF_BACKEND_GIT_"));
+                let seed_env = mask & 4 != 0 && (in_use || !generic);
+                let seed_file = mask & 8 != 0 && hcl_key.is_some();
+                if mask & 3 == 2 && (seed_env || seed_file) {
+                    let e = layered
+                        .expect_err("the file and the seed disagree")
+                        .to_string();
+                    let named = if seed_env {
+                        (*seed_var).to_owned()
+                    } else {
+                        format!("`{}` in terraform-backend-git.hcl", hcl_key.unwrap_or("?"))
+                    };
+                    assert!(
+                        e.contains(&named) && e.contains(&format!("`{key}` in gitstate.toml")),
+                        "{seed_var} {mask}: {e}"
+                    );
+                    assert_eq!(
+                        e.contains("own-file"),
+                        !spec.secret,
+                        "{seed_var} {mask}: {e}"
+                    );
+                    continue;
+                }
+                let layered = layered.expect("valid");
                 let (want, origin) = if mask & 1 != 0 {
                     ("own-env", Origin::Env)
                 } else if mask & 2 != 0 {
                     ("own-file", Origin::File("gitstate.toml".into()))
-                } else if mask & 4 != 0 && (in_use || !generic) {
+                } else if seed_env {
                     ("seed-env", Origin::SeedEnv(seed_var))
-                } else if mask & 8 != 0 && hcl_key.is_some() {
+                } else if seed_file {
                     (
                         "seed-file",
                         Origin::SeedFile("terraform-backend-git.hcl".into()),
@@ -578,6 +668,42 @@ mod tests {
                 assert_eq!(layered.get(var).as_deref(), Some(want), "{seed_var} {mask}");
                 assert_eq!(layered.origin(var), Some(&origin), "{seed_var} {mask}");
             }
+        }
+    }
+
+    /// A seed variable or HCL key that says what gitstate.toml says (in its own spelling: `:6061`,
+    /// `1` for `true`) is no disagreement: the file's value stands.
+    #[test]
+    fn a_seed_value_that_agrees_with_the_file_is_no_error() {
+        for (seed_var, var) in SEED_VARIABLES {
+            let spec = super::super::SETTINGS
+                .iter()
+                .find(|s| s.var == *var)
+                .expect("a setting");
+            let (own, seed) = match *var {
+                "GITSTATE_LISTEN" => ("0.0.0.0:6061", ":6061"),
+                "GITSTATE_ACCESS_LOG" => ("true", "1"),
+                _ => ("same-value", "same-value"),
+            };
+            let toml = format!("{} = \"{own}\"\n", spec.key());
+            let env = lookup(&[(*seed_var, seed.to_owned())]);
+            let layered = Layered::build(
+                |_| None,
+                |_| None,
+                Some((Path::new("gitstate.toml"), toml.as_str())),
+            )
+            .expect("valid")
+            .with_seed(&Seed {
+                env: &env,
+                hcl: None,
+                interface: true,
+            })
+            .unwrap_or_else(|e| panic!("{seed_var}: {e}"));
+            assert_eq!(layered.get(var).as_deref(), Some(own), "{seed_var}");
+            assert_eq!(
+                layered.origin(var),
+                Some(&Origin::File("gitstate.toml".into()))
+            );
         }
     }
 

@@ -1,7 +1,9 @@
 //! Which state `gitstate run` serves, and that a mistake about it stops the run before Terraform
 //! starts: a `state` named by a gitstate.toml above Terraform's directory (a monorepo's root
-//! file, reached by `cd`, `-chdir`, `env -C` or a script's `--workdir`). Real terraform against
-//! the real `git http-backend`; nothing the refused runs try reaches the repository.
+//! file, reached by `cd`, `-chdir`, `env -C` or a script's `--workdir`), and a
+//! terraform-backend-git variable that disagrees with gitstate.toml (`state`, `ref`,
+//! `repository`). Real terraform against the real `git http-backend`; nothing the refused runs
+//! try reaches the repository.
 
 use std::path::Path;
 use std::process::Stdio;
@@ -170,4 +172,68 @@ async fn a_state_named_by_a_file_is_taken_only_in_that_files_directory() {
     }
     assert!(stored(&git_dir, APP).contains("\"app\""));
     assert_eq!(stored(&git_dir, NETWORK), network);
+}
+
+/// A CI job names its environment's state, branch or repository with terraform-backend-git's
+/// variable; a gitstate.toml beside the code names another for local use. Before, the file won
+/// silently and every job applied to the file's choice. Now each disagreement stops the run
+/// before Terraform starts, naming the variable and the file's key; nothing is written anywhere.
+/// A variable that agrees with the file runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seed_variable_that_disagrees_with_gitstate_toml_stops_the_run() {
+    let server = GitServer::start().await;
+    let url = server.create_repo("team");
+    let other_url = server.create_repo("other");
+    let (git_dir, other_dir) = (server.repo_dir("team"), server.repo_dir("other"));
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("env");
+    let tfrc = tmp.path().join("empty.tfrc");
+    std::fs::write(&tfrc, "").expect("tfrc");
+    write_resource(&dir, "app");
+    std::fs::write(
+        dir.join("gitstate.toml"),
+        format!("repository = \"{url}\"\nref = \"main\"\nstate = \"envs/dev.tfstate\"\n"),
+    )
+    .expect("gitstate.toml");
+    for (var, key, value) in [
+        ("TF_BACKEND_GIT_GIT_STATE", "state", "envs/prod.tfstate"),
+        ("TF_BACKEND_GIT_GIT_REF", "ref", "prod"),
+        (
+            "TF_BACKEND_GIT_GIT_REPOSITORY",
+            "repository",
+            other_url.as_str(),
+        ),
+    ] {
+        let env = [(var, value.to_owned())];
+        for args in [INIT, APPLY] {
+            let all = [&["run", "--", "terraform"][..], args].concat();
+            let (code, out) = gitstate(&dir, &tfrc, &all, &env).await;
+            assert_ne!(code, 0, "{var} {args:?} must be refused: {out}");
+            assert!(
+                out.contains(var)
+                    && out.contains("gitstate.toml")
+                    && out.contains(&format!("`{key}`")),
+                "{var}: the refusal names the variable and the file's key: {out}"
+            );
+        }
+        assert!(!dir.join(".terraform").exists(), "{var}: Terraform ran");
+        assert_eq!(
+            refs(&git_dir),
+            "",
+            "{var}: a write reached the file's repository"
+        );
+        assert_eq!(
+            refs(&other_dir),
+            "",
+            "{var}: a write reached the variable's repository"
+        );
+    }
+    // The variable agrees with the file: one state, the run goes ahead.
+    let env = [("TF_BACKEND_GIT_GIT_STATE", "envs/dev.tfstate".to_owned())];
+    for args in [INIT, APPLY] {
+        let all = [&["run", "--", "terraform"][..], args].concat();
+        let (code, out) = gitstate(&dir, &tfrc, &all, &env).await;
+        assert_eq!(code, 0, "{args:?} with an agreeing variable: {out}");
+    }
+    assert!(stored(&git_dir, "envs/dev.tfstate").contains("\"app\""));
 }
