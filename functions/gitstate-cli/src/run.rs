@@ -122,6 +122,8 @@ pub async fn run(
             crate::startup::Found::Ok(_) => {}
         }
     }
+    // Which store, branch and state this run uses, and why: said before the program starts.
+    eprintln!("{}", chosen.start_line);
     let store = app.backend.store().clone();
     let app = app.router();
     let server = tokio::spawn(async move {

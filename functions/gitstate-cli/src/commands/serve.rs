@@ -105,7 +105,7 @@ pub async fn run(
     new_store: bool,
 ) -> anyhow::Result<()> {
     let (layered, mut settings) = args.settings()?;
-    let chosen = run::Chosen::new(state, &layered, args.named_file())?;
+    let chosen = run::Chosen::new(state, &layered, &settings, args.named_file())?;
     if let Some(warning) = startup::new_store_checked(&settings)? {
         if !new_store {
             anyhow::bail!("gitstate run: {warning}. To start a new store here, pass --new-store");

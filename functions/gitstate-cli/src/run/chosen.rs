@@ -4,12 +4,15 @@
 //! configuration's state, and Terraform would plan to replace that configuration's resources
 //! with its own. So a state from a file that was found, not named with `--config`, is taken
 //! only where Terraform runs in that file's directory; the rest of the file (repository,
-//! branch, …) is project-wide and holds from any directory below it.
+//! branch, …) is project-wide and holds from any directory below it. The run says at start
+//! which state, repository and branch it uses, each with where it came from.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
-use gitstate_app::layers::{Layered, Origin};
+use gitstate_app::Settings;
+use gitstate_app::layers::seed::HCL_KEYS;
+use gitstate_app::layers::{Layered, Origin, SETTINGS, redact_userinfo};
 
 const STATE: &str = "GITSTATE_STATE";
 
@@ -20,6 +23,9 @@ pub struct Chosen {
     /// The file (and its key) the name was read from, when that file was found rather than
     /// named with `--config`.
     found_in: Option<(PathBuf, &'static str)>,
+    /// What the run says at start: the state, the repository and the branch, each with its
+    /// origin.
+    pub start_line: String,
 }
 
 impl Chosen {
@@ -27,12 +33,14 @@ impl Chosen {
     pub fn new(
         flag: Option<&str>,
         layered: &Layered,
+        settings: &Settings,
         named: Option<&Path>,
     ) -> anyhow::Result<Self> {
         if let Some(state) = flag {
             return Ok(Self {
                 state: state.to_owned(),
                 found_in: None,
+                start_line: start_line(state, "--state", layered, settings),
             });
         }
         let state = layered.get(STATE).context(
@@ -48,7 +56,12 @@ impl Chosen {
             }
             _ => None,
         };
-        Ok(Self { state, found_in })
+        let start_line = start_line(&state, &origin(STATE, layered), layered, settings);
+        Ok(Self {
+            state,
+            found_in,
+            start_line,
+        })
     }
 
     /// Refuse a state read from a found file when Terraform runs in `dir`, not in that file's
@@ -77,6 +90,51 @@ impl Chosen {
     }
 }
 
+/// The line a run prints at start: the state, the repository (or the embedded one) and the
+/// branch, each with its origin. A URL's credentials are never shown.
+fn start_line(state: &str, from: &str, layered: &Layered, settings: &Settings) -> String {
+    let repository = match layered.get("GITSTATE_REPOSITORY") {
+        Some(url) => format!(
+            "repository {} ({})",
+            redact_userinfo(&url),
+            origin("GITSTATE_REPOSITORY", layered)
+        ),
+        None => format!(
+            "embedded repository {} ({})",
+            settings.git.local_repository.display(),
+            origin("GITSTATE_LOCAL_REPOSITORY", layered)
+        ),
+    };
+    format!(
+        "gitstate run: state {state} ({from}), {repository}, branch {} ({})",
+        settings.git.branch,
+        origin("GITSTATE_REF", layered)
+    )
+}
+
+/// Where `var`'s value came from, in the words a user would look for: the flag, the variable,
+/// the file and key, or `default`.
+fn origin(var: &str, layered: &Layered) -> String {
+    let Some(spec) = SETTINGS.iter().find(|s| s.var == var) else {
+        return "default".to_owned();
+    };
+    match layered.origin(var) {
+        None => "default".to_owned(),
+        Some(Origin::Flag) => format!("--{}", spec.flag()),
+        Some(Origin::Env) => var.to_owned(),
+        Some(Origin::File(path)) => format!("`{}` in {}", spec.key(), path.display()),
+        Some(Origin::SeedEnv(name)) => (*name).to_owned(),
+        Some(Origin::SeedFile(path)) => {
+            let key = HCL_KEYS
+                .iter()
+                .find(|(_, v)| *v == var)
+                .map_or("?", |(k, _)| k);
+            format!("`{key}` in {}", path.display())
+        }
+        Some(other) => other.to_string(),
+    }
+}
+
 /// `path` with links resolved, or as given made absolute when it cannot be resolved.
 fn absolute(path: &Path) -> PathBuf {
     path.canonicalize()
@@ -86,6 +144,9 @@ fn absolute(path: &Path) -> PathBuf {
 
 #[cfg(test)]
 mod tests {
+    use gitstate_app::Runtime;
+    use gitstate_app::layers::seed::Seed;
+
     use super::*;
 
     fn layered(file: &Path) -> Layered {
@@ -119,7 +180,8 @@ mod tests {
             (&tmp.path().to_path_buf(), false),
             (&beside, false),
         ] {
-            let found = Chosen::new(None, &layered, None).expect("a state");
+            let settings = layered.settings(Runtime::Local).expect("settings");
+            let found = Chosen::new(None, &layered, &settings, None).expect("a state");
             assert_eq!(found.state, "network/prod.tfstate");
             let checked = found.check_dir(dir);
             assert_eq!(checked.is_ok(), ok, "{}: {checked:?}", dir.display());
@@ -132,10 +194,80 @@ mod tests {
                     "{e}"
                 );
             }
-            let named = Chosen::new(None, &layered, Some(&file)).expect("a state");
+            let named = Chosen::new(None, &layered, &settings, Some(&file)).expect("a state");
             assert!(named.check_dir(dir).is_ok(), "--config names it on purpose");
-            let flag = Chosen::new(Some("app.tfstate"), &layered, None).expect("a state");
+            let flag =
+                Chosen::new(Some("app.tfstate"), &layered, &settings, None).expect("a state");
             assert!(flag.check_dir(dir).is_ok());
         }
+    }
+
+    /// The start line names state, repository and branch with their origins, for each source
+    /// a value can come from (flag, GITSTATE_* variable, gitstate.toml, the seed's variable and
+    /// file, the defaults), and never a token.
+    #[test]
+    fn the_start_line_says_each_value_and_where_it_came_from() {
+        let url = "https://git.example/o/states.git";
+        let file = Path::new("/p/gitstate.toml");
+        // Flag, variable, file; a token that must not show.
+        let env = |v: &str| match v {
+            "GITSTATE_REPOSITORY" => Some(url.to_owned()),
+            "GITSTATE_GIT_TOKEN" => Some("tok-secret-1".to_owned()),
+            _ => None,
+        };
+        let layered = Layered::build(
+            |v| (v == "GITSTATE_REF").then(|| "dev".to_owned()),
+            env,
+            Some((file, "state = \"a.tfstate\"\n")),
+        )
+        .expect("valid");
+        let settings = layered.settings(Runtime::Local).expect("settings");
+        let line = Chosen::new(None, &layered, &settings, None)
+            .expect("a state")
+            .start_line;
+        assert_eq!(
+            line,
+            format!(
+                "gitstate run: state a.tfstate (`state` in /p/gitstate.toml), repository {url} \
+                 (GITSTATE_REPOSITORY), branch dev (--ref)"
+            )
+        );
+        // The seed's variable and file, and its default branch.
+        let seed_env = |v: &str| (v == "TF_BACKEND_GIT_GIT_STATE").then(|| "b.tfstate".to_owned());
+        let hcl_text = format!("git.repository = \"{url}\"\n");
+        let layered = Layered::build(|_| None, |_| None, None)
+            .expect("valid")
+            .with_seed(&Seed {
+                env: &seed_env,
+                hcl: Some((Path::new("terraform-backend-git.hcl"), &hcl_text)),
+                interface: false,
+            })
+            .expect("valid");
+        let settings = layered.settings(Runtime::Local).expect("settings");
+        let line = Chosen::new(None, &layered, &settings, None)
+            .expect("a state")
+            .start_line;
+        assert_eq!(
+            line,
+            format!(
+                "gitstate run: state b.tfstate (TF_BACKEND_GIT_GIT_STATE), repository {url} \
+                 (`git.repository` in terraform-backend-git.hcl), branch master \
+                 (terraform-backend-git's default)"
+            )
+        );
+        // --state, the embedded repository and the branch by default.
+        let layered = Layered::build(|_| None, |_| None, None).expect("valid");
+        let settings = layered.settings(Runtime::Local).expect("settings");
+        let line = Chosen::new(Some("c.tfstate"), &layered, &settings, None)
+            .expect("a state")
+            .start_line;
+        assert_eq!(
+            line,
+            format!(
+                "gitstate run: state c.tfstate (--state), embedded repository {} (default), \
+                 branch main (default)",
+                settings.git.local_repository.display()
+            )
+        );
     }
 }

@@ -108,6 +108,15 @@ async fn a_state_named_by_a_file_is_taken_only_in_that_files_directory() {
         let all = [&["run", "--", "terraform"][..], args].concat();
         let (code, out) = gitstate(&root, &tfrc, &all, &[]).await;
         assert_eq!(code, 0, "{args:?} from the file's own directory: {out}");
+        // The run says which state, repository and branch it uses, and from where.
+        assert!(
+            out.contains(&format!(
+                "gitstate run: state {NETWORK} (`state` in gitstate.toml), repository {url} \
+                 (`repository` in gitstate.toml), branch main (default)\n"
+            )),
+            "{out}"
+        );
+        assert!(!out.contains(GIT_TOKEN), "{out}");
     }
     let network = stored(&git_dir, NETWORK);
     assert!(network.contains("\"network\""), "{network}");
@@ -169,6 +178,15 @@ async fn a_state_named_by_a_file_is_taken_only_in_that_files_directory() {
         let all = [&["run", "--state", APP, "--", "terraform"][..], args].concat();
         let (code, out) = gitstate(&app, &tfrc, &all, &[]).await;
         assert_eq!(code, 0, "{args:?} with --state: {out}");
+        let file = root.join("gitstate.toml");
+        assert!(
+            out.contains(&format!(
+                "gitstate run: state {APP} (--state), repository {url} (`repository` in {}), \
+                 branch main (default)\n",
+                file.display()
+            )),
+            "{out}"
+        );
     }
     assert!(stored(&git_dir, APP).contains("\"app\""));
     assert_eq!(stored(&git_dir, NETWORK), network);
