@@ -8,7 +8,7 @@
 use gitstate_tests::handmade::Bare;
 use gitstate_tests::{GitServer, PushMode, TestBackend, state_json};
 
-use crate::races::{built, by_hand};
+use crate::races::{Built, built, by_hand};
 
 /// What a person does on the branch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,6 +66,46 @@ impl Edit {
     }
 }
 
+/// The state every case edits.
+const X: &str = "team/edit.tfstate";
+
+/// A repository whose state [`X`] has its own ref, folded into the branch; when `lags`, one more
+/// write on the ref that the branch does not have yet.
+struct Site {
+    _server: GitServer,
+    url: String,
+    a: Built,
+    bare: Bare,
+    state_ref: String,
+    /// The state as its ref holds it.
+    on_ref: String,
+}
+
+async fn site(env: &[(&str, &str)], lags: bool, case: &str) -> Site {
+    let server = GitServer::start_in(PushMode::Atomic).await;
+    let url = server.create_repo("edit");
+    let a = built(&url, env).await;
+    a.client.apply(X, "h1", &state_json("l", 1)).await;
+    a.client.apply(X, "h2", &state_json("l", 2)).await;
+    let report = a.store.fold(&a.at).await.expect("fold");
+    assert!(report.refused.is_empty(), "{case}: {report:?}");
+    let mut on_ref = state_json("l", 2);
+    if lags {
+        on_ref = state_json("l", 3);
+        a.client.apply(X, "h3", &on_ref).await;
+    }
+    let bare = Bare::new(&server.repo_dir("edit"), "main");
+    let state_ref = bare.state_ref(X);
+    Site {
+        _server: server,
+        url,
+        a,
+        bare,
+        state_ref,
+        on_ref,
+    }
+}
+
 /// Every edit, on a state whose ref is folded into the branch and on one whose ref is ahead of
 /// the branch by an unfolded write (the branch lags). The state's GET, through the process that
 /// wrote it and through a cold one, answers 409 for an edit that would be hidden and the ref's
@@ -81,21 +121,15 @@ async fn a_state_file_changed_outside_gitstate_is_never_hidden_behind_its_ref() 
     for lags in [false, true] {
         for edit in Edit::ALL {
             let case = format!("{edit:?}, the branch lagging the ref: {lags}");
-            let server = GitServer::start_in(PushMode::Atomic).await;
-            let url = server.create_repo("edit");
-            let a = built(&url, &env).await;
-            let x = "team/edit.tfstate";
-            a.client.apply(x, "h1", &state_json("l", 1)).await;
-            a.client.apply(x, "h2", &state_json("l", 2)).await;
-            let report = a.store.fold(&a.at).await.expect("fold");
-            assert!(report.refused.is_empty(), "{case}: {report:?}");
-            let mut on_ref = state_json("l", 2);
-            if lags {
-                on_ref = state_json("l", 3);
-                a.client.apply(x, "h3", &on_ref).await;
-            }
-            let bare = Bare::new(&server.repo_dir("edit"), "main");
-            let state_ref = bare.state_ref(x);
+            let Site {
+                _server,
+                url,
+                a,
+                bare,
+                state_ref,
+                on_ref,
+            } = site(&env, lags, &case).await;
+            let x = X;
             assert!(
                 bare.tip(&state_ref).is_some(),
                 "{case}: the state has its ref"
@@ -170,21 +204,15 @@ async fn writes_to_a_state_file_changed_outside_gitstate_are_refused_and_push_no
     for lags in [false, true] {
         for edit in Edit::ALL {
             let case = format!("{edit:?}, the branch lagging the ref: {lags}");
-            let server = GitServer::start_in(PushMode::Atomic).await;
-            let url = server.create_repo("edit");
-            let a = built(&url, &env).await;
-            let x = "team/edit.tfstate";
-            a.client.apply(x, "h1", &state_json("l", 1)).await;
-            a.client.apply(x, "h2", &state_json("l", 2)).await;
-            let report = a.store.fold(&a.at).await.expect("fold");
-            assert!(report.refused.is_empty(), "{case}: {report:?}");
-            let mut on_ref = state_json("l", 2);
-            if lags {
-                on_ref = state_json("l", 3);
-                a.client.apply(x, "h3", &on_ref).await;
-            }
-            let bare = Bare::new(&server.repo_dir("edit"), "main");
-            let state_ref = bare.state_ref(x);
+            let Site {
+                _server,
+                url,
+                a,
+                bare,
+                state_ref,
+                on_ref,
+            } = site(&env, lags, &case).await;
+            let x = X;
             edit.apply(&bare, x, &on_ref);
             let homes = || (bare.tip("refs/heads/main"), bare.tip(&state_ref));
             let before = homes();
