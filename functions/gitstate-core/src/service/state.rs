@@ -361,8 +361,10 @@ struct SopsMetadata {
 /// terraform-backend-git's): a backend without keys must never serve it as the state, nor write
 /// over it as if it were none (it has no serial to compare).
 pub(super) fn sealed_by_sops(stored: &[u8]) -> bool {
-    serde_json::from_slice::<SopsProbe>(stored)
-        .is_ok_and(|probe| probe.sops.is_some_and(|sops| sops.mac.is_some()))
+    // A plain state rarely holds the word at all: no parse for it then.
+    stored.windows(6).any(|w| w == b"\"sops\"")
+        && serde_json::from_slice::<SopsProbe>(stored)
+            .is_ok_and(|probe| probe.sops.is_some_and(|sops| sops.mac.is_some()))
 }
 
 /// What a write is for: the subject of its commit, and the rules it is held to.
