@@ -534,3 +534,85 @@ async fn a_write_the_remote_declines_does_not_fail_the_others() {
     assert_eq!(slow.commits(), 6, "the six good writes landed");
     slow.linear_and_sound();
 }
+
+/// Creates of near names of one another (other letter case, other `.tfstate`/`.json` endings)
+/// waiting together in one process: at most one becomes a state, the others are the near-name
+/// 409, as when they come one after another. Checked against one tip, each alone would pass the
+/// tree rule, so a round that took two of them would leave both on the branch, and from then on
+/// each address reads its own state (the rule only refuses a name that is no state).
+async fn near_names_waiting_together(mode: PushMode) {
+    init_tracing();
+    let slow = Slow::start(mode, "near").await;
+    let client = Client::new(&slow.backend.url);
+    let names = [
+        "net/app",
+        "net/app.tfstate",
+        "net/App.tfstate",
+        "net/app.json",
+        "NET/app.tfstate",
+        "net/APP",
+        "net/app.tfstate.json",
+    ];
+    for (i, name) in names.iter().enumerate() {
+        client.lock(name, &format!("id-{i}")).await.expect(200);
+    }
+    let requests: Vec<_> = names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            (
+                "POST".to_owned(),
+                format!("/states/{name}?ID=id-{i}"),
+                Some(state_json(&format!("lineage-{i}"), 1)),
+            )
+        })
+        .collect();
+    // Another state's write leads a round alone; the near names wait for the next one together.
+    client.lock("lead.tfstate", "lead").await.expect(200);
+    let lead = {
+        let client = Client::new(&slow.backend.url);
+        tokio::spawn(async move {
+            client
+                .write_locked("lead.tfstate", "lead", &state_json("lead", 1))
+                .await
+                .status
+        })
+    };
+    tokio::time::sleep(DELAY / 3).await;
+    let answers: Vec<u16> = at_once(&slow.backend.url, &requests)
+        .await
+        .into_iter()
+        .map(|(status, _)| status)
+        .collect();
+    assert_eq!(lead.await.expect("lead write"), 200);
+    let bare = slow.bare();
+    let files = git(
+        &["--git-dir", &bare, "ls-tree", "-r", "--name-only", "main"],
+        None,
+    );
+    let states: Vec<&str> = files
+        .lines()
+        .filter(|f| !f.starts_with(".gitstate/") && *f != "lead.tfstate")
+        .collect();
+    assert_eq!(states.len(), 1, "one state of near names: {states:?}");
+    assert_eq!(
+        answers.iter().filter(|s| **s == 200).count(),
+        1,
+        "{answers:?}"
+    );
+    assert!(
+        answers.iter().all(|s| *s == 200 || *s == 409),
+        "{answers:?}"
+    );
+    slow.linear_and_sound();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn near_names_waiting_together_leave_one_state() {
+    near_names_waiting_together(PushMode::Atomic).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn near_names_waiting_together_leave_one_state_without_atomic() {
+    near_names_waiting_together(PushMode::NoAtomic).await;
+}

@@ -9,6 +9,7 @@ use tokio::sync::oneshot;
 
 use gitstate_core::StateName;
 use gitstate_core::ports::{Change, WritePlan, Written};
+use gitstate_core::refs::near_name;
 
 use crate::store::WriteError;
 use crate::sync::lock;
@@ -228,22 +229,25 @@ impl Batcher {
     }
 }
 
-/// The same file, or one inside the other's folder.
+/// The same file, one inside the other's folder, or near names of each other (see
+/// [`near_name`]): the tree rule refuses the second of such writes, so checked against one tip
+/// together both would pass it.
 fn overlaps(a: &str, b: &str) -> bool {
     let inside = |long: &str, short: &str| {
         long.strip_prefix(short)
             .is_some_and(|rest| rest.starts_with('/'))
     };
-    a == b || inside(a, b) || inside(b, a)
+    a == b || inside(a, b) || inside(b, a) || near_name(a, b)
 }
 
 #[cfg(test)]
 mod tests {
     use super::overlaps;
+    use gitstate_core::refs::near_name;
 
     /// Generated pairs of paths over segments that are string prefixes of one another (`a`,
-    /// `ab`, `a.b`): two overlap exactly when one's segments begin the other's, never because one
-    /// string merely begins the other.
+    /// `ab`, `a.b`): two overlap exactly when one's segments begin the other's or they are near
+    /// names (`a` and `a.tfstate`), never because one string merely begins the other.
     #[test]
     fn overlap_is_a_prefix_of_segments_never_of_strings() {
         use rand::{Rng, SeedableRng};
@@ -258,7 +262,7 @@ mod tests {
         for _ in 0..5_000 {
             let (a, b) = (path(&mut rng), path(&mut rng));
             let (sa, sb) = (a.join("/"), b.join("/"));
-            let expected = a.starts_with(&b) || b.starts_with(&a);
+            let expected = a.starts_with(&b) || b.starts_with(&a) || near_name(&sa, &sb);
             assert_eq!(overlaps(&sa, &sb), expected, "{sa} and {sb}");
             seen_overlap += usize::from(expected);
             seen_string_prefix +=
@@ -271,12 +275,15 @@ mod tests {
     }
 
     #[test]
-    fn overlapping_paths_are_the_same_file_or_one_inside_the_other() {
+    fn overlapping_paths_are_the_same_file_one_inside_the_other_or_near_names() {
         assert!(overlaps("a", "a"));
         assert!(overlaps("net/a", "net"));
         assert!(overlaps("net", "net/a/b"));
         assert!(!overlaps("net", "network/a"));
         assert!(!overlaps("net/a", "net/b"));
-        assert!(!overlaps("a.tfstate", "a"));
+        assert!(overlaps("net/a.tfstate", "net/a"));
+        assert!(overlaps("Net/A.json", "net/a.tfstate"));
+        assert!(!overlaps("a.tfstate", "ab"));
+        assert!(!overlaps("net/a.tfstate", "network/a"));
     }
 }
