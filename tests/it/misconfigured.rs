@@ -1420,3 +1420,42 @@ async fn console_pages_of_missing_states_fail_terraform() {
     }
     eprintln!("console pages of missing states: 4 generated names, {runs} terraform/tofu runs");
 }
+
+/// terraform-backend-git's states are files at whatever path its `state=` names, most often
+/// `<name>.json` (its documentation's examples) or no ending at all, not `.tfstate`. A
+/// repository whose states the seed left on `master` under such names, served with a typo in
+/// `GITSTATE_REF` and `GITSTATE_CREATE_REF=true`, must refuse every read as it does beside
+/// `.tfstate` files (400 naming `master`), never answer "no state": Terraform would plan every
+/// resource again, and the first apply would start the mistyped branch beside the states.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "branches_with_states sees only .tfstate files and the index; see attack8 report"]
+async fn the_setting_never_starts_a_branch_beside_the_seeds_json_states() {
+    init_tracing();
+    let server = GitServer::start().await;
+    for (i, path) in ["team/app.json", "prod", "net/vpc.tfstate.json"]
+        .iter()
+        .enumerate()
+    {
+        let repo = format!("seed-json-{i}");
+        let url = server.create_repo(&repo);
+        let dir = server.repo_dir(&repo);
+        let bare = gitstate_tests::handmade::Bare::new(&dir, "master");
+        let mut write = crate::races::by_hand(path);
+        write.message = "Update state\n".into();
+        let state = gitstate_tests::state_json("seed", 4);
+        bare.branch_write(path, Some(state.as_bytes()), &write);
+        gitstate_tests::git(&["symbolic-ref", "HEAD", "refs/heads/master"], Some(&dir));
+        let backend = TestBackend::start(
+            &url,
+            &[("GITSTATE_REF", "mian"), ("GITSTATE_CREATE_REF", "true")],
+        )
+        .await;
+        let answer = Client::new(&backend.url).get_state(path).await;
+        assert_eq!(
+            answer.status, 400,
+            "{path} on master, GITSTATE_REF=mian: {}",
+            answer.body
+        );
+        assert!(answer.body.contains("master"), "{}", answer.body);
+    }
+}
