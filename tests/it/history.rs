@@ -1,6 +1,6 @@
 //! History, versions, restore and lock listing over the real git server.
 
-use gitstate_tests::{Client, GitServer, TestBackend, git, state_json};
+use gitstate_tests::{Client, GitServer, TestBackend, commit_file, git, state_json};
 
 fn json(text: &str) -> serde_json::Value {
     serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
@@ -755,4 +755,43 @@ impl SharedSerials {
     fn holders(&self, serial: u64) -> usize {
         self.written.iter().filter(|(s, _)| *s == serial).count()
     }
+}
+
+/// A team with two states that are near names of each other (`team/app.tfstate`, gitstate's,
+/// and `team/app.json`, which terraform-backend-git still writes) deletes one by mistake: its
+/// history still lists every revision, and restoring one brings the state back. The near-name
+/// rule is for a name that was never a state (a slip in an address); a restore names the
+/// state's own revision, so it is no slip, and refusing it would leave the deleted state
+/// unrecoverable through gitstate while its near name exists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a restore of a deleted state beside a near name is the near-name 409 (store write and restore check refuse NearName)"]
+async fn a_deleted_state_beside_a_near_name_is_restored() {
+    let server = GitServer::start().await;
+    let url = server.create_repo("near-restore");
+    let backend = TestBackend::start(&url, &[]).await;
+    let c = Client::new(&backend.url);
+    let name = "team/app.tfstate";
+    for serial in 1..=2 {
+        c.apply(name, "L", &state_json("ours", serial)).await;
+    }
+    commit_file(
+        &server,
+        "near-restore",
+        "team/app.json",
+        state_json("seed", 7).as_bytes(),
+    );
+    c.get_state(name).await.expect(200);
+    c.get_state("team/app.json").await.expect(200);
+    c.delete_state(name, None).await.expect(200);
+    let listed = c.history(name, "").await.expect(200).history();
+    assert!(listed.versions.len() >= 2, "{:?}", listed.versions);
+    let restored = c.restore(name, "2").await.expect(200);
+    assert!(restored.body.contains("\"serial\""), "{}", restored.body);
+    let read = c.get_state(name).await.expect(200);
+    assert!(read.body.contains("\"ours\""), "{}", read.body);
+    assert_eq!(
+        c.get_state("team/app.json").await.expect(200).body,
+        state_json("seed", 7),
+        "the near name is untouched"
+    );
 }
