@@ -1174,3 +1174,35 @@ async fn a_backend_without_keys_never_serves_or_overwrites_a_sealed_state() {
     // The same states read through a backend that holds the key.
     assert_eq!(sealer.get_state(own).await.status, 200);
 }
+
+/// terraform-backend-git's `aes` passphrase mode is a sealed state too: a backend configured
+/// with no keys and no `GITSTATE_PASSPHRASE` (a wrapper run without the migration's settings)
+/// must not answer its ciphertext as the state, nor write a state over it (the ciphertext has no
+/// serial to be stale against), as it refuses a sops file. The reason names the passphrase.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_without_keys_never_serves_or_overwrites_a_passphrase_sealed_state() {
+    let server = GitServer::start().await;
+    let url = server.create_repo("aes");
+    let name = "seed/aes.tfstate";
+    let sealed = gitstate_sops::seal_passphrase(
+        "the seed's passphrase",
+        [7; 12],
+        generated_state(4, true).as_bytes(),
+    )
+    .expect("sealed");
+    commit_file(&server, "aes", name, &sealed);
+    let plain = TestBackend::start(&url, &[]).await;
+    let client = Client::new(&plain.url);
+    let got = client.get_state(name).await;
+    assert_eq!(got.status, 500, "{}", got.body);
+    assert!(got.body.contains("GITSTATE_PASSPHRASE"), "{}", got.body);
+    let written = client.write(name, &generated_state(9, false)).await;
+    assert_eq!(written.status, 500, "{}", written.body);
+    assert!(
+        stored_file(&server, "aes", name) == sealed,
+        "the sealed file changed"
+    );
+    // With the passphrase, the same backend setup reads it.
+    let with = TestBackend::start(&url, &[("GITSTATE_PASSPHRASE", "the seed's passphrase")]).await;
+    assert_eq!(Client::new(&with.url).get_state(name).await.status, 200);
+}

@@ -161,9 +161,10 @@ pub enum ServiceError {
     Unprotected { format: &'static str },
     #[error("no KMS key is configured (GITSTATE_KMS_KEY_IDS)")]
     NoKeys,
-    /// A stored state sealed with sops, read by a backend configured with no keys at all.
+    /// A stored state sealed with sops or terraform-backend-git's aes mode, read by a backend
+    /// configured with no keys at all.
     #[error(
-        "the state is encrypted (sops) and this backend has no keys configured: set the keys of the deployment that wrote it (GITSTATE_KMS_KEY_IDS, GITSTATE_AGE_RECIPIENTS with GITSTATE_AGE_IDENTITY, or GITSTATE_PGP_FINGERPRINTS)"
+        "the state is encrypted (sops, or terraform-backend-git's aes mode) and this backend has no keys configured: set the keys of the deployment that wrote it (GITSTATE_KMS_KEY_IDS, GITSTATE_AGE_RECIPIENTS with GITSTATE_AGE_IDENTITY, or GITSTATE_PGP_FINGERPRINTS), or GITSTATE_PASSPHRASE for the aes mode"
     )]
     SealedWithoutKeys,
     #[error(
@@ -546,7 +547,7 @@ impl Backend {
     ) -> Result<Bytes, ServiceError> {
         match &self.encryption {
             Some(encryption) => Ok(encryption.sealer.open(stored, at, name).await?.plaintext),
-            None if state::sealed_by_sops(&stored) => Err(ServiceError::SealedWithoutKeys),
+            None if state::is_sealed(&stored) => Err(ServiceError::SealedWithoutKeys),
             None => Ok(stored),
         }
     }
@@ -559,7 +560,7 @@ impl Backend {
         stored: Bytes,
     ) -> Result<Opened, ServiceError> {
         let Some(encryption) = &self.encryption else {
-            if state::sealed_by_sops(&stored) {
+            if state::is_sealed(&stored) {
                 return Err(ServiceError::SealedWithoutKeys);
             }
             return Ok(Opened {
