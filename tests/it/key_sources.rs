@@ -1206,3 +1206,62 @@ async fn a_backend_without_keys_never_serves_or_overwrites_a_passphrase_sealed_s
     let with = TestBackend::start(&url, &[("GITSTATE_PASSPHRASE", "the seed's passphrase")]).await;
     assert_eq!(Client::new(&with.url).get_state(name).await.status, 200);
 }
+
+/// A key rotation rewrites every state as it is, serial and all: one more revision holding the
+/// serial the state already had. Reading or restoring that serial by number (`?at=<serial>`,
+/// `gitstate show|restore name@<serial>`, the form the docs give) must still name the state:
+/// both revisions hold the same state, so there is nothing to choose between them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_serial_survives_a_rekey() {
+    let s = setup().await;
+    let old = age_key(s.keys.path(), "old.txt");
+    let new = age_key(s.keys.path(), "new.txt");
+    let old_file = old.file.display().to_string();
+    let first = s
+        .backend(&[
+            ("GITSTATE_AGE_RECIPIENTS", old.recipient.as_str()),
+            ("GITSTATE_AGE_IDENTITY_FILE", old_file.as_str()),
+        ])
+        .await;
+    let state = generated_state(32, true);
+    let serial = gitstate_tests::serial_of(&state);
+    let name = "rot/b.tfstate";
+    Client::new(&first.url)
+        .write(name, &state)
+        .await
+        .expect(200);
+    let both = key_file(s.keys.path(), "both.txt", &[&old, &new]);
+    let both = both.display().to_string();
+    let rotated_vars = [
+        ("GITSTATE_AGE_RECIPIENTS", new.recipient.as_str()),
+        ("GITSTATE_AGE_PREVIOUS_RECIPIENTS", old.recipient.as_str()),
+        ("GITSTATE_AGE_IDENTITY_FILE", both.as_str()),
+    ];
+    let rotated = s.backend(&rotated_vars).await;
+    let cache = tempfile::tempdir().expect("tempdir");
+    let settings = settings_for(&s.url, cache.path(), &rotated_vars);
+    let backend = gitstate_app::build_with(settings, Some(s.moto.kms().await))
+        .await
+        .expect("backend")
+        .backend;
+    let at = backend.locate(None, None).expect("primary");
+    let parsed = StateName::parse(name).expect("name");
+    let caller = Caller::operator("rekey-test");
+    backend
+        .rekey(&caller, &at, &parsed, &ReadContext::no_request())
+        .await
+        .expect("rekey");
+    let client = Client::new(&rotated.url);
+    let versions = client
+        .history(name, "")
+        .await
+        .expect(200)
+        .history()
+        .versions;
+    assert_eq!(versions.len(), 2, "the write and the rekey");
+    let read = client.history(name, &format!("at={serial}")).await;
+    assert_eq!(read.status, 200, "{}", read.body);
+    assert!(read.body == state);
+    let restored = client.restore(name, &serial.to_string()).await;
+    assert_eq!(restored.status, 200, "{}", restored.body);
+}

@@ -2,6 +2,7 @@
 
 use bytes::Bytes;
 
+use super::rekey::REKEY_OPERATION;
 use super::{Backend, ServiceError, Version};
 use crate::StateName;
 use crate::access::{Caller, Role};
@@ -171,7 +172,9 @@ impl Backend {
 
     /// Every revision holding `serial` that is not a removal, newest first. The whole history
     /// (as deep as the store reads it) is walked: a serial is no order once a state was pushed
-    /// back to an older one or given a new lineage, so a holder may lie anywhere.
+    /// back to an older one or given a new lineage, so a holder may lie anywhere. A rekey
+    /// rewrites the state it finds, serial and all, under the rekey's lock: the revision just
+    /// below it holds the same state, so only the rekey (sealed under the current keys) counts.
     async fn by_serial(
         &self,
         at: &Location,
@@ -180,14 +183,17 @@ impl Backend {
     ) -> Result<Vec<String>, ServiceError> {
         let operator = Caller::operator("history");
         let mut holders = Vec::new();
+        // Whether the revision just newer than the one looked at is a rekey holding `serial`.
+        let mut below_rekey = false;
         for page in 0.. {
             let (versions, more) = self.history(&operator, at, name, page, MAX_PAGE).await?;
-            holders.extend(
-                versions
-                    .into_iter()
-                    .filter(|v| v.serial == Some(serial) && !v.deleted)
-                    .map(|v| v.version),
-            );
+            for v in versions {
+                let holds = v.serial == Some(serial) && !v.deleted;
+                if holds && !below_rekey {
+                    holders.push(v.version);
+                }
+                below_rekey = holds && v.operation == REKEY_OPERATION;
+            }
             if !more {
                 break;
             }

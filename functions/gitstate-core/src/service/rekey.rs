@@ -7,6 +7,9 @@ use crate::access::{Caller, Role};
 use crate::ports::{Location, Protection};
 use crate::{ReadContext, StateName};
 
+/// The operation a rekey's commit records (its lock's): the state it found, sealed again.
+pub(super) const REKEY_OPERATION: &str = "OperationTypeRekey";
+
 /// What `rekey` did to one state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Rekeyed {
@@ -42,7 +45,7 @@ impl Backend {
             .unwrap_or_default();
         let lock = OwnLock {
             id: format!("rekey-{nanos:x}-{}", std::process::id()),
-            operation: "OperationTypeRekey",
+            operation: REKEY_OPERATION,
             info: "gitstate rekey".into(),
             who: format!("{}@gitstate", caller.user),
         };
