@@ -273,3 +273,42 @@ async fn writes_to_a_state_file_changed_outside_gitstate_are_refused_and_push_no
         }
     }
 }
+
+/// A person rewinds the branch (`git push --force` of an older or a new history: undoing a bad
+/// merge, recreating the branch) to a tree without the state's file, while the state's ref holds
+/// a write the branch never had. The removal goes with the state index's entry, which is how
+/// gitstate's own delete looks too, but the ref's writes were never carried: a read must not
+/// answer "no state" (Terraform would plan every resource again) any more than after `git rm`.
+/// The fold already refuses the state: the ref's writes were made on a branch file that is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "removed_outside trusts the index at the tip; a rewound branch has no entry: 404"]
+async fn a_branch_rewound_past_a_lagging_state_is_never_no_state() {
+    let env = [
+        ("GITSTATE_STATE_REFS", "always"),
+        ("GITSTATE_FOLD_AFTER_WRITES", "false"),
+    ];
+    let Site {
+        _server,
+        url,
+        a,
+        bare,
+        state_ref,
+        ..
+    } = site(&env, true, "rewound").await;
+    assert!(bare.tip(&state_ref).is_some(), "the state has its ref");
+    let empty = bare.git(&["hash-object", "-t", "tree", "-w", "--stdin"], &[], b"");
+    let commit = bare.git(
+        &["commit-tree", empty.trim(), "-m", "start the branch over"],
+        &[],
+        b"",
+    );
+    bare.git(&["update-ref", "refs/heads/main", commit.trim()], &[], b"");
+    let report = a.store.fold(&a.at).await.expect("fold");
+    assert_eq!(report.refused, vec![X.to_owned()], "the fold refuses it");
+    let cold = TestBackend::start(&url, &env).await;
+    let cold = gitstate_tests::Client::new(&cold.url);
+    for (who, client) in [("the writer", &a.client), ("a cold process", &cold)] {
+        let read = client.get_state(X).await;
+        assert_eq!(read.status, 409, "through {who}: {}", read.body);
+    }
+}
