@@ -140,7 +140,8 @@ fn assemble(
     let backend = Backend::new(store, repositories, settings.git.committer.clone())
         .with_refs(settings.ref_policy()?)
         .with_unlocked_writes(settings.git.allow_unlocked_writes)
-        .with_branch_creation(settings.git.create_ref);
+        .with_branch_creation(settings.git.create_ref)
+        .with_sealed_files(gitstate_sops::looks_sealed);
     let backend = match kms {
         Some(kms) => backend.with_encryption(gitstate_kms::encryption_with(
             kms,

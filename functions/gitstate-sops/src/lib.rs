@@ -30,7 +30,14 @@ pub use document::{
     BINDING, Document, Entry, KeyGroup, KmsEntry, Plain, SOPS_VERSION, Seal, looks_like_sops,
 };
 pub use envelope::{Envelope, Format, Opened, Protection};
-pub use passphrase::{open_passphrase, seal_passphrase};
+pub use passphrase::{looks_passphrase_sealed, open_passphrase, seal_passphrase};
+
+/// Whether a stored file is sealed in a form this crate opens (sops, or terraform-backend-git's
+/// `aes` mode), told from its shape alone: what a backend without keys must neither serve as a
+/// state nor write over.
+pub fn looks_sealed(stored: &[u8]) -> bool {
+    looks_like_sops(stored) || looks_passphrase_sealed(stored)
+}
 pub use sources::{AgeKeys, KeySource, KmsKeys, Offline, PgpKeys, SourceError, WrappedSecret};
 
 /// A 256-bit data key, wiped from memory when dropped.

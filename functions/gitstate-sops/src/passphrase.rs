@@ -19,6 +19,12 @@ fn cipher(passphrase: &str) -> Result<Aes256Gcm, Error> {
     Aes256Gcm::new_from_slice(hex.as_bytes()).map_err(|_| Error::Crypto)
 }
 
+/// Whether `stored` has the `aes` mode's shape: nonce, ciphertext and tag, random bytes that are
+/// never UTF-8 text (a state, plaintext or sops, always is).
+pub fn looks_passphrase_sealed(stored: &[u8]) -> bool {
+    stored.len() >= MIN_LEN && std::str::from_utf8(stored).is_err()
+}
+
 pub fn open_passphrase(passphrase: &str, stored: &[u8]) -> Result<Vec<u8>, Error> {
     if stored.len() < MIN_LEN {
         return Err(Error::Unrecognised(" (too short for the aes mode)"));
@@ -48,6 +54,22 @@ pub fn seal_passphrase(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    /// Every file the `aes` mode writes has its shape, whatever the nonce and plaintext; no
+    /// text (a plain state, or a sops file) has it.
+    #[test]
+    fn sealed_files_are_told_from_text_by_their_shape() {
+        let mut rng = StdRng::seed_from_u64(7);
+        for _ in 0..500 {
+            let len = rng.random_range(0..2000);
+            let text: String = (0..len).map(|_| rng.random_range(' '..='~')).collect();
+            assert!(!looks_passphrase_sealed(text.as_bytes()), "{text}");
+            let sealed = seal_passphrase("p", rng.random(), text.as_bytes()).expect("seals");
+            assert!(looks_passphrase_sealed(&sealed));
+        }
+    }
 
     #[test]
     fn round_trip_and_wrong_passphrase() {

@@ -202,6 +202,7 @@ impl Backend {
         let subject = format!("{} {name}{}", verb.as_str(), serial.unwrap_or_default());
         let restored_from = verb.restored_from();
         let sent = sent.clone();
+        let looks_sealed = self.looks_sealed;
         let (sealer, enforced) = match &self.encryption {
             Some(e) => (Some(e.sealer.clone()), e.enforced && verb == Verb::Write),
             None => (None, false),
@@ -221,7 +222,7 @@ impl Backend {
                         });
                     }
                     // No keys here: opening it says so (it has no serial to compare).
-                    None if is_sealed(stored) => {
+                    None if looks_sealed(stored) => {
                         return Err(Refusal::Sealed(Bytes::copy_from_slice(stored)));
                     }
                     _ => Version::of(stored),
@@ -344,39 +345,6 @@ pub(crate) fn check_stored(state: &[u8]) -> Result<(), ServiceError> {
         return Err(ServiceError::NotAState("the file is not a JSON object"));
     }
     Ok(())
-}
-
-/// The top level of a sops file: a `sops` object carrying its `mac`.
-#[derive(serde::Deserialize)]
-struct SopsProbe {
-    sops: Option<SopsMetadata>,
-}
-
-#[derive(serde::Deserialize)]
-struct SopsMetadata {
-    mac: Option<serde::de::IgnoredAny>,
-}
-
-/// Whether a stored file is sealed: with sops (gitstate's own states under keys, or
-/// terraform-backend-git's), or by terraform-backend-git's `aes` passphrase mode. A backend
-/// without keys must never serve it as the state, nor write over it as if it were none (it has
-/// no serial to compare).
-pub(super) fn is_sealed(stored: &[u8]) -> bool {
-    sealed_by_sops(stored) || sealed_by_passphrase(stored)
-}
-
-fn sealed_by_sops(stored: &[u8]) -> bool {
-    // A plain state rarely holds the word at all: no parse for it then.
-    stored.windows(6).any(|w| w == b"\"sops\"")
-        && serde_json::from_slice::<SopsProbe>(stored)
-            .is_ok_and(|probe| probe.sops.is_some_and(|sops| sops.mac.is_some()))
-}
-
-/// The `aes` mode's shape: a nonce, ciphertext and tag, random bytes that are never UTF-8 text
-/// (a state, plaintext or sops, always is).
-fn sealed_by_passphrase(stored: &[u8]) -> bool {
-    const NONCE_AND_TAG: usize = 12 + 16;
-    stored.len() >= NONCE_AND_TAG && std::str::from_utf8(stored).is_err()
 }
 
 /// What a write is for: the subject of its commit, and the rules it is held to.
