@@ -1426,9 +1426,10 @@ async fn console_pages_of_missing_states_fail_terraform() {
 /// repository whose states the seed left on `master` under such names, served with a typo in
 /// `GITSTATE_REF` and `GITSTATE_CREATE_REF=true`, must refuse every read as it does beside
 /// `.tfstate` files (400 naming `master`), never answer "no state": Terraform would plan every
-/// resource again, and the first apply would start the mistyped branch beside the states.
+/// resource again, and the first apply would start the mistyped branch beside the states. A
+/// new state the same deployment starts the branch with changes nothing: the seed's states
+/// are still refused, in that process and in a fresh one (a Lambda container).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "branches_with_states sees only .tfstate files and the index; see attack8 report"]
 async fn the_setting_never_starts_a_branch_beside_the_seeds_json_states() {
     init_tracing();
     let server = GitServer::start().await;
@@ -1445,17 +1446,32 @@ async fn the_setting_never_starts_a_branch_beside_the_seeds_json_states() {
         let state = gitstate_tests::state_json("seed", 4);
         bare.branch_write(path, Some(state.as_bytes()), &write);
         gitstate_tests::git(&["symbolic-ref", "HEAD", "refs/heads/master"], Some(&dir));
-        let backend = TestBackend::start(
-            &url,
-            &[("GITSTATE_REF", "mian"), ("GITSTATE_CREATE_REF", "true")],
-        )
-        .await;
-        let answer = Client::new(&backend.url).get_state(path).await;
-        assert_eq!(
-            answer.status, 400,
-            "{path} on master, GITSTATE_REF=mian: {}",
-            answer.body
+        let env = [("GITSTATE_REF", "mian"), ("GITSTATE_CREATE_REF", "true")];
+        let backend = TestBackend::start(&url, &env).await;
+        let client = Client::new(&backend.url);
+        let refused = |answer: gitstate_tests::Answer, when: &str| {
+            assert_eq!(
+                answer.status, 400,
+                "{path} on master, GITSTATE_REF=mian, {when}: {}",
+                answer.body
+            );
+            assert!(answer.body.contains("master"), "{}", answer.body);
+        };
+        refused(client.get_state(path).await, "before the branch");
+        // A name on no branch is a create, which starts the branch.
+        let fresh = format!("{path}-new.tfstate");
+        client.get_state(&fresh).await.expect(404);
+        client
+            .apply(&fresh, "L", &gitstate_tests::state_json("new", 1))
+            .await;
+        let started =
+            gitstate_tests::git(&["rev-parse", "--verify", "refs/heads/mian"], Some(&dir));
+        assert!(!started.trim().is_empty(), "the create started the branch");
+        refused(client.get_state(path).await, "after the branch was started");
+        let cold = TestBackend::start(&url, &env).await;
+        refused(
+            Client::new(&cold.url).get_state(path).await,
+            "in a fresh process",
         );
-        assert!(answer.body.contains("master"), "{}", answer.body);
     }
 }

@@ -411,14 +411,16 @@ pub trait StateStore: Send + Sync + 'static {
         Ok(BranchStatus::Exists)
     }
 
-    /// Which of `others` (full ref names, as [`BranchStatus::Missing`] lists them) are branches
-    /// whose tip holds states: the state index ([`crate::index::INDEX_PATH`]), or a `.tfstate`
-    /// file (states another tool, or a version before the index, wrote). Asked only before a write would create the branch of `at` beside them. The
+    /// Which branches of the repository of `at`, other than its own, hold states (full ref
+    /// names): their tips have the state index ([`crate::index::INDEX_PATH`]), a `.tfstate`
+    /// file (states another tool, or a version before the index, wrote), or a file at `name`
+    /// when one is given (terraform-backend-git's states have any name, most often `.json`).
+    /// Asked only where `GITSTATE_CREATE_REF` may start the branch of `at` beside them. The
     /// default: none (a store without branches).
     async fn branches_with_states(
         &self,
         _at: &Location,
-        _others: &[String],
+        _name: Option<&StateName>,
         _read: &ReadContext,
     ) -> Result<Vec<String>, StoreError> {
         Ok(Vec::new())

@@ -150,7 +150,8 @@ impl StateStore for MemoryStore {
     async fn branches_with_states(
         &self,
         at: &Location,
-        others: &[String],
+        // Every state of this store is gitstate's: a branch with one holds states by name too.
+        _name: Option<&StateName>,
         _: &ReadContext,
     ) -> Result<Vec<String>, StoreError> {
         self.with(|i| {
@@ -158,8 +159,8 @@ impl StateStore for MemoryStore {
                 .revisions
                 .keys()
                 .filter(|(l, _)| l.repository == at.repository)
+                .filter(|(l, _)| l.branch != at.branch)
                 .map(|(l, _)| l.branch.full_ref())
-                .filter(|branch| others.contains(branch))
                 .collect();
             holding.sort();
             holding.dedup();

@@ -63,7 +63,8 @@ pub struct GitSettings {
     /// configured one, while no other branch holds states, or an allowlisted `?ref=`) in a
     /// repository that has other branches; otherwise requests to it are refused (400) naming
     /// the repository's default branch, or the branches holding states. An empty repository's
-    /// branch is always created.
+    /// branch is always created. While it is on, a read of the configured branch that finds no
+    /// state looks for a file by that name on the other branches (one more look per create).
     pub create_ref: bool,
     /// `GITSTATE_COMMITTER_NAME` / `GITSTATE_COMMITTER_EMAIL`: who commits are written as.
     pub committer: Identity,

@@ -79,12 +79,12 @@ pub enum ServiceError {
         branch: String,
         elsewhere: String,
     },
-    /// The configured branch does not exist, and other branches of the repository hold states
-    /// (their tips have the state index or `.tfstate` files): with `GITSTATE_CREATE_REF` the first write would
-    /// start a branch beside them (a typo in `GITSTATE_REF`, a renamed branch), and every read
-    /// would see no state until then.
+    /// `GITSTATE_CREATE_REF` is set, and other branches of the repository hold states (their
+    /// tips have the state index or `.tfstate` files, or a file by the name read): the first
+    /// write would start the configured branch beside them (a typo in `GITSTATE_REF`, a renamed
+    /// branch), or started it, and reads see no state there.
     #[error(
-        "branch {branch:?} (GITSTATE_REF) does not exist, and GITSTATE_CREATE_REF=true creates it only in a repository where no branch holds states yet: {} hold them; set GITSTATE_REF to the branch the states are on, or create {branch:?} with git if a new branch of states is meant",
+        "GITSTATE_CREATE_REF=true starts branch {branch:?} (GITSTATE_REF) only in a repository where no other branch holds states, and {} hold them (or a file by this state's name); set GITSTATE_REF to the branch the states are on, or create {branch:?} with git and unset GITSTATE_CREATE_REF if a new branch of states is meant",
         quoted(holding)
     )]
     BranchBesideStates {
@@ -435,18 +435,9 @@ impl Backend {
                 })
             }
             BranchStatus::Missing { others, .. }
-                if !others.is_empty() && at.branch == self.repositories.default_branch =>
+                if !others.is_empty() && self.may_start_beside(at) =>
             {
-                let holding = self.store.branches_with_states(at, &others, read).await?;
-                if !holding.is_empty() {
-                    return Err(ServiceError::BranchBesideStates {
-                        branch: at.branch.as_str().to_owned(),
-                        holding: holding
-                            .iter()
-                            .map(|b| b.trim_start_matches("refs/heads/").to_owned())
-                            .collect(),
-                    });
-                }
+                self.beside_states(at, None, read).await?;
                 self.branch_seen(at);
                 Ok(())
             }
@@ -454,6 +445,49 @@ impl Backend {
                 self.branch_seen(at);
                 Ok(())
             }
+        }
+    }
+
+    /// Whether `GITSTATE_CREATE_REF` may start the branch of `at`, the configured one, beside
+    /// others: only where none holds states. (An allowlisted `?ref=` is an environment, whose
+    /// states share names with the other environments' by design.)
+    fn may_start_beside(&self, at: &Location) -> bool {
+        self.create_branches && at.branch == self.repositories.default_branch
+    }
+
+    /// [`ServiceError::BranchBesideStates`] when another branch holds states, or a file at `name`.
+    async fn beside_states(
+        &self,
+        at: &Location,
+        name: Option<&StateName>,
+        read: &ReadContext,
+    ) -> Result<(), ServiceError> {
+        let holding = self.store.branches_with_states(at, name, read).await?;
+        if holding.is_empty() {
+            return Ok(());
+        }
+        Err(ServiceError::BranchBesideStates {
+            branch: at.branch.as_str().to_owned(),
+            holding: holding
+                .iter()
+                .map(|b| b.trim_start_matches("refs/heads/").to_owned())
+                .collect(),
+        })
+    }
+
+    /// For a read of `name` that found no state at `at`, where `GITSTATE_CREATE_REF` may start
+    /// the branch of `at` or did: a file by that name on another branch is a state there
+    /// (terraform-backend-git's have any name, most often `.json`), never "no state" here. One
+    /// look at the other branches per read that finds nothing, under that setting only.
+    pub(super) async fn absent_where_created(
+        &self,
+        at: &Location,
+        name: &StateName,
+        read: &ReadContext,
+    ) -> Result<(), ServiceError> {
+        match self.may_start_beside(at) {
+            true => self.beside_states(at, Some(name), read).await,
+            false => Ok(()),
         }
     }
 

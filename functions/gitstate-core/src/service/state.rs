@@ -70,6 +70,7 @@ impl Backend {
             if let Some(clash) = self.store.clash_seen(at, name).await? {
                 return Err(clash_for(caller, clash));
             }
+            self.absent_where_created(at, name, read).await?;
             return Err(ServiceError::NotFound);
         };
         self.branch_seen(at);

@@ -375,10 +375,10 @@ impl StateStore for GitStore {
     async fn branches_with_states(
         &self,
         at: &Location,
-        others: &[String],
+        name: Option<&StateName>,
         read: &ReadContext,
     ) -> Result<Vec<String>, StoreError> {
-        Ok(GitStore::branches_with_states(self, at, others, read).await?)
+        Ok(GitStore::branches_with_states(self, at, name, read).await?)
     }
 
     async fn ready_to_write(

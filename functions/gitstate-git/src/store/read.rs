@@ -239,23 +239,25 @@ impl GitStore {
         Ok(BranchStatus::Missing { default, others })
     }
 
-    /// Which of `others` are branches whose tip holds states: the state index, or a `.tfstate`
-    /// file anywhere (terraform-backend-git's states, a repository of a version before the
-    /// index). One fetch of those tips (their trees, no blobs where the host filters) into the
-    /// cache of `at`, whose branch is missing, after the advertisement `read` allows reusing.
-    /// Tags and other refs hold no states.
+    /// Which branches other than that of `at` have a tip that holds states: the state index, a
+    /// `.tfstate` file anywhere (terraform-backend-git's states, a repository of a version
+    /// before the index), or a file at `name` (the seed's states have any name). The
+    /// advertisement `read` allows reusing, and one fetch of those tips the cache lacks (their
+    /// trees, no blobs where the host filters). Tags and other refs hold no states.
     pub(super) async fn branches_with_states(
         &self,
         at: &Location,
-        others: &[String],
+        name: Option<&StateName>,
         read: &ReadContext,
     ) -> Result<Vec<String>, ReadError> {
         let remote = self.remote(at)?;
         let (advert, _) = remote.every_ref(read).await?;
-        let tips: Vec<(String, ObjectId)> = others
+        let own = at.branch.full_ref();
+        let tips: Vec<(String, ObjectId)> = advert
+            .refs
             .iter()
-            .filter(|name| name.starts_with("refs/heads/"))
-            .filter_map(|name| Some((name.clone(), advert.tip(name)?)))
+            .filter(|(branch, _)| branch.starts_with("refs/heads/") && **branch != own)
+            .map(|(branch, tip)| (branch.clone(), *tip))
             .collect();
         if tips.is_empty() {
             return Ok(Vec::new());
@@ -264,16 +266,17 @@ impl GitStore {
             .ensure(tips.iter().map(|(_, tip)| *tip).collect())
             .await?;
         let cache = remote.cache.clone();
+        let named = name.map(|name| name.as_str().to_owned());
         let holding = blocking(move || {
             let mut holding = Vec::new();
-            for (name, tip) in tips {
+            for (branch, tip) in tips {
                 if cache.has_file(tip, gitstate_core::index::INDEX_PATH)?
                     || cache
                         .list_files(tip)?
                         .iter()
-                        .any(|path| path.ends_with(".tfstate"))
+                        .any(|path| path.ends_with(".tfstate") || Some(path) == named.as_ref())
                 {
-                    holding.push(name);
+                    holding.push(branch);
                 }
             }
             Ok::<_, crate::repository::Error>(holding)
