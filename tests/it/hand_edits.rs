@@ -281,7 +281,6 @@ async fn writes_to_a_state_file_changed_outside_gitstate_are_refused_and_push_no
 /// answer "no state" (Terraform would plan every resource again) any more than after `git rm`.
 /// The fold already refuses the state: the ref's writes were made on a branch file that is gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "removed_outside trusts the index at the tip; a rewound branch has no entry: 404"]
 async fn a_branch_rewound_past_a_lagging_state_is_never_no_state() {
     let env = [
         ("GITSTATE_STATE_REFS", "always"),

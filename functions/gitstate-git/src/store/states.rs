@@ -7,6 +7,7 @@ use std::collections::HashMap;
 
 use gix::ObjectId;
 
+use gitstate_core::fold::{FOLDED_PATH, FoldRecord};
 use gitstate_core::index::{INDEX_PATH, StateIndex};
 use gitstate_core::ports::{Location, Revision};
 use gitstate_core::{ReadContext, StateName};
@@ -225,10 +226,14 @@ impl Remote {
     }
 
     /// Whether the branch at `tip`, which lacks `path`, lost it outside gitstate while the state
-    /// ref at `state` holds writes the branch never had: the state index at `tip` still names
-    /// the state (gitstate's own delete removes it there, after replaying the ref's writes), with
-    /// other content than the ref's. A person's removal of a state whose writes were all folded
-    /// stands: `false`. Costs at most one request (the index's blob, once per branch tip).
+    /// ref at `state` holds writes the branch never had. gitstate's own delete replays the
+    /// ref's writes first (the fold record names the ref's tip then), takes the state out of
+    /// the index, and removes the ref (one is left over only where a host without `atomic`
+    /// refused that last push). So: the state index at `tip` still names the state, with other
+    /// content than the ref's (`git rm` within the fold lag); or it does not, and neither does
+    /// the fold record name the ref's tip (the branch pushed back past the state, or started
+    /// over). A person's removal of a state whose writes were all folded stands: `false`. Costs
+    /// at most two requests (the index's and the record's blobs, once per branch tip).
     pub(super) async fn removed_outside(
         &self,
         tip: ObjectId,
@@ -238,8 +243,28 @@ impl Remote {
         self.ensure_state(vec![state]).await?;
         let (cache, at) = (self.cache.clone(), path.to_owned());
         let on_ref = blocking(move || cache.blob_at(state, &at)).await?;
-        let left = self.left_on_branch(tip, path).await?;
-        Ok(left.is_some_and(|left| on_ref.is_none_or(|on_ref| on_ref != left.as_str())))
+        match self.left_on_branch(tip, path).await? {
+            Some(left) => Ok(on_ref.is_none_or(|on_ref| on_ref != left.as_str())),
+            None => Ok(!self.folded_at(tip, state, path).await?),
+        }
+    }
+
+    /// Whether the fold record at `tip` names `state` as the last write of `path` on the
+    /// branch. An unreadable record is an error (see [`FoldRecord::parse`]).
+    async fn folded_at(
+        &self,
+        tip: ObjectId,
+        state: ObjectId,
+        path: &str,
+    ) -> Result<bool, RemoteError> {
+        self.want_blobs(tip, vec![FOLDED_PATH.to_owned()]).await?;
+        let cache = self.cache.clone();
+        let Some(bytes) = blocking(move || cache.read_path(tip, FOLDED_PATH)).await? else {
+            return Ok(false);
+        };
+        let record =
+            FoldRecord::parse(&bytes).map_err(|e| Corruption::FoldRecord(e.to_string()))?;
+        Ok(record.last(path) == Some(state.to_string().as_str()))
     }
 
     /// The content the state index at `tip` says gitstate last left at `path` (`None`: the
