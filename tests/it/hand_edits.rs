@@ -311,3 +311,50 @@ async fn a_branch_rewound_past_a_lagging_state_is_never_no_state() {
         assert_eq!(read.status, 409, "through {who}: {}", read.body);
     }
 }
+
+/// A person deletes the branch (`git push origin :main`, a rename in a host's settings) while
+/// the states' refs hold them, folded or not. The repository then has nothing but gitstate's
+/// refs, which is how an empty repository looks to the branch rule: reads answered "no state"
+/// (Terraform would plan every resource again) and the first write started a new branch without
+/// the other states. Reads and writes of a state whose ref remains are the hand edit's 409, in
+/// the process that wrote it and in a fresh one, and push nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_branch_beside_its_states_refs_is_never_no_state() {
+    for lags in [false, true] {
+        let env = [
+            ("GITSTATE_STATE_REFS", "always"),
+            ("GITSTATE_FOLD_AFTER_WRITES", "false"),
+        ];
+        let case = format!("deleted, lags {lags}");
+        let Site {
+            _server,
+            url,
+            a,
+            bare,
+            state_ref,
+            ..
+        } = site(&env, lags, &case).await;
+        assert!(
+            bare.tip(&state_ref).is_some(),
+            "{case}: the state has its ref"
+        );
+        bare.git(&["update-ref", "-d", "refs/heads/main"], &[], b"");
+        let cold = TestBackend::start(&url, &env).await;
+        let cold = gitstate_tests::Client::new(&cold.url);
+        let next = state_json("l", 9);
+        for (who, client) in [("the writer", &a.client), ("a fresh process", &cold)] {
+            let read = client.get_state(X).await;
+            assert_eq!(read.status, 409, "{case}, through {who}: {}", read.body);
+            client.lock(X, "w").await.expect(200);
+            let write = client.write_locked(X, "w", &next).await;
+            assert_eq!(write.status, 409, "{case}, {who}'s write: {}", write.body);
+            client.unlock(X, "w").await.expect(200);
+        }
+        assert_eq!(
+            bare.tip("refs/heads/main"),
+            None,
+            "{case}: no branch was started"
+        );
+        assert!(bare.tip(&state_ref).is_some(), "{case}: the ref is kept");
+    }
+}

@@ -379,10 +379,15 @@ impl GitStore {
                         .await?
                 }
             };
-            let Some(tip) = advert.tip(&branch) else {
-                return Ok(None);
-            };
             let state_tip = advert.tip(&state);
+            let Some(tip) = advert.tip(&branch) else {
+                // The branch is gone while the state's ref holds the state: deleted outside
+                // gitstate (which never deletes a branch), never "no state".
+                return match state_tip {
+                    Some(_) => Err(RemoteError::EditedOutside(path)),
+                    None => Ok(None),
+                };
+            };
             let read = async {
                 if let Some(state_tip) = state_tip {
                     // The state's own ref holds its newest content.

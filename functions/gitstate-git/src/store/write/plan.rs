@@ -56,6 +56,11 @@ pub(super) async fn plan_one(
         Some(Home::At(state_tip)) => Some(state_tip),
         _ => None,
     };
+    // The branch is gone while the state's ref holds the state (deleted outside gitstate): a
+    // commit would start a new branch without the other states.
+    if tip.is_none() && state_tip.is_some() {
+        return Ok(Planned::Decided(Written::Refused(Refusal::Diverged)));
+    }
     // A state's newest content is its ref's while the branch has its file; a ref without the
     // file is left over by a delete and holds no state.
     let stored = match (tip, state_tip) {
