@@ -1475,3 +1475,53 @@ async fn the_setting_never_starts_a_branch_beside_the_seeds_json_states() {
         );
     }
 }
+
+/// A deployment sets `GITSTATE_CREATE_REF=true` so that its allowlisted environments' branches
+/// are made by their first write, and those environments hold states by the same names as the
+/// configured branch (by design). A read of the configured branch that finds no state looks
+/// for the seed's states by name on the other branches: never on gitstate's own branches, so
+/// the configured branch's creates go on, in the process that made the environments and in a
+/// fresh one. A seed branch (no index) holding the name still refuses it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_setting_never_refuses_a_create_beside_environments_sharing_its_names() {
+    init_tracing();
+    let server = GitServer::start().await;
+    let url = server.create_repo("environments");
+    let env = [
+        ("GITSTATE_ALLOWED_REFS", "env/*"),
+        ("GITSTATE_CREATE_REF", "true"),
+        ("GITSTATE_ALLOW_UNLOCKED_WRITES", "true"),
+    ];
+    let backend = TestBackend::start(&url, &env).await;
+    let client = Client::new(&backend.url);
+    let first = gitstate_tests::state_json("main", 1);
+    client.apply("net.tfstate", "L", &first).await;
+    for branch in ["env/prod", "env/test"] {
+        for name in ["net.tfstate", "app.tfstate", "team/db.tfstate"] {
+            let path = format!("/states/{name}?ref={branch}");
+            let state = gitstate_tests::state_json(branch, 1);
+            let answer = client.send("POST", &path, Some(&state)).await;
+            assert_eq!(answer.status, 200, "POST {path}: {}", answer.body);
+        }
+    }
+    let cold = TestBackend::start(&url, &env).await;
+    let cold = Client::new(&cold.url);
+    for (who, c, name) in [
+        ("the process that made them", &client, "app.tfstate"),
+        ("a fresh process", &cold, "team/db.tfstate"),
+    ] {
+        let read = c.get_state(name).await;
+        assert_eq!(read.status, 404, "{name} through {who}: {}", read.body);
+        c.apply(name, "L", &gitstate_tests::state_json("main", 1))
+            .await;
+    }
+    let dir = server.repo_dir("environments");
+    let bare = gitstate_tests::handmade::Bare::new(&dir, "seed");
+    let mut write = crate::races::by_hand("team/web.json");
+    write.message = "Update state\n".into();
+    let seed = gitstate_tests::state_json("seed", 4);
+    bare.branch_write("team/web.json", Some(seed.as_bytes()), &write);
+    let read = cold.get_state("team/web.json").await;
+    assert_eq!(read.status, 400, "the seed's state by name: {}", read.body);
+    assert!(read.body.contains("seed"), "{}", read.body);
+}

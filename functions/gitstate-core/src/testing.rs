@@ -150,10 +150,14 @@ impl StateStore for MemoryStore {
     async fn branches_with_states(
         &self,
         at: &Location,
-        // Every state of this store is gitstate's: a branch with one holds states by name too.
-        _name: Option<&StateName>,
+        name: Option<&StateName>,
         _: &ReadContext,
     ) -> Result<Vec<String>, StoreError> {
+        // Every branch of this store is gitstate's (it has the index): none holds a state by
+        // name only.
+        if name.is_some() {
+            return Ok(Vec::new());
+        }
         self.with(|i| {
             let mut holding: Vec<String> = i
                 .revisions

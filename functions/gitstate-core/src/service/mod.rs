@@ -476,9 +476,11 @@ impl Backend {
     }
 
     /// For a read of `name` that found no state at `at`, where `GITSTATE_CREATE_REF` may start
-    /// the branch of `at` or did: a file by that name on another branch is a state there
-    /// (terraform-backend-git's have any name, most often `.json`), never "no state" here. One
-    /// look at the other branches per read that finds nothing, under that setting only.
+    /// the branch of `at` or did: a file by that name on another branch without the state index
+    /// is a state there (terraform-backend-git's have any name, most often `.json`), never "no
+    /// state" here. Branches with the index are gitstate's, environments among them, whose
+    /// states share names by design. One look at the other branches per read that finds
+    /// nothing, under that setting only.
     pub(super) async fn absent_where_created(
         &self,
         at: &Location,

@@ -239,11 +239,13 @@ impl GitStore {
         Ok(BranchStatus::Missing { default, others })
     }
 
-    /// Which branches other than that of `at` have a tip that holds states: the state index, a
-    /// `.tfstate` file anywhere (terraform-backend-git's states, a repository of a version
-    /// before the index), or a file at `name` (the seed's states have any name). The
-    /// advertisement `read` allows reusing, and one fetch of those tips the cache lacks (their
-    /// trees, no blobs where the host filters). Tags and other refs hold no states.
+    /// Which branches other than that of `at` hold states. Without `name`: their tip has the
+    /// state index or a `.tfstate` file anywhere (terraform-backend-git's states, a repository of
+    /// a version before the index). With `name`: their tip has no index (gitstate's branches,
+    /// environments among them, share state names by design) and has a file at `name` (the
+    /// seed's states have any name). The advertisement `read` allows reusing, and one fetch of
+    /// those tips the cache lacks (their trees, no blobs where the host filters). Lock refs,
+    /// tags and other refs hold no states.
     pub(super) async fn branches_with_states(
         &self,
         at: &Location,
@@ -252,11 +254,13 @@ impl GitStore {
     ) -> Result<Vec<String>, ReadError> {
         let remote = self.remote(at)?;
         let (advert, _) = remote.every_ref(read).await?;
-        let own = at.branch.full_ref();
+        let (own, locks) = (at.branch.full_ref(), &self.options.lock_ref_prefix);
         let tips: Vec<(String, ObjectId)> = advert
             .refs
             .iter()
-            .filter(|(branch, _)| branch.starts_with("refs/heads/") && **branch != own)
+            .filter(|(branch, _)| {
+                branch.starts_with("refs/heads/") && **branch != own && !branch.starts_with(locks)
+            })
             .map(|(branch, tip)| (branch.clone(), *tip))
             .collect();
         if tips.is_empty() {
@@ -270,12 +274,18 @@ impl GitStore {
         let holding = blocking(move || {
             let mut holding = Vec::new();
             for (branch, tip) in tips {
-                if cache.has_file(tip, gitstate_core::index::INDEX_PATH)?
-                    || cache
-                        .list_files(tip)?
-                        .iter()
-                        .any(|path| path.ends_with(".tfstate") || Some(path) == named.as_ref())
-                {
+                let indexed = cache.has_file(tip, gitstate_core::index::INDEX_PATH)?;
+                let holds = match &named {
+                    None => {
+                        indexed
+                            || cache
+                                .list_files(tip)?
+                                .iter()
+                                .any(|path| path.ends_with(".tfstate"))
+                    }
+                    Some(named) => !indexed && cache.has_file(tip, named)?,
+                };
+                if holds {
                     holding.push(branch);
                 }
             }
