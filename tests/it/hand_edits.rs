@@ -316,10 +316,14 @@ async fn a_branch_rewound_past_a_lagging_state_is_never_no_state() {
 /// the states' refs hold them, folded or not. The repository then has nothing but gitstate's
 /// refs, which is how an empty repository looks to the branch rule: reads answered "no state"
 /// (Terraform would plan every resource again) and the first write started a new branch without
-/// the other states. Reads and writes of a state whose ref remains are the hand edit's 409, in
-/// the process that wrote it and in a fresh one, and push nothing.
+/// the other states. Reads and writes of every state (one with its own ref, one written once
+/// and so without, and a new name) are the hand edit's 409, in the process that wrote them and
+/// in a fresh one, and push nothing. Deleting the states' refs too is starting over: a write
+/// then starts the branch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_branch_beside_its_states_refs_is_never_no_state() {
+    const ONCE: &str = "team/once.tfstate";
+    const NEW: &str = "team/new.tfstate";
     for lags in [false, true] {
         let env = [
             ("GITSTATE_STATE_REFS", "always"),
@@ -334,21 +338,36 @@ async fn a_deleted_branch_beside_its_states_refs_is_never_no_state() {
             state_ref,
             ..
         } = site(&env, lags, &case).await;
+        a.client.apply(ONCE, "o1", &state_json("o", 1)).await;
         assert!(
             bare.tip(&state_ref).is_some(),
             "{case}: the state has its ref"
+        );
+        assert!(
+            bare.tip(&bare.state_ref(ONCE)).is_none(),
+            "{case}: {ONCE} has none"
         );
         bare.git(&["update-ref", "-d", "refs/heads/main"], &[], b"");
         let cold = TestBackend::start(&url, &env).await;
         let cold = gitstate_tests::Client::new(&cold.url);
         let next = state_json("l", 9);
         for (who, client) in [("the writer", &a.client), ("a fresh process", &cold)] {
-            let read = client.get_state(X).await;
-            assert_eq!(read.status, 409, "{case}, through {who}: {}", read.body);
-            client.lock(X, "w").await.expect(200);
-            let write = client.write_locked(X, "w", &next).await;
-            assert_eq!(write.status, 409, "{case}, {who}'s write: {}", write.body);
-            client.unlock(X, "w").await.expect(200);
+            for name in [X, ONCE, NEW] {
+                let read = client.get_state(name).await;
+                assert_eq!(
+                    read.status, 409,
+                    "{case}, {name} through {who}: {}",
+                    read.body
+                );
+                client.lock(name, "w").await.expect(200);
+                let write = client.write_locked(name, "w", &next).await;
+                assert_eq!(
+                    write.status, 409,
+                    "{case}, {who}'s write of {name}: {}",
+                    write.body
+                );
+                client.unlock(name, "w").await.expect(200);
+            }
         }
         assert_eq!(
             bare.tip("refs/heads/main"),
@@ -356,5 +375,12 @@ async fn a_deleted_branch_beside_its_states_refs_is_never_no_state() {
             "{case}: no branch was started"
         );
         assert!(bare.tip(&state_ref).is_some(), "{case}: the ref is kept");
+        bare.git(&["update-ref", "-d", &state_ref], &[], b"");
+        a.client.get_state(NEW).await.expect(404);
+        a.client.apply(NEW, "n1", &state_json("n", 1)).await;
+        assert!(
+            bare.tip("refs/heads/main").is_some(),
+            "{case}: started over"
+        );
     }
 }

@@ -168,7 +168,7 @@ pub enum ServiceError {
     )]
     SealedWithoutKeys,
     #[error(
-        "the state's file on the branch was changed outside gitstate after its newest writes went to its state ref: a person settles which of them is the state (docs/operating.md, state refs)"
+        "the state's file on the branch was changed outside gitstate (edited, removed, the branch pushed back or deleted) after its newest writes went to its state ref: a person settles which of them is the state (docs/operating.md, state refs)"
     )]
     Diverged,
 }

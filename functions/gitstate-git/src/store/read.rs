@@ -10,6 +10,7 @@ use gitstate_core::ports::{BranchStatus, Listing, Location};
 use gitstate_core::refs::Clash;
 use gitstate_core::{ReadContext, StateName};
 
+use super::known::is_state_ref_of;
 use super::remote::Remote;
 use super::{GitStore, ListError, ReadError, RemoteError, blocking};
 use crate::protocol::Service;
@@ -221,6 +222,15 @@ impl GitStore {
         if advert.tip(&branch).is_some() {
             return Ok(BranchStatus::Exists);
         }
+        // Not an empty repository: the branch was deleted outside gitstate, its states' refs
+        // holding them (the look that `read` reused lists every ref).
+        if advert
+            .refs
+            .keys()
+            .any(|name| is_state_ref_of(&branch, name))
+        {
+            return Err(RemoteError::BranchLost(branch).into());
+        }
         // The look `read` reused was for pushes ([`Self::ready_to_write`]), which does not name
         // `HEAD`: the branch is missing, so ask the look that does.
         if head.is_none() && advert.is_for_pushes() {
@@ -391,11 +401,11 @@ impl GitStore {
             };
             let state_tip = advert.tip(&state);
             let Some(tip) = advert.tip(&branch) else {
-                // The branch is gone while the state's ref holds the state: deleted outside
-                // gitstate (which never deletes a branch), never "no state".
-                return match state_tip {
-                    Some(_) => Err(RemoteError::EditedOutside(path)),
-                    None => Ok(None),
+                // The branch is gone while the state's ref holds the state, or (in a process
+                // that saw the branch) another's: deleted outside gitstate, never "no state".
+                return match state_tip.is_some() || remote.branch_lost().await? {
+                    true => Err(RemoteError::BranchLost(branch)),
+                    false => Ok(None),
                 };
             };
             let read = async {

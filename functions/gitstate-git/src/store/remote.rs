@@ -242,6 +242,22 @@ impl Remote {
         self.transport.refs_with_prefix(prefix).await
     }
 
+    /// Whether the branch, which a look just found missing, was deleted outside gitstate (which
+    /// never deletes one): this process saw it, and its states' refs remain. One look for
+    /// them, made only then; a process that never saw the branch asks nothing here (a new
+    /// repository's, which the branch rule judges with every ref in view).
+    pub(super) async fn branch_lost(&self) -> Result<bool, RemoteError> {
+        if self.recent_tip(Duration::MAX).is_none() {
+            return Ok(false);
+        }
+        let states = super::known::states_of(&self.branch);
+        let advert = self.refs_with_prefix(&states).await?;
+        Ok(advert
+            .refs
+            .keys()
+            .any(|name| is_state_ref_of(&self.branch, name)))
+    }
+
     /// Fetch the history behind `tip`, `depth` commits deep, given the cache already holds it down
     /// to `boundary` (only what lies past it is sent).
     pub(super) async fn deepen(

@@ -30,7 +30,7 @@ impl Class {
             RemoteError::AtomicRequired => Self::Incompatible,
             RemoteError::Connect(_) => Self::Internal,
             RemoteError::Repository(error) => Self::of_repository(error),
-            RemoteError::EditedOutside(_) => Self::Diverged,
+            RemoteError::EditedOutside(_) | RemoteError::BranchLost(_) => Self::Diverged,
         }
     }
 

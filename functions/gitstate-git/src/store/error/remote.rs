@@ -35,6 +35,10 @@ pub enum RemoteError {
     /// ref holds the state: answering either would hide the other.
     #[error("{0}: the branch's file was written outside gitstate while the state's ref holds it")]
     EditedOutside(String),
+    /// The branch (this full ref) is gone while its states' refs remain: deleted or renamed
+    /// outside gitstate, which never deletes a branch.
+    #[error("{0} is gone while its states' refs remain: it was deleted outside gitstate")]
+    BranchLost(String),
 }
 
 impl RemoteError {
@@ -49,7 +53,8 @@ impl RemoteError {
             | Self::AtomicRequired
             | Self::Undelivered(_)
             | Self::Repository(_)
-            | Self::EditedOutside(_) => None,
+            | Self::EditedOutside(_)
+            | Self::BranchLost(_) => None,
         }
     }
 
@@ -65,7 +70,8 @@ impl RemoteError {
             Self::Connect(_)
             | Self::AtomicRequired
             | Self::Repository(_)
-            | Self::EditedOutside(_) => false,
+            | Self::EditedOutside(_)
+            | Self::BranchLost(_) => false,
         }
     }
 
@@ -81,7 +87,8 @@ impl RemoteError {
             Self::Connect(_)
             | Self::AtomicRequired
             | Self::Undelivered(_)
-            | Self::EditedOutside(_) => false,
+            | Self::EditedOutside(_)
+            | Self::BranchLost(_) => false,
         }
     }
 

@@ -135,6 +135,7 @@ fn lower() -> Vec<Lower> {
         row(|| RemoteError::Undelivered("commits"), "Undelivered", "git remote reports: the fetch did not deliver the requested commits", Kind::Remote, (true, false, true)),
         row(|| RemoteError::Undelivered("blobs"), "Undelivered", "git remote reports: the fetch did not deliver the requested blobs", Kind::Remote, (true, false, true)),
         row(|| RemoteError::EditedOutside("a/b.tfstate".into()), "EditedOutside", "a/b.tfstate: the branch's file was written outside gitstate while the state's ref holds it", Kind::Diverged, (false, false, false)),
+        row(|| RemoteError::BranchLost("refs/heads/main".into()), "BranchLost", "refs/heads/main is gone while its states' refs remain: it was deleted outside gitstate", Kind::Diverged, (false, false, false)),
         row(
             || repo(repository::Error::Git(gix::Error::from_error(std::io::Error::other("odb")))),
             "Git",
@@ -181,6 +182,7 @@ fn lower_variant(error: &RemoteError) -> &'static str {
         RemoteError::AtomicRequired => "AtomicRequired",
         RemoteError::Undelivered(_) => "Undelivered",
         RemoteError::EditedOutside(_) => "EditedOutside",
+        RemoteError::BranchLost(_) => "BranchLost",
         RemoteError::Repository(error) => match error {
             repository::Error::Git(_) => "Git",
             repository::Error::Pack(_) => "Pack",
@@ -252,6 +254,7 @@ fn every_lower_failure_keeps_its_text_decisions_and_kind() {
         "AtomicRequired",
         "Undelivered",
         "EditedOutside",
+        "BranchLost",
         "Git",
         "Pack",
         "Corrupt",

@@ -96,6 +96,15 @@ impl Writer {
         let start = self.start(jobs, &lock_refs, round.floor).await?;
         self.fetch_for(&round, &start).await?;
         let tip = start.tip;
+        // No branch, in a process that saw it, beside its states' refs: deleted outside
+        // gitstate. A commit would start a new branch without the other states.
+        if tip.is_none() && self.remote.branch_lost().await? {
+            return Ok(Outcome::decided(
+                jobs.iter()
+                    .map(|_| Stage::Done(Written::Refused(Refusal::Diverged)))
+                    .collect(),
+            ));
+        }
         // A new branch git cannot create next to an existing one (`env/a/b` while `env/a`
         // exists): refuse it now rather than push. A clashing branch created by someone else
         // after this look makes the push fail, and the next round refuses it here.
