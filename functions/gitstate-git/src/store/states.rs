@@ -233,7 +233,7 @@ impl Remote {
     /// content than the ref's (`git rm` within the fold lag); or it does not, and neither does
     /// the fold record name the ref's tip (the branch pushed back past the state, or started
     /// over). A person's removal of a state whose writes were all folded stands: `false`. Costs
-    /// at most two requests (the index's and the record's blobs, once per branch tip).
+    /// at most one request (the index's and the record's blobs, once per branch tip).
     pub(super) async fn removed_outside(
         &self,
         tip: ObjectId,
@@ -241,6 +241,8 @@ impl Remote {
         path: &str,
     ) -> Result<bool, RemoteError> {
         self.ensure_state(vec![state]).await?;
+        self.want_blobs(tip, vec![INDEX_PATH.to_owned(), FOLDED_PATH.to_owned()])
+            .await?;
         let (cache, at) = (self.cache.clone(), path.to_owned());
         let on_ref = blocking(move || cache.blob_at(state, &at)).await?;
         match self.left_on_branch(tip, path).await? {
