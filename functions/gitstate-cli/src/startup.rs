@@ -251,6 +251,7 @@ pub async fn ref_status(app: &gitstate_app::App, branch: &str, writes: bool) -> 
             return found;
         }
     });
+    found.extend(stranded(app, &at, &read).await);
     match app.backend.protocol_status(&at).await {
         Ok(gitstate_core::protocol::Protocol::Differs {
             setting,
@@ -313,6 +314,31 @@ pub fn new_store_checked(settings: &gitstate_app::Settings) -> anyhow::Result<Op
             )
         }
         new => Ok(new),
+    }
+}
+
+/// States' refs whose branch is gone (renamed or deleted by hand), the configured one's aside:
+/// a warning naming them, from the look `read` allows reusing.
+async fn stranded(
+    app: &gitstate_app::App,
+    at: &gitstate_core::ports::Location,
+    read: &ReadContext,
+) -> Option<Found> {
+    match app.backend.stranded_state_refs(at, read).await {
+        Ok(gone) if gone.is_empty() => None,
+        Ok(gone) => Some(Found::Warning(format!(
+            "states' refs of {} remain, but no such branch: writes they hold that were never \
+             folded are seen by no backend (a branch renamed or deleted by hand); see \
+             docs/operating.md, \"Renaming the branch of states\"",
+            gone.iter()
+                .map(|b| format!("{b:?}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
+        Err(e) => Some(Found::Warning(format!(
+            "the states' refs could not be listed ({})",
+            gitstate_core::report::chain(&e)
+        ))),
     }
 }
 

@@ -411,6 +411,18 @@ pub trait StateStore: Send + Sync + 'static {
         Ok(BranchStatus::Exists)
     }
 
+    /// Branches (short names) whose states' refs remain in the repository of `at` though the
+    /// branch is gone (renamed or deleted outside gitstate): writes those refs hold that were
+    /// never folded are seen by no backend. For start-up checks, from the look `read` allows
+    /// reusing. The default: none (a store without branches).
+    async fn stranded_state_refs(
+        &self,
+        _at: &Location,
+        _read: &ReadContext,
+    ) -> Result<Vec<String>, StoreError> {
+        Ok(Vec::new())
+    }
+
     /// Which branches of the repository of `at`, other than its own, hold states (full ref
     /// names). Without `name`: their tips have the state index ([`crate::index::INDEX_PATH`])
     /// or a `.tfstate` file (states another tool, or a version before the index, wrote). With

@@ -528,6 +528,77 @@ async fn the_configured_branch_is_checked_at_start() {
     let _ = child.kill().await;
 }
 
+/// The branch of states renamed by hand (`master` to `main`) while states' refs keep the old
+/// name: `gitstate config` and `gitstate run` on the new name warn, naming the old branch and
+/// the docs' procedure, as writes those refs hold that were never folded are seen by no
+/// backend. Refs whose branch exists, and the configured branch's own, are not named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn states_refs_left_by_a_renamed_branch_are_named_at_start() {
+    let server = GitServer::start().await;
+    let url = server.create_repo("renamed");
+    gitstate_tests::commit_file(
+        &server,
+        "renamed",
+        "team/app.tfstate",
+        br#"{"version":4,"serial":3,"lineage":"l","outputs":{},"resources":[]}"#,
+    );
+    let bare = server.repo_dir("renamed");
+    let tip = gitstate_tests::git(&["rev-parse", "refs/heads/main"], Some(&bare));
+    gitstate_tests::git(&["branch", "env/live", tip.trim()], Some(&bare));
+    let work = tempfile::tempdir().expect("tempdir");
+    let env: Vec<(&str, String)> = vec![
+        ("GITSTATE_REPOSITORY", url.clone()),
+        ("GITSTATE_GIT_USERNAME", GIT_USER.into()),
+        ("GITSTATE_GIT_TOKEN", GIT_TOKEN.into()),
+        ("GITSTATE_REF", "main".into()),
+        (
+            "GITSTATE_ACCESS",
+            access_file(&[("alice", PASSWORD, &["admin:*"])]),
+        ),
+    ];
+    let warned = |out: &Output| {
+        text(out)
+            .lines()
+            .find(|l| l.contains("states' refs of"))
+            .map(str::to_owned)
+    };
+    let before = gitstate(work.path(), &["config"], &env);
+    assert_eq!(warned(&before), None, "{}", text(&before));
+    for (branch, hex) in [
+        ("master", "1"),
+        ("master", "2"),
+        ("team/old", "3"),
+        ("env/live", "4"),
+        ("main", "5"),
+    ] {
+        let name = format!("refs/gitstate/states/{branch}/{}", hex.repeat(40));
+        gitstate_tests::git(&["update-ref", &name, tip.trim()], Some(&bare));
+    }
+    for args in [
+        &["config"][..],
+        &[
+            "run",
+            "--state",
+            "team/app.tfstate",
+            "--workdir",
+            ".",
+            "--",
+            "true",
+        ],
+    ] {
+        let out = gitstate(work.path(), args, &env);
+        let line = warned(&out).unwrap_or_else(|| panic!("{args:?}: no warning: {}", text(&out)));
+        assert!(
+            line.contains("\"master\", \"team/old\"")
+                && !line.contains("env/live")
+                && !line.contains("\"main\"")
+                && line.contains("Renaming the branch of states"),
+            "{args:?}: {line}"
+        );
+        assert!(out.status.success(), "{args:?}: a warning: {}", text(&out));
+    }
+}
+
 /// `gitstate run` on a host without atomic push where `GITSTATE_REQUIRE_ATOMIC=true`: its one
 /// look at start-up (the one a push begins with) shows the host cannot push atomically, so the
 /// program never starts; without the setting it runs.

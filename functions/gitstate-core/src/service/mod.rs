@@ -394,6 +394,19 @@ impl Backend {
         Ok(status)
     }
 
+    /// Branches whose states' refs remain though the branch is gone, the configured one left
+    /// out (its requests are refused on it): see
+    /// [`crate::ports::StateStore::stranded_state_refs`].
+    pub async fn stranded_state_refs(
+        &self,
+        at: &Location,
+        read: &ReadContext,
+    ) -> Result<Vec<String>, ServiceError> {
+        let mut gone = self.store.stranded_state_refs(at, read).await?;
+        gone.retain(|branch| branch != at.branch.as_str());
+        Ok(gone)
+    }
+
     /// Before a process that is about to write serves its first request (the wrapper, as it
     /// starts): see [`crate::ports::StateStore::ready_to_write`].
     pub async fn ready_to_write(

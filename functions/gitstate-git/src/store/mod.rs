@@ -372,6 +372,14 @@ impl StateStore for GitStore {
         Ok(GitStore::branch_status(self, at, read).await?)
     }
 
+    async fn stranded_state_refs(
+        &self,
+        at: &Location,
+        read: &ReadContext,
+    ) -> Result<Vec<String>, StoreError> {
+        Ok(GitStore::stranded_state_refs(self, at, read).await?)
+    }
+
     async fn branches_with_states(
         &self,
         at: &Location,

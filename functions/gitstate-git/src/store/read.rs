@@ -10,7 +10,7 @@ use gitstate_core::ports::{BranchStatus, Listing, Location};
 use gitstate_core::refs::Clash;
 use gitstate_core::{ReadContext, StateName};
 
-use super::known::is_state_ref_of;
+use super::known::{STATE_REF_PREFIX, is_state_ref_of};
 use super::remote::Remote;
 use super::{GitStore, ListError, ReadError, RemoteError, blocking};
 use crate::protocol::Service;
@@ -247,6 +247,30 @@ impl GitStore {
             .filter(|head| others.contains(head))
             .map(|head| head.trim_start_matches("refs/heads/").to_owned());
         Ok(BranchStatus::Missing { default, others })
+    }
+
+    /// Branches whose states' refs (`refs/gitstate/states/<branch>/<sha1>`) the advertisement
+    /// `read` allows reusing lists, though it lists no such branch.
+    pub(super) async fn stranded_state_refs(
+        &self,
+        at: &Location,
+        read: &ReadContext,
+    ) -> Result<Vec<String>, ReadError> {
+        let remote = self.remote(at)?;
+        let (advert, _) = remote.every_ref(read).await?;
+        let mut gone: Vec<String> = advert
+            .refs
+            .keys()
+            .filter_map(|name| {
+                let (branch, _) = name.strip_prefix(STATE_REF_PREFIX)?.rsplit_once('/')?;
+                let full = format!("refs/heads/{branch}");
+                (is_state_ref_of(&full, name) && advert.tip(&full).is_none())
+                    .then(|| branch.to_owned())
+            })
+            .collect();
+        gone.sort();
+        gone.dedup();
+        Ok(gone)
     }
 
     /// Which branches other than that of `at` hold states. Without `name`: their tip has the
