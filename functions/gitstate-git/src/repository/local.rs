@@ -142,6 +142,11 @@ impl LocalRefs {
                     // git's receive-pack reports as a directory/file conflict. The caller looks
                     // at the refs again, as after any refused push.
                     Err(format!("directory/file conflict with {other}"))
+                } else if error.is_conflict() {
+                    // An expectation that failed under the ref's lock (gix's typed
+                    // `ReferenceOutOfDate`, `MustNotExist`), whose ref another process put back
+                    // before the look above (a fold lease taken and released): a lost race too.
+                    Err("failed to update ref".to_owned())
                 } else {
                     return Err(error.into());
                 }
@@ -218,6 +223,63 @@ mod tests {
             assert!(why.contains(existing), "{why}");
             let now = git(dir.path(), &["for-each-ref", "--format=%(refname)"], "");
             assert_eq!(now, existing, "{created}: nothing written");
+        }
+    }
+
+    /// What [`LocalRefs::push`] relies on when another process puts a ref back between a
+    /// failed edit and its look at the refs (a fold lease taken and released): gix classifies
+    /// every expectation that fails under the ref's lock as a conflict, a create over an
+    /// existing ref, an update or a delete from another value.
+    #[test]
+    fn a_failed_expectation_is_a_conflict() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        git(dir.path(), &["init", "--bare", "-q", "."], "");
+        let tree = git(dir.path(), &["mktree"], "");
+        let first = git(dir.path(), &["commit-tree", &tree, "-m", "a"], "");
+        let second = git(dir.path(), &["commit-tree", &tree, "-m", "b"], "");
+        git(
+            dir.path(),
+            &["update-ref", "refs/gitstate/fold", &first],
+            "",
+        );
+        let cache = Cache::open_or_init(dir.path()).expect("cache");
+        let repo = cache.repo().expect("repo");
+        let (first, second) = (
+            ObjectId::from_hex(first.as_bytes()).expect("id"),
+            ObjectId::from_hex(second.as_bytes()).expect("id"),
+        );
+        for (label, change) in [
+            (
+                "create",
+                Change::Update {
+                    log: LogChange::default(),
+                    expected: PreviousValue::MustNotExist,
+                    new: Target::Object(second),
+                },
+            ),
+            (
+                "update",
+                Change::Update {
+                    log: LogChange::default(),
+                    expected: PreviousValue::MustExistAndMatch(Target::Object(second)),
+                    new: Target::Object(first),
+                },
+            ),
+            (
+                "delete",
+                Change::Delete {
+                    expected: PreviousValue::MustExistAndMatch(Target::Object(second)),
+                    log: RefLog::AndReference,
+                },
+            ),
+        ] {
+            let edit = RefEdit {
+                change,
+                name: "refs/gitstate/fold".try_into().expect("name"),
+                deref: false,
+            };
+            let error = repo.edit_references([edit]).expect_err(label);
+            assert!(error.is_conflict(), "{label}: {error:?}");
         }
     }
 }
