@@ -104,7 +104,7 @@ const DESCRIPTIONS: &[Described] = &[
     ),
     describe(
         "GITSTATE_CREATE_REF",
-        "`true`: the first write to a branch that does not exist (`GITSTATE_REF`, or an allowlisted `?ref=`) creates it, even where the repository has other branches; `GITSTATE_REF`'s only while no other branch holds states (the state index `.gitstate/index.json` or a `.tfstate` file: a typo never starts a branch beside them), else reads and writes are 400 naming those branches. By default only an empty repository's branch is created; elsewhere reads and writes of a missing branch are 400 naming the repository's default branch ([Terraform](terraform.md#a-branch-is-never-created-by-accident))",
+        "`true`: the first write to a branch that does not exist (`GITSTATE_REF`, or an allowlisted `?ref=`) creates it, even where the repository has other branches; `GITSTATE_REF`'s only while no other branch holds states (the state index `.gitstate/index.json` or a `.tfstate` file: a typo never starts a branch beside them), else reads and writes are 400 naming those branches; while it is on, a read of `GITSTATE_REF` that finds no state also looks for a file by that name on the branches without the index (terraform-backend-git's states have any name) and is that 400 if one has it. By default only an empty repository's branch is created; elsewhere reads and writes of a missing branch are 400 naming the repository's default branch ([Terraform](terraform.md#a-branch-is-never-created-by-accident))",
     ),
     describe(
         "GITSTATE_ALLOWED_REFS",
