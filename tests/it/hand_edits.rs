@@ -318,7 +318,7 @@ async fn a_branch_rewound_past_a_lagging_state_is_never_no_state() {
 /// (Terraform would plan every resource again) and the first write started a new branch without
 /// the other states. Reads and writes of every state (one with its own ref, one written once
 /// and so without, and a new name) are the hand edit's 409, in the process that wrote them and
-/// in a fresh one, and push nothing. Deleting the states' refs too is starting over: a write
+/// in a fresh one, and push nothing; so are their histories and the list of states. Deleting the states' refs too is starting over: a write
 /// then starts the branch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_branch_beside_its_states_refs_is_never_no_state() {
@@ -367,7 +367,15 @@ async fn a_deleted_branch_beside_its_states_refs_is_never_no_state() {
                     write.body
                 );
                 client.unlock(name, "w").await.expect(200);
+                let history = client.history(name, "").await;
+                assert_eq!(
+                    history.status, 409,
+                    "{case}, {who}'s history of {name}: {}",
+                    history.body
+                );
             }
+            let list = client.send("GET", "/states", None).await;
+            assert_eq!(list.status, 409, "{case}, {who}'s list: {}", list.body);
         }
         assert_eq!(
             bare.tip("refs/heads/main"),
@@ -381,6 +389,12 @@ async fn a_deleted_branch_beside_its_states_refs_is_never_no_state() {
         assert!(
             bare.tip("refs/heads/main").is_some(),
             "{case}: started over"
+        );
+        let list = a.client.send("GET", "/states", None).await;
+        assert_eq!(
+            list.status, 200,
+            "{case}: the list after starting over: {}",
+            list.body
         );
     }
 }

@@ -150,6 +150,9 @@ impl GitStore {
                 Err(other) => return Err(other.into()),
             }
         };
+        if tip.is_none() && remote.states_remain().await? {
+            return Err(RemoteError::BranchLost(branch).into());
+        }
         let (files, index) = match tip {
             Some(tip) => {
                 remote.saw_tip(tip);

@@ -250,6 +250,13 @@ impl Remote {
         if self.recent_tip(Duration::MAX).is_none() {
             return Ok(false);
         }
+        self.states_remain().await
+    }
+
+    /// Whether states' refs of the branch remain (one look for them): with the branch missing,
+    /// it was deleted outside gitstate. For the lists and the history, which ask only when
+    /// they find no branch.
+    pub(super) async fn states_remain(&self) -> Result<bool, RemoteError> {
         let states = super::known::states_of(&self.branch);
         let advert = self.refs_with_prefix(&states).await?;
         Ok(advert

@@ -66,6 +66,11 @@ impl GitStore {
             .refs(Service::UploadPack, vec![branch.clone(), state.clone()])
             .await?;
         let Some(tip) = advert.tip(&branch) else {
+            // Deleted outside gitstate while its states' refs remain: no history is the
+            // history of no state, which these states are not.
+            if advert.tip(&state).is_some() || remote.states_remain().await? {
+                return Err(RemoteError::BranchLost(branch));
+            }
             return Ok((None, None));
         };
         remote.ensure(vec![tip]).await?;
