@@ -150,26 +150,7 @@ impl GitStore {
                 Err(other) => return Err(other.into()),
             }
         };
-        if tip.is_none() && remote.states_remain().await? {
-            return Err(RemoteError::BranchLost(branch).into());
-        }
-        let (files, index) = match tip {
-            Some(tip) => {
-                remote.saw_tip(tip);
-                remote
-                    .want_blobs(tip, vec![gitstate_core::index::INDEX_PATH.to_owned()])
-                    .await?;
-                let cache = remote.cache.clone();
-                let (files, index) = blocking(move || {
-                    let files = cache.list_blobs(tip)?;
-                    let index = cache.read_path(tip, gitstate_core::index::INDEX_PATH)?;
-                    Ok((files, index))
-                })
-                .await?;
-                (remote.newest_blobs(files, &states).await?, index)
-            }
-            None => (Vec::new(), None),
-        };
+        let (files, index) = files_and_index(&remote, &branch, tip, &states).await?;
         let files = files
             .into_iter()
             .filter(|(path, _)| !path.starts_with(".gitstate/"))
@@ -461,4 +442,33 @@ impl GitStore {
             }
         }
     }
+}
+
+/// The files of the branch at `tip` (each blob the newest its state ref holds, from `states`)
+/// and its state index. No branch: none, unless the states' refs of `branch` remain, which
+/// makes it a branch deleted outside gitstate, never an empty list.
+async fn files_and_index(
+    remote: &Remote,
+    branch: &str,
+    tip: Option<ObjectId>,
+    states: &std::collections::HashMap<String, ObjectId>,
+) -> Result<(Vec<(String, ObjectId)>, Option<Vec<u8>>), RemoteError> {
+    let Some(tip) = tip else {
+        if remote.states_remain().await? {
+            return Err(RemoteError::BranchLost(branch.to_owned()));
+        }
+        return Ok((Vec::new(), None));
+    };
+    remote.saw_tip(tip);
+    remote
+        .want_blobs(tip, vec![gitstate_core::index::INDEX_PATH.to_owned()])
+        .await?;
+    let cache = remote.cache.clone();
+    let (files, index) = blocking(move || {
+        let files = cache.list_blobs(tip)?;
+        let index = cache.read_path(tip, gitstate_core::index::INDEX_PATH)?;
+        Ok::<_, crate::repository::Error>((files, index))
+    })
+    .await?;
+    Ok((remote.newest_blobs(files, states).await?, index))
 }
