@@ -1467,6 +1467,18 @@ async fn the_setting_never_starts_a_branch_beside_the_seeds_json_states() {
             assert!(answer.body.contains("master"), "{}", answer.body);
         };
         refused(client.get_state(path).await, "before the branch");
+        // Near names of it (a slip when switching addresses): other letter case, the
+        // `.tfstate` ending gitstate's own states have.
+        let (folder, file) = path.rsplit_once('/').unwrap_or(("", path));
+        let stem = gitstate_core::refs::file_stem(file);
+        let tfstate = match folder {
+            "" => format!("{stem}.tfstate"),
+            folder => format!("{folder}/{stem}.tfstate"),
+        };
+        for near in [path.to_uppercase(), tfstate] {
+            assert!(gitstate_core::refs::near_name(&near, path), "{near}");
+            refused(client.get_state(&near).await, &format!("as {near}"));
+        }
         // A name on no branch is a create, which starts the branch.
         let fresh = format!("{path}-new.tfstate");
         client.get_state(&fresh).await.expect(404);

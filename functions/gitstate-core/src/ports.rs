@@ -427,8 +427,8 @@ pub trait StateStore: Send + Sync + 'static {
     /// names). Without `name`: their tips have the state index ([`crate::index::INDEX_PATH`])
     /// or a `.tfstate` file (states another tool, or a version before the index, wrote). With
     /// `name`: their tips have no index (another deployment's branches and environments share
-    /// names by design) but a file at `name` (terraform-backend-git's states have any name,
-    /// most often `.json`). Asked only where `GITSTATE_CREATE_REF` may start the branch of
+    /// names by design) but a file at `name` or a [`crate::refs::near_name`] of it
+    /// (terraform-backend-git's states have any name, most often `.json`). Asked only where `GITSTATE_CREATE_REF` may start the branch of
     /// `at` beside them. The default: none (a store without branches).
     async fn branches_with_states(
         &self,

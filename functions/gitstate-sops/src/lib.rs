@@ -31,6 +31,7 @@ pub use document::{
 };
 pub use envelope::{Envelope, Format, Opened, Protection};
 pub use passphrase::{looks_passphrase_sealed, open_passphrase, seal_passphrase};
+pub use sources::{AgeKeys, KeySource, KmsKeys, Offline, PgpKeys, SourceError, WrappedSecret};
 
 /// Whether a stored file is sealed in a form this crate opens (sops, or terraform-backend-git's
 /// `aes` mode), told from its shape alone: what a backend without keys must neither serve as a
@@ -38,7 +39,6 @@ pub use passphrase::{looks_passphrase_sealed, open_passphrase, seal_passphrase};
 pub fn looks_sealed(stored: &[u8]) -> bool {
     looks_like_sops(stored) || looks_passphrase_sealed(stored)
 }
-pub use sources::{AgeKeys, KeySource, KmsKeys, Offline, PgpKeys, SourceError, WrappedSecret};
 
 /// A 256-bit data key, wiped from memory when dropped.
 pub type DataKey = Zeroizing<[u8; 32]>;

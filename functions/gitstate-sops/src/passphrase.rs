@@ -19,8 +19,9 @@ fn cipher(passphrase: &str) -> Result<Aes256Gcm, Error> {
     Aes256Gcm::new_from_slice(hex.as_bytes()).map_err(|_| Error::Crypto)
 }
 
-/// Whether `stored` has the `aes` mode's shape: nonce, ciphertext and tag, random bytes that are
-/// never UTF-8 text (a state, plaintext or sops, always is).
+/// Whether `stored` has the `aes` mode's shape: nonce, ciphertext and tag, at least 28 random
+/// bytes, which are valid UTF-8 about once in 2^28 files or less (a state, plaintext or sops,
+/// always is).
 pub fn looks_passphrase_sealed(stored: &[u8]) -> bool {
     stored.len() >= MIN_LEN && std::str::from_utf8(stored).is_err()
 }

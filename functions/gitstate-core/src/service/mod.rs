@@ -84,7 +84,7 @@ pub enum ServiceError {
     /// write would start the configured branch beside them (a typo in `GITSTATE_REF`, a renamed
     /// branch), or started it, and reads see no state there.
     #[error(
-        "GITSTATE_CREATE_REF=true starts branch {branch:?} (GITSTATE_REF) only in a repository where no other branch holds states, and {} hold them (or a file by this state's name); set GITSTATE_REF to the branch the states are on, or create {branch:?} with git and unset GITSTATE_CREATE_REF if a new branch of states is meant",
+        "GITSTATE_CREATE_REF=true starts branch {branch:?} (GITSTATE_REF) only in a repository where no other branch holds states, and {} hold them (or a file by this state's name, or a near one); set GITSTATE_REF to the branch the states are on, or create {branch:?} with git and unset GITSTATE_CREATE_REF if a new branch of states is meant",
         quoted(holding)
     )]
     BranchBesideStates {
@@ -489,8 +489,8 @@ impl Backend {
     }
 
     /// For a read of `name` that found no state at `at`, where `GITSTATE_CREATE_REF` may start
-    /// the branch of `at` or did: a file by that name on another branch without the state index
-    /// is a state there (terraform-backend-git's have any name, most often `.json`), never "no
+    /// the branch of `at` or did: a file by that name (or a near name) on another branch without
+    /// the state index is a state there (terraform-backend-git's have any name, most often `.json`), never "no
     /// state" here. Branches with the index are gitstate's, environments among them, whose
     /// states share names by design. One look at the other branches per read that finds
     /// nothing, under that setting only.

@@ -120,6 +120,16 @@ impl Cache {
         Ok(Some(blob.detach().data))
     }
 
+    /// The fold record in the tree of `commit` (none there: an empty one). An unreadable record
+    /// is corrupt, never empty: folding from an empty record would replay every write.
+    pub fn fold_record(&self, commit: ObjectId) -> Result<gitstate_core::fold::FoldRecord, Error> {
+        match self.read_path(commit, gitstate_core::fold::FOLDED_PATH)? {
+            None => Ok(gitstate_core::fold::FoldRecord::default()),
+            Some(bytes) => gitstate_core::fold::FoldRecord::parse(&bytes)
+                .map_err(|e| Error::Corrupt(Corruption::FoldRecord(e.to_string()))),
+        }
+    }
+
     /// Of the blobs at `paths` in `commit`'s tree (which the cache holds), those it lacks: a
     /// partial fetch brings trees without their blobs.
     pub fn lacking_blobs(

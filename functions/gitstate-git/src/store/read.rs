@@ -7,7 +7,7 @@ use bytes::Bytes;
 use gix::ObjectId;
 
 use gitstate_core::ports::{BranchStatus, Listing, Location};
-use gitstate_core::refs::Clash;
+use gitstate_core::refs::{Clash, near_name};
 use gitstate_core::{ReadContext, StateName};
 
 use super::known::{STATE_REF_PREFIX, is_state_ref_of};
@@ -260,8 +260,8 @@ impl GitStore {
     /// Which branches other than that of `at` hold states. Without `name`: their tip has the
     /// state index or a `.tfstate` file anywhere (terraform-backend-git's states, a repository of
     /// a version before the index). With `name`: their tip has no index (gitstate's branches,
-    /// environments among them, share state names by design) and has a file at `name` (the
-    /// seed's states have any name). The advertisement `read` allows reusing, and one fetch of
+    /// environments among them, share state names by design) and has a file at `name` or at a
+    /// near name of it (the seed's states have any name). The advertisement `read` allows reusing, and one fetch of
     /// those tips the cache lacks (their trees, no blobs where the host filters). Lock refs,
     /// tags and other refs hold no states.
     pub(super) async fn branches_with_states(
@@ -301,7 +301,15 @@ impl GitStore {
                                 .iter()
                                 .any(|path| path.ends_with(".tfstate"))
                     }
-                    Some(named) => !indexed && cache.has_file(tip, named)?,
+                    // The name read, or a near name of it (`team/app.tfstate` for the
+                    // seed's `team/app.json`): a slip in an address made when switching.
+                    Some(named) => {
+                        !indexed
+                            && cache
+                                .list_files(tip)?
+                                .iter()
+                                .any(|path| path == named || near_name(path, named))
+                    }
                 };
                 if holds {
                     holding.push(branch);

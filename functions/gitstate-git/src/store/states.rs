@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use gix::ObjectId;
 
-use gitstate_core::fold::{FOLDED_PATH, FoldRecord};
+use gitstate_core::fold::FOLDED_PATH;
 use gitstate_core::index::{INDEX_PATH, StateIndex};
 use gitstate_core::ports::{Location, Revision};
 use gitstate_core::{ReadContext, StateName};
@@ -257,7 +257,7 @@ impl Remote {
     }
 
     /// Whether the fold record at `tip` names `state` as the last write of `path` on the
-    /// branch. An unreadable record is an error (see [`FoldRecord::parse`]).
+    /// branch. An unreadable record is an error (see [`Cache::fold_record`]).
     async fn folded_at(
         &self,
         tip: ObjectId,
@@ -266,11 +266,7 @@ impl Remote {
     ) -> Result<bool, RemoteError> {
         self.want_blobs(tip, vec![FOLDED_PATH.to_owned()]).await?;
         let cache = self.cache.clone();
-        let Some(bytes) = blocking(move || cache.read_path(tip, FOLDED_PATH)).await? else {
-            return Ok(false);
-        };
-        let record =
-            FoldRecord::parse(&bytes).map_err(|e| Corruption::FoldRecord(e.to_string()))?;
+        let record = blocking(move || cache.fold_record(tip)).await?;
         Ok(record.last(path) == Some(state.to_string().as_str()))
     }
 

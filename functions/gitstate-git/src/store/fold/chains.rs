@@ -10,7 +10,7 @@ use gix::ObjectId;
 use gitstate_core::fold::{FOLDED_PATH, FoldRecord};
 
 use super::View;
-use crate::repository::{self, Cache, Corruption, StateCommit};
+use crate::repository::{self, Cache, StateCommit};
 use crate::store::RemoteError;
 use crate::store::blocking;
 use crate::store::known::state_ref;
@@ -209,13 +209,7 @@ pub(in crate::store) async fn replay_one(
 ) -> Result<Option<OneState>, RemoteError> {
     remote.want_blobs(tip, vec![FOLDED_PATH.to_owned()]).await?;
     let cache = remote.cache.clone();
-    let record = blocking(move || match cache.read_path(head, FOLDED_PATH)? {
-        None => Ok(FoldRecord::default()),
-        Some(bytes) => {
-            FoldRecord::parse(&bytes).map_err(|e| Corruption::FoldRecord(e.to_string()).into())
-        }
-    })
-    .await?;
+    let record = blocking(move || cache.fold_record(head)).await?;
     let folded = record
         .last(path)
         .and_then(|commit| ObjectId::from_hex(commit.as_bytes()).ok());

@@ -29,7 +29,6 @@ use super::known::{is_state_ref_of, state_ref, states_of};
 use super::remote::Remote;
 use super::{FoldError, GitStore, WriteMode, blocking};
 use crate::protocol::{Advert, Command, Service};
-use crate::repository::Corruption;
 use crate::store::RemoteError;
 use chains::Planned;
 pub(super) use chains::replay_one;
@@ -220,13 +219,7 @@ impl Folder {
             .want_blobs(tip, vec![FOLDED_PATH.to_owned(), INDEX_PATH.to_owned()])
             .await?;
         let cache = remote.cache.clone();
-        let bytes = blocking(move || cache.read_path(tip, FOLDED_PATH)).await?;
-        match bytes {
-            None => Ok(FoldRecord::default()),
-            Some(bytes) => {
-                FoldRecord::parse(&bytes).map_err(|e| Corruption::FoldRecord(e.to_string()).into())
-            }
-        }
+        Ok(blocking(move || cache.fold_record(tip)).await?)
     }
 
     /// Push the replays: the branch from the tip looked at to the last replay, and, on a remote
