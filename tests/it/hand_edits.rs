@@ -398,3 +398,44 @@ async fn a_deleted_branch_beside_its_states_refs_is_never_no_state() {
         );
     }
 }
+
+/// The branch renamed on the host (`master` to `main`, or deleted) while a long-running process
+/// that saw it still serves it, with no states' refs to tell (the local default `auto` keeps
+/// none after a plain write; a host without them). Reads in that process answered "no state"
+/// and its next write started the old name anew, holding one state beside the renamed branch.
+/// Now that process answers the deleted branch's 409 to reads and writes and pushes nothing,
+/// as a fresh process refuses the missing branch (400): both name no state as absent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renamed_branch_is_never_no_state_in_a_process_that_saw_it() {
+    gitstate_tests::init_tracing();
+    for mode in ["auto", "never"] {
+        let server = GitServer::start().await;
+        let url = server.create_repo("renamed");
+        let bare = Bare::new(&server.repo_dir("renamed"), "main");
+        let env = [("GITSTATE_STATE_REFS", mode)];
+        let warm = TestBackend::start(&url, &env).await;
+        let warm = gitstate_tests::Client::new(&warm.url);
+        warm.apply(X, "a", &state_json("x", 1)).await;
+        let tip = bare.tip("refs/heads/main").expect("the branch");
+        bare.git(&["update-ref", "refs/heads/trunk", &tip], &[], b"");
+        bare.git(&["update-ref", "-d", "refs/heads/main"], &[], b"");
+        let cold = TestBackend::start(&url, &env).await;
+        let cold = gitstate_tests::Client::new(&cold.url);
+        for name in [X, "team/new.tfstate"] {
+            let read = warm.get_state(name).await;
+            assert_eq!(read.status, 409, "{mode}: {name}, warm: {}", read.body);
+            let read = cold.get_state(name).await;
+            assert_eq!(read.status, 400, "{mode}: {name}, fresh: {}", read.body);
+            warm.lock(name, "w").await.expect(200);
+            let write = warm.write_locked(name, "w", &state_json("x", 2)).await;
+            assert_eq!(write.status, 409, "{mode}: {name}, warm: {}", write.body);
+            warm.unlock(name, "w").await.expect(200);
+        }
+        assert_eq!(
+            bare.tip("refs/heads/main"),
+            None,
+            "{mode}: no branch was started"
+        );
+        assert_eq!(bare.tip("refs/heads/trunk"), Some(tip), "{mode}: untouched");
+    }
+}

@@ -29,3 +29,4 @@ mod races;
 mod sops_oracle;
 mod state_refs;
 mod terraform;
+mod wrong_branch;

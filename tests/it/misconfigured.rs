@@ -733,7 +733,7 @@ async fn a_state_path_that_is_no_file_is_never_no_state() {
 /// both, the states on `master` and other content on `main`, the same address reads `main` and
 /// answered 404: Terraform planned to create every resource the seed's state holds. Now such a
 /// read fails naming `master`; a name `master` lacks too is still "no state", and an address
-/// that names its branch is read as it says.
+/// that names `main` is refused too while `main` keeps no states.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_seed_address_without_ref_never_reads_another_branch_as_no_state() {
     init_tracing();
@@ -832,7 +832,14 @@ async fn a_seed_address_without_ref_never_reads_another_branch_as_no_state() {
     let named = client
         .send("GET", &seed_address("my/state.json", Some("main")), None)
         .await;
-    assert_eq!(named.status, 404, "ref=main says main: {}", named.body);
+    // Naming `main` reads `main`, which keeps no states while `master` keeps this one: not
+    // "no state" either.
+    assert_eq!(named.status, 400, "ref=main, beside master: {}", named.body);
+    assert!(
+        named.body.contains("\"master\"") && named.body.contains("index.json"),
+        "the reason names the branch and the way to start states on main: {}",
+        named.body
+    );
 }
 
 /// A near name of a stored state (`Network/Prod.tfstate`, `network/prod`,

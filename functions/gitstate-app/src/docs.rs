@@ -42,7 +42,7 @@ const DESCRIPTIONS: &[Described] = &[
     ),
     describe(
         "GITSTATE_REF",
-        "the branch states live on (`master` where terraform-backend-git's interface is used: docs/migrating-from-terraform-backend-git.md)",
+        "the branch states live on (`master` where terraform-backend-git's interface is used: docs/migrating-from-terraform-backend-git.md). While it keeps no states (no `.gitstate/index.json`, no `.tfstate` file, no states' refs) and other branches do (or keep a file by the name read, or a near one), a read that finds no state and a write are 400 naming those branches, never \"no state\"; commit `{\"format\":1,\"states\":{}}` to `.gitstate/index.json` on it to start states there beside them ([Terraform](terraform.md))",
     ),
     describe(
         "GITSTATE_STATE",

@@ -251,6 +251,7 @@ pub async fn ref_status(app: &gitstate_app::App, branch: &str, writes: bool) -> 
             return found;
         }
     });
+    found.extend(instead(app, &at, &read, branch).await);
     found.extend(stranded(app, &at, &read).await);
     match app.backend.protocol_status(&at).await {
         Ok(gitstate_core::protocol::Protocol::Differs {
@@ -314,6 +315,29 @@ pub fn new_store_checked(settings: &gitstate_app::Settings) -> anyhow::Result<Op
             )
         }
         new => Ok(new),
+    }
+}
+
+/// The configured branch holds no states while other branches do: reads that find no state
+/// and writes are refused (a `GITSTATE_REF` naming a code branch, or a redeploy's default).
+async fn instead(
+    app: &gitstate_app::App,
+    at: &gitstate_core::ports::Location,
+    read: &ReadContext,
+    branch: &str,
+) -> Option<Found> {
+    match app.backend.states_instead(at, read).await {
+        Ok(holding) if holding.is_empty() => None,
+        Ok(holding) => Some(Found::Warning(format!(
+            "branch {branch} (GITSTATE_REF) holds no states, and {} hold them: a read that \
+             finds no state there and every write are refused (400), never \"no state\"; set \
+             GITSTATE_REF to the branch the states are on",
+            holding.join(", ")
+        ))),
+        Err(e) => Some(Found::Warning(format!(
+            "the other branches' states cannot be looked at ({})",
+            gitstate_core::report::chain(&e)
+        ))),
     }
 }
 

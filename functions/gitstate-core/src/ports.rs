@@ -175,6 +175,26 @@ pub enum BranchStatus {
     },
 }
 
+/// What [`StateStore::branches_with_states`] looks for on a repository's other branches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Beside<'a> {
+    /// Any state: a tip with the state index ([`crate::index::INDEX_PATH`]) or a `.tfstate`
+    /// file (states another tool, or a version before the index, wrote).
+    States,
+    /// A file at this name or a [`crate::refs::near_name`] of it, on a tip without the index
+    /// (terraform-backend-git's states have any name, most often `.json`; gitstate's branches,
+    /// environments among them, share names by design).
+    SeedState(&'a StateName),
+    /// Asked for a branch that holds no states itself (none when its own tip has the index or
+    /// a `.tfstate` file, or it has states' refs: then a name it lacks is a new state there):
+    /// the branches that hold states instead, and with a name, also those with a file at it
+    /// or at a near name of it (the seed's states have any name).
+    Instead(Option<&'a StateName>),
+    /// As `Instead(None)`, from what this process's looks found for the branch's tip as it
+    /// last saw it: never a request (a write's check, behind the read that looked).
+    Remembered,
+}
+
 /// A stored state, opened.
 #[derive(Debug, Clone)]
 pub struct Opened {
@@ -423,17 +443,14 @@ pub trait StateStore: Send + Sync + 'static {
         Ok(Vec::new())
     }
 
-    /// Which branches of the repository of `at`, other than its own, hold states (full ref
-    /// names). Without `name`: their tips have the state index ([`crate::index::INDEX_PATH`])
-    /// or a `.tfstate` file (states another tool, or a version before the index, wrote). With
-    /// `name`: their tips have no index (another deployment's branches and environments share
-    /// names by design) but a file at `name` or a [`crate::refs::near_name`] of it
-    /// (terraform-backend-git's states have any name, most often `.json`). Asked only where `GITSTATE_CREATE_REF` may start the branch of
-    /// `at` beside them. The default: none (a store without branches).
+    /// Which branches of the repository of `at`, other than its own, hold what `look` asks
+    /// for (full ref names). Asked only on the paths where a read or a first write would
+    /// otherwise see "no state" beside states kept elsewhere. The default: none (a store
+    /// without branches).
     async fn branches_with_states(
         &self,
         _at: &Location,
-        _name: Option<&StateName>,
+        _look: Beside<'_>,
         _read: &ReadContext,
     ) -> Result<Vec<String>, StoreError> {
         Ok(Vec::new())

@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use crate::ports::{
-    Acquire, BranchStatus, Change, CommitMeta, HeldLock, HistoryPage, Location, Refusal, Release,
-    Revision, StateStore, StoreError, WritePlan, Written, user_from_message,
+    Acquire, Beside, BranchStatus, Change, CommitMeta, HeldLock, HistoryPage, Location, Refusal,
+    Release, Revision, StateStore, StoreError, WritePlan, Written, user_from_message,
 };
 use crate::refs::{Clash, branch_clash, lock_clash, tree_clash};
 use crate::{LockInfo, ReadContext, StateName};
@@ -146,26 +146,35 @@ impl StateStore for MemoryStore {
         self.with(|i| i.tree_clash(at, name))
     }
 
-    /// Every branch written through the store holds states (the git store's index stays).
+    /// Every branch written through the store holds states (the git store's index stays): none
+    /// holds a state by name only, and a branch written to holds states of its own.
     async fn branches_with_states(
         &self,
         at: &Location,
-        name: Option<&StateName>,
+        look: Beside<'_>,
         _: &ReadContext,
     ) -> Result<Vec<String>, StoreError> {
-        // Every branch of this store is gitstate's (it has the index): none holds a state by
-        // name only.
-        if name.is_some() {
-            return Ok(Vec::new());
-        }
         self.with(|i| {
-            let mut holding: Vec<String> = i
+            let others = i
                 .revisions
                 .keys()
-                .filter(|(l, _)| l.repository == at.repository)
-                .filter(|(l, _)| l.branch != at.branch)
-                .map(|(l, _)| l.branch.full_ref())
-                .collect();
+                .filter(|(l, _)| l.repository == at.repository);
+            let mut holding: Vec<String> = match look {
+                Beside::SeedState(_) => Vec::new(),
+                Beside::States => others
+                    .filter(|(l, _)| l.branch != at.branch)
+                    .map(|(l, _)| l.branch.full_ref())
+                    .collect(),
+                Beside::Instead(_) | Beside::Remembered
+                    if i.revisions.keys().any(|(l, _)| l == at) =>
+                {
+                    Vec::new()
+                }
+                Beside::Instead(_) | Beside::Remembered => others
+                    .filter(|(l, _)| l.branch != at.branch)
+                    .map(|(l, _)| l.branch.full_ref())
+                    .collect(),
+            };
             holding.sort();
             holding.dedup();
             holding

@@ -146,9 +146,10 @@ fn service_status(error: &ServiceError) -> StatusCode {
         S::Exists | S::Clash(_) | S::SharedSerial { .. } => StatusCode::CONFLICT,
         // Never 404 (Terraform's "no state"), nor 409/423 (a lock conflict to Terraform): the
         // reason names the default branch and the setting.
-        S::NoBranch { .. } | S::OnAnotherBranch { .. } | S::BranchBesideStates { .. } => {
-            StatusCode::BAD_REQUEST
-        }
+        S::NoBranch { .. }
+        | S::OnAnotherBranch { .. }
+        | S::BranchBesideStates { .. }
+        | S::StatesElsewhere { .. } => StatusCode::BAD_REQUEST,
         // Only a valid, absent state is 404 (Terraform's "no state"). An unknown revision is a
         // bad selector; "no lock held" answers only GET /locks/<name> (an UNLOCK of a lock nobody
         // holds is 200), so 409 there never reads as a LOCK conflict.

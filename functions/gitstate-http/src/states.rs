@@ -26,13 +26,15 @@ pub(crate) async fn serve(call: Call) -> Result<Response, ApiError> {
             let state = match app.backend.get_state(caller, at, name, read).await {
                 // The seed's address without `ref=` meant its default branch to the seed: a state
                 // there is never "no state" here.
-                Err(ServiceError::NotFound) if target.is_seed_without_ref() => {
+                Err(e @ (ServiceError::NotFound | ServiceError::StatesElsewhere { .. }))
+                    if target.is_seed_without_ref() =>
+                {
                     let seed_branch =
                         BranchName::parse(SEED_BRANCH).map_err(ServiceError::Branch)?;
                     app.backend
                         .absent_beside(at, name, &seed_branch, read)
                         .await?;
-                    return Err(ServiceError::NotFound.into());
+                    return Err(e.into());
                 }
                 other => other?,
             };

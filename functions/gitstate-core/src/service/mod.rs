@@ -19,6 +19,7 @@ use crate::ports::{
 use crate::refs::{Clash, RefPolicy, RefRefused};
 use crate::{BranchName, LockInfoError, NameError, ReadContext, StateName};
 
+mod branches;
 mod history;
 mod lock;
 mod overview;
@@ -88,6 +89,19 @@ pub enum ServiceError {
         quoted(holding)
     )]
     BranchBesideStates {
+        branch: String,
+        holding: Vec<String>,
+    },
+    /// The configured branch holds no states at all (no index, no `.tfstate` file, no states'
+    /// refs) while other branches do, or hold a file by the name read (or a near one):
+    /// `GITSTATE_REF` names the wrong branch (a redeploy's default, a code branch), and
+    /// planning against "no state" would create every resource anew, or a first write would
+    /// start states there that hide the others from every later read.
+    #[error(
+        "branch {branch:?} (GITSTATE_REF) holds no states while {} hold them, so no state is read as absent nor written there; set GITSTATE_REF to the branch the states are on, or, if {branch:?} is to keep states of its own beside them, commit an empty state index to it first: .gitstate/index.json holding {{\"format\":1,\"states\":{{}}}}",
+        quoted(holding)
+    )]
+    StatesElsewhere {
         branch: String,
         holding: Vec<String>,
     },
@@ -415,102 +429,6 @@ impl Backend {
         read: &ReadContext,
     ) -> Result<Option<String>, ServiceError> {
         Ok(self.store.ready_to_write(at, read).await?)
-    }
-
-    /// The rule that a branch is never created by accident: `Ok` when the branch of `at` exists,
-    /// when the repository is empty (nothing but gitstate's own refs), or when the deployment
-    /// allows creating branches; otherwise [`ServiceError::NoBranch`] naming the remote's default
-    /// branch and the setting that chose this one. Creating the configured branch
-    /// (`GITSTATE_REF`, not an allowlisted `?ref=`, whose allowlist says which may be made) is
-    /// allowed only while no other branch holds states: else
-    /// [`ServiceError::BranchBesideStates`] names those (one fetch of their tips' trees, on this
-    /// path only). A location passed once is not looked at again.
-    pub async fn require_branch(
-        &self,
-        at: &Location,
-        read: &ReadContext,
-    ) -> Result<(), ServiceError> {
-        if self.branches.lock().is_ok_and(|known| known.contains(at)) {
-            return Ok(());
-        }
-        match self.store.branch_status(at, read).await? {
-            BranchStatus::Missing { default, others }
-                if !others.is_empty() && !self.create_branches =>
-            {
-                Err(ServiceError::NoBranch {
-                    branch: at.branch.as_str().to_owned(),
-                    default,
-                    setting: if at.branch == self.repositories.default_branch {
-                        "GITSTATE_REF"
-                    } else {
-                        "the address's ?ref="
-                    },
-                })
-            }
-            BranchStatus::Missing { others, .. }
-                if !others.is_empty() && self.may_start_beside(at) =>
-            {
-                self.beside_states(at, None, read).await?;
-                self.branch_seen(at);
-                Ok(())
-            }
-            BranchStatus::Exists | BranchStatus::Missing { .. } => {
-                self.branch_seen(at);
-                Ok(())
-            }
-        }
-    }
-
-    /// Whether `GITSTATE_CREATE_REF` may start the branch of `at`, the configured one, beside
-    /// others: only where none holds states. (An allowlisted `?ref=` is an environment, whose
-    /// states share names with the other environments' by design.)
-    fn may_start_beside(&self, at: &Location) -> bool {
-        self.create_branches && at.branch == self.repositories.default_branch
-    }
-
-    /// [`ServiceError::BranchBesideStates`] when another branch holds states, or a file at `name`.
-    async fn beside_states(
-        &self,
-        at: &Location,
-        name: Option<&StateName>,
-        read: &ReadContext,
-    ) -> Result<(), ServiceError> {
-        let holding = self.store.branches_with_states(at, name, read).await?;
-        if holding.is_empty() {
-            return Ok(());
-        }
-        Err(ServiceError::BranchBesideStates {
-            branch: at.branch.as_str().to_owned(),
-            holding: holding
-                .iter()
-                .map(|b| b.trim_start_matches("refs/heads/").to_owned())
-                .collect(),
-        })
-    }
-
-    /// For a read of `name` that found no state at `at`, where `GITSTATE_CREATE_REF` may start
-    /// the branch of `at` or did: a file by that name (or a near name) on another branch without
-    /// the state index is a state there (terraform-backend-git's have any name, most often `.json`), never "no
-    /// state" here. Branches with the index are gitstate's, environments among them, whose
-    /// states share names by design. One look at the other branches per read that finds
-    /// nothing, under that setting only.
-    pub(super) async fn absent_where_created(
-        &self,
-        at: &Location,
-        name: &StateName,
-        read: &ReadContext,
-    ) -> Result<(), ServiceError> {
-        match self.may_start_beside(at) {
-            true => self.beside_states(at, Some(name), read).await,
-            false => Ok(()),
-        }
-    }
-
-    /// Remember that the branch of `at` exists (or may be created): it is not looked for again.
-    fn branch_seen(&self, at: &Location) {
-        if let Ok(mut known) = self.branches.lock() {
-            known.insert(at.clone());
-        }
     }
 
     /// How this backend's settings stand against the protocol the repository of `at` records

@@ -8,7 +8,7 @@ use super::sealed::SealedView;
 use super::{Backend, MAX_OPENS, ServiceError, Version, clash_for, refused};
 use crate::access::{Caller, Role};
 use crate::ports::{
-    Change, CommitMeta, HeldLock, Location, Refusal, StoreError, Stored, WritePlan, Written,
+    Beside, Change, CommitMeta, HeldLock, Location, Refusal, StoreError, Stored, WritePlan, Written,
 };
 use crate::trailers::Trailers;
 use crate::{BranchName, ReadContext, StateName};
@@ -70,7 +70,7 @@ impl Backend {
             if let Some(clash) = self.store.clash_seen(at, name).await? {
                 return Err(clash_for(caller, clash));
             }
-            self.absent_where_created(at, name, read).await?;
+            self.absent_here(at, name, read).await?;
             return Err(ServiceError::NotFound);
         };
         self.branch_seen(at);
@@ -138,6 +138,7 @@ impl Backend {
             read,
         } = request;
         self.require_branch(at, read).await?;
+        self.states_here(at, Beside::Remembered, read).await?;
         if lock_id.is_none() && self.unlocked_writes {
             self.require_protocol(at).await?;
         }

@@ -33,8 +33,8 @@ use sha1::{Digest, Sha1};
 
 use gitstate_core::fold::FoldReport;
 use gitstate_core::ports::{
-    Acquire, BranchStatus, Change, CommitMeta, HeldLock, HistoryPage, Listing, Location, Release,
-    Revision, StateStore, StoreError, WritePlan, Written,
+    Acquire, Beside, BranchStatus, Change, CommitMeta, HeldLock, HistoryPage, Listing, Location,
+    Release, Revision, StateStore, StoreError, WritePlan, Written,
 };
 use gitstate_core::refs::Clash;
 use gitstate_core::secret::Secret;
@@ -383,10 +383,10 @@ impl StateStore for GitStore {
     async fn branches_with_states(
         &self,
         at: &Location,
-        name: Option<&StateName>,
+        look: Beside<'_>,
         read: &ReadContext,
     ) -> Result<Vec<String>, StoreError> {
-        Ok(GitStore::branches_with_states(self, at, name, read).await?)
+        Ok(GitStore::branches_with_states(self, at, look, read).await?)
     }
 
     async fn ready_to_write(

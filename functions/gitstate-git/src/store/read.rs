@@ -6,7 +6,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use gix::ObjectId;
 
-use gitstate_core::ports::{BranchStatus, Listing, Location};
+use gitstate_core::index::INDEX_PATH;
+use gitstate_core::ports::{Beside, BranchStatus, Listing, Location};
 use gitstate_core::refs::{Clash, near_name};
 use gitstate_core::{ReadContext, StateName};
 
@@ -14,6 +15,8 @@ use super::known::{STATE_REF_PREFIX, is_state_ref_of};
 use super::remote::Remote;
 use super::{GitStore, ListError, ReadError, RemoteError, blocking};
 use crate::protocol::Service;
+use crate::repository::Cache;
+use crate::sync::lock;
 
 /// A look at the protocol record trusts a ref advertisement this recent (at start-up, the
 /// branch's look just made) instead of asking again.
@@ -257,22 +260,55 @@ impl GitStore {
         Ok(gone)
     }
 
-    /// Which branches other than that of `at` hold states. Without `name`: their tip has the
-    /// state index or a `.tfstate` file anywhere (terraform-backend-git's states, a repository of
-    /// a version before the index). With `name`: their tip has no index (gitstate's branches,
-    /// environments among them, share state names by design) and has a file at `name` or at a
-    /// near name of it (the seed's states have any name). The advertisement `read` allows reusing, and one fetch of
-    /// those tips the cache lacks (their trees, no blobs where the host filters). Lock refs,
-    /// tags and other refs hold no states.
+    /// Which branches other than that of `at` hold what `look` asks for (see [`Beside`]). For
+    /// [`Beside::Instead`], the branch's own tip as the read just saw it comes first, with no
+    /// request: a branch that holds states answers none at once. Otherwise the advertisement
+    /// `read` allows reusing, and one fetch of the tips the cache lacks (their trees, no blobs
+    /// where the host filters). Lock refs, tags and other refs hold no states. What such a look
+    /// finds is remembered for [`Beside::Remembered`].
     pub(super) async fn branches_with_states(
         &self,
         at: &Location,
-        name: Option<&StateName>,
+        look: Beside<'_>,
         read: &ReadContext,
     ) -> Result<Vec<String>, ReadError> {
         let remote = self.remote(at)?;
+        let alone = !matches!(look, Beside::States | Beside::SeedState(_));
+        if alone {
+            let known = remote.recent_tip(Duration::MAX);
+            // A tip the cache cannot open is looked at again below, from the advertisement.
+            if let Some(tip) = known
+                && tip_holds_states(&remote, tip).await.unwrap_or(false)
+            {
+                return Ok(Vec::new());
+            }
+            if look == Beside::Remembered {
+                let beside = lock(&remote.beside).clone();
+                return Ok(beside
+                    .filter(|(tip, _)| Some(*tip) == known)
+                    .map(|(_, holding)| holding)
+                    .unwrap_or_default());
+            }
+        }
         let (advert, _) = remote.every_ref(read).await?;
-        let (own, locks) = (at.branch.full_ref(), &self.options.lock_ref_prefix);
+        let own = at.branch.full_ref();
+        let own_tip = advert.tip(&own);
+        if alone {
+            match own_tip {
+                // No branch: the branch rule's case, not this one's.
+                None => return Ok(Vec::new()),
+                Some(_) if advert.refs.keys().any(|r| is_state_ref_of(&own, r)) => {
+                    return Ok(Vec::new());
+                }
+                Some(tip) => {
+                    remote.ensure(vec![tip]).await?;
+                    if tip_holds_states(&remote, tip).await? {
+                        return Ok(Vec::new());
+                    }
+                }
+            }
+        }
+        let locks = &self.options.lock_ref_prefix;
         let tips: Vec<(String, ObjectId)> = advert
             .refs
             .iter()
@@ -281,45 +317,20 @@ impl GitStore {
             })
             .map(|(branch, tip)| (branch.clone(), *tip))
             .collect();
-        if tips.is_empty() {
-            return Ok(Vec::new());
+        if !tips.is_empty() {
+            remote
+                .ensure(tips.iter().map(|(_, tip)| *tip).collect())
+                .await?;
         }
-        remote
-            .ensure(tips.iter().map(|(_, tip)| *tip).collect())
-            .await?;
         let cache = remote.cache.clone();
-        let named = name.map(|name| name.as_str().to_owned());
-        let holding = blocking(move || {
-            let mut holding = Vec::new();
-            for (branch, tip) in tips {
-                let indexed = cache.has_file(tip, gitstate_core::index::INDEX_PATH)?;
-                let holds = match &named {
-                    None => {
-                        indexed
-                            || cache
-                                .list_files(tip)?
-                                .iter()
-                                .any(|path| path.ends_with(".tfstate"))
-                    }
-                    // The name read, or a near name of it (`team/app.tfstate` for the
-                    // seed's `team/app.json`): a slip in an address made when switching.
-                    Some(named) => {
-                        !indexed
-                            && cache
-                                .list_files(tip)?
-                                .iter()
-                                .any(|path| path == named || near_name(path, named))
-                    }
-                };
-                if holds {
-                    holding.push(branch);
-                }
-            }
-            Ok::<_, crate::repository::Error>(holding)
-        })
-        .await
-        .map_err(RemoteError::from)?;
-        Ok(holding)
+        let want = Want::of(look);
+        let found = blocking(move || holders(&cache, tips, &want))
+            .await
+            .map_err(RemoteError::from)?;
+        if let (true, Some(tip)) = (alone, own_tip) {
+            *lock(&remote.beside) = Some((tip, found.with_states));
+        }
+        Ok(found.holding)
     }
 
     /// Before the first request of a process that is about to write (the wrapper, as it
@@ -417,9 +428,10 @@ impl GitStore {
             };
             let state_tip = advert.tip(&state);
             let Some(tip) = advert.tip(&branch) else {
-                // The branch is gone while the state's ref holds the state, or (in a process
-                // that saw the branch) another's: deleted outside gitstate, never "no state".
-                return match state_tip.is_some() || remote.branch_lost().await? {
+                // The branch is gone while the state's ref holds the state, or in a process
+                // that saw the branch: deleted or renamed outside gitstate, never "no state".
+                let locks = &self.options.lock_ref_prefix;
+                return match state_tip.is_some() || remote.branch_lost(locks).await? {
                     true => Err(RemoteError::BranchLost(branch)),
                     false => Ok(None),
                 };
@@ -479,4 +491,77 @@ async fn files_and_index(
     })
     .await?;
     Ok((remote.newest_blobs(files, states).await?, index))
+}
+
+/// What [`Beside`] asks of the other branches, owned (for the blocking pool).
+enum Want {
+    States,
+    SeedState(String),
+    StatesOr(String),
+}
+
+impl Want {
+    fn of(look: Beside<'_>) -> Self {
+        match look {
+            Beside::States | Beside::Instead(None) | Beside::Remembered => Self::States,
+            Beside::SeedState(name) => Self::SeedState(name.as_str().to_owned()),
+            Beside::Instead(Some(name)) => Self::StatesOr(name.as_str().to_owned()),
+        }
+    }
+}
+
+/// Of the branches `tips`: those holding what `want` asks for, and those holding states.
+struct Holders {
+    holding: Vec<String>,
+    with_states: Vec<String>,
+}
+
+fn holders(
+    cache: &Cache,
+    tips: Vec<(String, ObjectId)>,
+    want: &Want,
+) -> Result<Holders, crate::repository::Error> {
+    let mut found = Holders {
+        holding: Vec::new(),
+        with_states: Vec::new(),
+    };
+    for (branch, tip) in tips {
+        let states = holds_states(cache, tip)?;
+        // The name read, or a near name of it (`team/app.tfstate` for the seed's
+        // `team/app.json`): a slip in an address made when switching.
+        let has_name = |named: &str| -> Result<bool, crate::repository::Error> {
+            Ok(cache
+                .list_files(tip)?
+                .iter()
+                .any(|path| path == named || near_name(path, named)))
+        };
+        let holds = match want {
+            Want::States => states,
+            Want::SeedState(named) => !cache.has_file(tip, INDEX_PATH)? && has_name(named)?,
+            Want::StatesOr(named) => states || has_name(named)?,
+        };
+        if states {
+            found.with_states.push(branch.clone());
+        }
+        if holds {
+            found.holding.push(branch);
+        }
+    }
+    Ok(found)
+}
+
+/// Whether `tip`, which the cache holds, holds states (see [`holds_states`]).
+async fn tip_holds_states(remote: &Remote, tip: ObjectId) -> Result<bool, RemoteError> {
+    let cache = remote.cache.clone();
+    Ok(blocking(move || holds_states(&cache, tip)).await?)
+}
+
+/// Whether the tip `tip` holds states: the state index, or a `.tfstate` file anywhere
+/// (terraform-backend-git's states, a repository of a version before the index).
+fn holds_states(cache: &Cache, tip: ObjectId) -> Result<bool, crate::repository::Error> {
+    Ok(cache.has_file(tip, INDEX_PATH)?
+        || cache
+            .list_files(tip)?
+            .iter()
+            .any(|path| path.ends_with(".tfstate")))
 }

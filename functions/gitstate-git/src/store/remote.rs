@@ -86,6 +86,9 @@ pub(super) struct Remote {
     pub(super) looks: Mutex<Looks>,
     /// Folds in the background of this process (see the `fold` module).
     pub(super) folds: Background,
+    /// While the branch holds no states: its tip, and the other branches a look found holding
+    /// states then (see `GitStore::branches_with_states`).
+    pub(super) beside: Mutex<Option<(ObjectId, Vec<String>)>>,
 }
 
 impl Remote {
@@ -110,6 +113,7 @@ impl Remote {
             known_states: Mutex::default(),
             looks: Mutex::default(),
             folds: Background::default(),
+            beside: Mutex::default(),
         }
     }
 
@@ -242,15 +246,21 @@ impl Remote {
         self.transport.refs_with_prefix(prefix).await
     }
 
-    /// Whether the branch, which a look just found missing, was deleted outside gitstate (which
-    /// never deletes one): this process saw it, and its states' refs remain. One look for
-    /// them, made only then; a process that never saw the branch asks nothing here (a new
-    /// repository's, which the branch rule judges with every ref in view).
-    pub(super) async fn branch_lost(&self) -> Result<bool, RemoteError> {
+    /// Whether the branch, which a look just found missing, was deleted or renamed outside
+    /// gitstate (which never deletes one): this process saw it, and the repository is no empty
+    /// one (the branch's states' refs remain, or other branches do, the lock refs under
+    /// `locks` aside). One look, made only then; a process that never saw the branch asks
+    /// nothing here (the branch rule judges it with every ref in view). An empty repository is
+    /// starting over, in this process as in a new one.
+    pub(super) async fn branch_lost(&self, locks: &str) -> Result<bool, RemoteError> {
         if self.recent_tip(Duration::MAX).is_none() {
             return Ok(false);
         }
-        self.states_remain().await
+        let advert = self.refs_with_prefix("refs/").await?;
+        Ok(advert.refs.keys().any(|name| {
+            is_state_ref_of(&self.branch, name)
+                || (name.starts_with("refs/heads/") && !name.starts_with(locks))
+        }))
     }
 
     /// Whether states' refs of the branch remain (one look for them): with the branch missing,

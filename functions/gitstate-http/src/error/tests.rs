@@ -75,6 +75,10 @@ fn seal_error(rng: &mut StdRng) -> SealError {
 fn service_error(rng: &mut StdRng) -> ServiceError {
     use ServiceError as S;
     match rng.random_range(0..29) {
+        28 if rng.random_bool(0.5) => S::StatesElsewhere {
+            branch: word(rng),
+            holding: (0..rng.random_range(1..4)).map(|_| word(rng)).collect(),
+        },
         28 => S::SealedWithoutKeys,
         27 => S::OnAnotherBranch {
             name: word(rng),
@@ -204,6 +208,7 @@ fn expected(error: &ApiError) -> (StatusCode, &'static str) {
             S::NoBranch { .. } => (C::BAD_REQUEST, "no branch"),
             S::OnAnotherBranch { .. } => (C::BAD_REQUEST, "on another branch"),
             S::BranchBesideStates { .. } => (C::BAD_REQUEST, "branch beside states"),
+            S::StatesElsewhere { .. } => (C::BAD_REQUEST, "states elsewhere"),
             S::Stale { .. } => (C::CONFLICT, "stale"),
             S::NotFound => (C::NOT_FOUND, "not found"),
             S::NoLock => (C::CONFLICT, "no lock"),
@@ -261,7 +266,7 @@ fn expected(error: &ApiError) -> (StatusCode, &'static str) {
 }
 
 /// The arms of [`expected`].
-const ARMS: usize = 61;
+const ARMS: usize = 62;
 
 #[tokio::test]
 async fn every_error_variant_maps_to_its_status_body_and_headers() {

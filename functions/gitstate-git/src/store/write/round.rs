@@ -96,9 +96,9 @@ impl Writer {
         let start = self.start(jobs, &lock_refs, round.floor).await?;
         self.fetch_for(&round, &start).await?;
         let tip = start.tip;
-        // No branch, in a process that saw it, beside its states' refs: deleted outside
-        // gitstate. A commit would start a new branch without the other states.
-        if tip.is_none() && self.remote.branch_lost().await? {
+        // No branch, in a process that saw it: deleted or renamed outside gitstate. A commit
+        // would start a new branch without the other states.
+        if tip.is_none() && self.remote.branch_lost(&self.lock_ref_prefix).await? {
             return Ok(Outcome::decided(
                 jobs.iter()
                     .map(|_| Stage::Done(Written::Refused(Refusal::Diverged)))
