@@ -282,14 +282,22 @@ impl GitStore {
             {
                 return Ok(Vec::new());
             }
-            if look == Beside::Remembered {
-                let beside = lock(&remote.beside).clone();
-                return Ok(beside
-                    .filter(|(tip, _)| Some(*tip) == known)
-                    .map(|(_, holding)| holding)
-                    .unwrap_or_default());
+            // A look of this process found no other branch holding states at the tip it
+            // knows: nothing to ask. Otherwise (none made, or one that would refuse, which may
+            // be stale) the look is made now.
+            let beside = lock(&remote.beside).clone();
+            if look == Beside::Remembered
+                && (known.is_none()
+                    || beside
+                        .is_some_and(|(tip, holding)| Some(tip) == known && holding.is_empty()))
+            {
+                return Ok(Vec::new());
             }
         }
+        let look = match look {
+            Beside::Remembered => Beside::Instead(None),
+            other => other,
+        };
         let (advert, _) = remote.every_ref(read).await?;
         let own = at.branch.full_ref();
         let own_tip = advert.tip(&own);
