@@ -408,7 +408,13 @@ async fn a_deleted_branch_beside_its_states_refs_is_never_no_state() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_renamed_branch_is_never_no_state_in_a_process_that_saw_it() {
     gitstate_tests::init_tracing();
-    for mode in ["auto", "never"] {
+    // The branch moved to another branch, or only a tag of it kept: either way the
+    // repository is no empty one, to a fresh process's branch rule as to this one.
+    for (mode, kept) in [
+        ("auto", "refs/heads/trunk"),
+        ("never", "refs/heads/trunk"),
+        ("auto", "refs/tags/last"),
+    ] {
         let server = GitServer::start().await;
         let url = server.create_repo("renamed");
         let bare = Bare::new(&server.repo_dir("renamed"), "main");
@@ -417,15 +423,23 @@ async fn a_renamed_branch_is_never_no_state_in_a_process_that_saw_it() {
         let warm = gitstate_tests::Client::new(&warm.url);
         warm.apply(X, "a", &state_json("x", 1)).await;
         let tip = bare.tip("refs/heads/main").expect("the branch");
-        bare.git(&["update-ref", "refs/heads/trunk", &tip], &[], b"");
+        bare.git(&["update-ref", kept, &tip], &[], b"");
         bare.git(&["update-ref", "-d", "refs/heads/main"], &[], b"");
         let cold = TestBackend::start(&url, &env).await;
         let cold = gitstate_tests::Client::new(&cold.url);
         for name in [X, "team/new.tfstate"] {
             let read = warm.get_state(name).await;
-            assert_eq!(read.status, 409, "{mode}: {name}, warm: {}", read.body);
+            assert_eq!(
+                read.status, 409,
+                "{mode}, {kept}: {name}, warm: {}",
+                read.body
+            );
             let read = cold.get_state(name).await;
-            assert_eq!(read.status, 400, "{mode}: {name}, fresh: {}", read.body);
+            assert_eq!(
+                read.status, 400,
+                "{mode}, {kept}: {name}, fresh: {}",
+                read.body
+            );
             warm.lock(name, "w").await.expect(200);
             let write = warm.write_locked(name, "w", &state_json("x", 2)).await;
             assert_eq!(write.status, 409, "{mode}: {name}, warm: {}", write.body);
@@ -436,6 +450,6 @@ async fn a_renamed_branch_is_never_no_state_in_a_process_that_saw_it() {
             None,
             "{mode}: no branch was started"
         );
-        assert_eq!(bare.tip("refs/heads/trunk"), Some(tip), "{mode}: untouched");
+        assert_eq!(bare.tip(kept), Some(tip), "{mode}: {kept} untouched");
     }
 }

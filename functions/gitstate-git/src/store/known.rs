@@ -37,6 +37,13 @@ pub(super) fn is_state_ref_of(branch: &str, name: &str) -> bool {
         .is_some_and(|hex| hex.len() == 40 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
+/// Whether the ref `name` is one of the repository's own (a branch, a tag, anything a person
+/// made), not gitstate's: its lock refs under `locks` and everything under `refs/gitstate/`
+/// aside. A repository with none is empty to the branch rule.
+pub(super) fn is_others(name: &str, locks: &str) -> bool {
+    name != "HEAD" && !name.starts_with(locks) && !name.starts_with("refs/gitstate/")
+}
+
 /// The state refs this process has seen, by name: a tip, or known to be absent.
 #[derive(Debug, Default)]
 pub(super) struct KnownStates {

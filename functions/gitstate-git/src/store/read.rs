@@ -11,7 +11,7 @@ use gitstate_core::ports::{Beside, BranchStatus, Listing, Location};
 use gitstate_core::refs::{Clash, near_name};
 use gitstate_core::{ReadContext, StateName};
 
-use super::known::{STATE_REF_PREFIX, is_state_ref_of};
+use super::known::{STATE_REF_PREFIX, is_others, is_state_ref_of};
 use super::remote::Remote;
 use super::{GitStore, ListError, ReadError, RemoteError, blocking};
 use crate::protocol::Service;
@@ -227,7 +227,7 @@ impl GitStore {
         let mut others: Vec<String> = advert
             .refs
             .into_keys()
-            .filter(|r| r != "HEAD" && !r.starts_with(locks) && !r.starts_with("refs/gitstate/"))
+            .filter(|r| is_others(r, locks))
             .collect();
         others.sort();
         let default = head

@@ -12,7 +12,9 @@ use gix::ObjectId;
 use gitstate_core::ReadContext;
 use gitstate_core::ports::{CommitMeta, HistoryPage};
 
-use super::known::{Home, KnownStates, Looks, STATE_REF_PREFIX, Seen, is_state_ref_of, state_ref};
+use super::known::{
+    Home, KnownStates, Looks, STATE_REF_PREFIX, Seen, is_others, is_state_ref_of, state_ref,
+};
 use super::transport::{Fetch, KnownTip, Transport};
 use super::write::{Batcher, Sent};
 use super::{RemoteError, blocking};
@@ -248,8 +250,8 @@ impl Remote {
 
     /// Whether the branch, which a look just found missing, was deleted or renamed outside
     /// gitstate (which never deletes one): this process saw it, and the repository is no empty
-    /// one (the branch's states' refs remain, or other branches do, the lock refs under
-    /// `locks` aside). One look, made only then; a process that never saw the branch asks
+    /// one (the branch's states' refs remain, or other refs do, as the branch rule counts
+    /// them: `known::is_others`). One look, made only then; a process that never saw the branch asks
     /// nothing here (the branch rule judges it with every ref in view). An empty repository is
     /// starting over, in this process as in a new one.
     pub(super) async fn branch_lost(&self, locks: &str) -> Result<bool, RemoteError> {
@@ -257,10 +259,10 @@ impl Remote {
             return Ok(false);
         }
         let advert = self.refs_with_prefix("refs/").await?;
-        Ok(advert.refs.keys().any(|name| {
-            is_state_ref_of(&self.branch, name)
-                || (name.starts_with("refs/heads/") && !name.starts_with(locks))
-        }))
+        Ok(advert
+            .refs
+            .keys()
+            .any(|name| is_state_ref_of(&self.branch, name) || is_others(name, locks)))
     }
 
     /// Whether states' refs of the branch remain (one look for them): with the branch missing,
