@@ -331,7 +331,8 @@ async fn instead(
         Ok(holding) => Some(Found::Warning(format!(
             "branch {branch} (GITSTATE_REF) holds no states, and {} hold them: a read that \
              finds no state there and every write are refused (400), never \"no state\"; set \
-             GITSTATE_REF to the branch the states are on",
+             GITSTATE_REF to the branch the states are on, or commit an empty state index \
+             (.gitstate/index.json) to {branch} to keep states there too",
             holding.join(", ")
         ))),
         Err(e) => Some(Found::Warning(format!(

@@ -190,8 +190,10 @@ pub enum Beside<'a> {
     /// the branches that hold states instead, and with a name, also those with a file at it
     /// or at a near name of it (the seed's states have any name).
     Instead(Option<&'a StateName>),
-    /// As `Instead(None)`, from what this process's looks found for the branch's tip as it
-    /// last saw it: never a request (a write's check, behind the read that looked).
+    /// As `Instead(None)`, for a write's check behind the read that looked: none, with no
+    /// request, where this process knows no tip of the branch or a look of its found no other
+    /// branch holding states at the tip it knows; otherwise (no look made, or one that would
+    /// refuse, which may be stale) the look is made again.
     Remembered,
 }
 

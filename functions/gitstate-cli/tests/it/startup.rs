@@ -734,3 +734,84 @@ async fn no_new_store_starts_when_a_hosted_repository_was_meant() {
         }
     }
 }
+
+/// `GITSTATE_REF` names a branch that exists but keeps no states (here `main`, holding code),
+/// while `states` keeps them: `gitstate config` and `gitstate run` warn at start, naming
+/// `states` and both ways out. A branch that keeps states, or a repository with no other
+/// branch of states, gets no such warning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_branch_without_states_beside_states_is_named_at_start() {
+    let server = GitServer::start().await;
+    let url = server.create_repo("code");
+    gitstate_tests::commit_file(&server, "code", "main.tf", b"# code\n");
+    let bare = server.repo_dir("code");
+    let work = tempfile::tempdir().expect("tempdir");
+    let env = |branch: &str| -> Vec<(&str, String)> {
+        vec![
+            ("GITSTATE_REPOSITORY", url.clone()),
+            ("GITSTATE_GIT_USERNAME", GIT_USER.into()),
+            ("GITSTATE_GIT_TOKEN", GIT_TOKEN.into()),
+            ("GITSTATE_REF", branch.into()),
+            (
+                "GITSTATE_ACCESS",
+                access_file(&[("alice", PASSWORD, &["admin:*"])]),
+            ),
+        ]
+    };
+    let warned = |out: &Output| {
+        text(out)
+            .lines()
+            .find(|l| l.contains("holds no states"))
+            .map(str::to_owned)
+    };
+    let alone = gitstate(work.path(), &["config"], &env("main"));
+    assert_eq!(warned(&alone), None, "no other branch: {}", text(&alone));
+    // `states` keeps a state: a commit on top of main's holding a .tfstate file.
+    let handmade = gitstate_tests::handmade::Bare::new(&bare, "states");
+    let tip = gitstate_tests::git(&["rev-parse", "refs/heads/main"], Some(&bare));
+    gitstate_tests::git(&["branch", "states", tip.trim()], Some(&bare));
+    let mut write = gitstate_tests::handmade::StateWrite {
+        path: "prod.tfstate".into(),
+        content: Vec::new(),
+        author: gitstate_tests::handmade::Stamp {
+            name: "ann".into(),
+            email: "ann@example.invalid".into(),
+            date: "1700000000 +0000".into(),
+        },
+        committer: gitstate_tests::handmade::Stamp {
+            name: "ann".into(),
+            email: "ann@example.invalid".into(),
+            date: "1700000000 +0000".into(),
+        },
+        message: "prod\n".into(),
+    };
+    write.content =
+        br#"{"version":4,"serial":3,"lineage":"l","outputs":{},"resources":[]}"#.to_vec();
+    handmade.branch_write("prod.tfstate", Some(&write.content.clone()), &write);
+    for args in [
+        &["config"][..],
+        &[
+            "run",
+            "--state",
+            "prod.tfstate",
+            "--workdir",
+            ".",
+            "--",
+            "true",
+        ],
+    ] {
+        let out = gitstate(work.path(), args, &env("main"));
+        let line = warned(&out).unwrap_or_else(|| panic!("{args:?}: no warning: {}", text(&out)));
+        assert!(
+            line.contains("states") && line.contains("GITSTATE_REF") && line.contains("index.json"),
+            "{args:?}: {line}"
+        );
+    }
+    let right = gitstate(work.path(), &["config"], &env("states"));
+    assert_eq!(
+        warned(&right),
+        None,
+        "the branch of states: {}",
+        text(&right)
+    );
+}
