@@ -7,6 +7,7 @@ mod batch;
 mod concurrency;
 mod console;
 mod contract;
+mod copies;
 mod credentials;
 mod deploy;
 mod encryption;

@@ -29,6 +29,8 @@ const WHO: &str = "Who";
 const USER: &str = "User";
 /// The state commit a fold replayed onto the branch (see [`with_state_commit`]).
 pub const STATE_COMMIT: &str = "State-commit";
+/// The branch a commit was made for (see [`with_branch`]).
+const BRANCH: &str = "Branch";
 
 /// The `Lock-ID` of a write made without a lock.
 pub const WITHOUT_LOCK: &str = "none (written without a lock)";
@@ -164,6 +166,30 @@ pub fn operation_of(message: &str) -> String {
 /// when it has none): what a fold writes on the branch commit that replays the state commit
 /// `id`, so the branch's history names the write it carries.
 pub fn with_state_commit(message: &str, id: &str) -> String {
+    with_trailer(message, STATE_COMMIT, id)
+}
+
+/// The state commit a fold replayed into this branch commit, from its `State-commit` trailer.
+pub fn state_commit_of(message: &str) -> Option<String> {
+    last_trailer(message, STATE_COMMIT)
+}
+
+/// `message` with the trailer `Branch: <branch>` added to its trailers: every commit the store
+/// makes for a branch (a write, or the state commit a fold replays there) names it, so a copy
+/// of the branch under another name can be told from the branch itself.
+pub fn with_branch(message: &str, branch: &str) -> String {
+    let branch = one_line(branch).unwrap_or_default();
+    with_trailer(message, BRANCH, &branch)
+}
+
+/// The branch a commit was made for, from its last `Branch` trailer (a fold's replay of a state
+/// commit keeps the state commit's).
+pub fn branch_of(message: &str) -> Option<String> {
+    last_trailer(message, BRANCH)
+}
+
+/// `message` with `key: value` added to its trailers (a new trailer paragraph when it has none).
+fn with_trailer(message: &str, key: &str, value: &str) -> String {
     let body = message.trim_end();
     let has_trailers = body.rsplit_once("\n\n").is_some_and(|(_, block)| {
         block
@@ -171,16 +197,16 @@ pub fn with_state_commit(message: &str, id: &str) -> String {
             .all(|line| line.split_once(": ").is_some_and(|(key, _)| is_key(key)))
     });
     let joint = if has_trailers { "\n" } else { "\n\n" };
-    format!("{body}{joint}{STATE_COMMIT}: {id}\n")
+    format!("{body}{joint}{key}: {value}\n")
 }
 
-/// The state commit a fold replayed into this branch commit, from its `State-commit` trailer.
-pub fn state_commit_of(message: &str) -> Option<String> {
+/// The value of the last trailer `key` of `message`.
+fn last_trailer(message: &str, wanted: &str) -> Option<String> {
     let (_, block) = message.trim_end().rsplit_once("\n\n")?;
     block.lines().rev().find_map(|line| {
         let (key, value) = line.split_once(':')?;
         let value = value.trim();
-        (key == STATE_COMMIT && !value.is_empty()).then(|| value.to_owned())
+        (key == wanted && !value.is_empty()).then(|| value.to_owned())
     })
 }
 

@@ -106,7 +106,9 @@ impl ApiError {
                 "the git remote refused or garbled the request; see the backend's log".to_owned()
             }
             Self::Service(S::Store(
-                told @ (StoreError::Incompatible(_) | StoreError::ProtocolMismatch { .. }),
+                told @ (StoreError::Incompatible(_)
+                | StoreError::ProtocolMismatch { .. }
+                | StoreError::Copied { .. }),
             )) => told.to_string(),
             Self::Service(S::Store(StoreError::Diverged)) => S::Diverged.to_string(),
             Self::Service(S::Store(_)) | Self::Render(_) => {
@@ -149,7 +151,8 @@ fn service_status(error: &ServiceError) -> StatusCode {
         S::NoBranch { .. }
         | S::OnAnotherBranch { .. }
         | S::BranchBesideStates { .. }
-        | S::StatesElsewhere { .. } => StatusCode::BAD_REQUEST,
+        | S::StatesElsewhere { .. }
+        | S::Store(StoreError::Copied { .. }) => StatusCode::BAD_REQUEST,
         // Only a valid, absent state is 404 (Terraform's "no state"). An unknown revision is a
         // bad selector; "no lock held" answers only GET /locks/<name> (an UNLOCK of a lock nobody
         // holds is 200), so 409 there never reads as a LOCK conflict.

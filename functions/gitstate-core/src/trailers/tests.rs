@@ -200,6 +200,24 @@ fn a_state_commit_trailer_adds_to_any_message() {
         );
         assert!(folded.ends_with(&format!("\n{STATE_COMMIT}: {id}\n")));
         assert_eq!(state_commit_of(&message), None, "{message:?}");
+        // The branch a write was made for, kept through the fold's replay of it.
+        let branch = format!("env/{}", value(&mut rng).unwrap_or_default());
+        let marked = with_branch(&message, &branch);
+        assert_eq!(branch_of(&message), None, "{message:?}");
+        let named = branch_of(&marked).expect("a branch");
+        assert!(
+            named.starts_with("env/") && !named.contains(['\n', '\r']),
+            "{branch:?} {named:?}"
+        );
+        let kept: String = branch
+            .chars()
+            .take(200)
+            .map(|c| if is_break(c) { ' ' } else { c })
+            .collect();
+        assert_eq!(named, kept.trim(), "{branch:?}");
+        let replayed = with_state_commit(&marked, &id);
+        assert_eq!(branch_of(&replayed), Some(named), "{marked:?}");
+        assert_eq!(Trailers::parse(&replayed), Trailers::parse(&message));
     }
     assert!(bare > 300, "{bare}");
 }

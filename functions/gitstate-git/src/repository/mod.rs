@@ -22,7 +22,7 @@ mod walk;
 pub use commit::NewCommit;
 pub use error::{Corruption, Error};
 pub use replay::StateCommit;
-pub use walk::{Chain, Latest, Replayed, Walk};
+pub use walk::{Chain, Latest, Marker, Replayed, Walk};
 
 pub struct Cache {
     dir: PathBuf,

@@ -71,6 +71,41 @@ fn listed_id(commit: ObjectId, message: &str) -> String {
         .unwrap_or_else(|| commit.to_string())
 }
 
+/// What a walk for the branch a tip's commits were made for found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Marker {
+    /// The newest commit that names a branch names this one.
+    Named(String),
+    /// No commit looked at names one (commits made by other tools only, up to a root or the
+    /// depth).
+    Unnamed,
+    /// The cache's history ends at `boundary` (a shallow fetch) before any commit names one.
+    Shallow { boundary: ObjectId },
+}
+
+impl Cache {
+    /// The branch the newest of the first `depth` commits on `tip`'s first-parent line that
+    /// names one was made for (its `Branch` trailer).
+    pub fn branch_marker(&self, tip: ObjectId, depth: usize) -> Result<Marker, Error> {
+        let repo = self.repo()?;
+        let mut at = tip;
+        for _ in 0..depth {
+            let commit = repo.find_commit(at)?;
+            let decoded = commit.decode()?;
+            let message = decoded.message.to_string();
+            if let Some(branch) = gitstate_core::trailers::branch_of(&message) {
+                return Ok(Marker::Named(branch));
+            }
+            match decoded.parents().next() {
+                Some(parent) if repo.has_object(parent) => at = parent,
+                Some(_) => return Ok(Marker::Shallow { boundary: at }),
+                None => return Ok(Marker::Unnamed),
+            }
+        }
+        Ok(Marker::Unnamed)
+    }
+}
+
 /// How far a search for the newest revisions of several paths got.
 pub enum Latest {
     Done(HashMap<String, Revision>),

@@ -8,6 +8,7 @@
 //!   A remote without `atomic` gets the compare-and-swap of the branch alone, the lock having
 //!   been checked in the same advertisement that gave the tip (see [`WriteMode`]).
 
+mod copies;
 mod error;
 mod floor;
 mod fold;

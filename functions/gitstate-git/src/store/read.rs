@@ -444,7 +444,7 @@ impl GitStore {
                     false => Ok(None),
                 };
             };
-            let read = async {
+            let reading = async {
                 if let Some(state_tip) = state_tip {
                     // The state's own ref holds its newest content.
                     return remote.read_state_ref(tip, state_tip, &path).await;
@@ -457,9 +457,10 @@ impl GitStore {
                 }
                 remote.read(tip, path.clone()).await
             };
-            match read.await {
+            match reading.await {
                 Ok(state) => {
                     remote.saw_tip(tip);
+                    remote.not_a_copy(tip, read).await?;
                     return Ok(state.map(Bytes::from));
                 }
                 // The tip moved between advertisement and fetch: look again, a few times.

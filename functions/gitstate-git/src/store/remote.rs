@@ -91,6 +91,8 @@ pub(super) struct Remote {
     /// While the branch holds no states: its tip, and the other branches a look found holding
     /// states then (see `GitStore::branches_with_states`).
     pub(super) beside: Mutex<Option<(ObjectId, Vec<String>)>>,
+    /// The newest tip found not to be a copy of another branch (see the `copies` module).
+    pub(super) not_a_copy: Mutex<Option<ObjectId>>,
 }
 
 impl Remote {
@@ -116,6 +118,7 @@ impl Remote {
             looks: Mutex::default(),
             folds: Background::default(),
             beside: Mutex::default(),
+            not_a_copy: Mutex::default(),
         }
     }
 
@@ -405,8 +408,21 @@ impl Remote {
         content: Option<Bytes>,
         meta: CommitMeta,
     ) -> Result<NewCommit, RemoteError> {
+        let meta = self.marked(meta);
         let cache = self.cache.clone();
         Ok(blocking(move || cache.commit(parent, &path, content.as_deref(), &meta)).await?)
+    }
+
+    /// `meta` with its message naming this branch (see `copies`).
+    pub(super) fn marked(&self, meta: CommitMeta) -> CommitMeta {
+        let short = self
+            .branch
+            .strip_prefix("refs/heads/")
+            .unwrap_or(&self.branch);
+        CommitMeta {
+            message: gitstate_core::trailers::with_branch(&meta.message, short),
+            ..meta
+        }
     }
 
     pub(super) async fn push(

@@ -44,7 +44,11 @@ fn held(rng: &mut StdRng) -> HeldLock {
 }
 
 fn store_error(rng: &mut StdRng) -> StoreError {
-    match rng.random_range(0..8) {
+    match rng.random_range(0..9) {
+        8 => StoreError::Copied {
+            branch: word(rng),
+            of: word(rng),
+        },
         7 => StoreError::Diverged,
         6 => StoreError::ProtocolMismatch {
             setting: "GITSTATE_LOCK_REF_PREFIX",
@@ -227,6 +231,7 @@ fn expected(error: &ApiError) -> (StatusCode, &'static str) {
                 StoreError::ProtocolMismatch { .. } => (C::PRECONDITION_FAILED, "protocol"),
                 StoreError::Internal(_) => (C::INTERNAL_SERVER_ERROR, "internal"),
                 StoreError::Diverged => (C::CONFLICT, "diverged"),
+                StoreError::Copied { .. } => (C::BAD_REQUEST, "copied"),
             },
             S::Seal(seal) => match seal {
                 SealError::Unavailable(_) => (C::SERVICE_UNAVAILABLE, "kms unavailable"),
@@ -266,7 +271,7 @@ fn expected(error: &ApiError) -> (StatusCode, &'static str) {
 }
 
 /// The arms of [`expected`].
-const ARMS: usize = 62;
+const ARMS: usize = 63;
 
 #[tokio::test]
 async fn every_error_variant_maps_to_its_status_body_and_headers() {

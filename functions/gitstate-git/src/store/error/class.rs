@@ -30,7 +30,9 @@ impl Class {
             RemoteError::AtomicRequired => Self::Incompatible,
             RemoteError::Connect(_) => Self::Internal,
             RemoteError::Repository(error) => Self::of_repository(error),
-            RemoteError::EditedOutside(_) | RemoteError::BranchLost(_) => Self::Diverged,
+            RemoteError::EditedOutside(_)
+            | RemoteError::BranchLost(_)
+            | RemoteError::BranchCopied { .. } => Self::Diverged,
         }
     }
 
@@ -84,6 +86,13 @@ pub(super) fn classify<E>(error: E) -> StoreError
 where
     E: Borrow<RemoteError> + std::error::Error + Send + Sync + 'static,
 {
+    if let RemoteError::BranchCopied { branch, of } = error.borrow() {
+        let short = |name: &str| name.strip_prefix("refs/heads/").unwrap_or(name).to_owned();
+        return StoreError::Copied {
+            branch: short(branch),
+            of: short(of),
+        };
+    }
     match Class::of(error.borrow()) {
         Class::Unavailable => StoreError::Unavailable(Box::new(error)),
         Class::Remote => StoreError::Remote(Box::new(error)),

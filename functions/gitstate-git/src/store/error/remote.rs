@@ -39,6 +39,12 @@ pub enum RemoteError {
     /// outside gitstate, which never deletes a branch.
     #[error("{0} is gone while its states' refs remain: it was deleted outside gitstate")]
     BranchLost(String),
+    /// The branch (`branch`, a full ref) is a copy of `of`, which still keeps the same states:
+    /// either would act on the other's resources.
+    #[error(
+        "{branch} is a copy of {of}, which keeps the same states (the same lineages): a plan on either would act on the other's resources; delete one of the two branches, or start {branch} again from an orphan commit holding the empty index"
+    )]
+    BranchCopied { branch: String, of: String },
 }
 
 impl RemoteError {
@@ -54,7 +60,8 @@ impl RemoteError {
             | Self::Undelivered(_)
             | Self::Repository(_)
             | Self::EditedOutside(_)
-            | Self::BranchLost(_) => None,
+            | Self::BranchLost(_)
+            | Self::BranchCopied { .. } => None,
         }
     }
 
@@ -71,7 +78,8 @@ impl RemoteError {
             | Self::AtomicRequired
             | Self::Repository(_)
             | Self::EditedOutside(_)
-            | Self::BranchLost(_) => false,
+            | Self::BranchLost(_)
+            | Self::BranchCopied { .. } => false,
         }
     }
 
@@ -88,7 +96,8 @@ impl RemoteError {
             | Self::AtomicRequired
             | Self::Undelivered(_)
             | Self::EditedOutside(_)
-            | Self::BranchLost(_) => false,
+            | Self::BranchLost(_)
+            | Self::BranchCopied { .. } => false,
         }
     }
 

@@ -34,6 +34,8 @@ enum Kind {
     Internal,
     /// 409, a person settles it.
     Diverged,
+    /// 400, naming both branches.
+    Copied(String, String),
 }
 
 fn kind(error: &StoreError) -> Kind {
@@ -46,6 +48,7 @@ fn kind(error: &StoreError) -> Kind {
         StoreError::Corrupt(what) => Kind::Corrupt(what.clone()),
         StoreError::Internal(_) => Kind::Internal,
         StoreError::Diverged => Kind::Diverged,
+        StoreError::Copied { branch, of } => Kind::Copied(branch.clone(), of.clone()),
     }
 }
 
@@ -136,6 +139,7 @@ fn lower() -> Vec<Lower> {
         row(|| RemoteError::Undelivered("blobs"), "Undelivered", "git remote reports: the fetch did not deliver the requested blobs", Kind::Remote, (true, false, true)),
         row(|| RemoteError::EditedOutside("a/b.tfstate".into()), "EditedOutside", "a/b.tfstate: the branch's file was written outside gitstate while the state's ref holds it", Kind::Diverged, (false, false, false)),
         row(|| RemoteError::BranchLost("refs/heads/main".into()), "BranchLost", "refs/heads/main is gone while its states' refs remain: it was deleted outside gitstate", Kind::Diverged, (false, false, false)),
+        row(|| RemoteError::BranchCopied { branch: "refs/heads/staging".into(), of: "refs/heads/prod".into() }, "BranchCopied", "refs/heads/staging is a copy of refs/heads/prod, which keeps the same states (the same lineages): a plan on either would act on the other's resources; delete one of the two branches, or start refs/heads/staging again from an orphan commit holding the empty index", Kind::Copied("staging".into(), "prod".into()), (false, false, false)),
         row(
             || repo(repository::Error::Git(gix::Error::from_error(std::io::Error::other("odb")))),
             "Git",
@@ -183,6 +187,7 @@ fn lower_variant(error: &RemoteError) -> &'static str {
         RemoteError::Undelivered(_) => "Undelivered",
         RemoteError::EditedOutside(_) => "EditedOutside",
         RemoteError::BranchLost(_) => "BranchLost",
+        RemoteError::BranchCopied { .. } => "BranchCopied",
         RemoteError::Repository(error) => match error {
             repository::Error::Git(_) => "Git",
             repository::Error::Pack(_) => "Pack",
@@ -224,7 +229,7 @@ fn every_lower_failure_keeps_its_text_decisions_and_kind() {
             assert_eq!(kind(&store_error), row.kind, "{what}: shared");
             // The whole failure is the source, as the first caller's is (the echo's text).
             let expected = match &row.kind {
-                Kind::Incompatible(_) | Kind::Corrupt(_) | Kind::Diverged => {
+                Kind::Incompatible(_) | Kind::Corrupt(_) | Kind::Diverged | Kind::Copied(..) => {
                     store_error.to_string()
                 }
                 _ => format!("{store_error}: {failure}"),
@@ -255,6 +260,7 @@ fn every_lower_failure_keeps_its_text_decisions_and_kind() {
         "Undelivered",
         "EditedOutside",
         "BranchLost",
+        "BranchCopied",
         "Git",
         "Pack",
         "Corrupt",

@@ -31,8 +31,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use gix::ObjectId;
 
-use gitstate_core::StateName;
 use gitstate_core::ports::{Location, Refusal, Stored, WritePlan, Written};
+use gitstate_core::{ReadContext, StateName};
 
 use super::lead::backoff;
 use super::plan::blob_id;
@@ -234,6 +234,9 @@ async fn ref_round(
             Step::Done(hop)
         }
     };
+    remote
+        .not_a_copy(start.branch, &ReadContext::no_request())
+        .await?;
     if !remote.branch_has(start.branch, path).await? {
         return Ok(Step::Done(Hop::Branch));
     }
@@ -288,6 +291,7 @@ async fn ref_round(
         clear_probe(remote, update, probe).await?;
     }
     let parent = state_tip.unwrap_or(start.branch);
+    let meta = remote.marked(meta);
     let (cache, owned, bytes) = (remote.cache.clone(), path.to_owned(), update.bytes.clone());
     let commit = blocking(move || cache.state_commit_on(parent, &owned, &bytes, &meta)).await?;
     push_state_commit(remote, update, start, state_tip, commit).await
