@@ -83,9 +83,7 @@ async fn a_copy_of_a_branch_of_states_never_serves_them_as_its_own() {
         // A process that served the copy's name as a branch of its own first (started from an
         // orphan commit holding the empty index, as the docs say).
         let copied = Bare::new(&dir, copy);
-        let write = crate::races::by_hand(".gitstate/index.json");
-        let empty = br#"{"format":1,"states":{}}"#;
-        copied.branch_write(".gitstate/index.json", Some(empty), &write);
+        copied.start_branch();
         let before = TestBackend::start(&url, &env(copy, refs)).await;
         let warm = Client::new(&before.url);
         warm.apply("own.tfstate", "O", &state_json("own", 1)).await;
@@ -169,8 +167,7 @@ async fn a_copy_of_a_branch_of_states_never_serves_them_as_its_own() {
         for state_ref in names.iter().map(|name| orig.state_ref(name)) {
             orig.git(&["update-ref", "-d", &state_ref], &[], b"");
         }
-        let fresh_start = crate::races::by_hand(".gitstate/index.json");
-        orig.branch_write(".gitstate/index.json", Some(empty), &fresh_start);
+        orig.start_branch();
         let retaken = TestBackend::start(&url, &env(original, refs)).await;
         Client::new(&retaken.url)
             .apply(names[0], "N", &state_json("unrelated", 1))
@@ -189,4 +186,63 @@ async fn a_copy_of_a_branch_of_states_never_serves_them_as_its_own() {
         cold.apply(names[0], "R", &state_json(&lineage, 10)).await;
         drop((before, fresh, retaken, renamed));
     }
+}
+
+/// A copy made where no commit names a branch (states written by hand or by a version before
+/// the trailer, the seed's `.tfstate` files): another branch at the very tip, keeping states,
+/// is refused on both sides, since neither can be told for the copy; once one is deleted (or
+/// the tips part) the other serves. A branch made from one that keeps no states (the empty
+/// index and a README: a new environment made in the host's web page) is no copy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_of_unnamed_commits_is_refused_and_a_copy_of_no_states_is_not() {
+    init_tracing();
+    let server = GitServer::start().await;
+    let url = server.create_repo("unnamed");
+    let dir = server.repo_dir("unnamed");
+    let prod = Bare::new(&dir, "prod");
+    let mut write = crate::races::by_hand("app.tfstate");
+    write.message = "Update state\n".into();
+    prod.branch_write(
+        "app.tfstate",
+        Some(state_json("seed", 4).as_bytes()),
+        &write,
+    );
+    let tip = prod.tip("prod").expect("prod");
+    prod.git(&["update-ref", "refs/heads/staging", &tip], &[], b"");
+    let env = |branch| [("GITSTATE_REF", branch)];
+    for branch in ["staging", "prod"] {
+        let backend = TestBackend::start(&url, &env(branch)).await;
+        let answer = Client::new(&backend.url).get_state("app.tfstate").await;
+        assert_eq!(answer.status, 400, "{branch}: {}", answer.body);
+        assert!(
+            answer.body.contains("\"staging\"") && answer.body.contains("\"prod\""),
+            "{branch}: {}",
+            answer.body
+        );
+    }
+    prod.git(&["update-ref", "-d", "refs/heads/prod"], &[], b"");
+    let staging = TestBackend::start(&url, &env("staging")).await;
+    let client = Client::new(&staging.url);
+    let answer = client.get_state("app.tfstate").await;
+    assert_eq!(answer.status, 200, "the copy alone: {}", answer.body);
+    client
+        .apply("app.tfstate", "S", &state_json("seed", 5))
+        .await;
+
+    // No states: the empty index and a README, and a branch made from it.
+    let url = server.create_repo("nothing");
+    let dir = server.repo_dir("nothing");
+    let main = Bare::new(&dir, "main");
+    main.start_branch();
+    let readme = crate::races::by_hand("README.md");
+    main.branch_write("README.md", Some(b"states\n"), &readme);
+    let tip = main.tip("main").expect("main");
+    main.git(&["update-ref", "refs/heads/env/new", &tip], &[], b"");
+    let fresh = TestBackend::start(&url, &env("env/new")).await;
+    let client = Client::new(&fresh.url);
+    let answer = client.get_state("app.tfstate").await;
+    assert_eq!(answer.status, 404, "a copy of no states: {}", answer.body);
+    client
+        .apply("app.tfstate", "N", &state_json("new", 1))
+        .await;
 }

@@ -181,6 +181,27 @@ impl Bare {
         commit
     }
 
+    /// Start this branch as the docs say a new branch of states starts beside others: an orphan
+    /// commit holding the empty index (a branch made from another branch of states is a copy
+    /// of it, and refused). Returns the commit.
+    pub fn start_branch(&self) -> String {
+        let stamp = Stamp {
+            name: "ops".into(),
+            email: "ops@example.invalid".into(),
+            date: "1700000000 +0000".into(),
+        };
+        let write = StateWrite {
+            path: ".gitstate/index.json".into(),
+            content: Vec::new(),
+            author: stamp.clone(),
+            committer: stamp,
+            message: "start a branch of states\n".into(),
+        };
+        assert!(self.tip(&self.branch).is_none(), "{} exists", self.branch);
+        let index = br#"{"format":1,"states":{}}"#;
+        self.branch_write(".gitstate/index.json", Some(index), &write)
+    }
+
     /// The file at `path` on the branch tip.
     pub fn file(&self, path: &str) -> Option<Vec<u8>> {
         let out = Command::new("git")

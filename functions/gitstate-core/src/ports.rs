@@ -282,10 +282,10 @@ pub enum StoreError {
     /// from it (a git state ref): a person must settle which is the state.
     #[error("the state was changed outside gitstate while gitstate keeps it apart")]
     Diverged,
-    /// The branch (`branch`) is a copy of `of` (short names), which still keeps the same
-    /// states: serving them here would act on `of`'s resources.
+    /// The branch (`branch`) and `of` (short names) keep the same states, one a copy of the
+    /// other: serving them here would act on the other's resources.
     #[error(
-        "branch {branch:?} is a copy of branch {of:?}, which keeps the same states (the same lineages): a plan on either would act on the other's resources; delete one of the two, or start {branch:?} again from an orphan commit holding the empty index .gitstate/index.json"
+        "branches {branch:?} and {of:?} keep the same states (one is a copy of the other: the same commit, or the same lineages): a plan on either would act on the other's resources; delete the copy, or start it again from an orphan commit holding the empty index .gitstate/index.json"
     )]
     Copied { branch: String, of: String },
 }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use gitstate_tests::{Client, GIT_TOKEN, GIT_USER, GitServer, access_file, git, state_json};
+use gitstate_tests::{Client, GIT_TOKEN, GIT_USER, GitServer, access_file, state_json};
 use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -91,12 +91,10 @@ async fn history_show_and_restore_name_their_branch() {
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     let client = Client::with_credentials(&base, Some(("alice", PASSWORD)));
 
-    // Both branches exist before the states are written: main by a first write, staging from it.
+    // Both branches exist before the states are written: main by a first write, staging as the
+    // docs start one (an orphan commit holding the empty index: a copy of main would be refused).
     write(&client, "seed.tfstate", "main", &state_json("seed", 1)).await;
-    git(
-        &["branch", "staging", "main"],
-        Some(&server.repo_dir("branches")),
-    );
+    gitstate_tests::handmade::Bare::new(&server.repo_dir("branches"), "staging").start_branch();
 
     // Serials tell the branches apart: main's are 10.., staging's 100...
     let mut serials: BTreeMap<(String, &str), Vec<u64>> = BTreeMap::new();

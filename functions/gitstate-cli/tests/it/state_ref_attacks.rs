@@ -831,10 +831,8 @@ async fn a_state_ref_belongs_to_its_branch() {
     let (p, r) = (Client::new(&procs[0].url), Client::new(&procs[1].url));
     let x = "team/two.tfstate";
     write_on(&p, x, "main", "m1", state_json("main", 1)).await;
-    gitstate_tests::git(
-        &["branch", "staging", "main"],
-        Some(&server.repo_dir("two")),
-    );
+    // Started as the docs say (a copy of main would be refused).
+    Bare::new(&server.repo_dir("two"), "staging").start_branch();
     write_on(&p, x, "staging", "s1", state_json("staging", 1)).await;
     write_on(&p, x, "staging", "s2", state_json("staging", 2)).await;
     write_on(&p, x, "staging", "s3", state_json("staging", 3)).await;

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use gix::ObjectId;
 
 use gitstate_core::ports::{CommitMeta, HeldLock, Location};
-use gitstate_core::{LockInfo, ReadContext, StateName};
+use gitstate_core::{LockInfo, StateName};
 
 use super::known::{Home, Seen};
 use super::remote::{Proof, Remote};
@@ -354,9 +354,7 @@ impl GitStore {
                 return Ok(None);
             }
         }
-        remote
-            .not_a_copy(proof.branch, &ReadContext::no_request())
-            .await?;
+        remote.not_a_copy(proof.branch, None).await?;
         let path = name.to_string();
         let state = match proof.state {
             Some(state) => remote.read_state_ref(proof.branch, state, &path).await?,

@@ -233,6 +233,7 @@ impl GitStore {
             cache,
             transport,
             write::Batcher::new(self.options.writes_per_push),
+            self.options.lock_ref_prefix.clone(),
         ));
         remotes.insert(key, remote.clone());
         Ok(remote)

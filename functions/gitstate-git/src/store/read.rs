@@ -34,7 +34,10 @@ impl GitStore {
         if let Some(state) = self.read_proved(at, name).await? {
             return Ok(state);
         }
-        Ok(self.read_path(at, name.to_string(), read).await?)
+        let path = name.to_string();
+        Ok(self
+            .read_path_with(at, path, None, read, Copies::Refused)
+            .await?)
     }
 
     /// How this store's lock ref prefix stands against the repository's record of it.
@@ -192,7 +195,10 @@ impl GitStore {
         }
         // The state the request reads next, if it is one: its blob comes with this file's.
         let also = read.reads().map(ToString::to_string);
-        Ok(self.read_path_with(at, path.to_owned(), also, read).await?)
+        let path = path.to_owned();
+        Ok(self
+            .read_path_with(at, path, also, read, Copies::Read)
+            .await?)
     }
 
     /// Whether the branch exists; if not, the remote's default branch (its `HEAD`) and its other
@@ -397,25 +403,16 @@ impl GitStore {
         Ok(Some(tip))
     }
 
-    /// Read `path` at the advertised branch tip.
-    pub(super) async fn read_path(
-        &self,
-        at: &Location,
-        path: String,
-        read: &ReadContext,
-    ) -> Result<Option<Bytes>, RemoteError> {
-        self.read_path_with(at, path, None, read).await
-    }
-
-    /// [`Self::read_path`], fetching the blob at `also` in the same request if the cache lacks
-    /// it. An advertisement `read` may reuse (made since its request began) is used rather than
-    /// asking again.
+    /// Read `path` at the advertised branch tip, fetching the blob at `also` in the same request
+    /// if the cache lacks it. An advertisement `read` may reuse (made since its request began)
+    /// is used rather than asking again. `copies`: whether a copy of another branch is refused.
     async fn read_path_with(
         &self,
         at: &Location,
         path: String,
         also: Option<String>,
         read: &ReadContext,
+        copies: Copies,
     ) -> Result<Option<Bytes>, RemoteError> {
         let remote = self.remote(at)?;
         let branch = at.branch.full_ref();
@@ -460,7 +457,9 @@ impl GitStore {
             match reading.await {
                 Ok(state) => {
                     remote.saw_tip(tip);
-                    remote.not_a_copy(tip, read).await?;
+                    if copies == Copies::Refused {
+                        remote.not_a_copy(tip, Some(&advert)).await?;
+                    }
                     return Ok(state.map(Bytes::from));
                 }
                 // The tip moved between advertisement and fetch: look again, a few times.
@@ -500,6 +499,15 @@ async fn files_and_index(
     })
     .await?;
     Ok((remote.newest_blobs(files, states).await?, index))
+}
+
+/// Whether a read refuses a branch that is a copy of another (see the `copies` module): a
+/// state's read does; a read of the access file or another file of the configuration does not
+/// (on a copy it is the other branch's, and refusing it would refuse every request).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Copies {
+    Refused,
+    Read,
 }
 
 /// What [`Beside`] asks of the other branches, owned (for the blocking pool).

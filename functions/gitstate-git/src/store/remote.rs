@@ -93,6 +93,8 @@ pub(super) struct Remote {
     pub(super) beside: Mutex<Option<(ObjectId, Vec<String>)>>,
     /// The newest tip found not to be a copy of another branch (see the `copies` module).
     pub(super) not_a_copy: Mutex<Option<ObjectId>>,
+    /// The prefix of the lock refs (branches that are no branch of states).
+    pub(super) lock_prefix: String,
 }
 
 impl Remote {
@@ -101,6 +103,7 @@ impl Remote {
         cache: Arc<Cache>,
         transport: Box<dyn Transport>,
         batcher: Batcher,
+        lock_prefix: String,
     ) -> Self {
         Self {
             branch,
@@ -119,6 +122,7 @@ impl Remote {
             folds: Background::default(),
             beside: Mutex::default(),
             not_a_copy: Mutex::default(),
+            lock_prefix,
         }
     }
 

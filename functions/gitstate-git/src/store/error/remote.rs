@@ -39,10 +39,10 @@ pub enum RemoteError {
     /// outside gitstate, which never deletes a branch.
     #[error("{0} is gone while its states' refs remain: it was deleted outside gitstate")]
     BranchLost(String),
-    /// The branch (`branch`, a full ref) is a copy of `of`, which still keeps the same states:
+    /// The branch (`branch`, a full ref) and `of` keep the same states, one a copy of the other:
     /// either would act on the other's resources.
     #[error(
-        "{branch} is a copy of {of}, which keeps the same states (the same lineages): a plan on either would act on the other's resources; delete one of the two branches, or start {branch} again from an orphan commit holding the empty index"
+        "{branch} and {of} keep the same states (one is a copy of the other): a plan on either would act on the other's resources"
     )]
     BranchCopied { branch: String, of: String },
 }

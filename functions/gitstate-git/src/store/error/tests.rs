@@ -139,7 +139,7 @@ fn lower() -> Vec<Lower> {
         row(|| RemoteError::Undelivered("blobs"), "Undelivered", "git remote reports: the fetch did not deliver the requested blobs", Kind::Remote, (true, false, true)),
         row(|| RemoteError::EditedOutside("a/b.tfstate".into()), "EditedOutside", "a/b.tfstate: the branch's file was written outside gitstate while the state's ref holds it", Kind::Diverged, (false, false, false)),
         row(|| RemoteError::BranchLost("refs/heads/main".into()), "BranchLost", "refs/heads/main is gone while its states' refs remain: it was deleted outside gitstate", Kind::Diverged, (false, false, false)),
-        row(|| RemoteError::BranchCopied { branch: "refs/heads/staging".into(), of: "refs/heads/prod".into() }, "BranchCopied", "refs/heads/staging is a copy of refs/heads/prod, which keeps the same states (the same lineages): a plan on either would act on the other's resources; delete one of the two branches, or start refs/heads/staging again from an orphan commit holding the empty index", Kind::Copied("staging".into(), "prod".into()), (false, false, false)),
+        row(|| RemoteError::BranchCopied { branch: "refs/heads/staging".into(), of: "refs/heads/prod".into() }, "BranchCopied", "refs/heads/staging and refs/heads/prod keep the same states (one is a copy of the other): a plan on either would act on the other's resources", Kind::Copied("staging".into(), "prod".into()), (false, false, false)),
         row(
             || repo(repository::Error::Git(gix::Error::from_error(std::io::Error::other("odb")))),
             "Git",

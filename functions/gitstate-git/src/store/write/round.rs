@@ -7,8 +7,8 @@ use std::time::Instant;
 
 use gix::ObjectId;
 
+use gitstate_core::StateName;
 use gitstate_core::ports::{Change, Location, Refusal, Written};
-use gitstate_core::{ReadContext, StateName};
 
 use super::plan::{Planned, plan_one, written_id};
 use super::push::{ChainEnd, Pushing, RefCommands, push_chain};
@@ -106,9 +106,7 @@ impl Writer {
             ));
         }
         if let Some(tip) = tip {
-            self.remote
-                .not_a_copy(tip, &ReadContext::no_request())
-                .await?;
+            self.remote.not_a_copy(tip, start.advert.as_ref()).await?;
         }
         // A new branch git cannot create next to an existing one (`env/a/b` while `env/a`
         // exists): refuse it now rather than push. A clashing branch created by someone else

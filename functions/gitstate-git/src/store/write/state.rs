@@ -31,8 +31,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use gix::ObjectId;
 
+use gitstate_core::StateName;
 use gitstate_core::ports::{Location, Refusal, Stored, WritePlan, Written};
-use gitstate_core::{ReadContext, StateName};
 
 use super::lead::backoff;
 use super::plan::blob_id;
@@ -234,9 +234,7 @@ async fn ref_round(
             Step::Done(hop)
         }
     };
-    remote
-        .not_a_copy(start.branch, &ReadContext::no_request())
-        .await?;
+    remote.not_a_copy(start.branch, None).await?;
     if !remote.branch_has(start.branch, path).await? {
         return Ok(Step::Done(Hop::Branch));
     }
