@@ -457,10 +457,18 @@ impl GitStore {
             match reading.await {
                 Ok(state) => {
                     remote.saw_tip(tip);
-                    if copies == Copies::Refused {
-                        remote.not_a_copy(tip, Some(&advert)).await?;
+                    let judged = match copies {
+                        Copies::Refused => remote.not_a_copy(tip, Some(&advert)).await,
+                        Copies::Read => Ok(()),
+                    };
+                    match judged {
+                        Ok(()) => return Ok(state.map(Bytes::from)),
+                        // A branch moved while the copy check fetched it: look again too.
+                        Err(error) if error.refused() && attempt < 4 => {
+                            tracing::debug!(error = %gitstate_core::report::chain(&error), "a tip moved during the copy check, retrying")
+                        }
+                        Err(other) => return Err(other),
                     }
-                    return Ok(state.map(Bytes::from));
                 }
                 // The tip moved between advertisement and fetch: look again, a few times.
                 Err(error) if error.refused() && attempt < 4 => {
