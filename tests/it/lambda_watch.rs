@@ -29,9 +29,9 @@ const FUNCTION: &str = "_";
 /// state's own ref (`GITSTATE_STATE_REFS=always`) in one push, a create to the branch in one
 /// push on the tip the GET after the LOCK saw without the file or a ref (a ref can only be made
 /// for a state the branch has, so none appears without the branch moving, which the push
-/// refuses).
+/// refuses); Terraform's second GET of a state it did not find asks too.
 const LAMBDA: Requests = Requests {
-    create: 4,
+    create: 5,
     update: 4,
     no_op: 3,
 };

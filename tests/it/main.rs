@@ -27,6 +27,7 @@ mod misconfigured;
 mod model;
 mod protocol;
 mod races;
+mod session;
 mod sops_oracle;
 mod state_refs;
 mod terraform;

@@ -581,8 +581,9 @@ pub(crate) struct Model {
 /// the remote accepts that, the backend's next GET of the state is answered as of the LOCK,
 /// without asking the remote (Terraform reads right after it locks). The model cannot know
 /// whether the assertion was accepted (that depends on the backend's cache), so that GET may
-/// answer the newest state or the state as of the LOCK. The proof is gone once the backend read
-/// the state, wrote it, or released the lock it made.
+/// answer the newest state or the state as of the LOCK. The proof is gone once the backend wrote
+/// the state or released the lock it made (or after a few seconds; a model that keeps it
+/// longer only tolerates more).
 #[derive(Debug, Clone)]
 pub(crate) struct Proof {
     state: Option<Vec<u8>>,
@@ -967,9 +968,6 @@ impl Model {
         };
         let key = (step.backend, branch, step.name.to_owned());
         match &step.op {
-            Op::GetState if status == 200 || status == 404 => {
-                self.proofs.remove(&key);
-            }
             Op::Write { .. } | Op::Delete { .. } | Op::Restore { .. } if status == 200 => {
                 self.proofs.remove(&key);
             }

@@ -1,7 +1,7 @@
 //! Git requests of one Terraform apply (issue 27), for the request-counting tests of every shape
-//! (`serve`, `serve` with KMS, `gitstate run`, the Lambda binary): an apply sends LOCK, GET, the
-//! write under the lock when it changes something, and UNLOCK, and each step is counted with the
-//! git requests the server saw while it ran.
+//! (`serve`, `serve` with KMS, `gitstate run`, the Lambda binary): an apply sends LOCK, GET (a
+//! create a second one before its write), the write under the lock when it changes something,
+//! and UNLOCK, and each step is counted with the git requests the server saw while it ran.
 //!
 //! Each shape asserts its numbers of today as upper bounds, next to [`FLOOR`]: when a change
 //! takes a shape closer to the floor, lower its bounds to what it then measures.
@@ -13,7 +13,8 @@ use crate::{Client, GitServer, Seen, state_json};
 /// What an apply does to its state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Apply {
-    /// The first apply of a new state: GET answers 404, then the write.
+    /// The first apply of a new state: GET answers 404 (twice, as Terraform reads), then the
+    /// write.
     Create,
     /// An apply that changes the state.
     Update,
@@ -112,6 +113,11 @@ pub async fn count_apply(
     let want = if kind == Apply::Create { 404 } else { 200 };
     read.expect(want);
     steps.push(("GET", labels(server)));
+    if kind == Apply::Create {
+        // Terraform reads a state it did not find once more before it writes the first one.
+        client.get_state(name).await.expect(404);
+        steps.push(("GET again", labels(server)));
+    }
     if kind != Apply::NoOp {
         let lineage = format!("lineage-{}", name.replace('/', "-"));
         client

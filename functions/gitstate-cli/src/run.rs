@@ -65,6 +65,9 @@ fn run_user() -> String {
         .unwrap_or_else(|| "gitstate-run".to_owned())
 }
 
+/// How long what a clean run saw of the repository stands in for the next run's look.
+const RESUME_WITHIN: Duration = Duration::from_secs(3600);
+
 /// How long the wrapper waits for its background folds before it exits.
 const FOLD_WAIT: Duration = Duration::from_secs(60);
 
@@ -111,20 +114,13 @@ pub async fn run(
     let app = gitstate_app::build(settings)
         .await
         .context("assembling the backend")?;
-    // The branch and the protocol record are checked before the program starts: a run that
-    // would be refused on its first request does not start Terraform.
-    for found in crate::startup::ref_status(&app, &branch, true).await {
-        match found {
-            crate::startup::Found::Problem(problem) => {
-                bail!("gitstate run: refusing to start the program: {problem}")
-            }
-            crate::startup::Found::Warning(warning) => eprintln!("gitstate run: {warning}"),
-            crate::startup::Found::Ok(_) => {}
-        }
-    }
+    let backend = app.backend.clone();
+    let at = backend
+        .locate(None, None)
+        .context("gitstate run: refusing to start the program")?;
+    let clean = look_or_resume(&app, &at, &branch).await?;
     // Which store, branch and state this run uses, and why: said before the program starts.
     eprintln!("{}", chosen.start_line);
-    let store = app.backend.store().clone();
     let app = app.router();
     let server = tokio::spawn(async move {
         crate::server::serve_until(listener, app, &listening, async {
@@ -138,16 +134,68 @@ pub async fn run(
         user: &user,
         token: &token,
     };
-    let status = run_program(program, &endpoints, signals).await?;
+    let status = run_program(program, &endpoints, signals).await;
+    if status.is_err()
+        && let Err(e) = backend.keep_session(&at, false).await
+    {
+        tracing::debug!(error = %gitstate_core::report::chain(&e), "the last run's note was not removed");
+    }
+    let status = status?;
     let _ = stop.send(());
+
     match tokio::time::timeout(Duration::from_secs(10), server).await {
         Ok(Ok(Err(e))) => eprintln!("gitstate run: the backend failed: {e:#}"),
         Ok(Err(e)) => eprintln!("gitstate run: the backend failed: {e}"),
         Err(_) => eprintln!("gitstate run: the backend did not stop within 10 s"),
         Ok(Ok(Ok(()))) => {}
     }
-    // The writes the program made are on the branch before the wrapper exits (issue 27).
-    if tokio::time::timeout(FOLD_WAIT, store.finish_folds())
+    // A failed program or a warning at the start: the next run looks, and says what it finds.
+    finish(&backend, &at, clean && status.success()).await;
+    Ok(status)
+}
+
+/// Before the program starts: the branch and the protocol record are checked, so that a run
+/// that would be refused on its first request does not start Terraform. A run that follows a
+/// clean one in the same working directory within the hour takes up what that one saw instead
+/// (its cache keeps it): its first LOCK goes without a look, and the requests check the same
+/// rules themselves (a 4xx naming the problem), as in a long-running process. `true`: nothing
+/// to warn about, so this run may leave a note for the next.
+async fn look_or_resume(
+    app: &gitstate_app::App,
+    at: &gitstate_core::ports::Location,
+    branch: &str,
+) -> anyhow::Result<bool> {
+    match app.backend.resume_session(at, RESUME_WITHIN).await {
+        Ok(true) => return Ok(true),
+        Ok(false) => {}
+        Err(e) => {
+            tracing::debug!(error = %gitstate_core::report::chain(&e), "the last run's note was not taken up");
+        }
+    }
+    let mut clean = true;
+    for found in crate::startup::ref_status(app, branch, true).await {
+        match found {
+            crate::startup::Found::Problem(problem) => {
+                bail!("gitstate run: refusing to start the program: {problem}")
+            }
+            crate::startup::Found::Warning(warning) => {
+                clean = false;
+                eprintln!("gitstate run: {warning}");
+            }
+            crate::startup::Found::Ok(_) => {}
+        }
+    }
+    Ok(clean)
+}
+
+/// After the program: the writes it made are on the branch before the wrapper exits (issue
+/// 27), and the note for the next run is kept (`keep`) or forgotten.
+async fn finish(
+    backend: &gitstate_core::service::Backend,
+    at: &gitstate_core::ports::Location,
+    keep: bool,
+) {
+    if tokio::time::timeout(FOLD_WAIT, backend.store().finish_folds())
         .await
         .is_err()
     {
@@ -156,7 +204,9 @@ pub async fn run(
             FOLD_WAIT.as_secs()
         );
     }
-    Ok(status)
+    if let Err(e) = backend.keep_session(at, keep).await {
+        tracing::debug!(error = %gitstate_core::report::chain(&e), "this run's note for the next was not kept");
+    }
 }
 
 /// This run's own user and token; the settings' access becomes that user alone.

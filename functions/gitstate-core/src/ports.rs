@@ -477,6 +477,25 @@ pub trait StateStore: Send + Sync + 'static {
         Ok(None)
     }
 
+    /// Before the first request of such a process: take up what the last one on the same cache
+    /// kept for `at` (see [`Self::keep_session`]), if it is younger than `within`. `true`: the
+    /// first push needs no look first, so [`Self::ready_to_write`] may be skipped. The default:
+    /// nothing is kept.
+    async fn resume_session(
+        &self,
+        _at: &Location,
+        _within: std::time::Duration,
+    ) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+
+    /// After such a process served its program (`keep`: the program succeeded): keep for the
+    /// next process on the same cache what its first push needs, or, `keep == false`, forget
+    /// what was kept, so that the next one looks. The default: nothing to keep.
+    async fn keep_session(&self, _at: &Location, _keep: bool) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     /// Replay the writes kept on the states' own refs onto the branch (see [`crate::fold`]).
     /// The default: a store without such refs has nothing to fold.
     async fn fold(&self, _at: &Location) -> Result<crate::fold::FoldReport, StoreError> {

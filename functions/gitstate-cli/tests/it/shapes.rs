@@ -17,9 +17,9 @@ use gitstate_tests::{Client, GIT_TOKEN, GIT_USER, GitServer, Moto, Seen};
 
 /// A warm `gitstate serve` as deployed by default, where a request of the same Terraform run may
 /// reach another process behind the same address: the GET after a LOCK asks the remote (one
-/// advertisement), so an update or a create is 4, a no-op 3.
+/// advertisement, and so does a create's second GET), so an update is 4, a create 5, a no-op 3.
 const SERVE: Requests = Requests {
-    create: 4,
+    create: 5,
     update: 4,
     no_op: 3,
 };
@@ -27,8 +27,8 @@ const SERVE: Requests = Requests {
 /// One `serve` in front of its clients (`GITSTATE_SINGLE_FRONT=true`), with the default
 /// `GITSTATE_STATE_REFS=auto`: the floor. The LOCK push asserts the branch at the tip this
 /// process knows and shows that the state has no ref of its own (a probe that a ref of that
-/// name refuses), or asserts the state's ref at its known tip: the GET after it asks nothing.
-/// (Terraform's create sends a second GET of the state it did not find, which asks: 4.)
+/// name refuses), or asserts the state's ref at its known tip: the GETs after it (a create's
+/// two) ask nothing.
 const SERVE_SINGLE_FRONT: Requests = FLOOR;
 
 /// The same with KMS encryption: the write's plan knows the sealed stored state by its blob id
@@ -43,19 +43,20 @@ fn single_front() -> (&'static str, String) {
     ("GITSTATE_SINGLE_FRONT", "true".to_owned())
 }
 
-/// `gitstate run -- terraform apply`, the whole command: each is a new, cold process in front of
-/// Terraform, so on top of the apply's own requests (at the floor: the wrapper is the single
-/// front of its Terraform, see [`SERVE_SINGLE_FRONT`]) comes the wrapper's look at the
-/// repository when it starts: one receive-pack advertisement, which shows the branch and the
-/// protocol record and carries what the first LOCK needs to push without an advertisement of
-/// its own. The create here is the repository's first LOCK: it looks again (nothing recorded
-/// yet) and records the lock ref prefix (one push); Terraform's second GET of a state it did
-/// not find asks (what a LOCK proved answers one GET).
-const RUN: Requests = Requests {
-    create: 7,
-    update: 4,
-    no_op: 3,
-};
+/// `gitstate run -- terraform apply`, the whole command, as the first run in its working
+/// directory and the repository's first LOCK: a new, cold process in front of Terraform, so on
+/// top of the apply's own requests comes the wrapper's look at the repository when it starts
+/// (one receive-pack advertisement, which shows the branch and the protocol record and carries
+/// what the first LOCK needs to push without an advertisement of its own); the LOCK looks again
+/// (nothing recorded yet) and records the lock ref prefix (one push).
+const RUN_FIRST_CREATE: usize = 6;
+
+/// A run that follows a clean one in the same working directory within the hour (`terraform
+/// init` through the wrapper is one): it takes up what that one saw (its cache keeps the
+/// capabilities, the tip and that the protocol record agreed), so it makes no look of its own,
+/// and its Terraform's apply goes at the floor (the wrapper is the single front of its
+/// Terraform, see [`SERVE_SINGLE_FRONT`]).
+const RUN: Requests = FLOOR;
 
 const STATE: &str = "shapes/app.tfstate";
 
@@ -123,14 +124,22 @@ fn config(dir: &Path, input: &str) {
 
 /// `gitstate run --state STATE -- terraform <args>` in `dir`: its git requests.
 async fn run(server: &GitServer, dir: &Path, args: &[&str]) -> Vec<String> {
-    run_and_say(server, dir, args).await.0
+    let (labels, said, ok) = run_state(server, dir, STATE, args).await;
+    assert!(ok, "terraform {args:?} failed: {said}");
+    labels
 }
 
-/// [`run`], and what the command wrote to its standard error.
-async fn run_and_say(server: &GitServer, dir: &Path, args: &[&str]) -> (Vec<String>, String) {
+/// `gitstate run --state state -- terraform <args>` in `dir`: its git requests, what it wrote
+/// (standard output and error), and whether it succeeded.
+async fn run_state(
+    server: &GitServer,
+    dir: &Path,
+    state: &str,
+    args: &[&str],
+) -> (Vec<String>, String, bool) {
     server.take_requests();
     let out = tokio::process::Command::new(crate::GITSTATE)
-        .args(["run", "--state", STATE, "--"])
+        .args(["run", "--state", state, "--"])
         .arg(terraform())
         .args(args)
         .current_dir(dir)
@@ -148,45 +157,57 @@ async fn run_and_say(server: &GitServer, dir: &Path, args: &[&str]) -> (Vec<Stri
         .output()
         .await
         .expect("gitstate run starts");
-    assert!(
-        out.status.success(),
-        "terraform {args:?}: {}{}",
+    let said = format!(
+        "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
     let labels = server.take_requests().iter().map(Seen::label).collect();
-    (labels, String::from_utf8_lossy(&out.stderr).into_owned())
+    (labels, said, out.status.success())
 }
 
 /// Real Terraform through the wrapper: the first apply creates the state, a changed input
-/// updates it, and an apply with nothing to change is a no-op.
+/// updates it, an apply with nothing to change is a no-op, and another state is created; then
+/// an update from another working directory whose only run so far was `terraform init`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn run_applies_stay_within_todays_git_requests() {
+async fn run_applies_are_at_the_floor_after_a_clean_run() {
     let server = GitServer::start().await;
     server.create_repo("shapes");
     // Another state is there already: the create adds a file to a branch, as most creates do.
     let other = gitstate_tests::state_json("other", 1);
     gitstate_tests::commit_file(&server, "shapes", "shapes/other.tfstate", other.as_bytes());
-    let work = tempfile::tempdir().expect("tempdir");
-    let dir = work.path();
-    std::fs::write(dir.join("empty.tfrc"), "").expect("cli config");
-    config(dir, "one");
-    run(&server, dir, &["init", "-input=false"]).await;
     let apply = ["apply", "-auto-approve", "-input=false"];
-    for (kind, input) in [
-        (Apply::Create, "one"),
-        (Apply::Update, "two"),
-        (Apply::NoOp, "two"),
-    ] {
+    let (first, second) = (
+        tempfile::tempdir().expect("tempdir"),
+        tempfile::tempdir().expect("tempdir"),
+    );
+    let steps = [
+        (first.path(), STATE, Apply::Create, "one"),
+        (first.path(), STATE, Apply::Update, "two"),
+        (first.path(), STATE, Apply::NoOp, "two"),
+        (first.path(), "shapes/second.tfstate", Apply::Create, "two"),
+        (second.path(), STATE, Apply::Update, "three"),
+    ];
+    for (i, (dir, state, kind, input)) in steps.into_iter().enumerate() {
+        if !dir.join("empty.tfrc").exists() {
+            std::fs::write(dir.join("empty.tfrc"), "").expect("cli config");
+            config(dir, input);
+            run(&server, dir, &["init", "-input=false"]).await;
+        }
         config(dir, input);
-        let labels = run(&server, dir, &apply).await;
+        let (labels, said, ok) = run_state(&server, dir, state, &apply).await;
+        assert!(ok, "{kind:?} apply failed: {said}");
+        let bound = if i == 0 {
+            RUN_FIRST_CREATE
+        } else {
+            RUN.of(kind)
+        };
         eprintln!("gitstate run: {kind:?} = {}: {labels:?}", labels.len());
         assert!(
-            labels.len() <= RUN.of(kind),
-            "gitstate run: a {kind:?} apply made {} git requests, the bound is {} (floor {}): \
-             {labels:?}",
+            labels.len() <= bound,
+            "gitstate run: a {kind:?} apply made {} git requests, the bound is {bound} (floor \
+             {}): {labels:?}",
             labels.len(),
-            RUN.of(kind),
             FLOOR.of(kind)
         );
     }
@@ -194,11 +215,17 @@ async fn run_applies_stay_within_todays_git_requests() {
         serde_json::from_slice(&gitstate_tests::stored_file(&server, "shapes", STATE))
             .expect("a state");
     assert_eq!(
-        stored["serial"], 2,
-        "create and update wrote, the no-op did not"
+        stored["serial"], 3,
+        "the create and the updates wrote, the no-op did not"
     );
-    // A token that may only read: the wrapper's look for pushes is refused (403), it says so
-    // before Terraform starts, looks the way reads do, and a plan without a lock reads the state.
+    assert_eq!(
+        stored["resources"][0]["instances"][0]["attributes"]["input"]["value"],
+        "three"
+    );
+
+    // A token that may only read, where the last run was clean: nothing is looked at first, so
+    // a plan without a lock reads, and an apply fails on its LOCK, loudly, leaving no lock.
+    let dir = first.path();
     let repo = server.repo_dir("shapes");
     let refuse = std::process::Command::new("git")
         .args(["config", "http.receivepack", "false"])
@@ -206,13 +233,30 @@ async fn run_applies_stay_within_todays_git_requests() {
         .status()
         .expect("git config");
     assert!(refuse.success());
-    let (labels, said) = run_and_say(
-        &server,
-        dir,
-        &["plan", "-lock=false", "-input=false", "-detailed-exitcode"],
-    )
-    .await;
+    let plan = ["plan", "-lock=false", "-input=false"];
+    let (labels, said, ok) = run_state(&server, dir, STATE, &plan).await;
+    assert!(ok, "the plan: {said}");
+    assert!(
+        labels.iter().all(|l| l.ends_with("upload-pack")),
+        "reads only: {labels:?}"
+    );
+    config(dir, "four");
+    let (_, said, ok) = run_state(&server, dir, STATE, &apply).await;
+    eprintln!("gitstate run: an apply with a token that may only read:\n{said}");
+    assert!(
+        !ok && said.contains("Error"),
+        "the apply did not fail: {said}"
+    );
+    let refs = gitstate_tests::git(&["for-each-ref", "--format=%(refname)"], Some(&repo));
+    assert!(
+        !refs.contains("refs/heads/locks/"),
+        "a lock was left: {refs}"
+    );
+    // A failed run leaves nothing to take up: the next one looks, its look for pushes is
+    // refused (403), it says so before Terraform starts, and looks the way reads do.
+    let (labels, said, ok) = run_state(&server, dir, STATE, &plan).await;
     eprintln!("gitstate run: a plan with a token that may only read: {labels:?}\n{said}");
+    assert!(ok, "the plan: {said}");
     assert!(
         said.contains("the look that pushes begin with failed") && said.contains("403"),
         "no warning that pushes may be refused: {said}"

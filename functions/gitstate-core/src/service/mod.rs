@@ -431,6 +431,27 @@ impl Backend {
         Ok(self.store.ready_to_write(at, read).await?)
     }
 
+    /// Before the first request of such a process: take up what the last one on the same cache
+    /// kept (see [`crate::ports::StateStore::resume_session`]). The branch that note saw counts
+    /// as seen, as in a process that saw it itself (one deleted since is the store's to tell).
+    pub async fn resume_session(
+        &self,
+        at: &Location,
+        within: std::time::Duration,
+    ) -> Result<bool, ServiceError> {
+        let resumed = self.store.resume_session(at, within).await?;
+        if resumed {
+            self.branch_seen(at);
+        }
+        Ok(resumed)
+    }
+
+    /// After such a process served its program: see
+    /// [`crate::ports::StateStore::keep_session`].
+    pub async fn keep_session(&self, at: &Location, keep: bool) -> Result<(), ServiceError> {
+        Ok(self.store.keep_session(at, keep).await?)
+    }
+
     /// How this backend's settings stand against the protocol the repository of `at` records
     /// (for start-up checks: `serve` and `run` refuse to start on
     /// [`crate::protocol::Protocol::Differs`]). Locks check it themselves.

@@ -15,8 +15,11 @@
 //! absence, which no command asserts, by a probe ([`Probe`]). The commands stand each alone,
 //! judged with the lock's create (older git applies them in the order sent, git 2.51 and later
 //! in one batch), so once the lock is created nobody else may write the state, and accepted
-//! assertions show that the state's newest content was where this process knew it then. The GET that follows (Terraform's, right after its LOCK) is then answered from
-//! the cache, without a request ([`GitStore::read_proved`]); a later one asks. A refused
+//! assertions show that the state's newest content was where this process knew it then. The
+//! GETs that follow within a few seconds (Terraform's, right after its LOCK, and a create's
+//! second one before its write) are then answered from the cache, without a request
+//! ([`GitStore::read_proved`]), until this process writes the state or the lock goes; a later
+//! one asks. A refused
 //! assertion costs nothing: the lock stands on its own verdict, and the GET asks the remote.
 //! Only remotes that push atomically get the assertion: there every write of a state under a
 //! lock asserts that lock ref unchanged in the same atomic push, so no write of the state can
@@ -41,9 +44,11 @@ use crate::sync::lock;
 /// Lock commits a process remembers having made.
 const MAX_REMEMBERED_LOCKS: usize = 4096;
 
-/// How long what a LOCK proved answers the GET that follows it (Terraform reads right after it
-/// locks): a lock broken by force meanwhile is the only way the state could have moved on, so
-/// the window is kept short; a GET later than that asks.
+/// How long what a LOCK proved answers the GETs that follow it (Terraform reads right after it
+/// locks, and a create once more before its write): a lock broken by force meanwhile, or a
+/// write without a lock (where the settings allow those) whose push raced the LOCK's, are the
+/// only ways the state could have moved on, so the window is kept short; a GET later than that
+/// asks.
 const PROOF_LIFETIME: Duration = Duration::from_secs(5);
 
 impl Remote {
@@ -96,13 +101,19 @@ impl Remote {
         proofs.insert(lock_ref.to_owned(), proof);
     }
 
-    /// What a LOCK of `lock_ref` proved, taken: one read rests on it (Terraform's, right after
-    /// its LOCK), while this process still holds that lock (as far as it knows) and the proof is
-    /// a few seconds old at most.
-    pub(super) fn take_proof(&self, lock_ref: &str) -> Option<Proof> {
-        let proof = lock(&self.proofs).remove(lock_ref)?;
+    /// What a LOCK of `lock_ref` proved, while reads may rest on it: this process still holds
+    /// that lock (as far as it knows), has not written the state since, and the proof is a few
+    /// seconds old at most. Every read in that time rests on it: Terraform reads right after
+    /// its LOCK, and a create reads once more just before its write.
+    pub(super) fn standing_proof(&self, lock_ref: &str) -> Option<Proof> {
+        let mut proofs = lock(&self.proofs);
+        let proof = *proofs.get(lock_ref)?;
         let holds = self.made_lock(lock_ref) == Some(proof.lock);
-        (holds && proof.made.elapsed() < PROOF_LIFETIME).then_some(proof)
+        if holds && proof.made.elapsed() < PROOF_LIFETIME {
+            return Some(proof);
+        }
+        proofs.remove(lock_ref);
+        None
     }
 
     /// A write of the state, or its lock gone: what its LOCK proved no longer stands.
@@ -337,15 +348,14 @@ impl GitStore {
 
     /// A read of `name` right after this process's LOCK of it: the state at the tip that LOCK
     /// proved, from the cache (its blob fetched if the cache lacks it). `None`: nothing proved
-    /// stands (taken by an earlier read, a write or UNLOCK since, too old, or never made): ask
-    /// the remote.
+    /// stands (a write or UNLOCK since, too old, or never made): ask the remote.
     pub(super) async fn read_proved(
         &self,
         at: &Location,
         name: &StateName,
     ) -> Result<Option<Option<bytes::Bytes>>, RemoteError> {
         let remote = self.remote(at)?;
-        let Some(proof) = remote.take_proof(&self.lock_ref(name)) else {
+        let Some(proof) = remote.standing_proof(&self.lock_ref(name)) else {
             return Ok(None);
         };
         let wanted = std::iter::once(proof.branch).chain(proof.state);

@@ -109,7 +109,21 @@ impl Hosted {
                 .await?,
             )
         };
-        Ok(self.http.push(&caps, &commands, updates, pack).await?)
+        let report = self.http.push(&caps, &commands, updates, pack).await?;
+        if updates == Updates::Atomic && commands.len() > 1 {
+            let verdicts = report.verdicts(&commands);
+            if verdicts.contains(&true) && verdicts.contains(&false) {
+                // git's receive-pack ignores `atomic` where it no longer offers it: the
+                // capabilities this process pushed with are out of date.
+                tracing::error!(
+                    ?report,
+                    "the remote applied part of a push sent as atomic: it no longer pushes \
+                     atomically; advertising before every push from now on"
+                );
+                Transport::refuse_floor(self);
+            }
+        }
+        Ok(report)
     }
 }
 
@@ -445,5 +459,16 @@ impl Transport for Hosted {
             caps: None,
             no_floor: true,
         };
+    }
+
+    fn take_caps(&self, caps: Advert) -> bool {
+        let usable = caps.is_for_pushes()
+            && (!self.require_atomic || WriteMode::of(&caps) == WriteMode::Atomic);
+        let mut push_caps = lock(&self.push_caps);
+        if !usable || push_caps.no_floor || push_caps.caps.is_some() {
+            return false;
+        }
+        push_caps.caps = Some(caps);
+        true
     }
 }

@@ -18,6 +18,7 @@ mod known;
 mod lock;
 mod read;
 mod remote;
+mod session;
 mod states;
 mod transport;
 mod write;
@@ -397,6 +398,18 @@ impl StateStore for GitStore {
         read: &ReadContext,
     ) -> Result<Option<String>, StoreError> {
         Ok(GitStore::ready_to_write(self, at, read).await?)
+    }
+
+    async fn resume_session(
+        &self,
+        at: &Location,
+        within: std::time::Duration,
+    ) -> Result<bool, StoreError> {
+        Ok(GitStore::resume_session(self, at, within)?)
+    }
+
+    async fn keep_session(&self, at: &Location, keep: bool) -> Result<(), StoreError> {
+        Ok(GitStore::keep_session(self, at, keep)?)
     }
 
     async fn protocol(

@@ -363,6 +363,7 @@ impl GitStore {
     ) -> Result<Option<String>, ReadError> {
         let remote = self.remote(at)?;
         let branch = at.branch.full_ref();
+        let looked = jiff::Timestamp::now().as_second();
         let advert = match remote
             .refs(Service::ReceivePack, vec![branch.clone()])
             .await
@@ -382,6 +383,7 @@ impl GitStore {
             }
             remote.saw_tip(tip);
         }
+        *crate::sync::lock(&remote.session_look) = Some(looked);
         Ok(None)
     }
 

@@ -95,6 +95,10 @@ pub(super) struct Remote {
     pub(super) not_a_copy: Mutex<Option<ObjectId>>,
     /// The prefix of the lock refs (branches that are no branch of states).
     pub(super) lock_prefix: String,
+    /// When the look was made that a session note of this process rests on (its own start-up
+    /// look, or the one the note it took up rested on), in seconds since the Unix epoch (see
+    /// the `session` module).
+    pub(super) session_look: Mutex<Option<i64>>,
 }
 
 impl Remote {
@@ -123,6 +127,7 @@ impl Remote {
             beside: Mutex::default(),
             not_a_copy: Mutex::default(),
             lock_prefix,
+            session_look: Mutex::default(),
         }
     }
 
@@ -220,6 +225,12 @@ impl Remote {
 
     pub(super) fn saw_tip(&self, tip: ObjectId) {
         *lock(&self.known_tip) = Some((tip, Instant::now()));
+    }
+
+    /// A tip an earlier process on this cache saw at `when` (see the `session` module), where
+    /// this process has seen none yet.
+    pub(super) fn saw_tip_at(&self, tip: ObjectId, when: Instant) {
+        lock(&self.known_tip).get_or_insert((tip, when));
     }
 
     /// The branch and every ref under `prefix`: one ref advertisement over HTTP, none when one

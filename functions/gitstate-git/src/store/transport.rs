@@ -162,6 +162,10 @@ pub(super) trait Transport: Send + Sync {
 
     /// The remote answered a push at the floor with an error: advertise first from now on.
     fn refuse_floor(&self);
+
+    /// Receive-pack capabilities an earlier process on this cache saw (see the `session`
+    /// module): `false` when they cannot stand in for an advertisement here.
+    fn take_caps(&self, caps: Advert) -> bool;
 }
 
 /// The embedded repository: the cache is the repository, so nothing is fetched; refs change
@@ -293,4 +297,8 @@ impl Transport for Embedded {
     }
 
     fn refuse_floor(&self) {}
+
+    fn take_caps(&self, _: Advert) -> bool {
+        false
+    }
 }

@@ -535,13 +535,14 @@ fn settle_round(
     Ok(unsure)
 }
 
-/// The LOCK proof: where a process answers the first GET of a name after its own LOCK of it
+/// The LOCK proof: where a process answers the GETs of a name after its own LOCK of it
 /// from what that LOCK push proved, it answers as of that LOCK, even when the holder wrote since
 /// through another process (found as a stale read with seed 1; now only with
 /// `GITSTATE_SINGLE_FRONT=true`, see [`a_lock_proof_never_answers_after_a_write_through_another_process`]).
 /// Where the processes may (`Model::proof_window`), such an answer (exactly the proved version,
 /// through exactly that process, in the window) is counted and judged as the newest; any other
-/// read must be the newest. Every request of a process on a name ends what it proved there.
+/// read must be the newest. A GET leaves the proof standing (the process answers every GET in
+/// the window from it); any other request of the process on the name ends it.
 fn as_of_lock(
     model: &mut Model,
     round: &[(usize, Op)],
@@ -551,7 +552,13 @@ fn as_of_lock(
     let mut out = answers.to_vec();
     for (((_, op), p), answer) in round.iter().zip(procs).zip(&mut out) {
         let name = op.name();
-        let Some((proved, at)) = model.proofs.remove(&(*p, name)) else {
+        let key = (*p, name);
+        let proof = if matches!(op, Op::Get { .. }) {
+            model.proofs.get(&key).cloned()
+        } else {
+            model.proofs.remove(&key)
+        };
+        let Some((proved, at)) = proof else {
             continue;
         };
         let got = (answer.0 == 200).then(|| Version::of(&answer.1)).flatten();

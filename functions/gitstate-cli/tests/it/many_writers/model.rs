@@ -202,7 +202,7 @@ pub struct Model {
     /// no state) its last 200 LOCK of the name proved and when, until that process serves
     /// another request on the name.
     pub proofs: BTreeMap<(usize, &'static str), (Option<Version>, std::time::Instant)>,
-    /// How long a LOCK's proof answers the first GET after it through that process; `None`:
+    /// How long a LOCK's proof answers the GETs after it through that process; `None`:
     /// never (a host without atomic push, or `GITSTATE_LOCK_PROOF=false`).
     pub proof_window: Option<std::time::Duration>,
 }
