@@ -571,7 +571,8 @@ fn gitstate_fold_over_ssh() {
 
 /// The wrapper's start-up look is the one a push begins with: over SSH, a key that may only read
 /// (receive-pack refused, as a read-only deploy key) still runs `plan -lock=false`, with a
-/// warning that names the refusal.
+/// warning that names the refusal. (A run that takes up the last clean run's note makes no
+/// look: its plan reads all the same.)
 #[test]
 fn gitstate_run_with_a_key_that_may_only_read_still_plans_without_a_lock() {
     let sshd = Sshd::start();
@@ -597,16 +598,37 @@ fn gitstate_run_with_a_key_that_may_only_read_still_plans_without_a_lock() {
         format!("command=\"{}\" {key}", script.display()),
     )
     .expect("authorized");
-    let (ok, out) = terraform_run(
-        work.path(),
-        &url,
-        &ssh,
-        &["plan", "-lock=false", "-input=false", "-detailed-exitcode"],
-    );
+    let plan = ["plan", "-lock=false", "-input=false", "-detailed-exitcode"];
+    let (ok, out) = terraform_run(work.path(), &url, &ssh, &plan);
+    assert!(ok, "a plan without a lock after a clean run: {out}");
+    let note = notes(work.path());
+    assert_eq!(note.len(), 1, "the clean runs' note: {note:?}");
+    std::fs::remove_file(&note[0]).expect("remove the note");
+    let (ok, out) = terraform_run(work.path(), &url, &ssh, &plan);
     eprintln!("{out}");
     assert!(ok, "a plan without a lock with a read-only key: {out}");
     assert!(
         out.contains("may only read"),
         "the warning names the refusal: {out}"
     );
+}
+
+/// The session notes the wrapper's runs left under `dir`.
+fn notes(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut dirs = vec![dir.to_owned()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path
+                .file_name()
+                .is_some_and(|n| n == "gitstate-session.json")
+            {
+                found.push(path);
+            }
+        }
+    }
+    found
 }
