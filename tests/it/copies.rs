@@ -129,7 +129,16 @@ async fn a_copy_of_a_branch_of_states_never_serves_them_as_its_own() {
                     answer.body
                 );
             }
+            // Nor are they listed, or their histories shown, as the copy's.
             let name = names[0];
+            for path in ["/states".to_owned(), format!("/history/{name}")] {
+                let answer = client.send("GET", &path, None).await;
+                assert_eq!(
+                    answer.status, 400,
+                    "{context}: {who} GET {path}: {}",
+                    answer.body
+                );
+            }
             client.lock(name, who).await.expect(200);
             let write = client
                 .write_locked(name, who, &state_json(&format!("lineage-{name}"), 9))
@@ -212,13 +221,18 @@ async fn a_copy_of_unnamed_commits_is_refused_and_a_copy_of_no_states_is_not() {
     let env = |branch| [("GITSTATE_REF", branch)];
     for branch in ["staging", "prod"] {
         let backend = TestBackend::start(&url, &env(branch)).await;
-        let answer = Client::new(&backend.url).get_state("app.tfstate").await;
+        let client = Client::new(&backend.url);
+        let answer = client.get_state("app.tfstate").await;
         assert_eq!(answer.status, 400, "{branch}: {}", answer.body);
         assert!(
             answer.body.contains("\"staging\"") && answer.body.contains("\"prod\""),
             "{branch}: {}",
             answer.body
         );
+        for path in ["/states", "/history/app.tfstate"] {
+            let answer = client.send("GET", path, None).await;
+            assert_eq!(answer.status, 400, "{branch}: GET {path}: {}", answer.body);
+        }
     }
     prod.git(&["update-ref", "-d", "refs/heads/prod"], &[], b"");
     let staging = TestBackend::start(&url, &env("staging")).await;

@@ -379,9 +379,9 @@ async fn state_ref_updates_are_at_the_floor() {
 
 /// What a LOCK proves is the state's newest content only as far as this process knows it:
 /// after another process wrote the state, the LOCK's assertion is refused and the GET asks the
-/// remote (and answers the other's write); an accepted one answers the GETs of the next few
-/// seconds (Terraform's create reads twice), and a GET after the holder's own write asks
-/// again. Each GET's answer is checked.
+/// remote (and answers the other's write); an accepted one answers the GETs of the next five
+/// seconds (Terraform's create reads twice), and a GET after that, or after the holder's own
+/// write, asks again. Each GET's answer is checked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_proves_the_state_only_while_the_branch_is_as_known() {
     init_tracing();
@@ -424,6 +424,10 @@ async fn a_lock_proves_the_state_only_while_the_branch_is_as_known() {
         Vec::<String>::new(),
         "a second GET from it too"
     );
+    // A few seconds on, it answers no GET: a lock broken by force could have let a write in.
+    tokio::time::sleep(std::time::Duration::from_millis(5_100)).await;
+    assert_eq!(get(&a, NAME).await, by_b);
+    assert_eq!(seen(&server).0, [FETCH_ADVERT], "a GET after 5 s asks");
 
     // A's own write under the lock: the proof is gone, the GET asks and reads the write.
     send(&a, "UNLOCK", &path, Some(&lock_info("a-3")), 200).await;

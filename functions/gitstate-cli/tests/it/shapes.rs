@@ -48,8 +48,10 @@ fn single_front() -> (&'static str, String) {
 /// top of the apply's own requests comes the wrapper's look at the repository when it starts
 /// (one receive-pack advertisement, which shows the branch and the protocol record and carries
 /// what the first LOCK needs to push without an advertisement of its own); the LOCK looks again
-/// (nothing recorded yet) and records the lock ref prefix (one push).
-const RUN_FIRST_CREATE: usize = 6;
+/// (nothing recorded yet) and records the lock ref prefix (one push); and the branch's tip was
+/// committed by hand (no commit names its branch), so before the GET answers from what the LOCK
+/// proved, the copy check lists the branches beside it (one advertisement, once per tip).
+const RUN_FIRST_CREATE: usize = 7;
 
 /// A run that follows a clean one in the same working directory within the hour (`terraform
 /// init` through the wrapper is one): it takes up what that one saw (its cache keeps the

@@ -601,6 +601,7 @@ fn gitstate_run_with_a_key_that_may_only_read_still_plans_without_a_lock() {
     let plan = ["plan", "-lock=false", "-input=false", "-detailed-exitcode"];
     let (ok, out) = terraform_run(work.path(), &url, &ssh, &plan);
     assert!(ok, "a plan without a lock after a clean run: {out}");
+    assert!(!out.contains("may only read"), "no look, no warning: {out}");
     let note = notes(work.path());
     assert_eq!(note.len(), 1, "the clean runs' note: {note:?}");
     std::fs::remove_file(&note[0]).expect("remove the note");

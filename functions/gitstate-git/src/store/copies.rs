@@ -7,7 +7,9 @@
 //! - whatever its commits name (nothing, in a repository written before the trailer), another
 //!   branch listed beside it has this very tip, and the tip keeps states.
 //!
-//! Reads of states and writes there are refused. A branch renamed (the old name is gone), or a
+//! Reads of states, the list of states, histories and versions, and writes there are refused
+//! (reads of the access file and other config are not: they are the original's, and refusing
+//! them would refuse every route). A branch renamed (the old name is gone), or a
 //! name taken again by an unrelated branch, is not a copy. Where the tip names its own branch
 //! the look costs one commit of the cache and no request.
 
@@ -29,8 +31,10 @@ const MARKER_DEPTH: u32 = 20;
 impl Remote {
     /// Refuses the branch at `tip` when it is a copy of another branch (see the module).
     /// `advert`: an advertisement at hand that lists every branch (a hosted remote's), for
-    /// the branches beside it; without one, one is asked for only when a commit names another
-    /// branch. The answer for the newest tip that is no copy is remembered.
+    /// the branches beside it; without one (a read or write at the floor), one is asked for
+    /// only when a commit names another branch, or when no commit the cache holds names one
+    /// (only the branches beside it can tell such a tip from a copy). The answer for the newest
+    /// tip that is no copy is remembered.
     pub(super) async fn not_a_copy(
         &self,
         tip: ObjectId,
@@ -39,6 +43,14 @@ impl Remote {
         if *lock(&self.not_a_copy) == Some(tip) {
             return Ok(());
         }
+        let listed;
+        let advert = match advert {
+            None if self.marker(tip, false).await?.is_none() => {
+                listed = self.every_ref(&ReadContext::no_request()).await?.0;
+                Some(&listed)
+            }
+            advert => advert,
+        };
         let own = self.branch.as_str();
         let beside: Vec<(String, ObjectId)> = advert.map_or_else(Vec::new, |advert| {
             advert

@@ -156,6 +156,10 @@ impl GitStore {
                 Err(other) => return Err(other.into()),
             }
         };
+        // A copy's states are another branch's (see the `copies` module): not listed as its own.
+        if let Some(tip) = tip {
+            remote.not_a_copy(tip, Some(&advert)).await?;
+        }
         let (files, index) = files_and_index(&remote, &branch, tip, &states).await?;
         let files = files
             .into_iter()

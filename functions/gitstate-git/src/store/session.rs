@@ -108,8 +108,12 @@ impl GitStore {
             return Ok(false);
         };
         let same = self.note_for(at, tip, note.caps.clone(), note.looked) == note;
-        // Seen `age` ago, so that nothing takes it for a tip seen just now.
-        let seen = Instant::now().checked_sub(age);
+        // Seen `age` ago (or at least a minute ago, on a machine up for less than `age`), so
+        // that nothing takes it for a tip seen just now.
+        let now = Instant::now();
+        let seen = now
+            .checked_sub(age)
+            .or_else(|| now.checked_sub(age.min(Duration::from_secs(60))));
         let (Some(seen), true, true) = (seen, same && age < within, remote.cache.is_commit(tip)?)
         else {
             return Ok(false);

@@ -75,6 +75,8 @@ impl GitStore {
         };
         remote.ensure(vec![tip]).await?;
         remote.saw_tip(tip);
+        // A copy's history and versions are another branch's (see the `copies` module).
+        remote.not_a_copy(tip, Some(&advert)).await?;
         let state_tip = match advert.tip(&state) {
             Some(state_tip) if remote.branch_has(tip, path).await? => {
                 remote.ensure_state(vec![state_tip]).await?;
