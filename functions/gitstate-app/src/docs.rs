@@ -86,7 +86,12 @@ const DESCRIPTIONS: &[Described] = &[
     ),
     describe(
         "GITSTATE_SINGLE_FRONT",
-        "`true`: every request of a Terraform run reaches this one process (one `serve` in front of its clients; `gitstate run` sets it itself), so the GET right after a LOCK is answered from what the LOCK push proved, without a git request. Leave it `false` with several processes behind one address, and on Lambda: a GET through the process that took the LOCK would not see a write made through another",
+        "`true`: every request of a Terraform run reaches this one process (one `serve` in front of its clients; `gitstate run` sets it itself): the GETs after a LOCK rest on what the LOCK push proved for 5 s rather than 2 s (`GITSTATE_LOCK_PROOF_MS`)",
+    ),
+    describe_default(
+        "GITSTATE_LOCK_PROOF_MS",
+        "`2000`; `5000` with `GITSTATE_SINGLE_FRONT`",
+        "how long, in milliseconds (0 to 5000), the GETs after this process's LOCK of a state are answered from what the LOCK push proved, without a git request (the protocol floor, see [state refs](#state-refs)); `0`: never. The lock commit records until when, and every other process waits until then (and a quarter second more) before it writes under that lock or releases it, so no such answer misses a write made through another process. Longer saves the create's second GET after slower applies; shorter keeps a write or UNLOCK that reaches another container from waiting",
     ),
     describe_default(
         "GITSTATE_FOLD_AFTER_WRITES",

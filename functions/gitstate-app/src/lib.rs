@@ -192,6 +192,6 @@ fn store_settings(settings: &Settings) -> gitstate_git::GitSettings {
         // Never on Lambda, whatever was read: a container is frozen once it has answered.
         fold_after_writes: git.fold_after_writes && settings.runtime == Runtime::Local,
         state_refs: git.state_refs,
-        single_front: git.single_front,
+        proof_window: git.proof_window(),
     }
 }

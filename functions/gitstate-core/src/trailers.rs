@@ -31,6 +31,9 @@ const USER: &str = "User";
 pub const STATE_COMMIT: &str = "State-commit";
 /// The branch a commit was made for (see [`with_branch`]).
 const BRANCH: &str = "Branch";
+/// Until when the process that made a lock commit may answer reads from what its LOCK proved
+/// (see [`with_reads_proved_until`]).
+const READS_PROVED_UNTIL: &str = "Reads-Proved-Until";
 
 /// The `Lock-ID` of a write made without a lock.
 pub const WITHOUT_LOCK: &str = "none (written without a lock)";
@@ -208,6 +211,20 @@ fn last_trailer(message: &str, wanted: &str) -> Option<String> {
         let value = value.trim();
         (key == wanted && !value.is_empty()).then(|| value.to_owned())
     })
+}
+
+/// `message` with the trailer `Reads-Proved-Until: <time>` added to its trailers: what a lock
+/// commit records when the process that makes it may answer the state's reads from what its
+/// LOCK push proved until `until`. Every other process that writes the state under that lock,
+/// or releases it, waits until then, so no read answered that way can miss a write.
+pub fn with_reads_proved_until(message: &str, until: jiff::Timestamp) -> String {
+    with_trailer(message, READS_PROVED_UNTIL, &until.to_string())
+}
+
+/// Until when a lock commit's maker may answer reads from its LOCK's proof (see
+/// [`with_reads_proved_until`]); `None` when the message says nothing readable.
+pub fn reads_proved_until(message: &str) -> Option<jiff::Timestamp> {
+    last_trailer(message, READS_PROVED_UNTIL)?.parse().ok()
 }
 
 /// A trailer key as git writes one: letters, digits and dashes.

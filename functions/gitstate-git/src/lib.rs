@@ -19,7 +19,7 @@ mod sync;
 pub mod transport;
 
 pub use repository::{Corruption, Error as RepositoryError};
-pub use settings::{GitAuth, GitSettings, StateRefs};
+pub use settings::{GitAuth, GitSettings, MAX_PROOF_WINDOW, StateRefs};
 pub use store::{
     Broken, FoldError, GitStore, HistoryError, Holder, ListError, LockError, OpenError, ReadError,
     RemoteError, StoreOptions, UnlockError, WriteError, WriteMode,

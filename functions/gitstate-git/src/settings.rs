@@ -80,8 +80,13 @@ pub struct GitSettings {
     pub fold_after_writes: bool,
     /// Which writes go to a state's own ref.
     pub state_refs: StateRefs,
-    /// Every request of a Terraform run reaches this process (`gitstate run`, or one `serve` in
-    /// front of its clients): the GET right after a LOCK may be answered from what the LOCK
-    /// push proved (see the store's `floor` module).
-    pub single_front: bool,
+    /// How long the GETs after this process's LOCK of a state are answered from what the LOCK
+    /// push proved, without a git request (zero: never; at most [`MAX_PROOF_WINDOW`]). Every
+    /// other process waits that long after the LOCK before it writes under that lock or
+    /// releases it (see the store's `floor` module).
+    pub proof_window: Duration,
 }
+
+/// The longest [`GitSettings::proof_window`]: what another process waits at most, after a LOCK,
+/// before it writes under that lock or releases it.
+pub const MAX_PROOF_WINDOW: Duration = Duration::from_secs(5);

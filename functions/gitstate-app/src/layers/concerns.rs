@@ -88,6 +88,7 @@ const CONCERNS: &[(Concern, &[&str])] = &[
             "GITSTATE_GIT_CA_PEM",
             "GITSTATE_REQUIRE_ATOMIC",
             "GITSTATE_SINGLE_FRONT",
+            "GITSTATE_LOCK_PROOF_MS",
             "GITSTATE_STATE_REFS",
             "GITSTATE_FOLD_AFTER_WRITES",
             "GITSTATE_GIT_MAX_RESPONSE_BYTES",

@@ -83,6 +83,10 @@ pub const SETTINGS: &[Spec] = &[
         "every request of a Terraform run reaches this one process [false]",
     ),
     setting(
+        "GITSTATE_LOCK_PROOF_MS",
+        "how long GETs after a LOCK rest on what it proved, 0-5000 ms (5000 single front) [2000]",
+    ),
+    setting(
         "GITSTATE_FOLD_AFTER_WRITES",
         "fold state refs in the background after a write: true or false [true]",
     ),

@@ -48,9 +48,15 @@ pub struct GitSettings {
     /// writing with the lock checked from the advertisement.
     pub require_atomic: bool,
     /// `GITSTATE_SINGLE_FRONT` (default false; `gitstate run` sets it): every request of a
-    /// Terraform run reaches this one process, so the GET right after a LOCK is answered from
-    /// what the LOCK push proved, without a git request.
+    /// Terraform run reaches this one process, so the GETs after a LOCK may rest on what the
+    /// LOCK push proved for longer (see [`Self::proof_window`]).
     pub single_front: bool,
+    /// `GITSTATE_LOCK_PROOF_MS`: how long the GETs after this process's LOCK are answered from
+    /// what the LOCK push proved, in milliseconds, 0 to 5000 (default 5000 with
+    /// [`Self::single_front`], else 2000; 0: never). Other processes wait that long after the
+    /// LOCK before they write under that lock or release it. `None`: the default (see
+    /// [`Self::proof_window`]).
+    pub lock_proof: Option<Duration>,
     /// `GITSTATE_STATE_REFS`: which writes go to a state's own ref, `auto` (default locally; as
     /// `never` in this version), `always` (default on Lambda, where group commit never applies)
     /// or `never` (only states that already have one).
@@ -82,6 +88,16 @@ pub struct GitSettings {
 }
 
 impl GitSettings {
+    /// How long the GETs after this process's LOCK rest on what it proved: `GITSTATE_LOCK_PROOF_MS`,
+    /// or by default the longest for a single front and two seconds elsewhere.
+    pub fn proof_window(&self) -> Duration {
+        match self.lock_proof {
+            Some(window) => window,
+            None if self.single_front => gitstate_git::MAX_PROOF_WINDOW,
+            None => DEFAULT_PROOF_WINDOW,
+        }
+    }
+
     pub(crate) fn read(runtime: Runtime, vars: &Vars<'_>) -> Result<Self, ConfigError> {
         let repository = repository(runtime, vars)?;
         let allowed_repositories = vars.list("GITSTATE_ALLOWED_REPOSITORIES");
@@ -114,6 +130,7 @@ impl GitSettings {
             )?,
             require_atomic: vars.flag("GITSTATE_REQUIRE_ATOMIC")?,
             single_front: vars.flag("GITSTATE_SINGLE_FRONT")?,
+            lock_proof: lock_proof(vars)?,
             state_refs: state_refs(runtime, vars)?,
             allow_unlocked_writes: vars.flag("GITSTATE_ALLOW_UNLOCKED_WRITES")?,
             create_ref: vars.flag("GITSTATE_CREATE_REF")?,
@@ -298,3 +315,30 @@ fn unflatten_pem(text: &str) -> String {
 fn check_url(var: &'static str, url: &str) -> Result<Wire, ConfigError> {
     repository_url(url).map_err(|reason| ConfigError::Invalid { var, reason })
 }
+
+/// `GITSTATE_LOCK_PROOF_MS` (see [`GitSettings::lock_proof`]).
+fn lock_proof(vars: &Vars<'_>) -> Result<Option<Duration>, ConfigError> {
+    const VAR: &str = "GITSTATE_LOCK_PROOF_MS";
+    let most = gitstate_git::MAX_PROOF_WINDOW;
+    let Some(value) = vars.get(VAR) else {
+        return Ok(None);
+    };
+    let window = value
+        .parse::<u64>()
+        .ok()
+        .map(Duration::from_millis)
+        .filter(|window| *window <= most)
+        .ok_or(ConfigError::Invalid {
+            var: VAR,
+            reason: format!(
+                "{value:?} is not a whole number of milliseconds from 0 to {}",
+                most.as_millis()
+            ),
+        })?;
+    Ok(Some(window))
+}
+
+/// The proof window where other processes may serve the same Terraform run (Lambda, `serve`
+/// behind a load balancer): long enough for the GET right after a LOCK, short enough that a
+/// write or release through another process seldom waits for it.
+const DEFAULT_PROOF_WINDOW: Duration = Duration::from_secs(2);

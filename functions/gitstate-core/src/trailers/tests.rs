@@ -218,6 +218,15 @@ fn a_state_commit_trailer_adds_to_any_message() {
         let replayed = with_state_commit(&marked, &id);
         assert_eq!(branch_of(&replayed), Some(named), "{marked:?}");
         assert_eq!(Trailers::parse(&replayed), Trailers::parse(&message));
+        // A lock commit's proof deadline: read back to the nanosecond after the branch's mark,
+        // never found in a message that lacks it, and no other trailer changed.
+        let until =
+            jiff::Timestamp::from_nanosecond(rng.random_range(0..200_000_000_000_000_000_000_i128))
+                .expect("a time");
+        let lock = with_reads_proved_until(&marked, until);
+        assert_eq!(reads_proved_until(&lock), Some(until), "{lock:?}");
+        assert_eq!(reads_proved_until(&marked), None, "{marked:?}");
+        assert_eq!(Trailers::parse(&lock), Trailers::parse(&message));
     }
     assert!(bare > 300, "{bare}");
 }

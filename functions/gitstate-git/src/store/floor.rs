@@ -27,7 +27,7 @@
 //! its advertisement: a GET there always asks.)
 
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use gix::ObjectId;
 
@@ -44,12 +44,62 @@ use crate::sync::lock;
 /// Lock commits a process remembers having made.
 const MAX_REMEMBERED_LOCKS: usize = 4096;
 
-/// How long what a LOCK proved answers the GETs that follow it (Terraform reads right after it
-/// locks, and a create once more before its write): a lock broken by force meanwhile, or a
-/// write without a lock (where the settings allow those) whose push raced the LOCK's, are the
-/// only ways the state could have moved on, so the window is kept short; a GET later than that
-/// asks.
-const PROOF_LIFETIME: Duration = Duration::from_secs(5);
+/// What a process waits beyond the time a lock commit records before it writes under that lock
+/// or releases it (see [`ReadsUntil`]): room for the clocks of two machines to differ.
+const CLOCK_MARGIN: Duration = Duration::from_millis(250);
+
+/// Until when what a LOCK proved may answer the GETs that follow it (Terraform reads right
+/// after it locks, and a create once more before its write): [`GitSettings::proof_window`]
+/// after the lock commit was made, on this process's clock and on the wall clock. The lock
+/// commit records the wall-clock time (`Reads-Proved-Until`), and every other process waits
+/// until then (and [`CLOCK_MARGIN`] more) before it writes under that lock or releases it
+/// ([`Remote::outwait_proof`]): the state cannot move on while such a GET may be answered.
+/// What remains: a write without a lock (where the settings allow those) whose push raced the
+/// LOCK's, a lock ref deleted outside gitstate, and a gitstate too old to wait.
+///
+/// [`GitSettings::proof_window`]: crate::GitSettings::proof_window
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ReadsUntil {
+    instant: Instant,
+    wall: SystemTime,
+}
+
+impl ReadsUntil {
+    /// `window` from now.
+    fn after(window: Duration) -> Self {
+        Self {
+            instant: Instant::now() + window,
+            wall: SystemTime::now() + window,
+        }
+    }
+
+    fn stands(&self) -> bool {
+        Instant::now() < self.instant && SystemTime::now() < self.wall
+    }
+
+    /// `message` recording it.
+    pub(super) fn recorded(&self, message: &str) -> String {
+        match jiff::Timestamp::try_from(self.wall) {
+            Ok(until) => gitstate_core::trailers::with_reads_proved_until(message, until),
+            // (Not before 1970 nor after 9999: never.)
+            Err(_) => message.to_owned(),
+        }
+    }
+}
+
+/// How long a process that did not make the lock commit whose message is `message` waits
+/// before it writes under that lock or releases it: until the time it records has passed by
+/// [`CLOCK_MARGIN`], and never more than the longest window and that margin.
+pub(super) fn wait_for_reads(message: &str) -> Duration {
+    let Some(until) = gitstate_core::trailers::reads_proved_until(message) else {
+        return Duration::ZERO;
+    };
+    let until = SystemTime::from(until) + CLOCK_MARGIN;
+    until
+        .duration_since(SystemTime::now())
+        .unwrap_or_default()
+        .min(crate::settings::MAX_PROOF_WINDOW + CLOCK_MARGIN)
+}
 
 impl Remote {
     /// The receive-pack capabilities, if this process may push to the remote without a fresh
@@ -109,11 +159,38 @@ impl Remote {
         let mut proofs = lock(&self.proofs);
         let proof = *proofs.get(lock_ref)?;
         let holds = self.made_lock(lock_ref) == Some(proof.lock);
-        if holds && proof.made.elapsed() < PROOF_LIFETIME {
+        if holds && proof.until.stands() {
             return Some(proof);
         }
         proofs.remove(lock_ref);
         None
+    }
+
+    /// Before a write under the lock commit `commit` at `lock_ref`, or its release: wait until
+    /// the process that made that lock (if not this one) may no longer answer reads from what
+    /// its LOCK proved (see [`ReadsUntil`]).
+    pub(super) async fn outwait_proof(
+        &self,
+        lock_ref: &str,
+        commit: ObjectId,
+    ) -> Result<(), RemoteError> {
+        if self.made_lock(lock_ref) == Some(commit) {
+            return Ok(());
+        }
+        let cache = self.cache.clone();
+        let wait = match blocking(move || cache.commit_summary(commit)).await {
+            Ok((message, _)) => wait_for_reads(&message),
+            // Not in the cache (read elsewhere): as long as any maker may answer.
+            Err(_) => crate::settings::MAX_PROOF_WINDOW + CLOCK_MARGIN,
+        };
+        if !wait.is_zero() {
+            tracing::debug!(
+                wait_ms = wait.as_millis() as u64,
+                "waiting out the reads the process that took the lock may answer from its LOCK"
+            );
+            tokio::time::sleep(wait).await;
+        }
+        Ok(())
     }
 
     /// A write of the state, or its lock gone: what its LOCK proved no longer stands.
@@ -165,9 +242,9 @@ impl Remote {
         self.no_probes.store(true, Ordering::Relaxed);
     }
 
-    /// Delete probes that must not stand (made by a LOCK push whose lock did not land), each
-    /// alone. A failure is logged: such a probe costs the state's next GET after a LOCK a look
-    /// until a single front takes it over or a write that creates the state's ref deletes it.
+    /// Delete probes that must not stand (made by a LOCK push whose lock did not land), or move
+    /// them back, each alone. A failure is logged: such a probe costs the state's next GET after
+    /// a LOCK a look until a LOCK takes it over or a write that creates the state's ref deletes it.
     pub(super) async fn delete_leftovers(&self, leftovers: Vec<Command>) {
         if leftovers.is_empty() {
             return;
@@ -294,8 +371,11 @@ impl GitStore {
             return Ok(false);
         }
         let lock_ref = self.lock_ref(name);
-        let (command, commit) = remote.lock_commit(name, lock, meta, &lock_ref).await?;
-        let proving = self.proving(remote, at, name, tip, commit.id, &caps);
+        let until = self.reads_until(remote, name, &caps);
+        let (command, commit) = remote
+            .lock_commit(name, lock, meta, &lock_ref, until)
+            .await?;
+        let proving = self.proving(remote, at, name, (tip, commit.id), until);
         let pushed = remote
             .push_lock((command, commit.objects), proving, true)
             .await?;
@@ -305,45 +385,65 @@ impl GitStore {
         }
     }
 
-    /// What a LOCK push of `name`, whose lock commit is `lock_commit`, asserts after the lock's
-    /// create (see the module doc), where this process is the single front of its clients and
-    /// the remote (capabilities `caps`) pushes atomically: the state's own ref at the tip this
-    /// process knows, or, knowing of none, the branch at `branch` and the ref's absence.
-    pub(super) fn proving(
+    /// Until when this process may answer the GETs of `name` from what its LOCK proves (to
+    /// record in the lock commit), where it may: a proof window is set, and the remote
+    /// (capabilities `caps`) pushes atomically and lists every ref; the state has a ref this
+    /// process knows, or its absence can be probed (see the module doc).
+    pub(super) fn reads_until(
         &self,
         remote: &Remote,
-        at: &Location,
         name: &StateName,
-        branch: ObjectId,
-        lock_commit: ObjectId,
         caps: &Advert,
-    ) -> Option<Proving> {
-        if !self.options.single_front
+    ) -> Option<ReadsUntil> {
+        let window = self.options.proof_window;
+        if window.is_zero()
             || !remote.transport.proves_for_reads()
             || WriteMode::of(caps) != WriteMode::Atomic
         {
             return None;
         }
         let state_ref = remote.state_ref(name.as_str());
+        let has_ref = matches!(lock(&remote.known_states).tip(&state_ref), Some(Some(_)));
+        let probes = remote.probes_work() && self.options.state_refs != StateRefs::Always;
+        (has_ref || probes).then(|| ReadsUntil::after(window))
+    }
+
+    /// What a LOCK push of `name` asserts after the lock's create (see the module doc), where
+    /// its lock commit (`branch.1`) records [`Self::reads_until`]: the state's own ref at the tip
+    /// this process knows, or, knowing of none, the branch at `branch.0` and the ref's absence.
+    pub(super) fn proving(
+        &self,
+        remote: &Remote,
+        at: &Location,
+        name: &StateName,
+        (branch, lock_commit): (ObjectId, ObjectId),
+        until: Option<ReadsUntil>,
+    ) -> Option<Proving> {
+        let until = until?;
+        let state_ref = remote.state_ref(name.as_str());
         let (known, left) = {
             let known = lock(&remote.known_states);
             let left = known.tip(&probe_ref(&state_ref)).flatten();
             (known.tip(&state_ref), left)
         };
-        match known {
-            Some(Some(tip)) => Some(Proving::own(&state_ref, tip, &at.branch.full_ref(), branch)),
+        let proving = match known {
+            Some(Some(tip)) => Proving::own(&state_ref, tip, &at.branch.full_ref(), branch),
             // Not where this process creates state refs itself (`always`): its own probe
             // would stand in the way of its first update.
             _ if remote.probes_work() && self.options.state_refs != StateRefs::Always => {
-                Some(Proving::absent(
+                Proving::absent(
                     &at.branch.full_ref(),
                     branch,
                     &state_ref,
                     (lock_commit, left),
-                ))
+                )
             }
-            _ => None,
-        }
+            _ => return None,
+        };
+        Some(Proving {
+            until: Some(until),
+            ..proving
+        })
     }
 
     /// A read of `name` right after this process's LOCK of it: the state at the tip that LOCK
@@ -407,6 +507,8 @@ pub(super) struct Proving {
     /// The state's ref (whether `assert` names it or the branch).
     state_ref: String,
     probe: Option<Probe>,
+    /// What the lock commit records (see [`ReadsUntil`]).
+    until: Option<ReadsUntil>,
 }
 
 /// How a LOCK push shows that a state has no ref, which no command asserts: it creates a ref
@@ -469,6 +571,7 @@ impl Proving {
             state: None,
             state_ref: String::new(),
             probe: None,
+            until: None,
         }
     }
 
@@ -511,6 +614,13 @@ impl Proving {
     fn commands(&self) -> Vec<Command> {
         let probe = self.probe.iter().map(|p| p.create.clone());
         self.asserts.iter().cloned().chain(probe).collect()
+    }
+
+    /// What undoes the probe this LOCK push made, given its `delete`: the delete, or, where
+    /// the push moved a probe it saw standing, the move back.
+    fn undo_probe(&self, delete: Command) -> Command {
+        let was = self.probe.as_ref().map_or_else(null, |p| p.create.old);
+        Command { new: was, ..delete }
     }
 
     /// Judge the verdicts on [`Self::commands`], in their order.
@@ -582,8 +692,13 @@ fn remember_proved(
     let verdicts = report.verdicts(commands);
     let judged = proving.judge(verdicts.get(1..).unwrap_or_default());
     let Some((lock_ref, lock_commit)) = made else {
-        // The lock is someone else's: a probe made anyway goes at once.
-        return judged.probe.into_iter().collect();
+        // The lock is someone else's: a probe made anyway goes at once, and one moved from a
+        // probe this process saw goes back where it was (that probe may be the holder's).
+        return judged
+            .probe
+            .map(|delete| proving.undo_probe(delete))
+            .into_iter()
+            .collect();
     };
     if let Some(probe) = judged.probe {
         remote.remember_probe(lock_ref, probe);
@@ -592,13 +707,16 @@ fn remember_proved(
         tracing::debug!(?report, "the state moved since this process last saw it");
         return Vec::new();
     }
+    let Some(until) = proving.until else {
+        return Vec::new();
+    };
     // The branch was asserted: its tip is current, a write may start there.
     remote.saw_tip(proving.branch);
     let proof = Proof {
         lock: lock_commit,
         branch: proving.branch,
         state: proving.state,
-        made: Instant::now(),
+        until,
     };
     remote.remember_proof(lock_ref, proof);
     // Asserted after the lock was created: a look under the lock (see `known::Seen`).

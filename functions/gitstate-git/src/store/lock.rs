@@ -294,11 +294,14 @@ impl GitStore {
                     Err(error) => return Err(error.into()),
                 }
             }
-            let (command, commit) = remote.lock_commit(name, lock, meta, &lock_ref).await?;
+            let branch = advert.tip(&at.branch.full_ref());
+            let until = branch.and_then(|_| self.reads_until(&remote, name, &advert));
+            let (command, commit) = remote
+                .lock_commit(name, lock, meta, &lock_ref, until)
+                .await?;
             // (An advertisement lists every ref: the state ref's tip or absence is known.)
-            let proving = advert
-                .tip(&at.branch.full_ref())
-                .and_then(|branch| self.proving(&remote, at, name, branch, commit.id, &advert));
+            let proving = branch
+                .and_then(|branch| self.proving(&remote, at, name, (branch, commit.id), until));
             let pushed = remote
                 .push_lock((command, commit.objects), proving, false)
                 .await?;
@@ -355,9 +358,15 @@ impl GitStore {
         } else {
             Updates::Atomic
         };
+        // A lock another process made: not before the reads its maker may answer from its LOCK
+        // are over (see the `floor` module).
+        let remotes = self.remotes_of(&at.repository);
+        if !remotes.iter().any(|r| r.made_lock(&lock_ref) == Some(old)) {
+            remote.outwait_proof(&lock_ref, old).await?;
+        }
         // Gone or changed either way: a later look asks the remote. Lock refs are the
         // repository's, so a lock taken through another branch's address is forgotten there too.
-        for remote in self.remotes_of(&at.repository) {
+        for remote in remotes {
             if remote.made_lock(&lock_ref) == Some(old) {
                 remote.remember_lock(&lock_ref, None);
             }
@@ -417,14 +426,17 @@ impl Remote {
         lock: &LockInfo,
         meta: &CommitMeta,
         lock_ref: &str,
+        until: Option<super::floor::ReadsUntil>,
     ) -> Result<(Command, NewCommit), RemoteError> {
+        let meta = match until {
+            Some(until) => CommitMeta {
+                message: until.recorded(&meta.message),
+                ..meta.clone()
+            },
+            None => meta.clone(),
+        };
         let commit = self
-            .commit(
-                None,
-                name.lock_file(),
-                Some(lock.as_bytes().clone()),
-                meta.clone(),
-            )
+            .commit(None, name.lock_file(), Some(lock.as_bytes().clone()), meta)
             .await?;
         let command = Command {
             old: null(),

@@ -85,8 +85,8 @@ pub struct StoreOptions {
     pub fold_after_writes: bool,
     /// Which writes go to a state's own ref (`GITSTATE_STATE_REFS`).
     pub state_refs: StateRefs,
-    /// See [`GitSettings::single_front`].
-    pub single_front: bool,
+    /// See [`GitSettings::proof_window`].
+    pub proof_window: Duration,
 }
 
 /// How a write under a lock reaches the remote, decided per remote from its receive-pack
@@ -161,7 +161,7 @@ impl GitStore {
             fold_lease_age: settings.fold_lease_age,
             fold_after_writes: settings.fold_after_writes,
             state_refs: settings.state_refs,
-            single_front: settings.single_front,
+            proof_window: settings.proof_window.min(crate::settings::MAX_PROOF_WINDOW),
         };
         match &settings.repository {
             Some(url) => Ok((

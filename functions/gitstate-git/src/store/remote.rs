@@ -51,7 +51,8 @@ pub(super) struct Proof {
     pub(super) lock: ObjectId,
     pub(super) branch: ObjectId,
     pub(super) state: Option<ObjectId>,
-    pub(super) made: Instant,
+    /// Until when it may answer reads.
+    pub(super) until: super::floor::ReadsUntil,
 }
 
 /// One (repository, branch): its cache and how to reach it.

@@ -133,6 +133,8 @@ struct World {
     proxy: Option<FaultProxy>,
     /// How long a LOCK's proof answers a GET in these processes (see [`as_of_lock`]).
     proof_window: Option<Duration>,
+    /// See `Model::strict_proofs`.
+    strict_proofs: bool,
     /// [`Setup::lambda_folds`]: the fold lease is held by hand except while one
     /// of the test's own folds runs, so no background fold of a `serve` moves the branch right
     /// after a write (the Lambda shape, where folds run on a schedule).
@@ -216,16 +218,26 @@ impl World {
         if state_refs {
             extra.push(("GITSTATE_STATE_REFS", setup.state_refs));
         }
-        // Where the binary knows `GITSTATE_SINGLE_FRONT`, a GET rests on a LOCK's proof only
-        // where a single front is declared ([`Setup::single_front`]), for 5 s (a second more
-        // for the test's own pace); before that setting, the floor's first proof answered for
-        // 60 s (a few seconds more).
-        let proof_window = match knows_variable(binary, "GITSTATE_SINGLE_FRONT", "false").await {
+        // Where the binary knows `GITSTATE_LOCK_PROOF_MS`, every process answers from its
+        // LOCK's proof, and waits out another's before it writes under that lock or releases
+        // it: windows short enough that those waits (the window and a quarter second) keep
+        // rounds quick. Before it, where the binary knows `GITSTATE_SINGLE_FRONT`, a GET rests
+        // on a LOCK's proof only where a single front is declared ([`Setup::single_front`]),
+        // for 5 s (a second more for the test's own pace); before that setting, the floor's
+        // first proof answered for 60 s (a few seconds more).
+        let strict_proofs = knows_variable(binary, "GITSTATE_LOCK_PROOF_MS", "300").await;
+        let fronts = knows_variable(binary, "GITSTATE_SINGLE_FRONT", "false").await;
+        if fronts && setup.single_front {
+            extra.push(("GITSTATE_SINGLE_FRONT", "true"));
+        }
+        let window_ms = if setup.single_front { "1000" } else { "300" };
+        let proof_window = match fronts {
             _ if setup.push == PushMode::NoAtomic => None,
-            true if setup.single_front => {
-                extra.push(("GITSTATE_SINGLE_FRONT", "true"));
-                Some(Duration::from_secs(6))
+            _ if strict_proofs => {
+                extra.push(("GITSTATE_LOCK_PROOF_MS", window_ms));
+                Some(Duration::from_secs(2))
             }
+            true if setup.single_front => Some(Duration::from_secs(6)),
             true => None,
             false => Some(Duration::from_secs(65)),
         };
@@ -262,6 +274,7 @@ impl World {
             state_refs,
             proxy,
             proof_window,
+            strict_proofs,
             lambda_folds,
             single_front: setup.single_front,
             _root: root,
@@ -465,7 +478,13 @@ fn settle_round(
     answers: &[(u16, String)],
     procs: &[usize],
 ) -> Result<Vec<Unsure>, String> {
-    let answers = &as_of_lock(model, round, answers, procs);
+    model.rounds += 1;
+    for (_, op) in round {
+        if let Op::WriteUnlocked { name, .. } = op {
+            model.unlocked_sent.insert(name, model.rounds);
+        }
+    }
+    let answers = &as_of_lock(model, round, answers, procs)?;
     let answered: Vec<Answered<'_>> = round
         .iter()
         .zip(answers)
@@ -530,6 +549,7 @@ fn settle_round(
             let proved = model.newest(op.name()).cloned();
             let at = std::time::Instant::now();
             model.proofs.insert((*p, op.name()), (proved, at));
+            model.proof_rounds.insert((*p, op.name()), model.rounds);
         }
     }
     Ok(unsure)
@@ -543,12 +563,17 @@ fn settle_round(
 /// through exactly that process, in the window) is counted and judged as the newest; any other
 /// read must be the newest. A GET leaves the proof standing (the process answers every GET in
 /// the window from it); any other request of the process on the name ends it.
+///
+/// Where every process waits out another's proof before it writes under that lock or releases
+/// it (`Model::strict_proofs`), such an answer is a stale read (an error), unless an unlocked
+/// write of the name was sent in the LOCK's round or since (it asserts no lock, so its push may
+/// land right after the LOCK's).
 fn as_of_lock(
     model: &mut Model,
     round: &[(usize, Op)],
     answers: &[(u16, String)],
     procs: &[usize],
-) -> Vec<(u16, String)> {
+) -> Result<Vec<(u16, String)>, String> {
     let mut out = answers.to_vec();
     for (((_, op), p), answer) in round.iter().zip(procs).zip(&mut out) {
         let name = op.name();
@@ -556,6 +581,7 @@ fn as_of_lock(
         let proof = if matches!(op, Op::Get { .. }) {
             model.proofs.get(&key).cloned()
         } else {
+            model.proof_rounds.remove(&key);
             model.proofs.remove(&key)
         };
         let Some((proved, at)) = proof else {
@@ -569,6 +595,15 @@ fn as_of_lock(
             && (answer.0 == 200 || answer.0 == 404)
             && got == proved
             && model.newest(name).cloned() != proved;
+        let raced = model.unlocked_sent.get(name) >= model.proof_rounds.get(&key);
+        if stale && model.strict_proofs && !raced {
+            return Err(format!(
+                "stale read: a GET of {name} through process {p} answered what its LOCK proved \
+                 ({proved:?}), not the newest acknowledged version ({:?}), and no unlocked \
+                 write of the name was sent since the LOCK",
+                model.newest(name)
+            ));
+        }
         if stale {
             model.count("GET answered as of the LOCK through that process (the LOCK proof)");
             eprintln!("read of {name} as of the LOCK through process {p}: {proved:?}");
@@ -578,7 +613,7 @@ fn as_of_lock(
             };
         }
     }
-    out
+    Ok(out)
 }
 
 /// The whole history of `name` through the history API (every page), oldest first.
@@ -1015,6 +1050,7 @@ async fn steps_and_checks(
     let mut rng = StdRng::seed_from_u64(seed);
     let mut model = Model {
         proof_window: world.proof_window,
+        strict_proofs: world.strict_proofs,
         ..Model::default()
     };
     let mut actors = vec![Actor::Idle; ACTORS];
@@ -1033,6 +1069,7 @@ async fn steps_and_checks(
             let (i, cold) = (rng.random_range(0..PROCESSES), rng.random_bool(0.5));
             world.replace(i, cold).await;
             model.proofs.retain(|(p, _), _| *p != i);
+            model.proof_rounds.retain(|(p, _), _| *p != i);
             model.count(format!("process replaced, cold {cold}"));
         }
     }

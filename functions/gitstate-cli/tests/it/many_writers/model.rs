@@ -205,6 +205,16 @@ pub struct Model {
     /// How long a LOCK's proof answers the GETs after it through that process; `None`:
     /// never (a host without atomic push, or `GITSTATE_LOCK_PROOF=false`).
     pub proof_window: Option<std::time::Duration>,
+    /// Every process waits out the reads another may answer from its LOCK's proof before it
+    /// writes under that lock or releases it (`GITSTATE_LOCK_PROOF_MS`): a GET answered from a
+    /// proof must be the newest version, unless an unlocked write of the name was sent since
+    /// the round of the LOCK (see `as_of_lock` in mod.rs).
+    pub strict_proofs: bool,
+    /// Rounds judged so far, and the last round that sent an unlocked write of each name.
+    pub rounds: usize,
+    pub unlocked_sent: BTreeMap<&'static str, usize>,
+    /// The round of each entry of [`Self::proofs`].
+    pub proof_rounds: BTreeMap<(usize, &'static str), usize>,
 }
 
 impl Model {

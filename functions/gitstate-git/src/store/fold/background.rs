@@ -179,7 +179,7 @@ mod tests {
             fold_lease_age: std::time::Duration::from_secs(60),
             fold_after_writes: true,
             state_refs: StateRefs::Always,
-            single_front: false,
+            proof_window: std::time::Duration::ZERO,
         })
         .expect("store");
         let at = Location {

@@ -105,14 +105,21 @@ pub(super) async fn plan_one(
         Err(refusal) => return Ok(Planned::Decided(Written::Refused(refusal))),
     };
     let to_ref = on_branch && home.is_some() && (state_tip.is_some() || always);
-    Ok(match &job.change {
+    let planned = match &job.change {
         Change::Put(bytes) if stored.as_deref() == Some(bytes.as_ref()) => {
             Planned::Decided(Written::Unchanged)
         }
         Change::Put(_) if to_ref => Planned::ToRef,
         Change::Put(bytes) => Planned::Commit(Some(bytes.clone()), meta),
         Change::Delete => Planned::Commit(None, meta),
-    })
+    };
+    // A commit under a lock another process made waits out the reads that process may answer
+    // from its LOCK (see the `floor` module); a write to the state's ref waits where it pushes.
+    if let (Planned::Commit(..), Some(lock_tip), Some(name)) = (&planned, lock_tip, &job.lock) {
+        let lock_ref = format!("{}{name}", remote.lock_prefix);
+        remote.outwait_proof(&lock_ref, lock_tip).await?;
+    }
+    Ok(planned)
 }
 
 /// The git blob id of `content` (what a plan and the service know a stored state by); none if

@@ -285,6 +285,11 @@ async fn ref_round(
     if stored.as_deref() == Some(update.bytes.as_ref()) {
         return Ok(decided(Hop::Done(Written::Unchanged)));
     }
+    // Under a lock another process made: not before the reads it may answer from its LOCK are
+    // over (see the `floor` module).
+    if let Some(lock_tip) = start.lock_tip {
+        remote.outwait_proof(&update.lock_ref, lock_tip).await?;
+    }
     if let (None, Some(probe)) = (state_tip, start.probe) {
         clear_probe(remote, update, probe).await?;
     }
