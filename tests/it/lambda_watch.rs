@@ -16,25 +16,20 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use base64::Engine;
-use gitstate_tests::counting::{Requests, count_warm_applies};
+use gitstate_tests::counting::{FLOOR, Requests, count_warm_applies};
 use gitstate_tests::{GIT_TOKEN, GIT_USER, GitServer, access_file, git, init_tracing};
 
 /// The function's name in the emulator (any name: it serves the one runtime that polls).
 const FUNCTION: &str = "_";
 
-/// Git requests per apply through a warm container: as `gitstate serve` by default, whose
-/// assembly it shares. Not the floor ([`gitstate_tests::counting::FLOOR`]): each request of a
-/// Terraform run may reach another container, so the GET after a LOCK asks the remote rather
-/// than rest on what the LOCK push proved in the container that made it. An update goes to the
-/// state's own ref (`GITSTATE_STATE_REFS=always`) in one push, a create to the branch in one
-/// push on the tip the GET after the LOCK saw without the file or a ref (a ref can only be made
-/// for a state the branch has, so none appears without the branch moving, which the push
-/// refuses); Terraform's second GET of a state it did not find asks too.
-const LAMBDA: Requests = Requests {
-    create: 5,
-    update: 4,
-    no_op: 3,
-};
+/// Git requests per apply through a warm container: the floor, as `gitstate serve` by default,
+/// whose assembly it shares. The LOCK push proves where the state's newest content is (its own
+/// ref at the tip the container knows, or the branch and the ref's absence, by a probe), so the
+/// GETs after it ask nothing for the 2 s its lock commit records: any other container waits that
+/// out before it writes under the lock or releases it. An update goes to the state's own ref
+/// (`GITSTATE_STATE_REFS=always`) in one push (the first one deletes the lock's probe first: one
+/// push more, once in a state's life, before this count), a create to the branch in one push.
+const LAMBDA: Requests = FLOOR;
 
 fn workspace_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -16,24 +16,19 @@ use gitstate_tests::process::{ServeProcess, serve_env};
 use gitstate_tests::{Client, GIT_TOKEN, GIT_USER, GitServer, Moto, Seen};
 
 /// A warm `gitstate serve` as deployed by default, where a request of the same Terraform run may
-/// reach another process behind the same address: the GET after a LOCK asks the remote (one
-/// advertisement, and so does a create's second GET), so an update is 4, a create 5, a no-op 3.
-const SERVE: Requests = Requests {
-    create: 5,
-    update: 4,
-    no_op: 3,
-};
+/// reach another process behind the same address: the floor. The LOCK push asserts the branch at
+/// the tip this process knows and shows that the state has no ref of its own (a probe that a ref
+/// of that name refuses), or asserts the state's ref at its known tip, and the GETs after it (a
+/// create's two) ask nothing, for the 2 s its lock commit records; any other process waits that
+/// out before it writes under the lock or releases it.
+const SERVE: Requests = FLOOR;
 
-/// One `serve` in front of its clients (`GITSTATE_SINGLE_FRONT=true`), with the default
-/// `GITSTATE_STATE_REFS=auto`: the floor. The LOCK push asserts the branch at the tip this
-/// process knows and shows that the state has no ref of its own (a probe that a ref of that
-/// name refuses), or asserts the state's ref at its known tip: the GETs after it (a create's
-/// two) ask nothing.
+/// One `serve` in front of its clients (`GITSTATE_SINGLE_FRONT=true`): the same, for 5 s.
 const SERVE_SINGLE_FRONT: Requests = FLOOR;
 
 /// The same with KMS encryption: the write's plan knows the sealed stored state by its blob id
 /// (the service remembers the version of what it wrote), so the write needs no second round.
-const SERVE_KMS: Requests = SERVE;
+const SERVE_KMS: Requests = FLOOR;
 
 /// [`SERVE_SINGLE_FRONT`] with KMS encryption: the floor too.
 const SERVE_KMS_SINGLE_FRONT: Requests = FLOOR;

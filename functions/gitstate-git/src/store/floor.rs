@@ -38,7 +38,6 @@ use super::known::{Home, Seen};
 use super::remote::{Proof, Remote};
 use super::{GitStore, RemoteError, UnlockError, WriteMode, blocking, null};
 use crate::protocol::{Advert, Command, PushReport, Updates};
-use crate::settings::StateRefs;
 use crate::sync::lock;
 
 /// Lock commits a process remembers having made.
@@ -196,6 +195,25 @@ impl Remote {
     /// A write of the state, or its lock gone: what its LOCK proved no longer stands.
     pub(super) fn forget_proof(&self, lock_ref: &str) {
         lock(&self.proofs).remove(lock_ref);
+    }
+
+    /// The tip of the probe this process's LOCK at `lock_ref`, whose lock commit is `commit`,
+    /// made and that stands (as far as this process knows).
+    pub(super) fn own_probe(&self, lock_ref: &str, commit: ObjectId) -> Option<ObjectId> {
+        let probes = lock(&self.probes);
+        probes
+            .get(lock_ref)
+            .filter(|delete| delete.old == commit)
+            .map(|delete| delete.old)
+    }
+
+    /// The probe at `lock_ref` was deleted at `tip` (by a write that creates the state's ref):
+    /// the lock's release does not delete it again.
+    pub(super) fn probe_gone(&self, lock_ref: &str, tip: ObjectId) {
+        let mut probes = lock(&self.probes);
+        if probes.get(lock_ref).is_some_and(|delete| delete.old == tip) {
+            probes.remove(lock_ref);
+        }
     }
 
     /// The probe the LOCK of `lock_ref` made stands: `delete` removes it (see [`Probe`]).
@@ -404,8 +422,7 @@ impl GitStore {
         }
         let state_ref = remote.state_ref(name.as_str());
         let has_ref = matches!(lock(&remote.known_states).tip(&state_ref), Some(Some(_)));
-        let probes = remote.probes_work() && self.options.state_refs != StateRefs::Always;
-        (has_ref || probes).then(|| ReadsUntil::after(window))
+        (has_ref || remote.probes_work()).then(|| ReadsUntil::after(window))
     }
 
     /// What a LOCK push of `name` asserts after the lock's create (see the module doc), where
@@ -428,9 +445,9 @@ impl GitStore {
         };
         let proving = match known {
             Some(Some(tip)) => Proving::own(&state_ref, tip, &at.branch.full_ref(), branch),
-            // Not where this process creates state refs itself (`always`): its own probe
-            // would stand in the way of its first update.
-            _ if remote.probes_work() && self.options.state_refs != StateRefs::Always => {
+            // (Where this process creates state refs itself, `always`, the first update under
+            // this lock deletes the probe before it creates the ref: see `write::state`.)
+            _ if remote.probes_work() => {
                 Proving::absent(
                     &at.branch.full_ref(),
                     branch,

@@ -1257,9 +1257,11 @@ async fn many_writers(setup: Setup, ci_steps: usize) {
 /// write another (the Lambda shape routes each request to any free container); a later GET
 /// through the first process must answer the written state, not what that LOCK proved.
 ///
-/// A GET answered from what a LOCK push proved is only sound where every request of a run
-/// reaches the process that took the LOCK: that is `GITSTATE_SINGLE_FRONT=true` (set by
-/// `gitstate run`), not the default, which these processes keep.
+/// Every process answers the GETs right after its LOCK from what the LOCK push proved (the first
+/// asks no git request here), and the other waits out that window before it writes under the
+/// lock, releases it, or force-unlocks it: so the later GETs through the first process answer
+/// the newest state, after a write under its lock through the other process, and after a
+/// force-unlock, a new lock and a write there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_proof_never_answers_after_a_write_through_another_process() {
     let server = GitServer::start().await;
@@ -1284,6 +1286,14 @@ async fn a_lock_proof_never_answers_after_a_write_through_another_process() {
     }
     p.get_state("warm/1.tfstate").await.expect(200);
     p.lock(name, "apply-1").await.expect(200);
+    server.take_requests();
+    p.get_state(name).await.expect(404);
+    let asked = server.take_requests();
+    assert!(
+        asked.is_empty(),
+        "the GET right after the LOCK through the same process rests on what the LOCK proved: {:?}",
+        asked.iter().map(gitstate_tests::Seen::label).collect::<Vec<_>>()
+    );
     q.get_state(name).await.expect(404);
     let version = Version {
         serial: 1,
@@ -1295,12 +1305,33 @@ async fn a_lock_proof_never_answers_after_a_write_through_another_process() {
     let read = p.get_state(name).await;
     assert_eq!(
         (read.status, Version::of(&read.body)),
-        (200, Some(version)),
+        (200, Some(version.clone())),
         "a GET through the process that took the LOCK answered what the LOCK proved, not the \
          write made since through another process: {}",
         read.body
     );
     q.unlock(name, "apply-1").await.expect(200);
+    // P locks again and reads from its proof; Q breaks that lock, takes its own and writes.
+    p.lock(name, "apply-2").await.expect(200);
+    let proved = p.get_state(name).await.expect(200);
+    assert_eq!(Version::of(&proved.body), Some(version));
+    q.force_unlock(name).await.expect(200);
+    q.lock(name, "apply-3").await.expect(200);
+    let newer = Version {
+        serial: 2,
+        marker: "after-a-force-unlock".into(),
+    };
+    q.write_locked(name, "apply-3", &newer.body(name))
+        .await
+        .expect(200);
+    let read = p.get_state(name).await;
+    assert_eq!(
+        (read.status, Version::of(&read.body)),
+        (200, Some(newer)),
+        "a GET through the process whose lock was broken answered what that LOCK proved: {}",
+        read.body
+    );
+    q.unlock(name, "apply-3").await.expect(200);
 }
 
 /// Two `gitstate serve` processes of the repository at `url`, each with its own directory

@@ -183,7 +183,8 @@ fn ref_floor(remote: &Remote, update: &Update<'_>) -> Option<Start> {
         mode: WriteMode::Atomic,
         floor: true,
         at: seen.at,
-        probe: None,
+        // This lock's own probe, which the ref's create must delete first.
+        probe: remote.own_probe(&update.lock_ref, lock_tip),
     })
 }
 
@@ -314,8 +315,14 @@ async fn clear_probe(
         new: null(),
         name: probe_ref(&update.state_ref),
     };
-    tracing::info!(probe = %delete.name, "deleting a LOCK's probe left standing in a state ref's name");
-    remote.push_each(vec![delete], Vec::new()).await?;
+    match remote.own_probe(&update.lock_ref, tip) {
+        Some(_) => tracing::debug!(probe = %delete.name, "deleting this lock's probe before the state's ref is created"),
+        None => tracing::info!(probe = %delete.name, "deleting a LOCK's probe left standing in a state ref's name"),
+    }
+    let report = remote.push_each(vec![delete.clone()], Vec::new()).await?;
+    if report.all_ok(&[delete]) {
+        remote.probe_gone(&update.lock_ref, tip);
+    }
     Ok(())
 }
 
