@@ -322,8 +322,9 @@ async fn state_ref_updates_are_at_the_floor() {
         let tip = gitstate_tests::states::ref_tip(&server.repo_dir("states"), &reference);
         assert!(tip.is_some(), "{reference}");
 
-        // Another state, updated for the first time: its ref is created by one create-only
-        // push that also asserts the branch the GET under the lock saw.
+        // Another state, updated for the first time: the lock's probe (the LOCK showed that
+        // the state has no ref) goes first, then its ref is created by one create-only push
+        // that also asserts the branch the GET under the lock saw.
         let other = "team/s0008.tfstate";
         client.lock(other, "b-1").await.expect(200);
         get(&client, other).await;
@@ -337,7 +338,7 @@ async fn state_ref_updates_are_at_the_floor() {
             200,
         )
         .await;
-        assert_eq!(seen(&server).0, [PUSH], "a state's first update");
+        assert_eq!(seen(&server).0, [PUSH, PUSH], "a state's first update");
         client.unlock(other, "b-1").await.expect(200);
         assert_eq!(get(&client, other).await, state);
 
@@ -367,8 +368,9 @@ async fn state_ref_updates_are_at_the_floor() {
         .await;
         assert_eq!(
             seen(&server).0,
-            [PUSH, PUSH_ADVERT, FETCH, PUSH],
-            "a first update after the branch moved (the fresh look fetches the new tip)"
+            [PUSH, PUSH, PUSH_ADVERT, FETCH, PUSH],
+            "a first update after the branch moved (the probe's delete, the refused create, then \
+             the fresh look fetches the new tip)"
         );
         client.unlock(third, "c-1").await.expect(200);
         assert_eq!(get(&client, third).await, state);

@@ -211,6 +211,10 @@ impl Config {
             // default, which refuses that beside other branches).
             ("GITSTATE_CREATE_REF", "true".to_owned()),
             ("GITSTATE_LOCK_REF_PREFIX", self.lock_prefix.to_owned()),
+            // Each backend answers the GETs after its LOCK from what the LOCK proved for this
+            // long, and the other waits that out before it writes under the lock or releases it:
+            // short, so those waits keep a thousand steps quick.
+            ("GITSTATE_LOCK_PROOF_MS", "300".to_owned()),
         ]
     }
 
@@ -572,7 +576,7 @@ pub(crate) struct Model {
     /// Lock refs are per repository, not per branch.
     locks: BTreeMap<String, Holder>,
     /// What a backend's LOCK may have proved (issue 27's floor), by (backend, branch, name): the
-    /// state as it was then (`None`: absent), and whether that lock is still the one held. The
+    /// state as it was then (`None`: absent), while that lock is held and unwritten. The
     /// backend's next GET of the state may answer it instead of the newest (see [`Proof`]).
     proofs: BTreeMap<(usize, String, String), Proof>,
 }
@@ -581,14 +585,14 @@ pub(crate) struct Model {
 /// the remote accepts that, the backend's next GET of the state is answered as of the LOCK,
 /// without asking the remote (Terraform reads right after it locks). The model cannot know
 /// whether the assertion was accepted (that depends on the backend's cache), so that GET may
-/// answer the newest state or the state as of the LOCK. The proof is gone once the backend wrote
-/// the state or released the lock it made (or after a few seconds; a model that keeps it
-/// longer only tolerates more).
+/// answer the newest state or the state as of the LOCK. The proof is gone once any backend wrote
+/// the state under the lock or released it (the other backends wait until the LOCK's proof can
+/// no longer answer before they do: `GITSTATE_LOCK_PROOF_MS`), so a proof that stands is of
+/// the newest state, unless a write without a lock raced the LOCK (or after a few seconds; a
+/// model that keeps it longer only tolerates more).
 #[derive(Debug, Clone)]
 pub(crate) struct Proof {
     state: Option<Vec<u8>>,
-    /// The lock it was made with is still held (not released or broken since).
-    alive: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -968,19 +972,23 @@ impl Model {
         };
         let key = (step.backend, branch, step.name.to_owned());
         match &step.op {
-            Op::Write { .. } | Op::Delete { .. } | Op::Restore { .. } if status == 200 => {
+            // A write without a lock asserts none: it may have raced another backend's LOCK
+            // (two requests at once), whose proof then stands on the state before it.
+            Op::Write { id: None, .. } | Op::Delete { id: None } if status == 200 => {
                 self.proofs.remove(&key);
             }
+            // A write under the lock, or a restore (under a lock of its own): through another
+            // backend, it waited until the LOCK's proof could no longer answer.
+            Op::Write { .. } | Op::Delete { .. } | Op::Restore { .. } if status == 200 => {
+                let (_, branch, name) = key;
+                self.proofs
+                    .retain(|(_, b, n), _| *b != branch || *n != name);
+            }
+            // Lock refs are the repository's: every backend's and every branch's proof of the
+            // name (a release through another backend waited until they could no longer answer).
             Op::Unlock { .. } if status == 200 => {
-                // Lock refs are the repository's: every branch's proof of the name.
                 let name = step.name;
-                self.proofs.retain(|(backend, _, n), proof| {
-                    if n != name || !proof.alive {
-                        return true;
-                    }
-                    proof.alive = false;
-                    *backend != step.backend
-                });
+                self.proofs.retain(|(_, _, n), _| n != name);
             }
             _ => {}
         }
@@ -1012,7 +1020,7 @@ impl Model {
             .and_then(|tree| tree.states.get(step.name))
             .cloned();
         let key = (step.backend, branch.to_owned(), step.name.to_owned());
-        self.proofs.insert(key, Proof { state, alive: true });
+        self.proofs.insert(key, Proof { state });
     }
 
     pub(crate) fn apply(&mut self, effect: &Effect) {
@@ -1651,6 +1659,15 @@ fn invariants(
             None if name.starts_with(gitstate_core::protocol::PROTOCOL_PREFIX) => {
                 *name == gitstate_core::protocol::lock_prefix_record(prefix)
                     || *name == gitstate_core::protocol::STATE_REFS_FENCE
+            }
+            // A LOCK's probe (a state has no ref of its own), while that lock is held: it
+            // points at the lock commit, and goes with the lock.
+            None if name.starts_with("refs/gitstate/states/") && name.ends_with("/absent") => {
+                let probe = &after.refs[name];
+                after
+                    .refs
+                    .iter()
+                    .any(|(lock, tip)| lock.starts_with(prefix) && tip == probe)
             }
             None => name
                 .strip_prefix("refs/heads/")

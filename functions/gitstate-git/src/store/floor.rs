@@ -173,15 +173,7 @@ impl Remote {
         lock_ref: &str,
         commit: ObjectId,
     ) -> Result<(), RemoteError> {
-        if self.made_lock(lock_ref) == Some(commit) {
-            return Ok(());
-        }
-        let cache = self.cache.clone();
-        let wait = match blocking(move || cache.commit_summary(commit)).await {
-            Ok((message, _)) => wait_for_reads(&message),
-            // Not in the cache (read elsewhere): as long as any maker may answer.
-            Err(_) => crate::settings::MAX_PROOF_WINDOW + CLOCK_MARGIN,
-        };
+        let wait = self.proof_wait(lock_ref, commit).await?;
         if !wait.is_zero() {
             tracing::debug!(
                 wait_ms = wait.as_millis() as u64,
@@ -190,6 +182,23 @@ impl Remote {
             tokio::time::sleep(wait).await;
         }
         Ok(())
+    }
+
+    /// How long [`Self::outwait_proof`] waits.
+    pub(super) async fn proof_wait(
+        &self,
+        lock_ref: &str,
+        commit: ObjectId,
+    ) -> Result<Duration, RemoteError> {
+        if self.made_lock(lock_ref) == Some(commit) {
+            return Ok(Duration::ZERO);
+        }
+        let cache = self.cache.clone();
+        Ok(match blocking(move || cache.commit_summary(commit)).await {
+            Ok((message, _)) => wait_for_reads(&message),
+            // Not in the cache (read elsewhere): as long as any maker may answer.
+            Err(_) => crate::settings::MAX_PROOF_WINDOW + CLOCK_MARGIN,
+        })
     }
 
     /// A write of the state, or its lock gone: what its LOCK proved no longer stands.
@@ -225,29 +234,31 @@ impl Remote {
         probes.insert(lock_ref.to_owned(), delete);
     }
 
-    /// The delete of the probe of the lock commit `commit` at `lock_ref`, for the lock's release
-    /// to carry: the one this process's LOCK made (taken), or one at that commit in the last
-    /// listing of the state's refs (a lock another process made, released here by force).
-    pub(super) fn probe_of(
-        &self,
-        lock_ref: &str,
-        state_ref: &str,
-        commit: ObjectId,
-    ) -> Option<Command> {
-        let mut probes = lock(&self.probes);
-        if let Some(delete) = probes.get(lock_ref)
-            && delete.old == commit
+    /// The deletes of the probes of the lock commit `commit` at `lock_ref`, for the lock's
+    /// release to carry: the one this process's LOCK made (taken), and any at that commit in the
+    /// last listing of the refs (a lock another process made, released here by force, or one
+    /// taken through another branch's address: a probe names the branch's state ref).
+    pub(super) fn probes_of(&self, lock_ref: &str, commit: ObjectId) -> Vec<Command> {
+        let mut deletes = Vec::new();
         {
-            return probes.remove(lock_ref);
+            let mut probes = lock(&self.probes);
+            if probes
+                .get(lock_ref)
+                .is_some_and(|delete| delete.old == commit)
+            {
+                deletes.extend(probes.remove(lock_ref));
+            }
         }
-        drop(probes);
-        let name = probe_ref(state_ref);
-        let seen = lock(&self.known_states).tip(&name).flatten();
-        (seen == Some(commit)).then_some(Command {
-            old: commit,
-            new: null(),
-            name,
-        })
+        for name in lock(&self.known_states).probes_at(commit) {
+            if !deletes.iter().any(|delete| delete.name == name) {
+                deletes.push(Command {
+                    old: commit,
+                    new: null(),
+                    name,
+                });
+            }
+        }
+        deletes
     }
 
     /// Whether a LOCK push may show a state ref's absence (see [`Probe`]).
@@ -447,14 +458,12 @@ impl GitStore {
             Some(Some(tip)) => Proving::own(&state_ref, tip, &at.branch.full_ref(), branch),
             // (Where this process creates state refs itself, `always`, the first update under
             // this lock deletes the probe before it creates the ref: see `write::state`.)
-            _ if remote.probes_work() => {
-                Proving::absent(
-                    &at.branch.full_ref(),
-                    branch,
-                    &state_ref,
-                    (lock_commit, left),
-                )
-            }
+            _ if remote.probes_work() => Proving::absent(
+                &at.branch.full_ref(),
+                branch,
+                &state_ref,
+                (lock_commit, left),
+            ),
             _ => return None,
         };
         Some(Proving {

@@ -78,6 +78,15 @@ impl KnownStates {
         self.tips.insert(name.to_owned(), tip);
     }
 
+    /// The LOCK probes (`<state ref>/absent`) seen at `commit`, a lock commit.
+    pub(super) fn probes_at(&self, commit: ObjectId) -> Vec<String> {
+        self.tips
+            .iter()
+            .filter(|(name, tip)| name.ends_with("/absent") && **tip == Some(commit))
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
     /// The tip of `name` (`Some(None)`: absent), or `None` when this process does not know.
     pub(super) fn tip(&self, name: &str) -> Option<Option<ObjectId>> {
         match self.tips.get(name) {

@@ -349,10 +349,16 @@ impl GitStore {
             new: null(),
             name: lock_ref.clone(),
         };
-        // The probe this process's LOCK left standing goes with the lock, each delete alone
-        // (see the `floor` module).
-        let probe = remote.probe_of(&lock_ref, &remote.state_ref(name.as_str()), old);
-        let commands: Vec<Command> = std::iter::once(command.clone()).chain(probe).collect();
+        // The probes of this lock (this process's LOCK's, or any seen at its commit, whichever
+        // branch's address made them) go with the lock, each delete alone (see the `floor`
+        // module).
+        let remotes = self.remotes_of(&at.repository);
+        let mut commands = vec![command.clone()];
+        for probe in remotes.iter().flat_map(|r| r.probes_of(&lock_ref, old)) {
+            if !commands.iter().any(|c| c.name == probe.name) {
+                commands.push(probe);
+            }
+        }
         let updates = if commands.len() > 1 {
             Updates::EachAlone
         } else {
@@ -360,7 +366,6 @@ impl GitStore {
         };
         // A lock another process made: not before the reads its maker may answer from its LOCK
         // are over (see the `floor` module).
-        let remotes = self.remotes_of(&at.repository);
         if !remotes.iter().any(|r| r.made_lock(&lock_ref) == Some(old)) {
             remote.outwait_proof(&lock_ref, old).await?;
         }

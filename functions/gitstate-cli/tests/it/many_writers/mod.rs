@@ -1292,7 +1292,10 @@ async fn a_lock_proof_never_answers_after_a_write_through_another_process() {
     assert!(
         asked.is_empty(),
         "the GET right after the LOCK through the same process rests on what the LOCK proved: {:?}",
-        asked.iter().map(gitstate_tests::Seen::label).collect::<Vec<_>>()
+        asked
+            .iter()
+            .map(gitstate_tests::Seen::label)
+            .collect::<Vec<_>>()
     );
     q.get_state(name).await.expect(404);
     let version = Version {

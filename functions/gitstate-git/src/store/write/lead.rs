@@ -146,6 +146,7 @@ fn settle(batch: &mut Vec<Job>, standing: &mut Standing, outcome: Outcome) {
         match stage {
             Stage::Done(written) => job.answer(Ok(Routed::Written(written))),
             Stage::ToRef => job.answer(Ok(Routed::ToRef)),
+            Stage::Wait(wait) => job.answer(Ok(Routed::Wait(wait))),
             _ if let Some(reason) = &declined => {
                 job.answer(Err(WriteError::Declined(reason.clone())));
             }

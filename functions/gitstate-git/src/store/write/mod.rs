@@ -125,7 +125,8 @@ impl GitStore {
                 .await?
             {
                 Routed::Written(written) => Ok(written),
-                Routed::ToRef => Err(WriteError::Misrouted),
+                // (A write without a lock never waits for one.)
+                Routed::ToRef | Routed::Wait(_) => Err(WriteError::Misrouted),
             };
         };
         // What the state's LOCK proved is about to be out of date.
@@ -155,6 +156,13 @@ impl GitStore {
                     {
                         Routed::Written(written) => return Ok(written),
                         Routed::ToRef => to_ref = true,
+                        Routed::Wait(wait) => {
+                            tracing::debug!(
+                                wait_ms = wait.as_millis() as u64,
+                                "waiting out the reads the process that took the lock may answer from its LOCK"
+                            );
+                            tokio::time::sleep(wait).await;
+                        }
                     }
                 }
             }

@@ -22,6 +22,9 @@ pub(super) enum Planned {
     ToRef,
     /// A commit on the branch: `None` removes the file.
     Commit(Option<Bytes>, CommitMeta),
+    /// Not before this long: the lock is another process's, whose LOCK's proof may still answer
+    /// reads (see the `floor` module).
+    Wait(std::time::Duration),
 }
 
 /// One write's tree check, lock and plan against the branch at `tip`, the state's home being
@@ -114,10 +117,14 @@ pub(super) async fn plan_one(
         Change::Delete => Planned::Commit(None, meta),
     };
     // A commit under a lock another process made waits out the reads that process may answer
-    // from its LOCK (see the `floor` module); a write to the state's ref waits where it pushes.
+    // from its LOCK (see the `floor` module), in its caller, not in the round; a write to the
+    // state's ref waits where it pushes.
     if let (Planned::Commit(..), Some(lock_tip), Some(name)) = (&planned, lock_tip, &job.lock) {
         let lock_ref = format!("{}{name}", remote.lock_prefix);
-        remote.outwait_proof(&lock_ref, lock_tip).await?;
+        let wait = remote.proof_wait(&lock_ref, lock_tip).await?;
+        if !wait.is_zero() {
+            return Ok(Planned::Wait(wait));
+        }
     }
     Ok(planned)
 }

@@ -36,13 +36,18 @@ pub(super) enum Stage {
     Done(Written),
     /// An update of a state whose home is its own ref: not for the branch.
     ToRef,
+    /// Under a lock another process made, whose LOCK's proof may still answer reads for this
+    /// long: the caller waits, then queues the write again (the branch's other writes go on).
+    Wait(std::time::Duration),
 }
 
 /// Where a queued write ended: written (or refused, or unchanged), or handed back to go to the
-/// state's own ref.
+/// state's own ref or to wait.
 pub(super) enum Routed {
     Written(Written),
     ToRef,
+    /// Queue it again after this long (see [`Stage::Wait`]).
+    Wait(std::time::Duration),
 }
 
 /// What a caller waits for.

@@ -237,6 +237,7 @@ impl Writer {
                 Planned::Decided(_) if start.advert.is_none() => Stage::Fresh,
                 Planned::Decided(written) => Stage::Done(written),
                 Planned::ToRef => Stage::ToRef,
+                Planned::Wait(wait) => Stage::Wait(wait),
                 // A delete carries the state's unfolded writes from what the record at the tip
                 // says was folded: at the floor that tip may be older than the state's ref, so
                 // it is decided from a fresh advertisement.

@@ -316,8 +316,12 @@ async fn clear_probe(
         name: probe_ref(&update.state_ref),
     };
     match remote.own_probe(&update.lock_ref, tip) {
-        Some(_) => tracing::debug!(probe = %delete.name, "deleting this lock's probe before the state's ref is created"),
-        None => tracing::info!(probe = %delete.name, "deleting a LOCK's probe left standing in a state ref's name"),
+        Some(_) => {
+            tracing::debug!(probe = %delete.name, "deleting this lock's probe before the state's ref is created")
+        }
+        None => {
+            tracing::info!(probe = %delete.name, "deleting a LOCK's probe left standing in a state ref's name")
+        }
     }
     let report = remote.push_each(vec![delete.clone()], Vec::new()).await?;
     if report.all_ok(&[delete]) {
