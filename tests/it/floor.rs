@@ -480,9 +480,10 @@ async fn unlock_of_another_process_lock_reads_it_first() {
         let (labels, bytes) = seen(&server);
         eprintln!("filter {filter}: unlock of another's lock {labels:?} {bytes} bytes");
         assert_eq!(labels, [PUSH_ADVERT, PUSH], "filter {filter}");
-        // (the advertisement lists the ref recording the lock ref prefix, 101 of them, and the
-        // probe the LOCK made, which the push deletes with the lock: 200 more)
-        assert_eq!(bytes, 668, "filter {filter}");
+        // (the advertisement lists the ref recording the lock ref prefix, 101 of them, the
+        // fence of versions that do not wait out a LOCK's proof, 123, and the probe the LOCK
+        // made, which the push deletes with the lock: 200 more)
+        assert_eq!(bytes, 791, "filter {filter}");
         send(&client, "GET", &format!("/locks/{NAME}"), None, 409).await;
     }
 }

@@ -1659,6 +1659,7 @@ fn invariants(
             None if name.starts_with(gitstate_core::protocol::PROTOCOL_PREFIX) => {
                 *name == gitstate_core::protocol::lock_prefix_record(prefix)
                     || *name == gitstate_core::protocol::STATE_REFS_FENCE
+                    || *name == gitstate_core::protocol::PROOF_FENCE
             }
             // A LOCK's probe (a state has no ref of its own), while that lock is held: it
             // points at the lock commit, and goes with the lock.

@@ -91,7 +91,7 @@ const DESCRIPTIONS: &[Described] = &[
     describe_default(
         "GITSTATE_LOCK_PROOF_MS",
         "`2000`; `5000` with `GITSTATE_SINGLE_FRONT`",
-        "how long, in milliseconds (0 to 5000), the GETs after this process's LOCK of a state are answered from what the LOCK push proved, without a git request (the protocol floor, see [state refs](#state-refs)); `0`: never. The lock commit records until when, and every other process waits until then (and a quarter second more) before it writes under that lock or releases it, so no such answer misses a write made through another process. Longer saves the create's second GET after slower applies; shorter keeps a write or UNLOCK that reaches another container from waiting",
+        "how long, in milliseconds (0 to 5000), the GETs after this process's LOCK of a state are answered from what the LOCK push proved, without a git request (the protocol floor, see [state refs](#state-refs)); `0`: never. The lock commit records until when, and every other gitstate process waits until then (and a quarter second more) before it writes under that lock or releases it, so no such answer misses a write made through one (the processes' clocks agreeing to within that quarter second). Longer saves the create's second GET after slower applies; shorter keeps a write or UNLOCK that reaches another container from waiting",
     ),
     describe_default(
         "GITSTATE_FOLD_AFTER_WRITES",

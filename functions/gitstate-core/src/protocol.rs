@@ -37,6 +37,28 @@ pub fn fenced<'a>(refs: impl IntoIterator<Item = &'a str>) -> bool {
     refs.into_iter().any(|r| r == STATE_REFS_FENCE)
 }
 
+/// The second fence, the same way: versions of gitstate from before a LOCK's proof answered
+/// reads in every shape do not wait out another process's proof before they write under its
+/// lock or release it, so they must not write here once a backend answers from its proofs.
+/// Such a backend records it with its first LOCK of the repository.
+pub const PROOF_FENCE: &str =
+    "refs/gitstate/protocol/lock-ref-prefix/upgrade-gitstate-waits-out-lock-proofs";
+
+/// What the second fence's commit holds, for whoever looks at it with git.
+pub fn proof_fence_file() -> Vec<u8> {
+    let mut text = serde_json::to_vec_pretty(&serde_json::json!({
+        "fence": "backends of this repository answer the reads right after their LOCK from what it proved, and every other backend waits out the time the lock commit records (Reads-Proved-Until) before it writes under that lock or releases it: gitstate versions that do not wait refuse to lock here",
+    }))
+    .unwrap_or_default();
+    text.push(b'\n');
+    text
+}
+
+/// Whether `refs` (any refs) hold the second fence.
+pub fn proof_fenced<'a>(refs: impl IntoIterator<Item = &'a str>) -> bool {
+    refs.into_iter().any(|r| r == PROOF_FENCE)
+}
+
 /// How a backend's settings stand against the repository's record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Protocol {
@@ -74,7 +96,7 @@ pub fn record_file(lock_ref_prefix: &str) -> Vec<u8> {
 pub fn check<'a>(lock_ref_prefix: &str, refs: impl IntoIterator<Item = &'a str>) -> Protocol {
     let mut recorded: Vec<String> = refs
         .into_iter()
-        .filter(|r| *r != STATE_REFS_FENCE)
+        .filter(|r| *r != STATE_REFS_FENCE && *r != PROOF_FENCE)
         .filter_map(|r| r.strip_prefix(LOCK_PREFIX_RECORD))
         .map(|value| format!("{value}/"))
         .collect();
@@ -115,6 +137,14 @@ mod tests {
                 assert_eq!(check(ours, refs.iter().copied()), Protocol::Agrees);
             }
             assert_eq!(check(ours, [STATE_REFS_FENCE]), Protocol::Unrecorded);
+            assert_eq!(
+                check(ours, [record.as_str(), PROOF_FENCE, STATE_REFS_FENCE]),
+                Protocol::Agrees
+            );
+            assert_eq!(check(ours, [PROOF_FENCE]), Protocol::Unrecorded);
+            assert!(proof_fenced([record.as_str(), PROOF_FENCE]));
+            assert!(!proof_fenced([record.as_str(), STATE_REFS_FENCE]));
+            assert!(check_before_the_fence(ours, [record.as_str(), PROOF_FENCE]));
             assert!(fenced([record.as_str(), STATE_REFS_FENCE]));
             assert!(!fenced([record.as_str()]));
             // A version before it reads the fence as another deployment's prefix, whatever its own.
@@ -126,10 +156,10 @@ mod tests {
         }
         // No lock ref prefix can be the fence's value (prefixes start with `refs/`), and the
         // fence is no folder or file of any prefix's record (no directory/file conflict).
-        let value = STATE_REFS_FENCE
-            .strip_prefix(LOCK_PREFIX_RECORD)
-            .expect("a record");
-        assert!(!value.starts_with("refs") && !value.contains('/'));
+        for fence in [STATE_REFS_FENCE, PROOF_FENCE] {
+            let value = fence.strip_prefix(LOCK_PREFIX_RECORD).expect("a record");
+            assert!(!value.starts_with("refs") && !value.contains('/'));
+        }
     }
 
     #[test]

@@ -7,8 +7,9 @@
 //! refused push makes the caller run the normal path (advertise, re-read, retry). A remote that
 //! answers such a push with an error rather than a report is not pushed to at the floor again.
 //!
-//! A LOCK push also proves the state, where this process is the single front of its clients
-//! (every request of a Terraform run reaches it). After the command that creates the lock ref,
+//! A LOCK push also proves the state (where a proof window is set, `GITSTATE_LOCK_PROOF_MS`;
+//! see [`ReadsUntil`] for why that holds behind several processes too). After the command that
+//! creates the lock ref,
 //! the same push asserts where the state's newest content is: its own ref, when this process
 //! knows one, by a command `old == new` at the tip it knows (never the zero id: `0 → 0` would
 //! be an unchecked delete); otherwise the branch at the tip it knows, and the state ref's
@@ -16,10 +17,10 @@
 //! judged with the lock's create (older git applies them in the order sent, git 2.51 and later
 //! in one batch), so once the lock is created nobody else may write the state, and accepted
 //! assertions show that the state's newest content was where this process knew it then. The
-//! GETs that follow within a few seconds (Terraform's, right after its LOCK, and a create's
-//! second one before its write) are then answered from the cache, without a request
-//! ([`GitStore::read_proved`]), until this process writes the state or the lock goes; a later
-//! one asks. A refused
+//! GETs through this process that follow within the window (Terraform's, right after its LOCK,
+//! and a create's second one before its write) are then answered from the cache, without a
+//! request ([`GitStore::read_proved`]), until this process writes the state or the lock goes; a
+//! later one asks. A refused
 //! assertion costs nothing: the lock stands on its own verdict, and the GET asks the remote.
 //! Only remotes that push atomically get the assertion: there every write of a state under a
 //! lock asserts that lock ref unchanged in the same atomic push, so no write of the state can
@@ -54,7 +55,9 @@ const CLOCK_MARGIN: Duration = Duration::from_millis(250);
 /// until then (and [`CLOCK_MARGIN`] more) before it writes under that lock or releases it
 /// ([`Remote::outwait_proof`]): the state cannot move on while such a GET may be answered.
 /// What remains: a write without a lock (where the settings allow those) whose push raced the
-/// LOCK's, a lock ref deleted outside gitstate, and a gitstate too old to wait.
+/// LOCK's, a lock ref deleted or a state's file pushed outside gitstate meanwhile, clocks more
+/// than [`CLOCK_MARGIN`] apart, and a gitstate too old to wait (fenced off, see
+/// [`gitstate_core::protocol::PROOF_FENCE`]).
 ///
 /// [`GitSettings::proof_window`]: crate::GitSettings::proof_window
 #[derive(Debug, Clone, Copy)]

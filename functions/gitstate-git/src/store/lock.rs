@@ -31,11 +31,13 @@ pub(super) struct ToRecord {
     prefix: bool,
     /// The fence: this backend may write states to their own refs.
     fence: bool,
+    /// The second fence: this backend answers reads from its LOCKs' proofs.
+    proof_fence: bool,
 }
 
 impl ToRecord {
     fn nothing(self) -> bool {
-        !self.prefix && !self.fence
+        !self.prefix && !self.fence && !self.proof_fence
     }
 }
 
@@ -78,17 +80,25 @@ impl GitStore {
     /// lock ref prefix refuses it ([`LockError::ProtocolMismatch`]); otherwise what the LOCK
     /// records once it holds the lock: this prefix, where nothing is recorded yet, and the fence
     /// ([`gitstate_core::protocol::STATE_REFS_FENCE`]), where this backend may write states to
-    /// their own refs and the repository lacks it.
+    /// their own refs and the repository lacks it, and the second fence
+    /// ([`gitstate_core::protocol::PROOF_FENCE`]), where this backend (of `remote`) answers reads
+    /// from its LOCKs' proofs and the repository lacks it.
     pub(super) fn protocol_for_lock(
         &self,
+        remote: &Remote,
         at: &Location,
         advert: &Advert,
     ) -> Result<ToRecord, LockError> {
         let prefix = &self.options.lock_ref_prefix;
         let refs = || advert.refs.keys().map(String::as_str);
+        let atomic = WriteMode::of(advert) == WriteMode::Atomic;
         let fence = self.options.state_refs == StateRefs::Always
-            && WriteMode::of(advert) == WriteMode::Atomic
+            && atomic
             && !gitstate_core::protocol::fenced(refs());
+        let proof_fence = !self.options.proof_window.is_zero()
+            && atomic
+            && remote.transport.proves_for_reads()
+            && !gitstate_core::protocol::proof_fenced(refs());
         match gitstate_core::protocol::check(prefix, refs()) {
             Protocol::Differs {
                 setting,
@@ -100,17 +110,19 @@ impl GitStore {
                 recorded,
             }),
             Protocol::Agrees => {
-                if !fence {
+                if !fence && !proof_fence {
                     lock(&self.protocol_agreed).insert(at.repository.clone());
                 }
                 Ok(ToRecord {
                     prefix: false,
                     fence,
+                    proof_fence,
                 })
             }
             Protocol::Unrecorded => Ok(ToRecord {
                 prefix: true,
                 fence,
+                proof_fence,
             }),
         }
     }
@@ -140,6 +152,13 @@ impl GitStore {
                     gitstate_core::protocol::STATE_REFS_FENCE.to_owned(),
                     "fence off gitstate versions that do not read states' own refs\n".to_owned(),
                     gitstate_core::protocol::fence_file(),
+                ));
+            }
+            if what.proof_fence {
+                records.push((
+                    gitstate_core::protocol::PROOF_FENCE.to_owned(),
+                    "fence off gitstate versions that do not wait out a LOCK's proof\n".to_owned(),
+                    gitstate_core::protocol::proof_fence_file(),
                 ));
             }
             let (mut commands, mut objects) = (Vec::new(), Vec::new());
@@ -273,7 +292,7 @@ impl GitStore {
             }
             let attempt_started = Instant::now();
             let advert = self.lock_advert(&remote, at, &lock_ref).await?;
-            let to_record = self.protocol_for_lock(at, &advert)?;
+            let to_record = self.protocol_for_lock(&remote, at, &advert)?;
             if let Some(tip) = advert.tip(&lock_ref) {
                 return Ok(Acquire::Held(self.held(&remote, tip, name).await?));
             }

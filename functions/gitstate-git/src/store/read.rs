@@ -379,7 +379,7 @@ impl GitStore {
         };
         // Notes the protocol as agreed when nothing is left to record, as a LOCK's look would;
         // a mismatch or a record to make is the first LOCK's, on its normal path.
-        let _ = self.protocol_for_lock(at, &advert);
+        let _ = self.protocol_for_lock(&remote, at, &advert);
         if let Some(tip) = advert.tip(&branch) {
             // A fetch that fails here is the first LOCK's to make again, on its normal path.
             if let Err(error) = remote.ensure(vec![tip]).await {
