@@ -296,10 +296,20 @@ pub async fn lambda_shape(out: &mut String, binary: &std::path::Path) {
     let git = GitServer::start().await;
     let root = tempfile::tempdir().expect("tempdir");
     let mut builds: Vec<Build> = Vec::new();
+    // `NAME=VALUE[,NAME=VALUE…]` from `var`.
+    let pairs_of = |var: &str| -> Vec<(String, String)> {
+        std::env::var(var)
+            .unwrap_or_default()
+            .split(',')
+            .filter_map(|s| s.split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect()
+    };
     if let Some(baseline) = std::env::var_os("GITSTATE_BENCH_BASELINE") {
         let name =
             std::env::var("GITSTATE_BENCH_BASELINE_NAME").unwrap_or_else(|_| "baseline".into());
-        builds.push((baseline.into(), name, Vec::new()));
+        // `GITSTATE_BENCH_BASELINE_ENV=NAME=VALUE[,…]`: the baseline with those settings.
+        builds.push((baseline.into(), name, pairs_of("GITSTATE_BENCH_BASELINE_ENV")));
     }
     // `GITSTATE_BENCH_SIDE_ONLY=1` leaves this build with its defaults out (fewer processes on
     // a small machine) when `GITSTATE_BENCH_SIDE_ENV` adds it with a setting.
@@ -311,11 +321,7 @@ pub async fn lambda_shape(out: &mut String, binary: &std::path::Path) {
     // `GITSTATE_BENCH_SIDE_ENV=NAME=VALUE[,NAME=VALUE…]`: this build once more, with those
     // settings.
     if let Ok(settings) = std::env::var("GITSTATE_BENCH_SIDE_ENV") {
-        let pairs: Vec<(String, String)> = settings
-            .split(',')
-            .filter_map(|s| s.split_once('='))
-            .map(|(k, v)| (k.to_owned(), v.to_owned()))
-            .collect();
+        let pairs = pairs_of("GITSTATE_BENCH_SIDE_ENV");
         builds.push((binary.to_owned(), format!("this build, {settings}"), pairs));
     }
     let mut sides = Vec::new();
