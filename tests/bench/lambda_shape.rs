@@ -309,7 +309,11 @@ pub async fn lambda_shape(out: &mut String, binary: &std::path::Path) {
         let name =
             std::env::var("GITSTATE_BENCH_BASELINE_NAME").unwrap_or_else(|_| "baseline".into());
         // `GITSTATE_BENCH_BASELINE_ENV=NAME=VALUE[,…]`: the baseline with those settings.
-        builds.push((baseline.into(), name, pairs_of("GITSTATE_BENCH_BASELINE_ENV")));
+        builds.push((
+            baseline.into(),
+            name,
+            pairs_of("GITSTATE_BENCH_BASELINE_ENV"),
+        ));
     }
     // `GITSTATE_BENCH_SIDE_ONLY=1` leaves this build with its defaults out (fewer processes on
     // a small machine) when `GITSTATE_BENCH_SIDE_ENV` adds it with a setting.

@@ -450,7 +450,7 @@ impl Remote {
         lock: &LockInfo,
         meta: &CommitMeta,
         lock_ref: &str,
-        until: Option<super::floor::ReadsUntil>,
+        until: Option<super::proof::ReadsUntil>,
     ) -> Result<(Command, NewCommit), RemoteError> {
         let meta = match until {
             Some(until) => CommitMeta {

@@ -16,6 +16,8 @@ mod history;
 mod hosted;
 mod known;
 mod lock;
+mod proof;
+mod proving;
 mod read;
 mod remote;
 mod session;

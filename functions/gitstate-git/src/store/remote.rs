@@ -52,7 +52,7 @@ pub(super) struct Proof {
     pub(super) branch: ObjectId,
     pub(super) state: Option<ObjectId>,
     /// Until when it may answer reads.
-    pub(super) until: super::floor::ReadsUntil,
+    pub(super) until: super::proof::ReadsUntil,
 }
 
 /// One (repository, branch): its cache and how to reach it.

@@ -1259,93 +1259,163 @@ async fn many_writers(setup: Setup, ci_steps: usize) {
 ///
 /// Every process answers the GETs right after its LOCK from what the LOCK push proved (the first
 /// asks no git request here), and the other waits out that window before it writes under the
-/// lock, releases it, or force-unlocks it: so the later GETs through the first process answer
-/// the newest state, after a write under its lock through the other process, and after a
-/// force-unlock, a new lock and a write there.
+/// lock, releases it, force-unlocks it or deletes the state under it. So a later GET through the
+/// first process answers the newest state after each of those through the other process: a
+/// write under its lock; its holder's UNLOCK, then another lock and a write; a force-unlock, a
+/// lock and a write; a DELETE under its lock. Under `GITSTATE_STATE_REFS=auto` (writes to the
+/// branch) and `always` (an update to the state's own ref).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_proof_never_answers_after_a_write_through_another_process() {
-    let server = GitServer::start().await;
-    let url = server.create_repo(REPO);
-    let (_root, procs) = two_processes(&url).await;
-    let (p, q) = (Client::new(&procs[0].url), Client::new(&procs[1].url));
-    let name = "env/app.tfstate";
-    // Warm both processes (capabilities and tip known: the LOCK goes at the floor).
-    for (i, client) in [&p, &q].into_iter().enumerate() {
-        let (other, id) = (format!("warm/{i}.tfstate"), format!("warm-{i}"));
-        let warm = Version {
-            serial: 1,
-            marker: id.clone(),
+    for mode in ["auto", "always"] {
+        let server = GitServer::start().await;
+        let url = server.create_repo(REPO);
+        let extra = [("GITSTATE_STATE_REFS", mode)];
+        let (_root, procs) = two_processes_with(&url, &extra).await;
+        let (p, q) = (Client::new(&procs[0].url), Client::new(&procs[1].url));
+        let name = "env/app.tfstate";
+        // Warm both processes (capabilities and tip known: the LOCK goes at the floor).
+        for (i, client) in [&p, &q].into_iter().enumerate() {
+            let (other, id) = (format!("warm/{i}.tfstate"), format!("warm-{i}"));
+            let warm = Version {
+                serial: 1,
+                marker: id.clone(),
+            };
+            client.lock(&other, &id).await.expect(200);
+            client.get_state(&other).await.expect(404);
+            client
+                .write_locked(&other, &id, &warm.body(&other))
+                .await
+                .expect(200);
+            client.unlock(&other, &id).await.expect(200);
+        }
+        p.get_state("warm/1.tfstate").await.expect(200);
+        p.lock(name, "apply-1").await.expect(200);
+        server.take_requests();
+        p.get_state(name).await.expect(404);
+        let asked = server.take_requests();
+        assert!(
+            asked.is_empty(),
+            "{mode}: the GET right after the LOCK through the same process rests on what the \
+             LOCK proved: {:?}",
+            asked
+                .iter()
+                .map(gitstate_tests::Seen::label)
+                .collect::<Vec<_>>()
+        );
+        q.get_state(name).await.expect(404);
+        let mut serial = 0;
+        let mut write = |marker: &str| {
+            serial += 1;
+            Version {
+                serial,
+                marker: marker.to_owned(),
+            }
         };
-        client.lock(&other, &id).await.expect(200);
-        client.get_state(&other).await.expect(404);
-        client
-            .write_locked(&other, &id, &warm.body(&other))
+        let created = write("written-through-q");
+        q.write_locked(name, "apply-1", &created.body(name))
             .await
             .expect(200);
-        client.unlock(&other, &id).await.expect(200);
+        newest(
+            &p,
+            name,
+            Some(&created),
+            mode,
+            "a create under its lock through q",
+        )
+        .await;
+        q.unlock(name, "apply-1").await.expect(200);
+        // The same for an update (under `always`, to the state's own ref).
+        p.lock(name, "apply-2").await.expect(200);
+        newest(&p, name, Some(&created), mode, "its proof").await;
+        let updated = write("updated-through-q");
+        q.write_locked(name, "apply-2", &updated.body(name))
+            .await
+            .expect(200);
+        newest(
+            &p,
+            name,
+            Some(&updated),
+            mode,
+            "an update under its lock through q",
+        )
+        .await;
+        // The holder's UNLOCK through Q, then another lock and a write there.
+        q.unlock(name, "apply-2").await.expect(200);
+        p.lock(name, "apply-3").await.expect(200);
+        newest(&p, name, Some(&updated), mode, "its proof").await;
+        q.unlock(name, "apply-3").await.expect(200);
+        q.lock(name, "apply-4").await.expect(200);
+        let after_unlock = write("after-an-unlock-through-q");
+        q.write_locked(name, "apply-4", &after_unlock.body(name))
+            .await
+            .expect(200);
+        newest(
+            &p,
+            name,
+            Some(&after_unlock),
+            mode,
+            "UNLOCK, LOCK and write through q",
+        )
+        .await;
+        q.unlock(name, "apply-4").await.expect(200);
+        // A force-unlock through Q, then another lock and a write there.
+        p.lock(name, "apply-5").await.expect(200);
+        newest(&p, name, Some(&after_unlock), mode, "its proof").await;
+        q.force_unlock(name).await.expect(200);
+        q.lock(name, "apply-6").await.expect(200);
+        let after_force = write("after-a-force-unlock");
+        q.write_locked(name, "apply-6", &after_force.body(name))
+            .await
+            .expect(200);
+        newest(
+            &p,
+            name,
+            Some(&after_force),
+            mode,
+            "force-unlock, LOCK and write through q",
+        )
+        .await;
+        q.unlock(name, "apply-6").await.expect(200);
+        // A DELETE under its lock through Q.
+        p.lock(name, "apply-7").await.expect(200);
+        newest(&p, name, Some(&after_force), mode, "its proof").await;
+        q.delete_state(name, Some("apply-7")).await.expect(200);
+        newest(&p, name, None, mode, "a DELETE under its lock through q").await;
+        q.unlock(name, "apply-7").await.expect(200);
     }
-    p.get_state("warm/1.tfstate").await.expect(200);
-    p.lock(name, "apply-1").await.expect(200);
-    server.take_requests();
-    p.get_state(name).await.expect(404);
-    let asked = server.take_requests();
-    assert!(
-        asked.is_empty(),
-        "the GET right after the LOCK through the same process rests on what the LOCK proved: {:?}",
-        asked
-            .iter()
-            .map(gitstate_tests::Seen::label)
-            .collect::<Vec<_>>()
-    );
-    q.get_state(name).await.expect(404);
-    let version = Version {
-        serial: 1,
-        marker: "written-through-q".into(),
-    };
-    q.write_locked(name, "apply-1", &version.body(name))
-        .await
-        .expect(200);
-    let read = p.get_state(name).await;
+}
+
+/// A GET of `name` through `client` answers `want` (`None`: no state), after `what`.
+async fn newest(client: &Client, name: &str, want: Option<&Version>, mode: &str, what: &str) {
+    let read = client.get_state(name).await;
+    let got = (read.status == 200)
+        .then(|| Version::of(&read.body))
+        .flatten();
     assert_eq!(
-        (read.status, Version::of(&read.body)),
-        (200, Some(version.clone())),
-        "a GET through the process that took the LOCK answered what the LOCK proved, not the \
-         write made since through another process: {}",
+        (read.status, got.as_ref()),
+        (if want.is_some() { 200 } else { 404 }, want),
+        "{mode}: a GET through the process that took the LOCK, after {what}: {}",
         read.body
     );
-    q.unlock(name, "apply-1").await.expect(200);
-    // P locks again and reads from its proof; Q breaks that lock, takes its own and writes.
-    p.lock(name, "apply-2").await.expect(200);
-    let proved = p.get_state(name).await.expect(200);
-    assert_eq!(Version::of(&proved.body), Some(version));
-    q.force_unlock(name).await.expect(200);
-    q.lock(name, "apply-3").await.expect(200);
-    let newer = Version {
-        serial: 2,
-        marker: "after-a-force-unlock".into(),
-    };
-    q.write_locked(name, "apply-3", &newer.body(name))
-        .await
-        .expect(200);
-    let read = p.get_state(name).await;
-    assert_eq!(
-        (read.status, Version::of(&read.body)),
-        (200, Some(newer)),
-        "a GET through the process whose lock was broken answered what that LOCK proved: {}",
-        read.body
-    );
-    q.unlock(name, "apply-3").await.expect(200);
 }
 
 /// Two `gitstate serve` processes of the repository at `url`, each with its own directory
 /// (kept while the returned directory lives).
 async fn two_processes(url: &str) -> (tempfile::TempDir, Vec<ServeProcess>) {
+    two_processes_with(url, &[]).await
+}
+
+/// [`two_processes`], with the settings `extra`.
+async fn two_processes_with(
+    url: &str,
+    extra: &[(&str, &str)],
+) -> (tempfile::TempDir, Vec<ServeProcess>) {
     let root = tempfile::tempdir().expect("tempdir");
     let mut procs = Vec::new();
     for i in 0..2 {
         let dir = root.path().join(format!("serve-{i}"));
         std::fs::create_dir_all(&dir).expect("server dir");
-        let env = serve_env(url, &[]);
+        let env = serve_env(url, extra);
         procs.push(ServeProcess::start(Path::new(crate::GITSTATE), &dir, env).await);
     }
     (root, procs)
