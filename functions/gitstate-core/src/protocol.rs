@@ -24,10 +24,15 @@ pub const STATE_REFS_FENCE: &str =
 
 /// What the fence's commit holds, for whoever looks at it with git.
 pub fn fence_file() -> Vec<u8> {
-    let mut text = serde_json::to_vec_pretty(&serde_json::json!({
-        "fence": "states of this repository may live on refs/gitstate/states/<branch>/<sha1 of the path>: gitstate versions that do not read them refuse to lock here",
-    }))
-    .unwrap_or_default();
+    fence_json(
+        "states of this repository may live on refs/gitstate/states/<branch>/<sha1 of the path>: gitstate versions that do not read them refuse to lock here",
+    )
+}
+
+/// A fence's `protocol.json`: what it fences off, in a sentence.
+fn fence_json(why: &str) -> Vec<u8> {
+    let mut text =
+        serde_json::to_vec_pretty(&serde_json::json!({ "fence": why })).unwrap_or_default();
     text.push(b'\n');
     text
 }
@@ -46,12 +51,9 @@ pub const PROOF_FENCE: &str =
 
 /// What the second fence's commit holds, for whoever looks at it with git.
 pub fn proof_fence_file() -> Vec<u8> {
-    let mut text = serde_json::to_vec_pretty(&serde_json::json!({
-        "fence": "backends of this repository answer the reads right after their LOCK from what it proved, and every other backend waits out the time the lock commit records (Reads-Proved-Until) before it writes under that lock or releases it: gitstate versions that do not wait refuse to lock here",
-    }))
-    .unwrap_or_default();
-    text.push(b'\n');
-    text
+    fence_json(
+        "backends of this repository answer the reads right after their LOCK from what it proved, and every other backend waits out the time the lock commit records (Reads-Proved-Until) before it writes under that lock or releases it: gitstate versions that do not wait refuse to lock here",
+    )
 }
 
 /// Whether `refs` (any refs) hold the second fence.

@@ -796,3 +796,45 @@ fn the_seeds_sops_mode_needs_a_key_gitstate_seals_with() {
         }
     }
 }
+
+/// `GITSTATE_LOCK_PROOF_MS` over a range of values: every whole number of milliseconds from 0 to
+/// 5000 is taken as set (with or without `GITSTATE_SINGLE_FRONT`), anything else is refused
+/// naming the variable; unset, the window is 5 s for a single front and 2 s elsewhere.
+#[test]
+fn lock_proof_window_is_bounded_and_refused_loudly() {
+    let read = |value: Option<&str>, single: bool| {
+        let mut vars = vec![(
+            "GITSTATE_SINGLE_FRONT",
+            if single { "true" } else { "false" },
+        )];
+        vars.extend(value.map(|v| ("GITSTATE_LOCK_PROOF_MS", v)));
+        settings(Runtime::Local, &vars).map(|s| s.git.proof_window())
+    };
+    assert_eq!(read(None, false).ok(), Some(Duration::from_secs(2)));
+    assert_eq!(read(None, true).ok(), Some(Duration::from_secs(5)));
+    // (Blank is unset, and values are trimmed, as for every setting.)
+    assert_eq!(read(Some(" "), false).ok(), Some(Duration::from_secs(2)));
+    assert_eq!(
+        read(Some(" 7 "), false).ok(),
+        Some(Duration::from_millis(7))
+    );
+    let mut accepted: Vec<String> = (0..=5000).step_by(7).map(|n| n.to_string()).collect();
+    accepted.extend(["0", "5000", "0042"].map(str::to_owned));
+    for value in &accepted {
+        let want = Duration::from_millis(value.parse().expect("a number"));
+        for single in [false, true] {
+            assert_eq!(read(Some(value), single).ok(), Some(want), "{value}");
+        }
+    }
+    let mut refused: Vec<String> = (5001..6000).step_by(97).map(|n| n.to_string()).collect();
+    refused.extend(["-1", "1.5", "2s", "true", "0x10", "99999999999999999999"].map(str::to_owned));
+    for value in &refused {
+        match read(Some(value), false) {
+            Err(error) => assert!(
+                error.to_string().contains("GITSTATE_LOCK_PROOF_MS"),
+                "{value:?}: {error}"
+            ),
+            Ok(window) => panic!("{value:?} taken as {window:?}"),
+        }
+    }
+}

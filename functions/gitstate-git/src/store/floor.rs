@@ -120,13 +120,7 @@ impl Remote {
         commit: ObjectId,
     ) -> Result<(), RemoteError> {
         let wait = self.proof_wait(lock_ref, commit).await?;
-        if !wait.is_zero() {
-            tracing::debug!(
-                wait_ms = wait.as_millis() as u64,
-                "waiting out the reads the process that took the lock may answer from its LOCK"
-            );
-            tokio::time::sleep(wait).await;
-        }
+        super::proof::wait_out(wait).await;
         Ok(())
     }
 

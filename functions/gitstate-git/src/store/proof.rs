@@ -48,6 +48,18 @@ impl ReadsUntil {
     }
 }
 
+/// Sleep `wait` (a [`wait_for_reads`]), saying why.
+pub(super) async fn wait_out(wait: Duration) {
+    if wait.is_zero() {
+        return;
+    }
+    tracing::debug!(
+        wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+        "waiting out the reads the process that took the lock may answer from its LOCK"
+    );
+    tokio::time::sleep(wait).await;
+}
+
 /// How long a process that did not make the lock commit whose message is `message` waits
 /// before it writes under that lock or releases it: until the time it records has passed by
 /// [`CLOCK_MARGIN`], and never more than the longest window and that margin.
@@ -60,4 +72,64 @@ pub(super) fn wait_for_reads(message: &str) -> Duration {
         .duration_since(SystemTime::now())
         .unwrap_or_default()
         .min(crate::settings::MAX_PROOF_WINDOW + CLOCK_MARGIN)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, SystemTime};
+
+    use rand::{Rng, SeedableRng};
+
+    use super::{CLOCK_MARGIN, ReadsUntil, wait_for_reads};
+    use crate::settings::MAX_PROOF_WINDOW;
+
+    /// Lock commits whose recorded time lies anywhere from a minute before now to a year after
+    /// (another process's clock, or a commit pushed by hand), and messages whose trailer is no
+    /// time: the wait is the time left plus the margin, never more than the longest window and
+    /// the margin, and nothing for a time past or a value that is no time.
+    #[test]
+    fn a_wait_is_what_the_lock_commit_records_and_never_more_than_the_longest_window() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(27);
+        let most = MAX_PROOF_WINDOW + CLOCK_MARGIN;
+        for _ in 0..2000 {
+            let ahead_ms: i64 = match rng.random_range(0..4) {
+                0 => rng.random_range(-60_000..0),
+                1 => rng.random_range(0..6_000),
+                _ => rng.random_range(6_000..31_536_000_000),
+            };
+            let now = SystemTime::now();
+            let wall = match u64::try_from(ahead_ms) {
+                Ok(ms) => now + Duration::from_millis(ms),
+                Err(_) => now - Duration::from_millis(ahead_ms.unsigned_abs()),
+            };
+            let until = ReadsUntil {
+                instant: std::time::Instant::now(),
+                wall,
+            };
+            let message = until.recorded("lock env/app.tfstate\n\nLock-ID: x\nUser: ann\n");
+            let wait = wait_for_reads(&message);
+            let left = (wall + CLOCK_MARGIN)
+                .duration_since(now)
+                .unwrap_or_default()
+                .min(most);
+            assert!(wait <= most, "{ahead_ms} ms: {wait:?}");
+            // (The clock moved on a little between the two readings.)
+            let slack = Duration::from_millis(200);
+            assert!(
+                wait <= left && wait + slack >= left,
+                "{ahead_ms} ms ahead: waits {wait:?}, {left:?} left"
+            );
+        }
+        for value in [
+            "",
+            "soon",
+            "2026-13-40T00:00:00Z",
+            "1733600000",
+            "9999-99-99",
+        ] {
+            let message = format!("lock a\n\nUser: ann\nReads-Proved-Until: {value}\n");
+            assert_eq!(wait_for_reads(&message), Duration::ZERO, "{value:?}");
+        }
+        assert_eq!(wait_for_reads("lock a\n\nUser: ann\n"), Duration::ZERO);
+    }
 }

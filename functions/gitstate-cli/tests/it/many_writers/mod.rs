@@ -1289,6 +1289,10 @@ async fn a_lock_proof_never_answers_after_a_write_through_another_process() {
             client.unlock(&other, &id).await.expect(200);
         }
         p.get_state("warm/1.tfstate").await.expect(200);
+        // The first LOCK fenced off the versions that do not wait out a LOCK's proof.
+        let fence = gitstate_core::protocol::PROOF_FENCE;
+        let fenced = gitstate_tests::states::ref_tip(&server.repo_dir(REPO), fence);
+        assert!(fenced.is_some(), "{mode}: no {fence}");
         p.lock(name, "apply-1").await.expect(200);
         server.take_requests();
         p.get_state(name).await.expect(404);

@@ -203,7 +203,7 @@ pub struct Model {
     /// another request on the name.
     pub proofs: BTreeMap<(usize, &'static str), (Option<Version>, std::time::Instant)>,
     /// How long a LOCK's proof answers the GETs after it through that process; `None`:
-    /// never (a host without atomic push, or `GITSTATE_LOCK_PROOF=false`).
+    /// never (a host without atomic push, or `GITSTATE_LOCK_PROOF_MS=0`).
     pub proof_window: Option<std::time::Duration>,
     /// Every process waits out the reads another may answer from its LOCK's proof before it
     /// writes under that lock or releases it (`GITSTATE_LOCK_PROOF_MS`): a GET answered from a

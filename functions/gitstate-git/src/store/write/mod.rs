@@ -156,13 +156,7 @@ impl GitStore {
                     {
                         Routed::Written(written) => return Ok(written),
                         Routed::ToRef => to_ref = true,
-                        Routed::Wait(wait) => {
-                            tracing::debug!(
-                                wait_ms = wait.as_millis() as u64,
-                                "waiting out the reads the process that took the lock may answer from its LOCK"
-                            );
-                            tokio::time::sleep(wait).await;
-                        }
+                        Routed::Wait(wait) => crate::store::proof::wait_out(wait).await,
                     }
                 }
             }
