@@ -32,14 +32,26 @@ struct Side {
     _proxy: FaultProxy,
 }
 
-fn state(i: usize) -> String {
-    format!("apps/s{i:03}.tfstate")
+/// State `i` of generation `generation`: generation 0 is the states every row updates again;
+/// with `GITSTATE_BENCH_FIRST_UPDATES=1` each row has states of its own (see [`lambda_shape`]).
+fn state(i: usize, generation: u64) -> String {
+    if generation == 0 {
+        format!("apps/s{i:03}.tfstate")
+    } else {
+        format!("apps/g{generation}/s{i:03}.tfstate")
+    }
 }
 
 /// One apply on state `i` through `client`: LOCK, GET, the write of `serial` (when `write`),
 /// UNLOCK. Its wall time, or `None` when any step did not answer 200.
-async fn apply(client: &Client, i: usize, id: &str, serial: u64, write: bool) -> Option<Duration> {
-    let name = state(i);
+async fn apply(
+    client: &Client,
+    (i, generation): (usize, u64),
+    id: &str,
+    serial: u64,
+    write: bool,
+) -> Option<Duration> {
+    let name = state(i, generation);
     let started = Instant::now();
     let ok = |status: u16, what: &str| {
         if status != 200 {
@@ -125,11 +137,11 @@ fn state_ref(path: &str) -> String {
 /// How many of the states `0..n` the branch does not have as their newest content yet: a state
 /// ref whose file differs from the branch's (a write not folded). A build without state refs
 /// has none.
-fn unfolded(git: &GitServer, repo: &str, n: usize) -> usize {
+fn unfolded(git: &GitServer, repo: &str, n: usize, generation: u64) -> usize {
     use std::io::Write as _;
     let mut query = String::new();
     for i in 0..n {
-        let path = state(i);
+        let path = state(i, generation);
         query.push_str(&format!("{}:{path}\nmain:{path}\n", state_ref(&path)));
     }
     let mut child = std::process::Command::new("git")
@@ -191,12 +203,18 @@ impl ScheduledFold {
     }
 }
 
-async fn phase(git: &GitServer, side: &Side, n: usize, serial: u64, write: bool) -> Phase {
+async fn phase(
+    git: &GitServer,
+    side: &Side,
+    (n, generation): (usize, u64),
+    serial: u64,
+    write: bool,
+) -> Phase {
     git.take_requests();
     let cpu_before = cpu_now(side);
     let results = all_at_once(
         side,
-        0..n,
+        (0..n).map(|i| (i, generation)),
         |i| format!("{}-{serial}-{i}", side.repo),
         serial,
         write,
@@ -216,7 +234,8 @@ async fn phase(git: &GitServer, side: &Side, n: usize, serial: u64, write: bool)
     {
         assert!(fold.run().await, "the scheduled fold of {}", side.label);
     }
-    while unfolded(git, &side.repo, n) > 0 && done.elapsed() < Duration::from_secs(120) {
+    while unfolded(git, &side.repo, n, generation) > 0 && done.elapsed() < Duration::from_secs(120)
+    {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let lag = done.elapsed();
@@ -228,7 +247,7 @@ async fn phase(git: &GitServer, side: &Side, n: usize, serial: u64, write: bool)
         let reads: Vec<_> = (0..side.clients.len())
             .map(|i| {
                 let client = side.clients[i].clone();
-                tokio::spawn(async move { client.get_state(&state(i)).await.status })
+                tokio::spawn(async move { client.get_state(&state(i, generation)).await.status })
             })
             .collect();
         for read in reads {
@@ -258,15 +277,15 @@ async fn phase(git: &GitServer, side: &Side, n: usize, serial: u64, write: bool)
 /// in order.
 async fn all_at_once(
     side: &Side,
-    states: impl Iterator<Item = usize>,
+    states: impl Iterator<Item = (usize, u64)>,
     id: impl Fn(usize) -> String,
     serial: u64,
     write: bool,
 ) -> Vec<Option<Duration>> {
     let handles: Vec<_> = states
-        .map(|i| {
-            let (client, id) = (side.clients[i].clone(), id(i));
-            tokio::spawn(async move { apply(&client, i, &id, serial, write).await })
+        .map(|state| {
+            let (client, id) = (side.clients[state.0].clone(), id(state.0));
+            tokio::spawn(async move { apply(&client, state, &id, serial, write).await })
         })
         .collect();
     let mut results = Vec::with_capacity(handles.len());
@@ -274,6 +293,36 @@ async fn all_at_once(
         results.push(handle.await.expect("apply task"));
     }
     results
+}
+
+/// States `0..n` of `generation` created, ten at a time, each by its own process (which is then
+/// warm); then, when `update`, each updated once the same way (its writes move onto its own ref)
+/// and folded. Nothing of it is counted.
+async fn prepare(git: &GitServer, side: &Side, n: usize, generation: u64, update: bool) {
+    let serials: &[u64] = if update { &[1, 2] } else { &[1] };
+    for &serial in serials {
+        for chunk in (0..n).collect::<Vec<_>>().chunks(10) {
+            let results = all_at_once(
+                side,
+                chunk.iter().map(|&i| (i, generation)),
+                |i| format!("{}-prepare-{generation}-{serial}-{i}", side.repo),
+                serial,
+                true,
+            )
+            .await;
+            assert!(results.iter().all(Option::is_some), "preparing the states");
+        }
+    }
+    if let Some(fold) = &side.scheduled {
+        assert!(fold.run().await, "the scheduled fold of {}", side.label);
+    }
+    let started = Instant::now();
+    while unfolded(git, &side.repo, n, generation) > 0
+        && started.elapsed() < Duration::from_secs(120)
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    git.take_requests();
 }
 
 /// Processor time per apply of an update phase and a no-op phase, in milliseconds.
@@ -294,7 +343,15 @@ pub async fn lambda_shape(out: &mut String, binary: &std::path::Path) {
         .unwrap_or_else(|| scale(*LEVELS.last().unwrap_or(&1), 25));
     let levels: Vec<usize> = LEVELS.iter().copied().filter(|n| *n <= most).collect();
     let git = GitServer::start().await;
-    let root = tempfile::tempdir().expect("tempdir");
+    let mut root = tempfile::tempdir().expect("tempdir");
+    // `GITSTATE_BENCH_KEEP=1`: the processes' caches and logs are kept (their folder printed).
+    if std::env::var_os("GITSTATE_BENCH_KEEP").is_some() {
+        root.disable_cleanup(true);
+        eprintln!(
+            "lambda-shape: processes' caches and logs in {}",
+            root.path().display()
+        );
+    }
     let mut builds: Vec<Build> = Vec::new();
     // `NAME=VALUE[,NAME=VALUE…]` from `var`.
     let pairs_of = |var: &str| -> Vec<(String, String)> {
@@ -371,18 +428,14 @@ pub async fn lambda_shape(out: &mut String, binary: &std::path::Path) {
             _proxy: proxy,
         });
     }
-    // Every state created, ten at a time, by its own process (which is then warm).
-    for side in &sides {
-        for chunk in (0..most).collect::<Vec<_>>().chunks(10) {
-            let results = all_at_once(
-                side,
-                chunk.iter().copied(),
-                |i| format!("{}-create-{i}", side.repo),
-                1,
-                true,
-            )
-            .await;
-            assert!(results.iter().all(Option::is_some), "creating the states");
+    // `GITSTATE_BENCH_FIRST_UPDATES=1`: every row's update applies are their states' first
+    // (each row has states of its own, created on the branch just before it and not counted),
+    // so each moves its state onto a ref of its own. Otherwise every state is created and
+    // updated once before the rows, which then measure updates of states already on their refs.
+    let first_updates = std::env::var_os("GITSTATE_BENCH_FIRST_UPDATES").is_some();
+    if !first_updates {
+        for side in &sides {
+            prepare(&git, side, most, 0, true).await;
         }
     }
     out.push_str(&format!(
@@ -391,7 +444,11 @@ pub async fn lambda_shape(out: &mut String, binary: &std::path::Path) {
          no two writes wait in the same process and group commit never applies), each apply on \
          its own state: an update apply is LOCK, GET, POST `?ID=`, UNLOCK; a no-op apply LOCK, \
          GET, UNLOCK (they share no compare-and-swap point). All applies of a row start at once; \
-         every process is warm (it created its state before). Git requests counted at the \
+         every process is warm (it created its state and updated it once before, so a row's \
+         updates are of states whose writes are on their own ref; with \
+         `GITSTATE_BENCH_FIRST_UPDATES=1` each row has new states, created on the branch just \
+         before it, so every update is its state's first and moves it onto its own ref). Git \
+         requests counted at the \
          server, divided by the applies, until the branch has every write (a build that keeps \
          writes on refs of their own, `refs/gitstate/states/…`, folds them into the branch \
          later: branch lag = from the last answer until the branch's file of every state is \
@@ -408,10 +465,16 @@ pub async fn lambda_shape(out: &mut String, binary: &std::path::Path) {
          |---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
         DELAY.as_millis()
     ));
-    for (serial, &n) in (2..).zip(levels.iter()) {
+    for (serial, &n) in (3..).zip(levels.iter()) {
         for side in &sides {
-            let update = phase(&git, side, n, serial, true).await;
-            let noop = phase(&git, side, n, serial, false).await;
+            let generation = if first_updates {
+                prepare(&git, side, n, serial, false).await;
+                serial
+            } else {
+                0
+            };
+            let update = phase(&git, side, (n, generation), serial, true).await;
+            let noop = phase(&git, side, (n, generation), serial, false).await;
             let (p95, base) = (update.each.pct(0.95), noop.each.pct(0.95));
             out.push_str(&format!(
                 "| {n} | {} | {} | {:.1} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} | {} | {} | {:.2} | {} |\n",

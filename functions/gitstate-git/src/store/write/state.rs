@@ -13,10 +13,11 @@
 //!   where a newer one would hide it.
 //!
 //! At the floor (no advertisement) the write rests on a look taken under this process's lock
-//! (the GET after its LOCK, its LOCK's assertion, or its own last push), and its push asserts the
-//! branch at the commit that look saw: a delete of the state through the branch since (by hand),
-//! or any other move of the branch (a fold, another state's create), refuses it and the write
-//! decides again from a fresh advertisement. Besides:
+//! (the GET after its LOCK, its LOCK's assertion, or its own last push). Only a create of the
+//! ref asserts the branch (above): the branch is every state's, and git locks a ref it is asked
+//! to assert, so asserting it in every write would make concurrent writes of different states
+//! queue on it again. A person's edit or removal of the file since is found by the reads and
+//! the fold (`States::edited_outside`, `removed_outside`: 409, both kept). Besides:
 //! - a look that found the ref's tip: the push names it, so a write the same Terraform run made
 //!   meanwhile through another process makes it fail;
 //! - a look that found no ref: the push creates it (above).
@@ -331,8 +332,8 @@ async fn clear_probe(
 }
 
 /// Push the state commit `commit` to the state's ref by compare-and-swap from `state_tip`
-/// (create-only when `None`), with the lock ref unchanged where the push is atomic, and at the
-/// floor a create with the branch unchanged since the look it rests on.
+/// (create-only when `None`), with the lock ref unchanged where the push is atomic, and a
+/// create with the branch unchanged since the look it rests on.
 async fn push_state_commit(
     remote: &Remote,
     update: &Update<'_>,
@@ -354,12 +355,18 @@ async fn push_state_commit(
             name: update.lock_ref.clone(),
         });
     }
-    if start.floor || state_tip.is_none() {
+    if state_tip.is_none() {
         // The branch as the plan judged it, still there, or the push is refused: its file says
-        // whether the state exists. A create-only push (`0 → S`) replaces the branch's file, so
-        // a branch write landed since the look would be lost behind the new ref; a push at the
-        // floor rests on a look that may be the LOCK's, and a file deleted on the branch since
-        // (by hand) would leave the write on a ref whose state reads as none.
+        // whether the state exists, and a create-only push (`0 → S`) replaces it, so a branch
+        // write landed since the look would be lost behind the new ref. A write to a ref that
+        // exists does not assert the branch, at the floor or not: every push of every apply
+        // would lock the one branch ref on the host (git's ref transaction locks a ref it only
+        // verifies), the compare-and-swap point the state refs are there to avoid. What may
+        // land on the branch since the look does not hide the write: gitstate's own delete
+        // removes the ref, so the compare-and-swap from the state's tip fails; a fold carries
+        // the ref's content; and a person's edit or `git rm` of the file is found by the next
+        // read and fold (`States::edited_outside`, `removed_outside`): 409, both kept, a person
+        // decides.
         commands.push(Command {
             old: start.branch,
             new: start.branch,
