@@ -42,7 +42,7 @@ fn state(i: usize, generation: u64) -> String {
     }
 }
 
-/// One apply on state `i` through `client`: LOCK, GET, the write of `serial` (when `write`),
+/// One apply on state `i` of `generation` through `client`: LOCK, GET, the write of `serial` (when `write`),
 /// UNLOCK. Its wall time, or `None` when any step did not answer 200.
 async fn apply(
     client: &Client,
@@ -234,10 +234,7 @@ async fn phase(
     {
         assert!(fold.run().await, "the scheduled fold of {}", side.label);
     }
-    while unfolded(git, &side.repo, n, generation) > 0 && done.elapsed() < Duration::from_secs(120)
-    {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_folded(git, &side.repo, (n, generation), done).await;
     let lag = done.elapsed();
     let taken = git.take_requests();
     // `GITSTATE_BENCH_WARM_READS=1`: after a phase, every process reads its state once (not
@@ -316,13 +313,16 @@ async fn prepare(git: &GitServer, side: &Side, n: usize, generation: u64, update
     if let Some(fold) = &side.scheduled {
         assert!(fold.run().await, "the scheduled fold of {}", side.label);
     }
-    let started = Instant::now();
-    while unfolded(git, &side.repo, n, generation) > 0
-        && started.elapsed() < Duration::from_secs(120)
-    {
+    until_folded(git, &side.repo, (n, generation), Instant::now()).await;
+    git.take_requests();
+}
+
+/// Wait until the branch has every write to states `0..n` of `generation` (at most 120 s from
+/// `since`).
+async fn until_folded(git: &GitServer, repo: &str, (n, generation): (usize, u64), since: Instant) {
+    while unfolded(git, repo, n, generation) > 0 && since.elapsed() < Duration::from_secs(120) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    git.take_requests();
 }
 
 /// Processor time per apply of an update phase and a no-op phase, in milliseconds.

@@ -274,6 +274,76 @@ async fn writes_to_a_state_file_changed_outside_gitstate_are_refused_and_push_no
     }
 }
 
+/// Every edit, as above, made while the writer holds the lock: after its LOCK and its GET (the
+/// look its write at the floor rests on) and before its write, which therefore cannot see it.
+/// The write to the state's ref does not assert the branch (every apply's push would lock it),
+/// so it may land behind the edit. Whatever it answers, nothing is hidden or lost: a refused
+/// write left the state's ref as it was; an acknowledged one is on the ref or the branch, and
+/// every read after it, through the writer and through a cold process, answers it or the
+/// edit's 409, never "no state" nor any other content. A fold then carries it or refuses the
+/// state, never dropping it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edit_the_write_did_not_see_neither_hides_it_nor_is_hidden() {
+    let env = [
+        ("GITSTATE_STATE_REFS", "always"),
+        ("GITSTATE_FOLD_AFTER_WRITES", "false"),
+    ];
+    let next = state_json("l", 100);
+    for lags in [false, true] {
+        for edit in Edit::ALL {
+            let case = format!("{edit:?} during the lock, the branch lagging the ref: {lags}");
+            let Site {
+                _server,
+                url,
+                a,
+                bare,
+                state_ref,
+                on_ref,
+            } = site(&env, lags, &case).await;
+            let x = X;
+            a.client.lock(x, "w").await.expect(200);
+            let read = a.client.get_state(x).await.expect(200);
+            assert_eq!(read.body, on_ref, "{case}: the look before the edit");
+            edit.apply(&bare, x, &on_ref);
+            let ref_before = bare.tip(&state_ref);
+            let write = a.client.write_locked(x, "w", &next).await;
+            a.client.unlock(x, "w").await.expect(200);
+            let on = |tip: Option<String>| {
+                tip.map(|tip| bare.git(&["show", &format!("{tip}:{x}")], &[], b""))
+            };
+            if write.status != 200 {
+                assert_eq!(write.status, 409, "{case}: {}", write.body);
+                assert_eq!(bare.tip(&state_ref), ref_before, "{case}: refused, kept");
+                continue;
+            }
+            let kept = on(bare.tip(&state_ref)).as_deref().map(str::trim) == Some(next.trim())
+                || bare.file(x).as_deref() == Some(next.as_bytes());
+            assert!(
+                kept,
+                "{case}: the acknowledged write is on the ref or the branch"
+            );
+            let cold = TestBackend::start(&url, &env).await;
+            let cold_client = gitstate_tests::Client::new(&cold.url);
+            for (who, client) in [("the writer", &a.client), ("a cold process", &cold_client)] {
+                let read = client.get_state(x).await;
+                let answered = (read.status == 200 && read.body == next)
+                    || (read.status == 409 && read.body.contains("changed outside gitstate"));
+                assert!(
+                    answered,
+                    "{case}, through {who}: the write or the edit's 409, not {} {}",
+                    read.status, read.body
+                );
+            }
+            let report = a.store.fold(&a.at).await.expect("fold");
+            let folded = bare.file(x).as_deref() == Some(next.as_bytes());
+            assert!(
+                folded || report.refused.contains(&x.to_owned()),
+                "{case}: the fold carries the write or refuses the state: {report:?}"
+            );
+        }
+    }
+}
+
 /// A person rewinds the branch (`git push --force` of an older or a new history: undoing a bad
 /// merge, recreating the branch) to a tree without the state's file, while the state's ref holds
 /// a write the branch never had. The removal goes with the state index's entry, which is how

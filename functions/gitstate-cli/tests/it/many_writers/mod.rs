@@ -1316,13 +1316,10 @@ async fn a_lock_proof_never_answers_after_a_write_through_another_process() {
             }
         };
         let created = write("written-through-q");
-        q.write_locked(name, "apply-1", &created.body(name))
-            .await
-            .expect(200);
-        newest(
+        written(
+            &q,
             &p,
-            name,
-            Some(&created),
+            (name, "apply-1", &created),
             mode,
             "a create under its lock through q",
         )
@@ -1332,13 +1329,10 @@ async fn a_lock_proof_never_answers_after_a_write_through_another_process() {
         p.lock(name, "apply-2").await.expect(200);
         newest(&p, name, Some(&created), mode, "its proof").await;
         let updated = write("updated-through-q");
-        q.write_locked(name, "apply-2", &updated.body(name))
-            .await
-            .expect(200);
-        newest(
+        written(
+            &q,
             &p,
-            name,
-            Some(&updated),
+            (name, "apply-2", &updated),
             mode,
             "an update under its lock through q",
         )
@@ -1350,13 +1344,10 @@ async fn a_lock_proof_never_answers_after_a_write_through_another_process() {
         q.unlock(name, "apply-3").await.expect(200);
         q.lock(name, "apply-4").await.expect(200);
         let after_unlock = write("after-an-unlock-through-q");
-        q.write_locked(name, "apply-4", &after_unlock.body(name))
-            .await
-            .expect(200);
-        newest(
+        written(
+            &q,
             &p,
-            name,
-            Some(&after_unlock),
+            (name, "apply-4", &after_unlock),
             mode,
             "UNLOCK, LOCK and write through q",
         )
@@ -1368,13 +1359,10 @@ async fn a_lock_proof_never_answers_after_a_write_through_another_process() {
         q.force_unlock(name).await.expect(200);
         q.lock(name, "apply-6").await.expect(200);
         let after_force = write("after-a-force-unlock");
-        q.write_locked(name, "apply-6", &after_force.body(name))
-            .await
-            .expect(200);
-        newest(
+        written(
+            &q,
             &p,
-            name,
-            Some(&after_force),
+            (name, "apply-6", &after_force),
             mode,
             "force-unlock, LOCK and write through q",
         )
@@ -1387,6 +1375,20 @@ async fn a_lock_proof_never_answers_after_a_write_through_another_process() {
         newest(&p, name, None, mode, "a DELETE under its lock through q").await;
         q.unlock(name, "apply-7").await.expect(200);
     }
+}
+
+/// A write of `version` to `name` under the lock `id` through `q`, then [`newest`] through `p`.
+async fn written(
+    q: &Client,
+    p: &Client,
+    (name, id, version): (&str, &str, &Version),
+    mode: &str,
+    what: &str,
+) {
+    q.write_locked(name, id, &version.body(name))
+        .await
+        .expect(200);
+    newest(p, name, Some(version), mode, what).await;
 }
 
 /// A GET of `name` through `client` answers `want` (`None`: no state), after `what`.
